@@ -1,0 +1,125 @@
+{{/*
+Chart name, overridable.
+*/}}
+{{- define "trainyard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Resource name prefix. Truncated so that suffixes such as "-device-plugin"
+still fit the 63-character label limit.
+*/}}
+{{- define "trainyard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "trainyard.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every object.
+*/}}
+{{- define "trainyard.labels" -}}
+helm.sh/chart: {{ include "trainyard.chart" . }}
+app.kubernetes.io/name: {{ include "trainyard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: trainyard
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels of one component. Call with (dict "ctx" $ "component" "operator").
+They never change across upgrades: selectors are immutable.
+*/}}
+{{- define "trainyard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "trainyard.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+Labels of one component's objects: the common labels plus the component.
+*/}}
+{{- define "trainyard.componentLabels" -}}
+{{ include "trainyard.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "trainyard.operator.fullname" -}}
+{{- printf "%s-operator" (include "trainyard.fullname" .) }}
+{{- end }}
+
+{{- define "trainyard.devicePlugin.fullname" -}}
+{{- printf "%s-device-plugin" (include "trainyard.fullname" .) }}
+{{- end }}
+
+{{- define "trainyard.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "trainyard.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "trainyard.devicePlugin.serviceAccountName" -}}
+{{- if .Values.devicePlugin.serviceAccount.create }}
+{{- default (include "trainyard.devicePlugin.fullname" .) .Values.devicePlugin.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.devicePlugin.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image reference. Call with (dict "ctx" $ "image" .Values.operator.image).
+*/}}
+{{- define "trainyard.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/*
+Name of the operator's leader-election Lease: the release's full name, so two
+releases in one namespace never fight over one Lease.
+*/}}
+{{- define "trainyard.operator.leaseName" -}}
+{{- include "trainyard.fullname" . }}
+{{- end }}
+
+{{/*
+Whether the device plugin serves fake GPUs.
+*/}}
+{{- define "trainyard.devicePlugin.fakeGpusEnabled" -}}
+{{- if or .Values.devicePlugin.fakeGpus.enabled .Values.devicePlugin.fakeGpus.file .Values.devicePlugin.fakeGpus.hostDirectory }}true{{- end }}
+{{- end }}
+
+{{/*
+Where the plugin reads the fake GPU file inside its container.
+*/}}
+{{- define "trainyard.devicePlugin.fakeGpusDir" -}}
+/etc/trainyard
+{{- end }}
+
+{{/*
+Fail early on value combinations the schema cannot express.
+*/}}
+{{- define "trainyard.validate" -}}
+{{- if and .Values.operator.enabled (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) }}
+{{- fail "operator.replicas > 1 needs operator.leaderElection.enabled=true: two replicas without a Lease would both reconcile every TrainingJob" }}
+{{- end }}
+{{- if and .Values.devicePlugin.fakeGpus.file .Values.devicePlugin.fakeGpus.hostDirectory }}
+{{- fail "devicePlugin.fakeGpus.file and devicePlugin.fakeGpus.hostDirectory are exclusive: the file comes either from a ConfigMap or from the node" }}
+{{- end }}
+{{- end }}
