@@ -1,0 +1,661 @@
+//! A backend that reads GPUs from a YAML file and follows its changes.
+//!
+//! CI and the local cluster have no GPUs; this backend lets them run the
+//! whole plugin and lets tests add or remove GPUs, flip health or change
+//! topology while the plugin runs. The file is re-read on every inotify
+//! event in its directory (ConfigMap updates swap a symlink, so watching the
+//! file alone misses them) and, as a fallback, whenever a cheap metadata poll
+//! sees a different mtime, size or inode.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use notify::Watcher;
+use serde::Deserialize;
+use tokio::sync::Notify;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    BackendError, BackendEvent, ComputeCapability, DriverInfo, GpuBackend, GpuInfo, Inventory,
+    ProbeOutcome, Telemetry, ThrottleReason, parse_major_minor,
+};
+
+/// Driver version reported when the file does not name one.
+pub const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
+/// CUDA version reported when the file does not name one.
+pub const DEFAULT_CUDA_VERSION: &str = "12.4";
+/// Compute capability reported when a GPU does not name one.
+pub const DEFAULT_COMPUTE_CAPABILITY: ComputeCapability = ComputeCapability { major: 8, minor: 0 };
+/// XID reported for a GPU marked unhealthy without one (79: fallen off the bus).
+pub const DEFAULT_UNHEALTHY_XID: u64 = 79;
+
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+const MIB: u64 = 1024 * 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileSpec {
+    driver_version: Option<String>,
+    cuda_version: Option<String>,
+    #[serde(default)]
+    gpus: Vec<GpuSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GpuSpec {
+    uuid: String,
+    index: Option<u32>,
+    name: String,
+    #[serde(rename = "memoryMiB")]
+    memory_mib: u64,
+    numa_node: Option<i64>,
+    pci_bus_id: Option<String>,
+    compute_capability: Option<String>,
+    #[serde(default = "default_true")]
+    healthy: bool,
+    xid: Option<u64>,
+    #[serde(default)]
+    nvlinks: BTreeMap<String, u32>,
+    utilization_percent: Option<f64>,
+    memory_utilization_percent: Option<f64>,
+    #[serde(rename = "memoryUsedMiB")]
+    memory_used_mib: Option<u64>,
+    temperature_c: Option<f64>,
+    power_w: Option<f64>,
+    power_limit_w: Option<f64>,
+    sm_clock_m_hz: Option<f64>,
+    mem_clock_m_hz: Option<f64>,
+    #[serde(default)]
+    throttle_reasons: BTreeSet<ThrottleReason>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Per-GPU facts that only the fake file has.
+#[derive(Debug, Clone, PartialEq)]
+struct FakeGpuState {
+    healthy: bool,
+    xid: u64,
+    telemetry: Telemetry,
+}
+
+/// A validated fake GPU file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakeNode {
+    inventory: Inventory,
+    states: BTreeMap<String, FakeGpuState>,
+}
+
+impl FakeNode {
+    /// The GPUs and driver facts the file describes.
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// Parses and validates the contents of a fake GPU file; `path` only names it in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, BackendError> {
+        let spec: FileSpec =
+            serde_saphyr::from_str(text).map_err(|e| BackendError::FakeFileParse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        validate(path, spec)
+    }
+
+    /// Reads, parses and validates a fake GPU file.
+    pub fn load(path: &Path) -> Result<Self, BackendError> {
+        let text = std::fs::read_to_string(path).map_err(|source| BackendError::FakeFileRead {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+}
+
+fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
+    let invalid = |field: String, problem: String| BackendError::FakeFileInvalid {
+        path: path.to_path_buf(),
+        field,
+        problem,
+    };
+
+    let driver_version = spec
+        .driver_version
+        .unwrap_or_else(|| DEFAULT_DRIVER_VERSION.to_string());
+    if driver_version.is_empty()
+        || !driver_version
+            .split('.')
+            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(invalid(
+            "driverVersion".into(),
+            format!("expected dotted numbers like \"550.54.15\", got {driver_version:?}"),
+        ));
+    }
+    let cuda_version = spec
+        .cuda_version
+        .unwrap_or_else(|| DEFAULT_CUDA_VERSION.to_string());
+    parse_major_minor(&cuda_version).map_err(|e| invalid("cudaVersion".into(), e))?;
+
+    let mut positions: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut indices: BTreeMap<u32, usize> = BTreeMap::new();
+    for (pos, gpu) in spec.gpus.iter().enumerate() {
+        let field = |name: &str| format!("gpus[{pos}].{name}");
+        if gpu.uuid.trim().is_empty() {
+            return Err(invalid(field("uuid"), "must not be empty".into()));
+        }
+        // The kubelet rejects device IDs longer than 63 characters.
+        if gpu.uuid.len() > 63 || !gpu.uuid.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid(
+                field("uuid"),
+                format!(
+                    "{:?} must be at most 63 printable ASCII characters without spaces",
+                    gpu.uuid
+                ),
+            ));
+        }
+        if let Some(first) = positions.insert(&gpu.uuid, pos) {
+            return Err(invalid(
+                field("uuid"),
+                format!("duplicate uuid {} (also gpus[{first}])", gpu.uuid),
+            ));
+        }
+        let index = gpu.index.unwrap_or(pos as u32);
+        if let Some(first) = indices.insert(index, pos) {
+            return Err(invalid(
+                field("index"),
+                format!("duplicate index {index} (also gpus[{first}])"),
+            ));
+        }
+        if gpu.name.trim().is_empty() {
+            return Err(invalid(field("name"), "must not be empty".into()));
+        }
+        if gpu.memory_mib == 0 {
+            return Err(invalid(field("memoryMiB"), "must be greater than 0".into()));
+        }
+        if let Some(used) = gpu.memory_used_mib
+            && used > gpu.memory_mib
+        {
+            return Err(invalid(
+                field("memoryUsedMiB"),
+                format!("{used} exceeds memoryMiB {}", gpu.memory_mib),
+            ));
+        }
+        for (name, value) in [
+            ("utilizationPercent", gpu.utilization_percent),
+            ("memoryUtilizationPercent", gpu.memory_utilization_percent),
+        ] {
+            if let Some(v) = value
+                && !(0.0..=100.0).contains(&v)
+            {
+                return Err(invalid(field(name), format!("{v} is not within 0..=100")));
+            }
+        }
+        for (name, value) in [
+            ("temperatureC", gpu.temperature_c),
+            ("powerW", gpu.power_w),
+            ("powerLimitW", gpu.power_limit_w),
+            ("smClockMHz", gpu.sm_clock_m_hz),
+            ("memClockMHz", gpu.mem_clock_m_hz),
+        ] {
+            if let Some(v) = value
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return Err(invalid(
+                    field(name),
+                    format!("{v} must be a non-negative number"),
+                ));
+            }
+        }
+        if let Some(numa) = gpu.numa_node
+            && numa < 0
+        {
+            return Err(invalid(field("numaNode"), format!("{numa} is negative")));
+        }
+        if let Some(cc) = &gpu.compute_capability {
+            cc.parse::<ComputeCapability>()
+                .map_err(|e| invalid(field("computeCapability"), e))?;
+        }
+    }
+
+    // Links are symmetric: a pair listed on one side only counts for both,
+    // a pair listed on both sides must agree.
+    let mut links: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for (pos, gpu) in spec.gpus.iter().enumerate() {
+        for (peer, &count) in &gpu.nvlinks {
+            let field = format!("gpus[{pos}].nvlinks.{peer}");
+            if !positions.contains_key(peer.as_str()) {
+                return Err(invalid(field, format!("unknown nvlink peer {peer}")));
+            }
+            if *peer == gpu.uuid {
+                return Err(invalid(field, "a GPU cannot link to itself".into()));
+            }
+            if count == 0 {
+                return Err(invalid(
+                    field,
+                    "link count must be at least 1 (omit the peer instead)".into(),
+                ));
+            }
+            let key = if gpu.uuid < *peer {
+                (gpu.uuid.clone(), peer.clone())
+            } else {
+                (peer.clone(), gpu.uuid.clone())
+            };
+            if let Some(previous) = links.insert(key, count)
+                && previous != count
+            {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{count} links, but {peer} lists {previous} links back to {}",
+                        gpu.uuid
+                    ),
+                ));
+            }
+        }
+    }
+
+    let mut gpus = Vec::with_capacity(spec.gpus.len());
+    let mut states = BTreeMap::new();
+    for (pos, gpu) in spec.gpus.into_iter().enumerate() {
+        let index = gpu.index.unwrap_or(pos as u32);
+        let nvlinks = links
+            .iter()
+            .filter_map(|((a, b), &count)| {
+                if *a == gpu.uuid {
+                    Some((b.clone(), count))
+                } else if *b == gpu.uuid {
+                    Some((a.clone(), count))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let compute_capability = match &gpu.compute_capability {
+            Some(cc) => cc
+                .parse()
+                .map_err(|e| invalid(format!("gpus[{pos}].computeCapability"), e))?,
+            None => DEFAULT_COMPUTE_CAPABILITY,
+        };
+        let telemetry = Telemetry {
+            utilization_percent: gpu.utilization_percent,
+            memory_utilization_percent: gpu.memory_utilization_percent,
+            memory_used_bytes: gpu.memory_used_mib.map(|m| m * MIB),
+            memory_total_bytes: Some(gpu.memory_mib * MIB),
+            temperature_celsius: gpu.temperature_c,
+            power_draw_watts: gpu.power_w,
+            power_limit_watts: gpu.power_limit_w,
+            sm_clock_mhz: gpu.sm_clock_m_hz,
+            memory_clock_mhz: gpu.mem_clock_m_hz,
+            throttle_reasons: Some(gpu.throttle_reasons),
+        };
+        states.insert(
+            gpu.uuid.clone(),
+            FakeGpuState {
+                healthy: gpu.healthy,
+                xid: gpu.xid.unwrap_or(DEFAULT_UNHEALTHY_XID),
+                telemetry,
+            },
+        );
+        gpus.push(GpuInfo {
+            uuid: gpu.uuid,
+            index,
+            minor_number: index,
+            name: gpu.name,
+            memory_mib: gpu.memory_mib,
+            pci_bus_id: gpu.pci_bus_id,
+            numa_node: gpu.numa_node,
+            compute_capability,
+            nvlinks,
+        });
+    }
+    gpus.sort_by_key(|g| g.index);
+    Ok(FakeNode {
+        inventory: Inventory {
+            driver: DriverInfo {
+                driver_version,
+                cuda_version,
+            },
+            gpus,
+        },
+        states,
+    })
+}
+
+/// Identity of the file's current contents, cheap to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+fn fingerprint(path: &Path) -> Option<Fingerprint> {
+    use std::os::unix::fs::MetadataExt;
+    // `metadata` follows symlinks, so a ConfigMap's `..data` swap shows up.
+    let meta = std::fs::metadata(path).ok()?;
+    Some(Fingerprint {
+        modified: meta.modified().ok(),
+        len: meta.len(),
+        inode: meta.ino(),
+    })
+}
+
+/// The fake backend.
+#[derive(Debug)]
+pub struct FakeBackend {
+    path: PathBuf,
+    current: Mutex<Arc<FakeNode>>,
+}
+
+impl FakeBackend {
+    /// Loads the file; an invalid file is an error naming the file and the field.
+    pub fn open(path: impl Into<PathBuf>) -> Result<Self, BackendError> {
+        let path = path.into();
+        let node = FakeNode::load(&path)?;
+        Ok(Self {
+            path,
+            current: Mutex::new(Arc::new(node)),
+        })
+    }
+
+    /// The file this backend follows.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn snapshot(&self) -> Arc<FakeNode> {
+        Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Re-reads the file and swaps it in when valid and different.
+    ///
+    /// Returns the events the change implies. An invalid file keeps the last
+    /// good contents: a typo while editing must not take GPUs away.
+    fn reload(&self) -> Result<Vec<BackendEvent>, BackendError> {
+        let node = FakeNode::load(&self.path)?;
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if **current == node {
+            return Ok(Vec::new());
+        }
+        let mut events = vec![BackendEvent::InventoryChanged];
+        for (uuid, state) in &node.states {
+            let was_healthy = current.states.get(uuid).is_none_or(|s| s.healthy);
+            if was_healthy && !state.healthy {
+                events.push(BackendEvent::Xid {
+                    uuid: Some(uuid.clone()),
+                    xid: state.xid,
+                });
+            }
+        }
+        *current = Arc::new(node);
+        Ok(events)
+    }
+}
+
+impl GpuBackend for FakeBackend {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn inventory(&self) -> Result<Inventory, BackendError> {
+        Ok(self.snapshot().inventory.clone())
+    }
+
+    fn probe(&self, uuid: &str) -> ProbeOutcome {
+        match self.snapshot().states.get(uuid) {
+            Some(state) if state.healthy => ProbeOutcome::Healthy,
+            Some(state) => ProbeOutcome::Unhealthy(format!(
+                "marked unhealthy in {} (xid {})",
+                self.path.display(),
+                state.xid
+            )),
+            None => ProbeOutcome::Unhealthy(format!("no longer listed in {}", self.path.display())),
+        }
+    }
+
+    fn telemetry(&self, uuid: &str) -> Result<Telemetry, BackendError> {
+        self.snapshot()
+            .states
+            .get(uuid)
+            .map(|s| s.telemetry.clone())
+            .ok_or_else(|| BackendError::UnknownGpu(uuid.to_string()))
+    }
+
+    fn watch(
+        self: Arc<Self>,
+        events: UnboundedSender<BackendEvent>,
+        shutdown: CancellationToken,
+    ) -> Result<(), BackendError> {
+        let wake = Arc::new(Notify::new());
+        let dir = self
+            .path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let watcher = {
+            let wake = Arc::clone(&wake);
+            notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                if res.is_ok() {
+                    wake.notify_one();
+                }
+            })
+            .and_then(|mut w| {
+                w.watch(&dir, notify::RecursiveMode::NonRecursive)
+                    .map(|()| w)
+            })
+        };
+        let watcher = match watcher {
+            Ok(w) => Some(w),
+            Err(e) => {
+                // The poll below still notices changes, only more slowly.
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot watch fake GPU file directory; polling only");
+                None
+            }
+        };
+        tokio::spawn(async move {
+            let _watcher = watcher;
+            let mut seen = fingerprint(&self.path);
+            let mut last_error: Option<String> = None;
+            loop {
+                let notified = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = wake.notified() => true,
+                    () = tokio::time::sleep(POLL_INTERVAL) => false,
+                };
+                let now = fingerprint(&self.path);
+                if !notified && now == seen {
+                    continue;
+                }
+                seen = now;
+                match self.reload() {
+                    Ok(new_events) => {
+                        if !new_events.is_empty() {
+                            tracing::info!(path = %self.path.display(), "fake GPU file changed");
+                        }
+                        last_error = None;
+                        for event in new_events {
+                            if events.send(event).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let message = e.to_string();
+                        if last_error.as_deref() != Some(message.as_str()) {
+                            tracing::error!(error = %message, "ignoring invalid fake GPU file; keeping the last valid contents");
+                            last_error = Some(message);
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<FakeNode, BackendError> {
+        FakeNode::parse(Path::new("/etc/fake.yaml"), text)
+    }
+
+    const TWO: &str = r#"
+gpus:
+  - uuid: GPU-a
+    index: 0
+    name: NVIDIA A100-SXM4-80GB
+    memoryMiB: 81920
+    numaNode: 0
+    nvlinks: {GPU-b: 2}
+  - uuid: GPU-b
+    index: 1
+    name: NVIDIA A100-SXM4-80GB
+    memoryMiB: 81920
+    numaNode: 1
+    healthy: false
+    xid: 48
+    computeCapability: "9.0"
+    utilizationPercent: 87
+    memoryUsedMiB: 100
+    throttleReasons: [thermal, power_cap]
+"#;
+
+    #[test]
+    fn valid_file_yields_symmetric_links_and_defaults() {
+        let node = parse(TWO).unwrap();
+        let inv = node.inventory();
+        assert_eq!(inv.driver.driver_version, DEFAULT_DRIVER_VERSION);
+        assert_eq!(inv.driver.cuda_version, DEFAULT_CUDA_VERSION);
+        assert_eq!(inv.gpus[0].nvlinks.get("GPU-b"), Some(&2));
+        assert_eq!(inv.gpus[1].nvlinks.get("GPU-a"), Some(&2));
+        assert_eq!(inv.gpus[0].compute_capability, DEFAULT_COMPUTE_CAPABILITY);
+        assert_eq!(inv.gpus[1].compute_capability.to_string(), "9.0");
+        let b = &node.states["GPU-b"];
+        assert!(!b.healthy);
+        assert_eq!(b.xid, 48);
+        assert_eq!(b.telemetry.memory_used_bytes, Some(100 * MIB));
+        assert_eq!(
+            b.telemetry.throttle_reasons,
+            Some(BTreeSet::from([
+                ThrottleReason::Thermal,
+                ThrottleReason::PowerCap
+            ]))
+        );
+    }
+
+    fn invalid_field(text: &str) -> (String, String) {
+        match parse(text) {
+            Err(BackendError::FakeFileInvalid { field, problem, .. }) => (field, problem),
+            other => panic!("expected a validation error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn duplicate_uuid_is_rejected_naming_the_field() {
+        let (field, problem) = invalid_field(
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1}\n  - {uuid: GPU-a, name: x, memoryMiB: 1}\n",
+        );
+        assert_eq!(field, "gpus[1].uuid");
+        assert!(problem.contains("duplicate uuid GPU-a"), "{problem}");
+    }
+
+    #[test]
+    fn unknown_nvlink_peer_is_rejected_naming_the_field() {
+        let (field, problem) =
+            invalid_field("gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, nvlinks: {GPU-z: 2}}\n");
+        assert_eq!(field, "gpus[0].nvlinks.GPU-z");
+        assert!(problem.contains("unknown nvlink peer GPU-z"), "{problem}");
+    }
+
+    #[test]
+    fn asymmetric_link_counts_are_rejected() {
+        let (field, _) = invalid_field(
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, nvlinks: {GPU-b: 2}}\n  - {uuid: GPU-b, name: x, memoryMiB: 1, nvlinks: {GPU-a: 3}}\n",
+        );
+        assert_eq!(field, "gpus[1].nvlinks.GPU-a");
+    }
+
+    #[test]
+    fn duplicate_index_bad_versions_and_percentages_are_rejected() {
+        let (field, _) = invalid_field(
+            "gpus:\n  - {uuid: GPU-a, index: 0, name: x, memoryMiB: 1}\n  - {uuid: GPU-b, index: 0, name: x, memoryMiB: 1}\n",
+        );
+        assert_eq!(field, "gpus[1].index");
+        let (field, _) = invalid_field("cudaVersion: twelve\ngpus: []\n");
+        assert_eq!(field, "cudaVersion");
+        let (field, _) = invalid_field("driverVersion: 550.x\ngpus: []\n");
+        assert_eq!(field, "driverVersion");
+        let (field, _) = invalid_field(
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, utilizationPercent: 120}\n",
+        );
+        assert_eq!(field, "gpus[0].utilizationPercent");
+        let (field, _) = invalid_field(
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, computeCapability: \"8\"}\n",
+        );
+        assert_eq!(field, "gpus[0].computeCapability");
+    }
+
+    #[test]
+    fn unknown_fields_and_throttle_reasons_are_parse_errors_naming_the_file() {
+        for text in [
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, colour: red}\n",
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, throttleReasons: [sleepy]}\n",
+            "gpus: [",
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(matches!(err, BackendError::FakeFileParse { .. }), "{err:?}");
+            assert!(err.to_string().contains("/etc/fake.yaml"), "{err}");
+        }
+    }
+
+    #[test]
+    fn shipped_examples_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let eight = FakeNode::load(&dir.join("fake-gpus-8.yaml")).unwrap();
+        assert_eq!(eight.inventory().gpus.len(), 8);
+        assert!(
+            eight
+                .inventory()
+                .gpus
+                .iter()
+                .all(|g| g.nvlinks.len() == 7 && g.nvlinks.values().all(|&n| n == 12))
+        );
+        let sixteen = FakeNode::load(&dir.join("fake-gpus-16.yaml")).unwrap();
+        assert_eq!(sixteen.inventory().gpus.len(), 16);
+    }
+
+    #[test]
+    fn reload_reports_inventory_change_and_xid_of_newly_unhealthy_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.yaml");
+        std::fs::write(&path, TWO.replace("healthy: false", "healthy: true")).unwrap();
+        let backend = FakeBackend::open(&path).unwrap();
+        assert_eq!(backend.probe("GPU-b"), ProbeOutcome::Healthy);
+        assert!(backend.reload().unwrap().is_empty());
+        std::fs::write(&path, TWO).unwrap();
+        assert_eq!(
+            backend.reload().unwrap(),
+            vec![
+                BackendEvent::InventoryChanged,
+                BackendEvent::Xid {
+                    uuid: Some("GPU-b".into()),
+                    xid: 48
+                }
+            ]
+        );
+        assert!(matches!(backend.probe("GPU-b"), ProbeOutcome::Unhealthy(_)));
+        std::fs::write(&path, "gpus: [").unwrap();
+        assert!(backend.reload().is_err());
+        assert_eq!(backend.inventory().unwrap().gpus.len(), 2);
+    }
+}

@@ -1,0 +1,465 @@
+//! The NVML backend: real GPUs through the NVIDIA management library.
+//!
+//! NVML is loaded at run time, so the binary starts (and `--backend fake`
+//! works) on nodes without a driver. Every query that can fail transiently
+//! degrades to "unknown" instead of failing the caller: an NVML hiccup must
+//! never fail a pod's admission or flip health.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    BackendError, BackendEvent, ComputeCapability, DriverInfo, GpuBackend, GpuInfo, Inventory,
+    ProbeOutcome, Telemetry, ThrottleReason,
+};
+
+/// NVLink lanes NVML can report per GPU.
+const MAX_NVLINKS: u32 = 18;
+/// XID the driver logs for a double-bit ECC error; NVML reports it as its own event type.
+const XID_DOUBLE_BIT_ECC: u64 = 48;
+const EVENT_WAIT_MS: u32 = 1000;
+const MIB: u64 = 1024 * 1024;
+
+/// The NVML backend.
+pub struct NvmlBackend {
+    nvml: Arc<Nvml>,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend").finish_non_exhaustive()
+    }
+}
+
+fn nvml_err(call: &str) -> impl FnOnce(NvmlError) -> BackendError + '_ {
+    move |source| BackendError::Nvml {
+        call: call.to_string(),
+        source,
+    }
+}
+
+/// Converts NVML's `00000000:07:00.0` into the sysfs form `0000:07:00.0`.
+pub fn sysfs_bus_id(nvml_bus_id: &str) -> String {
+    let trimmed = nvml_bus_id.trim_end_matches('\0');
+    match trimmed.split_once(':') {
+        Some((domain, rest)) => match u32::from_str_radix(domain, 16) {
+            Ok(domain) => format!("{domain:04x}:{}", rest.to_ascii_lowercase()),
+            Err(_) => trimmed.to_ascii_lowercase(),
+        },
+        None => trimmed.to_ascii_lowercase(),
+    }
+}
+
+/// Reads the NUMA node of a PCI device from sysfs; `-1` means none.
+pub fn numa_node_from_sysfs(sysfs_root: &Path, bus_id: &str) -> Option<i64> {
+    let path = sysfs_root
+        .join("bus/pci/devices")
+        .join(bus_id)
+        .join("numa_node");
+    let node: i64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    (node >= 0).then_some(node)
+}
+
+/// Formats NVML's CUDA driver version integer (12040) as `12.4`.
+pub fn cuda_version_string(version: i32) -> String {
+    format!(
+        "{}.{}",
+        nvml_wrapper::cuda_driver_version_major(version),
+        nvml_wrapper::cuda_driver_version_minor(version)
+    )
+}
+
+/// Maps NVML's throttle bitmask onto our reason set.
+pub fn throttle_reasons(bits: ThrottleReasons) -> BTreeSet<ThrottleReason> {
+    let mut reasons = BTreeSet::new();
+    let pairs = [
+        (ThrottleReasons::SW_POWER_CAP, ThrottleReason::PowerCap),
+        (ThrottleReasons::HW_SLOWDOWN, ThrottleReason::HwSlowdown),
+        (ThrottleReasons::SYNC_BOOST, ThrottleReason::SyncBoost),
+        (
+            ThrottleReasons::SW_THERMAL_SLOWDOWN,
+            ThrottleReason::SwThermal,
+        ),
+        (
+            ThrottleReasons::HW_THERMAL_SLOWDOWN,
+            ThrottleReason::HwThermal,
+        ),
+        (
+            ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+            ThrottleReason::HwPowerBrake,
+        ),
+        (ThrottleReasons::GPU_IDLE, ThrottleReason::Idle),
+        (
+            ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
+            ThrottleReason::ApplicationsClocks,
+        ),
+        (
+            ThrottleReasons::DISPLAY_CLOCK_SETTING,
+            ThrottleReason::DisplayClocks,
+        ),
+    ];
+    for (bit, reason) in pairs {
+        if bits.contains(bit) {
+            reasons.insert(reason);
+        }
+    }
+    if bits.intersects(ThrottleReasons::SW_THERMAL_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN)
+    {
+        reasons.insert(ThrottleReason::Thermal);
+    }
+    reasons
+}
+
+impl NvmlBackend {
+    /// Loads NVML; without a driver this fails with [`BackendError::DriverNotFound`].
+    pub fn init() -> Result<Self, BackendError> {
+        let nvml = Nvml::init().map_err(|e| match e {
+            NvmlError::LibloadingError(_)
+            | NvmlError::DriverNotLoaded
+            | NvmlError::LibraryNotFound
+            | NvmlError::NoPermission
+            | NvmlError::FailedToLoadSymbol(_) => BackendError::DriverNotFound(e.to_string()),
+            other => BackendError::Nvml {
+                call: "init".into(),
+                source: other,
+            },
+        })?;
+        Ok(Self {
+            nvml: Arc::new(nvml),
+        })
+    }
+
+    fn gpu_info(&self, device: &Device<'_>) -> Result<(GpuInfo, Vec<String>), BackendError> {
+        let uuid = device.uuid().map_err(nvml_err("uuid"))?;
+        let index = device.index().map_err(nvml_err("index"))?;
+        let name = device.name().map_err(nvml_err("name"))?;
+        let memory = device.memory_info().map_err(nvml_err("memory_info"))?;
+        let minor_number = device.minor_number().unwrap_or(index);
+        let pci_bus_id = device.pci_info().ok().map(|p| sysfs_bus_id(&p.bus_id));
+        let numa_node = pci_bus_id
+            .as_deref()
+            .and_then(|id| numa_node_from_sysfs(Path::new("/sys"), id));
+        let compute_capability = device
+            .cuda_compute_capability()
+            .map(|cc| ComputeCapability {
+                major: u32::try_from(cc.major).unwrap_or(0),
+                minor: u32::try_from(cc.minor).unwrap_or(0),
+            })
+            .map_err(nvml_err("cuda_compute_capability"))?;
+        let mut remote_bus_ids = Vec::new();
+        for link in 0..MAX_NVLINKS {
+            let wrapper = device.link_wrapper_for(link);
+            // Unsupported or inactive links end the useful range on most GPUs,
+            // but not all, so every lane is asked.
+            if matches!(wrapper.is_active(), Ok(true))
+                && let Ok(remote) = wrapper.remote_pci_info()
+            {
+                remote_bus_ids.push(sysfs_bus_id(&remote.bus_id));
+            }
+        }
+        Ok((
+            GpuInfo {
+                uuid,
+                index,
+                minor_number,
+                name,
+                memory_mib: memory.total / MIB,
+                pci_bus_id,
+                numa_node,
+                compute_capability,
+                nvlinks: BTreeMap::new(),
+            },
+            remote_bus_ids,
+        ))
+    }
+}
+
+/// Turns per-GPU lists of remote bus ids into peer link counts.
+///
+/// A remote that is not one of our GPUs is an NVSwitch: GPUs that both reach
+/// switches talk all-to-all with as many links as the poorer of the two has.
+pub fn resolve_nvlinks(gpus: &mut [GpuInfo], remotes: &[Vec<String>]) {
+    let by_bus: BTreeMap<String, String> = gpus
+        .iter()
+        .filter_map(|g| g.pci_bus_id.clone().map(|b| (b, g.uuid.clone())))
+        .collect();
+    let mut switch_links = vec![0u32; gpus.len()];
+    let mut direct: Vec<BTreeMap<String, u32>> = vec![BTreeMap::new(); gpus.len()];
+    for (i, remote_ids) in remotes.iter().enumerate() {
+        for remote in remote_ids {
+            match by_bus.get(remote) {
+                Some(peer) if *peer != gpus[i].uuid => {
+                    *direct[i].entry(peer.clone()).or_default() += 1;
+                }
+                Some(_) => {}
+                None => switch_links[i] += 1,
+            }
+        }
+    }
+    let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+    for (i, gpu) in gpus.iter_mut().enumerate() {
+        let mut links = std::mem::take(&mut direct[i]);
+        if switch_links[i] > 0 {
+            for (j, peer) in uuids.iter().enumerate() {
+                if i != j && switch_links[j] > 0 {
+                    *links.entry(peer.clone()).or_default() += switch_links[i].min(switch_links[j]);
+                }
+            }
+        }
+        gpu.nvlinks = links;
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn inventory(&self) -> Result<Inventory, BackendError> {
+        let driver_version = self
+            .nvml
+            .sys_driver_version()
+            .map_err(nvml_err("sys_driver_version"))?;
+        let cuda_version = cuda_version_string(
+            self.nvml
+                .sys_cuda_driver_version()
+                .map_err(nvml_err("sys_cuda_driver_version"))?,
+        );
+        let count = self.nvml.device_count().map_err(nvml_err("device_count"))?;
+        let mut gpus = Vec::with_capacity(count as usize);
+        let mut remotes = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let device = self
+                .nvml
+                .device_by_index(index)
+                .map_err(nvml_err("device_by_index"))?;
+            let (info, remote) = self.gpu_info(&device)?;
+            gpus.push(info);
+            remotes.push(remote);
+        }
+        resolve_nvlinks(&mut gpus, &remotes);
+        Ok(Inventory {
+            driver: DriverInfo {
+                driver_version,
+                cuda_version,
+            },
+            gpus,
+        })
+    }
+
+    fn probe(&self, uuid: &str) -> ProbeOutcome {
+        let result = self
+            .nvml
+            .device_by_uuid(uuid)
+            .and_then(|d| d.memory_info().map(|_| ()));
+        match result {
+            Ok(()) => ProbeOutcome::Healthy,
+            Err(e @ (NvmlError::GpuLost | NvmlError::NotFound)) => {
+                ProbeOutcome::Unhealthy(format!("NVML probe: {e}"))
+            }
+            Err(e) => ProbeOutcome::Inconclusive(format!("NVML probe: {e}")),
+        }
+    }
+
+    fn telemetry(&self, uuid: &str) -> Result<Telemetry, BackendError> {
+        let device = self
+            .nvml
+            .device_by_uuid(uuid)
+            .map_err(nvml_err("device_by_uuid"))?;
+        let utilization = device.utilization_rates().ok();
+        let memory = device.memory_info().ok();
+        Ok(Telemetry {
+            utilization_percent: utilization.as_ref().map(|u| f64::from(u.gpu)),
+            memory_utilization_percent: utilization.as_ref().map(|u| f64::from(u.memory)),
+            memory_used_bytes: memory.as_ref().map(|m| m.used),
+            memory_total_bytes: memory.as_ref().map(|m| m.total),
+            temperature_celsius: device
+                .temperature(TemperatureSensor::Gpu)
+                .ok()
+                .map(f64::from),
+            power_draw_watts: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+            power_limit_watts: device
+                .enforced_power_limit()
+                .ok()
+                .map(|mw| f64::from(mw) / 1000.0),
+            sm_clock_mhz: device.clock_info(Clock::SM).ok().map(f64::from),
+            memory_clock_mhz: device.clock_info(Clock::Memory).ok().map(f64::from),
+            throttle_reasons: device.current_throttle_reasons().ok().map(throttle_reasons),
+        })
+    }
+
+    fn watch(
+        self: Arc<Self>,
+        events: UnboundedSender<BackendEvent>,
+        shutdown: CancellationToken,
+    ) -> Result<(), BackendError> {
+        let nvml = Arc::clone(&self.nvml);
+        std::thread::Builder::new()
+            .name("nvml-events".into())
+            .stack_size(256 * 1024)
+            .spawn(move || xid_event_loop(&nvml, &events, &shutdown))
+            .map_err(|e| BackendError::Watch {
+                path: "NVML event set".into(),
+                message: e.to_string(),
+            })?;
+        Ok(())
+    }
+}
+
+fn xid_event_loop(
+    nvml: &Nvml,
+    events: &UnboundedSender<BackendEvent>,
+    shutdown: &CancellationToken,
+) {
+    let mut set = match nvml.create_event_set() {
+        Ok(set) => set,
+        Err(e) => {
+            let _ = events.send(BackendEvent::Unattributed(format!(
+                "cannot create NVML event set, XID events will not be seen: {e}"
+            )));
+            return;
+        }
+    };
+    let count = nvml.device_count().unwrap_or(0);
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+        let supported = device.supported_event_types().unwrap_or(wanted) & wanted;
+        if supported.is_empty() {
+            tracing::warn!(index, "GPU supports no XID events; health relies on probes");
+            continue;
+        }
+        set = match device.register_events(supported, set) {
+            Ok(set) => set,
+            Err(e) => {
+                // Registration failure releases the set, so start over with a fresh one.
+                tracing::warn!(index, error = %e.error, "cannot register for XID events");
+                match nvml.create_event_set() {
+                    Ok(set) => set,
+                    Err(_) => return,
+                }
+            }
+        };
+    }
+    while !shutdown.is_cancelled() {
+        match set.wait(EVENT_WAIT_MS) {
+            Ok(data) => {
+                let uuid = data.device.uuid().ok();
+                let xid = if data.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                    Some(XID_DOUBLE_BIT_ECC)
+                } else {
+                    match data.event_data {
+                        Some(XidError::Value(xid)) => Some(xid),
+                        _ => None,
+                    }
+                };
+                let event = match xid {
+                    Some(xid) => BackendEvent::Xid { uuid, xid },
+                    None => BackendEvent::Unattributed("XID event without a value".into()),
+                };
+                if events.send(event).is_err() {
+                    return;
+                }
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                if events
+                    .send(BackendEvent::Unattributed(format!(
+                        "waiting for NVML events: {e}"
+                    )))
+                    .is_err()
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvml_bus_ids_become_sysfs_names() {
+        assert_eq!(sysfs_bus_id("00000000:07:00.0"), "0000:07:00.0");
+        assert_eq!(sysfs_bus_id("00000001:B7:00.0"), "0001:b7:00.0");
+    }
+
+    #[test]
+    fn cuda_versions_are_major_dot_minor() {
+        assert_eq!(cuda_version_string(12040), "12.4");
+        assert_eq!(cuda_version_string(11080), "11.8");
+    }
+
+    #[test]
+    fn thermal_reason_is_set_by_either_thermal_bit() {
+        let r = throttle_reasons(ThrottleReasons::HW_THERMAL_SLOWDOWN | ThrottleReasons::GPU_IDLE);
+        assert!(r.contains(&ThrottleReason::Thermal));
+        assert!(r.contains(&ThrottleReason::HwThermal));
+        assert!(r.contains(&ThrottleReason::Idle));
+        assert!(!r.contains(&ThrottleReason::SwThermal));
+    }
+
+    #[test]
+    fn numa_node_minus_one_means_none() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("bus/pci/devices/0000:07:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("numa_node"), "-1\n").unwrap();
+        assert_eq!(numa_node_from_sysfs(root.path(), "0000:07:00.0"), None);
+        std::fs::write(dev.join("numa_node"), "1\n").unwrap();
+        assert_eq!(numa_node_from_sysfs(root.path(), "0000:07:00.0"), Some(1));
+    }
+
+    fn gpu(uuid: &str, bus: &str) -> GpuInfo {
+        GpuInfo {
+            uuid: uuid.into(),
+            index: 0,
+            minor_number: 0,
+            name: "x".into(),
+            memory_mib: 1,
+            pci_bus_id: Some(bus.into()),
+            numa_node: None,
+            compute_capability: ComputeCapability { major: 8, minor: 0 },
+            nvlinks: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn direct_links_are_counted_and_nvswitch_links_become_all_to_all() {
+        let mut direct = vec![gpu("a", "0000:01:00.0"), gpu("b", "0000:02:00.0")];
+        let remotes = vec![
+            vec!["0000:02:00.0".into(), "0000:02:00.0".into()],
+            vec!["0000:01:00.0".into(), "0000:01:00.0".into()],
+        ];
+        resolve_nvlinks(&mut direct, &remotes);
+        assert_eq!(direct[0].nvlinks, BTreeMap::from([("b".into(), 2)]));
+
+        let mut switched = vec![
+            gpu("a", "0000:01:00.0"),
+            gpu("b", "0000:02:00.0"),
+            gpu("c", "0000:03:00.0"),
+        ];
+        let sw = |n: usize| vec!["0000:99:00.0".to_string(); n];
+        resolve_nvlinks(&mut switched, &[sw(12), sw(12), sw(6)]);
+        assert_eq!(
+            switched[0].nvlinks,
+            BTreeMap::from([("b".into(), 12), ("c".into(), 6)])
+        );
+    }
+}
