@@ -7,17 +7,17 @@ Chart name, overridable.
 
 {{/*
 Resource name prefix. Truncated so that suffixes such as "-device-plugin"
-still fit the 63-character label limit.
+still fit the 63-character limit of Service names and labels.
 */}}
 {{- define "trainyard.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 39 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- .Release.Name | trunc 39 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 39 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,781 @@
+"""Tests of the trainyard Helm chart, rendered by the real Helm engine.
+
+helm-python-sdk binds Helm's Go SDK, so lint, schema validation and rendering
+here are exactly what `helm install` does; no cluster is needed. Run with
+
+    pip install -r charts/tests/requirements.txt
+    pytest charts/tests
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+CHART_DIR = Path(__file__).resolve().parent.parent / "trainyard"
+REPO_ROOT = CHART_DIR.parent.parent
+RELEASE = "trainyard"
+NAMESPACE = "trainyard-system"
+FAKE_GPUS_PATH = "/etc/trainyard/fake-gpus.yaml"
+FAKE_UUID = "GPU-11111111-2222-3333-4444-{:012d}"
+
+# Helm's lint severities (helm_python.lint messages).
+SEVERITY_WARNING = 2
+
+
+@pytest.fixture(scope="module")
+def chart() -> Any:
+    loaded = helm_python.Chart.load(CHART_DIR)
+    yield loaded
+    loaded.close()
+
+
+def render(chart: Any, values: dict[str, Any] | None = None, **opts: Any) -> list[dict[str, Any]]:
+    """Render the chart and return every Kubernetes object it produces."""
+    manifests = chart.render(
+        values or {},
+        name=opts.get("name", RELEASE),
+        namespace=opts.get("namespace", NAMESPACE),
+        is_install=True,
+    )
+    objects = []
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def render_notes(chart: Any, values: dict[str, Any] | None = None) -> str:
+    manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [o for o in of_kind(objects, kind) if name is None or o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, got {[m['metadata']['name'] for m in matches]}"
+    return matches[0]
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def operator_deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "Deployment", f"{RELEASE}-operator")
+
+
+def device_plugin_daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "DaemonSet", f"{RELEASE}-device-plugin")
+
+
+def rules_by_resource(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    """Map (apiGroup, resource) to the verbs a role grants on it."""
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+ALL_TOGGLES_ON = {
+    "devicePlugin": {"fakeGpus": {"enabled": True}},
+    "metrics": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+}
+
+# --- chart metadata and lint ------------------------------------------------
+
+
+def test_chart_metadata_declares_v2_api_min_kube_version_and_app_version(chart: Any) -> None:
+    meta = chart.metadata
+    assert meta["apiVersion"] == "v2"
+    assert meta["name"] == "trainyard"
+    assert meta["kubeVersion"] == ">=1.20.0-0"
+    assert meta["appVersion"] == "0.1.0"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, ALL_TOGGLES_ON, {"operator": {"watchNamespace": "ml"}}],
+    ids=["defaults", "all-toggles-on", "single-namespace"],
+)
+@pytest.mark.parametrize("kube_version", [None, "v1.20.2"], ids=["default-kube", "kube-1.20"])
+def test_lint_reports_no_warnings_or_errors(values: dict[str, Any], kube_version: str | None) -> None:
+    report = helm_python.lint(CHART_DIR, values, strict=True, kube_version=kube_version)
+    problems = [m for m in report["messages"] if m["severity"] >= SEVERITY_WARNING]
+    assert report["errors"] == [] and problems == [], report
+
+
+# --- operator Deployment ----------------------------------------------------
+
+
+def test_default_operator_runs_two_replicas_with_leader_election(chart: Any) -> None:
+    deployment = operator_deployment(render(chart))
+    assert deployment["spec"]["replicas"] == 2
+    args = container(deployment)["args"]
+    assert args[0] == "run"
+    assert "--leader-elect=true" in args
+    assert f"--lease-name={RELEASE}" in args
+    assert "--config=/etc/trainyard/config.yaml" in args
+    assert "--metrics-addr=0.0.0.0:8080" in args
+    assert "--log-format=json" in args
+    assert not any(a.startswith("--namespace") for a in args), "default watches all namespaces"
+
+
+def test_operator_runs_the_binary_from_the_image(chart: Any) -> None:
+    c = container(operator_deployment(render(chart)))
+    assert c["command"] == ["/usr/local/bin/trainyard-operator"]
+    assert c["image"] == "trainyard/operator:0.1.0"
+
+
+def test_operator_probes_hit_healthz_and_readyz_on_the_metrics_port(chart: Any) -> None:
+    c = container(operator_deployment(render(chart)))
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8080}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+def test_operator_is_non_root_read_only_without_capabilities(chart: Any) -> None:
+    deployment = operator_deployment(render(chart))
+    pod_sc = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True
+    # The kubelet can verify runAsNonRoot only with a numeric user.
+    assert pod_sc["runAsUser"] != 0
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(deployment)["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+
+
+def test_operator_sets_resource_requests_and_limits(chart: Any) -> None:
+    resources = container(operator_deployment(render(chart)))["resources"]
+    assert set(resources["requests"]) >= {"cpu", "memory"}
+    assert set(resources["limits"]) >= {"cpu", "memory"}
+
+
+def test_operator_gets_pod_name_and_namespace_from_the_downward_api(chart: Any) -> None:
+    env = env_of(container(operator_deployment(render(chart))))
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+def test_operator_mounts_its_config_map_at_etc_trainyard(chart: Any) -> None:
+    objects = render(chart)
+    deployment = operator_deployment(objects)
+    mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
+    assert mounts["config"]["mountPath"] == "/etc/trainyard"
+    assert mounts["config"]["readOnly"] is True
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    config_map = one(objects, "ConfigMap", volumes["config"]["configMap"]["name"])
+    assert "config.yaml" in config_map["data"]
+
+
+def test_operator_config_renders_the_contract_defaults(chart: Any) -> None:
+    config_map = one(render(chart), "ConfigMap", f"{RELEASE}-operator-config")
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert config["onDemandMultiplier"] == 3.0
+    assert {p["match"]: p["spot"] for p in config["prices"]} == {
+        "T4": 0.12,
+        "L4": 0.25,
+        "A10G": 0.50,
+        "A100-40GB": 1.10,
+        "A100-80GB": 1.25,
+        "H100": 2.50,
+    }
+    assert {(l["provider"], l["key"], l["value"]) for l in config["spot"]["labels"]} == {
+        ("GKE", "cloud.google.com/gke-spot", "true"),
+        ("GKE", "cloud.google.com/gke-preemptible", "true"),
+        ("EKS", "eks.amazonaws.com/capacityType", "SPOT"),
+        ("Karpenter", "karpenter.sh/capacity-type", "spot"),
+        ("AKS", "kubernetes.azure.com/scalesetpriority", "spot"),
+    }
+    assert config["spot"]["tolerations"] == [
+        {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot", "effect": "NoSchedule"},
+        {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+    ]
+    assert config["terminationTaints"] == [
+        "karpenter.sh/disrupted",
+        "cloud.google.com/impending-node-termination",
+        "aws-node-termination-handler/spot-itn",
+        "ToBeDeletedByClusterAutoscaler",
+    ]
+    assert config["nodeNotReadyTimeoutSeconds"] == 60
+    assert config["containerWaitingTimeoutSeconds"] == 300
+
+
+def test_operator_config_override_replaces_the_price_table(chart: Any) -> None:
+    values = {"operator": {"config": {"prices": [{"match": "B200", "spot": 4.0}]}}}
+    config_map = one(render(chart, values), "ConfigMap", f"{RELEASE}-operator-config")
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert config["prices"] == [{"match": "B200", "spot": 4.0}]
+    assert config["nodeNotReadyTimeoutSeconds"] == 60, "untouched keys keep their defaults"
+
+
+def test_changing_operator_config_rolls_the_operator_pods(chart: Any) -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        template = operator_deployment(render(chart, values))["spec"]["template"]
+        return template["metadata"]["annotations"]["checksum/config"]
+
+    assert checksum({}) == checksum({})
+    assert checksum({}) != checksum({"operator": {"config": {"nodeNotReadyTimeoutSeconds": 90}}})
+
+
+def test_watch_namespace_is_passed_to_the_operator(chart: Any) -> None:
+    args = container(operator_deployment(render(chart, {"operator": {"watchNamespace": "ml"}})))["args"]
+    assert "--namespace=ml" in args
+
+
+def test_image_tag_and_pull_policy_follow_values(chart: Any) -> None:
+    values = {
+        "operator": {"image": {"tag": "dev", "pullPolicy": "Never"}},
+        "devicePlugin": {"image": {"tag": "dev", "pullPolicy": "Never"}},
+    }
+    objects = render(chart, values)
+    for workload, image in [
+        (operator_deployment(objects), "trainyard/operator:dev"),
+        (device_plugin_daemonset(objects), "trainyard/device-plugin:dev"),
+    ]:
+        assert container(workload)["image"] == image
+        assert container(workload)["imagePullPolicy"] == "Never"
+
+
+def test_more_than_one_replica_without_leader_election_is_refused(chart: Any) -> None:
+    with pytest.raises(helm_python.HelmRenderError, match="leaderElection"):
+        render(chart, {"operator": {"leaderElection": {"enabled": False}}})
+    single = render(chart, {"operator": {"replicas": 1, "leaderElection": {"enabled": False}}})
+    assert "--leader-elect=false" in container(operator_deployment(single))["args"]
+    assert not [r for r in of_kind(single, "Role") if "leases" in json.dumps(r["rules"])]
+
+
+def test_operator_pod_disruption_budget_keeps_one_replica(chart: Any) -> None:
+    pdb = one(render(chart), "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    pod_labels = operator_deployment(render(chart))["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+
+
+# --- RBAC -------------------------------------------------------------------
+
+
+def all_roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return of_kind(objects, "ClusterRole") + of_kind(objects, "Role")
+
+
+@pytest.mark.parametrize(
+    "values", [{}, {"operator": {"watchNamespace": "ml"}}], ids=["cluster-wide", "single-namespace"]
+)
+def test_no_role_grants_wildcards(chart: Any, values: dict[str, Any]) -> None:
+    for role in all_roles(render(chart, values)):
+        for rule in role["rules"]:
+            for field in ("verbs", "resources", "apiGroups"):
+                assert "*" not in rule[field], f"{role['metadata']['name']}: wildcard in {field}"
+            assert "nonResourceURLs" not in rule
+
+
+def test_no_role_reads_secrets_or_config_maps(chart: Any) -> None:
+    for role in all_roles(render(chart)):
+        granted = rules_by_resource(role)
+        assert ("", "secrets") not in granted
+        assert ("", "configmaps") not in granted
+
+
+def test_operator_rbac_grants_exactly_the_contract(chart: Any) -> None:
+    objects = render(chart)
+    granted: dict[tuple[str, str], set[str]] = {}
+    for role in all_roles(objects):
+        if role["metadata"]["labels"]["app.kubernetes.io/component"] != "operator":
+            continue
+        for key, verbs in rules_by_resource(role).items():
+            granted.setdefault(key, set()).update(verbs)
+    crud = {"get", "list", "watch", "create", "patch", "delete"}
+    assert granted == {
+        ("trainyard.dev", "trainingjobs"): {"get", "list", "watch", "patch", "update"},
+        ("trainyard.dev", "trainingjobs/status"): {"get", "patch", "update"},
+        ("trainyard.dev", "trainingjobs/finalizers"): {"update"},
+        ("", "pods"): crud,
+        ("", "services"): crud,
+        ("", "persistentvolumeclaims"): crud,
+        ("", "nodes"): {"get", "list", "watch"},
+        ("events.k8s.io", "events"): {"create", "patch"},
+        ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    }
+
+
+def test_operator_reads_only_its_own_crd(chart: Any) -> None:
+    cluster_role = one(render(chart), "ClusterRole", f"{RELEASE}-operator-cluster")
+    crd_rules = [r for r in cluster_role["rules"] if "customresourcedefinitions" in r["resources"]]
+    assert [r["resourceNames"] for r in crd_rules] == [["trainingjobs.trainyard.dev"]]
+
+
+def test_leader_election_lease_access_is_a_namespaced_role_for_one_lease(chart: Any) -> None:
+    objects = render(chart)
+    assert not [r for r in of_kind(objects, "ClusterRole") if "leases" in json.dumps(r["rules"])]
+    role = one(objects, "Role", f"{RELEASE}-operator-lease")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    lease_name = next(
+        a.split("=", 1)[1] for a in container(operator_deployment(objects))["args"] if a.startswith("--lease-name=")
+    )
+    for rule in role["rules"]:
+        if set(rule["verbs"]) != {"create"}:
+            # create cannot be restricted by name; everything else can.
+            assert rule["resourceNames"] == [lease_name]
+    binding = one(objects, "RoleBinding", f"{RELEASE}-operator-lease")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_cluster_wide_operator_binds_job_rules_with_a_cluster_role(chart: Any) -> None:
+    objects = render(chart)
+    role = one(objects, "ClusterRole", f"{RELEASE}-operator-jobs")
+    assert ("", "pods") in rules_by_resource(role)
+    binding = one(objects, "ClusterRoleBinding", f"{RELEASE}-operator-jobs")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-operator", "namespace": NAMESPACE}]
+
+
+def test_single_namespace_operator_gets_job_rules_only_in_that_namespace(chart: Any) -> None:
+    objects = render(chart, {"operator": {"watchNamespace": "ml"}})
+    for cluster_role in of_kind(objects, "ClusterRole"):
+        assert ("", "pods") not in rules_by_resource(cluster_role), cluster_role["metadata"]["name"]
+    role = one(objects, "Role", f"{RELEASE}-operator-jobs")
+    assert role["metadata"]["namespace"] == "ml"
+    assert ("", "pods") in rules_by_resource(role)
+    binding = one(objects, "RoleBinding", f"{RELEASE}-operator-jobs")
+    assert binding["metadata"]["namespace"] == "ml"
+    assert binding["subjects"][0]["namespace"] == NAMESPACE
+
+
+def test_device_plugin_may_only_get_and_patch_nodes(chart: Any) -> None:
+    role = one(render(chart), "ClusterRole", f"{RELEASE}-device-plugin")
+    assert rules_by_resource(role) == {("", "nodes"): {"get", "patch"}}
+
+
+def test_every_binding_names_a_rendered_role_and_service_account(chart: Any) -> None:
+    objects = render(chart)
+    roles = {(r["kind"], r["metadata"]["name"]) for r in all_roles(objects)}
+    accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]) for a in of_kind(objects, "ServiceAccount")}
+    for binding in of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding"):
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in roles
+        for subject in binding["subjects"]:
+            assert (subject["namespace"], subject["name"]) in accounts
+
+
+# --- device-plugin DaemonSet ------------------------------------------------
+
+
+def test_device_plugin_mounts_the_kubelet_socket_dir_from_the_host(chart: Any) -> None:
+    daemonset = device_plugin_daemonset(render(chart))
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["device-plugins"]["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+    mounts = {m["name"]: m for m in container(daemonset)["volumeMounts"]}
+    assert mounts["device-plugins"]["mountPath"] == "/var/lib/kubelet/device-plugins"
+    assert "--device-plugin-dir=/var/lib/kubelet/device-plugins" in container(daemonset)["args"]
+
+
+def test_custom_device_plugin_dir_reaches_host_path_mount_and_flag(chart: Any) -> None:
+    kubelet_dir = "/var/lib/k0s/kubelet/device-plugins"
+    daemonset = device_plugin_daemonset(render(chart, {"devicePlugin": {"devicePluginDir": kubelet_dir}}))
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["device-plugins"]["hostPath"]["path"] == kubelet_dir
+    assert f"--device-plugin-dir={kubelet_dir}" in container(daemonset)["args"]
+
+
+def test_device_plugin_is_node_critical_and_tolerates_gpu_and_spot_taints(chart: Any) -> None:
+    spec = device_plugin_daemonset(render(chart))["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    tolerations = spec["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    spot_keys = {t["key"] for t in tolerations}
+    assert {"kubernetes.azure.com/scalesetpriority", "cloud.google.com/gke-spot"} <= spot_keys
+
+
+def test_device_plugin_node_selector_comes_from_values(chart: Any) -> None:
+    selector = {"nvidia.com/gpu.present": "true"}
+    daemonset = device_plugin_daemonset(render(chart, {"devicePlugin": {"nodeSelector": selector}}))
+    assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == selector
+
+
+def test_device_plugin_args_follow_the_cli_contract(chart: Any) -> None:
+    c = container(device_plugin_daemonset(render(chart)))
+    assert c["command"] == ["/usr/local/bin/trainyard-device-plugin"]
+    assert c["args"] == [
+        "run",
+        "--device-plugin-dir=/var/lib/kubelet/device-plugins",
+        "--resource-name=nvidia.com/gpu",
+        "--node-name=$(NODE_NAME)",
+        "--metrics-addr=0.0.0.0:9400",
+        "--device-list-strategy=envvar",
+        "--log-format=json",
+    ]
+    assert env_of(c)["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_device_plugin_passes_device_specs_only_when_asked(chart: Any) -> None:
+    values = {"devicePlugin": {"passDeviceSpecs": True, "deviceListStrategy": "envvar,cdi"}}
+    args = container(device_plugin_daemonset(render(chart, values)))["args"]
+    assert "--pass-device-specs" in args
+    assert "--device-list-strategy=envvar,cdi" in args
+
+
+def test_device_plugin_probes_and_metrics_use_port_9400(chart: Any) -> None:
+    c = container(device_plugin_daemonset(render(chart)))
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9400}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+def test_device_plugin_runs_as_root_without_capabilities_or_escalation(chart: Any) -> None:
+    daemonset = device_plugin_daemonset(render(chart))
+    sc = container(daemonset)["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+    pod_sc = daemonset["spec"]["template"]["spec"]["securityContext"]
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "hostNetwork" not in daemonset["spec"]["template"]["spec"]
+
+
+def test_device_plugin_uses_nvml_by_default(chart: Any) -> None:
+    objects = render(chart)
+    c = container(device_plugin_daemonset(objects))
+    assert not any(a.startswith("--fake-gpus") for a in c["args"])
+    assert env_of(c)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert not [cm for cm in of_kind(objects, "ConfigMap") if cm["metadata"]["name"].endswith("fake-gpus")]
+
+
+def test_fake_gpus_render_a_config_map_mount_and_flag(chart: Any) -> None:
+    objects = render(chart, {"devicePlugin": {"fakeGpus": {"enabled": True}}})
+    daemonset = device_plugin_daemonset(objects)
+    c = container(daemonset)
+    assert f"--fake-gpus={FAKE_GPUS_PATH}" in c["args"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(c)
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["fake-gpus"]["mountPath"] == str(Path(FAKE_GPUS_PATH).parent)
+    # No subPath: a subPath mount never sees ConfigMap updates.
+    assert "subPath" not in mounts["fake-gpus"]
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    config_map = one(objects, "ConfigMap", volumes["fake-gpus"]["configMap"]["name"])
+    assert set(config_map["data"]) == {Path(FAKE_GPUS_PATH).name}
+
+
+def test_default_fake_gpu_file_is_an_8_gpu_nvswitch_node(chart: Any) -> None:
+    objects = render(chart, {"devicePlugin": {"fakeGpus": {"enabled": True}}})
+    config_map = one(objects, "ConfigMap", f"{RELEASE}-device-plugin-fake-gpus")
+    fake = yaml.safe_load(config_map["data"]["fake-gpus.yaml"])
+    assert fake["driverVersion"] == "550.54.15"
+    assert fake["cudaVersion"] == "12.4"
+    gpus = fake["gpus"]
+    uuids = [FAKE_UUID.format(i) for i in range(8)]
+    assert [g["uuid"] for g in gpus] == uuids
+    for i, gpu in enumerate(gpus):
+        assert gpu["index"] == i
+        assert gpu["name"] == "NVIDIA A100-SXM4-80GB"
+        assert gpu["memoryMiB"] == 81920
+        assert gpu["numaNode"] == (0 if i < 4 else 1)
+        assert gpu["computeCapability"] == "8.0"
+        assert gpu["healthy"] is True
+        assert gpu["nvlinks"] == {peer: 12 for peer in uuids if peer != gpu["uuid"]}
+
+
+def test_fake_gpu_file_content_implies_fake_gpus_and_is_used_verbatim(chart: Any) -> None:
+    content = (
+        "gpus:\n"
+        "  - uuid: GPU-aaaaaaaa-0000-0000-0000-000000000000\n"
+        "    index: 0\n"
+        "    name: NVIDIA L4\n"
+        "    memoryMiB: 23034\n"
+        "    healthy: false\n"
+    )
+    objects = render(chart, {"devicePlugin": {"fakeGpus": {"file": content}}})
+    assert f"--fake-gpus={FAKE_GPUS_PATH}" in container(device_plugin_daemonset(objects))["args"]
+    config_map = one(objects, "ConfigMap", f"{RELEASE}-device-plugin-fake-gpus")
+    assert config_map["data"]["fake-gpus.yaml"].strip() == content.strip()
+
+
+def test_fake_gpus_from_a_host_directory_mount_it_instead_of_a_config_map(chart: Any) -> None:
+    objects = render(chart, {"devicePlugin": {"fakeGpus": {"hostDirectory": "/srv/trainyard"}}})
+    daemonset = device_plugin_daemonset(objects)
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["fake-gpus"]["hostPath"] == {"path": "/srv/trainyard", "type": "Directory"}
+    assert f"--fake-gpus={FAKE_GPUS_PATH}" in container(daemonset)["args"]
+    assert not [cm for cm in of_kind(objects, "ConfigMap") if cm["metadata"]["name"].endswith("fake-gpus")]
+
+
+def test_fake_gpu_file_and_host_directory_together_are_refused(chart: Any) -> None:
+    with pytest.raises(helm_python.HelmRenderError, match="exclusive"):
+        render(chart, {"devicePlugin": {"fakeGpus": {"file": "gpus: []\n", "hostDirectory": "/srv/trainyard"}}})
+
+
+# --- Services, labels, selectors -------------------------------------------
+
+
+def test_services_select_their_pods_on_a_named_metrics_port(chart: Any) -> None:
+    objects = render(chart)
+    workloads = {
+        f"{RELEASE}-operator-metrics": operator_deployment(objects),
+        f"{RELEASE}-device-plugin-metrics": device_plugin_daemonset(objects),
+    }
+    services = of_kind(objects, "Service")
+    assert {s["metadata"]["name"] for s in services} == set(workloads)
+    for service in services:
+        workload = workloads[service["metadata"]["name"]]
+        pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        port_names = {p["name"] for p in container(workload)["ports"]}
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == ["metrics"]
+        assert "metrics" in port_names
+
+
+def test_workload_selectors_match_their_pod_templates(chart: Any) -> None:
+    objects = render(chart)
+    for workload in (operator_deployment(objects), device_plugin_daemonset(objects)):
+        selector = workload["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+        # Selectors are immutable: nothing version-dependent may be in them.
+        assert "app.kubernetes.io/version" not in selector
+        assert "helm.sh/chart" not in selector
+
+
+def test_every_object_carries_the_standard_labels(chart: Any) -> None:
+    for obj in render(chart, ALL_TOGGLES_ON):
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "trainyard", obj["metadata"]["name"]
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/part-of"] == "trainyard"
+        assert labels["helm.sh/chart"] == "trainyard-0.1.0"
+
+
+def test_namespaced_objects_land_in_the_release_namespace(chart: Any) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for obj in render(chart, ALL_TOGGLES_ON):
+        if obj["kind"] not in cluster_scoped:
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
+
+
+def test_names_fit_kubernetes_limits_for_long_release_names(chart: Any) -> None:
+    objects = render(chart, ALL_TOGGLES_ON, name="a-very-long-release-name-for-a-gpu-training-cluster")
+    for obj in objects:
+        assert len(obj["metadata"]["name"]) <= 63, obj["metadata"]["name"]
+        for value in obj["metadata"]["labels"].values():
+            assert len(str(value)) <= 63
+
+
+# --- metrics: ServiceMonitor and Grafana dashboard -------------------------
+
+
+def test_service_monitors_are_off_by_default(chart: Any) -> None:
+    assert of_kind(render(chart), "ServiceMonitor") == []
+
+
+def test_service_monitors_scrape_the_operator_and_device_plugin_services(chart: Any) -> None:
+    values = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}}
+    objects = render(chart, values)
+    monitors = of_kind(objects, "ServiceMonitor")
+    assert len(monitors) == 2
+    services = of_kind(objects, "Service")
+    for monitor in monitors:
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+        selected = [
+            s for s in services if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+        ]
+        assert len(selected) == 1, monitor["metadata"]["name"]
+        service_ports = {p["name"] for p in selected[0]["spec"]["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["port"] in service_ports
+            assert endpoint["path"] == "/metrics"
+
+
+def test_dashboard_config_map_is_off_by_default(chart: Any) -> None:
+    assert not [cm for cm in of_kind(render(chart), "ConfigMap") if cm["metadata"]["name"].endswith("dashboard")]
+
+
+def dashboard_from(chart: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    objects = render(chart, {"metrics": {"grafanaDashboard": {"enabled": True}}})
+    config_map = one(objects, "ConfigMap", f"{RELEASE}-dashboard")
+    return config_map, json.loads(config_map["data"]["trainyard.json"])
+
+
+def test_dashboard_config_map_is_labelled_for_the_grafana_sidecar(chart: Any) -> None:
+    config_map, dashboard = dashboard_from(chart)
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["uid"] == "trainyard-gpus"
+    assert dashboard["panels"], "dashboard has panels"
+
+
+EXPECTED_METRICS = {
+    "trainyard_gpu_utilization_percent",
+    "trainyard_gpu_memory_used_bytes",
+    "trainyard_gpu_memory_total_bytes",
+    "trainyard_gpu_temperature_celsius",
+    "trainyard_gpu_power_watts",
+    "trainyard_gpu_throttle_reason",
+    "trainyard_gpu_xid_events_total",
+    "trainyard_gpu_healthy",
+    "trainyard_operator_restarts_total",
+    "trainyard_operator_reconcile_errors_total",
+    "trainyard_operator_preemption_recovery_seconds",
+}
+
+
+def test_dashboard_names_each_metric_once_in_its_constant_variables(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    constants = {v["name"]: v["query"] for v in dashboard["templating"]["list"] if v["type"] == "constant"}
+    assert set(constants.values()) == EXPECTED_METRICS
+    # Outside the constants, metric names appear only through variables, so a
+    # renamed metric is fixed in one place.
+    without_constants = copy.deepcopy(dashboard)
+    without_constants["templating"]["list"] = [
+        v for v in without_constants["templating"]["list"] if v["type"] != "constant"
+    ]
+    assert "trainyard_" not in json.dumps(without_constants)
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {name for e in expressions for name in re.findall(r"\$\{(m_\w+)\}", e)}
+    assert used == set(constants), "every metric is shown and every variable exists"
+
+
+def test_dashboard_panels_have_unique_ids_and_fit_the_grid(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+
+
+# --- values.schema.json -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values, offending",
+    [
+        ({"operator": {"replicas": "two"}}, "/operator/replicas"),
+        ({"operator": {"replicas": 0}}, "/operator/replicas"),
+        ({"operator": {"logFormat": "xml"}}, "/operator/logFormat"),
+        ({"operator": {"image": {"pullPolicy": "Sometimes"}}}, "/operator/image/pullPolicy"),
+        ({"operator": {"config": {"nodeNotReadyTimeoutSeconds": 0}}}, "/operator/config/nodeNotReadyTimeoutSeconds"),
+        ({"operator": {"config": {"prices": [{"match": "T4", "spot": -1}]}}}, "/operator/config/prices/0/spot"),
+        ({"devicePlugin": {"deviceListStrategy": "volume-mounts"}}, "/devicePlugin/deviceListStrategy"),
+        ({"devicePlugin": {"metrics": {"port": 70000}}}, "/devicePlugin/metrics/port"),
+        ({"devicePlugin": {"devicePluginDir": "relative/dir"}}, "/devicePlugin/devicePluginDir"),
+        ({"devicePlugin": {"fakeGpus": {"enabled": "yes"}}}, "/devicePlugin/fakeGpus/enabled"),
+        ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+        ({"operatr": {"replicas": 1}}, "operatr"),
+        ({"devicePlugin": {"tolerations": [{"key": "a", "operator": "Maybe"}]}}, "/devicePlugin/tolerations/0/operator"),
+    ],
+)
+def test_schema_rejects_bad_values_naming_the_field(chart: Any, values: dict[str, Any], offending: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as rejected:
+        chart.validate_schema(values)
+    assert offending in str(rejected.value)
+    with pytest.raises(helm_python.HelmValuesError):
+        render(chart, values)
+
+
+def test_lint_fails_on_a_schema_violation() -> None:
+    report = helm_python.lint(CHART_DIR, {"operator": {"replicas": "two"}})
+    assert any("/operator/replicas" in e for e in report["errors"]), report
+
+
+def test_schema_accepts_the_defaults_and_the_local_cluster_values(chart: Any) -> None:
+    chart.validate_schema({})
+    chart.validate_schema(
+        {
+            "operator": {"image": {"tag": "dev", "pullPolicy": "Never"}},
+            "devicePlugin": {"image": {"tag": "dev", "pullPolicy": "Never"}, "fakeGpus": {"enabled": True}},
+        }
+    )
+
+
+def test_schema_describes_every_default_value(chart: Any) -> None:
+    """Every key in values.yaml has a schema entry, so none is typed by accident."""
+    schema = chart.schema
+    assert schema is not None
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node:
+            node = schema["definitions"][node["$ref"].rsplit("/", 1)[-1]]
+        return node
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        node = resolve(node)
+        assert "type" in node, f"{path}: no type in the schema"
+        if isinstance(value, dict) and "properties" in node:
+            for key, child in value.items():
+                assert key in node["properties"], f"{path}.{key}: not in the schema"
+                walk(child, node["properties"][key], f"{path}.{key}")
+        if isinstance(value, list) and "items" in node:
+            for index, item in enumerate(value):
+                walk(item, node["items"], f"{path}[{index}]")
+
+    walk(chart.values, schema, "values")
+
+
+# --- CRD and Dockerfile consistency -----------------------------------------
+
+
+def test_chart_ships_no_templated_crd(chart: Any) -> None:
+    # The CRD lives in crds/ (installed before templates, never templated);
+    # a templated copy would fight Helm over ownership on upgrade.
+    for obj in render(chart, ALL_TOGGLES_ON):
+        assert obj["kind"] != "CustomResourceDefinition"
+
+
+def test_dockerfile_targets_install_the_binaries_the_chart_runs(chart: Any) -> None:
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    stages = {alias: image for image, alias in re.findall(r"^FROM\s+(\S+)\s+AS\s+(\S+)", dockerfile, re.M | re.I)}
+    assert stages["builder"] == "${RUST_IMAGE}"
+    assert "ARG RUST_IMAGE=rust:1.89-bookworm" in dockerfile
+    assert stages["operator"] == "gcr.io/distroless/cc-debian12:nonroot"
+    assert stages["device-plugin"].startswith("gcr.io/distroless/cc-debian12")
+    assert "--locked --release" in dockerfile
+    objects = render(chart)
+    for workload in (operator_deployment(objects), device_plugin_daemonset(objects)):
+        binary = container(workload)["command"][0]
+        assert f"COPY --from=builder /out/{Path(binary).name} {binary}" in dockerfile
+
+
+def test_operator_image_user_matches_the_chart_run_as_user(chart: Any) -> None:
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    operator_stage = dockerfile.split("AS operator", 1)[1].split("FROM ", 1)[0]
+    user = re.search(r"^USER\s+(\d+)", operator_stage, re.M)
+    assert user is not None
+    pod_sc = operator_deployment(render(chart))["spec"]["template"]["spec"]["securityContext"]
+    assert int(user.group(1)) == pod_sc["runAsUser"]
+
+
+# --- NOTES.txt --------------------------------------------------------------
+
+
+def test_notes_explain_how_to_check_gpus_and_submit_the_example_job(chart: Any) -> None:
+    notes = render_notes(chart)
+    assert f"rollout status deployment/{RELEASE}-operator" in notes
+    assert r".status.allocatable.nvidia\.com/gpu" in notes
+    assert "kubectl apply -f examples/trainingjob.yaml" in notes
+    assert "FAKE" not in notes
+    assert "FAKE GPU file" in render_notes(chart, {"devicePlugin": {"fakeGpus": {"enabled": True}}})
