@@ -224,6 +224,14 @@ def test_operator_config_renders_the_contract_defaults(chart: Any) -> None:
     assert config["containerWaitingTimeoutSeconds"] == 300
 
 
+def test_operator_config_defaults_match_the_operators_own_defaults(chart: Any) -> None:
+    """The chart and the operator binary agree on defaults, so leaving
+    operator.config alone and deleting it behave the same."""
+    defaults_file = REPO_ROOT / "operator" / "config" / "default.yaml"
+    assert defaults_file.is_file(), f"{defaults_file} (the operator's documented defaults) is missing"
+    assert chart.values["operator"]["config"] == yaml.safe_load(defaults_file.read_text())
+
+
 def test_operator_config_override_replaces_the_price_table(chart: Any) -> None:
     values = {"operator": {"config": {"prices": [{"match": "B200", "spot": 4.0}]}}}
     config_map = one(render(chart, values), "ConfigMap", f"{RELEASE}-operator-config")
@@ -686,6 +694,16 @@ def test_dashboard_panels_have_unique_ids_and_fit_the_grid(chart: Any) -> None:
         ({"devicePlugin": {"fakeGpus": {"enabled": "yes"}}}, "/devicePlugin/fakeGpus/enabled"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
         ({"operatr": {"replicas": 1}}, "operatr"),
+        # The operator and the plugin reject unknown keys in their files; so does the chart.
+        ({"operator": {"config": {"price": []}}}, "price"),
+        (
+            {"devicePlugin": {"fakeGpus": {"config": {"gpus": [{"uuid": "GPU-1", "name": "T4", "memoryMiB": 1, "vram": 1}]}}}},
+            "vram",
+        ),
+        (
+            {"devicePlugin": {"fakeGpus": {"config": {"gpus": [{"uuid": "GPU-1", "name": "T4", "memoryMiB": 1, "throttleReasons": ["hot"]}]}}}},
+            "/devicePlugin/fakeGpus/config/gpus/0/throttleReasons/0",
+        ),
         ({"devicePlugin": {"tolerations": [{"key": "a", "operator": "Maybe"}]}}, "/devicePlugin/tolerations/0/operator"),
     ],
 )
@@ -779,3 +797,4 @@ def test_notes_explain_how_to_check_gpus_and_submit_the_example_job(chart: Any) 
     assert "kubectl apply -f examples/trainingjob.yaml" in notes
     assert "FAKE" not in notes
     assert "FAKE GPU file" in render_notes(chart, {"devicePlugin": {"fakeGpus": {"enabled": True}}})
+
