@@ -1,0 +1,61 @@
+# trainyard — the two commands are `make demo` and `make test`.
+SHELL := /bin/bash
+CACHE ?= $(HOME)/.cache/trainyard
+VENV  := $(CACHE)/venv
+PY    := $(VENV)/bin/python
+E2E_STATE ?= /var/lib/trainyard-e2e
+CLUSTER_KUBECONFIG := $(E2E_STATE)/kubeconfig
+CARGO ?= cargo
+
+.PHONY: test demo bench prereqs lint unit chart-test e2e crds images cluster-up cluster-down clean-cluster
+
+## make test: lint, unit and integration tests, chart tests, then the local
+## cluster (built and started if needed) for the cluster and e2e tests.
+test: prereqs lint unit chart-test e2e
+
+## make demo: the local cluster with 8 simulated GPUs, the chart, the example
+## job, a preemption, and the resume.
+demo: prereqs
+	$(CARGO) build --workspace --bins
+	bash e2e/demo.sh
+
+## make bench: every figure in docs/benchmarks.md.
+bench: prereqs
+	bash bench/run.sh
+
+prereqs:
+	bash e2e/cluster/install-prereqs.sh
+	rustup component add rustfmt clippy >/dev/null 2>&1 || true
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r charts/tests/requirements.txt
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit:
+	$(CARGO) test --workspace
+
+chart-test:
+	$(VENV)/bin/pytest -q charts/tests
+
+## Cluster tests are #[ignore]d in plain `cargo test`; here they run against the
+## local cluster. The cluster is stopped afterwards, also when a test fails.
+e2e:
+	$(CARGO) build --workspace --bins
+	bash e2e/with-cluster.sh $(CARGO) test --workspace -- --ignored --test-threads 3
+
+crds:
+	$(CARGO) run -q -p trainyard-operator -- crd > crds/trainingjob.yaml
+	cp crds/trainingjob.yaml charts/trainyard/crds/trainingjob.yaml
+
+images:
+	$(CARGO) build --workspace --bins
+	bash e2e/cluster/images.sh all
+
+cluster-up:
+	bash e2e/cluster/up.sh
+	@echo "export KUBECONFIG=$(CLUSTER_KUBECONFIG)"
+
+cluster-down:
+	bash e2e/cluster/down.sh

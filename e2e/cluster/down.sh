@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Stops exactly what up.sh started (by PID), the containers containerd ran for
+# it, unmounts the kubelet's and containerd's mounts, removes the pod network
+# namespaces and the bridge, then deletes the cluster state
+# (TRAINYARD_E2E_KEEP=1 keeps $STATE, logs included).
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=env.sh
+source "$HERE/env.sh"
+
+[[ ${TRAINYARD_E2E_EXISTING:-0} == 1 ]] && { echo "down: existing cluster, nothing to stop"; exit 0; }
+[[ -d $STATE ]] || { echo "down: nothing to do ($STATE absent)"; exit 0; }
+
+stop() { # stop NAME: SIGTERM, wait up to 10 s, then SIGKILL
+  local f=$PIDS/$1.pid pid
+  [[ -f $f ]] || return 0
+  pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null
+    echo "down: stopped $1 (pid $pid)"
+  fi
+  rm -f "$f"
+}
+
+stop kubelet
+
+# Containers: kill every task containerd runs for the cluster and remember
+# their network namespaces, so we remove exactly the ones it created for us.
+CTR=(/usr/bin/ctr --address "$CONTAINERD_SOCK" -n k8s.io)
+netns=()
+if [[ -S $CONTAINERD_SOCK ]] && [[ -f $PIDS/containerd.pid ]] && kill -0 "$(cat "$PIDS/containerd.pid")" 2>/dev/null; then
+  mapfile -t tasks < <("${CTR[@]}" tasks ls -q 2>/dev/null)
+  for t in "${tasks[@]}"; do
+    ns=$("${CTR[@]}" containers info "$t" 2>/dev/null |
+      python3 -c 'import json,sys
+try:
+    spec = json.load(sys.stdin)["Spec"]
+    print(next(n.get("path", "") for n in spec["linux"]["namespaces"] if n["type"] == "network"))
+except Exception:
+    pass' 2>/dev/null)
+    [[ $ns == /var/run/netns/* || $ns == /run/netns/* ]] && netns+=("$ns")
+    "${CTR[@]}" tasks kill -s SIGKILL "$t" >/dev/null 2>&1
+  done
+  for t in "${tasks[@]}"; do
+    for _ in $(seq 1 20); do
+      "${CTR[@]}" tasks delete "$t" >/dev/null 2>&1 && break
+      sleep 0.25
+    done
+  done
+  ((${#tasks[@]})) && echo "down: killed ${#tasks[@]} container(s)"
+fi
+
+for name in kube-scheduler kube-controller-manager apiserver-bridge-proxy kube-apiserver containerd etcd; do
+  stop "$name"
+done
+
+# Mounts under the kubelet root and the containerd state, deepest first.
+unmount_under() {
+  local prefix=$1
+  findmnt -rn -o TARGET | grep -E "^${prefix}(/|$)" | sort -r | while read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+  done
+}
+unmount_under "$KUBELET_ROOT"
+unmount_under "$STATE"
+
+for ns in $(printf '%s\n' "${netns[@]}" | sort -u); do
+  name=$(basename "$ns")
+  ip netns delete "$name" 2>/dev/null || { umount "$ns" 2>/dev/null; rm -f "$ns"; }
+done
+((${#netns[@]})) && echo "down: removed pod network namespaces"
+
+if ip link show "$BRIDGE" >/dev/null 2>&1; then
+  ip link delete "$BRIDGE" && echo "down: removed bridge $BRIDGE"
+fi
+
+if [[ -n ${TRAINYARD_E2E_LOGS_TO:-} ]]; then
+  # Keep the component and pod logs for after the state is gone (CI artefacts).
+  rm -rf "$TRAINYARD_E2E_LOGS_TO"; mkdir -p "$TRAINYARD_E2E_LOGS_TO"
+  cp -r "$LOGS" "$TRAINYARD_E2E_LOGS_TO/components" 2>/dev/null
+  cp -r /var/log/pods "$TRAINYARD_E2E_LOGS_TO/pods" 2>/dev/null
+  echo "down: logs copied to $TRAINYARD_E2E_LOGS_TO"
+fi
+
+if [[ ${TRAINYARD_E2E_KEEP:-0} != 1 ]]; then
+  rm -rf "$STATE"
+  rm -rf /var/log/pods/*
+  # Only the kubelet's own tree; the harness chose this root for its kubelet.
+  rm -rf "${KUBELET_ROOT:?}/pods" "${KUBELET_ROOT:?}/plugins" "${KUBELET_ROOT:?}/plugins_registry" \
+    "${KUBELET_ROOT:?}/device-plugins" "${KUBELET_ROOT:?}/pod-resources" "${KUBELET_ROOT:?}/cpu_manager_state" \
+    "${KUBELET_ROOT:?}/memory_manager_state"
+  echo "down: removed $STATE"
+fi
+echo "down: done"

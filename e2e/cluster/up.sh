@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# Brings up a real single-node Kubernetes 1.20 cluster on this machine:
+# etcd, kube-apiserver (RBAC), controller-manager, scheduler, containerd + runc
+# with a bridge CNI, and one kubelet. Writes $STATE/kubeconfig.
+#
+# With KUBECONFIG already pointing at a reachable cluster (kind in CI, say) and
+# TRAINYARD_E2E_EXISTING=1, it builds and starts nothing.
+#
+# Idempotent: components already running (PID file alive) are left alone.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=env.sh
+source "$HERE/env.sh"
+
+if [[ ${TRAINYARD_E2E_EXISTING:-0} == 1 ]]; then
+  : "${KUBECONFIG:?TRAINYARD_E2E_EXISTING=1 needs KUBECONFIG}"
+  "$K8S_BIN/kubectl" version >/dev/null 2>&1 || kubectl version
+  echo "up: using existing cluster from KUBECONFIG=$KUBECONFIG"
+  exit 0
+fi
+
+[[ $(id -u) == 0 ]] || { echo "up: must run as root (containerd, kubelet, netns)" >&2; exit 1; }
+"$HERE/install-prereqs.sh"
+"$HERE/build-k8s.sh"
+
+# State left by a session that ended without down.sh (nothing of it alive):
+# clear it so stale etcd objects and mounts don't leak into this cluster.
+if [[ -d $PIDS ]]; then
+  any_alive=0
+  for f in "$PIDS"/*.pid; do
+    [[ -f $f ]] && kill -0 "$(cat "$f")" 2>/dev/null && any_alive=1
+  done
+  if [[ $any_alive == 0 ]]; then
+    echo "up: clearing stale state in $STATE"
+    bash "$HERE/down.sh"
+  fi
+fi
+
+mkdir -p "$STATE" "$LOGS" "$PIDS" "$STATE/pki" "$STATE/etcd" "$STATE/cni/net.d" \
+  "$STATE/containerd" "$KUBELET_ROOT" /var/log/pods
+
+alive() { [[ -f $PIDS/$1.pid ]] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
+
+# start NAME CMD...: runs CMD in the background with its own PID recorded
+# (exec, so the PID is the program's, not a wrapping shell's).
+start() {
+  local name=$1; shift
+  if alive "$name"; then echo "up: $name already running (pid $(cat "$PIDS/$name.pid"))"; return; fi
+  setsid bash -c 'exec "$@"' _ "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$PIDS/$name.pid"
+  echo "up: started $name (pid $!)"
+}
+
+wait_for() { # wait_for DESC TIMEOUT CMD...
+  local desc=$1 timeout=$2; shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS > deadline)); then echo "up: timed out waiting for $desc; see $LOGS" >&2; exit 1; fi
+    sleep 0.5
+  done
+}
+
+# ---------- PKI (one CA; client certs by role) ----------
+pki=$STATE/pki
+if [[ ! -f $pki/ca.crt ]]; then
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=trainyard-e2e-ca" \
+      -keyout ca.key -out ca.crt 2>/dev/null
+    cert() { # cert NAME SUBJ [SAN]
+      openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$1.key" -out "$1.csr" 2>/dev/null
+      local ext=$1.ext
+      printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' >"$ext"
+      [[ -n ${3:-} ]] && echo "subjectAltName=$3" >>"$ext"
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+        -extfile "$ext" -out "$1.crt" 2>/dev/null
+    }
+    cert apiserver "/CN=kube-apiserver" \
+      "IP:127.0.0.1,IP:$BRIDGE_IP,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+    cert admin "/O=system:masters/CN=trainyard-admin"
+    cert controller-manager "/CN=system:kube-controller-manager"
+    cert scheduler "/CN=system:kube-scheduler"
+    cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "IP:127.0.0.1,DNS:$NODE_NAME"
+    cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+  )
+fi
+
+kubeconfig() { # kubeconfig FILE CERTNAME
+  cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: trainyard-e2e
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority: $pki/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: $pki/$2.crt
+    client-key: $pki/$2.key
+contexts:
+- name: trainyard-e2e
+  context: {cluster: trainyard-e2e, user: $2, namespace: default}
+current-context: trainyard-e2e
+EOF
+}
+kubeconfig "$KUBECONFIG_FILE" admin
+kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager
+kubeconfig "$STATE/scheduler.kubeconfig" scheduler
+kubeconfig "$STATE/kubelet.kubeconfig" kubelet
+KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE")
+
+# ---------- pod network bridge (created here so down.sh owns it) ----------
+if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$BRIDGE_IP/16" dev "$BRIDGE"
+fi
+ip link set "$BRIDGE" up
+# No masquerading and no forwarding off the machine: pods talk to each other and to the host.
+cat >"$STATE/cni/net.d/10-trainyard.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "trainyard-e2e",
+  "plugins": [
+    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": false, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "10.88.1.1", "gateway": "$BRIDGE_IP"}]], "dataDir": "$STATE/cni/ipam"}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+
+# ---------- etcd ----------
+start etcd /usr/bin/etcd --name trainyard-e2e --data-dir "$STATE/etcd" \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster "trainyard-e2e=http://127.0.0.1:$ETCD_PEER_PORT" --quota-backend-bytes 4294967296
+wait_for etcd 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$ETCD_PORT"
+
+# ---------- kube-apiserver ----------
+start kube-apiserver "$K8S_BIN/kube-apiserver" \
+  --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+  --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address "$BRIDGE_IP" \
+  --insecure-port 0 \
+  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+  --client-ca-file "$pki/ca.crt" --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+  --service-account-issuer https://kubernetes.default.svc \
+  --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
+  --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
+  --profiling=false
+wait_for kube-apiserver 90 "${KUBECTL[@]}" get --raw /readyz
+
+# Pods reach the API server at $BRIDGE_IP:$APISERVER_PORT: forward that to loopback.
+start apiserver-bridge-proxy /usr/bin/socat \
+  "TCP-LISTEN:$APISERVER_PORT,bind=$BRIDGE_IP,reuseaddr,fork" "TCP:127.0.0.1:$APISERVER_PORT"
+
+# ---------- controller-manager and scheduler ----------
+start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+  --kubeconfig "$STATE/controller-manager.kubeconfig" \
+  --authentication-kubeconfig "$STATE/controller-manager.kubeconfig" \
+  --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
+  --bind-address 127.0.0.1 --port 0 --secure-port 10257 \
+  --use-service-account-credentials \
+  --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+  --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+  --enable-hostpath-provisioner --leader-elect=false \
+  --controllers '*,-nodeipam,-cloud-node-lifecycle,-route,-service' \
+  --node-monitor-grace-period 40s --pod-eviction-timeout 5m
+start kube-scheduler "$K8S_BIN/kube-scheduler" \
+  --kubeconfig "$STATE/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
+  --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --port 0 --secure-port 10259 --leader-elect=false
+
+# ---------- containerd ----------
+cat >"$STATE/containerd/config.toml" <<EOF
+version = 2
+root = "$STATE/containerd/root"
+state = "$STATE/containerd/state"
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "docker.io/trainyard/pause:dev"
+  # The sandbox lacks CAP_SYS_RESOURCE: without this runc fails with
+  # "can't get final child's PID from pipe".
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni/net.d"
+EOF
+start containerd /usr/bin/containerd --config "$STATE/containerd/config.toml"
+wait_for containerd 30 test -S "$CONTAINERD_SOCK"
+
+"$HERE/images.sh" pause
+
+# ---------- kubelet ----------
+cat >"$STATE/kubelet-config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: $pki/ca.crt}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+failSwapOn: false
+tlsCertFile: $pki/kubelet.crt
+tlsPrivateKeyFile: $pki/kubelet.key
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+maxPods: 250
+serializeImagePulls: false
+nodeStatusUpdateFrequency: 4s
+# ConfigMap volumes (the fake GPU file) refresh within seconds.
+syncFrequency: 5s
+EOF
+start kubelet "$K8S_BIN/kubelet" \
+  --config "$STATE/kubelet-config.yaml" --kubeconfig "$STATE/kubelet.kubeconfig" \
+  --root-dir "$KUBELET_ROOT" --hostname-override "$NODE_NAME" \
+  --container-runtime remote --container-runtime-endpoint "unix://$CONTAINERD_SOCK" \
+  --runtime-request-timeout 5m --pod-infra-container-image docker.io/trainyard/pause:dev \
+  --cgroups-per-qos=false --enforce-node-allocatable= --v 1
+wait_for "node $NODE_NAME Ready" 120 bash -c \
+  "'${KUBECTL[0]}' --kubeconfig '$KUBECONFIG_FILE' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+
+# Default StorageClass on the in-tree hostPath provisioner (ReadWriteOnce only).
+"${KUBECTL[@]}" apply -f - >/dev/null <<EOF
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: standard
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+EOF
+wait_for "default service account" 60 "${KUBECTL[@]}" -n default get serviceaccount default
+
+echo "up: cluster ready. export KUBECONFIG=$KUBECONFIG_FILE"

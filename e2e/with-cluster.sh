@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs a command against the local cluster: brings it up (or reuses a running
+# one), imports the images, runs the command with KUBECONFIG set, and stops the
+# cluster afterwards — also when the command fails or is interrupted — unless
+# the cluster was already running before (then it is left as found) or
+# TRAINYARD_E2E_KEEP_UP=1.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/cluster/env.sh"
+
+was_up=0
+if [[ ${TRAINYARD_E2E_EXISTING:-0} != 1 && -f $PIDS/kube-apiserver.pid ]] &&
+   kill -0 "$(cat "$PIDS/kube-apiserver.pid")" 2>/dev/null; then
+  was_up=1
+fi
+cleanup() {
+  local rc=$?
+  if [[ $was_up == 0 && ${TRAINYARD_E2E_KEEP_UP:-0} != 1 ]]; then
+    TRAINYARD_E2E_LOGS_TO=${TRAINYARD_E2E_LOGS_TO:-$(dirname "$HERE")/target/e2e-logs} bash "$HERE/cluster/down.sh" || true
+  fi
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+bash "$HERE/cluster/up.sh"
+if [[ ${TRAINYARD_E2E_EXISTING:-0} != 1 ]]; then
+  export KUBECONFIG=$KUBECONFIG_FILE
+  bash "$HERE/cluster/images.sh" trainer operator device-plugin
+fi
+export TRAINYARD_E2E_STATE=$STATE TRAINYARD_KUBELET_ROOT=$KUBELET_ROOT
+export PATH=$K8S_BIN:$PATH
+"$@"
