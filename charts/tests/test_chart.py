@@ -798,3 +798,13 @@ def test_notes_explain_how_to_check_gpus_and_submit_the_example_job(chart: Any) 
     assert "FAKE" not in notes
     assert "FAKE GPU file" in render_notes(chart, {"devicePlugin": {"fakeGpus": {"enabled": True}}})
 
+
+
+def test_packaged_chart_renders_like_the_directory(chart: Any, tmp_path: Path) -> None:
+    """`helm package` keeps the dashboard, schema and CRD dir (nothing needed is .helmignored)."""
+    archive = helm_python.package(CHART_DIR, destination=tmp_path)
+    with helm_python.Chart.load(archive) as packaged:
+        assert packaged.schema == chart.schema
+        assert any(f["name"] == "dashboards/trainyard.json" for f in packaged.files)
+        values = {"metrics": {"grafanaDashboard": {"enabled": True}}}
+        assert render(packaged, values) == render(chart, values)
