@@ -1,0 +1,337 @@
+//! The operator's configuration file (`--config`): GPU prices and the spot provider table.
+//!
+//! Every field has a default, so an empty file (or none) gives the behaviour documented in
+//! `operator/config/default.yaml`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Toleration;
+use serde::{Deserialize, Serialize};
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading operator config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML for [`OperatorConfig`].
+    #[error("parsing operator config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, naming the field.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("operator config {path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the field.
+        message: String,
+    },
+}
+
+/// Operator-wide settings.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// On-demand price = spot price × this, unless a price entry sets `onDemand`.
+    pub on_demand_multiplier: f64,
+    /// $ per GPU-hour on spot, matched against `nvidia.com/gpu.product`.
+    pub prices: Vec<PriceEntry>,
+    /// How spot nodes are recognised and tolerated.
+    pub spot: SpotConfig,
+    /// Taints that announce a node's termination.
+    pub termination_taints: Vec<String>,
+    /// How long a node may be NotReady before its workers count as preempted.
+    pub node_not_ready_timeout_seconds: u64,
+    /// How long a container may wait (ImagePullBackOff, ...) before its worker counts as failed.
+    pub container_waiting_timeout_seconds: u64,
+}
+
+/// One row of the price table.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PriceEntry {
+    /// '-'-separated tokens that must all be tokens of the product label (case-insensitive).
+    #[serde(rename = "match")]
+    pub match_: String,
+    /// $ per GPU-hour on spot.
+    pub spot: f64,
+    /// $ per GPU-hour on demand; defaults to `spot × onDemandMultiplier`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_demand: Option<f64>,
+}
+
+/// Spot node recognition.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct SpotConfig {
+    /// A node is a spot node when it carries any of these labels.
+    pub labels: Vec<SpotLabel>,
+    /// Tolerations added to workers that may run on spot.
+    pub tolerations: Vec<Toleration>,
+}
+
+/// A label that marks spot nodes of one provider.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpotLabel {
+    /// Provider name, for humans.
+    #[serde(default)]
+    pub provider: String,
+    /// Label key.
+    pub key: String,
+    /// Label value.
+    pub value: String,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        let price = |m: &str, spot: f64| PriceEntry {
+            match_: m.to_owned(),
+            spot,
+            on_demand: None,
+        };
+        Self {
+            on_demand_multiplier: 3.0,
+            prices: vec![
+                price("T4", 0.12),
+                price("L4", 0.25),
+                price("A10G", 0.50),
+                price("A100-40GB", 1.10),
+                price("A100-80GB", 1.25),
+                price("H100", 2.50),
+            ],
+            spot: SpotConfig::default(),
+            termination_taints: [
+                "karpenter.sh/disrupted",
+                "cloud.google.com/impending-node-termination",
+                "aws-node-termination-handler/spot-itn",
+                "ToBeDeletedByClusterAutoscaler",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            node_not_ready_timeout_seconds: 60,
+            container_waiting_timeout_seconds: 300,
+        }
+    }
+}
+
+impl Default for SpotConfig {
+    fn default() -> Self {
+        let label = |provider: &str, key: &str, value: &str| SpotLabel {
+            provider: provider.to_owned(),
+            key: key.to_owned(),
+            value: value.to_owned(),
+        };
+        let toleration = |key: &str, value: &str| Toleration {
+            key: Some(key.to_owned()),
+            operator: Some("Equal".to_owned()),
+            value: Some(value.to_owned()),
+            effect: Some("NoSchedule".to_owned()),
+            toleration_seconds: None,
+        };
+        Self {
+            labels: vec![
+                label("GKE", "cloud.google.com/gke-spot", "true"),
+                label("GKE", "cloud.google.com/gke-preemptible", "true"),
+                label("EKS", "eks.amazonaws.com/capacityType", "SPOT"),
+                label("Karpenter", "karpenter.sh/capacity-type", "spot"),
+                label("AKS", "kubernetes.azure.com/scalesetpriority", "spot"),
+            ],
+            tolerations: vec![
+                toleration("kubernetes.azure.com/scalesetpriority", "spot"),
+                toleration("cloud.google.com/gke-spot", "true"),
+            ],
+        }
+    }
+}
+
+impl OperatorConfig {
+    /// Reads and checks a YAML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            ConfigError::Invalid { message, .. } => ConfigError::Invalid {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and checks YAML text (errors carry an empty path).
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        // An empty document means "all defaults"; serde would see a null, not a map.
+        if text.lines().all(|l| {
+            let l = l.trim();
+            l.is_empty() || l.starts_with('#')
+        }) {
+            return Ok(Self::default());
+        }
+        let config: Self = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        config.check().map_err(|message| ConfigError::Invalid {
+            path: PathBuf::new(),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if !(self.on_demand_multiplier.is_finite() && self.on_demand_multiplier > 0.0) {
+            return Err(format!(
+                "onDemandMultiplier must be a positive number, got {}",
+                self.on_demand_multiplier
+            ));
+        }
+        for (i, p) in self.prices.iter().enumerate() {
+            if p.match_.trim().is_empty() {
+                return Err(format!("prices[{i}].match must not be empty"));
+            }
+            let valid = |v: f64| v.is_finite() && v >= 0.0;
+            if !valid(p.spot) || !p.on_demand.is_none_or(valid) {
+                return Err(format!(
+                    "prices[{i}] ({}): prices must be non-negative numbers",
+                    p.match_
+                ));
+            }
+        }
+        for (i, l) in self.spot.labels.iter().enumerate() {
+            if l.key.is_empty() {
+                return Err(format!("spot.labels[{i}].key must not be empty"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The $ per GPU-hour of `product` on spot or on demand, from the most specific matching entry.
+    pub fn price(&self, product: &str, spot: bool) -> Option<f64> {
+        let label_tokens: Vec<String> = product.split('-').map(str::to_lowercase).collect();
+        self.prices
+            .iter()
+            .filter_map(|entry| {
+                let tokens: Vec<String> = entry.match_.split('-').map(str::to_lowercase).collect();
+                tokens
+                    .iter()
+                    .all(|t| label_tokens.contains(t))
+                    .then_some((tokens.len(), entry))
+            })
+            // max_by_key keeps the last of equals; earlier entries should win ties.
+            .rev()
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, entry)| {
+                if spot {
+                    entry.spot
+                } else {
+                    entry
+                        .on_demand
+                        .unwrap_or(entry.spot * self.on_demand_multiplier)
+                }
+            })
+    }
+
+    /// Whether a node with these labels is a spot node.
+    pub fn is_spot(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.spot
+            .labels
+            .iter()
+            .any(|l| labels.get(&l.key).is_some_and(|v| v == &l.value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_yaml_file_equals_built_in_defaults() {
+        let text = include_str!("../config/default.yaml");
+        let parsed = OperatorConfig::from_yaml(text).expect("default.yaml parses");
+        assert_eq!(parsed, OperatorConfig::default());
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(
+            OperatorConfig::from_yaml("# nothing\n").expect("parses"),
+            OperatorConfig::default()
+        );
+    }
+
+    #[test]
+    fn partial_file_keeps_other_defaults() {
+        let c = OperatorConfig::from_yaml("nodeNotReadyTimeoutSeconds: 5\n").expect("parses");
+        assert_eq!(c.node_not_ready_timeout_seconds, 5);
+        assert_eq!(c.container_waiting_timeout_seconds, 300);
+        assert_eq!(c.prices.len(), 6);
+    }
+
+    #[test]
+    fn unknown_field_is_rejected_with_its_name() {
+        let err = OperatorConfig::from_yaml("nodeNotReadyTimeout: 5\n").expect_err("rejected");
+        assert!(err.to_string().contains("nodeNotReadyTimeout"), "{err}");
+    }
+
+    #[test]
+    fn negative_price_is_rejected_naming_the_entry() {
+        let err = OperatorConfig::from_yaml("prices: [{match: T4, spot: -1}]\n").expect_err("bad");
+        assert!(err.to_string().contains("prices[0]"), "{err}");
+    }
+
+    #[test]
+    fn price_prefers_the_entry_with_most_matching_tokens() {
+        let c = OperatorConfig::default();
+        assert_eq!(c.price("NVIDIA-A100-SXM4-80GB", true), Some(1.25));
+        assert_eq!(c.price("NVIDIA-A100-PCIE-40GB", true), Some(1.10));
+        assert_eq!(c.price("NVIDIA-H100-80GB-HBM3", true), Some(2.50));
+        assert_eq!(c.price("Tesla-T4", true), Some(0.12));
+        assert_eq!(c.price("nvidia-a10g", true), Some(0.50));
+    }
+
+    #[test]
+    fn price_tokens_must_match_whole_label_tokens() {
+        let c = OperatorConfig::default();
+        // "L4" must not price an L40S, nor "A100" tokens an unknown product.
+        assert_eq!(c.price("NVIDIA-L40S", true), None);
+        assert_eq!(c.price("NVIDIA-L4", true), Some(0.25));
+        assert_eq!(c.price("NVIDIA-A100-SXM4", true), None);
+    }
+
+    #[test]
+    fn on_demand_price_uses_multiplier_unless_overridden() {
+        let c = OperatorConfig::from_yaml(
+            "onDemandMultiplier: 2.0\nprices: [{match: T4, spot: 0.1}, {match: H100, spot: 2.0, onDemand: 9.0}]\n",
+        )
+        .expect("parses");
+        assert_eq!(c.price("Tesla-T4", false), Some(0.2));
+        assert_eq!(c.price("NVIDIA-H100-80GB-HBM3", false), Some(9.0));
+    }
+
+    #[test]
+    fn spot_nodes_are_recognised_by_any_provider_label() {
+        let c = OperatorConfig::default();
+        let labels = |k: &str, v: &str| BTreeMap::from([(k.to_owned(), v.to_owned())]);
+        assert!(c.is_spot(&labels("karpenter.sh/capacity-type", "spot")));
+        assert!(c.is_spot(&labels("eks.amazonaws.com/capacityType", "SPOT")));
+        assert!(!c.is_spot(&labels("karpenter.sh/capacity-type", "on-demand")));
+        assert!(!c.is_spot(&BTreeMap::new()));
+    }
+}

@@ -1,0 +1,22 @@
+//! trainyard-operator: reconciles `TrainingJob` resources into gang-scheduled GPU worker pods
+//! that run on cheap spot nodes and survive preemption by restarting from their latest
+//! checkpoint.
+//!
+//! The reconcile is a pipeline of pure steps, each unit-tested without a cluster:
+//! [`validate::validate`] → [`plan::decide`] (which uses [`placement`], [`preemption`] and the
+//! [`pods`], [`service`] and [`pvc`] builders) → the thin [`controller`] that writes the status
+//! and applies the actions.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod crd;
+#[cfg(test)]
+pub(crate) mod fixtures;
+pub mod nodes;
+pub mod placement;
+pub mod plan;
+pub mod pods;
+pub mod preemption;
+pub mod pvc;
+pub mod service;
+pub mod validate;

@@ -1,0 +1,446 @@
+//! Where the workers may run: GPU product, memory, CUDA and compute capability, and spot.
+//!
+//! Node affinity semantics shape this module: `nodeSelectorTerms` are ORed, the expressions
+//! inside a term are ANDed, and `Gt` takes a single integer. So "CUDA >= 12.4" becomes
+//! `(major Gt 12) OR (major In [12] AND minor Gt 3)`, and every OR group (spot labels, CUDA,
+//! compute capability) is crossed with the others.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{
+    Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PreferredSchedulingTerm, Toleration,
+};
+
+use crate::config::OperatorConfig;
+use crate::crd::{GpuSelection, SelectedGpu, SpotPolicy};
+use crate::nodes;
+use crate::validate::ValidJob;
+
+/// Where the job's pods go.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    /// Node affinity to merge into the pod template's.
+    pub node_affinity: Option<NodeAffinity>,
+    /// Tolerations to add (spot taints).
+    pub tolerations: Vec<Toleration>,
+    /// What was chosen and why (status.selectedGpu); None for CPU jobs without GPU constraints.
+    pub selected: Option<SelectedGpu>,
+    /// Set when no Ready node satisfies the job; names what the cluster offers.
+    pub unschedulable: Option<String>,
+}
+
+/// Whether the attempt may use spot nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpotMode {
+    /// Prefer spot nodes.
+    Prefer,
+    /// Only spot nodes.
+    Require,
+    /// Never spot nodes (policy Never, or the on-demand fallback).
+    Never,
+}
+
+/// The spot mode of the next attempt: the policy, unless the fallback has kicked in.
+pub fn spot_mode(job: &ValidJob, preemptions: u32) -> (SpotMode, bool) {
+    let after = job.spec.spot.fallback_to_on_demand_after;
+    let fell_back = job.spec.spot.policy != SpotPolicy::Never && after > 0 && preemptions >= after;
+    let mode = match job.spec.spot.policy {
+        _ if fell_back => SpotMode::Never,
+        SpotPolicy::Prefer => SpotMode::Prefer,
+        SpotPolicy::Require => SpotMode::Require,
+        SpotPolicy::Never => SpotMode::Never,
+    };
+    (mode, fell_back)
+}
+
+/// A "major.minor" minimum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    /// Major.
+    pub major: u32,
+    /// Minor.
+    pub minor: u32,
+}
+
+impl Version {
+    /// Parses "12.4" (validated by the CRD pattern, checked again here).
+    pub fn parse(s: &str) -> Option<Self> {
+        let (major, minor) = s.trim().split_once('.')?;
+        Some(Self {
+            major: major.parse().ok()?,
+            minor: minor.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+fn req(key: &str, operator: &str, values: Vec<String>) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.to_owned(),
+        operator: operator.to_owned(),
+        values: Some(values),
+    }
+}
+
+/// OR-terms meaning "version(major, minor) >= min".
+fn at_least(major_key: &str, minor_key: &str, min: Version) -> Vec<Vec<NodeSelectorRequirement>> {
+    let mut terms = Vec::new();
+    if min.minor == 0 {
+        if min.major > 0 {
+            terms.push(vec![req(
+                major_key,
+                "Gt",
+                vec![(min.major - 1).to_string()],
+            )]);
+        }
+        return terms;
+    }
+    terms.push(vec![req(major_key, "Gt", vec![min.major.to_string()])]);
+    terms.push(vec![
+        req(major_key, "In", vec![min.major.to_string()]),
+        req(minor_key, "Gt", vec![(min.minor - 1).to_string()]),
+    ]);
+    terms
+}
+
+/// Crosses two ORed lists of ANDed expressions.
+fn cross(
+    a: Vec<Vec<NodeSelectorRequirement>>,
+    b: &[Vec<NodeSelectorRequirement>],
+) -> Vec<Vec<NodeSelectorRequirement>> {
+    if b.is_empty() {
+        return a;
+    }
+    a.into_iter()
+        .flat_map(|left| {
+            b.iter().map(move |right| {
+                let mut term = left.clone();
+                term.extend(right.iter().cloned());
+                term
+            })
+        })
+        .collect()
+}
+
+/// Whether a node meets everything but the product choice.
+struct NodeFacts {
+    product: Option<String>,
+    spot: bool,
+}
+
+fn node_fits(
+    job: &ValidJob,
+    config: &OperatorConfig,
+    mode: SpotMode,
+    node: &Node,
+) -> Option<NodeFacts> {
+    if !nodes::is_schedulable(node) {
+        return None;
+    }
+    let gpu = &job.spec.gpu;
+    let wanted = u64::from(job.spec.gpus_per_worker);
+    if wanted > 0 && nodes::allocatable(node, &gpu.resource_name) < wanted {
+        return None;
+    }
+    let product = nodes::label(node, nodes::LABEL_GPU_PRODUCT).map(str::to_owned);
+    if !gpu.products.is_empty() && !product.as_ref().is_some_and(|p| gpu.products.contains(p)) {
+        return None;
+    }
+    if let Some(min_gib) = gpu.min_memory_gib {
+        let mib =
+            nodes::label(node, nodes::LABEL_GPU_MEMORY).and_then(|m| m.trim().parse::<u64>().ok());
+        if mib.is_some_and(|mib| mib < u64::from(min_gib) * 1024) {
+            return None;
+        }
+    }
+    if let Some(min) = job.min_cuda {
+        let v = nodes::version(node, nodes::LABEL_CUDA_MAJOR, nodes::LABEL_CUDA_MINOR)?;
+        if v < (min.major, min.minor) {
+            return None;
+        }
+    }
+    if let Some(min) = job.min_compute {
+        let v = nodes::version(node, nodes::LABEL_COMPUTE_MAJOR, nodes::LABEL_COMPUTE_MINOR)?;
+        if v < (min.major, min.minor) {
+            return None;
+        }
+    }
+    let spot = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| config.is_spot(l));
+    match mode {
+        SpotMode::Require if !spot => return None,
+        SpotMode::Never if spot => return None,
+        _ => {}
+    }
+    Some(NodeFacts { product, spot })
+}
+
+/// What the cluster offers, for the Unschedulable message.
+fn cluster_summary(job: &ValidJob, config: &OperatorConfig, nodes_: &[&Node]) -> String {
+    let resource = &job.spec.gpu.resource_name;
+    let mut products: BTreeMap<String, usize> = BTreeMap::new();
+    let mut cuda = BTreeSet::new();
+    let mut compute = BTreeSet::new();
+    let mut max_gpus = 0;
+    let mut ready = 0;
+    let mut spot = 0;
+    for n in nodes_.iter().filter(|n| nodes::is_schedulable(n)) {
+        ready += 1;
+        max_gpus = max_gpus.max(nodes::allocatable(n, resource));
+        if n.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| config.is_spot(l))
+        {
+            spot += 1;
+        }
+        if let Some(p) = nodes::label(n, nodes::LABEL_GPU_PRODUCT) {
+            *products.entry(p.to_owned()).or_default() += 1;
+        }
+        if let Some((a, b)) = nodes::version(n, nodes::LABEL_CUDA_MAJOR, nodes::LABEL_CUDA_MINOR) {
+            cuda.insert(format!("{a}.{b}"));
+        }
+        if let Some((a, b)) =
+            nodes::version(n, nodes::LABEL_COMPUTE_MAJOR, nodes::LABEL_COMPUTE_MINOR)
+        {
+            compute.insert(format!("{a}.{b}"));
+        }
+    }
+    let list = |s: Vec<String>| {
+        if s.is_empty() {
+            "none".to_owned()
+        } else {
+            s.join(", ")
+        }
+    };
+    format!(
+        "the cluster has {ready} Ready node(s) ({spot} spot), at most {max_gpus} allocatable {resource} per node; products: {}; CUDA versions: {}; compute capabilities: {}",
+        list(products.iter().map(|(p, n)| format!("{p} ({n})")).collect()),
+        list(cuda.into_iter().collect()),
+        list(compute.into_iter().collect()),
+    )
+}
+
+fn wants(job: &ValidJob, mode: SpotMode) -> String {
+    let gpu = &job.spec.gpu;
+    let mut parts = vec![format!(
+        "{} x {} per worker",
+        job.spec.gpus_per_worker, gpu.resource_name
+    )];
+    if !gpu.products.is_empty() {
+        parts.push(format!("product in [{}]", gpu.products.join(", ")));
+    }
+    if let Some(m) = gpu.min_memory_gib {
+        parts.push(format!("at least {m} GiB GPU memory"));
+    }
+    if let Some(v) = job.min_cuda {
+        parts.push(format!("CUDA >= {v}"));
+    }
+    if let Some(v) = job.min_compute {
+        parts.push(format!("compute capability >= {v}"));
+    }
+    match mode {
+        SpotMode::Require => parts.push("a spot node".to_owned()),
+        SpotMode::Never => parts.push("an on-demand node".to_owned()),
+        SpotMode::Prefer => {}
+    }
+    parts.join(", ")
+}
+
+/// Computes the placement of the next attempt from the nodes the cluster has now.
+pub fn place(
+    job: &ValidJob,
+    config: &OperatorConfig,
+    nodes_: &[&Node],
+    preemptions: u32,
+) -> Placement {
+    let gpu = &job.spec.gpu;
+    let (mode, fell_back) = spot_mode(job, preemptions);
+
+    let fitting: Vec<NodeFacts> = nodes_
+        .iter()
+        .filter_map(|n| node_fits(job, config, mode, n))
+        .collect();
+    let unschedulable = fitting.is_empty().then(|| {
+        format!(
+            "no Ready node offers {}; {}",
+            wants(job, mode),
+            cluster_summary(job, config, nodes_)
+        )
+    });
+
+    // Cheapest: price every offered product on the capacity type the job would get there.
+    let uses_gpus = job.spec.gpus_per_worker > 0 || !gpu.products.is_empty();
+    let mut pinned: Option<(String, f64, bool)> = None;
+    if uses_gpus && gpu.selection == GpuSelection::Cheapest {
+        let mut offers: BTreeMap<&str, bool> = BTreeMap::new();
+        for f in &fitting {
+            if let Some(p) = f.product.as_deref() {
+                let spot = offers.entry(p).or_insert(false);
+                *spot |= f.spot && mode != SpotMode::Never;
+            }
+        }
+        for (product, spot) in offers {
+            if let Some(price) = config.price(product, spot)
+                && pinned.as_ref().is_none_or(|(_, best, _)| price < *best)
+            {
+                pinned = Some((product.to_owned(), price, spot));
+            }
+        }
+    }
+
+    let mut common = Vec::new();
+    match &pinned {
+        Some((product, _, _)) => {
+            common.push(req(nodes::LABEL_GPU_PRODUCT, "In", vec![product.clone()]))
+        }
+        None if !gpu.products.is_empty() => {
+            common.push(req(nodes::LABEL_GPU_PRODUCT, "In", gpu.products.clone()));
+        }
+        None => {}
+    }
+    if gpu.products.is_empty()
+        && pinned.is_none()
+        && let Some(min_gib) = gpu.min_memory_gib
+    {
+        // Without a product list, memory can only be expressed on the memory label itself.
+        common.push(req(
+            nodes::LABEL_GPU_MEMORY,
+            "Gt",
+            vec![(u64::from(min_gib) * 1024 - 1).to_string()],
+        ));
+    }
+    if mode == SpotMode::Never {
+        for l in &config.spot.labels {
+            common.push(req(&l.key, "NotIn", vec![l.value.clone()]));
+        }
+    }
+
+    let mut terms = vec![common];
+    if mode == SpotMode::Require {
+        let spot_terms: Vec<_> = config
+            .spot
+            .labels
+            .iter()
+            .map(|l| vec![req(&l.key, "In", vec![l.value.clone()])])
+            .collect();
+        terms = cross(terms, &spot_terms);
+    }
+    if let Some(min) = job.min_cuda {
+        terms = cross(
+            terms,
+            &at_least(nodes::LABEL_CUDA_MAJOR, nodes::LABEL_CUDA_MINOR, min),
+        );
+    }
+    if let Some(min) = job.min_compute {
+        terms = cross(
+            terms,
+            &at_least(nodes::LABEL_COMPUTE_MAJOR, nodes::LABEL_COMPUTE_MINOR, min),
+        );
+    }
+    let required = terms.iter().any(|t| !t.is_empty()).then(|| NodeSelector {
+        node_selector_terms: terms
+            .into_iter()
+            .map(|t| NodeSelectorTerm {
+                match_expressions: Some(t),
+                match_fields: None,
+            })
+            .collect(),
+    });
+    let preferred: Vec<PreferredSchedulingTerm> = if mode == SpotMode::Prefer {
+        config
+            .spot
+            .labels
+            .iter()
+            .map(|l| PreferredSchedulingTerm {
+                weight: 100,
+                preference: NodeSelectorTerm {
+                    match_expressions: Some(vec![req(&l.key, "In", vec![l.value.clone()])]),
+                    match_fields: None,
+                },
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let node_affinity = (required.is_some() || !preferred.is_empty()).then(|| NodeAffinity {
+        required_during_scheduling_ignored_during_execution: required,
+        preferred_during_scheduling_ignored_during_execution: (!preferred.is_empty())
+            .then_some(preferred),
+    });
+
+    let tolerations = if mode == SpotMode::Never {
+        Vec::new()
+    } else {
+        config.spot.tolerations.clone()
+    };
+
+    let fallback_note = if fell_back {
+        format!(
+            "; fell back to on-demand after {preemptions} preemption(s) (fallbackToOnDemandAfter={})",
+            job.spec.spot.fallback_to_on_demand_after
+        )
+    } else {
+        String::new()
+    };
+    let selected = match pinned {
+        Some((product, price, spot)) => Some(SelectedGpu {
+            reason: format!(
+                "cheapest offered product at ${price:.2}/GPU-hour {}{fallback_note}",
+                if spot { "on spot" } else { "on demand" }
+            ),
+            product,
+            price_per_hour: Some(price),
+            spot,
+        }),
+        None if uses_gpus || mode != SpotMode::Prefer => Some(SelectedGpu {
+            product: String::new(),
+            price_per_hour: None,
+            spot: mode != SpotMode::Never,
+            reason: format!(
+                "{}{fallback_note}",
+                match (gpu.selection, unschedulable.is_some()) {
+                    (_, true) =>
+                        "no node offers an allowed product yet: any allowed product".to_owned(),
+                    (GpuSelection::Any, false) =>
+                        "selection Any: the scheduler picks among the allowed products".to_owned(),
+                    (GpuSelection::Cheapest, false) =>
+                        "no offered product has a price: any allowed product".to_owned(),
+                }
+            ),
+        }),
+        None => None,
+    };
+
+    Placement {
+        node_affinity,
+        tolerations,
+        selected,
+        unschedulable,
+    }
+}
+
+/// The most GPUs any node has (capacity, or the gpu.count label), for the InvalidSpec check.
+/// None when no node has the resource at all (an autoscaler may still add one).
+pub fn max_gpus_per_node(nodes_: &[&Node], resource: &str) -> Option<u64> {
+    nodes_
+        .iter()
+        .map(|n| {
+            nodes::capacity(n, resource).max(
+                nodes::label(n, nodes::LABEL_GPU_COUNT)
+                    .and_then(|c| c.trim().parse().ok())
+                    .unwrap_or(0),
+            )
+        })
+        .filter(|c| *c > 0)
+        .max()
+}

@@ -1,0 +1,1052 @@
+//! The decision step: from a validated job, what the cluster looks like and the current
+//! status, compute the next status, the actions that move the cluster towards it, and the
+//! Events that describe the transition.
+//!
+//! The controller writes the new status *before* it acts. Everything that must not happen
+//! twice (counting a preemption, bumping the attempt) is a status transition, and every action
+//! is idempotent and derived again from status plus observation on the next round. So a crash
+//! between any two steps repeats actions, never decisions:
+//! - pods have deterministic names (`<job>-worker-<rank>`), so a repeated create cannot duplicate;
+//! - the next attempt's pods are created only after every older pod is gone;
+//! - only pods recorded in `status.workers` can "disappear", so a pod the cache has not seen
+//!   yet is never mistaken for a preempted one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::config::OperatorConfig;
+use crate::crd::{
+    JobCondition, LABEL_ATTEMPT, LABEL_RANK, LastRestart, Phase, RestartReason, TrainingJobStatus,
+    WorkerStatus,
+};
+use crate::placement::{self, Placement};
+use crate::preemption::{self, ClassifierConfig, NodeView, WorkerState, min_time};
+use crate::validate::{InvalidSpec, ValidJob};
+use crate::{nodes, pods, pvc, service};
+
+/// Condition types.
+pub mod condition {
+    /// Every worker runs.
+    pub const RUNNING: &str = "Running";
+    /// A gang restart is under way.
+    pub const RESTARTING: &str = "Restarting";
+    /// Every trainer exited 0.
+    pub const SUCCEEDED: &str = "Succeeded";
+    /// The job failed for good.
+    pub const FAILED: &str = "Failed";
+    /// No node can take the workers.
+    pub const UNSCHEDULABLE: &str = "Unschedulable";
+    /// The spec cannot run as written.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+}
+
+/// Cap of the exponential failure backoff.
+pub const MAX_BACKOFF: SignedDuration = SignedDuration::from_secs(600);
+/// How often a job that waits on the cluster (missing claim, no GPU node) is looked at again.
+pub const CLUSTER_WAIT_RECHECK: SignedDuration = SignedDuration::from_secs(60);
+
+/// What the cluster looks like to one reconcile.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The job's pods (any attempt) owned by it.
+    pub pods: Vec<Arc<Pod>>,
+    /// Names of pods that hold one of the job's pod names but belong to someone else.
+    pub foreign_pods: Vec<String>,
+    /// Every node.
+    pub nodes: Vec<Arc<Node>>,
+    /// Whether the checkpoint PVC exists.
+    pub claim_exists: bool,
+    /// Whether the rendezvous Service exists.
+    pub service_exists: bool,
+    /// The time of this reconcile.
+    pub now: Timestamp,
+}
+
+impl Observed {
+    fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .map(|n| n.as_ref())
+    }
+
+    fn node_refs(&self) -> Vec<&Node> {
+        self.nodes.iter().map(|n| n.as_ref()).collect()
+    }
+}
+
+/// Something the controller must do after writing the status.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Server-side apply the rendezvous Service.
+    ApplyService(Box<Service>),
+    /// Server-side apply the checkpoint PVC.
+    ApplyPvc(Box<PersistentVolumeClaim>),
+    /// Create a worker pod (AlreadyExists means a previous round did it).
+    CreatePod(Box<Pod>),
+    /// Delete a pod with its grace period, so the trainer gets SIGTERM and can checkpoint.
+    DeletePod {
+        /// Pod name.
+        name: String,
+        /// Precondition: only this incarnation.
+        uid: Option<String>,
+    },
+    /// Delete a pod with grace period 0: it is stuck terminating on a lost node.
+    ForceDeletePod {
+        /// Pod name.
+        name: String,
+        /// Precondition: only this incarnation.
+        uid: Option<String>,
+    },
+}
+
+/// Severity of an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// Normal.
+    Normal,
+    /// Warning.
+    Warning,
+}
+
+/// A Kubernetes Event to publish on the TrainingJob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobEvent {
+    /// Normal or Warning.
+    pub kind: EventKind,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Human-readable note.
+    pub note: String,
+}
+
+impl JobEvent {
+    fn normal(reason: &str, note: impl Into<String>) -> Self {
+        Self {
+            kind: EventKind::Normal,
+            reason: reason.to_owned(),
+            note: note.into(),
+        }
+    }
+    fn warning(reason: &str, note: impl Into<String>) -> Self {
+        Self {
+            kind: EventKind::Warning,
+            reason: reason.to_owned(),
+            note: note.into(),
+        }
+    }
+}
+
+/// The outcome of one decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The status to write before acting.
+    pub status: TrainingJobStatus,
+    /// What to do after the status is written.
+    pub actions: Vec<Action>,
+    /// Events describing transitions.
+    pub events: Vec<JobEvent>,
+    /// Look again at this time even if nothing changes.
+    pub requeue_at: Option<Timestamp>,
+    /// A gang restart was decided in this round.
+    pub restart: Option<RestartReason>,
+    /// The first pods of this attempt are created in this round.
+    pub creates_attempt: Option<u32>,
+}
+
+/// Sets a condition, moving lastTransitionTime only when the status flips.
+pub fn set_condition(
+    conditions: &mut Vec<JobCondition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+    generation: Option<i64>,
+) {
+    let status_str = if status { "True" } else { "False" };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status_str {
+                c.status = status_str.to_owned();
+                c.last_transition_time = Some(Time(now));
+            }
+            c.reason = reason.to_owned();
+            c.message = message.to_owned();
+            c.observed_generation = generation;
+        }
+        None => conditions.push(JobCondition {
+            type_: type_.to_owned(),
+            status: status_str.to_owned(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            last_transition_time: Some(Time(now)),
+            observed_generation: generation,
+        }),
+    }
+}
+
+/// Whether a condition is currently True.
+pub fn condition_is_true(conditions: &[JobCondition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// Delay before the restart after the `failures`-th failure: base × 2^(failures-1), capped at 10 minutes.
+pub fn failure_backoff(base_seconds: u32, failures: u32) -> SignedDuration {
+    if base_seconds == 0 || failures == 0 {
+        return SignedDuration::ZERO;
+    }
+    let exp = failures.saturating_sub(1).min(20);
+    let secs = u64::from(base_seconds).saturating_mul(1u64 << exp);
+    SignedDuration::from_secs(i64::try_from(secs).unwrap_or(i64::MAX)).min(MAX_BACKOFF)
+}
+
+/// The status for a job whose spec cannot run: condition InvalidSpec, nothing else changes.
+pub fn invalid_status(
+    current: &TrainingJobStatus,
+    err: &InvalidSpec,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> (TrainingJobStatus, Vec<JobEvent>) {
+    let mut st = current.clone();
+    let events = mark_invalid(&mut st, &current.conditions, err, generation, now);
+    (st, events)
+}
+
+fn mark_invalid(
+    st: &mut TrainingJobStatus,
+    before: &[JobCondition],
+    err: &InvalidSpec,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<JobEvent> {
+    let message = err.to_string();
+    let already = before
+        .iter()
+        .any(|c| c.type_ == condition::INVALID_SPEC && c.status == "True" && c.message == message);
+    set_condition(
+        &mut st.conditions,
+        condition::INVALID_SPEC,
+        true,
+        "InvalidSpec",
+        &message,
+        now,
+        generation,
+    );
+    st.observed_generation = generation;
+    st.phase.get_or_insert(Phase::Pending);
+    if already {
+        Vec::new()
+    } else {
+        vec![JobEvent::warning("InvalidSpec", message)]
+    }
+}
+
+fn label_u32(pod: &Pod, key: &str) -> Option<u32> {
+    pod.metadata.labels.as_ref()?.get(key)?.parse().ok()
+}
+
+fn pod_name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+/// Whether a pod's containers have all stopped (it no longer holds its GPUs).
+fn is_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Deletes pods gracefully; force-deletes those stuck terminating on a lost node.
+fn remove_pods<'a>(
+    pods_: impl Iterator<Item = &'a Arc<Pod>>,
+    observed: &Observed,
+    classifier: &ClassifierConfig,
+    actions: &mut Vec<Action>,
+    events: &mut Vec<JobEvent>,
+    requeue_at: &mut Option<Timestamp>,
+) {
+    let now = observed.now;
+    for pod in pods_ {
+        let name = pod_name(pod);
+        let uid = pod.metadata.uid.clone();
+        let Some(deleting) = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0) else {
+            actions.push(Action::DeletePod { name, uid });
+            continue;
+        };
+        let node_name = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let force_at = match node_name.map(|n| (n, observed.node(n))) {
+            // Nothing will ever confirm the deletion: no kubelet, or no node.
+            None | Some((_, None)) => Some(now),
+            Some((_, Some(node))) => match nodes::readiness(node) {
+                nodes::Readiness::Ready => None,
+                nodes::Readiness::NotReady { since } => {
+                    let since = since.unwrap_or(now);
+                    let lost_at = since
+                        .saturating_add(classifier.node_not_ready_timeout)
+                        .unwrap_or(since);
+                    Some(lost_at.max(deleting))
+                }
+            },
+        };
+        match force_at {
+            Some(at) if now >= at => {
+                events.push(JobEvent::warning(
+                    "ForceDeleted",
+                    format!(
+                        "pod {name} was stuck terminating on lost node {}",
+                        node_name.unwrap_or("(none)")
+                    ),
+                ));
+                actions.push(Action::ForceDeletePod { name, uid });
+            }
+            Some(at) => *requeue_at = min_time(*requeue_at, Some(at)),
+            None => {}
+        }
+    }
+}
+
+/// Decides the next status and actions.
+pub fn decide(
+    job: &ValidJob,
+    observed: &Observed,
+    current: &TrainingJobStatus,
+    config: &OperatorConfig,
+) -> Plan {
+    let mut marked_invalid = false;
+    let mut plan = decide_inner(job, observed, current, config, &mut marked_invalid);
+    if !marked_invalid && condition_is_true(&plan.status.conditions, condition::INVALID_SPEC) {
+        set_condition(
+            &mut plan.status.conditions,
+            condition::INVALID_SPEC,
+            false,
+            "Valid",
+            "",
+            observed.now,
+            job.generation,
+        );
+    }
+    plan
+}
+
+fn decide_inner(
+    job: &ValidJob,
+    observed: &Observed,
+    current: &TrainingJobStatus,
+    config: &OperatorConfig,
+    marked_invalid: &mut bool,
+) -> Plan {
+    let now = observed.now;
+    let gen_ = job.generation;
+    let classifier = ClassifierConfig::from_config(config);
+    let mut st = current.clone();
+    st.observed_generation = gen_;
+    let mut actions = Vec::new();
+    let mut events = Vec::new();
+    let mut requeue_at = None;
+    let mut creates_attempt = None;
+    let workers = job.spec.workers;
+    let phase = st.phase.unwrap_or(Phase::Pending);
+    st.phase = Some(phase);
+    st.checkpoint_claim = Some(job.claim_name.clone());
+
+    // Pods of the current attempt, by rank; everything else is from an older attempt (or a
+    // rank the spec no longer has) and must be gone before new pods start.
+    let mut current_pods: BTreeMap<u32, &Arc<Pod>> = BTreeMap::new();
+    let mut old_pods: Vec<&Arc<Pod>> = Vec::new();
+    for pod in &observed.pods {
+        match (label_u32(pod, LABEL_ATTEMPT), label_u32(pod, LABEL_RANK)) {
+            (Some(a), Some(r)) if a == st.attempt && r < workers => {
+                current_pods.insert(r, pod);
+            }
+            _ => old_pods.push(pod),
+        }
+    }
+
+    let finish = |st: TrainingJobStatus,
+                  actions: Vec<Action>,
+                  events: Vec<JobEvent>,
+                  requeue_at: Option<Timestamp>,
+                  restart: Option<RestartReason>,
+                  creates_attempt: Option<u32>| Plan {
+        status: st,
+        actions,
+        events,
+        requeue_at,
+        restart,
+        creates_attempt,
+    };
+
+    // Final phases: stop what still runs after a failure; leave completed pods for their logs.
+    if phase.is_terminal() {
+        if phase == Phase::Failed {
+            let running = observed.pods.iter().filter(|p| !is_finished(p));
+            remove_pods(
+                running,
+                observed,
+                &classifier,
+                &mut actions,
+                &mut events,
+                &mut requeue_at,
+            );
+        }
+        return finish(st, actions, events, requeue_at, None, None);
+    }
+
+    // Deadline.
+    if let (Some(limit), Some(start)) = (job.spec.active_deadline_seconds, st.start_time.as_ref()) {
+        let deadline = start
+            .0
+            .saturating_add(SignedDuration::from_secs(limit))
+            .unwrap_or(start.0);
+        if now >= deadline {
+            let message = format!("activeDeadlineSeconds ({limit}s) passed");
+            fail(
+                &mut st,
+                "DeadlineExceeded",
+                &message,
+                now,
+                gen_,
+                &mut events,
+            );
+            let running = observed.pods.iter().filter(|p| !is_finished(p));
+            remove_pods(
+                running,
+                observed,
+                &classifier,
+                &mut actions,
+                &mut events,
+                &mut requeue_at,
+            );
+            return finish(st, actions, events, requeue_at, None, None);
+        }
+        requeue_at = min_time(requeue_at, Some(deadline));
+    }
+
+    // Suspend: no pods. The attempt does not change; resuming recreates it.
+    if job.spec.suspend {
+        if phase != Phase::Suspended {
+            events.push(JobEvent::normal(
+                "Suspended",
+                "spec.suspend is true: deleting the workers",
+            ));
+        }
+        st.phase = Some(Phase::Suspended);
+        st.workers.clear();
+        set_condition(
+            &mut st.conditions,
+            condition::RUNNING,
+            false,
+            "Suspended",
+            "spec.suspend is true",
+            now,
+            gen_,
+        );
+        let all = observed.pods.iter();
+        remove_pods(
+            all,
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
+        return finish(st, actions, events, requeue_at, None, None);
+    }
+    if phase == Phase::Suspended {
+        events.push(JobEvent::normal(
+            "Resumed",
+            "spec.suspend is false: recreating the workers",
+        ));
+        st.phase = Some(Phase::Pending);
+    }
+
+    // Classify the current attempt's workers.
+    let mut states: BTreeMap<u32, WorkerState> = BTreeMap::new();
+    for (&rank, pod) in &current_pods {
+        let view = match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            None => NodeView::Unscheduled,
+            Some(n) => match observed.node(n) {
+                Some(node) => NodeView::Present(node),
+                None => NodeView::Missing(n),
+            },
+        };
+        let c = preemption::classify(pod, view, &classifier, now);
+        requeue_at = min_time(requeue_at, c.recheck_at);
+        states.insert(rank, c.state);
+    }
+    for w in &st.workers {
+        if w.rank < workers && !states.contains_key(&w.rank) {
+            let state = if w.phase == "Succeeded" {
+                WorkerState::Succeeded
+            } else {
+                WorkerState::Preempted(format!(
+                    "pod {} disappeared without trainyard deleting it",
+                    w.pod
+                ))
+            };
+            states.insert(w.rank, state);
+        }
+    }
+
+    let problems: Vec<(u32, &WorkerState)> = states
+        .iter()
+        .filter(|(_, s)| matches!(s, WorkerState::Preempted(_) | WorkerState::Failed(_)))
+        .map(|(r, s)| (*r, s))
+        .collect();
+    if !problems.is_empty() {
+        // A preempted rank makes the others fail too (the collective breaks): preemption wins.
+        let preempted = problems
+            .iter()
+            .any(|(_, s)| matches!(s, WorkerState::Preempted(_)));
+        let reason = if preempted {
+            RestartReason::Preemption
+        } else {
+            RestartReason::Failure
+        };
+        let mut first = problems
+            .iter()
+            .filter(|(_, s)| !preempted || matches!(s, WorkerState::Preempted(_)));
+        let detail = first
+            .next()
+            .map(|(r, s)| format!("worker {r}: {}", s.reason().unwrap_or_default()))
+            .unwrap_or_default();
+        let more = problems.len() - 1;
+        let detail = if more > 0 {
+            format!("{detail} (and {more} more)")
+        } else {
+            detail
+        };
+
+        let (spent, budget, budget_name) = match reason {
+            RestartReason::Preemption => {
+                st.preemptions += 1;
+                (
+                    st.preemptions,
+                    job.spec.restart_policy.max_preemptions,
+                    "maxPreemptions",
+                )
+            }
+            RestartReason::Failure => {
+                st.failures += 1;
+                (
+                    st.failures,
+                    job.spec.restart_policy.max_failures,
+                    "maxFailures",
+                )
+            }
+        };
+        events.push(JobEvent::warning(
+            if preempted {
+                "Preempted"
+            } else {
+                "WorkerFailed"
+            },
+            detail.clone(),
+        ));
+        let alive_pods = observed.pods.iter().filter(|p| !is_finished(p));
+        if spent > budget {
+            let (why, message) = match reason {
+                RestartReason::Preemption => (
+                    "PreemptionBudgetExceeded",
+                    format!("{spent} preemptions exceed {budget_name}={budget}; last: {detail}"),
+                ),
+                RestartReason::Failure => (
+                    "FailureBudgetExceeded",
+                    format!("{spent} failures exceed {budget_name}={budget}; last: {detail}"),
+                ),
+            };
+            fail(&mut st, why, &message, now, gen_, &mut events);
+            record_workers(&mut st, &current_pods, &states);
+            remove_pods(
+                alive_pods,
+                observed,
+                &classifier,
+                &mut actions,
+                &mut events,
+                &mut requeue_at,
+            );
+            return finish(st, actions, events, requeue_at, None, None);
+        }
+        st.attempt += 1;
+        st.phase = Some(Phase::Restarting);
+        st.workers.clear();
+        st.last_restart = Some(LastRestart {
+            time: Time(now),
+            reason,
+            detail: detail.clone(),
+        });
+        let message = format!("attempt {} after {}: {detail}", st.attempt, reason.as_str());
+        set_condition(
+            &mut st.conditions,
+            condition::RESTARTING,
+            true,
+            reason.as_str(),
+            &message,
+            now,
+            gen_,
+        );
+        set_condition(
+            &mut st.conditions,
+            condition::RUNNING,
+            false,
+            reason.as_str(),
+            &message,
+            now,
+            gen_,
+        );
+        let wait = if reason == RestartReason::Failure {
+            let b = failure_backoff(job.spec.restart_policy.backoff_seconds, st.failures);
+            format!(", after a {}s backoff", b.as_secs())
+        } else {
+            String::new()
+        };
+        events.push(JobEvent::normal(
+            "Restarting",
+            format!(
+                "gang restart as attempt {} with RESUME_FROM set{wait}",
+                st.attempt
+            ),
+        ));
+        let (mode, fell_back) = placement::spot_mode(job, st.preemptions);
+        let (_, fell_back_before) = placement::spot_mode(job, st.preemptions.saturating_sub(1));
+        if reason == RestartReason::Preemption && fell_back && !fell_back_before {
+            events.push(JobEvent::normal(
+                "SpotFallback",
+                format!(
+                    "after {} preemptions later attempts run on on-demand nodes ({mode:?})",
+                    st.preemptions
+                ),
+            ));
+        }
+        // Every pod is now from an older attempt: stop them all, then wait for them to go.
+        remove_pods(
+            observed.pods.iter(),
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
+        return finish(st, actions, events, requeue_at, Some(reason), None);
+    }
+
+    if workers > 0 && (0..workers).all(|r| states.get(&r) == Some(&WorkerState::Succeeded)) {
+        st.phase = Some(Phase::Succeeded);
+        st.completion_time = Some(Time(now));
+        record_workers(&mut st, &current_pods, &states);
+        set_condition(
+            &mut st.conditions,
+            condition::SUCCEEDED,
+            true,
+            "AllWorkersSucceeded",
+            "every trainer exited 0",
+            now,
+            gen_,
+        );
+        set_condition(
+            &mut st.conditions,
+            condition::RUNNING,
+            false,
+            "Succeeded",
+            "every trainer exited 0",
+            now,
+            gen_,
+        );
+        set_condition(
+            &mut st.conditions,
+            condition::RESTARTING,
+            false,
+            "Succeeded",
+            "",
+            now,
+            gen_,
+        );
+        events.push(JobEvent::normal(
+            "Succeeded",
+            format!("every trainer exited 0 (attempt {})", st.attempt),
+        ));
+        return finish(st, actions, events, requeue_at, None, None);
+    }
+
+    // Older pods first: nothing new may meet an old rank at rendezvous.
+    if !old_pods.is_empty() {
+        remove_pods(
+            old_pods.iter().copied(),
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
+        record_workers(&mut st, &current_pods, &states);
+        // Watch events normally wake us; this is only the safety net.
+        requeue_at = min_time(
+            requeue_at,
+            Some(
+                now.saturating_add(SignedDuration::from_secs(10))
+                    .unwrap_or(now),
+            ),
+        );
+        return finish(st, actions, events, requeue_at, None, None);
+    }
+    if !observed.foreign_pods.is_empty() {
+        let message = format!(
+            "pod(s) {} exist but do not belong to this TrainingJob; delete them to let it start",
+            observed.foreign_pods.join(", ")
+        );
+        set_condition(
+            &mut st.conditions,
+            condition::UNSCHEDULABLE,
+            true,
+            "PodNameTaken",
+            &message,
+            now,
+            gen_,
+        );
+        requeue_at = min_time(requeue_at, now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
+        return finish(st, actions, events, requeue_at, None, None);
+    }
+
+    let missing: Vec<u32> = (0..workers)
+        .filter(|r| !current_pods.contains_key(r))
+        .collect();
+    let any_unscheduled = current_pods
+        .values()
+        .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none());
+    let node_refs = observed.node_refs();
+    let mut placement_now: Option<Placement> = None;
+
+    if !missing.is_empty() {
+        // Checks that depend on the cluster, not the spec alone.
+        let cluster_invalid = if !job.creates_claim && !observed.claim_exists {
+            Some(InvalidSpec {
+                field: "spec.checkpoint.existingClaim".to_owned(),
+                message: format!(
+                    "PersistentVolumeClaim {:?} does not exist in namespace {}",
+                    job.claim_name, job.namespace
+                ),
+            })
+        } else {
+            let wanted = u64::from(job.spec.gpus_per_worker);
+            placement::max_gpus_per_node(&node_refs, &job.spec.gpu.resource_name)
+                .filter(|max| wanted > *max)
+                .map(|max| InvalidSpec {
+                    field: "spec.gpusPerWorker".to_owned(),
+                    message: format!(
+                        "{wanted} is more than any node has: the largest node has {max} {}",
+                        job.spec.gpu.resource_name
+                    ),
+                })
+        };
+        if let Some(err) = cluster_invalid {
+            *marked_invalid = true;
+            events.extend(mark_invalid(&mut st, &current.conditions, &err, gen_, now));
+            record_workers(&mut st, &current_pods, &states);
+            requeue_at = min_time(requeue_at, now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
+            return finish(st, actions, events, requeue_at, None, None);
+        }
+
+        // Failure backoff runs from the moment the restart was decided.
+        if let Some(last) = st.last_restart.as_ref()
+            && last.reason == RestartReason::Failure
+            && current_pods.is_empty()
+        {
+            let ready_at = last
+                .time
+                .0
+                .saturating_add(failure_backoff(
+                    job.spec.restart_policy.backoff_seconds,
+                    st.failures,
+                ))
+                .unwrap_or(last.time.0);
+            if now < ready_at {
+                record_workers(&mut st, &current_pods, &states);
+                requeue_at = min_time(requeue_at, Some(ready_at));
+                return finish(st, actions, events, requeue_at, None, None);
+            }
+        }
+
+        let placement = match current_pods.values().next() {
+            // Later ranks of a half-created attempt follow the first ones, never a new choice.
+            Some(sibling) => placement_of(sibling, job, config, &node_refs, st.preemptions),
+            None => placement::place(job, config, &node_refs, st.preemptions),
+        };
+        if current_pods.is_empty() {
+            st.selected_gpu = placement.selected.clone();
+            creates_attempt = Some(st.attempt);
+            let restart_reason = st
+                .last_restart
+                .as_ref()
+                .map(|l| l.reason)
+                .filter(|_| st.attempt > 0);
+            let what = match &placement.selected {
+                Some(s) if !s.product.is_empty() => {
+                    format!(" on {}{}", s.product, if s.spot { " (spot)" } else { "" })
+                }
+                _ => String::new(),
+            };
+            events.push(JobEvent::normal(
+                "CreatingWorkers",
+                format!(
+                    "creating {} worker(s) for attempt {}{what}{}",
+                    missing.len(),
+                    st.attempt,
+                    restart_reason
+                        .map(|r| format!(" after {}", r.as_str()))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        if !observed.service_exists {
+            actions.push(Action::ApplyService(Box::new(service::desired_service(
+                job,
+            ))));
+        }
+        if !observed.claim_exists
+            && let Some(claim) = pvc::desired_pvc(job)
+        {
+            actions.push(Action::ApplyPvc(Box::new(claim)));
+        }
+        let restart_reason = st
+            .last_restart
+            .as_ref()
+            .map(|l| l.reason)
+            .filter(|_| st.attempt > 0);
+        for &rank in &missing {
+            let mut pod = pods::desired_pod(job, rank, st.attempt, restart_reason, &placement);
+            if let (Some(spec), Some(sibling)) = (pod.spec.as_mut(), current_pods.values().next()) {
+                let sib = sibling.spec.as_ref();
+                spec.affinity = sib.and_then(|s| s.affinity.clone());
+                spec.tolerations = sib.and_then(|s| s.tolerations.clone());
+            }
+            actions.push(Action::CreatePod(Box::new(pod)));
+        }
+        if st.start_time.is_none() {
+            st.start_time = Some(Time(now));
+            if let Some(limit) = job.spec.active_deadline_seconds {
+                requeue_at = min_time(
+                    requeue_at,
+                    now.saturating_add(SignedDuration::from_secs(limit)).ok(),
+                );
+            }
+        }
+        placement_now = Some(placement);
+    } else if any_unscheduled {
+        placement_now = Some(placement::place(job, config, &node_refs, st.preemptions));
+    }
+
+    // Unschedulable: our own view of the cluster first (it names what the cluster has), then
+    // the scheduler's verdict on the pods.
+    let scheduler_says = states.values().find_map(|s| match s {
+        WorkerState::Pending { reason: Some(r) } if r.starts_with("Unschedulable") => {
+            Some(r.clone())
+        }
+        _ => None,
+    });
+    match (
+        placement_now.as_ref().and_then(|p| p.unschedulable.clone()),
+        scheduler_says,
+    ) {
+        (Some(m), _) => {
+            if !condition_is_true(&st.conditions, condition::UNSCHEDULABLE) {
+                events.push(JobEvent::warning("Unschedulable", m.clone()));
+            }
+            set_condition(
+                &mut st.conditions,
+                condition::UNSCHEDULABLE,
+                true,
+                "NoMatchingNode",
+                &m,
+                now,
+                gen_,
+            );
+            requeue_at = min_time(requeue_at, now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
+        }
+        (None, Some(m)) => {
+            if !condition_is_true(&st.conditions, condition::UNSCHEDULABLE) {
+                events.push(JobEvent::warning("Unschedulable", m.clone()));
+            }
+            set_condition(
+                &mut st.conditions,
+                condition::UNSCHEDULABLE,
+                true,
+                "SchedulerUnschedulable",
+                &m,
+                now,
+                gen_,
+            );
+        }
+        (None, None) => {
+            if st
+                .conditions
+                .iter()
+                .any(|c| c.type_ == condition::UNSCHEDULABLE)
+            {
+                set_condition(
+                    &mut st.conditions,
+                    condition::UNSCHEDULABLE,
+                    false,
+                    "Schedulable",
+                    "",
+                    now,
+                    gen_,
+                );
+            }
+        }
+    }
+
+    record_workers(&mut st, &current_pods, &states);
+    let all_running = missing.is_empty()
+        && (0..workers).all(|r| {
+            matches!(
+                states.get(&r),
+                Some(WorkerState::Running { .. } | WorkerState::Succeeded)
+            )
+        });
+    if all_running {
+        if st.phase != Some(Phase::Running) {
+            events.push(JobEvent::normal(
+                "Running",
+                format!(
+                    "all {workers} worker(s) of attempt {} are running",
+                    st.attempt
+                ),
+            ));
+        }
+        st.phase = Some(Phase::Running);
+        let message = format!(
+            "attempt {}: {workers}/{workers} workers running",
+            st.attempt
+        );
+        set_condition(
+            &mut st.conditions,
+            condition::RUNNING,
+            true,
+            "AllWorkersRunning",
+            &message,
+            now,
+            gen_,
+        );
+        if condition_is_true(&st.conditions, condition::RESTARTING) {
+            set_condition(
+                &mut st.conditions,
+                condition::RESTARTING,
+                false,
+                "Restarted",
+                &message,
+                now,
+                gen_,
+            );
+        }
+    } else if st.phase != Some(Phase::Restarting) {
+        st.phase = Some(Phase::Pending);
+    }
+    Plan {
+        status: st,
+        actions,
+        events,
+        requeue_at,
+        restart: None,
+        creates_attempt,
+    }
+}
+
+/// The placement a half-created attempt already uses (its first pod's).
+fn placement_of(
+    sibling: &Pod,
+    job: &ValidJob,
+    config: &OperatorConfig,
+    nodes_: &[&Node],
+    preemptions: u32,
+) -> Placement {
+    let mut p = placement::place(job, config, nodes_, preemptions);
+    let spec = sibling.spec.as_ref();
+    p.node_affinity = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.clone());
+    p.tolerations = spec.and_then(|s| s.tolerations.clone()).unwrap_or_default();
+    p
+}
+
+fn fail(
+    st: &mut TrainingJobStatus,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+    gen_: Option<i64>,
+    events: &mut Vec<JobEvent>,
+) {
+    st.phase = Some(Phase::Failed);
+    st.completion_time = Some(Time(now));
+    set_condition(
+        &mut st.conditions,
+        condition::FAILED,
+        true,
+        reason,
+        message,
+        now,
+        gen_,
+    );
+    set_condition(
+        &mut st.conditions,
+        condition::RUNNING,
+        false,
+        reason,
+        message,
+        now,
+        gen_,
+    );
+    if condition_is_true(&st.conditions, condition::RESTARTING) {
+        set_condition(
+            &mut st.conditions,
+            condition::RESTARTING,
+            false,
+            reason,
+            message,
+            now,
+            gen_,
+        );
+    }
+    events.push(JobEvent::warning("Failed", format!("{reason}: {message}")));
+}
+
+/// status.workers: the current attempt's workers the operator has seen.
+fn record_workers(
+    st: &mut TrainingJobStatus,
+    current: &BTreeMap<u32, &Arc<Pod>>,
+    states: &BTreeMap<u32, WorkerState>,
+) {
+    let mut workers: Vec<WorkerStatus> = current
+        .iter()
+        .map(|(&rank, pod)| WorkerStatus {
+            rank,
+            pod: pod_name(pod),
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            phase: states
+                .get(&rank)
+                .map_or("Pending", WorkerState::phase)
+                .to_owned(),
+            reason: states
+                .get(&rank)
+                .and_then(|s| s.reason())
+                .map(str::to_owned),
+        })
+        .collect();
+    // A recorded worker whose pod is gone stays recorded until a restart clears the list,
+    // so that its disappearance is noticed again after a crash.
+    for w in &st.workers {
+        if w.phase == "Succeeded" && !current.contains_key(&w.rank) {
+            workers.push(w.clone());
+        }
+    }
+    workers.sort_by_key(|w| w.rank);
+    st.workers = workers;
+}

@@ -1,0 +1,457 @@
+//! Builds the worker pods of one attempt, including the trainer's environment contract
+//! (docs/env-contract.md). Pure: the same inputs always give the same pod.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, NodeAffinity, NodeSelector, NodeSelectorTerm,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, RestartReason};
+use crate::placement::Placement;
+use crate::validate::ValidJob;
+
+/// Port of the torch.distributed rendezvous on worker 0.
+pub const MASTER_PORT: u16 = 29500;
+/// Name of the checkpoint volume in the pod.
+pub const CHECKPOINT_VOLUME: &str = "trainyard-checkpoints";
+/// The checkpoint file name inside the checkpoint directory.
+pub const CHECKPOINT_FILE: &str = "latest.pt";
+
+/// The environment the operator gives the trainer, in a stable order.
+pub fn trainer_env(
+    job: &ValidJob,
+    rank: u32,
+    attempt: u32,
+    restart: Option<RestartReason>,
+) -> Vec<(String, String)> {
+    let dir = job.spec.checkpoint.mount_path.trim_end_matches('/');
+    let dir = if dir.is_empty() { "/" } else { dir };
+    let checkpoint = format!("{}/{CHECKPOINT_FILE}", dir.trim_end_matches('/'));
+    let master = format!("{}.{}", job.pod_name(0), job.name);
+    // torchrun needs at least one process per node, also for CPU-only jobs.
+    let nproc = job.spec.gpus_per_worker.max(1);
+    let world = u64::from(job.spec.workers) * u64::from(nproc);
+    let mut env = vec![
+        ("CHECKPOINT_DIR".to_owned(), dir.to_owned()),
+        ("CHECKPOINT_PATH".to_owned(), checkpoint.clone()),
+    ];
+    if attempt > 0 {
+        env.push(("RESUME_FROM".to_owned(), checkpoint));
+    }
+    let reason = restart.map_or("none", RestartReason::as_str);
+    env.extend(
+        [
+            ("TRAINYARD_JOB", job.name.clone()),
+            ("TRAINYARD_ATTEMPT", attempt.to_string()),
+            ("TRAINYARD_RESTART_REASON", reason.to_owned()),
+            ("MASTER_ADDR", master.clone()),
+            ("MASTER_PORT", MASTER_PORT.to_string()),
+            ("NNODES", job.spec.workers.to_string()),
+            ("NODE_RANK", rank.to_string()),
+            ("NPROC_PER_NODE", nproc.to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("PET_NNODES", job.spec.workers.to_string()),
+            ("PET_NODE_RANK", rank.to_string()),
+            ("PET_NPROC_PER_NODE", nproc.to_string()),
+            ("PET_MASTER_ADDR", master),
+            ("PET_MASTER_PORT", MASTER_PORT.to_string()),
+            (
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "expandable_segments:True".to_owned(),
+            ),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    env
+}
+
+/// Labels every pod of the job carries (selector of the Service, index of the operator).
+pub fn pod_labels(job: &str, rank: u32, attempt: u32) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_JOB.to_owned(), job.to_owned()),
+        (LABEL_RANK.to_owned(), rank.to_string()),
+        (LABEL_ATTEMPT.to_owned(), attempt.to_string()),
+    ])
+}
+
+/// ANDs two required node selectors: their ORed terms are crossed.
+fn and_selectors(user: Option<NodeSelector>, ours: Option<NodeSelector>) -> Option<NodeSelector> {
+    match (user, ours) {
+        (None, x) | (x, None) => x,
+        (Some(u), Some(o)) if u.node_selector_terms.is_empty() => Some(o),
+        (Some(u), Some(o)) => Some(NodeSelector {
+            node_selector_terms: u
+                .node_selector_terms
+                .iter()
+                .flat_map(|a| {
+                    o.node_selector_terms.iter().map(move |b| NodeSelectorTerm {
+                        match_expressions: concat(&a.match_expressions, &b.match_expressions),
+                        match_fields: concat(&a.match_fields, &b.match_fields),
+                    })
+                })
+                .collect(),
+        }),
+    }
+}
+
+fn concat<T: Clone>(a: &Option<Vec<T>>, b: &Option<Vec<T>>) -> Option<Vec<T>> {
+    match (a, b) {
+        (None, None) => None,
+        _ => Some(
+            a.iter()
+                .flatten()
+                .chain(b.iter().flatten())
+                .cloned()
+                .collect(),
+        ),
+    }
+}
+
+fn merge_node_affinity(
+    user: Option<NodeAffinity>,
+    ours: Option<NodeAffinity>,
+) -> Option<NodeAffinity> {
+    let Some(ours) = ours else { return user };
+    let user = user.unwrap_or_default();
+    let preferred = concat(
+        &user.preferred_during_scheduling_ignored_during_execution,
+        &ours.preferred_during_scheduling_ignored_during_execution,
+    );
+    Some(NodeAffinity {
+        required_during_scheduling_ignored_during_execution: and_selectors(
+            user.required_during_scheduling_ignored_during_execution,
+            ours.required_during_scheduling_ignored_during_execution,
+        ),
+        preferred_during_scheduling_ignored_during_execution: preferred,
+    })
+}
+
+/// The pod of one rank in one attempt.
+pub fn desired_pod(
+    job: &ValidJob,
+    rank: u32,
+    attempt: u32,
+    restart: Option<RestartReason>,
+    placement: &Placement,
+) -> Pod {
+    let template = &job.spec.template;
+    let name = job.pod_name(rank);
+    let tmeta = template.metadata.clone().unwrap_or_default();
+    let mut labels = tmeta.labels.unwrap_or_default();
+    labels.extend(pod_labels(&job.name, rank, attempt));
+
+    let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
+    spec.hostname = Some(name.clone());
+    spec.subdomain = Some(job.name.clone());
+    spec.restart_policy = Some("Never".to_owned());
+    spec.termination_grace_period_seconds = Some(job.spec.termination_grace_period_seconds);
+
+    let mut affinity: Affinity = spec.affinity.take().unwrap_or_default();
+    affinity.node_affinity = merge_node_affinity(
+        affinity.node_affinity.take(),
+        placement.node_affinity.clone(),
+    );
+    spec.affinity = (affinity != Affinity::default()).then_some(affinity);
+
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    for t in &placement.tolerations {
+        if !tolerations.contains(t) {
+            tolerations.push(t.clone());
+        }
+    }
+    if tolerations.is_empty() {
+        spec.tolerations = None;
+    }
+
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    volumes.retain(|v| v.name != CHECKPOINT_VOLUME);
+    volumes.push(Volume {
+        name: CHECKPOINT_VOLUME.to_owned(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: job.claim_name.clone(),
+            read_only: None,
+        }),
+        ..Volume::default()
+    });
+
+    if let Some(trainer) = spec.containers.get_mut(job.trainer_index) {
+        let env = trainer.env.get_or_insert_with(Vec::new);
+        // Values the user sets win: ours only fill in what is missing.
+        for (k, v) in trainer_env(job, rank, attempt, restart) {
+            if !env.iter().any(|e| e.name == k) {
+                env.push(EnvVar {
+                    name: k,
+                    value: Some(v),
+                    value_from: None,
+                });
+            }
+        }
+        let mount_path = job.spec.checkpoint.mount_path.clone();
+        let mounts = trainer.volume_mounts.get_or_insert_with(Vec::new);
+        if !mounts.iter().any(|m| m.mount_path == mount_path) {
+            mounts.push(VolumeMount {
+                name: CHECKPOINT_VOLUME.to_owned(),
+                mount_path,
+                ..VolumeMount::default()
+            });
+        }
+        if job.spec.gpus_per_worker > 0 {
+            let resources = trainer.resources.get_or_insert_with(Default::default);
+            let gpus = Quantity(job.spec.gpus_per_worker.to_string());
+            resources
+                .limits
+                .get_or_insert_with(BTreeMap::new)
+                .insert(job.spec.gpu.resource_name.clone(), gpus.clone());
+            // Extended resources need requests == limits; keep a user request consistent.
+            if let Some(requests) = resources.requests.as_mut()
+                && requests.contains_key(&job.spec.gpu.resource_name)
+            {
+                requests.insert(job.spec.gpu.resource_name.clone(), gpus);
+            }
+        }
+    }
+
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(job.namespace.clone()),
+            labels: Some(labels),
+            annotations: tmeta.annotations,
+            owner_references: Some(vec![job.owner.clone()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OperatorConfig;
+    use crate::fixtures::{job_yaml, node};
+    use crate::placement::place;
+    use crate::validate::validate;
+
+    fn env_of(pod: &Pod) -> BTreeMap<String, String> {
+        pod.spec.as_ref().expect("spec").containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    fn build(yaml: &str, rank: u32, attempt: u32, restart: Option<RestartReason>) -> Pod {
+        let job = validate(&job_yaml(yaml)).expect("valid");
+        let n = node("n-1").gpus(8).product("NVIDIA-A100-SXM4-80GB").build();
+        let placement = place(&job, &OperatorConfig::default(), &[&n], 0);
+        desired_pod(&job, rank, attempt, restart, &placement)
+    }
+
+    #[test]
+    fn pod_has_deterministic_name_labels_hostname_and_owner() {
+        let pod = build("workers: 2\ngpusPerWorker: 4\n", 1, 3, None);
+        assert_eq!(pod.metadata.name.as_deref(), Some("train-worker-1"));
+        let labels = pod.metadata.labels.clone().expect("labels");
+        assert_eq!(labels["trainyard.dev/job"], "train");
+        assert_eq!(labels["trainyard.dev/rank"], "1");
+        assert_eq!(labels["trainyard.dev/attempt"], "3");
+        assert_eq!(labels["app"], "from-template");
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.hostname.as_deref(), Some("train-worker-1"));
+        assert_eq!(spec.subdomain.as_deref(), Some("train"));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.termination_grace_period_seconds, Some(60));
+        let owner = &pod.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("TrainingJob", Some(true))
+        );
+    }
+
+    #[test]
+    fn first_attempt_env_has_the_contract_without_resume_from() {
+        let env = env_of(&build("workers: 2\ngpusPerWorker: 4\n", 1, 0, None));
+        let expect = [
+            ("CHECKPOINT_DIR", "/mnt/checkpoints"),
+            ("CHECKPOINT_PATH", "/mnt/checkpoints/latest.pt"),
+            ("TRAINYARD_JOB", "train"),
+            ("TRAINYARD_ATTEMPT", "0"),
+            ("TRAINYARD_RESTART_REASON", "none"),
+            ("MASTER_ADDR", "train-worker-0.train"),
+            ("MASTER_PORT", "29500"),
+            ("NNODES", "2"),
+            ("NODE_RANK", "1"),
+            ("NPROC_PER_NODE", "4"),
+            ("WORLD_SIZE", "8"),
+            ("PET_NNODES", "2"),
+            ("PET_NODE_RANK", "1"),
+            ("PET_NPROC_PER_NODE", "4"),
+            ("PET_MASTER_ADDR", "train-worker-0.train"),
+            ("PET_MASTER_PORT", "29500"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        ];
+        for (k, v) in expect {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        assert!(!env.contains_key("RESUME_FROM"));
+    }
+
+    #[test]
+    fn later_attempt_sets_resume_from_and_reason() {
+        let env = env_of(&build(
+            "workers: 2\ngpusPerWorker: 4\n",
+            0,
+            2,
+            Some(RestartReason::Preemption),
+        ));
+        assert_eq!(env["RESUME_FROM"], "/mnt/checkpoints/latest.pt");
+        assert_eq!(env["TRAINYARD_ATTEMPT"], "2");
+        assert_eq!(env["TRAINYARD_RESTART_REASON"], "Preemption");
+    }
+
+    #[test]
+    fn cpu_job_counts_one_process_per_node() {
+        let env = env_of(&build("workers: 3\ngpusPerWorker: 0\n", 0, 0, None));
+        assert_eq!(env["NPROC_PER_NODE"], "1");
+        assert_eq!(env["WORLD_SIZE"], "3");
+    }
+
+    #[test]
+    fn user_set_env_values_win() {
+        let pod = build(
+            "workers: 2\ngpusPerWorker: 1\ntemplate:\n  spec:\n    containers:\n    - name: trainer\n      image: busybox\n      env: [{name: MASTER_PORT, value: \"1234\"}, {name: TORCH_NCCL_ASYNC_ERROR_HANDLING, value: \"0\"}]\n",
+            0,
+            0,
+            None,
+        );
+        let env = env_of(&pod);
+        assert_eq!(env["MASTER_PORT"], "1234");
+        assert_eq!(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
+        assert_eq!(env["PET_MASTER_PORT"], "29500");
+        let names: Vec<_> = pod.spec.expect("spec").containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.clone())
+            .collect();
+        assert_eq!(
+            names.iter().filter(|n| *n == "MASTER_PORT").count(),
+            1,
+            "no duplicate env names"
+        );
+    }
+
+    #[test]
+    fn trainer_gets_gpu_limit_and_checkpoint_mount() {
+        let pod = build(
+            "workers: 1\ngpusPerWorker: 4\ncheckpoint: {mountPath: /ckpt}\n",
+            0,
+            0,
+            None,
+        );
+        let spec = pod.spec.expect("spec");
+        let c = &spec.containers[0];
+        let limits = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .expect("limits");
+        assert_eq!(limits["nvidia.com/gpu"], Quantity("4".into()));
+        let mount = c
+            .volume_mounts
+            .as_ref()
+            .expect("mounts")
+            .iter()
+            .find(|m| m.name == CHECKPOINT_VOLUME)
+            .expect("mount");
+        assert_eq!(mount.mount_path, "/ckpt");
+        let vol = spec
+            .volumes
+            .expect("volumes")
+            .into_iter()
+            .find(|v| v.name == CHECKPOINT_VOLUME)
+            .expect("volume");
+        assert_eq!(
+            vol.persistent_volume_claim.expect("pvc").claim_name,
+            "train-checkpoints"
+        );
+    }
+
+    #[test]
+    fn sidecar_is_left_alone_and_trainer_is_found_by_name() {
+        let pod = build(
+            "gpusPerWorker: 2\ntemplate:\n  spec:\n    containers:\n    - {name: sidecar, image: busybox}\n    - {name: trainer, image: busybox}\n",
+            0,
+            0,
+            None,
+        );
+        let spec = pod.spec.expect("spec");
+        assert!(spec.containers[0].env.is_none());
+        assert!(spec.containers[0].resources.is_none());
+        assert!(
+            spec.containers[1]
+                .env
+                .as_ref()
+                .is_some_and(|e| e.iter().any(|v| v.name == "NODE_RANK"))
+        );
+    }
+
+    #[test]
+    fn same_inputs_build_the_same_pod() {
+        let a = build(
+            "workers: 2\ngpusPerWorker: 4\n",
+            1,
+            1,
+            Some(RestartReason::Failure),
+        );
+        let b = build(
+            "workers: 2\ngpusPerWorker: 4\n",
+            1,
+            1,
+            Some(RestartReason::Failure),
+        );
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn user_required_affinity_is_anded_with_ours() {
+        let pod = build(
+            "gpusPerWorker: 1\ngpu: {products: [NVIDIA-A100-SXM4-80GB]}\ntemplate:\n  spec:\n    affinity:\n      nodeAffinity:\n        requiredDuringSchedulingIgnoredDuringExecution:\n          nodeSelectorTerms:\n          - matchExpressions: [{key: zone, operator: In, values: [a]}]\n          - matchExpressions: [{key: zone, operator: In, values: [b]}]\n    containers: [{name: trainer, image: busybox}]\n",
+            0,
+            0,
+            None,
+        );
+        let terms = pod
+            .spec
+            .expect("spec")
+            .affinity
+            .expect("affinity")
+            .node_affinity
+            .expect("na")
+            .required_during_scheduling_ignored_during_execution
+            .expect("required")
+            .node_selector_terms;
+        assert_eq!(terms.len(), 2);
+        for t in terms {
+            let keys: Vec<_> = t
+                .match_expressions
+                .expect("exprs")
+                .into_iter()
+                .map(|e| e.key)
+                .collect();
+            assert!(
+                keys.contains(&"zone".to_owned())
+                    && keys.contains(&"nvidia.com/gpu.product".to_owned()),
+                "{keys:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,681 @@
+//! The preemption/failure classifier: a pure function of one worker pod and its node.
+//!
+//! Preemption must never count as a failure (it is answered by a free restart from the
+//! checkpoint), and a real failure must never hide as a preemption (it spends the failure
+//! budget and backs off). Every rule below is one row of the table in the tests.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
+
+use crate::nodes::{self, Readiness};
+
+/// `status.reason` values with which the kubelet or control plane ends a pod it took away:
+/// 1.20-era (Evicted, NodeLost, Shutdown, Terminated) and newer (NodeShutdown, Preempting).
+pub const PREEMPTION_REASONS: &[&str] = &[
+    "Evicted",
+    "Shutdown",
+    "NodeShutdown",
+    "Terminated",
+    "NodeLost",
+    "Preempting",
+];
+
+/// Waiting reasons that mean "making progress", not "stuck".
+const PROGRESS_WAITING_REASONS: &[&str] = &["ContainerCreating", "PodInitializing"];
+
+/// Timeouts the classifier applies.
+#[derive(Clone, Debug)]
+pub struct ClassifierConfig {
+    /// Taint keys announcing a node's termination.
+    pub termination_taints: Vec<String>,
+    /// A node NotReady for longer than this has lost its workers.
+    pub node_not_ready_timeout: SignedDuration,
+    /// A container waiting for longer than this has failed.
+    pub container_waiting_timeout: SignedDuration,
+}
+
+impl ClassifierConfig {
+    /// Takes the classifier's part of the operator config.
+    pub fn from_config(config: &crate::config::OperatorConfig) -> Self {
+        Self {
+            termination_taints: config.termination_taints.clone(),
+            node_not_ready_timeout: seconds(config.node_not_ready_timeout_seconds),
+            container_waiting_timeout: seconds(config.container_waiting_timeout_seconds),
+        }
+    }
+}
+
+fn seconds(s: u64) -> SignedDuration {
+    SignedDuration::from_secs(i64::try_from(s).unwrap_or(i64::MAX))
+}
+
+/// What became of one worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Not running yet; `reason` says what it waits for (Unschedulable, ImagePullBackOff, ...).
+    Pending {
+        /// Why it is not running, when known.
+        reason: Option<String>,
+    },
+    /// Running; `reason` surfaces a waiting container, if any.
+    Running {
+        /// A non-running container's waiting reason, when there is one.
+        reason: Option<String>,
+    },
+    /// The trainer exited 0.
+    Succeeded,
+    /// Taken away by the platform: restart for free.
+    Preempted(String),
+    /// Ended badly on its own: restart against the failure budget.
+    Failed(String),
+}
+
+impl WorkerState {
+    /// The phase string shown in `status.workers[].phase`.
+    pub fn phase(&self) -> &'static str {
+        match self {
+            WorkerState::Pending { .. } => "Pending",
+            WorkerState::Running { .. } => "Running",
+            WorkerState::Succeeded => "Succeeded",
+            WorkerState::Preempted(_) => "Preempted",
+            WorkerState::Failed(_) => "Failed",
+        }
+    }
+
+    /// The reason or detail shown in `status.workers[].reason`.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            WorkerState::Pending { reason } | WorkerState::Running { reason } => reason.as_deref(),
+            WorkerState::Succeeded => None,
+            WorkerState::Preempted(d) | WorkerState::Failed(d) => Some(d),
+        }
+    }
+}
+
+/// The verdict plus the moment a timer could change it (a NotReady or waiting timeout).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Classification {
+    /// The verdict now.
+    pub state: WorkerState,
+    /// Classify again at this time, even if nothing else changes.
+    pub recheck_at: Option<Timestamp>,
+}
+
+/// The node a pod is bound to, as the cache sees it.
+#[derive(Clone, Copy, Debug)]
+pub enum NodeView<'a> {
+    /// The pod has no `spec.nodeName` yet.
+    Unscheduled,
+    /// The pod is bound to a node that no longer exists.
+    Missing(&'a str),
+    /// The pod's node.
+    Present(&'a Node),
+}
+
+/// The trainer container's name: `trainer` if present, else the first container.
+pub fn trainer_container(pod: &Pod) -> Option<&str> {
+    let containers = &pod.spec.as_ref()?.containers;
+    containers
+        .iter()
+        .find(|c| c.name == "trainer")
+        .or_else(|| containers.first())
+        .map(|c| c.name.as_str())
+}
+
+/// Classifies one worker pod.
+pub fn classify(
+    pod: &Pod,
+    node: NodeView<'_>,
+    config: &ClassifierConfig,
+    now: Timestamp,
+) -> Classification {
+    let decided = |state| Classification {
+        state,
+        recheck_at: None,
+    };
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    let on_node = match node {
+        NodeView::Unscheduled => String::new(),
+        NodeView::Missing(n) => format!(" on node {n}"),
+        NodeView::Present(n) => format!(" on node {}", nodes::name(n)),
+    };
+
+    // 1. The control plane announced the disruption; any reason counts.
+    if let Some(c) = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+        cs.iter()
+            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+    }) {
+        let reason = c.reason.as_deref().unwrap_or("Unknown");
+        return decided(WorkerState::Preempted(format!(
+            "DisruptionTarget/{reason}{on_node}"
+        )));
+    }
+
+    let trainer = trainer_container(pod).and_then(|name| {
+        status
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == name))
+    });
+    let trainer_exit = trainer.and_then(terminated_exit);
+
+    // 2. Success is the trainer's exit code 0 (sidecars may keep the pod running).
+    if phase == "Succeeded" || trainer_exit.as_ref().is_some_and(|(code, _)| *code == 0) {
+        return decided(WorkerState::Succeeded);
+    }
+
+    // 3. The pod was ended by the kubelet or control plane with a preemption reason.
+    if let Some(reason) = status
+        .and_then(|s| s.reason.as_deref())
+        .filter(|r| PREEMPTION_REASONS.contains(r))
+    {
+        let message = status
+            .and_then(|s| s.message.as_deref())
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        return decided(WorkerState::Preempted(format!(
+            "{reason}{on_node}{message}"
+        )));
+    }
+
+    let ended = phase == "Failed" || trainer_exit.is_some();
+    let mut recheck_at = None;
+    match node {
+        // 4. The node object is gone: so is the machine.
+        NodeView::Missing(n) => {
+            return decided(WorkerState::Preempted(format!("node {n} is gone")));
+        }
+        NodeView::Present(n) => {
+            // 5. NotReady past the timeout: the node and its workers are lost.
+            if let Readiness::NotReady { since: Some(since) } = nodes::readiness(n) {
+                let deadline = since
+                    .saturating_add(config.node_not_ready_timeout)
+                    .unwrap_or(since);
+                if now >= deadline {
+                    return decided(WorkerState::Preempted(format!(
+                        "node {} NotReady for {}s",
+                        nodes::name(n),
+                        now.duration_since(since).as_secs()
+                    )));
+                }
+                recheck_at = Some(deadline);
+            }
+            // 6. Ending on a node that is being taken away is part of the preemption.
+            if ended && let Some(taint) = nodes::termination_taint(n, &config.termination_taints) {
+                return decided(WorkerState::Preempted(format!(
+                    "ended on node {} with taint {taint}",
+                    nodes::name(n)
+                )));
+            }
+        }
+        NodeView::Unscheduled => {}
+    }
+
+    // 7. Someone else is deleting the pod (drain, taint manager, kubectl): it will disappear.
+    if pod.metadata.deletion_timestamp.is_some() && !ended {
+        return decided(WorkerState::Preempted(format!(
+            "pod deleted by someone other than trainyard{on_node}"
+        )));
+    }
+
+    // 8. Ended badly on its own.
+    if let Some((code, reason)) = trainer_exit {
+        return decided(WorkerState::Failed(format!(
+            "trainer exited with code {code} ({reason}){on_node}"
+        )));
+    }
+    if phase == "Failed" {
+        let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("Failed");
+        let message = status
+            .and_then(|s| s.message.as_deref())
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        return decided(WorkerState::Failed(format!("{reason}{on_node}{message}")));
+    }
+
+    // 9. A container stuck waiting (ImagePullBackOff, CreateContainerConfigError, ...).
+    let started = status
+        .and_then(|s| s.start_time.as_ref())
+        .or(pod.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0);
+    let mut waiting_reason = None;
+    let all_statuses = status.into_iter().flat_map(|s| {
+        s.init_container_statuses
+            .iter()
+            .flatten()
+            .chain(s.container_statuses.iter().flatten())
+    });
+    for cs in all_statuses {
+        let Some(waiting) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+            continue;
+        };
+        let Some(reason) = waiting.reason.as_deref() else {
+            continue;
+        };
+        if PROGRESS_WAITING_REASONS.contains(&reason) {
+            waiting_reason.get_or_insert_with(|| reason.to_owned());
+            continue;
+        }
+        if let Some(started) = started {
+            let deadline = started
+                .saturating_add(config.container_waiting_timeout)
+                .unwrap_or(started);
+            if now >= deadline {
+                let message = waiting
+                    .message
+                    .as_deref()
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default();
+                return decided(WorkerState::Failed(format!(
+                    "container {} waiting ({reason}) for more than {}s{on_node}{message}",
+                    cs.name,
+                    config.container_waiting_timeout.as_secs()
+                )));
+            }
+            recheck_at = min_time(recheck_at, Some(deadline));
+        }
+        waiting_reason = Some(reason.to_owned());
+    }
+
+    // 10. Running, or 11. still pending (surface the scheduler's verdict).
+    let state = if phase == "Running" {
+        WorkerState::Running {
+            reason: waiting_reason,
+        }
+    } else {
+        let unschedulable = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter().find(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
+            .map(|c| {
+                format!(
+                    "Unschedulable: {}",
+                    c.message.as_deref().unwrap_or("no node fits")
+                )
+            });
+        WorkerState::Pending {
+            reason: waiting_reason.or(unschedulable),
+        }
+    };
+    Classification { state, recheck_at }
+}
+
+/// The exit code and reason of a terminated container.
+fn terminated_exit(cs: &ContainerStatus) -> Option<(i32, String)> {
+    let t = cs.state.as_ref()?.terminated.as_ref()?;
+    Some((
+        t.exit_code,
+        t.reason.clone().unwrap_or_else(|| "Error".to_owned()),
+    ))
+}
+
+/// The earlier of two optional times.
+pub fn min_time(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{node, pod_json, ts};
+    use serde_json::json;
+
+    fn config() -> ClassifierConfig {
+        ClassifierConfig::from_config(&crate::config::OperatorConfig::default())
+    }
+
+    struct Row {
+        name: &'static str,
+        status: serde_json::Value,
+        deleting: bool,
+        node: Option<Node>,
+        node_missing: bool,
+        expect: &'static str,
+        detail_contains: &'static str,
+    }
+
+    fn row(
+        name: &'static str,
+        status: serde_json::Value,
+        expect: &'static str,
+        detail: &'static str,
+    ) -> Row {
+        Row {
+            name,
+            status,
+            deleting: false,
+            node: Some(node("n-1").build()),
+            node_missing: false,
+            expect,
+            detail_contains: detail,
+        }
+    }
+
+    fn running() -> serde_json::Value {
+        json!({"phase": "Running", "startTime": "2026-01-01T00:00:00Z",
+               "containerStatuses": [{"name": "trainer", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                                      "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]})
+    }
+
+    fn terminated(phase: &str, code: i32, reason: &str) -> serde_json::Value {
+        json!({"phase": phase, "startTime": "2026-01-01T00:00:00Z",
+               "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+                                      "state": {"terminated": {"exitCode": code, "reason": reason}}}]})
+    }
+
+    fn disruption(reason: &str) -> serde_json::Value {
+        let mut s = running();
+        s["conditions"] = json!([{"type": "DisruptionTarget", "status": "True", "reason": reason,
+                                  "message": "going away"}]);
+        s
+    }
+
+    fn failed_with_reason(reason: &str) -> serde_json::Value {
+        json!({"phase": "Failed", "reason": reason, "message": "The node was low on resource"})
+    }
+
+    fn waiting(reason: &str) -> serde_json::Value {
+        json!({"phase": "Pending", "startTime": "2026-01-01T00:00:00Z",
+               "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+                                      "state": {"waiting": {"reason": reason, "message": "back-off pulling image"}}}]})
+    }
+
+    /// "now" in the table: 10 minutes after the pods started.
+    fn now() -> Timestamp {
+        ts("2026-01-01T00:10:00Z")
+    }
+
+    fn table() -> Vec<Row> {
+        let mut rows = vec![
+            row("running pod on ready node runs", running(), "Running", ""),
+            row(
+                "pending unscheduled pod is pending",
+                json!({"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available"}]}),
+                "Pending",
+                "0/3 nodes are available",
+            ),
+            row(
+                "trainer exit 0 succeeds",
+                terminated("Succeeded", 0, "Completed"),
+                "Succeeded",
+                "",
+            ),
+            row(
+                "trainer exit 0 with sidecar still running succeeds",
+                {
+                    let mut s = terminated("Running", 0, "Completed");
+                    s["containerStatuses"]
+                        .as_array_mut()
+                        .expect("array")
+                        .push(json!({"name": "sidecar", "ready": true,
+                    "restartCount": 0, "image": "x", "imageID": "", "state": {"running": {}}}));
+                    s
+                },
+                "Succeeded",
+                "",
+            ),
+            row(
+                "non-zero exit fails",
+                terminated("Failed", 1, "Error"),
+                "Failed",
+                "code 1",
+            ),
+            row(
+                "OOMKilled fails",
+                terminated("Failed", 137, "OOMKilled"),
+                "Failed",
+                "OOMKilled",
+            ),
+            row(
+                "failed pod without container status fails",
+                json!({"phase": "Failed", "reason": "UnexpectedAdmissionError"}),
+                "Failed",
+                "UnexpectedAdmissionError",
+            ),
+            row(
+                "image pull backoff past timeout fails",
+                waiting("ImagePullBackOff"),
+                "Failed",
+                "ImagePullBackOff",
+            ),
+            row(
+                "config error past timeout fails",
+                waiting("CreateContainerConfigError"),
+                "Failed",
+                "CreateContainerConfigError",
+            ),
+            row(
+                "container creating is progress, not failure",
+                waiting("ContainerCreating"),
+                "Pending",
+                "ContainerCreating",
+            ),
+        ];
+        for reason in [
+            "TerminationByKubelet",
+            "PreemptionByScheduler",
+            "PreemptionByKubeScheduler",
+            "DeletionByTaintManager",
+            "EvictionByEvictionAPI",
+            "DeletionByPodGC",
+            "SomeFutureReason",
+        ] {
+            rows.push(row(
+                "DisruptionTarget with any reason is preemption",
+                disruption(reason),
+                "Preempted",
+                reason,
+            ));
+        }
+        rows.push(row("DisruptionTarget wins over a non-zero exit", {
+            let mut s = terminated("Failed", 143, "Error");
+            s["conditions"] = json!([{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]);
+            s
+        }, "Preempted", "DisruptionTarget/TerminationByKubelet on node n-1"));
+        rows.push(row("DisruptionTarget wins over exit 0 after SIGTERM", {
+            let mut s = terminated("Succeeded", 0, "Completed");
+            s["conditions"] = json!([{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]);
+            s
+        }, "Preempted", "EvictionByEvictionAPI"));
+        rows.push(row(
+            "DisruptionTarget=False is ignored",
+            {
+                let mut s = running();
+                s["conditions"] =
+                    json!([{"type": "DisruptionTarget", "status": "False", "reason": "X"}]);
+                s
+            },
+            "Running",
+            "",
+        ));
+        for reason in PREEMPTION_REASONS {
+            rows.push(row(
+                "failed with a 1.20-era preemption status.reason is preemption",
+                failed_with_reason(reason),
+                "Preempted",
+                reason,
+            ));
+        }
+        rows.push(row(
+            "NodeLost with phase Unknown is preemption",
+            json!({"phase": "Unknown", "reason": "NodeLost"}),
+            "Preempted",
+            "NodeLost",
+        ));
+        rows.push(Row {
+            node: None,
+            node_missing: true,
+            ..row(
+                "pod on a deleted node is preempted",
+                running(),
+                "Preempted",
+                "node n-1 is gone",
+            )
+        });
+        rows.push(Row {
+            node: Some(node("n-1").not_ready_since("2026-01-01T00:08:00Z").build()),
+            ..row(
+                "node NotReady past the timeout preempts",
+                running(),
+                "Preempted",
+                "NotReady for 120s",
+            )
+        });
+        rows.push(Row {
+            node: Some(node("n-1").not_ready_since("2026-01-01T00:09:30Z").build()),
+            ..row(
+                "node NotReady within the timeout keeps running",
+                running(),
+                "Running",
+                "",
+            )
+        });
+        for taint in config().termination_taints {
+            let taint: &'static str = Box::leak(taint.into_boxed_str());
+            rows.push(Row {
+                node: Some(node("n-1").taint(taint).build()),
+                ..row(
+                    "pod ending on a node with a termination taint is preempted",
+                    terminated("Failed", 143, "Error"),
+                    "Preempted",
+                    taint,
+                )
+            });
+        }
+        rows.push(Row {
+            node: Some(node("n-1").taint("karpenter.sh/disrupted").build()),
+            ..row(
+                "running pod on a tainted node keeps running until it ends",
+                running(),
+                "Running",
+                "",
+            )
+        });
+        rows.push(Row {
+            node: Some(node("n-1").taint("some.other/taint").build()),
+            ..row(
+                "ending on a node with an unrelated taint is a failure",
+                terminated("Failed", 1, "Error"),
+                "Failed",
+                "code 1",
+            )
+        });
+        rows.push(Row {
+            deleting: true,
+            ..row(
+                "running pod deleted by someone else is preempted",
+                running(),
+                "Preempted",
+                "someone other",
+            )
+        });
+        rows.push(Row {
+            deleting: true,
+            ..row(
+                "exit 0 while being deleted still succeeds",
+                terminated("Succeeded", 0, "Completed"),
+                "Succeeded",
+                "",
+            )
+        });
+        rows
+    }
+
+    #[test]
+    fn classifier_table_covers_every_rule() {
+        let cfg = config();
+        for r in table() {
+            let mut p = pod_json("job-worker-0", &r.status);
+            if r.deleting {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+            }
+            let view = match (&r.node, r.node_missing) {
+                (_, true) => NodeView::Missing("n-1"),
+                (Some(n), false) => NodeView::Present(n),
+                (None, false) => NodeView::Unscheduled,
+            };
+            let got = classify(&p, view, &cfg, now());
+            assert_eq!(
+                got.state.phase(),
+                r.expect,
+                "{}: got {:?}",
+                r.name,
+                got.state
+            );
+            if !r.detail_contains.is_empty() {
+                let reason = got.state.reason().unwrap_or_default();
+                assert!(
+                    reason.contains(r.detail_contains),
+                    "{}: {reason:?} lacks {:?}",
+                    r.name,
+                    r.detail_contains
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn not_ready_node_asks_for_a_recheck_when_the_timeout_ends() {
+        let n = node("n-1").not_ready_since("2026-01-01T00:09:30Z").build();
+        let got = classify(
+            &pod_json("p", &running()),
+            NodeView::Present(&n),
+            &config(),
+            now(),
+        );
+        assert_eq!(got.recheck_at, Some(ts("2026-01-01T00:10:30Z")));
+    }
+
+    #[test]
+    fn waiting_container_asks_for_a_recheck_when_the_timeout_ends() {
+        let early = ts("2026-01-01T00:01:00Z");
+        let got = classify(
+            &pod_json("p", &waiting("ImagePullBackOff")),
+            NodeView::Present(&node("n-1").build()),
+            &config(),
+            early,
+        );
+        assert_eq!(
+            got.state,
+            WorkerState::Pending {
+                reason: Some("ImagePullBackOff".into())
+            }
+        );
+        assert_eq!(got.recheck_at, Some(ts("2026-01-01T00:05:00Z")));
+    }
+
+    #[test]
+    fn detail_names_reason_and_node_like_the_issue_example() {
+        let n = node("n-3").build();
+        let got = classify(
+            &pod_json("p", &disruption("TerminationByKubelet")),
+            NodeView::Present(&n),
+            &config(),
+            now(),
+        );
+        assert_eq!(
+            got.state,
+            WorkerState::Preempted("DisruptionTarget/TerminationByKubelet on node n-3".into())
+        );
+    }
+
+    #[test]
+    fn trainer_is_the_container_named_trainer_else_the_first() {
+        let mut p = pod_json("p", &running());
+        assert_eq!(trainer_container(&p), Some("trainer"));
+        if let Some(spec) = p.spec.as_mut() {
+            spec.containers[0].name = "main".into();
+        }
+        assert_eq!(trainer_container(&p), Some("main"));
+    }
+}

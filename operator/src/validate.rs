@@ -1,0 +1,289 @@
+//! The first pipeline step: checks what the schema cannot and resolves defaults.
+//!
+//! A [`ValidJob`] is a TrainingJob the builders can trust: it has a name, namespace and uid,
+//! its template has a trainer container, and its version constraints are parsed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+
+use crate::crd::{AccessMode, TrainingJob, TrainingJobSpec};
+use crate::placement::Version;
+
+/// Why a TrainingJob cannot run as written (shown in its InvalidSpec condition).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidSpec {
+    /// The offending field, e.g. `spec.template.spec.containers`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl InvalidSpec {
+    fn new(field: &str, message: impl Into<String>) -> Self {
+        Self {
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A validated TrainingJob.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidJob {
+    /// metadata.name.
+    pub name: String,
+    /// metadata.namespace.
+    pub namespace: String,
+    /// metadata.uid.
+    pub uid: String,
+    /// metadata.generation.
+    pub generation: Option<i64>,
+    /// The spec, with defaults applied by serde.
+    pub spec: TrainingJobSpec,
+    /// Index of the trainer in `spec.template.spec.containers`.
+    pub trainer_index: usize,
+    /// Parsed `spec.gpu.minCudaVersion`.
+    pub min_cuda: Option<Version>,
+    /// Parsed `spec.gpu.minComputeCapability`.
+    pub min_compute: Option<Version>,
+    /// The PVC mounted at the checkpoint path.
+    pub claim_name: String,
+    /// Whether the operator creates that PVC (no existingClaim).
+    pub creates_claim: bool,
+    /// Access modes of the created PVC.
+    pub access_modes: Vec<String>,
+    /// Controller owner reference to the TrainingJob.
+    pub owner: OwnerReference,
+}
+
+impl ValidJob {
+    /// Name of the pod of one rank: `<job>-worker-<rank>`.
+    pub fn pod_name(&self, rank: u32) -> String {
+        pod_name(&self.name, rank)
+    }
+}
+
+/// Name of the pod of one rank: `<job>-worker-<rank>`.
+pub fn pod_name(job: &str, rank: u32) -> String {
+    format!("{job}-worker-{rank}")
+}
+
+fn is_dns1035_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1] != b'-'
+}
+
+/// Checks a TrainingJob and resolves what the builders need.
+pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
+    let meta = &job.metadata;
+    let name = meta
+        .name
+        .clone()
+        .ok_or_else(|| InvalidSpec::new("metadata.name", "must be set"))?;
+    let namespace = meta
+        .namespace
+        .clone()
+        .ok_or_else(|| InvalidSpec::new("metadata.namespace", "must be set"))?;
+    let uid = meta
+        .uid
+        .clone()
+        .ok_or_else(|| InvalidSpec::new("metadata.uid", "must be set"))?;
+    let spec = job.spec.clone();
+
+    // The job name is the Service name and the pods' subdomain, and `<job>-worker-<rank>` their hostname.
+    if !is_dns1035_label(&name) {
+        return Err(InvalidSpec::new(
+            "metadata.name",
+            format!(
+                "{name:?} must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter): it names the rendezvous Service"
+            ),
+        ));
+    }
+    if spec.workers == 0 {
+        return Err(InvalidSpec::new("spec.workers", "must be at least 1"));
+    }
+    let longest = pod_name(&name, spec.workers - 1);
+    if longest.len() > 63 {
+        return Err(InvalidSpec::new(
+            "metadata.name",
+            format!(
+                "pod hostname {longest:?} would be longer than 63 characters; shorten the job name"
+            ),
+        ));
+    }
+    let containers = spec
+        .template
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    if containers.is_empty() {
+        return Err(InvalidSpec::new(
+            "spec.template.spec.containers",
+            "the template has no containers; add one (named \"trainer\", or the first is the trainer)",
+        ));
+    }
+    let trainer_index = containers
+        .iter()
+        .position(|c| c.name == "trainer")
+        .unwrap_or(0);
+    if spec.gpus_per_worker > 0 && spec.gpu.resource_name.trim().is_empty() {
+        return Err(InvalidSpec::new(
+            "spec.gpu.resourceName",
+            "must not be empty when gpusPerWorker > 0",
+        ));
+    }
+    let parse = |field: &str, v: &Option<String>| -> Result<Option<Version>, InvalidSpec> {
+        v.as_deref()
+            .map(|s| {
+                Version::parse(s).ok_or_else(|| {
+                    InvalidSpec::new(field, format!("{s:?} is not a \"major.minor\" version"))
+                })
+            })
+            .transpose()
+    };
+    let min_cuda = parse("spec.gpu.minCudaVersion", &spec.gpu.min_cuda_version)?;
+    let min_compute = parse(
+        "spec.gpu.minComputeCapability",
+        &spec.gpu.min_compute_capability,
+    )?;
+    if !spec.checkpoint.mount_path.starts_with('/') {
+        return Err(InvalidSpec::new(
+            "spec.checkpoint.mountPath",
+            "must be an absolute path",
+        ));
+    }
+    if let Some(d) = spec.active_deadline_seconds
+        && d <= 0
+    {
+        return Err(InvalidSpec::new(
+            "spec.activeDeadlineSeconds",
+            "must be positive",
+        ));
+    }
+
+    let existing = spec.checkpoint.existing_claim.trim();
+    let (claim_name, creates_claim) = if existing.is_empty() {
+        (format!("{name}-checkpoints"), true)
+    } else {
+        (existing.to_owned(), false)
+    };
+    let access_modes = if spec.checkpoint.access_modes.is_empty() {
+        vec![if spec.workers == 1 {
+            AccessMode::ReadWriteOnce
+        } else {
+            AccessMode::ReadWriteMany
+        }]
+    } else {
+        spec.checkpoint.access_modes.clone()
+    }
+    .into_iter()
+    .map(|m| m.as_str().to_owned())
+    .collect();
+
+    let owner = job.controller_owner_ref(&()).ok_or_else(|| {
+        InvalidSpec::new("metadata", "name and uid are needed for owner references")
+    })?;
+
+    Ok(ValidJob {
+        name,
+        namespace,
+        uid,
+        generation: meta.generation,
+        spec,
+        trainer_index,
+        min_cuda,
+        min_compute,
+        claim_name,
+        creates_claim,
+        access_modes,
+        owner,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::job_yaml;
+
+    #[test]
+    fn minimal_job_is_valid_with_defaults() {
+        let job = validate(&job_yaml("workers: 2\ngpusPerWorker: 4\n")).expect("valid");
+        assert_eq!(job.claim_name, "train-checkpoints");
+        assert!(job.creates_claim);
+        assert_eq!(job.access_modes, vec!["ReadWriteMany"]);
+        assert_eq!(job.spec.checkpoint.mount_path, "/mnt/checkpoints");
+        assert_eq!(job.spec.restart_policy.max_failures, 3);
+        assert_eq!(job.owner.controller, Some(true));
+    }
+
+    #[test]
+    fn single_worker_defaults_to_read_write_once() {
+        let job = validate(&job_yaml("workers: 1\n")).expect("valid");
+        assert_eq!(job.access_modes, vec!["ReadWriteOnce"]);
+    }
+
+    #[test]
+    fn template_without_containers_is_invalid() {
+        let mut tj = job_yaml("workers: 1\n");
+        if let Some(s) = tj.spec.template.spec.as_mut() {
+            s.containers.clear();
+        }
+        let err = validate(&tj).expect_err("invalid");
+        assert_eq!(err.field, "spec.template.spec.containers");
+    }
+
+    #[test]
+    fn template_without_pod_spec_is_invalid() {
+        let mut tj = job_yaml("workers: 1\n");
+        tj.spec.template.spec = None;
+        assert_eq!(
+            validate(&tj).expect_err("invalid").field,
+            "spec.template.spec.containers"
+        );
+    }
+
+    #[test]
+    fn trainer_is_found_by_name_then_first() {
+        let mut tj = job_yaml("workers: 1\n");
+        if let Some(s) = tj.spec.template.spec.as_mut() {
+            let mut sidecar = s.containers[0].clone();
+            sidecar.name = "sidecar".into();
+            s.containers.insert(0, sidecar);
+        }
+        assert_eq!(validate(&tj).expect("valid").trainer_index, 1);
+    }
+
+    #[test]
+    fn existing_claim_is_mounted_instead_of_creating_one() {
+        let job = validate(&job_yaml("checkpoint: {existingClaim: shared}\n")).expect("valid");
+        assert_eq!(job.claim_name, "shared");
+        assert!(!job.creates_claim);
+    }
+
+    #[test]
+    fn bad_version_is_invalid_naming_the_field() {
+        let err = validate(&job_yaml("gpu: {minCudaVersion: \"twelve\"}\n")).expect_err("invalid");
+        assert_eq!(err.field, "spec.gpu.minCudaVersion");
+    }
+
+    #[test]
+    fn name_that_makes_a_too_long_hostname_is_invalid() {
+        let mut tj = job_yaml("workers: 10\n");
+        tj.metadata.name = Some("a".repeat(55));
+        assert_eq!(validate(&tj).expect_err("invalid").field, "metadata.name");
+    }
+
+    #[test]
+    fn name_that_is_not_a_service_name_is_invalid() {
+        let mut tj = job_yaml("workers: 1\n");
+        tj.metadata.name = Some("1train".into());
+        assert_eq!(validate(&tj).expect_err("invalid").field, "metadata.name");
+    }
+}
