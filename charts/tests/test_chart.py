@@ -592,6 +592,15 @@ def test_names_fit_kubernetes_limits_for_long_release_names(chart: Any) -> None:
             assert len(str(value)) <= 63
 
 
+@pytest.mark.parametrize("disabled, kept", [("operator", "device-plugin"), ("devicePlugin", "operator")])
+def test_each_component_can_be_disabled_alone(chart: Any, disabled: str, kept: str) -> None:
+    values = {disabled: {"enabled": False}, "metrics": {"serviceMonitor": {"enabled": True}}}
+    objects = render(chart, values)
+    components = {o["metadata"]["labels"].get("app.kubernetes.io/component") for o in objects}
+    assert components == {kept}
+    assert len(of_kind(objects, "ServiceMonitor")) == 1
+
+
 # --- metrics: ServiceMonitor and Grafana dashboard -------------------------
 
 
