@@ -714,6 +714,8 @@ def test_dashboard_panels_have_unique_ids_and_fit_the_grid(chart: Any) -> None:
 
 # --- values.schema.json -----------------------------------------------------
 
+A_FAKE_GPU = {"uuid": "GPU-1", "name": "NVIDIA T4", "memoryMiB": 15360}
+
 
 @pytest.mark.parametrize(
     "values, offending",
@@ -732,15 +734,15 @@ def test_dashboard_panels_have_unique_ids_and_fit_the_grid(chart: Any) -> None:
         ({"operatr": {"replicas": 1}}, "operatr"),
         # The operator and the plugin reject unknown keys in their files; so does the chart.
         ({"operator": {"config": {"price": []}}}, "price"),
+        ({"devicePlugin": {"fakeGpus": {"config": {"gpus": [{**A_FAKE_GPU, "vram": 1}]}}}}, "vram"),
         (
-            {"devicePlugin": {"fakeGpus": {"config": {"gpus": [{"uuid": "GPU-1", "name": "T4", "memoryMiB": 1, "vram": 1}]}}}},
-            "vram",
-        ),
-        (
-            {"devicePlugin": {"fakeGpus": {"config": {"gpus": [{"uuid": "GPU-1", "name": "T4", "memoryMiB": 1, "throttleReasons": ["hot"]}]}}}},
+            {"devicePlugin": {"fakeGpus": {"config": {"gpus": [{**A_FAKE_GPU, "throttleReasons": ["hot"]}]}}}},
             "/devicePlugin/fakeGpus/config/gpus/0/throttleReasons/0",
         ),
-        ({"devicePlugin": {"tolerations": [{"key": "a", "operator": "Maybe"}]}}, "/devicePlugin/tolerations/0/operator"),
+        (
+            {"devicePlugin": {"tolerations": [{"key": "a", "operator": "Maybe"}]}},
+            "/devicePlugin/tolerations/0/operator",
+        ),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(chart: Any, values: dict[str, Any], offending: str) -> None:
@@ -764,6 +766,7 @@ def test_schema_accepts_the_defaults_and_the_local_cluster_values(chart: Any) ->
             "devicePlugin": {"image": {"tag": "dev", "pullPolicy": "Never"}, "fakeGpus": {"enabled": True}},
         }
     )
+    chart.validate_schema({"devicePlugin": {"fakeGpus": {"enabled": True, "config": {"gpus": [A_FAKE_GPU]}}}})
 
 
 def test_schema_describes_every_default_value(chart: Any) -> None:
