@@ -1,10 +1,31 @@
-//! trainyard device plugin.
+//! trainyard device plugin: advertises every NVIDIA GPU of a node to the
+//! kubelet over the device-plugin API (v1beta1), picks the best-connected
+//! GPUs for multi-GPU containers, tracks health truthfully, stays registered
+//! across kubelet restarts, labels the node with GPU facts and publishes
+//! per-GPU telemetry as Prometheus metrics.
+//!
+//! The binary is a thin wrapper around [`run`] and [`discover`], so tests and
+//! benchmarks can run the whole plugin in-process against a fake GPU file.
+
+#![forbid(unsafe_code)]
 
 /// Generated kubelet device-plugin API (v1beta1).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod api {
-    #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("v1beta1");
 }
 
 pub mod allocator;
 pub mod backend;
+pub mod config;
+pub mod devices;
+pub mod health;
+pub mod kubelet;
+pub mod labels;
+pub mod metrics;
+pub mod monitor;
+pub mod plugin;
+pub mod service;
+
+pub use config::RunConfig;
+pub use plugin::{DiscoverReport, RunError, discover, run};

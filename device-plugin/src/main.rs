@@ -1,1 +1,82 @@
-fn main() {}
+//! `trainyard-device-plugin`: see the library for what it does.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use trainyard_device_plugin::config::{Cli, Command, LogFormat, RunConfig};
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn wait_for_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+fn real_main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    // One thread is plenty for a handful of RPCs per pod start and keeps the
+    // resident set small; NVML calls go to a small blocking pool.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(4)
+        .thread_stack_size(512 * 1024)
+        .build()
+        .context("cannot start the async runtime")?;
+    match cli.command {
+        Command::Run(args) => {
+            let config = RunConfig::try_from(args)?;
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                let signals = {
+                    let shutdown = shutdown.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = wait_for_signal().await {
+                            tracing::error!(error = %e, "cannot install signal handlers");
+                            return;
+                        }
+                        tracing::info!("shutting down");
+                        shutdown.cancel();
+                    })
+                };
+                let result = trainyard_device_plugin::run(config, shutdown).await;
+                signals.abort();
+                result
+            })?;
+        }
+        Command::Discover(args) => {
+            let choice = args.backend.choice()?;
+            let report = trainyard_device_plugin::discover(&choice)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -131,6 +131,7 @@ pub struct GpuInfo {
     /// Product name as NVML reports it.
     pub name: String,
     /// Total framebuffer memory in MiB.
+    #[serde(rename = "memoryMiB")]
     pub memory_mib: u64,
     /// PCI bus id in sysfs form, e.g. `0000:07:00.0`.
     pub pci_bus_id: Option<String>,

@@ -1,0 +1,451 @@
+//! Command line and the validated configuration it turns into.
+//!
+//! Every flag has an environment fallback so a DaemonSet can set either.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::health::HealthPolicy;
+
+/// Invalid combinations or values of flags.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `--backend fake` without a file.
+    #[error("--backend fake needs --fake-gpus FILE")]
+    FakeWithoutFile,
+    /// `--backend nvml` together with `--fake-gpus`.
+    #[error("--fake-gpus implies --backend fake; it conflicts with --backend nvml")]
+    FakeFileWithNvml,
+    /// `--device-list-strategy` has an unknown entry.
+    #[error("--device-list-strategy: unknown strategy {0:?} (expected envvar, cdi or envvar,cdi)")]
+    UnknownStrategy(String),
+    /// `--resource-name` is not `<domain>/<name>`.
+    #[error("--resource-name {0:?} must look like <vendor-domain>/<name>, e.g. nvidia.com/gpu")]
+    InvalidResourceName(String),
+    /// `--metrics-interval` could not be parsed.
+    #[error("--metrics-interval {0:?}: expected a duration such as 10s, 500ms or 1m")]
+    InvalidInterval(String),
+    /// `--ignored-xids` has a non-number.
+    #[error("--ignored-xids: {0:?} is not an XID number")]
+    InvalidXid(String),
+}
+
+/// Log output encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Which GPU backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum BackendKind {
+    /// NVML, or the fake backend when `--fake-gpus` is given.
+    #[default]
+    Auto,
+    /// NVML only.
+    Nvml,
+    /// The fake YAML file only.
+    Fake,
+}
+
+/// trainyard device plugin: advertises NVIDIA GPUs to the kubelet.
+#[derive(Debug, Parser)]
+#[command(name = "trainyard-device-plugin", version, about, long_about = None)]
+pub struct Cli {
+    /// Log encoding.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TRAINYARD_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the device plugin until SIGTERM.
+    Run(RunArgs),
+    /// Print, as JSON, the GPUs, topology, health and driver facts the backend sees.
+    Discover(DiscoverArgs),
+}
+
+/// Backend selection, shared by `run` and `discover`.
+#[derive(Debug, Clone, Args)]
+pub struct BackendArgs {
+    /// GPU backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto, env = "TRAINYARD_BACKEND")]
+    pub backend: BackendKind,
+    /// YAML file describing fake GPUs (implies --backend fake).
+    #[arg(long, value_name = "FILE", env = "TRAINYARD_FAKE_GPUS")]
+    pub fake_gpus: Option<PathBuf>,
+}
+
+/// Flags of `run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Backend selection.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Extended resource to advertise.
+    #[arg(
+        long,
+        default_value = "nvidia.com/gpu",
+        env = "TRAINYARD_RESOURCE_NAME"
+    )]
+    pub resource_name: String,
+    /// The kubelet's device-plugin directory (holds kubelet.sock).
+    #[arg(
+        long,
+        default_value = "/var/lib/kubelet/device-plugins",
+        env = "TRAINYARD_DEVICE_PLUGIN_DIR"
+    )]
+    pub device_plugin_dir: PathBuf,
+    /// Node to label with GPU facts; labelling is off when unset.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// How Allocate names devices: envvar, cdi, or envvar,cdi.
+    #[arg(long, default_value = "envvar", env = "TRAINYARD_DEVICE_LIST_STRATEGY")]
+    pub device_list_strategy: String,
+    /// Also return /dev/nvidia* device specs from Allocate.
+    #[arg(long, env = "TRAINYARD_PASS_DEVICE_SPECS")]
+    pub pass_device_specs: bool,
+    /// Address for /metrics, /healthz and /readyz, e.g. 0.0.0.0:9400; off when unset.
+    #[arg(long, env = "TRAINYARD_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// How often GPU telemetry is sampled.
+    #[arg(long, default_value = "10s", env = "TRAINYARD_METRICS_INTERVAL")]
+    pub metrics_interval: String,
+    /// XIDs that never mark a GPU unhealthy (comma-separated).
+    #[arg(long, default_value = DEFAULT_IGNORED_XIDS_FLAG, env = "TRAINYARD_IGNORED_XIDS")]
+    pub ignored_xids: String,
+    /// Seconds an unhealthy GPU must stay quiet before a good probe recovers it.
+    #[arg(long, default_value_t = 30, env = "TRAINYARD_HEALTH_RECOVERY_SECONDS")]
+    pub health_recovery_seconds: u64,
+}
+
+/// Flags of `discover`.
+#[derive(Debug, Clone, Args)]
+pub struct DiscoverArgs {
+    /// Backend selection.
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// `DEFAULT_IGNORED_XIDS` as the flag's default text; a test keeps them equal.
+const DEFAULT_IGNORED_XIDS_FLAG: &str = "13,31,43,45,68,109";
+
+/// The backend to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// NVML if present; an error otherwise.
+    Auto,
+    /// NVML.
+    Nvml,
+    /// The fake file.
+    Fake(PathBuf),
+}
+
+impl BackendArgs {
+    /// Resolves `--backend` and `--fake-gpus` into one choice.
+    pub fn choice(&self) -> Result<BackendChoice, ConfigError> {
+        match (self.backend, &self.fake_gpus) {
+            (BackendKind::Nvml, Some(_)) => Err(ConfigError::FakeFileWithNvml),
+            (BackendKind::Nvml, None) => Ok(BackendChoice::Nvml),
+            (BackendKind::Fake, None) => Err(ConfigError::FakeWithoutFile),
+            (_, Some(path)) => Ok(BackendChoice::Fake(path.clone())),
+            (BackendKind::Auto, None) => Ok(BackendChoice::Auto),
+        }
+    }
+}
+
+/// Which names Allocate returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceListStrategy {
+    /// `NVIDIA_VISIBLE_DEVICES=<uuid>,...`.
+    pub envvar: bool,
+    /// CDI device names `nvidia.com/gpu=<uuid>`.
+    pub cdi: bool,
+}
+
+impl Default for DeviceListStrategy {
+    fn default() -> Self {
+        Self {
+            envvar: true,
+            cdi: false,
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceListStrategy {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut strategy = Self {
+            envvar: false,
+            cdi: false,
+        };
+        for part in s.split(',').map(str::trim) {
+            match part {
+                "envvar" => strategy.envvar = true,
+                "cdi" | "cdi-cri" => strategy.cdi = true,
+                other => return Err(ConfigError::UnknownStrategy(other.to_string())),
+            }
+        }
+        Ok(strategy)
+    }
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return None,
+    };
+    (seconds.is_finite() && seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
+}
+
+/// Validated configuration of `run`.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Backend to open.
+    pub backend: BackendChoice,
+    /// Extended resource name.
+    pub resource_name: String,
+    /// The kubelet's device-plugin directory.
+    pub device_plugin_dir: PathBuf,
+    /// Node to label, if any.
+    pub node_name: Option<String>,
+    /// Names returned by Allocate.
+    pub device_list_strategy: DeviceListStrategy,
+    /// Whether Allocate returns `/dev/nvidia*` specs.
+    pub pass_device_specs: bool,
+    /// Where to serve metrics, if anywhere.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Telemetry sampling interval.
+    pub metrics_interval: Duration,
+    /// Health rules.
+    pub health: HealthPolicy,
+    /// How often every GPU is probed.
+    pub probe_interval: Duration,
+}
+
+impl RunConfig {
+    /// Defaults for an in-process plugin (tests, benches) on a fake file.
+    pub fn fake(fake_gpus: impl Into<PathBuf>, device_plugin_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            backend: BackendChoice::Fake(fake_gpus.into()),
+            resource_name: "nvidia.com/gpu".into(),
+            device_plugin_dir: device_plugin_dir.into(),
+            node_name: None,
+            device_list_strategy: DeviceListStrategy::default(),
+            pass_device_specs: false,
+            metrics_addr: None,
+            metrics_interval: Duration::from_secs(10),
+            health: HealthPolicy::default(),
+            probe_interval: Duration::from_secs(5),
+        }
+    }
+
+    /// The socket file name inside the device-plugin dir, unique per resource.
+    pub fn socket_name(&self) -> String {
+        socket_name(&self.resource_name)
+    }
+}
+
+/// `trainyard-<resource with / and . replaced>.sock`.
+pub fn socket_name(resource_name: &str) -> String {
+    let flat: String = resource_name
+        .chars()
+        .map(|c| if c == '/' || c == '.' { '-' } else { c })
+        .collect();
+    format!("trainyard-{flat}.sock")
+}
+
+fn valid_resource_name(name: &str) -> bool {
+    let Some((domain, resource)) = name.split_once('/') else {
+        return false;
+    };
+    let label_ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    };
+    domain.contains('.') && label_ok(domain) && label_ok(resource) && !resource.contains('.')
+}
+
+impl TryFrom<RunArgs> for RunConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: RunArgs) -> Result<Self, Self::Error> {
+        if !valid_resource_name(&args.resource_name) {
+            return Err(ConfigError::InvalidResourceName(args.resource_name));
+        }
+        let metrics_interval = parse_duration(&args.metrics_interval)
+            .ok_or_else(|| ConfigError::InvalidInterval(args.metrics_interval.clone()))?;
+        let ignored_xids = args
+            .ignored_xids
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| ConfigError::InvalidXid(s.to_string()))
+            })
+            .collect::<Result<BTreeSet<u64>, _>>()?;
+        Ok(Self {
+            backend: args.backend.choice()?,
+            resource_name: args.resource_name,
+            device_plugin_dir: args.device_plugin_dir,
+            node_name: args.node_name.filter(|n| !n.is_empty()),
+            device_list_strategy: args.device_list_strategy.parse()?,
+            pass_device_specs: args.pass_device_specs,
+            metrics_addr: args.metrics_addr,
+            metrics_interval,
+            health: HealthPolicy {
+                ignored_xids,
+                recovery_quiet_period: Duration::from_secs(args.health_recovery_seconds),
+            },
+            probe_interval: Duration::from_secs(5),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::DEFAULT_IGNORED_XIDS;
+
+    fn run_args(extra: &[&str]) -> Result<RunConfig, String> {
+        let mut argv = vec!["trainyard-device-plugin", "run"];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::Run(args) => RunConfig::try_from(args).map_err(|e| e.to_string()),
+            Command::Discover(_) => Err("not run".into()),
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let c = run_args(&[]).unwrap();
+        assert_eq!(c.backend, BackendChoice::Auto);
+        assert_eq!(c.resource_name, "nvidia.com/gpu");
+        assert_eq!(
+            c.device_plugin_dir,
+            PathBuf::from("/var/lib/kubelet/device-plugins")
+        );
+        assert_eq!(
+            c.device_list_strategy,
+            DeviceListStrategy {
+                envvar: true,
+                cdi: false
+            }
+        );
+        assert_eq!(c.metrics_interval, Duration::from_secs(10));
+        assert_eq!(c.metrics_addr, None);
+        assert_eq!(
+            c.health.ignored_xids,
+            DEFAULT_IGNORED_XIDS.into_iter().collect()
+        );
+        assert_eq!(c.socket_name(), "trainyard-nvidia-com-gpu.sock");
+    }
+
+    #[test]
+    fn fake_file_implies_fake_backend_and_conflicts_with_nvml() {
+        let c = run_args(&["--fake-gpus", "/x.yaml"]).unwrap();
+        assert_eq!(c.backend, BackendChoice::Fake("/x.yaml".into()));
+        assert!(
+            run_args(&["--backend", "nvml", "--fake-gpus", "/x"])
+                .unwrap_err()
+                .contains("conflicts")
+        );
+        assert!(
+            run_args(&["--backend", "fake"])
+                .unwrap_err()
+                .contains("--fake-gpus")
+        );
+    }
+
+    #[test]
+    fn strategies_parse_singly_and_combined() {
+        let c = run_args(&[
+            "--device-list-strategy",
+            "envvar,cdi",
+            "--pass-device-specs",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.device_list_strategy,
+            DeviceListStrategy {
+                envvar: true,
+                cdi: true
+            }
+        );
+        assert!(c.pass_device_specs);
+        let c = run_args(&["--device-list-strategy", "cdi"]).unwrap();
+        assert_eq!(
+            c.device_list_strategy,
+            DeviceListStrategy {
+                envvar: false,
+                cdi: true
+            }
+        );
+        assert!(
+            run_args(&["--device-list-strategy", "volume-mounts"])
+                .unwrap_err()
+                .contains("volume-mounts")
+        );
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_the_flag_named() {
+        assert!(
+            run_args(&["--resource-name", "gpu"])
+                .unwrap_err()
+                .contains("--resource-name")
+        );
+        assert!(
+            run_args(&["--metrics-interval", "soon"])
+                .unwrap_err()
+                .contains("--metrics-interval")
+        );
+        assert!(
+            run_args(&["--ignored-xids", "13,x"])
+                .unwrap_err()
+                .contains("--ignored-xids")
+        );
+        let c = run_args(&["--ignored-xids", "", "--health-recovery-seconds", "0"]).unwrap();
+        assert!(c.health.ignored_xids.is_empty());
+        assert_eq!(c.health.recovery_quiet_period, Duration::ZERO);
+    }
+
+    #[test]
+    fn durations_accept_common_units() {
+        assert_eq!(parse_duration("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_duration("0s"), None);
+        assert_eq!(parse_duration("5d"), None);
+    }
+}

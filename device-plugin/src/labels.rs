@@ -1,0 +1,283 @@
+//! Node labels with GPU facts, under GPU Feature Discovery's names, so the
+//! operator (and anything written for GFD) can schedule on them.
+//!
+//! Labels are computed purely from the inventory and applied with
+//! server-side apply under our own field manager, which also removes labels
+//! we stop setting. An unreachable API server is retried in the background
+//! and never stops the plugin from serving.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Inventory, parse_major_minor};
+use crate::devices::StateReceiver;
+
+/// Field manager of our server-side applies.
+pub const FIELD_MANAGER: &str = "trainyard-device-plugin";
+
+const RETRY_START: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Turns free text into a valid label value: at most 63 characters of
+/// `[A-Za-z0-9._-]`, starting and ending alphanumeric. Spaces become dashes,
+/// as GPU Feature Discovery does for product names.
+pub fn label_value(raw: &str) -> String {
+    let mapped: String = raw
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut value: String = mapped.chars().take(63).collect();
+    while value.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
+        value.pop();
+    }
+    value
+        .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// Major, minor and (if present) revision of a driver version like `550.54.15`.
+pub fn parse_driver_version(version: &str) -> Option<(u32, u32, Option<u32>)> {
+    let mut parts = version.trim().split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let rev = match parts.next() {
+        Some(rev) => Some(rev.parse().ok()?),
+        None => None,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((major, minor, rev))
+}
+
+/// The labels for a node with this inventory.
+pub fn node_labels(inventory: &Inventory) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut set = |key: &str, value: String| {
+        if !value.is_empty() {
+            labels.insert(key.to_string(), value);
+        }
+    };
+    set("nvidia.com/gpu.count", inventory.gpus.len().to_string());
+    if let Some(first) = inventory.gpus.first() {
+        set("nvidia.com/gpu.product", label_value(&first.name));
+        set("nvidia.com/gpu.memory", first.memory_mib.to_string());
+        set(
+            "nvidia.com/gpu.compute.major",
+            first.compute_capability.major.to_string(),
+        );
+        set(
+            "nvidia.com/gpu.compute.minor",
+            first.compute_capability.minor.to_string(),
+        );
+    }
+    let driver = &inventory.driver.driver_version;
+    set("nvidia.com/cuda.driver-version.full", label_value(driver));
+    if let Some((major, minor, rev)) = parse_driver_version(driver) {
+        set("nvidia.com/cuda.driver-version.major", major.to_string());
+        set("nvidia.com/cuda.driver-version.minor", minor.to_string());
+        if let Some(rev) = rev {
+            set("nvidia.com/cuda.driver-version.rev", rev.to_string());
+        }
+    }
+    if let Ok((major, minor)) = parse_major_minor(&inventory.driver.cuda_version) {
+        set("nvidia.com/cuda.runtime-version.major", major.to_string());
+        set("nvidia.com/cuda.runtime-version.minor", minor.to_string());
+    }
+    labels
+}
+
+/// Errors applying labels.
+#[derive(Debug, thiserror::Error)]
+pub enum LabelError {
+    /// No kubeconfig or in-cluster configuration.
+    #[error("cannot create a Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    /// The apply failed.
+    #[error("cannot label node {node}: {source}")]
+    Apply {
+        /// The node.
+        node: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+async fn apply(
+    client: &Client,
+    node: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), LabelError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": node, "labels": labels },
+    });
+    nodes
+        .patch(
+            node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|source| LabelError::Apply {
+            node: node.to_string(),
+            source,
+        })?;
+    Ok(())
+}
+
+/// Keeps `node`'s labels equal to the current inventory until `shutdown`.
+pub async fn run(node: String, mut state: StateReceiver, shutdown: CancellationToken) {
+    let mut client: Option<Client> = None;
+    let mut applied: Option<BTreeMap<String, String>> = None;
+    let mut delay = RETRY_START;
+    let mut failing = false;
+    loop {
+        let wanted = node_labels(&state.borrow_and_update().inventory);
+        if applied.as_ref() != Some(&wanted) {
+            let result = match &client {
+                Some(c) => apply(c, &node, &wanted).await,
+                None => match Client::try_default().await {
+                    Ok(c) => {
+                        let r = apply(&c, &node, &wanted).await;
+                        client = Some(c);
+                        r
+                    }
+                    Err(e) => Err(LabelError::Client(e)),
+                },
+            };
+            match result {
+                Ok(()) => {
+                    tracing::info!(%node, labels = wanted.len(), "node labels applied");
+                    applied = Some(wanted);
+                    delay = RETRY_START;
+                    failing = false;
+                }
+                Err(e) => {
+                    // Log the first failure loudly and the retries quietly.
+                    if failing {
+                        tracing::debug!(error = %e, retry_in = ?delay, "node labels still not applied");
+                    } else {
+                        tracing::warn!(error = %e, retry_in = ?delay, "cannot apply node labels; the plugin keeps serving and retries");
+                        failing = true;
+                    }
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(RETRY_MAX);
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = state.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::backend::{ComputeCapability, DriverInfo, GpuInfo};
+
+    fn inventory(driver: &str, cuda: &str, gpus: usize) -> Inventory {
+        Inventory {
+            driver: DriverInfo {
+                driver_version: driver.into(),
+                cuda_version: cuda.into(),
+            },
+            gpus: (0..gpus)
+                .map(|i| GpuInfo {
+                    uuid: format!("GPU-{i}"),
+                    index: i as u32,
+                    minor_number: i as u32,
+                    name: "NVIDIA A100-SXM4-80GB".into(),
+                    memory_mib: 81920,
+                    pci_bus_id: None,
+                    numa_node: None,
+                    compute_capability: ComputeCapability { major: 8, minor: 0 },
+                    nvlinks: BTreeMap::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn labels_use_gpu_feature_discovery_names() {
+        let labels = node_labels(&inventory("550.54.15", "12.4", 8));
+        let expected: BTreeMap<String, String> = [
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+            ("nvidia.com/gpu.memory", "81920"),
+            ("nvidia.com/gpu.compute.major", "8"),
+            ("nvidia.com/gpu.compute.minor", "0"),
+            ("nvidia.com/cuda.driver-version.full", "550.54.15"),
+            ("nvidia.com/cuda.driver-version.major", "550"),
+            ("nvidia.com/cuda.driver-version.minor", "54"),
+            ("nvidia.com/cuda.driver-version.rev", "15"),
+            ("nvidia.com/cuda.runtime-version.major", "12"),
+            ("nvidia.com/cuda.runtime-version.minor", "4"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(labels, expected);
+    }
+
+    #[test]
+    fn driver_versions_without_revision_omit_the_rev_label() {
+        let labels = node_labels(&inventory("535.104", "12.2", 1));
+        assert_eq!(labels["nvidia.com/cuda.driver-version.minor"], "104");
+        assert!(!labels.contains_key("nvidia.com/cuda.driver-version.rev"));
+        assert_eq!(labels["nvidia.com/cuda.runtime-version.minor"], "2");
+    }
+
+    #[test]
+    fn a_node_without_gpus_only_gets_count_and_driver_labels() {
+        let labels = node_labels(&inventory("550.54.15", "12.4", 0));
+        assert_eq!(labels["nvidia.com/gpu.count"], "0");
+        assert!(!labels.contains_key("nvidia.com/gpu.product"));
+    }
+
+    #[test]
+    fn driver_version_parsing() {
+        assert_eq!(parse_driver_version("550.54.15"), Some((550, 54, Some(15))));
+        assert_eq!(parse_driver_version("535.104"), Some((535, 104, None)));
+        assert_eq!(parse_driver_version("550"), None);
+        assert_eq!(parse_driver_version("550.x.1"), None);
+        assert_eq!(parse_driver_version("1.2.3.4"), None);
+    }
+
+    #[test]
+    fn label_values_are_sanitized() {
+        assert_eq!(
+            label_value("NVIDIA A100-SXM4-80GB"),
+            "NVIDIA-A100-SXM4-80GB"
+        );
+        assert_eq!(
+            label_value("NVIDIA GeForce RTX 4090 (rev 2)"),
+            "NVIDIA-GeForce-RTX-4090--rev-2"
+        );
+        assert_eq!(label_value(" -x- "), "x");
+        assert_eq!(label_value(&"a".repeat(80)).len(), 63);
+    }
+}

@@ -1,0 +1,201 @@
+//! Wiring: opens the backend and runs every loop of the plugin until shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::allocator::{AllocationError, Topology};
+use crate::backend::fake::FakeBackend;
+use crate::backend::nvml::NvmlBackend;
+use crate::backend::{BackendError, GpuBackend, GpuInfo, ProbeOutcome};
+use crate::config::{BackendChoice, RunConfig};
+use crate::health::HealthTracker;
+use crate::kubelet::{self, KubeletSettings};
+use crate::labels;
+use crate::metrics::{self, Metrics, MetricsError};
+use crate::monitor::{self, Monitor, MonitorError};
+use crate::service::AllocateOptions;
+
+/// Why the plugin could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The backend could not be opened or watched.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The first inventory could not be read.
+    #[error(transparent)]
+    Monitor(#[from] MonitorError),
+    /// The metrics server could not start.
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    /// The GPUs cannot be turned into a topology.
+    #[error(transparent)]
+    Topology(#[from] AllocationError),
+}
+
+/// Opens the backend the configuration names.
+pub fn open_backend(choice: &BackendChoice) -> Result<Arc<dyn GpuBackend>, BackendError> {
+    Ok(match choice {
+        BackendChoice::Fake(path) => Arc::new(FakeBackend::open(path)?),
+        BackendChoice::Nvml | BackendChoice::Auto => Arc::new(NvmlBackend::init()?),
+    })
+}
+
+/// Runs the device plugin until `shutdown` is cancelled.
+///
+/// Start-up problems (bad fake file, no driver, metrics port taken) are
+/// returned; everything after start-up is retried and logged instead.
+pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), RunError> {
+    let backend = open_backend(&config.backend)?;
+    let metrics = Arc::new(Metrics::new(config.node_name.clone().unwrap_or_default()));
+    let tracker = HealthTracker::new(config.health.clone());
+    let (monitor, state) = Monitor::start(
+        Arc::clone(&backend),
+        tracker,
+        Arc::clone(&metrics),
+        config.probe_interval,
+    )
+    .await?;
+    {
+        let snapshot = state.borrow();
+        let (healthy, unhealthy) = snapshot.health_counts();
+        tracing::info!(
+            backend = backend.name(),
+            gpus = snapshot.inventory.gpus.len(),
+            healthy,
+            unhealthy,
+            driver = %snapshot.inventory.driver.driver_version,
+            cuda = %snapshot.inventory.driver.cuda_version,
+            "discovered GPUs"
+        );
+    }
+    let tasks = shutdown.child_token();
+    let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+    Arc::clone(&backend).watch(events_tx, tasks.clone())?;
+
+    let mut handles = Vec::new();
+    if let Some(addr) = config.metrics_addr {
+        handles.push(metrics::serve(addr, Arc::clone(&metrics), tasks.clone()).await?);
+    }
+    handles.push(tokio::spawn(monitor.run(events_rx, tasks.clone())));
+    handles.push(tokio::spawn(monitor::run_telemetry(
+        Arc::clone(&backend),
+        state.clone(),
+        Arc::clone(&metrics),
+        config.metrics_interval,
+        tasks.clone(),
+    )));
+    if let Some(node) = config.node_name.clone() {
+        handles.push(tokio::spawn(labels::run(
+            node,
+            state.clone(),
+            tasks.clone(),
+        )));
+    }
+
+    let settings = KubeletSettings {
+        dir: config.device_plugin_dir.clone(),
+        socket_name: config.socket_name(),
+        resource_name: config.resource_name.clone(),
+    };
+    let options = AllocateOptions {
+        strategy: config.device_list_strategy,
+        pass_device_specs: config.pass_device_specs,
+    };
+    kubelet::run(
+        settings,
+        state,
+        options,
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    )
+    .await;
+
+    tasks.cancel();
+    for handle in handles {
+        // A loop that does not stop promptly must not hold up the exit.
+        let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
+    }
+    Ok(())
+}
+
+/// One GPU in the `discover` report.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveredGpu {
+    /// What the backend reports.
+    #[serde(flatten)]
+    pub info: GpuInfo,
+    /// `Healthy`, `Unhealthy` or `Unknown` (probe inconclusive).
+    pub health: &'static str,
+    /// Why, when not healthy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_reason: Option<String>,
+}
+
+/// The NVLink matrix in GPU index order.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveredTopology {
+    /// UUIDs, in the order of the matrix rows.
+    pub gpus: Vec<String>,
+    /// `nvlinks[i][j]`: links between GPU i and GPU j.
+    pub nvlinks: Vec<Vec<u32>>,
+    /// NUMA node of each GPU.
+    pub numa_nodes: Vec<Option<i64>>,
+}
+
+/// What `discover` prints.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoverReport {
+    /// Backend name.
+    pub backend: &'static str,
+    /// Driver version.
+    pub driver_version: String,
+    /// Highest CUDA version the driver supports.
+    pub cuda_version: String,
+    /// Every GPU with its probed health.
+    pub gpus: Vec<DiscoveredGpu>,
+    /// Link matrix.
+    pub topology: DiscoveredTopology,
+    /// The node labels `run` would apply.
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// Builds the `discover` report: inventory, one probe per GPU, topology, labels.
+pub fn discover(choice: &BackendChoice) -> Result<DiscoverReport, RunError> {
+    let backend = open_backend(choice)?;
+    let inventory = backend.inventory()?;
+    let topology = Topology::new(&inventory.gpus)?;
+    let gpus = inventory
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let (health, health_reason) = match backend.probe(&gpu.uuid) {
+                ProbeOutcome::Healthy => ("Healthy", None),
+                ProbeOutcome::Unhealthy(reason) => ("Unhealthy", Some(reason)),
+                ProbeOutcome::Inconclusive(reason) => ("Unknown", Some(reason)),
+            };
+            DiscoveredGpu {
+                info: gpu.clone(),
+                health,
+                health_reason,
+            }
+        })
+        .collect();
+    Ok(DiscoverReport {
+        backend: backend.name(),
+        driver_version: inventory.driver.driver_version.clone(),
+        cuda_version: inventory.driver.cuda_version.clone(),
+        labels: labels::node_labels(&inventory),
+        topology: DiscoveredTopology {
+            gpus: topology.ids().to_vec(),
+            nvlinks: topology.link_matrix(),
+            numa_nodes: (0..topology.len()).map(|i| topology.numa(i)).collect(),
+        },
+        gpus,
+    })
+}
