@@ -1,1 +1,262 @@
-//! placeholder
+//! End-to-end harness for trainyard.
+//!
+//! The scenarios in `e2e/tests/` run against the local single-node cluster
+//! that `e2e/cluster/up.sh` brings up (or any cluster `KUBECONFIG` points at).
+//! They are `#[ignore]`d in a plain `cargo test`; `make test` starts the
+//! cluster and runs them with `--ignored`. This library holds what every
+//! scenario needs: a client, unique namespaces, polling with a deadline, Helm
+//! through `e2e/helm.py`, pod logs read from `/var/log/pods`, and control of
+//! the harness's kubelet.
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// Field manager used by test code, distinct from the components under test.
+pub const TEST_MANAGER: &str = "trainyard-e2e";
+
+/// The repository root (the e2e crate's parent directory).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Where the harness keeps its state (`TRAINYARD_E2E_STATE`).
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("TRAINYARD_E2E_STATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/trainyard-e2e"))
+}
+
+/// The node the harness's kubelet registers.
+pub fn node_name() -> String {
+    std::env::var("TRAINYARD_NODE_NAME").unwrap_or_else(|_| "trainyard-node".to_owned())
+}
+
+/// A client for the cluster under test. Fails loudly when no cluster is
+/// configured, so a cluster test never passes vacuously.
+pub async fn client() -> Result<Client> {
+    let config = match std::env::var_os("KUBECONFIG") {
+        Some(_) => Config::infer()
+            .await
+            .context("reading KUBECONFIG for the cluster under test")?,
+        None => {
+            let default = state_dir().join("kubeconfig");
+            if !default.exists() {
+                bail!(
+                    "no cluster: KUBECONFIG is unset and {} does not exist; run `make test` or `make cluster-up`",
+                    default.display()
+                );
+            }
+            let kc = Kubeconfig::read_from(&default)
+                .with_context(|| format!("reading {}", default.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading {}", default.display()))?
+        }
+    };
+    Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// Polls `probe` every 250 ms until it yields `Some`, or fails after
+/// `timeout` with `what` and the last observation in the message.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    let mut last_err = None;
+    loop {
+        match probe().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if start.elapsed() > timeout {
+            return Err(anyhow!(
+                "timed out after {timeout:?} waiting for {what}{}",
+                last_err
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A namespace unique to one test, deleted by [`TestNamespace::delete`].
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    pub async fn create(client: &Client, prefix: &str) -> Result<Self> {
+        let suffix = format!(
+            "{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() & 0xffffff)
+                .unwrap_or_default()
+        );
+        let name = format!("{prefix}-{suffix}");
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"trainyard.dev/e2e": "true"}}
+        }))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating namespace {name}"))?;
+        Ok(Self {
+            name,
+            client: client.clone(),
+        })
+    }
+
+    pub async fn delete(self) -> Result<()> {
+        Api::<Namespace>::all(self.client)
+            .delete(&self.name, &DeleteParams::background())
+            .await
+            .with_context(|| format!("deleting namespace {}", self.name))?;
+        Ok(())
+    }
+}
+
+/// `nvidia.com/gpu` (or another extended resource) in the node's allocatable.
+pub async fn allocatable(client: &Client, node: &str, resource: &str) -> Result<Option<i64>> {
+    let n = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(n.status
+        .and_then(|s| s.allocatable)
+        .and_then(|a| a.get(resource).cloned())
+        .and_then(|q| q.0.parse::<i64>().ok()))
+}
+
+/// Same as [`allocatable`] for the node's capacity.
+pub async fn capacity(client: &Client, node: &str, resource: &str) -> Result<Option<i64>> {
+    let n = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(n.status
+        .and_then(|s| s.capacity)
+        .and_then(|a| a.get(resource).cloned())
+        .and_then(|q| q.0.parse::<i64>().ok()))
+}
+
+/// The log of a pod's container, read from `/var/log/pods` (the harness's
+/// node has no address `kubectl logs` could use). Concatenates every
+/// restart's file in order.
+pub fn pod_log(namespace: &str, pod: &Pod, container: &str) -> Result<String> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let dir = Path::new("/var/log/pods")
+        .join(format!("{namespace}_{name}_{uid}"))
+        .join(container);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    let mut out = String::new();
+    for f in files {
+        let raw =
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        // CRI log lines: "<time> <stream> <P|F> <message>".
+        for line in raw.lines() {
+            let msg = line.splitn(4, ' ').nth(3).unwrap_or(line);
+            out.push_str(msg);
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `e2e/helm.py` (helm-python-sdk in the venv `make prereqs` creates).
+pub fn helm(args: &[&str]) -> Result<String> {
+    let cache = std::env::var_os("TRAINYARD_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/trainyard")))
+        .ok_or_else(|| anyhow!("neither TRAINYARD_CACHE nor HOME is set"))?;
+    let python = cache.join("venv/bin/python");
+    let out = Command::new(&python)
+        .arg(repo_root().join("e2e/helm.py"))
+        .args(args)
+        .output()
+        .with_context(|| format!("running {} e2e/helm.py", python.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "helm {} failed: {}{}",
+            args.join(" "),
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+/// Stops the harness's kubelet by its PID file and starts it again through
+/// `up.sh` (which only restarts what is not running).
+pub fn restart_kubelet() -> Result<()> {
+    let pid_file = state_dir().join("pids/kubelet.pid");
+    let pid = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("reading {}", pid_file.display()))?;
+    let pid = pid.trim();
+    let status = Command::new("kill").arg(pid).status()?;
+    if !status.success() {
+        bail!("kill {pid} (kubelet) failed");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        if Instant::now() > deadline {
+            bail!("kubelet (pid {pid}) did not stop within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = Command::new("bash")
+        .arg(repo_root().join("e2e/cluster/up.sh"))
+        .output()
+        .context("running e2e/cluster/up.sh")?;
+    if !out.status.success() {
+        bail!(
+            "up.sh failed restarting the kubelet: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Preempts a pod the way a kubelet's graceful node shutdown does on a newer
+/// cluster: the `DisruptionTarget` condition first (1.26+; written here since
+/// a 1.20 kubelet never sets it), then deletion with the pod's grace period,
+/// so the trainer gets SIGTERM and can checkpoint.
+pub async fn preempt_pod(client: &Client, namespace: &str, pod: &str, reason: &str) -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let now = jiff::Timestamp::now().to_string();
+    let patch = serde_json::json!({
+        "status": {"conditions": [{
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": reason,
+            "message": "trainyard-e2e: simulated node shutdown",
+            "lastTransitionTime": now,
+        }]}
+    });
+    pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .with_context(|| format!("setting DisruptionTarget on pod {namespace}/{pod}"))?;
+    pods.delete(pod, &DeleteParams::default())
+        .await
+        .with_context(|| format!("deleting pod {namespace}/{pod}"))?;
+    Ok(())
+}

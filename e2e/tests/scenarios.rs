@@ -1,0 +1,676 @@
+//! End-to-end scenarios on the local cluster, through the Helm chart.
+//!
+//! One node and one device plugin serve every scenario, so they take a shared
+//! lock and run one at a time; each creates its own namespace. Run with
+//! `make test`, or against a running cluster:
+//! `KUBECONFIG=/var/lib/trainyard-e2e/kubeconfig cargo test -p trainyard-e2e --test scenarios -- --ignored <name>`.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard};
+use trainyard_e2e::{
+    TestNamespace, allocatable, capacity, node_name, pod_log, preempt_pod, repo_root, state_dir,
+    wait_for,
+};
+
+const RELEASE: &str = "trainyard";
+const RELEASE_NS: &str = "trainyard-system";
+const GPU: &str = "nvidia.com/gpu";
+
+static SERIAL: Mutex<bool> = Mutex::const_new(false);
+
+/// Takes the scenario lock and makes sure the chart is installed and serving
+/// 8 fake GPUs (installing it on first use).
+async fn installed() -> Result<(MutexGuard<'static, bool>, Client)> {
+    let mut guard = SERIAL.lock().await;
+    let client = trainyard_e2e::client().await?;
+    if !*guard {
+        install_chart(&client).await?;
+        *guard = true;
+    }
+    Ok((guard, client))
+}
+
+fn fake_gpu_file() -> PathBuf {
+    state_dir().join("fake-gpus/fake-gpus.yaml")
+}
+
+fn fake_gpus_8() -> Result<String> {
+    let p = repo_root().join("device-plugin/examples/fake-gpus-8.yaml");
+    std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+}
+
+/// Writes the fake GPU file atomically (the plugin must never see half a file).
+fn write_fake_gpus(content: &str) -> Result<()> {
+    let path = fake_gpu_file();
+    let dir = path.parent().context("fake GPU file has no parent")?;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(".fake-gpus.yaml.tmp");
+    std::fs::write(&tmp, content)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(())
+}
+
+async fn install_chart(client: &Client) -> Result<()> {
+    write_fake_gpus(&fake_gpus_8()?)?;
+    let chart = repo_root().join("charts/trainyard");
+    let values = repo_root().join("e2e/values-local.yaml");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NS);
+    let already = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get_opt(RELEASE_NS)
+        .await?
+        .is_some()
+        && !deployments
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty();
+    if !already {
+        trainyard_e2e::helm(&[
+            "install",
+            RELEASE,
+            chart.to_str().context("chart path is not UTF-8")?,
+            RELEASE_NS,
+            "--values",
+            values.to_str().context("values path is not UTF-8")?,
+        ])?;
+    }
+    wait_for(
+        "the operator Deployment to be Available with 2 ready replicas",
+        Duration::from_secs(180),
+        || {
+            let deployments = deployments.clone();
+            async move {
+                for d in deployments.list(&ListParams::default()).await?.items {
+                    if d.name_any().contains("operator") {
+                        let ready = d
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.ready_replicas)
+                            .unwrap_or(0);
+                        return Ok((ready >= 2).then_some(()));
+                    }
+                }
+                Ok(None)
+            }
+        },
+    )
+    .await?;
+    let node = node_name();
+    wait_for(
+        "node allocatable nvidia.com/gpu = 8",
+        Duration::from_secs(120),
+        || {
+            let (client, node) = (client.clone(), node.clone());
+            async move { Ok((allocatable(&client, &node, GPU).await? == Some(8)).then_some(())) }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn tj_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("trainyard.dev", "v1alpha1", "TrainingJob");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "trainingjobs");
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+async fn create_job(client: &Client, ns: &str, job: Value) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(job)?;
+    tj_api(client, ns)
+        .create(&PostParams::default(), &obj)
+        .await
+        .context("creating the TrainingJob")?;
+    Ok(())
+}
+
+async fn job_status(client: &Client, ns: &str, name: &str) -> Result<Value> {
+    let obj = tj_api(client, ns).get(name).await?;
+    Ok(obj.data.get("status").cloned().unwrap_or(Value::Null))
+}
+
+async fn wait_phase(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    phase: &str,
+    timeout: Duration,
+) -> Result<Value> {
+    wait_for(
+        &format!("TrainingJob {ns}/{name} to reach phase {phase}"),
+        timeout,
+        || async move {
+            let st = job_status(client, ns, name).await?;
+            let now = st.get("phase").and_then(Value::as_str).unwrap_or("");
+            if now == phase {
+                return Ok(Some(st));
+            }
+            if matches!(now, "Failed" | "Succeeded") {
+                bail!("job ended in phase {now}, wanted {phase}: {st}");
+            }
+            Ok(None)
+        },
+    )
+    .await
+}
+
+async fn job_pods(client: &Client, ns: &str, job: &str) -> Result<Vec<Pod>> {
+    let lp = ListParams::default().labels(&format!("trainyard.dev/job={job}"));
+    Ok(Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await?
+        .items)
+}
+
+async fn running_pods(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    attempt: u32,
+    n: usize,
+) -> Result<Vec<Pod>> {
+    wait_for(
+        &format!("{n} running pods of {job} attempt {attempt}"),
+        Duration::from_secs(120),
+        || async move {
+            let pods: Vec<Pod> = job_pods(client, ns, job)
+                .await?
+                .into_iter()
+                .filter(|p| {
+                    p.labels().get("trainyard.dev/attempt").map(String::as_str)
+                        == Some(&attempt.to_string())
+                        && p.metadata.deletion_timestamp.is_none()
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .collect();
+            Ok((pods.len() == n).then_some(pods))
+        },
+    )
+    .await
+}
+
+/// A busybox trainer: rank 0 writes the step to $CHECKPOINT_PATH every
+/// second (temp file + rename); every rank resumes from $RESUME_FROM.
+fn counting_trainer(steps: u32) -> String {
+    format!(
+        r#"step=0
+if [ -n "$RESUME_FROM" ] && [ -f "$RESUME_FROM" ]; then step=$(cat "$RESUME_FROM"); echo "resumed from step $step"; fi
+echo "start rank=$NODE_RANK attempt=$TRAINYARD_ATTEMPT reason=$TRAINYARD_RESTART_REASON gpus=$NVIDIA_VISIBLE_DEVICES world=$WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT"
+trap 'echo "SIGTERM at step $step"; exit 143' TERM
+while [ "$step" -lt {steps} ]; do
+  step=$((step+1))
+  if [ "$NODE_RANK" = 0 ]; then echo "$step" > "$CHECKPOINT_DIR/.latest.tmp" && mv "$CHECKPOINT_DIR/.latest.tmp" "$CHECKPOINT_PATH"; fi
+  sleep 1 & wait $!
+done
+echo "done at step $step""#
+    )
+}
+
+fn job_manifest(name: &str, workers: u32, gpus: u32, script: &str, extra_spec: Value) -> Value {
+    let mut spec = json!({
+        "workers": workers,
+        "gpusPerWorker": gpus,
+        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]},
+        "terminationGracePeriodSeconds": 5,
+        "template": {"spec": {"containers": [{
+            "name": "trainer",
+            "image": "trainyard/trainer:dev",
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", script],
+        }]}},
+    });
+    if let (Some(base), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        for (k, v) in extra {
+            base.insert(k.clone(), v.clone());
+        }
+    }
+    json!({
+        "apiVersion": "trainyard.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": spec,
+    })
+}
+
+fn visible_gpus(log: &str) -> Result<BTreeSet<String>> {
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("start "))
+        .context("trainer printed no start line")?;
+    let gpus = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("gpus="))
+        .context("start line has no gpus=")?;
+    Ok(gpus
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn helm_install_makes_operator_ready_and_node_advertises_8_gpus() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let node = node_name();
+    assert_eq!(
+        capacity(&client, &node, GPU).await?,
+        Some(8),
+        "capacity from the 8-GPU fake file"
+    );
+    assert_eq!(allocatable(&client, &node, GPU).await?, Some(8));
+    let n = Api::<Node>::all(client.clone()).get(&node).await?;
+    let labels = n.labels();
+    assert_eq!(
+        labels.get("nvidia.com/gpu.product").map(String::as_str),
+        Some("NVIDIA-A100-SXM4-80GB")
+    );
+    assert_eq!(
+        labels.get("nvidia.com/gpu.count").map(String::as_str),
+        Some("8")
+    );
+    assert_eq!(
+        labels.get("nvidia.com/gpu.memory").map(String::as_str),
+        Some("81920")
+    );
+    // Exactly one operator replica holds the lease.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), RELEASE_NS);
+    let held: Vec<_> = leases
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|l| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_ref())
+                .is_some()
+        })
+        .collect();
+    assert_eq!(held.len(), 1, "one leader lease in {RELEASE_NS}");
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = TestNamespace::create(&client, "e2e-preempt").await?;
+    let name = "resume";
+    create_job(
+        &client,
+        &ns.name,
+        job_manifest(name, 2, 2, &counting_trainer(25), json!({})),
+    )
+    .await?;
+
+    let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+    // Each worker sees 2 distinct GPUs, and the workers don't share any.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut all = BTreeSet::new();
+    for p in &pods {
+        let gpus = visible_gpus(&pod_log(&ns.name, p, "trainer")?)?;
+        assert_eq!(gpus.len(), 2, "{} sees {:?}", p.name_any(), gpus);
+        assert!(
+            gpus.iter().all(|g| g.starts_with("GPU-")),
+            "UUIDs, got {gpus:?}"
+        );
+        all.extend(gpus);
+    }
+    assert_eq!(all.len(), 4, "workers got disjoint GPUs: {all:?}");
+
+    // Let a few steps reach the checkpoint, then preempt worker 1.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    preempt_pod(
+        &client,
+        &ns.name,
+        &format!("{name}-worker-1"),
+        "TerminationByKubelet",
+    )
+    .await?;
+
+    let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+    let st = job_status(&client, &ns.name, name).await?;
+    assert_eq!(st["attempt"], 1, "status: {st}");
+    assert_eq!(st["preemptions"], 1, "status: {st}");
+    assert_eq!(st["failures"], 0, "status: {st}");
+    assert_eq!(st["lastRestart"]["reason"], "Preemption", "status: {st}");
+    let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("DisruptionTarget"),
+        "restart detail names the signal: {detail}"
+    );
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rank0 = new_pods
+        .iter()
+        .find(|p| p.labels().get("trainyard.dev/rank").map(String::as_str) == Some("0"))
+        .context("no rank 0 pod in attempt 1")?;
+    let log = pod_log(&ns.name, rank0, "trainer")?;
+    let resumed: u32 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("resumed from step "))
+        .context(format!("attempt 1 did not resume; log:\n{log}"))?
+        .trim()
+        .parse()?;
+    assert!(
+        resumed >= 3,
+        "resumed from step {resumed}, expected the saved progress (>= 3)"
+    );
+    assert!(
+        log.contains("attempt=1 reason=Preemption"),
+        "env contract in log:\n{log}"
+    );
+
+    let st = wait_phase(
+        &client,
+        &ns.name,
+        name,
+        "Succeeded",
+        Duration::from_secs(120),
+    )
+    .await?;
+    assert_eq!(st["preemptions"], 1, "status: {st}");
+    assert_eq!(st["failures"], 0, "status: {st}");
+    ns.delete().await
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn always_failing_trainer_uses_failure_budget_with_backoff_then_fails() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = TestNamespace::create(&client, "e2e-fail").await?;
+    let name = "crash";
+    let spec =
+        json!({"restartPolicy": {"maxFailures": 2, "backoffSeconds": 1, "maxPreemptions": 5}});
+    create_job(
+        &client,
+        &ns.name,
+        job_manifest(name, 1, 1, "echo boom; exit 1", spec),
+    )
+    .await?;
+    let st = wait_phase(&client, &ns.name, name, "Failed", Duration::from_secs(150)).await?;
+    assert_eq!(
+        st["failures"], 3,
+        "2 restarts allowed, the 3rd failure ends it: {st}"
+    );
+    assert_eq!(st["preemptions"], 0, "status: {st}");
+    assert_eq!(st["attempt"], 2, "attempts 0, 1 and 2 ran: {st}");
+    let failed = st["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Failed"))
+        .context(format!("no Failed condition: {st}"))?;
+    assert_eq!(failed["status"], "True");
+    ns.delete().await
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn unhealthy_gpu_drops_allocatable_and_kubelet_restart_restores_registration() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let node = node_name();
+    let healthy = fake_gpus_8()?;
+    // Mark the GPU with index 3 unhealthy (XID 79: fallen off the bus).
+    let mut doc: Value = parse_yaml(&healthy)?;
+    doc["gpus"][3]["healthy"] = json!(false);
+    doc["gpus"][3]["xid"] = json!(79);
+    write_fake_gpus(&serde_json::to_string_pretty(&doc)?)?;
+    let restore = || write_fake_gpus(&healthy);
+
+    let res = async {
+        wait_for(
+            "allocatable nvidia.com/gpu = 7",
+            Duration::from_secs(60),
+            || async { Ok((allocatable(&client, &node, GPU).await? == Some(7)).then_some(())) },
+        )
+        .await?;
+        assert_eq!(
+            capacity(&client, &node, GPU).await?,
+            Some(8),
+            "capacity still counts the sick GPU"
+        );
+        restore()?;
+        wait_for(
+            "allocatable back to 8 after recovery",
+            Duration::from_secs(120),
+            || async { Ok((allocatable(&client, &node, GPU).await? == Some(8)).then_some(())) },
+        )
+        .await?;
+
+        let plugin_restarts = plugin_restart_count(&client).await?;
+        for round in 0..2 {
+            trainyard_e2e::restart_kubelet()?;
+            wait_for(
+                &format!("allocatable 8 after kubelet restart {round}"),
+                Duration::from_secs(90),
+                || async { Ok((allocatable(&client, &node, GPU).await? == Some(8)).then_some(())) },
+            )
+            .await?;
+        }
+        assert_eq!(
+            plugin_restart_count(&client).await?,
+            plugin_restarts,
+            "the plugin re-registered without restarting"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    restore()?;
+    res
+}
+
+/// Parses a fake GPU file. Writing it back as JSON is fine: JSON is YAML.
+fn parse_yaml(yaml: &str) -> Result<Value> {
+    serde_saphyr::from_str(yaml).context("parsing the fake GPU file")
+}
+
+async fn plugin_restart_count(client: &Client) -> Result<i32> {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default())
+        .await?;
+    let p = pods
+        .items
+        .iter()
+        .find(|p| p.name_any().contains("device-plugin"))
+        .context("no device plugin pod")?;
+    Ok(p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+        .unwrap_or(0))
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn spot_require_lands_on_spot_node_then_falls_back_to_on_demand() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let node = node_name();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let label =
+        |v: Option<&str>| json!({"metadata": {"labels": {"karpenter.sh/capacity-type": v}}});
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(label(Some("spot"))),
+        )
+        .await?;
+    let ns = TestNamespace::create(&client, "e2e-spot").await?;
+    let res = async {
+        let name = "spotty";
+        let spec = json!({"spot": {"policy": "Require", "fallbackToOnDemandAfter": 1}});
+        create_job(
+            &client,
+            &ns.name,
+            job_manifest(name, 1, 1, "sleep 600", spec),
+        )
+        .await?;
+        let pods = running_pods(&client, &ns.name, name, 0, 1).await?;
+        let aff = serde_json::to_value(&pods[0].spec.as_ref().context("pod spec")?.affinity)?;
+        let required =
+            aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].to_string();
+        assert!(
+            required.contains("karpenter.sh/capacity-type"),
+            "Require → required spot affinity: {aff}"
+        );
+        assert_eq!(
+            pods[0].spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            Some(node.as_str())
+        );
+
+        preempt_pod(
+            &client,
+            &ns.name,
+            &format!("{name}-worker-0"),
+            "TerminationByKubelet",
+        )
+        .await?;
+        // Attempt 1 avoids spot; the only node is spot, so it stays Pending.
+        let p = wait_for("attempt 1 pod", Duration::from_secs(60), || async {
+            Ok(job_pods(&client, &ns.name, name)
+                .await?
+                .into_iter()
+                .find(|p| p.labels().get("trainyard.dev/attempt").map(String::as_str) == Some("1")))
+        })
+        .await?;
+        let aff = serde_json::to_value(&p.spec.as_ref().context("pod spec")?.affinity)?;
+        let required =
+            aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].to_string();
+        assert!(
+            required.contains("NotIn") || required.contains("DoesNotExist"),
+            "after fallback the pod must avoid spot nodes: {aff}"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let p = Api::<Pod>::namespaced(client.clone(), &ns.name)
+            .get(&p.name_any())
+            .await?;
+        assert_eq!(
+            p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            None,
+            "on-demand pod must not land on the spot node"
+        );
+        let st = job_status(&client, &ns.name, name).await?;
+        assert_eq!(
+            st["selectedGpu"]["spot"], false,
+            "status says the job left spot: {st}"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    nodes
+        .patch(&node, &PatchParams::default(), &Patch::Merge(label(None)))
+        .await?;
+    ns.delete().await?;
+    res
+}
+
+fn kubectl(args: &[&str], stdin: &str) -> Result<String> {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running kubectl (PATH must hold the cluster's kubectl)")?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(stdin.as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "kubectl {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn reapplying_manifests_changes_nothing_and_deleting_the_job_cleans_up() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = TestNamespace::create(&client, "e2e-gitops").await?;
+    let name = "gitops";
+    let manifest = serde_json::to_string(&job_manifest(name, 2, 1, "sleep 600", json!({})))?;
+    kubectl(&["apply", "-n", &ns.name, "-f", "-"], &manifest)?;
+    let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = snapshot(&client, &ns.name, name).await?;
+    ensure!(before.1.len() == 2, "pods: {:?}", before.1);
+
+    let out = kubectl(&["apply", "-n", &ns.name, "-f", "-"], &manifest)?;
+    assert!(out.contains("unchanged"), "client-side re-apply: {out}");
+    kubectl(
+        &["apply", "--server-side", "-n", &ns.name, "-f", "-"],
+        &manifest,
+    )?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = snapshot(&client, &ns.name, name).await?;
+    assert_eq!(
+        before, after,
+        "re-applying the same manifests changed the job, its pods or its service"
+    );
+    assert_eq!(pods.len(), 2);
+
+    kubectl(
+        &["delete", "trainingjob", name, "-n", &ns.name, "--wait=true"],
+        "",
+    )?;
+    wait_for(
+        "pods and service of the deleted job to be gone",
+        Duration::from_secs(60),
+        || async {
+            let pods = job_pods(&client, &ns.name, name).await?;
+            let svc = Api::<Service>::namespaced(client.clone(), &ns.name)
+                .get_opt(name)
+                .await?;
+            Ok((pods.is_empty() && svc.is_none()).then_some(()))
+        },
+    )
+    .await?;
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
+        .get_opt(&format!("{name}-checkpoints"))
+        .await?;
+    assert!(
+        pvc.is_some(),
+        "retainOnDelete (default true) keeps the checkpoint PVC"
+    );
+    ns.delete().await
+}
+
+/// (job generation, pod name → resourceVersion, service resourceVersion)
+async fn snapshot(
+    client: &Client,
+    ns: &str,
+    job: &str,
+) -> Result<(i64, Vec<(String, String)>, String)> {
+    let tj = tj_api(client, ns).get(job).await?;
+    let mut pods: Vec<(String, String)> = job_pods(client, ns, job)
+        .await?
+        .into_iter()
+        .map(|p| (p.name_any(), p.resource_version().unwrap_or_default()))
+        .collect();
+    pods.sort();
+    let svc = Api::<Service>::namespaced(client.clone(), ns)
+        .get(job)
+        .await?;
+    Ok((
+        tj.metadata.generation.unwrap_or_default(),
+        pods,
+        svc.resource_version().unwrap_or_default(),
+    ))
+}
