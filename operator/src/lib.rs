@@ -9,9 +9,14 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod controller;
 pub mod crd;
+pub mod crdgen;
+pub mod error;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub mod leader;
+pub mod metrics;
 pub mod nodes;
 pub mod placement;
 pub mod plan;
@@ -20,3 +25,5 @@ pub mod preemption;
 pub mod pvc;
 pub mod service;
 pub mod validate;
+
+pub use controller::{RunConfig, run};

@@ -1,1 +1,160 @@
-fn main() {}
+//! `trainyard-operator`: `run` reconciles TrainingJobs, `crd` prints the CRD.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+use trainyard_operator::config::OperatorConfig;
+use trainyard_operator::leader::LeaderElection;
+use trainyard_operator::{RunConfig, crdgen, run};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "trainyard-operator",
+    version,
+    about = "Runs TrainingJobs as preemption-tolerant GPU pod gangs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Reconcile TrainingJobs (kubeconfig or in-cluster config).
+    Run(RunArgs),
+    /// Print the TrainingJob CRD as YAML.
+    Crd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "TRAINYARD_NAMESPACE")]
+    namespace: Option<String>,
+    /// Operator config file (prices, spot labels and taints, timeouts); defaults apply without it.
+    #[arg(long, env = "TRAINYARD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "TRAINYARD_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Take a coordination/v1 Lease before reconciling, so that replicas never overlap.
+    #[arg(long, env = "TRAINYARD_LEADER_ELECT", default_value_t = true, action = ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "trainyard-operator")]
+    lease_name: String,
+    /// Namespace of the leader Lease (default: the pod's namespace, else the kubeconfig's).
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Identity in the Lease and in Events (default: the pod name, else the hostname).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Seconds the Lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// Log format.
+    #[arg(long, value_enum, env = "TRAINYARD_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+        })
+        .unwrap_or_else(|| format!("trainyard-operator-{}", std::process::id()))
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+    tracing::info!("shutting down");
+}
+
+async fn run_command(args: RunArgs) -> anyhow::Result<()> {
+    init_tracing(args.log_format);
+    let operator = match &args.config {
+        Some(path) => OperatorConfig::load(path)?,
+        None => OperatorConfig::default(),
+    };
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes (kubeconfig or in-cluster config)")?;
+    let identity = args
+        .identity
+        .clone()
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(hostname);
+    let leader_election = args.leader_elect.then(|| LeaderElection {
+        lease_name: args.lease_name.clone(),
+        lease_namespace: args
+            .lease_namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        identity: identity.clone(),
+        lease_duration_seconds: args.lease_duration_seconds,
+        renew_grace_seconds: (args.lease_duration_seconds / 3).max(1),
+    });
+    let config = RunConfig {
+        namespace: args.namespace.filter(|n| !n.is_empty()),
+        operator,
+        metrics_addr: Some(args.metrics_addr),
+        leader_election,
+        instance: identity,
+    };
+    run(client, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", crdgen::crd_yaml().context("rendering the CRD")?);
+            Ok(())
+        }
+        Command::Run(args) => run_command(args).await,
+    }
+}

@@ -1,0 +1,797 @@
+//! The thin layer between the pure pipeline and the API server.
+//!
+//! One kube-runtime Controller on TrainingJobs. Pods (owned), Nodes, Services and PVCs are
+//! each watched once into reflector caches that every reconcile reads, so a reconcile makes no
+//! LIST calls and, when nothing changed, no API calls at all. Pods are found by their
+//! deterministic names (`<job>-worker-<rank>`), so a reconcile costs O(workers), not O(pods).
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt, future, stream};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
+use kube::core::PartialObjectMeta;
+use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::config::OperatorConfig;
+use crate::crd::{LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobStatus};
+use crate::error::Error;
+use crate::leader::{LeaderElection, Leadership};
+use crate::metrics::{Metrics, RestartLabels};
+use crate::plan::{self, Action as PlanAction, EventKind, JobEvent, Observed, condition};
+use crate::validate::{ValidJob, pod_name, validate};
+
+/// The one field manager for everything the operator writes.
+pub const FIELD_MANAGER: &str = "trainyard-operator";
+/// Name of the CRD the operator waits for.
+pub const CRD_NAME: &str = "trainingjobs.trainyard.dev";
+/// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// Everything [`run`] needs.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Watch only this namespace; None watches all.
+    pub namespace: Option<String>,
+    /// Price and spot tables, timeouts.
+    pub operator: OperatorConfig,
+    /// Serve `/metrics`, `/healthz` and `/readyz` here.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Take a Lease before reconciling; None reconciles at once.
+    pub leader_election: Option<LeaderElection>,
+    /// Name of this replica in Events (`reportingInstance`).
+    pub instance: String,
+}
+
+struct Context {
+    client: Client,
+    config: OperatorConfig,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    services: Store<PartialObjectMeta<Service>>,
+    claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    /// Status we wrote, by uid, with the resourceVersion the write produced: used while the
+    /// TrainingJob cache has not caught up with our own write, so that a stale status is
+    /// never decided on twice.
+    written: Mutex<HashMap<String, (u64, TrainingJobStatus)>>,
+    /// When a restart was decided, by uid (for the recovery histogram).
+    detected: Mutex<HashMap<String, (u32, Instant)>>,
+    /// Consecutive transient errors, by namespace/name.
+    error_counts: Mutex<HashMap<String, u32>>,
+    /// Malformed objects already reported, by uid → resourceVersion.
+    reported_malformed: Mutex<HashMap<String, String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these maps inconsistent: every update is one insert/remove.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the operator until `shutdown` completes (or leadership is lost, which is an error so
+/// that the process restarts and queues for the Lease again).
+pub async fn run(
+    client: Client,
+    config: RunConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let metrics = Arc::new(Metrics::new());
+    let shutdown = shutdown.shared();
+    if let Some(addr) = config.metrics_addr {
+        let (local, server) =
+            crate::metrics::serve(addr, metrics.clone(), shutdown.clone()).await?;
+        tracing::info!(%local, "serving /metrics, /healthz and /readyz");
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "metrics server stopped");
+            }
+        });
+    }
+
+    tokio::select! {
+        r = wait_for_crd(client.clone()) => r?,
+        () = shutdown.clone() => return Ok(()),
+    }
+
+    let leadership = match &config.leader_election {
+        None => None,
+        Some(election) => {
+            // A standby is healthy and ready: it serves metrics and waits.
+            metrics.set_ready(true);
+            tokio::select! {
+                l = Leadership::acquire(client.clone(), election) => Some(l?),
+                () = shutdown.clone() => return Ok(()),
+            }
+        }
+    };
+    metrics.leader.set(1);
+
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    let watcher_task = leadership.map(|mut l| {
+        tokio::spawn(async move {
+            l.lost().await;
+            let _ = lost_tx.send(());
+            l
+        })
+    });
+    let lost = lost_rx.map(|r| r.is_ok()).shared();
+    let stop = {
+        let shutdown = shutdown.clone();
+        let lost = lost.clone();
+        async move {
+            tokio::select! {
+                () = shutdown => {},
+                _ = lost => {},
+            }
+        }
+    };
+    let result = run_controller(client, &config, metrics.clone(), stop).await;
+    metrics.leader.set(0);
+    if let Some(task) = watcher_task {
+        if lost.clone().now_or_never() == Some(true) {
+            return Err(Error::LeaderElection("lost the leader Lease".to_owned()));
+        }
+        task.abort();
+        if let Ok(l) = task.await {
+            l.release().await;
+        }
+    }
+    result
+}
+
+/// Polls the CRD with GET (which RBAC can restrict to this one name) until it is Established.
+async fn wait_for_crd(client: Client) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let mut logged = false;
+    loop {
+        let state = match api.get_opt(CRD_NAME).await {
+            Ok(Some(crd)) => {
+                let established = crd
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    });
+                if established {
+                    return Ok(());
+                }
+                "not established yet".to_owned()
+            }
+            Ok(None) => "not installed (kubectl apply -f crds/trainingjob.yaml)".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        if !logged {
+            tracing::warn!(crd = CRD_NAME, %state, "waiting for the CRD");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+fn strip_node(node: &mut Node) {
+    node.managed_fields_mut().clear();
+    // Image lists are the bulk of a Node object and the operator never reads them.
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+    }
+}
+
+/// What about a node can change placement or classification.
+fn node_fingerprint(node: &Node) -> u64 {
+    let mut h = DefaultHasher::new();
+    node.metadata.labels.hash(&mut h);
+    if let Some(spec) = &node.spec {
+        format!("{:?}", spec.taints).hash(&mut h);
+        spec.unschedulable.hash(&mut h);
+    }
+    if let Some(status) = &node.status {
+        format!("{:?}", status.allocatable).hash(&mut h);
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.clone());
+        ready.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// The jobs a node change concerns: those with pods on it, and those waiting for nodes.
+fn jobs_for_node(
+    node: &str,
+    pods: &Store<Pod>,
+    jobs: &Store<DeserializeGuard<TrainingJob>>,
+) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    let mut refs: Vec<ObjectRef<DeserializeGuard<TrainingJob>>> = pods
+        .state()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter_map(|p| {
+            let job = p.labels().get(LABEL_JOB)?;
+            Some(ObjectRef::new(job).within(p.namespace().as_deref().unwrap_or_default()))
+        })
+        .collect();
+    for j in jobs.state() {
+        let Ok(job) = &j.0 else { continue };
+        let Some(status) = job.status.as_ref() else {
+            refs.push(ObjectRef::from_obj(j.as_ref()));
+            continue;
+        };
+        let waiting = plan::condition_is_true(&status.conditions, condition::UNSCHEDULABLE)
+            || plan::condition_is_true(&status.conditions, condition::INVALID_SPEC)
+            || matches!(status.phase, None | Some(Phase::Pending));
+        if waiting {
+            refs.push(ObjectRef::from_obj(j.as_ref()));
+        }
+    }
+    refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    refs.dedup();
+    refs
+}
+
+async fn run_controller(
+    client: Client,
+    config: &RunConfig,
+    metrics: Arc<Metrics>,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), Error> {
+    let ns = config.namespace.as_deref();
+    let wc = || watcher::Config::default().any_semantic();
+
+    let (pod_store, pod_writer) = reflector::store();
+    let pod_stream = watcher(api::<Pod>(&client, ns), wc().labels(LABEL_JOB))
+        .modify(|p| p.managed_fields_mut().clear())
+        .reflect(pod_writer)
+        .default_backoff()
+        .touched_objects();
+
+    let (node_store, node_writer) = reflector::store();
+    let node_events = watcher(Api::<Node>::all(client.clone()), wc())
+        .modify(strip_node)
+        .reflect(node_writer)
+        .default_backoff();
+
+    let (svc_store, svc_writer) = reflector::store();
+    let svc_task = tokio::spawn(
+        watcher(
+            api::<PartialObjectMeta<Service>>(&client, ns),
+            wc().labels(LABEL_JOB),
+        )
+        .reflect(svc_writer)
+        .default_backoff()
+        .for_each(|_| future::ready(())),
+    );
+    let (claim_store, claim_writer) = reflector::store();
+    let claim_task = tokio::spawn(
+        watcher(
+            api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
+            wc(),
+        )
+        .reflect(claim_writer)
+        .default_backoff()
+        .for_each(|_| future::ready(())),
+    );
+
+    let jobs_api: Api<DeserializeGuard<TrainingJob>> = api(&client, ns);
+    let controller = Controller::new(jobs_api, wc())
+        .with_config(ControllerConfig::default().debounce(Duration::from_millis(50)));
+    let job_store = controller.store();
+
+    let fingerprints: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let node_triggers = {
+        let pods = pod_store.clone();
+        let jobs = job_store.clone();
+        node_events
+            .filter_map(move |ev| {
+                let fingerprints = fingerprints.clone();
+                async move {
+                    let ev = match ev {
+                        Ok(ev) => ev,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "node watch");
+                            return None;
+                        }
+                    };
+                    let mut fp = lock(&fingerprints);
+                    match ev {
+                        watcher::Event::Apply(n) => {
+                            let name = n.name_any();
+                            let new = node_fingerprint(&n);
+                            (fp.insert(name.clone(), new) != Some(new)).then_some(name)
+                        }
+                        watcher::Event::InitApply(n) => {
+                            let name = n.name_any();
+                            let new = node_fingerprint(&n);
+                            // The first list needs no triggers (every job reconciles at start);
+                            // a re-list after a watch gap reports what changed meanwhile.
+                            match fp.insert(name.clone(), new) {
+                                Some(old) if old != new => Some(name),
+                                _ => None,
+                            }
+                        }
+                        watcher::Event::Delete(n) => {
+                            let name = n.name_any();
+                            fp.remove(&name);
+                            Some(name)
+                        }
+                        watcher::Event::Init | watcher::Event::InitDone => None,
+                    }
+                }
+            })
+            .flat_map(move |name| stream::iter(jobs_for_node(&name, &pods, &jobs)))
+    };
+
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.to_owned(),
+        instance: Some(config.instance.clone()),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        config: config.operator.clone(),
+        pods: pod_store,
+        nodes: node_store,
+        services: svc_store,
+        claims: claim_store,
+        jobs: job_store,
+        recorder: Recorder::new(client, reporter),
+        metrics: metrics.clone(),
+        written: Mutex::default(),
+        detected: Mutex::default(),
+        error_counts: Mutex::default(),
+        reported_malformed: Mutex::default(),
+    });
+
+    metrics.set_ready(true);
+    tracing::info!(
+        namespace = ns.unwrap_or("(all)"),
+        "reconciling TrainingJobs"
+    );
+    controller
+        .owns_stream(pod_stream)
+        .reconcile_on(node_triggers)
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "controller");
+            }
+            future::ready(())
+        })
+        .await;
+    svc_task.abort();
+    claim_task.abort();
+    tracing::info!("controller stopped");
+    Ok(())
+}
+
+fn error_policy(obj: Arc<DeserializeGuard<TrainingJob>>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.count_error(err);
+    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    if err.waits_for_change() {
+        tracing::info!(job = %key, error = %err, "waiting for the TrainingJob to change");
+        return Action::await_change();
+    }
+    let mut counts = lock(&ctx.error_counts);
+    let n = counts.entry(key.clone()).or_insert(0);
+    *n = n.saturating_add(1);
+    let delay = Duration::from_secs((1u64 << (*n).min(9)).min(300));
+    tracing::warn!(job = %key, error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn reconcile(
+    obj: Arc<DeserializeGuard<TrainingJob>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.metrics.reconciles.inc();
+    let started = Instant::now();
+    let result = reconcile_inner(&obj, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        lock(&ctx.error_counts).remove(&key);
+    }
+    result
+}
+
+impl Context {
+    async fn caches_ready(&self) -> Result<(), Error> {
+        self.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheGone("pods"))?;
+        self.nodes
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheGone("nodes"))?;
+        self.services
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheGone("services"))?;
+        self.claims
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheGone("persistentvolumeclaims"))
+    }
+
+    /// The job's status, or the one we wrote last if the cache has not caught up with it.
+    fn freshest_status(&self, job: &TrainingJob) -> TrainingJobStatus {
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let cached_rv = job
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok());
+        let mut written = lock(&self.written);
+        if let (Some((rv, status)), Some(cached)) = (written.get(&uid), cached_rv)
+            && *rv > cached
+        {
+            return status.clone();
+        }
+        written.remove(&uid);
+        job.status.clone().unwrap_or_default()
+    }
+
+    fn remember_written(&self, uid: &str, rv: Option<&str>, status: &TrainingJobStatus) {
+        let mut written = lock(&self.written);
+        if let Some(rv) = rv.and_then(|rv| rv.parse::<u64>().ok()) {
+            written.insert(uid.to_owned(), (rv, status.clone()));
+        }
+        // Entries of deleted jobs are never read again; drop them once the map outgrows the jobs.
+        if written.len() > 2 * self.jobs.len() + 16 {
+            let live: std::collections::HashSet<String> =
+                self.jobs.state().iter().filter_map(|j| j.uid()).collect();
+            written.retain(|uid, _| live.contains(uid));
+            lock(&self.detected).retain(|uid, _| live.contains(uid));
+        }
+    }
+
+    fn observe(&self, job: &ValidJob, current: &TrainingJobStatus, now: Timestamp) -> Observed {
+        let ns = job.namespace.as_str();
+        let ranks = current
+            .workers
+            .iter()
+            .map(|w| w.rank.saturating_add(1))
+            .max()
+            .unwrap_or(0)
+            .max(job.spec.workers);
+        let mut pods = Vec::new();
+        let mut foreign_pods = Vec::new();
+        for rank in 0..ranks {
+            let name = pod_name(&job.name, rank);
+            if let Some(pod) = self.pods.get(&ObjectRef::new(&name).within(ns)) {
+                let ours = pod.owner_references().iter().any(|o| o.uid == job.uid);
+                if ours {
+                    pods.push(pod);
+                } else {
+                    foreign_pods.push(name);
+                }
+            }
+        }
+        Observed {
+            pods,
+            foreign_pods,
+            nodes: self.nodes.state(),
+            claim_exists: self
+                .claims
+                .get(&ObjectRef::new(&job.claim_name).within(ns))
+                .is_some(),
+            service_exists: self
+                .services
+                .get(&ObjectRef::new(&job.name).within(ns))
+                .is_some(),
+            now,
+        }
+    }
+
+    async fn write_status(
+        &self,
+        job: &TrainingJob,
+        status: &TrainingJobStatus,
+    ) -> Result<(), Error> {
+        let ns = job.namespace().unwrap_or_default();
+        let name = job.name_any();
+        let api: Api<TrainingJob> = Api::namespaced(self.client.clone(), &ns);
+        let patch = json!({
+            "apiVersion": TrainingJob::api_version(&()),
+            "kind": TrainingJob::kind(&()),
+            "status": status,
+        });
+        let written = api
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "writing status of TrainingJob {ns}/{name}"
+            )))?;
+        self.remember_written(
+            &job.metadata.uid.clone().unwrap_or_default(),
+            written.metadata.resource_version.as_deref(),
+            status,
+        );
+        Ok(())
+    }
+
+    async fn publish(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        events: &[JobEvent],
+    ) {
+        for e in events {
+            let mut note = e.note.clone();
+            if note.len() > 1000 {
+                let mut cut = 1000;
+                while !note.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                note.truncate(cut);
+            }
+            let event = Event {
+                type_: match e.kind {
+                    EventKind::Normal => EventType::Normal,
+                    EventKind::Warning => EventType::Warning,
+                },
+                reason: e.reason.clone(),
+                note: Some(note),
+                action: "Reconcile".to_owned(),
+                secondary: None,
+            };
+            if let Err(err) = self.recorder.publish(&event, reference).await {
+                tracing::warn!(error = %err, reason = %e.reason, "publishing an Event");
+            }
+        }
+    }
+
+    async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> Result<(), Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        let mut pod_ops = Vec::new();
+        for action in actions {
+            match action {
+                PlanAction::ApplyService(svc) => {
+                    let name = svc.name_any();
+                    Api::<Service>::namespaced(self.client.clone(), ns)
+                        .patch(&name, &apply, &Patch::Apply(&*svc))
+                        .await
+                        .map_err(Error::kube(format!("applying Service {ns}/{name}")))?;
+                }
+                PlanAction::ApplyPvc(claim) => {
+                    let name = claim.name_any();
+                    Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns)
+                        .patch(&name, &apply, &Patch::Apply(&*claim))
+                        .await
+                        .map_err(Error::kube(format!(
+                            "applying PersistentVolumeClaim {ns}/{name}"
+                        )))?;
+                }
+                PlanAction::CreatePod(pod) => {
+                    let pods = pods.clone();
+                    pod_ops.push(
+                        async move {
+                            let name = pod.name_any();
+                            // Create, not apply: a pod must never be adopted or mutated into a new
+                            // attempt, and AlreadyExists proves a previous round created it.
+                            let pp = PostParams {
+                                dry_run: false,
+                                field_manager: Some(FIELD_MANAGER.to_owned()),
+                            };
+                            match pods.create(&pp, &pod).await {
+                                Ok(_) => Ok(()),
+                                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                                Err(e) => Err(Error::kube(format!("creating pod {ns}/{name}"))(e)),
+                            }
+                        }
+                        .boxed(),
+                    );
+                }
+                PlanAction::DeletePod { name, uid } => {
+                    pod_ops.push(delete_pod(pods.clone(), ns.to_owned(), name, uid, None).boxed());
+                }
+                PlanAction::ForceDeletePod { name, uid } => {
+                    tracing::warn!(pod = %name, namespace = ns, "force-deleting a pod stuck on a lost node");
+                    pod_ops
+                        .push(delete_pod(pods.clone(), ns.to_owned(), name, uid, Some(0)).boxed());
+                }
+            }
+        }
+        for r in future::join_all(pod_ops).await {
+            r?;
+        }
+        Ok(())
+    }
+}
+
+async fn delete_pod(
+    pods: Api<Pod>,
+    ns: String,
+    name: String,
+    uid: Option<String>,
+    grace: Option<u32>,
+) -> Result<(), Error> {
+    let dp = DeleteParams {
+        grace_period_seconds: grace,
+        preconditions: uid.map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(&name, &dp).await {
+        Ok(_) => Ok(()),
+        // Gone already, or a different incarnation: nothing of ours to delete.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
+    }
+}
+
+async fn report_malformed(invalid: &InvalidObject, ctx: &Context) -> Result<Action, Error> {
+    let meta = &invalid.metadata;
+    let ns = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let uid = meta.uid.clone().unwrap_or_default();
+    let rv = meta.resource_version.clone().unwrap_or_default();
+    let error = Error::Malformed {
+        name: format!("{ns}/{name}"),
+        message: invalid.error.clone(),
+    };
+    if lock(&ctx.reported_malformed).get(&uid) == Some(&rv) {
+        return Err(error);
+    }
+    let message = format!(
+        "the object does not parse as a TrainingJob: {}",
+        invalid.error
+    );
+    let resource = ApiResource::erase::<TrainingJob>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &resource);
+    // A merge patch keeps whatever else the status holds; the object cannot be decoded to rebuild it.
+    let patch = json!({"status": {"conditions": [{
+        "type": condition::INVALID_SPEC, "status": "True", "reason": "MalformedObject",
+        "message": message, "lastTransitionTime": Time(Timestamp::now()),
+        "observedGeneration": meta.generation,
+    }]}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    if let Err(e) = api
+        .patch_status(&name, &params, &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(job = %format!("{ns}/{name}"), error = %e, "reporting a malformed TrainingJob");
+    }
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(resource.api_version.clone()),
+        kind: Some(resource.kind.clone()),
+        name: Some(name),
+        namespace: Some(ns),
+        uid: Some(uid.clone()),
+        resource_version: Some(rv.clone()),
+        field_path: None,
+    };
+    ctx.publish(
+        &reference,
+        &[JobEvent {
+            kind: EventKind::Warning,
+            reason: "InvalidSpec".to_owned(),
+            note: message,
+        }],
+    )
+    .await;
+    lock(&ctx.reported_malformed).insert(uid, rv);
+    Err(error)
+}
+
+async fn reconcile_inner(
+    obj: &DeserializeGuard<TrainingJob>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    ctx.caches_ready().await?;
+    let job = match &obj.0 {
+        Ok(job) => job,
+        Err(invalid) => return report_malformed(invalid, ctx).await,
+    };
+    if job.metadata.deletion_timestamp.is_some() {
+        // Owner references let the garbage collector remove pods, Service and (unless retained) the PVC.
+        return Ok(Action::await_change());
+    }
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let ns = job.namespace().unwrap_or_default();
+    let reference = job.object_ref(&());
+    let current = ctx.freshest_status(job);
+    let now = Timestamp::now();
+
+    let valid = match validate(job) {
+        Ok(v) => v,
+        Err(e) => {
+            let (status, events) = plan::invalid_status(&current, &e, job.metadata.generation, now);
+            if status != current {
+                ctx.write_status(job, &status).await?;
+            }
+            ctx.publish(&reference, &events).await;
+            return Err(Error::InvalidSpec(e));
+        }
+    };
+
+    let observed = ctx.observe(&valid, &current, now);
+    let decided = plan::decide(&valid, &observed, &current, &ctx.config);
+
+    // Decisions are persisted before anything acts on them.
+    if decided.status != current {
+        ctx.write_status(job, &decided.status).await?;
+    }
+    if let Some(reason) = decided.restart {
+        ctx.metrics
+            .restarts
+            .get_or_create(&RestartLabels {
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
+        lock(&ctx.detected).insert(uid.clone(), (decided.status.attempt, Instant::now()));
+        tracing::info!(job = %format!("{ns}/{}", valid.name), attempt = decided.status.attempt, reason = reason.as_str(), "gang restart");
+    }
+    ctx.publish(&reference, &decided.events).await;
+    ctx.execute(&ns, decided.actions).await?;
+
+    if let Some(attempt) = decided.creates_attempt
+        && attempt > 0
+        && decided.status.last_restart.as_ref().map(|l| l.reason) == Some(RestartReason::Preemption)
+    {
+        let since = match lock(&ctx.detected).remove(&uid) {
+            Some((a, at)) if a == attempt => Some(at.elapsed().as_secs_f64()),
+            _ => decided
+                .status
+                .last_restart
+                .as_ref()
+                .map(|l| now.duration_since(l.time.0).as_secs_f64()),
+        };
+        if let Some(seconds) = since {
+            ctx.metrics.preemption_recovery.observe(seconds.max(0.0));
+        }
+    }
+
+    let after = decided
+        .requeue_at
+        .map(|at| {
+            let wait = at.duration_since(Timestamp::now()).as_secs_f64().max(0.5);
+            Duration::from_secs_f64(wait).min(RESYNC)
+        })
+        .unwrap_or(RESYNC);
+    Ok(Action::requeue(after))
+}

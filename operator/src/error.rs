@@ -1,0 +1,102 @@
+//! The operator's error type, counted by kind in `trainyard_operator_reconcile_errors_total`.
+
+use crate::config::ConfigError;
+use crate::validate::InvalidSpec;
+
+/// Everything that can go wrong in the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The spec cannot run as written; waits for the user to change it.
+    #[error("invalid spec: {0}")]
+    InvalidSpec(#[from] InvalidSpec),
+
+    /// The object could not be parsed as a TrainingJob at all.
+    #[error("malformed TrainingJob {name}: {message}")]
+    Malformed {
+        /// namespace/name.
+        name: String,
+        /// The parser's message.
+        message: String,
+    },
+
+    /// A Kubernetes API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done, naming the object.
+        action: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+
+    /// A watch-backed cache stopped before it was filled.
+    #[error("the {0} cache was dropped before it was ready")]
+    CacheGone(&'static str),
+
+    /// The CRD is not installed or not established.
+    #[error("CRD trainingjobs.trainyard.dev is not established: {0}")]
+    CrdNotEstablished(String),
+
+    /// Leader election failed or leadership was lost.
+    #[error("leader election: {0}")]
+    LeaderElection(String),
+
+    /// The metrics server could not start.
+    #[error("metrics server on {addr}: {source}")]
+    MetricsServer {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The configuration file is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+
+    /// An object could not be serialized.
+    #[error("serializing {what}: {source}")]
+    Serialize {
+        /// What.
+        what: &'static str,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    /// A low-cardinality label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::InvalidSpec(_) => "invalid_spec",
+            Error::Malformed { .. } => "malformed",
+            Error::Kube { source, .. } => match source {
+                kube::Error::Api(s) if s.code == 409 => "kube_conflict",
+                kube::Error::Api(s) if s.code == 403 => "kube_forbidden",
+                kube::Error::Api(s) if s.code == 404 => "kube_not_found",
+                kube::Error::Api(s) if s.code == 422 => "kube_invalid",
+                kube::Error::Api(_) => "kube_api",
+                _ => "kube_client",
+            },
+            Error::CacheGone(_) => "cache_gone",
+            Error::CrdNotEstablished(_) => "crd_not_established",
+            Error::LeaderElection(_) => "leader_election",
+            Error::MetricsServer { .. } => "metrics_server",
+            Error::Config(_) => "config",
+            Error::Serialize { .. } => "serialize",
+        }
+    }
+
+    /// Whether retrying cannot help until the object changes.
+    pub fn waits_for_change(&self) -> bool {
+        matches!(self, Error::InvalidSpec(_) | Error::Malformed { .. })
+    }
+
+    /// Wraps a client error with what was being done.
+    pub fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let action = action.into();
+        move |source| Error::Kube { action, source }
+    }
+}

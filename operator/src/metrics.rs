@@ -1,0 +1,218 @@
+//! Prometheus metrics and the HTTP endpoints `/metrics`, `/healthz` and `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::error::Error;
+
+/// Label set of the error counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// [`Error::metric_label`].
+    pub error: String,
+}
+
+/// Label set of the restart counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestartLabels {
+    /// Preemption or Failure.
+    pub reason: String,
+}
+
+/// The operator's metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Reconciles started.
+    pub reconciles: Counter,
+    /// Reconcile errors by kind.
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    /// Reconcile duration.
+    pub reconcile_duration: Histogram,
+    /// Gang restarts by reason.
+    pub restarts: Family<RestartLabels, Counter>,
+    /// Seconds from a preemption being detected to the next attempt's pods being created.
+    pub preemption_recovery: Histogram,
+    /// 1 while this replica holds the leader Lease (or runs without leader election).
+    pub leader: Gauge,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let reconciles = Counter::default();
+        registry.register(
+            "trainyard_operator_reconciles",
+            "Reconciles started",
+            reconciles.clone(),
+        );
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "trainyard_operator_reconcile_errors",
+            "Reconcile errors by kind",
+            reconcile_errors.clone(),
+        );
+        let reconcile_duration =
+            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]);
+        registry.register(
+            "trainyard_operator_reconcile_duration_seconds",
+            "Time spent in one reconcile",
+            reconcile_duration.clone(),
+        );
+        let restarts = Family::<RestartLabels, Counter>::default();
+        registry.register(
+            "trainyard_operator_restarts",
+            "Gang restarts by reason (Preemption, Failure)",
+            restarts.clone(),
+        );
+        let preemption_recovery = Histogram::new([
+            0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+        ]);
+        registry.register(
+            "trainyard_operator_preemption_recovery_seconds",
+            "Seconds from a preemption being detected to the next attempt's pods being created",
+            preemption_recovery.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "trainyard_operator_leader",
+            "1 while this replica reconciles (holds the leader Lease)",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            restarts,
+            preemption_recovery,
+            leader,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Counts an error by kind.
+    pub fn count_error(&self, error: &Error) {
+        self.reconcile_errors
+            .get_or_create(&ErrorLabels {
+                error: error.metric_label().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Marks the process ready (`/readyz` answers 200).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+async fn metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.render(),
+    )
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(m): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
+    if m.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    }
+}
+
+/// Binds the HTTP server; the returned future serves until `shutdown` completes.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics_: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<
+    (
+        SocketAddr,
+        impl std::future::Future<Output = std::io::Result<()>>,
+    ),
+    Error,
+> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::MetricsServer { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| Error::MetricsServer { addr, source })?;
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(metrics_);
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    Ok((local, async move { server.await }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_the_metrics_the_dashboard_uses() {
+        let m = Metrics::new();
+        m.restarts
+            .get_or_create(&RestartLabels {
+                reason: "Preemption".into(),
+            })
+            .inc();
+        m.count_error(&Error::CacheGone("pods"));
+        m.preemption_recovery.observe(0.4);
+        let text = m.render();
+        assert!(
+            text.contains("trainyard_operator_restarts_total{reason=\"Preemption\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("trainyard_operator_reconcile_errors_total{error=\"cache_gone\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("trainyard_operator_preemption_recovery_seconds_bucket"),
+            "{text}"
+        );
+        assert!(
+            text.contains("trainyard_operator_reconciles_total"),
+            "{text}"
+        );
+    }
+}
