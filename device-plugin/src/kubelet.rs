@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use notify::Watcher;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
@@ -176,7 +177,8 @@ pub struct KubeletSettings {
 fn watch_dir(dir: &Path, wake: &Arc<Notify>) -> Option<notify::RecommendedWatcher> {
     let wake = Arc::clone(wake);
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        // Connecting to a socket raises access events; only changes matter.
+        if res.is_ok_and(|e| !e.kind.is_access()) {
             wake.notify_one();
         }
     })
@@ -253,7 +255,10 @@ pub async fn run(
             Server::builder()
                 .add_service(DevicePluginServer::new(service))
                 .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(listener),
+                    // kubelets before 1.26 send the socket path as :authority,
+                    // which h2 rejects; see uds_authority.
+                    UnixListenerStream::new(listener)
+                        .map(|conn| conn.map(crate::uds_authority::normalize)),
                     generation.clone().cancelled_owned(),
                 ),
         );

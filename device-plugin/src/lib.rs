@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod plugin;
 pub mod service;
+pub mod uds_authority;
 
 pub use config::RunConfig;
 pub use plugin::{DiscoverReport, RunError, discover, run};
