@@ -553,9 +553,9 @@ pub(crate) mod tests {
     fn link_matrix_is_symmetric() {
         let t = Topology::new(&dgx1()).unwrap();
         let m = t.link_matrix();
-        for i in 0..8 {
-            for j in 0..8 {
-                assert_eq!(m[i][j], m[j][i]);
+        for (i, row) in m.iter().enumerate() {
+            for (j, &links) in row.iter().enumerate() {
+                assert_eq!(links, m[j][i]);
             }
         }
         assert_eq!(m[0][3], 2);

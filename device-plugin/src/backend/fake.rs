@@ -443,7 +443,9 @@ impl GpuBackend for FakeBackend {
         let watcher = {
             let wake = Arc::clone(&wake);
             notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                if res.is_ok() {
+                // Our own reads raise access events; reacting to them would
+                // re-read the file in a loop.
+                if res.is_ok_and(|e| !e.kind.is_access()) {
                     wake.notify_one();
                 }
             })
