@@ -225,7 +225,7 @@ pub struct CheckpointSpec {
     pub size: Quantity,
 
     /// StorageClass of the created PVC; empty uses the cluster default.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub storage_class_name: String,
 
     /// Access modes of the created PVC; empty means ReadWriteOnce for one worker, ReadWriteMany otherwise.
@@ -233,7 +233,7 @@ pub struct CheckpointSpec {
     pub access_modes: Vec<AccessMode>,
 
     /// Mount this existing PVC instead of creating one.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub existing_claim: String,
 
     /// Keep a created PVC after the job is deleted.
@@ -422,6 +422,8 @@ impl Phase {
     }
 }
 
+// Empty strings here and elsewhere are omitted rather than defaulted: Kubernetes 1.20
+// rejects `default: ""` in a CRD schema.
 /// A status condition, shaped like metav1.Condition.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -432,10 +434,10 @@ pub struct JobCondition {
     /// "True", "False" or "Unknown".
     pub status: String,
     /// CamelCase reason.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
     /// Human-readable detail.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// When `status` last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -450,7 +452,7 @@ pub struct JobCondition {
 #[serde(rename_all = "camelCase")]
 pub struct SelectedGpu {
     /// Value of `nvidia.com/gpu.product`, or empty when any allowed product will do.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub product: String,
     /// $ per GPU-hour from the operator's price table, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -459,7 +461,7 @@ pub struct SelectedGpu {
     #[serde(default)]
     pub spot: bool,
     /// Why this product and capacity type.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
 }
 
@@ -490,7 +492,7 @@ pub struct LastRestart {
     /// Preemption or Failure.
     pub reason: RestartReason,
     /// What happened, e.g. "worker 1: DisruptionTarget/TerminationByKubelet on node n-3".
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
 }
 

@@ -115,6 +115,16 @@ mod tests {
         );
     }
 
+    /// 1.20 treats an empty-string default as null and rejects the whole CRD.
+    #[test]
+    fn schema_has_no_empty_string_defaults() {
+        let json = serde_json::to_string(&crd()).expect("json");
+        assert!(
+            !json.contains(r#""default":"""#),
+            "empty-string default in the schema"
+        );
+    }
+
     #[test]
     fn crd_has_short_name_status_subresource_and_printer_columns() {
         let crd = crd();

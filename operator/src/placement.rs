@@ -444,3 +444,330 @@ pub fn max_gpus_per_node(nodes_: &[&Node], resource: &str) -> Option<u64> {
         .filter(|c| *c > 0)
         .max()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{job_yaml, node};
+    use crate::validate::validate;
+
+    fn job(yaml: &str) -> ValidJob {
+        validate(&job_yaml(yaml)).expect("valid")
+    }
+
+    fn terms(p: &Placement) -> Vec<Vec<(String, String, Vec<String>)>> {
+        p.node_affinity
+            .as_ref()
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .map(|s| {
+                s.node_selector_terms
+                    .iter()
+                    .map(|t| {
+                        t.match_expressions
+                            .iter()
+                            .flatten()
+                            .map(|e| {
+                                (
+                                    e.key.clone(),
+                                    e.operator.clone(),
+                                    e.values.clone().unwrap_or_default(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn expr(k: &str, op: &str, v: &[&str]) -> (String, String, Vec<String>) {
+        (
+            k.to_owned(),
+            op.to_owned(),
+            v.iter().map(|s| s.to_string()).collect(),
+        )
+    }
+
+    #[test]
+    fn cheapest_pins_the_lowest_priced_offered_product() {
+        let a100 = node("a").gpus(8).product("NVIDIA-A100-SXM4-80GB").build();
+        let t4 = node("t").gpus(4).product("Tesla-T4").build();
+        let p = place(
+            &job("gpusPerWorker: 4\n"),
+            &OperatorConfig::default(),
+            &[&a100, &t4],
+            0,
+        );
+        let selected = p.selected.clone().expect("selected");
+        assert_eq!(selected.product, "Tesla-T4");
+        assert_eq!(selected.price_per_hour, Some(0.12 * 3.0));
+        assert!(!selected.spot);
+        assert_eq!(
+            terms(&p),
+            vec![vec![expr("nvidia.com/gpu.product", "In", &["Tesla-T4"])]]
+        );
+        assert!(p.unschedulable.is_none());
+    }
+
+    #[test]
+    fn cheapest_uses_the_spot_price_where_the_product_runs_on_spot() {
+        // On demand the T4 costs 0.36, the A100-80GB on spot 1.25; an H100 on demand 7.5.
+        let a100_spot = node("a")
+            .gpus(8)
+            .product("NVIDIA-A100-SXM4-80GB")
+            .spot()
+            .build();
+        let h100 = node("h").gpus(8).product("NVIDIA-H100-80GB-HBM3").build();
+        let p = place(
+            &job("gpusPerWorker: 8\n"),
+            &OperatorConfig::default(),
+            &[&a100_spot, &h100],
+            0,
+        );
+        let selected = p.selected.expect("selected");
+        assert_eq!(
+            (selected.product.as_str(), selected.spot),
+            ("NVIDIA-A100-SXM4-80GB", true)
+        );
+        assert_eq!(selected.price_per_hour, Some(1.25));
+    }
+
+    #[test]
+    fn candidates_need_enough_allocatable_gpus_on_a_ready_node() {
+        let small_t4 = node("t").gpus(2).product("Tesla-T4").build();
+        let down_l4 = node("l")
+            .gpus(8)
+            .product("NVIDIA-L4")
+            .not_ready_since("2026-01-01T00:00:00Z")
+            .build();
+        let a10 = node("g").gpus(4).product("NVIDIA-A10G").build();
+        let p = place(
+            &job("gpusPerWorker: 4\n"),
+            &OperatorConfig::default(),
+            &[&small_t4, &down_l4, &a10],
+            0,
+        );
+        assert_eq!(p.selected.expect("selected").product, "NVIDIA-A10G");
+    }
+
+    #[test]
+    fn no_offered_product_keeps_the_whole_allowed_list_and_names_what_the_cluster_has() {
+        let t4 = node("t").gpus(4).product("Tesla-T4").build();
+        let p = place(
+            &job(
+                "gpusPerWorker: 1\ngpu: {products: [NVIDIA-H100-80GB-HBM3, NVIDIA-A100-SXM4-80GB]}\n",
+            ),
+            &OperatorConfig::default(),
+            &[&t4],
+            0,
+        );
+        assert_eq!(
+            terms(&p),
+            vec![vec![expr(
+                "nvidia.com/gpu.product",
+                "In",
+                &["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"]
+            )]]
+        );
+        let msg = p.unschedulable.expect("unschedulable");
+        assert!(msg.contains("Tesla-T4 (1)"), "{msg}");
+        assert_eq!(p.selected.expect("selected").product, "");
+    }
+
+    #[test]
+    fn min_memory_excludes_products_with_too_little_memory() {
+        let a100_40 = node("a")
+            .gpus(8)
+            .product("NVIDIA-A100-PCIE-40GB")
+            .label("nvidia.com/gpu.memory", "40960")
+            .build();
+        let a100_80 = node("b")
+            .gpus(8)
+            .product("NVIDIA-A100-SXM4-80GB")
+            .label("nvidia.com/gpu.memory", "81920")
+            .build();
+        let p = place(
+            &job("gpusPerWorker: 8\ngpu: {minMemoryGiB: 80}\n"),
+            &OperatorConfig::default(),
+            &[&a100_40, &a100_80],
+            0,
+        );
+        assert_eq!(
+            p.selected.expect("selected").product,
+            "NVIDIA-A100-SXM4-80GB"
+        );
+    }
+
+    #[test]
+    fn min_cuda_becomes_gt_and_in_terms_ored() {
+        let n = node("n")
+            .gpus(8)
+            .product("NVIDIA-A100-SXM4-80GB")
+            .cuda(12, 4)
+            .build();
+        let p = place(
+            &job("gpusPerWorker: 1\ngpu: {minCudaVersion: \"12.4\", selection: Any}\n"),
+            &OperatorConfig::default(),
+            &[&n],
+            0,
+        );
+        assert_eq!(
+            terms(&p),
+            vec![
+                vec![expr("nvidia.com/cuda.runtime-version.major", "Gt", &["12"])],
+                vec![
+                    expr("nvidia.com/cuda.runtime-version.major", "In", &["12"]),
+                    expr("nvidia.com/cuda.runtime-version.minor", "Gt", &["3"]),
+                ],
+            ]
+        );
+        assert!(p.unschedulable.is_none());
+    }
+
+    #[test]
+    fn min_cuda_above_every_node_is_unschedulable_naming_the_versions() {
+        let a = node("a").gpus(8).cuda(12, 2).build();
+        let b = node("b").gpus(8).cuda(11, 8).build();
+        let p = place(
+            &job("gpusPerWorker: 1\ngpu: {minCudaVersion: \"12.4\"}\n"),
+            &OperatorConfig::default(),
+            &[&a, &b],
+            0,
+        );
+        let msg = p.unschedulable.expect("unschedulable");
+        assert!(msg.contains("CUDA >= 12.4"), "{msg}");
+        assert!(msg.contains("CUDA versions: 11.8, 12.2"), "{msg}");
+    }
+
+    #[test]
+    fn compute_capability_with_minor_zero_is_one_gt_term_crossed_with_cuda() {
+        let n = node("n").gpus(8).cuda(12, 4).compute(9, 0).build();
+        let p = place(
+            &job(
+                "gpusPerWorker: 1\ngpu: {minCudaVersion: \"12.4\", minComputeCapability: \"8.0\"}\n",
+            ),
+            &OperatorConfig::default(),
+            &[&n],
+            0,
+        );
+        let t = terms(&p);
+        assert_eq!(t.len(), 2);
+        for term in &t {
+            assert!(
+                term.contains(&expr("nvidia.com/gpu.compute.major", "Gt", &["7"])),
+                "{term:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn require_spot_ors_the_provider_labels_and_crosses_them_with_other_terms() {
+        let n = node("n").gpus(8).cuda(12, 4).spot().build();
+        let p = place(
+            &job(
+                "gpusPerWorker: 1\nspot: {policy: Require}\ngpu: {minCudaVersion: \"12.4\", selection: Any}\n",
+            ),
+            &OperatorConfig::default(),
+            &[&n],
+            0,
+        );
+        let t = terms(&p);
+        assert_eq!(t.len(), 5 * 2);
+        assert!(t.iter().any(|term| term.contains(&expr(
+            "karpenter.sh/capacity-type",
+            "In",
+            &["spot"]
+        ))));
+        assert!(!p.tolerations.is_empty());
+        assert!(p.selected.expect("selected").spot);
+    }
+
+    #[test]
+    fn prefer_spot_is_preferred_affinity_with_tolerations() {
+        let n = node("n").gpus(8).build();
+        let p = place(
+            &job("gpusPerWorker: 1\n"),
+            &OperatorConfig::default(),
+            &[&n],
+            0,
+        );
+        let preferred = p
+            .node_affinity
+            .and_then(|a| a.preferred_during_scheduling_ignored_during_execution)
+            .expect("preferred");
+        assert_eq!(preferred.len(), 5);
+        let keys: Vec<_> = p.tolerations.iter().filter_map(|t| t.key.clone()).collect();
+        assert_eq!(
+            keys,
+            [
+                "kubernetes.azure.com/scalesetpriority",
+                "cloud.google.com/gke-spot"
+            ]
+        );
+    }
+
+    #[test]
+    fn never_spot_excludes_every_spot_label_and_tolerates_nothing() {
+        let n = node("n").gpus(8).build();
+        let p = place(
+            &job("gpusPerWorker: 1\nspot: {policy: Never}\ngpu: {selection: Any}\n"),
+            &OperatorConfig::default(),
+            &[&n],
+            0,
+        );
+        let t = terms(&p);
+        assert_eq!(t.len(), 1);
+        assert!(t[0].contains(&expr("eks.amazonaws.com/capacityType", "NotIn", &["SPOT"])));
+        assert!(p.tolerations.is_empty());
+    }
+
+    #[test]
+    fn fallback_after_enough_preemptions_avoids_spot_and_says_so() {
+        let spot = node("s").gpus(8).product("Tesla-T4").spot().build();
+        let od = node("o").gpus(8).product("Tesla-T4").build();
+        let j = job("gpusPerWorker: 1\nspot: {fallbackToOnDemandAfter: 2}\n");
+        let before = place(&j, &OperatorConfig::default(), &[&spot, &od], 1);
+        assert!(before.selected.expect("selected").spot);
+        let after = place(&j, &OperatorConfig::default(), &[&spot, &od], 2);
+        let selected = after.selected.clone().expect("selected");
+        assert!(!selected.spot);
+        assert!(
+            selected.reason.contains("fell back to on-demand after 2"),
+            "{}",
+            selected.reason
+        );
+        assert!(after.tolerations.is_empty());
+        assert!(terms(&after)[0].contains(&expr("karpenter.sh/capacity-type", "NotIn", &["spot"])));
+    }
+
+    #[test]
+    fn zero_fallback_never_falls_back() {
+        let j = job("spot: {fallbackToOnDemandAfter: 0}\n");
+        assert_eq!(spot_mode(&j, 1000), (SpotMode::Prefer, false));
+    }
+
+    #[test]
+    fn cpu_job_gets_no_gpu_constraints() {
+        let n = node("n").build();
+        let p = place(
+            &job("gpusPerWorker: 0\n"),
+            &OperatorConfig::default(),
+            &[&n],
+            0,
+        );
+        assert!(terms(&p).is_empty());
+        assert!(p.selected.is_none());
+        assert!(p.unschedulable.is_none());
+    }
+
+    #[test]
+    fn max_gpus_per_node_ignores_nodes_without_gpus() {
+        let a = node("a").gpus(4).build();
+        let b = node("b").build();
+        assert_eq!(max_gpus_per_node(&[&a, &b], "nvidia.com/gpu"), Some(4));
+        assert_eq!(max_gpus_per_node(&[&b], "nvidia.com/gpu"), None);
+    }
+}

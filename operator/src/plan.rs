@@ -1050,3 +1050,7 @@ fn record_workers(
     workers.sort_by_key(|w| w.rank);
     st.workers = workers;
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

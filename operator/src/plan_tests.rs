@@ -1,0 +1,701 @@
+//! The restart state machine, driven round by round as the controller would.
+
+use super::*;
+use crate::fixtures::{job_yaml, node, ts};
+use crate::validate::validate;
+use serde_json::json;
+
+const T0: &str = "2026-01-01T00:00:00Z";
+
+struct World {
+    job: ValidJob,
+    config: OperatorConfig,
+    status: TrainingJobStatus,
+    pods: Vec<Arc<Pod>>,
+    nodes: Vec<Arc<Node>>,
+    claim_exists: bool,
+    service_exists: bool,
+    now: Timestamp,
+}
+
+impl World {
+    fn new(yaml: &str) -> Self {
+        Self {
+            job: validate(&job_yaml(yaml)).expect("valid"),
+            config: OperatorConfig::default(),
+            status: TrainingJobStatus::default(),
+            pods: Vec::new(),
+            nodes: vec![Arc::new(node("n-1").gpus(8).product("Tesla-T4").build())],
+            claim_exists: false,
+            service_exists: false,
+            now: ts(T0),
+        }
+    }
+
+    fn observed(&self) -> Observed {
+        Observed {
+            pods: self.pods.clone(),
+            foreign_pods: Vec::new(),
+            nodes: self.nodes.clone(),
+            claim_exists: self.claim_exists,
+            service_exists: self.service_exists,
+            now: self.now,
+        }
+    }
+
+    fn decide(&self) -> Plan {
+        decide(&self.job, &self.observed(), &self.status, &self.config)
+    }
+
+    /// Decides, persists the status and carries out the actions like the API server would
+    /// (created pods appear Pending on n-1; deleted ones get a deletionTimestamp).
+    fn step(&mut self) -> Plan {
+        let plan = self.decide();
+        self.status = plan.status.clone();
+        for a in &plan.actions {
+            match a {
+                Action::ApplyService(_) => self.service_exists = true,
+                Action::ApplyPvc(_) => self.claim_exists = true,
+                Action::CreatePod(p) => {
+                    let mut pod = (**p).clone();
+                    let name = pod.metadata.name.clone().expect("name");
+                    if self
+                        .pods
+                        .iter()
+                        .any(|x| x.metadata.name.as_deref() == Some(&name))
+                    {
+                        continue;
+                    }
+                    pod.metadata.uid = Some(format!("{name}-{}", self.status.attempt));
+                    if let Some(spec) = pod.spec.as_mut() {
+                        spec.node_name = Some("n-1".into());
+                    }
+                    pod.status = serde_json::from_value(json!({"phase": "Pending"})).ok();
+                    self.pods.push(Arc::new(pod));
+                }
+                Action::DeletePod { name, .. } => self.modify(name, |p| {
+                    if p.metadata.deletion_timestamp.is_none() {
+                        p.metadata.deletion_timestamp = Some(Time(ts(T0)));
+                    }
+                }),
+                Action::ForceDeletePod { name, .. } => self
+                    .pods
+                    .retain(|p| p.metadata.name.as_deref() != Some(name)),
+            }
+        }
+        plan
+    }
+
+    fn modify(&mut self, name: &str, f: impl FnOnce(&mut Pod)) {
+        if let Some(slot) = self
+            .pods
+            .iter_mut()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+        {
+            let mut pod = (**slot).clone();
+            f(&mut pod);
+            *slot = Arc::new(pod);
+        }
+    }
+
+    fn set_status(&mut self, name: &str, status: serde_json::Value) {
+        self.modify(name, |p| p.status = serde_json::from_value(status).ok());
+    }
+
+    fn run_all(&mut self) {
+        for p in self.pods.clone() {
+            let name = p.metadata.name.clone().expect("name");
+            self.set_status(
+                &name,
+                json!({"phase": "Running", "startTime": T0, "containerStatuses": [
+                {"name": "trainer", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                 "state": {"running": {"startedAt": T0}}}]}),
+            );
+        }
+    }
+
+    fn exit(&mut self, name: &str, code: i32) {
+        let phase = if code == 0 { "Succeeded" } else { "Failed" };
+        self.set_status(name, json!({"phase": phase, "startTime": T0, "containerStatuses": [
+            {"name": "trainer", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+             "state": {"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }}}}]}));
+    }
+
+    /// The kubelet finishes every pending deletion.
+    fn kubelet_removes_deleted(&mut self) {
+        self.pods
+            .retain(|p| p.metadata.deletion_timestamp.is_none());
+    }
+
+    fn creates(plan: &Plan) -> Vec<&Pod> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::CreatePod(p) => Some(p.as_ref()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn deletes(plan: &Plan) -> usize {
+        plan.actions
+            .iter()
+            .filter(|a| matches!(a, Action::DeletePod { .. }))
+            .count()
+    }
+
+    fn advance(&mut self, secs: i64) {
+        self.now = self
+            .now
+            .saturating_add(SignedDuration::from_secs(secs))
+            .expect("time");
+    }
+
+    fn running_world(yaml: &str) -> Self {
+        let mut w = Self::new(yaml);
+        w.step();
+        w.run_all();
+        w.step();
+        assert_eq!(w.status.phase, Some(Phase::Running));
+        w
+    }
+
+    fn preempt(&mut self, name: &str) {
+        self.modify(name, |p| {
+            let mut s = p.status.clone().unwrap_or_default();
+            s.conditions = serde_json::from_value(json!([{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}])).ok();
+            p.status = Some(s);
+        });
+    }
+}
+
+fn env(pod: &Pod, key: &str) -> Option<String> {
+    pod.spec.as_ref()?.containers[0]
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == key)?
+        .value
+        .clone()
+}
+
+#[test]
+fn new_job_creates_service_pvc_and_every_worker() {
+    let mut w = World::new("workers: 2\ngpusPerWorker: 4\n");
+    let plan = w.step();
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::ApplyService(_)))
+    );
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::ApplyPvc(_)))
+    );
+    let created: Vec<_> = World::creates(&plan)
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(created, ["train-worker-0", "train-worker-1"]);
+    assert_eq!(plan.status.phase, Some(Phase::Pending));
+    assert_eq!(plan.status.start_time, Some(Time(ts(T0))));
+    assert_eq!(
+        plan.status
+            .selected_gpu
+            .as_ref()
+            .map(|s| s.product.as_str()),
+        Some("Tesla-T4")
+    );
+    assert_eq!(plan.creates_attempt, Some(0));
+    assert!(
+        plan.status.workers.is_empty(),
+        "pods the cache has not shown are not recorded"
+    );
+}
+
+#[test]
+fn pods_not_yet_in_the_cache_are_created_again_not_counted_as_preempted() {
+    let w = World::new("workers: 2\n");
+    let first = w.decide();
+    let mut lagging = World::new("workers: 2\n");
+    lagging.status = first.status.clone();
+    lagging.claim_exists = true;
+    lagging.service_exists = true;
+    let replay = lagging.decide();
+    assert_eq!(replay.status, first.status, "replay changes nothing");
+    assert_eq!(
+        World::creates(&replay).len(),
+        2,
+        "creates are repeated (AlreadyExists is harmless)"
+    );
+    assert_eq!(replay.restart, None);
+}
+
+#[test]
+fn all_workers_running_makes_the_job_running_once() {
+    let mut w = World::new("workers: 2\n");
+    w.step();
+    w.run_all();
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert!(condition_is_true(
+        &plan.status.conditions,
+        condition::RUNNING
+    ));
+    assert_eq!(plan.status.workers.len(), 2);
+    assert_eq!(plan.status.workers[1].node.as_deref(), Some("n-1"));
+    assert!(plan.events.iter().any(|e| e.reason == "Running"));
+    let again = w.step();
+    assert_eq!(again.status, plan.status);
+    assert!(again.events.is_empty() && again.actions.is_empty());
+}
+
+#[test]
+fn preemption_restarts_the_whole_gang_with_resume_from() {
+    let mut w = World::running_world("workers: 2\ngpusPerWorker: 1\n");
+    w.preempt("train-worker-1");
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(
+        (
+            plan.status.attempt,
+            plan.status.preemptions,
+            plan.status.failures
+        ),
+        (1, 1, 0)
+    );
+    assert_eq!(plan.status.phase, Some(Phase::Restarting));
+    let last = plan.status.last_restart.clone().expect("lastRestart");
+    assert_eq!(
+        last.detail,
+        "worker 1: DisruptionTarget/TerminationByKubelet on node n-1"
+    );
+    assert_eq!(
+        World::deletes(&plan),
+        2,
+        "both ranks are stopped gracefully"
+    );
+    assert!(
+        World::creates(&plan).is_empty(),
+        "no new pod before the old ones are gone"
+    );
+
+    // The old pods are terminating: wait.
+    let waiting = w.step();
+    assert!(World::creates(&waiting).is_empty());
+    assert_eq!(waiting.status.preemptions, 1);
+
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 2);
+    assert_eq!(
+        env(created[0], "RESUME_FROM").as_deref(),
+        Some("/mnt/checkpoints/latest.pt")
+    );
+    assert_eq!(env(created[0], "TRAINYARD_ATTEMPT").as_deref(), Some("1"));
+    assert_eq!(
+        env(created[0], "TRAINYARD_RESTART_REASON").as_deref(),
+        Some("Preemption")
+    );
+    assert_eq!(
+        created[0].metadata.labels.as_ref().expect("labels")["trainyard.dev/attempt"],
+        "1"
+    );
+    assert_eq!(plan.creates_attempt, Some(1));
+
+    w.run_all();
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert!(!condition_is_true(
+        &plan.status.conditions,
+        condition::RESTARTING
+    ));
+}
+
+#[test]
+fn replaying_a_restart_decision_never_counts_twice() {
+    let mut w = World::running_world("workers: 2\n");
+    w.preempt("train-worker-0");
+    let first = w.decide();
+    // The controller crashed after writing the status but before deleting anything.
+    w.status = first.status.clone();
+    for _ in 0..3 {
+        let replay = w.decide();
+        assert_eq!(replay.status.preemptions, 1);
+        assert_eq!(replay.status.attempt, 1);
+        assert_eq!(replay.restart, None);
+        assert_eq!(
+            World::deletes(&replay),
+            2,
+            "the deletes are repeated instead"
+        );
+        assert!(World::creates(&replay).is_empty());
+    }
+}
+
+#[test]
+fn a_recorded_worker_that_disappears_was_preempted() {
+    let mut w = World::running_world("workers: 2\n");
+    w.pods
+        .retain(|p| p.metadata.name.as_deref() != Some("train-worker-1"));
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert!(
+        plan.status
+            .last_restart
+            .expect("last")
+            .detail
+            .contains("disappeared")
+    );
+}
+
+#[test]
+fn failure_backs_off_then_restarts_against_the_failure_budget() {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {backoffSeconds: 10, maxFailures: 3}\n");
+    w.exit("train-worker-0", 1);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Failure));
+    assert_eq!(
+        (
+            plan.status.failures,
+            plan.status.preemptions,
+            plan.status.attempt
+        ),
+        (1, 0, 1)
+    );
+    w.kubelet_removes_deleted();
+    w.pods.clear();
+    w.advance(5);
+    let waiting = w.step();
+    assert!(World::creates(&waiting).is_empty(), "still in backoff");
+    assert_eq!(waiting.requeue_at, Some(ts("2026-01-01T00:00:10Z")));
+    w.advance(5);
+    let plan = w.step();
+    assert_eq!(World::creates(&plan).len(), 2);
+    assert_eq!(
+        env(World::creates(&plan)[0], "TRAINYARD_RESTART_REASON").as_deref(),
+        Some("Failure")
+    );
+}
+
+#[test]
+fn backoff_doubles_from_the_base_and_caps_at_ten_minutes() {
+    let secs: Vec<_> = (1..=8).map(|f| failure_backoff(10, f).as_secs()).collect();
+    assert_eq!(secs, [10, 20, 40, 80, 160, 320, 600, 600]);
+    assert_eq!(failure_backoff(0, 5), SignedDuration::ZERO);
+    assert_eq!(failure_backoff(10, 100).as_secs(), 600);
+}
+
+#[test]
+fn failures_past_the_budget_fail_the_job_and_stop_the_rest() {
+    let mut w = World::running_world("workers: 2\nrestartPolicy: {maxFailures: 0}\n");
+    w.exit("train-worker-0", 137);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert_eq!(plan.status.failures, 1);
+    assert!(plan.status.completion_time.is_some());
+    let failed = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::FAILED)
+        .expect("Failed");
+    assert_eq!(failed.reason, "FailureBudgetExceeded");
+    assert_eq!(
+        World::deletes(&plan),
+        1,
+        "the still-running worker is stopped"
+    );
+    assert_eq!(plan.restart, None);
+    let again = w.step();
+    assert_eq!(again.status.phase, Some(Phase::Failed));
+    assert_eq!(again.status.failures, 1);
+}
+
+#[test]
+fn preemptions_past_the_budget_fail_the_job() {
+    let mut w = World::running_world("workers: 1\nrestartPolicy: {maxPreemptions: 0}\n");
+    w.preempt("train-worker-0");
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    let failed = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::FAILED)
+        .expect("Failed");
+    assert_eq!(failed.reason, "PreemptionBudgetExceeded");
+}
+
+#[test]
+fn a_preemption_with_collateral_failures_counts_only_as_a_preemption() {
+    let mut w = World::running_world("workers: 3\nrestartPolicy: {maxFailures: 0}\n");
+    w.preempt("train-worker-2");
+    w.exit("train-worker-0", 1);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!((plan.status.preemptions, plan.status.failures), (1, 0));
+    assert!(
+        plan.status
+            .last_restart
+            .expect("last")
+            .detail
+            .starts_with("worker 2:")
+    );
+}
+
+#[test]
+fn spot_fallback_kicks_in_after_enough_preemptions() {
+    let mut w =
+        World::running_world("workers: 1\ngpusPerWorker: 1\nspot: {fallbackToOnDemandAfter: 1}\n");
+    w.preempt("train-worker-0");
+    let plan = w.step();
+    assert!(plan.events.iter().any(|e| e.reason == "SpotFallback"));
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    let pod = World::creates(&plan)[0];
+    assert!(
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.tolerations.clone())
+            .is_none(),
+        "no spot tolerations"
+    );
+    let terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.clone())
+        .and_then(|a| a.node_affinity)
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+        .expect("required")
+        .node_selector_terms;
+    assert!(
+        terms[0]
+            .match_expressions
+            .iter()
+            .flatten()
+            .any(|e| e.operator == "NotIn" && e.key == "karpenter.sh/capacity-type")
+    );
+    let gpu = plan.status.selected_gpu.expect("gpu");
+    assert!(!gpu.spot);
+    assert!(gpu.reason.contains("fell back"), "{}", gpu.reason);
+}
+
+#[test]
+fn every_trainer_exiting_zero_succeeds_the_job() {
+    let mut w = World::running_world("workers: 2\n");
+    w.exit("train-worker-0", 0);
+    let plan = w.step();
+    assert_eq!(
+        plan.status.phase,
+        Some(Phase::Running),
+        "one rank done is not the job done"
+    );
+    w.exit("train-worker-1", 0);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Succeeded));
+    assert!(plan.status.completion_time.is_some());
+    assert!(
+        plan.actions.is_empty(),
+        "completed pods stay for their logs"
+    );
+    let again = w.step();
+    assert_eq!(again.status, plan.status);
+}
+
+#[test]
+fn active_deadline_fails_the_job_and_stops_the_workers() {
+    let mut w = World::running_world("workers: 2\nactiveDeadlineSeconds: 60\n");
+    w.advance(30);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!(plan.requeue_at, Some(ts("2026-01-01T00:01:00Z")));
+    w.advance(30);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert_eq!(
+        plan.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::FAILED)
+            .expect("Failed")
+            .reason,
+        "DeadlineExceeded"
+    );
+    assert_eq!(World::deletes(&plan), 2);
+}
+
+#[test]
+fn suspend_deletes_the_workers_and_resume_recreates_them() {
+    let mut w = World::running_world("workers: 2\n");
+    w.job.spec.suspend = true;
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Suspended));
+    assert_eq!(World::deletes(&plan), 2);
+    assert!(plan.status.workers.is_empty());
+    w.kubelet_removes_deleted();
+    assert!(w.step().actions.is_empty());
+    w.job.spec.suspend = false;
+    let plan = w.step();
+    assert!(plan.events.iter().any(|e| e.reason == "Resumed"));
+    assert_eq!(World::creates(&plan).len(), 2);
+    assert_eq!(plan.restart, None);
+    assert_eq!(plan.status.preemptions, 0);
+}
+
+#[test]
+fn missing_existing_claim_is_invalid_spec_without_pods_until_it_exists() {
+    let mut w = World::new("checkpoint: {existingClaim: shared}\n");
+    let plan = w.step();
+    assert!(World::creates(&plan).is_empty());
+    let c = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::INVALID_SPEC)
+        .expect("InvalidSpec");
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message.contains("\"shared\" does not exist"),
+        "{}",
+        c.message
+    );
+    assert!(plan.events.iter().any(|e| e.reason == "InvalidSpec"));
+    let again = w.step();
+    assert!(
+        again.events.is_empty(),
+        "the InvalidSpec event is not repeated"
+    );
+    assert_eq!(again.status, plan.status);
+    w.claim_exists = true;
+    let plan = w.step();
+    assert_eq!(World::creates(&plan).len(), 1);
+    assert!(!condition_is_true(
+        &plan.status.conditions,
+        condition::INVALID_SPEC
+    ));
+}
+
+#[test]
+fn more_gpus_per_worker_than_any_node_has_is_invalid_spec() {
+    let mut w = World::new("gpusPerWorker: 16\n");
+    let plan = w.step();
+    assert!(World::creates(&plan).is_empty());
+    let c = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::INVALID_SPEC)
+        .expect("InvalidSpec");
+    assert!(
+        c.message
+            .starts_with("spec.gpusPerWorker: 16 is more than any node has"),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn unsatisfiable_cuda_is_unschedulable_but_pods_wait_for_an_autoscaler() {
+    let mut w = World::new("gpusPerWorker: 1\ngpu: {minCudaVersion: \"12.4\"}\n");
+    w.nodes = vec![Arc::new(node("n-1").gpus(8).cuda(12, 2).build())];
+    let plan = w.step();
+    let c = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::UNSCHEDULABLE)
+        .expect("Unschedulable");
+    assert_eq!(c.status, "True");
+    assert!(c.message.contains("CUDA versions: 12.2"), "{}", c.message);
+    assert_eq!(World::creates(&plan).len(), 1);
+    w.nodes = vec![Arc::new(node("n-1").gpus(8).cuda(12, 4).build())];
+    let plan = w.step();
+    let c = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::UNSCHEDULABLE)
+        .expect("Unschedulable");
+    assert_eq!(c.status, "False");
+}
+
+#[test]
+fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_timeout() {
+    let mut w = World::running_world("workers: 1\n");
+    w.nodes = vec![Arc::new(node("n-1").not_ready_since(T0).build())];
+    w.advance(30);
+    let plan = w.step();
+    assert_eq!(plan.restart, None, "NotReady within the timeout");
+    assert_eq!(plan.requeue_at, Some(ts("2026-01-01T00:01:00Z")));
+    w.advance(30);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert!(
+        plan.status
+            .last_restart
+            .expect("last")
+            .detail
+            .contains("NotReady for 60s")
+    );
+    // Deleted gracefully, but no kubelet will confirm it.
+    let plan = w.step();
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::ForceDeletePod { .. })),
+        "{:?}",
+        plan.actions
+    );
+}
+
+#[test]
+fn pods_on_a_deleted_node_are_force_deleted_at_once() {
+    let mut w = World::running_world("workers: 1\n");
+    w.nodes.clear();
+    let plan = w.step();
+    assert!(
+        plan.status
+            .last_restart
+            .expect("last")
+            .detail
+            .contains("node n-1 is gone")
+    );
+    let plan = w.step();
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::ForceDeletePod { .. }))
+    );
+    let plan = w.step();
+    assert_eq!(
+        World::creates(&plan).len(),
+        1,
+        "the next attempt starts once the pod is gone"
+    );
+}
+
+#[test]
+fn a_half_created_attempt_is_completed_with_the_first_pods_placement() {
+    let mut w = World::new("workers: 2\ngpusPerWorker: 1\n");
+    let plan = w.decide();
+    w.status = plan.status.clone();
+    // Only rank 0 made it before a crash.
+    let first = World::creates(&plan)[0].clone();
+    w.pods.push(Arc::new(first.clone()));
+    // Meanwhile a cheaper product appeared; the gang must still land on one product.
+    w.nodes
+        .push(Arc::new(node("n-2").gpus(8).product("NVIDIA-L4").build()));
+    w.nodes[0] = Arc::new(node("n-1").gpus(8).product("NVIDIA-H100-80GB-HBM3").build());
+    let plan = w.decide();
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].metadata.name.as_deref(), Some("train-worker-1"));
+    assert_eq!(
+        created[0].spec.as_ref().and_then(|s| s.affinity.clone()),
+        first.spec.as_ref().and_then(|s| s.affinity.clone())
+    );
+}
