@@ -1,0 +1,208 @@
+//! Device-plugin hot paths over real gRPC on a unix socket, against the real
+//! binary: Allocate and GetPreferredAllocation latency on 8- and 16-GPU
+//! topologies, ListAndWatch propagation of a health change in the fake file,
+//! and peak RSS idle and after 1,000 allocations. Prints a markdown table.
+//!
+//! Run with `cargo bench -p trainyard-device-plugin --bench grpc`.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use trainyard_device_plugin::api::{
+    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
+    PreferredAllocationRequest,
+};
+
+const WARMUP: usize = 200;
+const SAMPLES: usize = 3000;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.1} µs", d.as_secs_f64() * 1e6)
+}
+
+struct Row {
+    topology: String,
+    what: String,
+    p50: String,
+    p99: String,
+}
+
+async fn measure<F, Fut>(mut call: F) -> (Duration, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..WARMUP {
+        call().await;
+    }
+    let mut samples = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        let start = Instant::now();
+        call().await;
+        samples.push(start.elapsed());
+    }
+    samples.sort();
+    (percentile(&samples, 0.50), percentile(&samples, 0.99))
+}
+
+fn preferred(n: usize, size: i32, must: Vec<String>) -> PreferredAllocationRequest {
+    PreferredAllocationRequest {
+        container_requests: vec![ContainerPreferredAllocationRequest {
+            available_device_i_ds: (0..n).map(uuid).collect(),
+            must_include_device_i_ds: must,
+            allocation_size: size,
+        }],
+    }
+}
+
+async fn bench_topology(file: &str, n: usize, rows: &mut Vec<Row>) -> (u64, u64) {
+    let ws = Workspace::new(&example(file));
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    let plugin = Plugin::start(&ws.dir, &ws.fake_file, &["--health-recovery-seconds", "0"]);
+    kubelet
+        .wait_devices(Duration::from_secs(30), |d| d.len() == n)
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle_kib = plugin.peak_rss_kib().unwrap_or(0);
+    let mut client = plugin_client(&ws.dir).await;
+    let topology = format!("{n} GPUs ({})", file.trim_end_matches(".yaml"));
+    let mut push = |what: String, (p50, p99): (Duration, Duration)| {
+        rows.push(Row {
+            topology: topology.clone(),
+            what,
+            p50: micros(p50),
+            p99: micros(p99),
+        })
+    };
+
+    let c = client.clone();
+    push(
+        "GetDevicePluginOptions (gRPC floor)".into(),
+        measure(|| {
+            let mut c = c.clone();
+            async move {
+                c.get_device_plugin_options(Empty {}).await.unwrap();
+            }
+        })
+        .await,
+    );
+    for size in [2, n / 2, n - 1] {
+        let c = client.clone();
+        let req = preferred(n, size as i32, vec![]);
+        push(
+            format!("GetPreferredAllocation size {size} of {n}"),
+            measure(|| {
+                let mut c = c.clone();
+                let req = req.clone();
+                async move {
+                    c.get_preferred_allocation(req).await.unwrap();
+                }
+            })
+            .await,
+        );
+    }
+    let c = client.clone();
+    let req = preferred(n, (n / 2) as i32, vec![uuid(n - 1)]);
+    push(
+        format!(
+            "GetPreferredAllocation size {} of {n}, 1 must-include",
+            n / 2
+        ),
+        measure(|| {
+            let mut c = c.clone();
+            let req = req.clone();
+            async move {
+                c.get_preferred_allocation(req).await.unwrap();
+            }
+        })
+        .await,
+    );
+    let c = client.clone();
+    let req = AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: vec![uuid(0), uuid(1)],
+        }],
+    };
+    push(
+        "Allocate 2 GPUs".into(),
+        measure(|| {
+            let mut c = c.clone();
+            let req = req.clone();
+            async move {
+                c.allocate(req).await.unwrap();
+            }
+        })
+        .await,
+    );
+
+    // ListAndWatch propagation: file write -> kubelet sees the new health.
+    let mut propagation = Vec::new();
+    for round in 0..20 {
+        let healthy = if round % 2 == 0 { "false" } else { "true" };
+        let start = Instant::now();
+        ws.rewrite(|t| set_gpu_field(&t, 1, "healthy", healthy));
+        let want = if healthy == "true" {
+            "Healthy"
+        } else {
+            "Unhealthy"
+        };
+        kubelet
+            .wait_devices(Duration::from_secs(10), |d| {
+                d.len() == n && d[1].health == want
+            })
+            .await;
+        propagation.push(start.elapsed());
+    }
+    propagation.sort();
+    push(
+        "ListAndWatch propagation of a fake-file health flip".into(),
+        (
+            percentile(&propagation, 0.5),
+            percentile(&propagation, 0.99),
+        ),
+    );
+
+    for _ in 0..1000 {
+        client.allocate(req.clone()).await.unwrap();
+    }
+    let busy_kib = plugin.peak_rss_kib().unwrap_or(0);
+    drop(plugin);
+    kubelet.stop().await;
+    (idle_kib, busy_kib)
+}
+
+fn main() {
+    // Cargo passes `--bench`; any other argument filters nothing here.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let mut rows = Vec::new();
+        let (idle8, busy8) = bench_topology("fake-gpus-8.yaml", 8, &mut rows).await;
+        let (idle16, busy16) = bench_topology("fake-gpus-16.yaml", 16, &mut rows).await;
+        println!("| topology | measurement | p50 | p99 |");
+        println!("|---|---|---|---|");
+        for row in &rows {
+            println!(
+                "| {} | {} | {} | {} |",
+                row.topology, row.what, row.p50, row.p99
+            );
+        }
+        println!();
+        println!("| topology | peak RSS idle (VmHWM) | peak RSS after 1,000 Allocate (VmHWM) |");
+        println!("|---|---|---|");
+        let mib = |kib: u64| format!("{:.1} MiB", kib as f64 / 1024.0);
+        println!("| 8 GPUs | {} | {} |", mib(idle8), mib(busy8));
+        println!("| 16 GPUs | {} | {} |", mib(idle16), mib(busy16));
+    });
+}
