@@ -796,6 +796,18 @@ def test_schema_describes_every_default_value(chart: Any) -> None:
 # --- CRD and Dockerfile consistency -----------------------------------------
 
 
+def test_chart_installs_the_generated_trainingjob_crd(chart: Any) -> None:
+    crds = chart.crds
+    assert [c["filename"] for c in crds] == ["trainyard/crds/trainingjob.yaml"]
+    crd = yaml.safe_load(crds[0]["data"])
+    assert crd["kind"] == "CustomResourceDefinition"
+    assert crd["metadata"]["name"] == "trainingjobs.trainyard.dev"
+    assert crd["spec"]["names"]["shortNames"] == ["tj"]
+    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1"]
+    generated = REPO_ROOT / "crds" / "trainingjob.yaml"
+    assert crds[0]["data"] == generated.read_text(), "the chart's CRD is a stale copy of crds/trainingjob.yaml"
+
+
 def test_chart_ships_no_templated_crd(chart: Any) -> None:
     # The CRD lives in crds/ (installed before templates, never templated);
     # a templated copy would fight Helm over ownership on upgrade.
