@@ -471,6 +471,7 @@ def test_device_plugin_uses_nvml_by_default(chart: Any) -> None:
     c = container(device_plugin_daemonset(objects))
     assert not any(a.startswith("--fake-gpus") for a in c["args"])
     assert env_of(c)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert "TRAINYARD_FAKE_GPUS" not in env_of(c)
     assert not [cm for cm in of_kind(objects, "ConfigMap") if cm["metadata"]["name"].endswith("fake-gpus")]
 
 
@@ -480,6 +481,8 @@ def test_fake_gpus_render_a_config_map_mount_and_flag(chart: Any) -> None:
     c = container(daemonset)
     assert f"--fake-gpus={FAKE_GPUS_PATH}" in c["args"]
     assert "NVIDIA_VISIBLE_DEVICES" not in env_of(c)
+    # `discover` run in the pod reads the same file without flags.
+    assert env_of(c)["TRAINYARD_FAKE_GPUS"]["value"] == FAKE_GPUS_PATH
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["fake-gpus"]["mountPath"] == str(Path(FAKE_GPUS_PATH).parent)
     # No subPath: a subPath mount never sees ConfigMap updates.
