@@ -772,6 +772,17 @@ def test_schema_accepts_the_defaults_and_the_local_cluster_values(chart: Any) ->
     chart.validate_schema({"devicePlugin": {"fakeGpus": {"enabled": True, "config": {"gpus": [A_FAKE_GPU]}}}})
 
 
+def test_local_cluster_values_lint_clean_and_use_the_fake_gpu_host_directory(chart: Any) -> None:
+    values_file = REPO_ROOT / "e2e" / "values-local.yaml"
+    if not values_file.is_file():
+        pytest.skip(f"{values_file} is not there")
+    values = yaml.safe_load(values_file.read_text())
+    report = helm_python.lint(CHART_DIR, values, strict=True, kube_version="v1.20.2")
+    assert report["errors"] == [], report
+    daemonset = device_plugin_daemonset(render(chart, values))
+    assert f"--fake-gpus={FAKE_GPUS_PATH}" in container(daemonset)["args"]
+
+
 def test_schema_describes_every_default_value(chart: Any) -> None:
     """Every key in values.yaml has a schema entry, so none is typed by accident."""
     schema = chart.schema
