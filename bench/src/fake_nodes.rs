@@ -1,0 +1,245 @@
+//! Fake GPU nodes: Node objects with `nvidia.com/gpu` capacity and GPU Feature Discovery
+//! labels, kept Ready by renewing their Lease in `kube-node-lease` the way a kubelet does.
+//!
+//! No kubelet runs them: the benchmark's pods are pinned to them by a node selector and a
+//! toleration of their taint, and the taint keeps everyone else's DaemonSets off them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use crate::error::{Error, Result};
+
+/// Label on every object a run creates; the value is the run id.
+pub const LABEL_RUN: &str = "trainyard.dev/bench-run";
+/// Taint on the fake nodes (NoSchedule), tolerated only by the benchmark's pods.
+pub const TAINT_KEY: &str = "trainyard.dev/bench";
+/// GPU product the fake nodes advertise.
+pub const GPU_PRODUCT: &str = "NVIDIA-A100-SXM4-80GB";
+/// GPUs per fake node.
+pub const GPUS_PER_NODE: u32 = 8;
+/// Namespace of node Leases.
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// How often Leases are renewed: the kubelet's default, well inside the node lifecycle
+/// controller's grace period (40 s on the local cluster).
+const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// In-flight requests while creating, renewing and deleting nodes.
+const CONCURRENCY: usize = 16;
+
+/// The Node object of one fake GPU node.
+pub fn fake_node(name: &str, run: &str, now: Timestamp) -> Result<Node> {
+    let now = now.to_string();
+    let resources = json!({
+        "cpu": "96", "memory": "1Ti", "pods": "110", "ephemeral-storage": "1Ti",
+        "nvidia.com/gpu": GPUS_PER_NODE.to_string(),
+    });
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "nvidia.com/gpu.product": GPU_PRODUCT,
+                "nvidia.com/gpu.memory": "81920",
+                "nvidia.com/gpu.count": GPUS_PER_NODE.to_string(),
+                LABEL_RUN: run,
+            },
+        },
+        "spec": {
+            "taints": [{"key": TAINT_KEY, "value": run, "effect": "NoSchedule"}],
+        },
+        // The API server keeps a Node's status on create, so the node is Ready at once.
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "trainyard-bench fake node (no kubelet)",
+                "lastHeartbeatTime": now, "lastTransitionTime": now,
+            }],
+            "nodeInfo": {
+                "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "fake://0",
+                "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "v1.20.2",
+                "machineID": "", "operatingSystem": "linux", "osImage": "trainyard-bench",
+                "systemUUID": "",
+            },
+        },
+    }))
+    .map_err(|e| Error::Build {
+        what: format!("Node {name}"),
+        message: e.to_string(),
+    })
+}
+
+/// N fake nodes of one run, with the task that keeps them Ready.
+pub struct FakeNodes {
+    client: Client,
+    run: String,
+    names: Vec<String>,
+    heartbeat: Option<JoinHandle<()>>,
+}
+
+impl FakeNodes {
+    /// Name of the i-th node of a run.
+    pub fn node_name(run: &str, i: u32) -> String {
+        format!("tybench-{run}-{i:04}")
+    }
+
+    /// Creates `count` nodes and their Leases, and starts renewing the Leases. Nodes created
+    /// before a failure are deleted again.
+    pub async fn create(client: &Client, run: &str, count: u32) -> Result<Self> {
+        let mut nodes = FakeNodes {
+            client: client.clone(),
+            run: run.to_owned(),
+            names: Vec::new(),
+            heartbeat: None,
+        };
+        let results: Vec<Result<String>> = stream::iter(0..count)
+            .map(|i| create_one(client.clone(), run.to_owned(), Self::node_name(run, i)))
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        let mut first_error = None;
+        for r in results {
+            match r {
+                Ok(name) => nodes.names.push(name),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        nodes.names.sort();
+        if let Some(e) = first_error {
+            nodes.delete().await;
+            return Err(e);
+        }
+        let names = Arc::new(nodes.names.clone());
+        let client = client.clone();
+        nodes.heartbeat = Some(tokio::spawn(async move {
+            let leases: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
+            let mut tick = tokio::time::interval(RENEW_EVERY);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                renew(&leases, &names).await;
+            }
+        }));
+        Ok(nodes)
+    }
+
+    /// The node names.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The run id the nodes are labelled with.
+    pub fn run(&self) -> &str {
+        &self.run
+    }
+
+    /// Stops the heartbeat and deletes the nodes and their Leases. Best effort: failures are
+    /// logged, since this runs while cleaning up after another error too.
+    pub async fn delete(mut self) {
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
+        let names = std::mem::take(&mut self.names);
+        stream::iter(names)
+            .for_each_concurrent(CONCURRENCY, |name| {
+                let (nodes, leases) = (nodes.clone(), leases.clone());
+                async move {
+                    for r in [
+                        nodes.delete(&name, &DeleteParams::default()).await.err(),
+                        leases.delete(&name, &DeleteParams::default()).await.err(),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        if !matches!(&r, kube::Error::Api(s) if s.code == 404) {
+                            tracing::warn!(node = %name, error = %r, "deleting a fake node or its Lease");
+                        }
+                    }
+                }
+            })
+            .await;
+    }
+}
+
+impl Drop for FakeNodes {
+    fn drop(&mut self) {
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+        }
+    }
+}
+
+async fn create_one(client: Client, run: String, name: String) -> Result<String> {
+    let now = Timestamp::now();
+    let node = fake_node(&name, &run, now)?;
+    let created = Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .map_err(Error::kube(format!("creating fake node {name}")))?;
+    // Owned by the node, like a kubelet's Lease, so the garbage collector removes it with the
+    // node even if the benchmark dies before cleaning up.
+    let lease: Lease = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": LEASE_NAMESPACE,
+            "labels": {LABEL_RUN: run},
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Node", "name": name,
+                "uid": created.uid().unwrap_or_default(),
+            }],
+        },
+        "spec": {
+            "holderIdentity": name,
+            "leaseDurationSeconds": 40,
+            "renewTime": now.to_string(),
+        },
+    }))
+    .map_err(|e| Error::Build {
+        what: format!("Lease {name}"),
+        message: e.to_string(),
+    })?;
+    Api::<Lease>::namespaced(client, LEASE_NAMESPACE)
+        .create(&PostParams::default(), &lease)
+        .await
+        .map_err(Error::kube(format!(
+            "creating the Lease of fake node {name}"
+        )))?;
+    Ok(name)
+}
+
+async fn renew(leases: &Api<Lease>, names: &[String]) {
+    let now = Timestamp::now().to_string();
+    let patch = json!({"spec": {"renewTime": now}});
+    stream::iter(names)
+        .for_each_concurrent(CONCURRENCY, |name| {
+            let patch = &patch;
+            async move {
+                if let Err(e) = leases
+                    .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                {
+                    tracing::warn!(node = %name, error = %e, "renewing a fake node's Lease");
+                }
+            }
+        })
+        .await;
+}

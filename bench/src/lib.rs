@@ -1,0 +1,22 @@
+//! trainyard-bench: the operator at scale against the local cluster's real API server.
+//!
+//! [`scenario::run`] creates fake GPU nodes ([`fake_nodes`]), measures the floor (the same pods
+//! created directly) and the operator (the real binary, [`operator_process`]) with one pod
+//! watch ([`pod_tracker`]), counts each client's API requests through a reverse proxy
+//! ([`proxy`]), preempts a burst of workers, and cleans everything up. [`report`] and [`doc`]
+//! turn the results into `docs/benchmarks.md`. The `trainyard-bench` binary and the ratio
+//! regression test in `tests/` both drive it.
+#![forbid(unsafe_code)]
+
+pub mod doc;
+pub mod error;
+pub mod fake_nodes;
+pub mod operator_process;
+pub mod pod_tracker;
+pub mod proxy;
+pub mod report;
+pub mod scenario;
+pub mod stats;
+
+pub use error::{Error, Result};
+pub use scenario::{OperatorBenchParams, OperatorBenchReport, run};

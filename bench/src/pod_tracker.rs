@@ -1,0 +1,211 @@
+//! Watches the pods of one namespace and notes when each was first seen and first seen
+//! scheduled, so that the floor and the operator are timed by the same observer.
+//!
+//! The fake nodes have no kubelet, so the tracker can also play the kubelet's part in pod
+//! deletion: a pod that gets a deletionTimestamp is deleted at once with grace period 0 (the
+//! kubelet would do so once its containers stopped; the benchmark does not count the old
+//! pods' grace periods).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::task::JoinHandle;
+use trainyard_operator::crd::{LABEL_ATTEMPT, LABEL_JOB};
+
+use crate::error::{Error, Result};
+
+/// How often waiters look at the records.
+const POLL: Duration = Duration::from_millis(25);
+
+/// What the tracker knows of one pod (one incarnation: pods are keyed by uid, since a new
+/// attempt reuses the names).
+#[derive(Clone, Debug)]
+pub struct PodRecord {
+    /// metadata.name.
+    pub name: String,
+    /// `trainyard.dev/job`, if any.
+    pub job: Option<String>,
+    /// `trainyard.dev/attempt`, if any.
+    pub attempt: Option<u32>,
+    /// When the watch first reported the pod.
+    pub seen: Instant,
+    /// When the watch first reported it with spec.nodeName set.
+    pub scheduled: Option<Instant>,
+    /// Whether the watch reported its deletion.
+    pub deleted: bool,
+}
+
+#[derive(Default)]
+struct State {
+    pods: HashMap<String, PodRecord>,
+    synced: bool,
+    force_deleting: HashSet<String>,
+}
+
+/// A running tracker; stops when dropped.
+pub struct PodTracker {
+    state: Arc<Mutex<State>>,
+    task: JoinHandle<()>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl PodTracker {
+    /// Starts watching `namespace` and waits for the initial list. With `finish_deletions`,
+    /// pods being deleted are force-deleted as their (absent) kubelet would.
+    pub async fn start(client: &Client, namespace: &str, finish_deletions: bool) -> Result<Self> {
+        let state: Arc<Mutex<State>> = Arc::default();
+        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let task = {
+            let (state, api) = (state.clone(), api.clone());
+            tokio::spawn(async move {
+                let mut events = watcher(api.clone(), watcher::Config::default())
+                    .default_backoff()
+                    .boxed();
+                while let Some(ev) = events.next().await {
+                    let now = Instant::now();
+                    let ev = match ev {
+                        Ok(ev) => ev,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "pod watch");
+                            continue;
+                        }
+                    };
+                    let mut to_delete = None;
+                    {
+                        let mut st = lock(&state);
+                        match ev {
+                            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                                to_delete = observe(&mut st, &p, now, finish_deletions);
+                            }
+                            watcher::Event::Delete(p) => {
+                                observe(&mut st, &p, now, false);
+                                if let Some(r) = p.uid().and_then(|u| st.pods.get_mut(&u)) {
+                                    r.deleted = true;
+                                }
+                            }
+                            watcher::Event::InitDone => st.synced = true,
+                            watcher::Event::Init => {}
+                        }
+                    }
+                    if let Some((name, uid)) = to_delete {
+                        let api = api.clone();
+                        tokio::spawn(async move { force_delete(api, name, uid).await });
+                    }
+                }
+            })
+        };
+        let tracker = PodTracker { state, task };
+        tracker
+            .wait("the pod watch to sync", Duration::from_secs(60), |st| {
+                st.synced
+                    .then_some(())
+                    .ok_or_else(|| "not synced".to_owned())
+            })
+            .await?;
+        Ok(tracker)
+    }
+
+    /// A copy of every record.
+    pub fn records(&self) -> Vec<PodRecord> {
+        lock(&self.state).pods.values().cloned().collect()
+    }
+
+    /// Waits until `ready` returns Ok over the records; its Err is the progress shown on
+    /// timeout. The records carry the watch's own timestamps, so how often this polls does not
+    /// change the measurement; it polls every 25 ms to stay off the CPU the operator needs.
+    pub async fn wait_until<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut ready: impl FnMut(&mut dyn Iterator<Item = &PodRecord>) -> Result<T, String>,
+    ) -> Result<T> {
+        self.wait(what, timeout, |st| ready(&mut st.pods.values()))
+            .await
+    }
+
+    async fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut ready: impl FnMut(&State) -> Result<T, String>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let progress = match ready(&lock(&self.state)) {
+                Ok(v) => return Ok(v),
+                Err(p) => p,
+            };
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: what.to_owned(),
+                    after: timeout,
+                    progress,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for PodTracker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn observe(
+    st: &mut State,
+    pod: &Pod,
+    now: Instant,
+    finish_deletions: bool,
+) -> Option<(String, String)> {
+    let uid = pod.uid()?;
+    let scheduled = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some();
+    let record = st.pods.entry(uid.clone()).or_insert_with(|| PodRecord {
+        name: pod.name_any(),
+        job: pod.labels().get(LABEL_JOB).cloned(),
+        attempt: pod.labels().get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
+        seen: now,
+        scheduled: None,
+        deleted: false,
+    });
+    if scheduled && record.scheduled.is_none() {
+        record.scheduled = Some(now);
+    }
+    if finish_deletions
+        && pod.metadata.deletion_timestamp.is_some()
+        && st.force_deleting.insert(uid.clone())
+    {
+        return Some((pod.name_any(), uid));
+    }
+    None
+}
+
+async fn force_delete(api: Api<Pod>, name: String, uid: String) {
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => tracing::warn!(pod = %name, error = %e, "force-deleting a pod on a fake node"),
+    }
+}

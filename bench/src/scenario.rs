@@ -1,0 +1,1001 @@
+//! The operator scale benchmark: fake GPU nodes, the floor (the same pods created directly),
+//! the operator creating them from TrainingJobs, and a burst of preemptions.
+//!
+//! Everything runs against the real API server, scheduler and controllers of the cluster; only
+//! the kubelets are missing, and the benchmark plays their part where the operator depends on
+//! it (pods reported Running, pods being deleted finished with grace period 0).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, future, stream};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Config, ResourceExt};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use trainyard_operator::config::OperatorConfig;
+use trainyard_operator::crd::{Phase, TrainingJob};
+use trainyard_operator::{placement, pods, validate};
+
+use crate::error::{Error, Result};
+use crate::fake_nodes::{FakeNodes, GPU_PRODUCT, GPUS_PER_NODE, LABEL_RUN, TAINT_KEY};
+use crate::operator_process::{OperatorProcess, ProcessUsage, metric_value};
+use crate::pod_tracker::{PodRecord, PodTracker};
+use crate::proxy::{CountingProxy, RequestCounts};
+use crate::stats::percentile;
+
+/// The PVC every benchmark job mounts as its checkpoint volume (`spec.checkpoint.existingClaim`):
+/// the local cluster's hostPath provisioner cannot give each job a ReadWriteMany claim, and an
+/// unbound claim would keep every pod unschedulable.
+pub const CHECKPOINT_CLAIM: &str = "bench-checkpoints";
+/// Image of the trainer container (never pulled: no kubelet runs these pods).
+const TRAINER_IMAGE: &str = "docker.io/trainyard/trainer:dev";
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct OperatorBenchParams {
+    /// TrainingJobs (M).
+    pub jobs: u32,
+    /// Workers per job (W).
+    pub workers: u32,
+    /// Fake GPU nodes (N), 8 GPUs each.
+    pub nodes: u32,
+    /// GPUs per worker.
+    pub gpus_per_worker: u32,
+    /// Workers preempted at once, each of a different job (K); 0 skips the preemption phase.
+    pub preempt: u32,
+    /// Jobs in flight at once, for the floor's pod creation and for applying the TrainingJobs.
+    pub concurrency: usize,
+    /// The `trainyard-operator` binary.
+    pub operator_bin: PathBuf,
+    /// Limit of each waiting phase.
+    pub phase_timeout: Duration,
+    /// Where the operator's log and kubeconfig go.
+    pub work_dir: PathBuf,
+}
+
+impl OperatorBenchParams {
+    fn check(&self) -> Result<()> {
+        let param = |name, message: String| Err(Error::Param { name, message });
+        if self.jobs == 0 || self.workers == 0 || self.nodes == 0 {
+            return param(
+                "--jobs/--workers/--nodes",
+                "must all be at least 1".to_owned(),
+            );
+        }
+        if self.gpus_per_worker == 0 || self.gpus_per_worker > GPUS_PER_NODE {
+            return param(
+                "--gpus-per-worker",
+                format!("must be 1..={GPUS_PER_NODE} (a fake node has {GPUS_PER_NODE} GPUs)"),
+            );
+        }
+        let wanted =
+            u64::from(self.jobs) * u64::from(self.workers) * u64::from(self.gpus_per_worker);
+        let offered = u64::from(self.nodes) * u64::from(GPUS_PER_NODE);
+        if wanted > offered {
+            return param(
+                "--nodes",
+                format!(
+                    "{} nodes offer {offered} GPUs but {} jobs × {} workers × {} GPUs need {wanted}: not every pod could be scheduled",
+                    self.nodes, self.jobs, self.workers, self.gpus_per_worker
+                ),
+            );
+        }
+        if self.preempt > self.jobs {
+            return param(
+                "--preempt",
+                format!(
+                    "{} preemptions need as many jobs; there are {}",
+                    self.preempt, self.jobs
+                ),
+            );
+        }
+        if self.concurrency == 0 {
+            return param("--concurrency", "must be at least 1".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// Time to create and to schedule every pod.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Throughput {
+    /// Pods expected.
+    pub pods: u64,
+    /// Seconds from the first request to the last pod seen created.
+    pub created_seconds: f64,
+    /// Seconds from the first request to half of the pods seen created.
+    pub half_created_seconds: f64,
+    /// Seconds from the first request to the last pod seen scheduled.
+    pub scheduled_seconds: f64,
+    /// The client's requests in this phase, from the counting proxy.
+    pub requests: RequestCounts,
+}
+
+/// Preemption → new attempt's pods, per job.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Recovery {
+    /// Jobs preempted at once.
+    pub preempted: u32,
+    /// Median seconds from the preemption to every pod of the next attempt seen created.
+    pub p50_seconds: f64,
+    /// 99th percentile of the same.
+    pub p99_seconds: f64,
+    /// Slowest job.
+    pub max_seconds: f64,
+    /// The operator's own view (`trainyard_operator_preemption_recovery_seconds` mean):
+    /// from its detection, not from the preemption.
+    pub operator_histogram_mean_seconds: Option<f64>,
+}
+
+/// The operator's /proc figures at the end of each phase.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct OperatorUsage {
+    /// Started, caches filled, no job yet.
+    pub idle: ProcessUsage,
+    /// Every pod created and scheduled.
+    pub created: ProcessUsage,
+    /// Every job Running.
+    pub running: Option<ProcessUsage>,
+    /// Every preempted job's next attempt created.
+    pub recovered: Option<ProcessUsage>,
+    /// Just before it was stopped (VmHWM there is the peak of the whole run).
+    pub last: ProcessUsage,
+}
+
+/// The operator's API requests, by phase.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct OperatorRequests {
+    /// Start-up: CRD check, initial lists, watches.
+    pub startup: RequestCounts,
+    /// While jobs went Running (pod status written by the benchmark).
+    pub running: Option<RequestCounts>,
+    /// The preemption burst.
+    pub preemption: Option<RequestCounts>,
+    /// The whole run.
+    pub total: RequestCounts,
+}
+
+/// Everything one run measured. Fields stay None when the run stopped before reaching them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct OperatorBenchReport {
+    /// TrainingJobs.
+    pub jobs: u32,
+    /// Workers per job.
+    pub workers: u32,
+    /// Fake nodes.
+    pub nodes: u32,
+    /// GPUs per worker.
+    pub gpus_per_worker: u32,
+    /// Workers preempted at once.
+    pub preempt: u32,
+    /// Jobs in flight at once (floor and TrainingJob apply).
+    pub concurrency: usize,
+    /// The run id labelling everything the run created.
+    pub run_id: String,
+    /// The floor: the same pods created directly.
+    pub floor: Option<Throughput>,
+    /// The operator creating the pods from TrainingJobs.
+    pub operator: Option<Throughput>,
+    /// Preemption recovery.
+    pub recovery: Option<Recovery>,
+    /// Operator memory and CPU.
+    pub usage: Option<OperatorUsage>,
+    /// Operator API requests outside the create phase (that one is in `operator.requests`).
+    pub requests: Option<OperatorRequests>,
+    /// Selected operator metrics at the end of the run.
+    pub operator_metrics: BTreeMap<String, f64>,
+    /// Things that may have distorted the figures.
+    pub warnings: Vec<String>,
+    /// Why the run stopped early, if it did.
+    pub error: Option<String>,
+}
+
+impl OperatorBenchReport {
+    /// operator / floor, time to every pod created.
+    pub fn created_ratio(&self) -> Option<f64> {
+        let (f, o) = (self.floor.as_ref()?, self.operator.as_ref()?);
+        (f.created_seconds > 0.0).then(|| o.created_seconds / f.created_seconds)
+    }
+
+    /// operator / floor, time to every pod scheduled.
+    pub fn scheduled_ratio(&self) -> Option<f64> {
+        let (f, o) = (self.floor.as_ref()?, self.operator.as_ref()?);
+        (f.scheduled_seconds > 0.0).then(|| o.scheduled_seconds / f.scheduled_seconds)
+    }
+
+    /// The operator's API requests per job while creating.
+    pub fn create_requests_per_job(&self) -> Option<f64> {
+        let o = self.operator.as_ref()?;
+        Some(o.requests.total() as f64 / f64::from(self.jobs))
+    }
+}
+
+/// What a run created, to be removed whatever happens.
+#[derive(Default)]
+struct Created {
+    nodes: Option<FakeNodes>,
+    namespaces: Vec<String>,
+    volumes: Vec<String>,
+    operator: Option<OperatorProcess>,
+}
+
+/// A short id unique to this run (nodes, namespaces and volumes are named after it).
+pub fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{:06x}",
+        (nanos ^ u128::from(std::process::id())) & 0xff_ffff
+    )
+}
+
+/// A client for the cluster under test whose requests are not retried behind the caller's
+/// back (the counting proxy forwards with it, so that the operator sees every 429 itself).
+pub async fn upstream_client() -> Result<Client> {
+    let kubeconfig = match std::env::var_os("KUBECONFIG") {
+        Some(k) => PathBuf::from(k),
+        None => trainyard_e2e::state_dir().join("kubeconfig"),
+    };
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).map_err(|e| {
+        Error::Cluster(format!(
+            "reading kubeconfig {}: {e} (is the local cluster up? `make cluster-up`)",
+            kubeconfig.display()
+        ))
+    })?;
+    let mut config = Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| Error::Cluster(format!("loading kubeconfig {}: {e}", kubeconfig.display())))?;
+    config.default_retry = false;
+    Client::try_from(config).map_err(Error::kube("building the Kubernetes client"))
+}
+
+/// Runs the benchmark; always cleans up, also when `interrupt` completes first.
+pub async fn run(
+    client: &Client,
+    params: &OperatorBenchParams,
+    interrupt: impl Future<Output = ()>,
+) -> OperatorBenchReport {
+    let mut report = OperatorBenchReport {
+        jobs: params.jobs,
+        workers: params.workers,
+        nodes: params.nodes,
+        gpus_per_worker: params.gpus_per_worker,
+        preempt: params.preempt,
+        concurrency: params.concurrency,
+        run_id: run_id(),
+        ..OperatorBenchReport::default()
+    };
+    let mut created = Created::default();
+    let outcome = tokio::select! {
+        r = phases(client, params, &mut report, &mut created) => r,
+        () = interrupt => Err(Error::Operator("interrupted".to_owned())),
+    };
+    if let Err(e) = outcome {
+        tracing::error!(error = %e, "benchmark stopped");
+        report.error = Some(e.to_string());
+    }
+    clean_up(client, created, &mut report).await;
+    report
+}
+
+async fn phases(
+    client: &Client,
+    params: &OperatorBenchParams,
+    report: &mut OperatorBenchReport,
+    created: &mut Created,
+) -> Result<()> {
+    params.check()?;
+    let run = report.run_id.clone();
+    preflight(client, report).await?;
+    std::fs::create_dir_all(&params.work_dir)
+        .map_err(Error::io(format!("creating {}", params.work_dir.display())))?;
+
+    tracing::info!(run = %run, nodes = params.nodes, "creating fake GPU nodes");
+    created.nodes = Some(FakeNodes::create(client, &run, params.nodes).await?);
+    let floor_ns = format!("tybench-{run}-floor");
+    let op_ns = format!("tybench-{run}-operator");
+    for ns in [&floor_ns, &op_ns] {
+        create_namespace(client, ns, &run).await?;
+        created.namespaces.push(ns.clone());
+        let pv = format!(
+            "tybench-{run}-{}",
+            if ns == &floor_ns { "floor" } else { "operator" }
+        );
+        checkpoint_volume(client, ns, &pv, &run).await?;
+        created.volumes.push(pv);
+    }
+    let upstream = upstream_client().await?;
+    let jobs: Vec<TrainingJob> = (0..params.jobs)
+        .map(|i| training_job(&format!("job-{i:05}"), &op_ns, &run, params))
+        .collect::<Result<_>>()?;
+
+    // ---- The floor: the operator's own pods, built by its pure builders, created directly.
+    let all_nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing nodes"))?
+        .items;
+    let floor_pods = floor_pods(&jobs, &floor_ns, &all_nodes, params)?;
+    let expected = floor_pods.iter().map(Vec::len).sum::<usize>() as u64;
+    {
+        let proxy = CountingProxy::start(upstream.clone()).await?;
+        let floor_client = proxy.client(&floor_ns)?;
+        let tracker = PodTracker::start(client, &floor_ns, true).await?;
+        tracing::info!(pods = expected, "floor: creating the pods directly");
+        let api: Api<Pod> = Api::namespaced(floor_client, &floor_ns);
+        let t0 = Instant::now();
+        let results: Vec<Result<()>> = stream::iter(floor_pods)
+            .map(|job_pods| {
+                let api = api.clone();
+                async move {
+                    let creates = job_pods.into_iter().map(|p| {
+                        let api = api.clone();
+                        async move {
+                            api.create(&PostParams::default(), &p)
+                                .await
+                                .map(|_| ())
+                                .map_err(Error::kube(format!(
+                                    "floor: creating pod {}",
+                                    p.name_any()
+                                )))
+                        }
+                    });
+                    future::join_all(creates)
+                        .await
+                        .into_iter()
+                        .collect::<Result<()>>()
+                }
+            })
+            .buffer_unordered(params.concurrency)
+            .collect()
+            .await;
+        results.into_iter().collect::<Result<()>>()?;
+        let mut floor = wait_created_scheduled(
+            &tracker,
+            t0,
+            expected,
+            "floor",
+            params.phase_timeout,
+            |_| true,
+        )
+        .await?;
+        floor.requests = proxy.counts();
+        tracing::info!(
+            created = floor.created_seconds,
+            scheduled = floor.scheduled_seconds,
+            "floor done"
+        );
+        report.floor = Some(floor);
+        // Free the GPUs for the operator's pods.
+        Api::<Pod>::namespaced(client.clone(), &floor_ns)
+            .delete_collection(
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                },
+                &ListParams::default(),
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "deleting the floor's pods in {floor_ns}"
+            )))?;
+        tracker
+            .wait_until(
+                "the floor's pods to be deleted",
+                params.phase_timeout,
+                |pods| {
+                    let left = pods.filter(|p| !p.deleted).count();
+                    if left == 0 {
+                        Ok(())
+                    } else {
+                        Err(format!("{left} left"))
+                    }
+                },
+            )
+            .await?;
+    }
+
+    // ---- The operator.
+    let proxy = CountingProxy::start(upstream).await?;
+    let kubeconfig = params.work_dir.join(format!("operator-{run}.kubeconfig"));
+    proxy.write_kubeconfig(&kubeconfig, &op_ns)?;
+    let log = params.work_dir.join(format!("operator-{run}.log"));
+    let tracker = PodTracker::start(client, &op_ns, true).await?;
+    let operator = OperatorProcess::start(&params.operator_bin, &op_ns, &kubeconfig, &log).await?;
+    let operator = created.operator.insert(operator);
+    operator.wait_ready(Duration::from_secs(60)).await?;
+    // Let the initial lists (nodes above all) land before the clock starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = operator.usage()?;
+    let startup = proxy.counts();
+    tracing::info!(
+        jobs = params.jobs,
+        rss_mib = idle.rss_mib,
+        "operator: applying the TrainingJobs"
+    );
+
+    let jobs_api: Api<TrainingJob> = Api::namespaced(client.clone(), &op_ns);
+    let t0 = Instant::now();
+    let results: Vec<Result<()>> = stream::iter(jobs)
+        .map(|job| {
+            let api = jobs_api.clone();
+            async move {
+                api.create(&PostParams::default(), &job)
+                    .await
+                    .map(|_| ())
+                    .map_err(Error::kube(format!(
+                        "creating TrainingJob {}",
+                        job.name_any()
+                    )))
+            }
+        })
+        .buffer_unordered(params.concurrency)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<()>>()?;
+    let expected = u64::from(params.jobs) * u64::from(params.workers);
+    let outcome = wait_created_scheduled(
+        &tracker,
+        t0,
+        expected,
+        "operator",
+        params.phase_timeout,
+        |p| p.attempt == Some(0),
+    )
+    .await;
+    operator.check_alive()?;
+    let mut op = outcome?;
+    op.requests = proxy.counts().since(&startup);
+    let created_usage = operator.usage()?;
+    tracing::info!(
+        created = op.created_seconds,
+        scheduled = op.scheduled_seconds,
+        "operator done"
+    );
+    report.operator = Some(op);
+    let mut usage = OperatorUsage {
+        idle,
+        created: created_usage,
+        ..OperatorUsage::default()
+    };
+    let mut requests = OperatorRequests {
+        startup,
+        ..OperatorRequests::default()
+    };
+
+    if params.preempt > 0 {
+        // ---- Every job Running, as kubelets would report.
+        let before = proxy.counts();
+        let pods: Vec<String> = tracker
+            .records()
+            .into_iter()
+            .filter(|p| !p.deleted)
+            .map(|p| p.name)
+            .collect();
+        report_running(client, &op_ns, pods, params.concurrency).await?;
+        wait_jobs_running(&jobs_api, params.jobs, params.phase_timeout).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        usage.running = Some(operator.usage()?);
+        let after_running = proxy.counts();
+        requests.running = Some(after_running.since(&before));
+
+        // ---- K workers of K jobs preempted at once.
+        tracing::info!(preempt = params.preempt, "preempting workers");
+        let preempted = preempt(client, &op_ns, params).await?;
+        let recovered =
+            wait_recovered(&tracker, &preempted, params.workers, params.phase_timeout).await?;
+        operator.check_alive()?;
+        let mut seconds: Vec<f64> = recovered.values().copied().collect();
+        seconds.sort_by(f64::total_cmp);
+        let metrics = operator.metrics().await.unwrap_or_default();
+        let hist_mean = match (
+            metric_value(
+                &metrics,
+                "trainyard_operator_preemption_recovery_seconds_sum",
+            ),
+            metric_value(
+                &metrics,
+                "trainyard_operator_preemption_recovery_seconds_count",
+            ),
+        ) {
+            (Some(sum), Some(count)) if count > 0.0 => Some(sum / count),
+            _ => None,
+        };
+        report.recovery = Some(Recovery {
+            preempted: params.preempt,
+            p50_seconds: percentile(&seconds, 50.0),
+            p99_seconds: percentile(&seconds, 99.0),
+            max_seconds: seconds.last().copied().unwrap_or_default(),
+            operator_histogram_mean_seconds: hist_mean,
+        });
+        usage.recovered = Some(operator.usage()?);
+        requests.preemption = Some(proxy.counts().since(&after_running));
+        tracing::info!(
+            p50 = percentile(&seconds, 50.0),
+            p99 = percentile(&seconds, 99.0),
+            "recovery done"
+        );
+    }
+
+    let metrics = operator.metrics().await.unwrap_or_default();
+    for name in [
+        "trainyard_operator_reconciles_total",
+        "trainyard_operator_reconcile_errors_total",
+        "trainyard_operator_reconcile_duration_seconds_sum",
+        "trainyard_operator_reconcile_duration_seconds_count",
+        "trainyard_operator_restarts_total",
+        "trainyard_operator_preemption_recovery_seconds_sum",
+        "trainyard_operator_preemption_recovery_seconds_count",
+    ] {
+        if let Some(v) = metric_value(&metrics, name) {
+            report.operator_metrics.insert(name.to_owned(), v);
+        }
+    }
+    if let Some(op) = created.operator.take() {
+        usage.last = op.stop().await?;
+    }
+    requests.total = proxy.counts();
+    report.usage = Some(usage);
+    report.requests = Some(requests);
+    Ok(())
+}
+
+async fn preflight(client: &Client, report: &mut OperatorBenchReport) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if crds
+        .get_opt(trainyard_operator::controller::CRD_NAME)
+        .await
+        .map_err(Error::kube("looking up the TrainingJob CRD"))?
+        .is_none()
+    {
+        return Err(Error::Cluster(
+            "the TrainingJob CRD is not installed: kubectl apply -f crds/trainingjob.yaml"
+                .to_owned(),
+        ));
+    }
+    // Another operator watching every namespace would reconcile our jobs too.
+    let others = other_operators();
+    if !others.is_empty() {
+        report.warnings.push(format!(
+            "other trainyard-operator processes were running (pids {}): if they watch all namespaces they reconciled these jobs too and shared the CPU",
+            others.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// PIDs of trainyard-operator processes on this machine (the kernel truncates comm to 15
+/// bytes). Checked before ours starts.
+fn other_operators() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "trainyard-opera")
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+async fn create_namespace(client: &Client, name: &str, run: &str) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {LABEL_RUN: run}},
+    }))
+    .map_err(|e| Error::Build {
+        what: format!("Namespace {name}"),
+        message: e.to_string(),
+    })?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .map_err(Error::kube(format!("creating namespace {name}")))?;
+    Ok(())
+}
+
+/// A PersistentVolume pre-bound to the namespace's checkpoint claim, and that claim; waits
+/// until it is Bound (the scheduler refuses pods with unbound claims).
+async fn checkpoint_volume(client: &Client, ns: &str, pv_name: &str, run: &str) -> Result<()> {
+    let build = |what: &str, v: serde_json::Value| {
+        let what = what.to_owned();
+        move |e: serde_json::Error| Error::Build {
+            what,
+            message: format!("{e}: {v}"),
+        }
+    };
+    let pv_json = json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "labels": {LABEL_RUN: run}},
+        "spec": {
+            "capacity": {"storage": "50Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            // Never mounted: no kubelet runs the benchmark's pods.
+            "hostPath": {"path": "/tmp/trainyard-bench-unused"},
+            "claimRef": {"namespace": ns, "name": CHECKPOINT_CLAIM},
+        },
+    });
+    let pv: PersistentVolume =
+        serde_json::from_value(pv_json.clone()).map_err(build("the PersistentVolume", pv_json))?;
+    Api::<PersistentVolume>::all(client.clone())
+        .create(&PostParams::default(), &pv)
+        .await
+        .map_err(Error::kube(format!("creating PersistentVolume {pv_name}")))?;
+    let pvc_json = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": CHECKPOINT_CLAIM, "namespace": ns, "labels": {LABEL_RUN: run}},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "50Gi"}},
+        },
+    });
+    let pvc: PersistentVolumeClaim =
+        serde_json::from_value(pvc_json.clone()).map_err(build("the claim", pvc_json))?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    claims
+        .create(&PostParams::default(), &pvc)
+        .await
+        .map_err(Error::kube(format!(
+            "creating PersistentVolumeClaim {ns}/{CHECKPOINT_CLAIM}"
+        )))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let phase = claims
+            .get(CHECKPOINT_CLAIM)
+            .await
+            .map_err(Error::kube(format!(
+                "reading PersistentVolumeClaim {ns}/{CHECKPOINT_CLAIM}"
+            )))?
+            .status
+            .and_then(|s| s.phase);
+        if phase.as_deref() == Some("Bound") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: format!("PersistentVolumeClaim {ns}/{CHECKPOINT_CLAIM} to be Bound"),
+                after: Duration::from_secs(60),
+                progress: format!("phase {phase:?}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One benchmark TrainingJob: W workers pinned to this run's fake nodes.
+pub fn training_job(
+    name: &str,
+    ns: &str,
+    run: &str,
+    params: &OperatorBenchParams,
+) -> Result<TrainingJob> {
+    let v = json!({
+        "apiVersion": "trainyard.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_RUN: run}},
+        "spec": {
+            "workers": params.workers,
+            "gpusPerWorker": params.gpus_per_worker,
+            // Pinned, so that GPUs elsewhere in the cluster (a fake device plugin's) never win
+            // the Cheapest choice.
+            "gpu": {"products": [GPU_PRODUCT]},
+            "checkpoint": {"existingClaim": CHECKPOINT_CLAIM},
+            "template": {"spec": {
+                "nodeSelector": {LABEL_RUN: run},
+                "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{
+                    "name": "trainer",
+                    "image": TRAINER_IMAGE,
+                    "command": ["sleep", "infinity"],
+                }],
+            }},
+        },
+    });
+    serde_json::from_value(v).map_err(|e| Error::Build {
+        what: format!("TrainingJob {name}"),
+        message: e.to_string(),
+    })
+}
+
+/// The pods the operator creates for the jobs (attempt 0), in the floor's namespace and
+/// without owner references, grouped by job.
+fn floor_pods(
+    jobs: &[TrainingJob],
+    ns: &str,
+    nodes: &[Node],
+    params: &OperatorBenchParams,
+) -> Result<Vec<Vec<Pod>>> {
+    let config = OperatorConfig::default();
+    let node_refs: Vec<&Node> = nodes.iter().collect();
+    jobs.iter()
+        .map(|job| {
+            let mut job = job.clone();
+            job.metadata.namespace = Some(ns.to_owned());
+            // Any uid: the floor pods lose their owner reference below.
+            job.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_owned());
+            let valid = validate::validate(&job).map_err(|e| Error::Build {
+                what: format!("the floor's pods of {}", job.name_any()),
+                message: e.to_string(),
+            })?;
+            let place = placement::place(&valid, &config, &node_refs, 0);
+            Ok((0..params.workers)
+                .map(|rank| {
+                    let mut pod = pods::desired_pod(&valid, rank, 0, None, &place);
+                    pod.metadata.owner_references = None;
+                    pod
+                })
+                .collect())
+        })
+        .collect()
+}
+
+async fn wait_created_scheduled(
+    tracker: &PodTracker,
+    t0: Instant,
+    expected: u64,
+    who: &str,
+    timeout: Duration,
+    counts: impl Fn(&PodRecord) -> bool,
+) -> Result<Throughput> {
+    let times = |pods: &mut dyn Iterator<Item = &PodRecord>| -> (Vec<Instant>, Vec<Instant>) {
+        let mut seen = Vec::new();
+        let mut scheduled = Vec::new();
+        for p in pods.filter(|p| counts(p)) {
+            seen.push(p.seen);
+            scheduled.extend(p.scheduled);
+        }
+        (seen, scheduled)
+    };
+    let (mut seen, scheduled) = tracker
+        .wait_until(
+            &format!("{who}: {expected} pods created and scheduled"),
+            timeout,
+            |pods| {
+                let (seen, scheduled) = times(pods);
+                if scheduled.len() as u64 >= expected {
+                    Ok((seen, scheduled))
+                } else {
+                    Err(format!(
+                        "{} created, {} scheduled",
+                        seen.len(),
+                        scheduled.len()
+                    ))
+                }
+            },
+        )
+        .await?;
+    seen.sort();
+    let secs = |t: Option<&Instant>| {
+        t.map(|t| t.saturating_duration_since(t0).as_secs_f64())
+            .unwrap_or_default()
+    };
+    Ok(Throughput {
+        pods: expected,
+        created_seconds: secs(seen.last()),
+        half_created_seconds: secs(seen.get(seen.len() / 2)),
+        scheduled_seconds: secs(scheduled.iter().max()),
+        requests: RequestCounts::default(),
+    })
+}
+
+/// Writes what a kubelet would once the containers run: phase Running, the trainer running.
+async fn report_running(
+    client: &Client,
+    ns: &str,
+    pods: Vec<String>,
+    concurrency: usize,
+) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let now = Timestamp::now().to_string();
+    let patch = json!({"status": {
+        "phase": "Running",
+        "startTime": now,
+        "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+        ],
+        "containerStatuses": [{
+            "name": "trainer", "ready": true, "restartCount": 0, "started": true,
+            "image": TRAINER_IMAGE, "imageID": "",
+            "state": {"running": {"startedAt": now}},
+        }],
+    }});
+    let results: Vec<Result<()>> = stream::iter(pods)
+        .map(|name| {
+            let (api, patch) = (api.clone(), &patch);
+            async move {
+                api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(Error::kube(format!("reporting pod {ns}/{name} Running")))
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+async fn wait_jobs_running(api: &Api<TrainingJob>, jobs: u32, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(Error::kube("listing the TrainingJobs"))?;
+        let running = list
+            .items
+            .iter()
+            .filter(|j| j.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+            .count();
+        if running as u64 >= u64::from(jobs) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: "every TrainingJob Running".to_owned(),
+                after: timeout,
+                progress: format!("{running} of {jobs} Running"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Preempts one worker of each of the first K jobs at once, as a kubelet's graceful node
+/// shutdown does: DisruptionTarget, then deletion (grace 0: no kubelet would finish a graceful
+/// one). Returns when each job was preempted.
+async fn preempt(
+    client: &Client,
+    ns: &str,
+    params: &OperatorBenchParams,
+) -> Result<HashMap<String, Instant>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let burst = (0..params.preempt).map(|i| {
+        let api = api.clone();
+        async move {
+            let job = format!("job-{i:05}");
+            let pod = validate::pod_name(&job, i % params.workers);
+            let at = Instant::now();
+            let now = Timestamp::now().to_string();
+            let patch = json!({"status": {"conditions": [{
+                "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                "message": "trainyard-bench: simulated spot preemption", "lastTransitionTime": now,
+            }]}});
+            api.patch_status(&pod, &PatchParams::default(), &Patch::Strategic(&patch))
+                .await
+                .map_err(Error::kube(format!(
+                    "setting DisruptionTarget on pod {ns}/{pod}"
+                )))?;
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            match api.delete(&pod, &dp).await {
+                Ok(_) => {}
+                // The operator may have deleted it first.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::kube(format!("deleting pod {ns}/{pod}"))(e)),
+            }
+            Ok((job, at))
+        }
+    });
+    future::join_all(burst).await.into_iter().collect()
+}
+
+/// Seconds from each job's preemption to every pod of its attempt 1 seen created.
+async fn wait_recovered(
+    tracker: &PodTracker,
+    preempted: &HashMap<String, Instant>,
+    workers: u32,
+    timeout: Duration,
+) -> Result<HashMap<String, f64>> {
+    let jobs: HashSet<&String> = preempted.keys().collect();
+    tracker
+        .wait_until(
+            &format!("{} preempted jobs' next attempts", jobs.len()),
+            timeout,
+            |pods| {
+                let mut latest: HashMap<&str, (u32, Instant)> = HashMap::new();
+                for p in pods {
+                    let Some(job) = p.job.as_ref().filter(|j| jobs.contains(j)) else {
+                        continue;
+                    };
+                    if p.attempt != Some(1) {
+                        continue;
+                    }
+                    let e = latest.entry(job.as_str()).or_insert((0, p.seen));
+                    e.0 += 1;
+                    e.1 = e.1.max(p.seen);
+                }
+                let done = latest.values().filter(|(n, _)| *n >= workers).count();
+                if done < jobs.len() {
+                    return Err(format!("{done} of {} recovered", jobs.len()));
+                }
+                Ok(latest
+                    .into_iter()
+                    .filter_map(|(job, (_, at))| {
+                        let start = preempted.get(job)?;
+                        Some((
+                            job.to_owned(),
+                            at.saturating_duration_since(*start).as_secs_f64(),
+                        ))
+                    })
+                    .collect())
+            },
+        )
+        .await
+}
+
+async fn clean_up(client: &Client, mut created: Created, report: &mut OperatorBenchReport) {
+    if let Some(op) = created.operator.take() {
+        match op.stop().await {
+            Ok(last) => {
+                if let Some(u) = report.usage.as_mut() {
+                    u.last = last;
+                }
+            }
+            Err(e) => report.warnings.push(format!("stopping the operator: {e}")),
+        }
+    }
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for ns in &created.namespaces {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        if let Err(e) = namespaces.delete(ns, &DeleteParams::background()).await {
+            report
+                .warnings
+                .push(format!("deleting namespace {ns}: {e}"));
+            continue;
+        }
+        // The namespace controller deletes pods gracefully, and no kubelet would ever finish
+        // that on a fake node: finish it here until the namespace is gone.
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            let _ = pods.delete_collection(&force, &ListParams::default()).await;
+            match namespaces.get_opt(ns).await {
+                Ok(None) => break,
+                Ok(Some(_)) | Err(_) if Instant::now() > deadline => {
+                    report
+                        .warnings
+                        .push(format!("namespace {ns} was still terminating after 180 s"));
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        }
+    }
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    for pv in &created.volumes {
+        if let Err(e) = pvs.delete(pv, &DeleteParams::default()).await {
+            report
+                .warnings
+                .push(format!("deleting PersistentVolume {pv}: {e}"));
+        }
+    }
+    if let Some(nodes) = created.nodes.take() {
+        nodes.delete().await;
+    }
+}
