@@ -179,6 +179,42 @@ async fn bench_topology(file: &str, n: usize, rows: &mut Vec<Row>) -> (u64, u64)
     (idle_kib, busy_kib)
 }
 
+/// The allocator alone, in-process: what GetPreferredAllocation costs
+/// without the gRPC round trip, on topologies harder than all-to-all.
+fn bench_allocator(rows: &mut Vec<Row>) {
+    use trainyard_device_plugin::allocator::Topology;
+    let cases: Vec<(&str, Vec<trainyard_device_plugin::backend::GpuInfo>)> = vec![
+        ("8 GPUs (DGX-1 cube-mesh)", cube_mesh_8()),
+        (
+            "16 GPUs (two cube-meshes, 4 NUMA nodes)",
+            cube_mesh_pair_16(),
+        ),
+    ];
+    for (name, gpus) in cases {
+        let n = gpus.len();
+        let topology = Topology::new(&gpus).expect("topology");
+        let all: Vec<String> = (0..n).map(uuid).collect();
+        let none: [&str; 0] = [];
+        for size in [2, n / 2, n - 1] {
+            let mut samples: Vec<Duration> = (0..WARMUP + SAMPLES)
+                .map(|_| {
+                    let start = Instant::now();
+                    std::hint::black_box(topology.preferred(&all, &none, size).expect("preferred"));
+                    start.elapsed()
+                })
+                .skip(WARMUP)
+                .collect();
+            samples.sort();
+            rows.push(Row {
+                topology: name.into(),
+                what: format!("allocator only (in-process), size {size} of {n}"),
+                p50: micros(percentile(&samples, 0.5)),
+                p99: micros(percentile(&samples, 0.99)),
+            });
+        }
+    }
+}
+
 fn main() {
     // Cargo passes `--bench`; any other argument filters nothing here.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -190,6 +226,7 @@ fn main() {
         let mut rows = Vec::new();
         let (idle8, busy8) = bench_topology("fake-gpus-8.yaml", 8, &mut rows).await;
         let (idle16, busy16) = bench_topology("fake-gpus-16.yaml", 16, &mut rows).await;
+        bench_allocator(&mut rows);
         println!("| topology | measurement | p50 | p99 |");
         println!("|---|---|---|---|");
         for row in &rows {

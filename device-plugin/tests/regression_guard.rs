@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -16,7 +15,6 @@ use trainyard_device_plugin::allocator::Topology;
 use trainyard_device_plugin::api::{
     ContainerPreferredAllocationRequest, Empty, PreferredAllocationRequest,
 };
-use trainyard_device_plugin::backend::{ComputeCapability, GpuInfo};
 
 const REGRESSION_FACTOR: f64 = 3.0;
 
@@ -33,54 +31,6 @@ const BASELINE_SEARCH_VS_EXHAUSTIVE: f64 = 0.01;
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
-}
-
-/// Two DGX-1 cube-meshes joined GPU i to GPU i+8 by one link: irregular
-/// enough that the search has to work for its answer.
-fn irregular_16() -> Vec<GpuInfo> {
-    let cube = [
-        (0, 1, 1),
-        (0, 2, 1),
-        (0, 3, 2),
-        (0, 4, 2),
-        (1, 2, 2),
-        (1, 3, 1),
-        (1, 5, 2),
-        (2, 3, 2),
-        (2, 6, 1),
-        (3, 7, 1),
-        (4, 5, 1),
-        (4, 6, 1),
-        (4, 7, 2),
-        (5, 6, 2),
-        (5, 7, 1),
-        (6, 7, 2),
-    ];
-    let mut links: Vec<(usize, usize, u32)> = Vec::new();
-    for half in [0, 8] {
-        links.extend(cube.iter().map(|&(a, b, c)| (a + half, b + half, c)));
-    }
-    links.extend((0..8).map(|i| (i, i + 8, 1)));
-    (0..16)
-        .map(|i| GpuInfo {
-            uuid: uuid(i),
-            index: i as u32,
-            minor_number: i as u32,
-            name: "guard".into(),
-            memory_mib: 1,
-            pci_bus_id: None,
-            numa_node: Some((i / 4) as i64),
-            compute_capability: ComputeCapability { major: 8, minor: 0 },
-            nvlinks: links
-                .iter()
-                .filter_map(|&(a, b, c)| match (a == i, b == i) {
-                    (true, _) => Some((uuid(b), c)),
-                    (_, true) => Some((uuid(a), c)),
-                    _ => None,
-                })
-                .collect::<BTreeMap<_, _>>(),
-        })
-        .collect()
 }
 
 fn exhaustive_best(topology: &Topology, size: usize) -> u64 {
@@ -108,7 +58,7 @@ fn check(name: &str, ratio: f64, baseline: f64) {
 
 #[test]
 fn allocator_search_stays_far_cheaper_than_exhaustive_enumeration() {
-    let topology = Topology::new(&irregular_16()).unwrap();
+    let topology = Topology::new(&cube_mesh_pair_16()).unwrap();
     let all: Vec<String> = (0..16).map(uuid).collect();
     let none: [&str; 0] = [];
     let chosen = topology.preferred(&all, &none, 8).unwrap();

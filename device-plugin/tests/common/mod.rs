@@ -318,3 +318,55 @@ pub fn set_gpu_field(text: &str, index: usize, field: &str, value: &str) -> Stri
     }
     out.join("\n") + "\n"
 }
+
+/// GPUs with the given undirected links, NUMA node `i / numa_width`.
+pub fn gpus_with_links(
+    n: usize,
+    numa_width: usize,
+    links: &[(usize, usize, u32)],
+) -> Vec<trainyard_device_plugin::backend::GpuInfo> {
+    use trainyard_device_plugin::backend::{ComputeCapability, GpuInfo};
+    (0..n)
+        .map(|i| GpuInfo {
+            uuid: uuid(i),
+            index: i as u32,
+            minor_number: i as u32,
+            name: "NVIDIA Test".into(),
+            memory_mib: 1,
+            pci_bus_id: None,
+            numa_node: Some((i / numa_width) as i64),
+            compute_capability: ComputeCapability { major: 8, minor: 0 },
+            nvlinks: links
+                .iter()
+                .filter_map(|&(a, b, c)| match (a == i, b == i) {
+                    (true, _) => Some((uuid(b), c)),
+                    (_, true) => Some((uuid(a), c)),
+                    _ => None,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// DGX-1 (V100) hybrid cube-mesh links.
+#[rustfmt::skip]
+pub const CUBE_MESH: [(usize, usize, u32); 16] = [
+    (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2),
+    (2, 6, 1), (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2),
+];
+
+/// A DGX-1 cube-mesh, NUMA halves.
+pub fn cube_mesh_8() -> Vec<trainyard_device_plugin::backend::GpuInfo> {
+    gpus_with_links(8, 4, &CUBE_MESH)
+}
+
+/// Two DGX-1 cube-meshes joined GPU i to GPU i+8 by one link, four NUMA
+/// nodes: irregular enough that the search has to work for its answer.
+pub fn cube_mesh_pair_16() -> Vec<trainyard_device_plugin::backend::GpuInfo> {
+    let mut links: Vec<(usize, usize, u32)> = Vec::new();
+    for half in [0, 8] {
+        links.extend(CUBE_MESH.iter().map(|&(a, b, c)| (a + half, b + half, c)));
+    }
+    links.extend((0..8).map(|i| (i, i + 8, 1)));
+    gpus_with_links(16, 4, &links)
+}
