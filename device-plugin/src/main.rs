@@ -37,7 +37,7 @@ fn real_main() -> anyhow::Result<()> {
     // resident set small; NVML calls go to a small blocking pool.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .max_blocking_threads(1)
+        .max_blocking_threads(2)
         .thread_stack_size(512 * 1024)
         .build()
         .context("cannot start the async runtime")?;
