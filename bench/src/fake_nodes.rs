@@ -210,7 +210,7 @@ async fn create_one(client: Client, run: String, name: String) -> Result<String>
         "spec": {
             "holderIdentity": name,
             "leaseDurationSeconds": 40,
-            "renewTime": now.to_string(),
+            "renewTime": micro_time(now),
         },
     }))
     .map_err(|e| Error::Build {
@@ -226,8 +226,13 @@ async fn create_one(client: Client, run: String, name: String) -> Result<String>
     Ok(name)
 }
 
+/// A MicroTime as the 1.20 API server parses it: exactly six fractional digits.
+fn micro_time(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
 async fn renew(leases: &Api<Lease>, names: &[String]) {
-    let now = Timestamp::now().to_string();
+    let now = micro_time(Timestamp::now());
     let patch = json!({"spec": {"renewTime": now}});
     stream::iter(names)
         .for_each_concurrent(CONCURRENCY, |name| {
@@ -237,9 +242,26 @@ async fn renew(leases: &Api<Lease>, names: &[String]) {
                     .patch(name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
                 {
+                    let e = match e {
+                        kube::Error::Api(s) => format!("{} {}", s.code, s.reason),
+                        e => e.to_string(),
+                    };
                     tracing::warn!(node = %name, error = %e, "renewing a fake node's Lease");
                 }
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_times_have_exactly_six_fractional_digits() {
+        let t: Timestamp = "2026-11-21T09:07:52.088144183Z".parse().expect("valid timestamp");
+        assert_eq!(micro_time(t), "2026-11-21T09:07:52.088144Z");
+        let whole: Timestamp = "2026-11-21T09:07:52Z".parse().expect("valid timestamp");
+        assert_eq!(micro_time(whole), "2026-11-21T09:07:52.000000Z");
+    }
 }

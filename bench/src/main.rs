@@ -57,6 +57,10 @@ struct OperatorArgs {
     /// Directory for the operator's log and kubeconfig.
     #[arg(long, default_value = "target/bench")]
     work_dir: PathBuf,
+    /// Run the operator with leader election on a private Lease (true) or with
+    /// --leader-elect=false.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
     /// Write the report as JSON here (also when the run stops early).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -106,6 +110,7 @@ async fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         },
         phase_timeout: Duration::from_secs(args.phase_timeout),
         work_dir: args.work_dir,
+        leader_elect: args.leader_elect,
     };
     let client = trainyard_e2e::client().await?;
     let interrupt = async {

@@ -83,13 +83,16 @@ pub struct OperatorProcess {
 }
 
 impl OperatorProcess {
-    /// Starts `binary run` for one namespace, without leader election, with the given
-    /// kubeconfig; its output goes to `log`.
+    /// Starts `binary run` for one namespace with the given kubeconfig; its output goes to
+    /// `log`. With `leader_elect`, it takes a Lease of its own in that namespace (a production
+    /// set-up, and the only one that reconciles while `--leader-elect=false` stops the
+    /// controller at once); without, it runs `--leader-elect=false`.
     pub async fn start(
         binary: &Path,
         namespace: &str,
         kubeconfig: &Path,
         log: &Path,
+        leader_elect: bool,
     ) -> Result<Self> {
         if !binary.is_file() {
             return Err(Error::Operator(format!(
@@ -103,8 +106,15 @@ impl OperatorProcess {
         let err = out
             .try_clone()
             .map_err(Error::io(format!("opening {} twice", log.display())))?;
-        let child = Command::new(binary)
-            .args(["run", "--leader-elect=false", "--namespace", namespace])
+        let mut cmd = Command::new(binary);
+        cmd.args(["run", "--namespace", namespace]);
+        if leader_elect {
+            cmd.args(["--leader-elect=true", "--lease-name", "trainyard-bench-operator"])
+                .args(["--lease-namespace", namespace, "--identity", "trainyard-bench"]);
+        } else {
+            cmd.arg("--leader-elect=false");
+        }
+        let child = cmd
             .arg("--metrics-addr")
             .arg(metrics_addr.to_string())
             .env("KUBECONFIG", kubeconfig)

@@ -56,6 +56,9 @@ pub struct OperatorBenchParams {
     pub phase_timeout: Duration,
     /// Where the operator's log and kubeconfig go.
     pub work_dir: PathBuf,
+    /// Run the operator with leader election on a Lease of its own (see
+    /// [`OperatorProcess::start`]).
+    pub leader_elect: bool,
 }
 
 impl OperatorBenchParams {
@@ -408,7 +411,14 @@ async fn phases(
     proxy.write_kubeconfig(&kubeconfig, &op_ns)?;
     let log = params.work_dir.join(format!("operator-{run}.log"));
     let tracker = PodTracker::start(client, &op_ns, true).await?;
-    let operator = OperatorProcess::start(&params.operator_bin, &op_ns, &kubeconfig, &log).await?;
+    let operator = OperatorProcess::start(
+        &params.operator_bin,
+        &op_ns,
+        &kubeconfig,
+        &log,
+        params.leader_elect,
+    )
+    .await?;
     let operator = created.operator.insert(operator);
     operator.wait_ready(Duration::from_secs(60)).await?;
     // Let the initial lists (nodes above all) land before the clock starts.
