@@ -135,6 +135,7 @@ pub async fn run(
     };
     metrics.leader.set(1);
 
+    // Resolves only when the Lease is actually lost (never without leader election).
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
     let watcher_task = leadership.map(|mut l| {
         tokio::spawn(async move {
@@ -143,21 +144,26 @@ pub async fn run(
             l
         })
     });
-    let lost = lost_rx.map(|r| r.is_ok()).shared();
+    let lost = async move {
+        if lost_rx.await.is_err() {
+            future::pending::<()>().await;
+        }
+    }
+    .shared();
     let stop = {
         let shutdown = shutdown.clone();
         let lost = lost.clone();
         async move {
             tokio::select! {
                 () = shutdown => {},
-                _ = lost => {},
+                () = lost => {},
             }
         }
     };
     let result = run_controller(client, &config, metrics.clone(), stop).await;
     metrics.leader.set(0);
     if let Some(task) = watcher_task {
-        if lost.clone().now_or_never() == Some(true) {
+        if lost.clone().now_or_never().is_some() {
             return Err(Error::LeaderElection("lost the leader Lease".to_owned()));
         }
         task.abort();

@@ -1,0 +1,261 @@
+//! Creation, suspend and deletion of a TrainingJob against the local cluster.
+
+mod harness;
+
+use harness::{TestEnv, WAIT, condition, env, fast_config, wait_for};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use kube::Api;
+use kube::api::DeleteParams;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn job_becomes_pods_service_and_pvc_with_env_affinity_and_tolerations() {
+    let t = TestEnv::new("ty-create").await;
+    t.add_node(
+        "a100",
+        &[("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")],
+        4,
+    )
+    .await;
+    let op = t.start_operator(fast_config());
+    t.create_job(
+        "train",
+        json!({"workers": 2, "gpusPerWorker": 2,
+        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
+    )
+    .await;
+
+    let pods = t.wait_running(0, 2).await;
+    let job = t
+        .wait_job("train", "phase Running", |j| {
+            j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Running")
+        })
+        .await;
+    let status = job.status.clone().expect("status");
+    assert_eq!(status.attempt, 0);
+    assert_eq!(status.workers.len(), 2);
+    assert_eq!(
+        status.checkpoint_claim.as_deref(),
+        Some("train-checkpoints")
+    );
+    assert_eq!(
+        status.selected_gpu.as_ref().map(|g| g.product.as_str()),
+        Some("NVIDIA-A100-SXM4-80GB")
+    );
+    assert_eq!(
+        condition(&job, "Running").map(|c| c.status.as_str()),
+        Some("True")
+    );
+
+    let mut names: Vec<_> = pods
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["train-worker-0", "train-worker-1"]);
+    for pod in &pods {
+        let rank = pod.metadata.labels.as_ref().expect("labels")["trainyard.dev/rank"].clone();
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(
+            spec.hostname.as_deref(),
+            Some(format!("train-worker-{rank}").as_str())
+        );
+        assert_eq!(spec.subdomain.as_deref(), Some("train"));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        let owner = &pod.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("TrainingJob", Some(true))
+        );
+        assert_eq!(env(pod, "NODE_RANK"), Some(rank.clone()));
+        assert_eq!(env(pod, "PET_NODE_RANK"), Some(rank));
+        assert_eq!(
+            env(pod, "MASTER_ADDR").as_deref(),
+            Some("train-worker-0.train")
+        );
+        assert_eq!(env(pod, "WORLD_SIZE").as_deref(), Some("4"));
+        assert_eq!(
+            env(pod, "CHECKPOINT_PATH").as_deref(),
+            Some("/mnt/checkpoints/latest.pt")
+        );
+        assert_eq!(env(pod, "RESUME_FROM"), None);
+        let trainer = &spec.containers[0];
+        let limits = trainer
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .expect("limits");
+        assert_eq!(limits["nvidia.com/gpu"].0, "2");
+        assert!(
+            trainer
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == "/mnt/checkpoints")
+        );
+        let tolerations: Vec<_> = spec
+            .tolerations
+            .iter()
+            .flatten()
+            .filter_map(|t| t.key.clone())
+            .collect();
+        assert!(
+            tolerations.contains(&"cloud.google.com/gke-spot".to_owned()),
+            "{tolerations:?}"
+        );
+        let affinity = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .expect("node affinity");
+        let required = affinity
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .expect("required");
+        assert!(
+            required.node_selector_terms[0]
+                .match_expressions
+                .iter()
+                .flatten()
+                .any(|e| e.key == "nvidia.com/gpu.product"
+                    && e.values == Some(vec!["NVIDIA-A100-SXM4-80GB".to_owned()]))
+        );
+        assert_eq!(
+            affinity
+                .preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+                .map(Vec::len),
+            Some(5)
+        );
+    }
+
+    let svc: Service = Api::namespaced(t.client.clone(), &t.ns)
+        .get("train")
+        .await
+        .expect("Service");
+    let spec = svc.spec.expect("spec");
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(spec.publish_not_ready_addresses, Some(true));
+    let pvc: PersistentVolumeClaim = Api::namespaced(t.client.clone(), &t.ns)
+        .get("train-checkpoints")
+        .await
+        .expect("PVC");
+    assert_eq!(
+        pvc.spec.expect("spec").access_modes,
+        Some(vec!["ReadWriteOnce".to_owned()])
+    );
+
+    op.stop().await;
+    t.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn suspend_removes_the_pods_and_resume_brings_them_back() {
+    let t = TestEnv::new("ty-suspend").await;
+    t.add_node("n", &[], 4).await;
+    let op = t.start_operator(fast_config());
+    t.create_job("train", json!({"workers": 2, "gpusPerWorker": 1, "gpu": {"selection": "Any"}, "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}})).await;
+    t.wait_running(0, 2).await;
+
+    t.jobs()
+        .patch(
+            "train",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .expect("suspend");
+    t.wait_job("train", "phase Suspended", |j| {
+        j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Suspended")
+    })
+    .await;
+    let pods = t.pods_api();
+    wait_for("no pods while suspended", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&Default::default())
+                .await
+                .ok()
+                .filter(|l| l.items.is_empty())
+                .map(|_| ())
+        }
+    })
+    .await;
+
+    t.jobs()
+        .patch(
+            "train",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"suspend": false}})),
+        )
+        .await
+        .expect("resume");
+    t.wait_running(0, 2).await;
+    let job = t
+        .wait_job("train", "Running again", |j| {
+            j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Running")
+        })
+        .await;
+    assert_eq!(
+        job.status.expect("status").preemptions,
+        0,
+        "suspend is not a preemption"
+    );
+
+    op.stop().await;
+    t.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn deleting_the_job_removes_pods_and_service_and_follows_retain_on_delete() {
+    let t = TestEnv::new("ty-delete").await;
+    t.add_node("n", &[], 4).await;
+    let op = t.start_operator(fast_config());
+    let ckpt = |retain: bool| json!({"size": "1Gi", "accessModes": ["ReadWriteOnce"], "retainOnDelete": retain});
+    t.create_job("keep", json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"}, "checkpoint": ckpt(true)})).await;
+    t.create_job("drop", json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"}, "checkpoint": ckpt(false)})).await;
+    t.wait_running(0, 2).await;
+
+    for name in ["keep", "drop"] {
+        t.jobs()
+            .delete(name, &DeleteParams::background())
+            .await
+            .expect("delete job");
+    }
+    let client = t.client.clone();
+    let ns = t.ns.clone();
+    wait_for(
+        "pods, Services and the unretained PVC to be garbage-collected",
+        WAIT,
+        || {
+            let (client, ns) = (client.clone(), ns.clone());
+            async move {
+                let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                    Api::namespaced(client.clone(), &ns);
+                let svcs: Api<Service> = Api::namespaced(client.clone(), &ns);
+                let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client, &ns);
+                let pods_gone = pods.list(&Default::default()).await.ok()?.items.is_empty();
+                let svcs_gone = svcs.list(&Default::default()).await.ok()?.items.is_empty();
+                let dropped = pvcs
+                    .get_opt("drop-checkpoints")
+                    .await
+                    .ok()?
+                    .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+                (pods_gone && svcs_gone && dropped).then_some(())
+            }
+        },
+    )
+    .await;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(t.client.clone(), &t.ns);
+    let kept = pvcs
+        .get("keep-checkpoints")
+        .await
+        .expect("retained PVC still there");
+    assert!(kept.metadata.deletion_timestamp.is_none());
+
+    op.stop().await;
+    t.cleanup().await;
+}
