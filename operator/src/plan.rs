@@ -277,10 +277,10 @@ fn remove_pods<'a>(
     for pod in pods_ {
         let name = pod_name(pod);
         let uid = pod.metadata.uid.clone();
-        let Some(deleting) = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0) else {
+        if pod.metadata.deletion_timestamp.is_none() {
             actions.push(Action::DeletePod { name, uid });
             continue;
-        };
+        }
         let node_name = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
         let force_at = match node_name.map(|n| (n, observed.node(n))) {
             // Nothing will ever confirm the deletion: no kubelet, or no node.
@@ -289,10 +289,12 @@ fn remove_pods<'a>(
                 nodes::Readiness::Ready => None,
                 nodes::Readiness::NotReady { since } => {
                     let since = since.unwrap_or(now);
-                    let lost_at = since
-                        .saturating_add(classifier.node_not_ready_timeout)
-                        .unwrap_or(since);
-                    Some(lost_at.max(deleting))
+                    // No kubelet is there to deliver SIGTERM, so the grace period buys nothing.
+                    Some(
+                        since
+                            .saturating_add(classifier.node_not_ready_timeout)
+                            .unwrap_or(since),
+                    )
                 }
             },
         };
