@@ -295,7 +295,10 @@ impl TestEnv {
         json!({
             "spec": {
                 "nodeSelector": {RUN_LABEL: self.ns},
-                "tolerations": [{"key": FAKE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                // The API server taints new nodes not-ready until the node lifecycle controller
+                // sees them Ready, which can take long on a busy cluster.
+                "tolerations": [{"key": FAKE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
+                                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [{"name": "trainer", "image": "trainyard/trainer:dev", "command": ["sleep", "3600"]}],
             }
         })
