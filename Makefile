@@ -41,9 +41,11 @@ chart-test:
 
 ## Cluster tests are #[ignore]d in plain `cargo test`; here they run against the
 ## local cluster. The cluster is stopped afterwards, also when a test fails.
+## Component tests (in-process operator, fake nodes) run first; the Helm
+## scenarios last, since the chart's operator watches every namespace.
 e2e:
 	$(CARGO) build --workspace --bins
-	bash e2e/with-cluster.sh $(CARGO) test --workspace -- --ignored --test-threads 3
+	bash e2e/with-cluster.sh bash -c '$(CARGO) test --workspace --exclude trainyard-e2e -- --ignored --test-threads 3 && $(CARGO) test -p trainyard-e2e -- --ignored'
 
 crds:
 	$(CARGO) run -q -p trainyard-operator -- crd > crds/trainingjob.yaml
