@@ -300,15 +300,13 @@ async fn run_controller(
         .for_each(|_| future::ready(())),
     );
     let (claim_store, claim_writer) = reflector::store();
-    let claim_task = tokio::spawn(
-        watcher(
-            api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
-            wc(),
-        )
-        .reflect(claim_writer)
-        .default_backoff()
-        .for_each(|_| future::ready(())),
-    );
+    let claim_events = watcher(
+        api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
+        wc(),
+    )
+    .reflect(claim_writer)
+    .default_backoff()
+    .applied_objects();
 
     let jobs_api: Api<DeserializeGuard<TrainingJob>> = api(&client, ns);
     let controller = Controller::new(jobs_api, wc())
@@ -359,6 +357,35 @@ async fn run_controller(
             .flat_map(move |name| stream::iter(jobs_for_node(&name, &pods, &jobs)))
     };
 
+    // A job waiting for its existingClaim starts as soon as the claim appears.
+    let claim_triggers = {
+        let jobs = job_store.clone();
+        claim_events
+            .filter_map(move |claim| {
+                let refs: Vec<_> = match claim {
+                    Ok(claim) => {
+                        let (name, ns) = (claim.name_any(), claim.namespace().unwrap_or_default());
+                        jobs.state()
+                            .iter()
+                            .filter(|j| {
+                                j.0.as_ref().is_ok_and(|job| {
+                                    job.namespace().as_deref() == Some(ns.as_str())
+                                        && job.spec.checkpoint.existing_claim == name
+                                })
+                            })
+                            .map(|j| ObjectRef::from_obj(j.as_ref()))
+                            .collect()
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "persistentvolumeclaim watch");
+                        Vec::new()
+                    }
+                };
+                future::ready((!refs.is_empty()).then(|| stream::iter(refs)))
+            })
+            .flatten()
+    };
+
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(config.instance.clone()),
@@ -387,6 +414,7 @@ async fn run_controller(
     controller
         .owns_stream(pod_stream)
         .reconcile_on(node_triggers)
+        .reconcile_on(claim_triggers)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -397,7 +425,6 @@ async fn run_controller(
         })
         .await;
     svc_task.abort();
-    claim_task.abort();
     tracing::info!("controller stopped");
     Ok(())
 }
