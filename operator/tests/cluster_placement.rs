@@ -42,7 +42,7 @@ async fn cheapest_selection_pins_the_cheapest_product_the_cluster_offers() {
         .and_then(|s| s.selected_gpu)
         .expect("selectedGpu");
     assert_eq!(gpu.product, t4);
-    assert_eq!(gpu.spot, false);
+    assert!(!gpu.spot);
     assert!(
         (gpu.price_per_hour.expect("price") - 0.36).abs() < 1e-9,
         "on-demand T4 = 0.12 x 3"

@@ -462,7 +462,7 @@ async fn fake_kubelet(
             let s = state.lock().expect("state");
             (s.nodes.clone(), s.not_ready.clone())
         };
-        if tick % 25 == 0 {
+        if tick.is_multiple_of(25) {
             // Heartbeats keep the node lifecycle controller from marking fake nodes NotReady.
             for n in ours.iter().filter(|n| !not_ready.contains(n)) {
                 let now = Timestamp::now().to_string();
