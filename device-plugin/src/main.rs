@@ -1,5 +1,6 @@
 //! `trainyard-device-plugin`: see the library for what it does.
 
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -12,6 +13,10 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        // The default reports a failed write with eprintln!, which panics
+        // when stderr is gone and would kill whichever task was logging.
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -53,8 +58,8 @@ fn real_main() -> anyhow::Result<()> {
                             tracing::error!(error = %e, "cannot install signal handlers");
                             return;
                         }
-                        tracing::info!("shutting down");
                         shutdown.cancel();
+                        tracing::info!("shutting down");
                     })
                 };
                 let result = trainyard_device_plugin::run(config, shutdown).await;
@@ -65,7 +70,13 @@ fn real_main() -> anyhow::Result<()> {
         Command::Discover(args) => {
             let choice = args.backend.choice()?;
             let report = trainyard_device_plugin::discover(&choice)?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            let json = serde_json::to_string_pretty(&report)?;
+            // `discover | head` closing the pipe early is not an error worth a panic.
+            if let Err(e) = writeln!(std::io::stdout().lock(), "{json}")
+                && e.kind() != std::io::ErrorKind::BrokenPipe
+            {
+                return Err(e).context("cannot write the report");
+            }
         }
     }
     Ok(())
