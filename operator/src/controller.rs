@@ -137,10 +137,15 @@ pub async fn run(
 
     // Resolves only when the Lease is actually lost (never without leader election).
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let watcher_task = leadership.map(|mut l| {
         tokio::spawn(async move {
-            l.lost().await;
-            let _ = lost_tx.send(());
+            tokio::select! {
+                () = l.lost() => {
+                    let _ = lost_tx.send(());
+                }
+                _ = done_rx => {}
+            }
             l
         })
     });
@@ -166,7 +171,7 @@ pub async fn run(
         if lost.clone().now_or_never().is_some() {
             return Err(Error::LeaderElection("lost the leader Lease".to_owned()));
         }
-        task.abort();
+        let _ = done_tx.send(());
         if let Ok(l) = task.await {
             l.release().await;
         }

@@ -216,3 +216,54 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod http_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    }
+
+    #[tokio::test]
+    async fn endpoints_serve_health_readiness_and_metrics() {
+        let m = Arc::new(Metrics::new());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr, server) = serve("127.0.0.1:0".parse().expect("addr"), m.clone(), async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("bind");
+        let server = tokio::spawn(server);
+
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(
+            get(addr, "/readyz").await.starts_with("HTTP/1.1 503"),
+            "not ready before start-up"
+        );
+        m.set_ready(true);
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        m.restarts
+            .get_or_create(&RestartLabels {
+                reason: "Failure".into(),
+            })
+            .inc();
+        let metrics = get(addr, "/metrics").await;
+        assert!(
+            metrics.contains("trainyard_operator_restarts_total{reason=\"Failure\"} 1"),
+            "{metrics}"
+        );
+
+        let _ = tx.send(());
+        server.await.expect("join").expect("server stops cleanly");
+    }
+}

@@ -189,12 +189,33 @@ impl TestEnv {
 
     /// Starts the operator in-process, watching only this namespace.
     pub fn start_operator(&self, config: OperatorConfig) -> Operator {
+        self.start_operator_with(config, None)
+    }
+
+    /// Starts a replica that reconciles only while it holds the Lease `trainyard-operator`
+    /// in this namespace.
+    pub fn start_replica(&self, identity: &str) -> Operator {
+        let election = trainyard_operator::leader::LeaderElection {
+            lease_name: "trainyard-operator".to_owned(),
+            lease_namespace: self.ns.clone(),
+            identity: identity.to_owned(),
+            lease_duration_seconds: 6,
+            renew_grace_seconds: 2,
+        };
+        self.start_operator_with(fast_config(), Some(election))
+    }
+
+    fn start_operator_with(
+        &self,
+        config: OperatorConfig,
+        leader_election: Option<trainyard_operator::leader::LeaderElection>,
+    ) -> Operator {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let run = RunConfig {
             namespace: Some(self.ns.clone()),
             operator: config,
             metrics_addr: None,
-            leader_election: None,
+            leader_election,
             instance: format!("test-{}", self.ns),
         };
         let task = tokio::spawn(trainyard_operator::run(
@@ -465,7 +486,6 @@ async fn fake_kubelet(
         if tick.is_multiple_of(25) {
             // Heartbeats keep the node lifecycle controller from marking fake nodes NotReady.
             for n in ours.iter().filter(|n| !not_ready.contains(n)) {
-                let now = Timestamp::now().to_string();
                 if let Ok(node) = nodes.get_status(n).await {
                     let mut conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
                     for c in conditions.iter_mut().filter(|c| c.type_ == "Ready") {
@@ -480,7 +500,6 @@ async fn fake_kubelet(
                             &Patch::Merge(json!({"status": {"conditions": conditions}})),
                         )
                         .await;
-                    let _ = now;
                 }
             }
         }

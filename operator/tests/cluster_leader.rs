@@ -1,0 +1,56 @@
+//! Two replicas with leader election: only the Lease holder reconciles, and a standby takes
+//! over as soon as the leader shuts down.
+
+mod harness;
+
+use harness::{TestEnv, WAIT, wait_for};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use serde_json::json;
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt("trainyard-operator")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn only_the_lease_holder_reconciles_and_a_standby_takes_over() {
+    let t = TestEnv::new("ty-leader").await;
+    t.add_node("n", &[], 4).await;
+    let leases: Api<Lease> = Api::namespaced(t.client.clone(), &t.ns);
+
+    let first = t.start_replica("replica-a");
+    wait_for("replica-a to hold the Lease", WAIT, || async {
+        (holder(&leases).await.as_deref() == Some("replica-a")).then_some(())
+    })
+    .await;
+    let second = t.start_replica("replica-b");
+
+    let spec = |_: ()| {
+        json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
+        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}})
+    };
+    t.create_job("one", spec(())).await;
+    t.wait_running(0, 1).await;
+    assert_eq!(
+        holder(&leases).await.as_deref(),
+        Some("replica-a"),
+        "the standby did not take the Lease"
+    );
+
+    first.stop().await;
+    wait_for("replica-b to take the Lease", WAIT, || async {
+        (holder(&leases).await.as_deref() == Some("replica-b")).then_some(())
+    })
+    .await;
+    t.create_job("two", spec(())).await;
+    t.wait_running(0, 2).await;
+
+    second.stop().await;
+    t.cleanup().await;
+}
