@@ -175,6 +175,16 @@ pub struct Plugin {
 
 impl Plugin {
     pub fn start(dir: &Path, fake_file: &Path, extra: &[&str]) -> Self {
+        // No cluster: the label loop must keep retrying without stopping the plugin.
+        Self::start_with_kubeconfig(dir, fake_file, extra, &dir.join("no-kubeconfig"))
+    }
+
+    pub fn start_with_kubeconfig(
+        dir: &Path,
+        fake_file: &Path,
+        extra: &[&str],
+        kubeconfig: &Path,
+    ) -> Self {
         let log = dir.with_extension("log");
         let stderr = std::fs::File::create(&log).expect("create log");
         let child = Command::new(BIN)
@@ -185,8 +195,7 @@ impl Plugin {
             .arg(dir)
             .args(extra)
             .env("RUST_LOG", "info")
-            // No cluster: the label loop must keep retrying without stopping the plugin.
-            .env("KUBECONFIG", dir.join("no-kubeconfig"))
+            .env("KUBECONFIG", kubeconfig)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("NODE_NAME")
             .stdout(Stdio::null())

@@ -1,0 +1,167 @@
+//! Node labels against the real API server of the local cluster.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+async fn gpu_labels(nodes: &Api<Node>, name: &str) -> BTreeMap<String, String> {
+    nodes
+        .get(name)
+        .await
+        .ok()
+        .and_then(|n| n.metadata.labels)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("nvidia.com/"))
+        .collect()
+}
+
+async fn wait_labels(
+    nodes: &Api<Node>,
+    name: &str,
+    check: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> BTreeMap<String, String> {
+    let start = Instant::now();
+    loop {
+        let labels = gpu_labels(nodes, name).await;
+        if check(&labels) || start.elapsed() > Duration::from_secs(30) {
+            return labels;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn node_labels_follow_the_fake_file_with_server_side_apply() {
+    let kubeconfig =
+        std::env::var_os("KUBECONFIG").expect("KUBECONFIG must point at the local cluster");
+    let client = kube::Client::try_default()
+        .await
+        .expect("a reachable local cluster");
+    let nodes: Api<Node> = Api::all(client);
+    // A Node object of our own (no kubelet behind it), tainted so nothing
+    // lands on it, deleted at the end whatever happens.
+    let name = format!("trainyard-dp-labels-{}", std::process::id());
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": name, "labels": { "trainyard.dev/test": "device-plugin-labels" } },
+        "spec": { "taints": [{ "key": "trainyard.dev/test", "effect": "NoSchedule" }] },
+    }))
+    .unwrap();
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create test node");
+
+    let ws = Workspace::new(&example("fake-gpus-8.yaml"));
+    let plugin = Plugin::start_with_kubeconfig(
+        &ws.dir,
+        &ws.fake_file,
+        &["--node-name", &name],
+        std::path::Path::new(&kubeconfig),
+    );
+    let body = async {
+        let labels = wait_labels(&nodes, &name, |l| l.len() == 11).await;
+        assert_eq!(
+            labels.get("nvidia.com/gpu.product").map(String::as_str),
+            Some("NVIDIA-A100-SXM4-80GB")
+        );
+        assert_eq!(
+            labels.get("nvidia.com/gpu.count").map(String::as_str),
+            Some("8")
+        );
+        assert_eq!(
+            labels.get("nvidia.com/gpu.memory").map(String::as_str),
+            Some("81920")
+        );
+        assert_eq!(
+            labels
+                .get("nvidia.com/cuda.driver-version.full")
+                .map(String::as_str),
+            Some("550.54.15")
+        );
+        assert_eq!(
+            labels
+                .get("nvidia.com/cuda.runtime-version.minor")
+                .map(String::as_str),
+            Some("4")
+        );
+        assert_eq!(
+            labels
+                .get("nvidia.com/gpu.compute.major")
+                .map(String::as_str),
+            Some("8")
+        );
+
+        // A new driver in the file is a new set of labels on the node.
+        ws.rewrite(|t| {
+            t.replace(
+                "driverVersion: \"550.54.15\"",
+                "driverVersion: \"550.90.7\"",
+            )
+        });
+        let labels = wait_labels(&nodes, &name, |l| {
+            l.get("nvidia.com/cuda.driver-version.full")
+                .map(String::as_str)
+                == Some("550.90.7")
+        })
+        .await;
+        assert_eq!(
+            labels
+                .get("nvidia.com/cuda.driver-version.minor")
+                .map(String::as_str),
+            Some("90")
+        );
+        assert_eq!(
+            labels
+                .get("nvidia.com/cuda.driver-version.rev")
+                .map(String::as_str),
+            Some("7")
+        );
+
+        let managers: Vec<(String, String)> = nodes
+            .get(&name)
+            .await
+            .unwrap()
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| {
+                (
+                    m.manager.unwrap_or_default(),
+                    m.operation.unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert!(
+            managers.contains(&("trainyard-device-plugin".to_string(), "Apply".to_string())),
+            "{managers:?}"
+        );
+    };
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        std::panic::AssertUnwindSafe(body).catch_unwind(),
+    )
+    .await;
+    let log = plugin.log_text();
+    drop(plugin);
+    let _ = nodes.delete(&name, &DeleteParams::default()).await;
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(panic)) => {
+            eprintln!("plugin log:\n{log}");
+            std::panic::resume_unwind(panic);
+        }
+        Err(_) => panic!("timed out; plugin log:\n{log}"),
+    }
+}
