@@ -520,3 +520,63 @@ async fn sigterm_stops_the_plugin_and_removes_its_socket() {
     assert!(!ws.dir.join(SOCKET).exists());
     kubelet.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_returns_cdi_names_and_device_specs_when_the_flags_ask() {
+    let ws = Workspace::new(&example("fake-gpus-8.yaml"));
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    let plugin = Plugin::start(
+        &ws.dir,
+        &ws.fake_file,
+        &[
+            "--device-list-strategy",
+            "envvar,cdi",
+            "--pass-device-specs",
+        ],
+    );
+    kubelet.wait_devices(START_LIMIT, all_healthy).await;
+    let mut client = plugin_client(&ws.dir).await;
+    let response = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![uuid(4), uuid(7)],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let container = &response.container_responses[0];
+    assert_eq!(
+        container.envs["NVIDIA_VISIBLE_DEVICES"],
+        format!("{},{}", uuid(4), uuid(7))
+    );
+    let cdi: Vec<&str> = container
+        .cdi_devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(
+        cdi,
+        [
+            format!("nvidia.com/gpu={}", uuid(4)),
+            format!("nvidia.com/gpu={}", uuid(7))
+        ]
+    );
+    let specs: Vec<&str> = container
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(
+        specs,
+        [
+            "/dev/nvidia4",
+            "/dev/nvidia7",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools"
+        ]
+    );
+    drop(plugin);
+    kubelet.stop().await;
+}
