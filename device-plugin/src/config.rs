@@ -290,7 +290,7 @@ fn valid_resource_name(name: &str) -> bool {
             && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
             && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
     };
-    domain.contains('.') && label_ok(domain) && label_ok(resource) && !resource.contains('.')
+    domain.contains('.') && label_ok(domain) && label_ok(resource)
 }
 
 impl TryFrom<RunArgs> for RunConfig {
@@ -419,6 +419,8 @@ mod tests {
 
     #[test]
     fn bad_values_are_rejected_with_the_flag_named() {
+        let mig = run_args(&["--resource-name", "nvidia.com/mig-1g.5gb"]).unwrap();
+        assert_eq!(mig.socket_name(), "trainyard-nvidia-com-mig-1g-5gb.sock");
         assert!(
             run_args(&["--resource-name", "gpu"])
                 .unwrap_err()
