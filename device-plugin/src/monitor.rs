@@ -280,3 +280,199 @@ pub async fn run_telemetry(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use tokio::sync::mpsc::UnboundedSender;
+
+    use super::*;
+    use crate::backend::{ComputeCapability, DriverInfo, GpuInfo};
+    use crate::health::{HealthPolicy, HealthTracker};
+
+    /// A backend whose probe answers are set by the test.
+    struct ScriptedBackend {
+        probes: Mutex<BTreeMap<String, ProbeOutcome>>,
+    }
+
+    impl GpuBackend for ScriptedBackend {
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+
+        fn inventory(&self) -> Result<Inventory, BackendError> {
+            let gpus = (0..2)
+                .map(|i| GpuInfo {
+                    uuid: format!("GPU-{i}"),
+                    index: i,
+                    minor_number: i,
+                    name: "NVIDIA Test".into(),
+                    memory_mib: 1,
+                    pci_bus_id: None,
+                    numa_node: None,
+                    compute_capability: ComputeCapability { major: 8, minor: 0 },
+                    nvlinks: BTreeMap::new(),
+                })
+                .collect();
+            Ok(Inventory {
+                driver: DriverInfo {
+                    driver_version: "550.54.15".into(),
+                    cuda_version: "12.4".into(),
+                },
+                gpus,
+            })
+        }
+
+        fn probe(&self, uuid: &str) -> ProbeOutcome {
+            self.probes
+                .lock()
+                .unwrap()
+                .get(uuid)
+                .cloned()
+                .unwrap_or(ProbeOutcome::Healthy)
+        }
+
+        fn telemetry(&self, _uuid: &str) -> Result<Telemetry, BackendError> {
+            Ok(Telemetry::default())
+        }
+
+        fn watch(
+            self: Arc<Self>,
+            _events: UnboundedSender<BackendEvent>,
+            _shutdown: CancellationToken,
+        ) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    async fn started(
+        probes: BTreeMap<String, ProbeOutcome>,
+    ) -> (
+        Arc<ScriptedBackend>,
+        StateReceiver,
+        UnboundedSender<BackendEvent>,
+        Arc<Metrics>,
+        CancellationToken,
+    ) {
+        let backend = Arc::new(ScriptedBackend {
+            probes: Mutex::new(probes),
+        });
+        let metrics = Arc::new(Metrics::new("n"));
+        let tracker = HealthTracker::new(HealthPolicy {
+            recovery_quiet_period: Duration::ZERO,
+            ..HealthPolicy::default()
+        });
+        let (monitor, state) = Monitor::start(
+            Arc::clone(&backend) as Arc<dyn GpuBackend>,
+            tracker,
+            Arc::clone(&metrics),
+            Duration::from_secs(3600),
+        )
+        .await
+        .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        tokio::spawn(monitor.run(rx, shutdown.clone()));
+        (backend, state, tx, metrics, shutdown)
+    }
+
+    #[tokio::test]
+    async fn first_state_reflects_the_first_probe() {
+        let probes =
+            BTreeMap::from([("GPU-1".to_string(), ProbeOutcome::Unhealthy("lost".into()))]);
+        let (_backend, state, _tx, _metrics, shutdown) = started(probes).await;
+        assert_eq!(state.borrow().health_counts(), (1, 1));
+        assert!(!state.borrow().is_healthy("GPU-1"));
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn unattributed_and_ignored_xids_change_nothing_but_are_counted() {
+        let (_backend, mut state, tx, metrics, shutdown) = started(BTreeMap::new()).await;
+        tx.send(BackendEvent::Xid {
+            uuid: None,
+            xid: 79,
+        })
+        .unwrap();
+        tx.send(BackendEvent::Xid {
+            uuid: Some("GPU-unknown".into()),
+            xid: 79,
+        })
+        .unwrap();
+        tx.send(BackendEvent::Xid {
+            uuid: Some("GPU-0".into()),
+            xid: 13,
+        })
+        .unwrap();
+        tx.send(BackendEvent::Unattributed("event wait failed".into()))
+            .unwrap();
+        // A critical XID afterwards proves the earlier events were processed.
+        tx.send(BackendEvent::Xid {
+            uuid: Some("GPU-1".into()),
+            xid: 48,
+        })
+        .unwrap();
+        let snapshot = tokio::time::timeout(
+            Duration::from_secs(5),
+            state.wait_for(|s| !s.is_healthy("GPU-1")),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+        .clone();
+        assert!(snapshot.is_healthy("GPU-0"));
+        assert_eq!(snapshot.health_counts(), (1, 1));
+        let text = metrics.render().unwrap();
+        assert!(text.contains(r#"xid="13"} 1"#), "{text}");
+        assert!(
+            text.contains(
+                r#"trainyard_gpu_xid_events_total{gpu="",index="",product="",node="n",xid="79"} 2"#
+            ),
+            "{text}"
+        );
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn inconclusive_probes_keep_health_and_good_probes_recover() {
+        let (backend, mut state, tx, _metrics, shutdown) = started(BTreeMap::new()).await;
+        tx.send(BackendEvent::Xid {
+            uuid: Some("GPU-0".into()),
+            xid: 79,
+        })
+        .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            state.wait_for(|s| !s.is_healthy("GPU-0")),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        // An inventory change re-probes: inconclusive keeps it unhealthy...
+        backend.probes.lock().unwrap().insert(
+            "GPU-0".into(),
+            ProbeOutcome::Inconclusive("NVML busy".into()),
+        );
+        tx.send(BackendEvent::InventoryChanged).unwrap();
+        tx.send(BackendEvent::Xid {
+            uuid: Some("GPU-1".into()),
+            xid: 13,
+        })
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!state.borrow().is_healthy("GPU-0"));
+        // ...and a good probe after the (zero) quiet period recovers it.
+        backend.probes.lock().unwrap().remove("GPU-0");
+        tx.send(BackendEvent::InventoryChanged).unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            state.wait_for(|s| s.is_healthy("GPU-0")),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        shutdown.cancel();
+    }
+}
