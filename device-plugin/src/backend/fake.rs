@@ -660,4 +660,35 @@ gpus:
         assert!(backend.reload().is_err());
         assert_eq!(backend.inventory().unwrap().gpus.len(), 2);
     }
+
+    #[tokio::test]
+    async fn watch_reports_in_place_edits_and_stops_on_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.yaml");
+        std::fs::write(&path, TWO).unwrap();
+        let backend = Arc::new(FakeBackend::open(&path).unwrap());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        Arc::clone(&backend).watch(tx, shutdown.clone()).unwrap();
+        // An in-place write (no rename), as an editor or `echo >` does.
+        std::fs::write(
+            &path,
+            TWO.replace("utilizationPercent: 87", "utilizationPercent: 12"),
+        )
+        .unwrap();
+        let event = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap();
+        assert_eq!(event, Some(BackendEvent::InventoryChanged));
+        assert_eq!(
+            backend.telemetry("GPU-b").unwrap().utilization_percent,
+            Some(12.0)
+        );
+        shutdown.cancel();
+        // The watcher task drops its sender when it stops.
+        let closed = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap();
+        assert_eq!(closed, None);
+    }
 }
