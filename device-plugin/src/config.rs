@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::health::HealthPolicy;
+use crate::labels::LabelWriter;
 
 /// Invalid combinations or values of flags.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +76,17 @@ pub enum Command {
     Run(RunArgs),
     /// Print, as JSON, the GPUs, topology, health and driver facts the backend sees.
     Discover(DiscoverArgs),
+    /// Apply node labels read as a JSON object from stdin (used by `run`).
+    #[command(hide = true)]
+    ApplyLabels(ApplyLabelsArgs),
+}
+
+/// Flags of `apply-labels`.
+#[derive(Debug, Clone, Args)]
+pub struct ApplyLabelsArgs {
+    /// The node to label.
+    #[arg(long)]
+    pub node_name: String,
 }
 
 /// Backend selection, shared by `run` and `discover`.
@@ -244,6 +256,8 @@ pub struct RunConfig {
     pub health: HealthPolicy,
     /// How often every GPU is probed.
     pub probe_interval: Duration,
+    /// How node labels are written.
+    pub label_writer: LabelWriter,
 }
 
 impl RunConfig {
@@ -260,6 +274,7 @@ impl RunConfig {
             metrics_interval: Duration::from_secs(10),
             health: HealthPolicy::default(),
             probe_interval: Duration::from_secs(5),
+            label_writer: LabelWriter::InProcess,
         }
     }
 
@@ -326,6 +341,7 @@ impl TryFrom<RunArgs> for RunConfig {
                 recovery_quiet_period: Duration::from_secs(args.health_recovery_seconds),
             },
             probe_interval: Duration::from_secs(5),
+            label_writer: LabelWriter::InProcess,
         })
     }
 }
@@ -341,7 +357,7 @@ mod tests {
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Run(args) => RunConfig::try_from(args).map_err(|e| e.to_string()),
-            Command::Discover(_) => Err("not run".into()),
+            _ => Err("not run".into()),
         }
     }
 

@@ -7,6 +7,8 @@
 //! and never stops the plugin from serving.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -105,6 +107,18 @@ pub enum LabelError {
     /// No kubeconfig or in-cluster configuration.
     #[error("cannot create a Kubernetes client: {0}")]
     Client(#[source] kube::Error),
+    /// The label writer process could not be run.
+    #[error("cannot run the label writer {exe}: {source}")]
+    Spawn {
+        /// The executable.
+        exe: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The label writer process failed; its last words.
+    #[error("{0}")]
+    Writer(String),
     /// The apply failed.
     #[error("cannot label node {node}: {source}")]
     Apply {
@@ -141,8 +155,77 @@ async fn apply(
     Ok(())
 }
 
+/// How labels reach the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelWriter {
+    /// A Kubernetes client inside this process.
+    InProcess,
+    /// `<exe> apply-labels --node-name <node>` with the labels as JSON on stdin.
+    Subprocess(PathBuf),
+}
+
+/// Applies `labels` to `node` once, with a client from the environment
+/// (kubeconfig or in-cluster). The body of `apply-labels`.
+pub async fn apply_once(node: &str, labels: &BTreeMap<String, String>) -> Result<(), LabelError> {
+    let client = Client::try_default().await.map_err(LabelError::Client)?;
+    apply(&client, node, labels).await
+}
+
+const WRITER_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn apply_in_child(
+    exe: &Path,
+    node: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), LabelError> {
+    use tokio::io::AsyncWriteExt;
+    let spawn_error = |source| LabelError::Spawn {
+        exe: exe.to_path_buf(),
+        source,
+    };
+    let mut child = tokio::process::Command::new(exe)
+        .arg("apply-labels")
+        .arg("--node-name")
+        .arg(node)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(spawn_error)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let json = serde_json::to_vec(labels).unwrap_or_default();
+        stdin.write_all(&json).await.map_err(spawn_error)?;
+    }
+    let output = tokio::time::timeout(WRITER_TIMEOUT, child.wait_with_output())
+        .await
+        .map_err(|_| {
+            LabelError::Writer(format!(
+                "label writer did not finish within {WRITER_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(spawn_error)?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    Err(LabelError::Writer(
+        last.strip_prefix("error: ").unwrap_or(last).to_string(),
+    ))
+}
+
 /// Keeps `node`'s labels equal to the current inventory until `shutdown`.
-pub async fn run(node: String, mut state: StateReceiver, shutdown: CancellationToken) {
+pub async fn run(
+    node: String,
+    writer: LabelWriter,
+    mut state: StateReceiver,
+    shutdown: CancellationToken,
+) {
     let mut client: Option<Client> = None;
     let mut applied: Option<BTreeMap<String, String>> = None;
     let mut delay = RETRY_START;
@@ -150,9 +233,10 @@ pub async fn run(node: String, mut state: StateReceiver, shutdown: CancellationT
     loop {
         let wanted = node_labels(&state.borrow_and_update().inventory);
         if applied.as_ref() != Some(&wanted) {
-            let result = match &client {
-                Some(c) => apply(c, &node, &wanted).await,
-                None => match Client::try_default().await {
+            let result = match (&writer, &client) {
+                (LabelWriter::Subprocess(exe), _) => apply_in_child(exe, &node, &wanted).await,
+                (LabelWriter::InProcess, Some(c)) => apply(c, &node, &wanted).await,
+                (LabelWriter::InProcess, None) => match Client::try_default().await {
                     Ok(c) => {
                         let r = apply(&c, &node, &wanted).await;
                         client = Some(c);

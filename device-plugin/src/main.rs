@@ -1,5 +1,6 @@
 //! `trainyard-device-plugin`: see the library for what it does.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
@@ -7,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use trainyard_device_plugin::config::{Cli, Command, LogFormat, RunConfig};
+use trainyard_device_plugin::labels::{self, LabelWriter};
 
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -48,7 +50,12 @@ fn real_main() -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     match cli.command {
         Command::Run(args) => {
-            let config = RunConfig::try_from(args)?;
+            let mut config = RunConfig::try_from(args)?;
+            if config.node_name.is_some() {
+                // Keep the Kubernetes client out of the long-lived process.
+                let exe = std::env::current_exe().context("cannot find our own executable")?;
+                config.label_writer = LabelWriter::Subprocess(exe);
+            }
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 let signals = {
@@ -66,6 +73,14 @@ fn real_main() -> anyhow::Result<()> {
                 signals.abort();
                 result
             })?;
+        }
+        Command::ApplyLabels(args) => {
+            let mut input = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)
+                .context("cannot read labels from stdin")?;
+            let wanted: BTreeMap<String, String> = serde_json::from_str(&input)
+                .context("labels on stdin are not a JSON object of strings")?;
+            runtime.block_on(labels::apply_once(&args.node_name, &wanted))?;
         }
         Command::Discover(args) => {
             let choice = args.backend.choice()?;
@@ -86,7 +101,17 @@ fn main() -> ExitCode {
     match real_main() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Most of our errors (and kube's) already print their cause; only
+            // add the causes that the message does not contain yet.
+            let mut message = e.to_string();
+            for cause in e.chain().skip(1) {
+                let cause = cause.to_string();
+                if !message.contains(&cause) {
+                    message.push_str(": ");
+                    message.push_str(&cause);
+                }
+            }
+            let _ = writeln!(std::io::stderr(), "error: {message}");
             ExitCode::FAILURE
         }
     }

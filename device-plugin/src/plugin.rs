@@ -90,6 +90,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     if let Some(node) = config.node_name.clone() {
         handles.push(tokio::spawn(labels::run(
             node,
+            config.label_writer.clone(),
             state.clone(),
             tasks.clone(),
         )));
