@@ -19,12 +19,14 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
 use trainyard_e2e::{
-    TestNamespace, allocatable, capacity, node_name, pod_log, preempt_pod, repo_root, state_dir,
-    wait_for,
+    allocatable, capacity, node_name, pod_log, preempt_pod, repo_root, state_dir, wait_for,
 };
 
 const RELEASE: &str = "trainyard";
 const RELEASE_NS: &str = "trainyard-system";
+/// The chart's operator watches only this namespace here, so it never
+/// competes with the in-process operators of other cluster tests.
+const JOBS_NS: &str = "trainyard-e2e";
 const GPU: &str = "nvidia.com/gpu";
 
 static SERIAL: Mutex<bool> = Mutex::const_new(false);
@@ -75,6 +77,14 @@ async fn install_chart(client: &Client) -> Result<()> {
             .await?
             .items
             .is_empty();
+    // Before the chart: its Role for the watched namespace goes there.
+    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOBS_NS}
+    }))?;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    if namespaces.get_opt(JOBS_NS).await?.is_none() {
+        namespaces.create(&PostParams::default(), &ns).await?;
+    }
     if !already {
         trainyard_e2e::helm(&[
             "install",
@@ -83,6 +93,8 @@ async fn install_chart(client: &Client) -> Result<()> {
             RELEASE_NS,
             "--values",
             values.to_str().context("values path is not UTF-8")?,
+            "--set-json",
+            &format!(r#"{{"operator":{{"watchNamespace":"{JOBS_NS}"}}}}"#),
         ])?;
     }
     wait_for(
@@ -117,6 +129,34 @@ async fn install_chart(client: &Client) -> Result<()> {
     )
     .await?;
     Ok(())
+}
+
+/// The scenarios' namespace, and the jobs a scenario created in it (deleted,
+/// with their checkpoint PVCs, by [`Jobs::cleanup`]).
+struct Jobs {
+    name: String,
+    client: Client,
+}
+
+impl Jobs {
+    fn new(client: &Client) -> Self {
+        Self {
+            name: JOBS_NS.to_owned(),
+            client: client.clone(),
+        }
+    }
+
+    async fn cleanup(self) -> Result<()> {
+        let dp = kube::api::DeleteParams::default();
+        let lp = ListParams::default();
+        tj_api(&self.client, &self.name)
+            .delete_collection(&dp, &lp)
+            .await?;
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &self.name)
+            .delete_collection(&dp, &lp)
+            .await?;
+        Ok(())
+    }
 }
 
 fn tj_api(client: &Client, ns: &str) -> Api<DynamicObject> {
@@ -306,7 +346,7 @@ async fn helm_install_makes_operator_ready_and_node_advertises_8_gpus() -> Resul
 #[ignore = "needs the local cluster (make test)"]
 async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -> Result<()> {
     let (_guard, client) = installed().await?;
-    let ns = TestNamespace::create(&client, "e2e-preempt").await?;
+    let ns = Jobs::new(&client);
     let name = "resume";
     create_job(
         &client,
@@ -383,14 +423,14 @@ async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -
     .await?;
     assert_eq!(st["preemptions"], 1, "status: {st}");
     assert_eq!(st["failures"], 0, "status: {st}");
-    ns.delete().await
+    ns.cleanup().await
 }
 
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn always_failing_trainer_uses_failure_budget_with_backoff_then_fails() -> Result<()> {
     let (_guard, client) = installed().await?;
-    let ns = TestNamespace::create(&client, "e2e-fail").await?;
+    let ns = Jobs::new(&client);
     let name = "crash";
     let spec =
         json!({"restartPolicy": {"maxFailures": 2, "backoffSeconds": 1, "maxPreemptions": 5}});
@@ -412,7 +452,7 @@ async fn always_failing_trainer_uses_failure_budget_with_backoff_then_fails() ->
         .and_then(|c| c.iter().find(|c| c["type"] == "Failed"))
         .context(format!("no Failed condition: {st}"))?;
     assert_eq!(failed["status"], "True");
-    ns.delete().await
+    ns.cleanup().await
 }
 
 #[tokio::test]
@@ -506,7 +546,7 @@ async fn spot_require_lands_on_spot_node_then_falls_back_to_on_demand() -> Resul
             &Patch::Merge(label(Some("spot"))),
         )
         .await?;
-    let ns = TestNamespace::create(&client, "e2e-spot").await?;
+    let ns = Jobs::new(&client);
     let res = async {
         let name = "spotty";
         let spec = json!({"spot": {"policy": "Require", "fallbackToOnDemandAfter": 1}});
@@ -571,7 +611,7 @@ async fn spot_require_lands_on_spot_node_then_falls_back_to_on_demand() -> Resul
     nodes
         .patch(&node, &PatchParams::default(), &Patch::Merge(label(None)))
         .await?;
-    ns.delete().await?;
+    ns.cleanup().await?;
     res
 }
 
@@ -603,7 +643,7 @@ fn kubectl(args: &[&str], stdin: &str) -> Result<String> {
 #[ignore = "needs the local cluster (make test)"]
 async fn reapplying_manifests_changes_nothing_and_deleting_the_job_cleans_up() -> Result<()> {
     let (_guard, client) = installed().await?;
-    let ns = TestNamespace::create(&client, "e2e-gitops").await?;
+    let ns = Jobs::new(&client);
     let name = "gitops";
     let manifest = serde_json::to_string(&job_manifest(name, 2, 1, "sleep 600", json!({})))?;
     kubectl(&["apply", "-n", &ns.name, "-f", "-"], &manifest)?;
@@ -649,7 +689,7 @@ async fn reapplying_manifests_changes_nothing_and_deleting_the_job_cleans_up() -
         pvc.is_some(),
         "retainOnDelete (default true) keeps the checkpoint PVC"
     );
-    ns.delete().await
+    ns.cleanup().await
 }
 
 /// (job generation, pod name → resourceVersion, service resourceVersion)
