@@ -620,28 +620,42 @@ impl Context {
     async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> Result<(), Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let apply = PatchParams::apply(FIELD_MANAGER).force();
-        let mut pod_ops = Vec::new();
+        let mut ops = Vec::new();
         for action in actions {
             match action {
                 PlanAction::ApplyService(svc) => {
-                    let name = svc.name_any();
-                    Api::<Service>::namespaced(self.client.clone(), ns)
-                        .patch(&name, &apply, &Patch::Apply(&*svc))
-                        .await
-                        .map_err(Error::kube(format!("applying Service {ns}/{name}")))?;
+                    let api = Api::<Service>::namespaced(self.client.clone(), ns);
+                    let apply = apply.clone();
+                    ops.push(
+                        async move {
+                            let name = svc.name_any();
+                            api.patch(&name, &apply, &Patch::Apply(&*svc))
+                                .await
+                                .map(|_| ())
+                                .map_err(Error::kube(format!("applying Service {ns}/{name}")))
+                        }
+                        .boxed(),
+                    );
                 }
                 PlanAction::ApplyPvc(claim) => {
-                    let name = claim.name_any();
-                    Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns)
-                        .patch(&name, &apply, &Patch::Apply(&*claim))
-                        .await
-                        .map_err(Error::kube(format!(
-                            "applying PersistentVolumeClaim {ns}/{name}"
-                        )))?;
+                    let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns);
+                    let apply = apply.clone();
+                    ops.push(
+                        async move {
+                            let name = claim.name_any();
+                            api.patch(&name, &apply, &Patch::Apply(&*claim))
+                                .await
+                                .map(|_| ())
+                                .map_err(Error::kube(format!(
+                                    "applying PersistentVolumeClaim {ns}/{name}"
+                                )))
+                        }
+                        .boxed(),
+                    );
                 }
                 PlanAction::CreatePod(pod) => {
                     let pods = pods.clone();
-                    pod_ops.push(
+                    ops.push(
                         async move {
                             let name = pod.name_any();
                             // Create, not apply: a pod must never be adopted or mutated into a new
@@ -660,16 +674,15 @@ impl Context {
                     );
                 }
                 PlanAction::DeletePod { name, uid } => {
-                    pod_ops.push(delete_pod(pods.clone(), ns.to_owned(), name, uid, None).boxed());
+                    ops.push(delete_pod(pods.clone(), ns.to_owned(), name, uid, None).boxed());
                 }
                 PlanAction::ForceDeletePod { name, uid } => {
                     tracing::warn!(pod = %name, namespace = ns, "force-deleting a pod stuck on a lost node");
-                    pod_ops
-                        .push(delete_pod(pods.clone(), ns.to_owned(), name, uid, Some(0)).boxed());
+                    ops.push(delete_pod(pods.clone(), ns.to_owned(), name, uid, Some(0)).boxed());
                 }
             }
         }
-        for r in future::join_all(pod_ops).await {
+        for r in future::join_all(ops).await {
             r?;
         }
         Ok(())
@@ -804,8 +817,10 @@ async fn reconcile_inner(
         lock(&ctx.detected).insert(uid.clone(), (decided.status.attempt, Instant::now()));
         tracing::info!(job = %format!("{ns}/{}", valid.name), attempt = decided.status.attempt, reason = reason.as_str(), "gang restart");
     }
+    // Act first: Events are API calls too, and new pods should not wait behind them.
+    let acted = ctx.execute(&ns, decided.actions).await;
     ctx.publish(&reference, &decided.events).await;
-    ctx.execute(&ns, decided.actions).await?;
+    acted?;
 
     if let Some(attempt) = decided.creates_attempt
         && attempt > 0

@@ -145,11 +145,13 @@ async fn each_preemption_signal_restarts_the_gang_from_the_checkpoint() {
     nodes.push(t.add_node("e", &[], 4).await);
     expect_gang_restart(&t, 6, "is gone").await;
 
-    let job = t.job("train").await;
-    assert_eq!(
-        job.status.expect("status").phase.map(|p| p.as_str()),
-        Some("Running")
-    );
+    // The phase follows the pods in the next reconcile.
+    let job = t
+        .wait_job("train", "phase Running on attempt 6", |j| {
+            j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Running")
+        })
+        .await;
+    assert_eq!(counters(&job), (6, 6, 0));
     op.stop().await;
     t.cleanup().await;
 }

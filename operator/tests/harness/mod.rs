@@ -252,6 +252,12 @@ impl TestEnv {
         )
         .await
         .expect("node status");
+        // The API server taints new nodes not-ready until the node lifecycle controller sees
+        // them Ready, which takes long on a busy cluster; this node is Ready from the start.
+        let taints = json!({"spec": {"taints": [{"key": FAKE_TAINT, "value": "true", "effect": "NoSchedule"}]}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(taints))
+            .await
+            .expect("node taints");
         self.kubelet_state
             .lock()
             .expect("state")
@@ -316,10 +322,7 @@ impl TestEnv {
         json!({
             "spec": {
                 "nodeSelector": {RUN_LABEL: self.ns},
-                // The API server taints new nodes not-ready until the node lifecycle controller
-                // sees them Ready, which can take long on a busy cluster.
-                "tolerations": [{"key": FAKE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
-                                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}],
+                "tolerations": [{"key": FAKE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [{"name": "trainer", "image": "trainyard/trainer:dev", "command": ["sleep", "3600"]}],
             }
         })
@@ -534,7 +537,8 @@ async fn fake_kubelet(
                 .as_ref()
                 .and_then(|s| s.phase.as_deref())
                 .unwrap_or("Pending");
-            if on_fake && phase == "Pending" && starts.load(Ordering::Relaxed) {
+            let node_ready = node.as_ref().is_some_and(|n| !not_ready.contains(n));
+            if on_fake && node_ready && phase == "Pending" && starts.load(Ordering::Relaxed) {
                 let now = Timestamp::now().to_string();
                 let _ = pods
                     .patch_status(
