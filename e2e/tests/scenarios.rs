@@ -714,3 +714,86 @@ async fn snapshot(
         svc.resource_version().unwrap_or_default(),
     ))
 }
+
+async fn node_label(client: &Client, key: &str) -> Result<Option<String>> {
+    let n = Api::<Node>::all(client.clone()).get(&node_name()).await?;
+    Ok(n.labels().get(key).cloned())
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn cuda_requirement_waits_for_a_driver_that_supports_it() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let healthy = fake_gpus_8()?;
+    let with_cuda = |v: &str| -> Result<String> {
+        let mut doc = parse_yaml(&healthy)?;
+        doc["cudaVersion"] = json!(v);
+        Ok(serde_json::to_string_pretty(&doc)?)
+    };
+    let key = "nvidia.com/cuda.runtime-version.minor";
+    let res = async {
+        // The plugin relabels the node from the file: the driver now offers CUDA 12.2.
+        write_fake_gpus(&with_cuda("12.2")?)?;
+        wait_for(
+            "the plugin to label the node with CUDA 12.2",
+            Duration::from_secs(60),
+            || async {
+                Ok((node_label(&client, key).await?.as_deref() == Some("2")).then_some(()))
+            },
+        )
+        .await?;
+
+        let ns = Jobs::new(&client);
+        let name = "needs-cuda";
+        let spec = json!({"gpu": {"minCudaVersion": "12.4"}});
+        create_job(
+            &client,
+            &ns.name,
+            job_manifest(name, 1, 1, "sleep 600", spec),
+        )
+        .await?;
+        let cond = wait_for(
+            "condition Unschedulable=True",
+            Duration::from_secs(60),
+            || async {
+                let st = job_status(&client, &ns.name, name).await?;
+                Ok(st["conditions"].as_array().and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c["type"] == "Unschedulable" && c["status"] == "True")
+                        .cloned()
+                }))
+            },
+        )
+        .await?;
+        let msg = cond["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("12.4"), "message names the requirement: {msg}");
+        assert!(
+            msg.contains("12.2"),
+            "message names what the cluster offers: {msg}"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let running = job_pods(&client, &ns.name, name)
+            .await?
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+            .count();
+        assert_eq!(running, 0, "no pod may land on a node without CUDA 12.4");
+
+        // A driver upgrade (here: the file) lets the same job run.
+        write_fake_gpus(&with_cuda("12.4")?)?;
+        running_pods(&client, &ns.name, name, 0, 1).await?;
+        let st = job_status(&client, &ns.name, name).await?;
+        let unsched = st["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Unschedulable").cloned())
+            .unwrap_or(Value::Null);
+        assert_ne!(
+            unsched["status"], "True",
+            "Unschedulable cleared once a node qualifies: {st}"
+        );
+        ns.cleanup().await
+    }
+    .await;
+    write_fake_gpus(&healthy)?;
+    res
+}
