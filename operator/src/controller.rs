@@ -78,7 +78,7 @@ struct Context {
     detected: Mutex<HashMap<String, (u32, Instant)>>,
     /// Consecutive transient errors, by namespace/name.
     error_counts: Mutex<HashMap<String, u32>>,
-    /// Malformed objects already reported, by uid → resourceVersion.
+    /// Malformed objects already reported, by uid → generation.
     reported_malformed: Mutex<HashMap<String, String>>,
 }
 
@@ -718,11 +718,14 @@ async fn report_malformed(invalid: &InvalidObject, ctx: &Context) -> Result<Acti
     let name = meta.name.clone().unwrap_or_default();
     let uid = meta.uid.clone().unwrap_or_default();
     let rv = meta.resource_version.clone().unwrap_or_default();
+    // Reported once per generation: the status patch below changes the resourceVersion, so
+    // keying on it would report (and patch) again and again.
+    let generation = meta.generation.unwrap_or_default().to_string();
     let error = Error::Malformed {
         name: format!("{ns}/{name}"),
         message: invalid.error.clone(),
     };
-    if lock(&ctx.reported_malformed).get(&uid) == Some(&rv) {
+    if lock(&ctx.reported_malformed).get(&uid) == Some(&generation) {
         return Err(error);
     }
     let message = format!(
@@ -765,7 +768,7 @@ async fn report_malformed(invalid: &InvalidObject, ctx: &Context) -> Result<Acti
         }],
     )
     .await;
-    lock(&ctx.reported_malformed).insert(uid, rv);
+    lock(&ctx.reported_malformed).insert(uid, generation);
     Err(error)
 }
 

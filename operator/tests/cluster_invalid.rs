@@ -95,6 +95,21 @@ async fn invalid_specs_get_a_condition_and_no_pods_while_valid_jobs_run() {
     .await;
     assert_eq!(bad["reason"], "MalformedObject");
 
+    // Reported once, not on every status change the report itself causes.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(t.client.clone(), &t.ns);
+    let reports = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("malformed"))
+        // Repeats of one Event are folded into its series.
+        .map(|e| e.series.map_or(1, |s| s.count))
+        .sum::<i32>();
+    assert_eq!(reports, 1, "the malformed object is reported once");
+
     let running = t.wait_running(0, 1).await;
     assert_eq!(running[0].metadata.name.as_deref(), Some("good-worker-0"));
     assert_eq!(t.pods().await.len(), 1, "no pods for invalid jobs");

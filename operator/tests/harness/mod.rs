@@ -76,6 +76,27 @@ fn unique(prefix: &str) -> String {
     )
 }
 
+/// With TRAINYARD_TEST_LOG=<file>, the in-process operators log there.
+fn init_logs() {
+    let Ok(path) = std::env::var("TRAINYARD_TEST_LOG") else {
+        return;
+    };
+    let Ok(file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    else {
+        return;
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "trainyard_operator=debug,kube_runtime=debug",
+        ))
+        .with_ansi(false)
+        .with_writer(Mutex::new(file))
+        .try_init();
+}
+
 pub async fn client() -> Client {
     Client::try_default()
         .await
@@ -157,6 +178,7 @@ fn node_status(gpus: u32, ready: bool) -> serde_json::Value {
 impl TestEnv {
     /// A fresh namespace with the CRD installed and the fake kubelet running.
     pub async fn new(prefix: &str) -> Self {
+        init_logs();
         let client = client().await;
         install_crd(&client).await;
         let ns = unique(prefix);
