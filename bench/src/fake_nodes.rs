@@ -259,7 +259,9 @@ mod tests {
 
     #[test]
     fn micro_times_have_exactly_six_fractional_digits() {
-        let t: Timestamp = "2026-11-21T09:07:52.088144183Z".parse().expect("valid timestamp");
+        let t: Timestamp = "2026-11-21T09:07:52.088144183Z"
+            .parse()
+            .expect("valid timestamp");
         assert_eq!(micro_time(t), "2026-11-21T09:07:52.088144Z");
         let whole: Timestamp = "2026-11-21T09:07:52Z".parse().expect("valid timestamp");
         assert_eq!(micro_time(whole), "2026-11-21T09:07:52.000000Z");

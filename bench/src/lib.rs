@@ -8,6 +8,7 @@
 //! regression test in `tests/` both drive it.
 #![forbid(unsafe_code)]
 
+pub mod cpu_profile;
 pub mod doc;
 pub mod error;
 pub mod fake_nodes;

@@ -59,8 +59,11 @@ struct OperatorArgs {
     work_dir: PathBuf,
     /// Run the operator with leader election on a private Lease (true) or with
     /// --leader-elect=false.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     leader_elect: bool,
+    /// Record the operator's CPU profile with `perf record` into this file.
+    #[arg(long)]
+    perf_record: Option<PathBuf>,
     /// Write the report as JSON here (also when the run stops early).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -111,6 +114,7 @@ async fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         phase_timeout: Duration::from_secs(args.phase_timeout),
         work_dir: args.work_dir,
         leader_elect: args.leader_elect,
+        perf_record: args.perf_record,
     };
     let client = trainyard_e2e::client().await?;
     let interrupt = async {

@@ -86,13 +86,15 @@ impl OperatorProcess {
     /// Starts `binary run` for one namespace with the given kubeconfig; its output goes to
     /// `log`. With `leader_elect`, it takes a Lease of its own in that namespace (a production
     /// set-up, and the only one that reconciles while `--leader-elect=false` stops the
-    /// controller at once); without, it runs `--leader-elect=false`.
+    /// controller at once); without, it runs `--leader-elect=false`. `identity` names it in
+    /// the Events it writes.
     pub async fn start(
         binary: &Path,
         namespace: &str,
         kubeconfig: &Path,
         log: &Path,
         leader_elect: bool,
+        identity: &str,
     ) -> Result<Self> {
         if !binary.is_file() {
             return Err(Error::Operator(format!(
@@ -107,10 +109,19 @@ impl OperatorProcess {
             .try_clone()
             .map_err(Error::io(format!("opening {} twice", log.display())))?;
         let mut cmd = Command::new(binary);
-        cmd.args(["run", "--namespace", namespace]);
+        cmd.args(["run", "--namespace", namespace, "--identity", identity]);
         if leader_elect {
-            cmd.args(["--leader-elect=true", "--lease-name", "trainyard-bench-operator"])
-                .args(["--lease-namespace", namespace, "--identity", "trainyard-bench"]);
+            cmd.args([
+                "--leader-elect=true",
+                "--lease-name",
+                "trainyard-bench-operator",
+            ])
+            .args([
+                "--lease-namespace",
+                namespace,
+                "--identity",
+                "trainyard-bench",
+            ]);
         } else {
             cmd.arg("--leader-elect=false");
         }

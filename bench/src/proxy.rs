@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -106,6 +107,10 @@ pub fn classify(
 struct ProxyState {
     client: Client,
     counts: Mutex<RequestCounts>,
+    /// Requests sent upstream and waiting for their response headers.
+    in_flight: AtomicUsize,
+    /// The most of them at once since the last [`CountingProxy::take_peak_in_flight`].
+    peak_in_flight: AtomicUsize,
 }
 
 /// A running proxy; stops when dropped.
@@ -128,6 +133,8 @@ impl CountingProxy {
         let state = Arc::new(ProxyState {
             client,
             counts: Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            peak_in_flight: AtomicUsize::new(0),
         });
         let app = Router::new().fallback(forward).with_state(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -159,6 +166,15 @@ impl CountingProxy {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The most requests waiting for the API server at once since the last call (the
+    /// client's effective concurrency), and starts counting anew.
+    pub fn take_peak_in_flight(&self) -> usize {
+        self.state.peak_in_flight.swap(
+            self.state.in_flight.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        )
     }
 
     /// A client that talks through the proxy.
@@ -224,7 +240,11 @@ async fn forward(State(state): State<Arc<ProxyState>>, req: Request) -> Response
     // The client sets the API server's authority itself.
     parts.headers.remove(header::HOST);
     let upstream = axum::http::Request::from_parts(parts, kube::client::Body::from(bytes));
-    match state.client.send(upstream).await {
+    let now = state.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+    state.peak_in_flight.fetch_max(now, Ordering::Relaxed);
+    let response = state.client.send(upstream).await;
+    state.in_flight.fetch_sub(1, Ordering::Relaxed);
+    match response {
         Ok(resp) => {
             let (parts, body) = resp.into_parts();
             Response::from_parts(parts, AxumBody::new(body))

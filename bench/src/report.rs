@@ -108,6 +108,52 @@ fn counts_table(out: &mut String, label: &str, counts: &RequestCounts, per: f64,
     );
 }
 
+/// CPU seconds by process while each phase's clock ran: the profile of where the machine's
+/// time went.
+fn cpu_table(out: &mut String, r: &OperatorBenchReport) {
+    const COLUMNS: [(&str, &str); 6] = [
+        ("kube-apiserver", "API server"),
+        ("etcd", "etcd"),
+        ("kube-scheduler", "scheduler"),
+        ("kube-controller-manager", "controller-manager"),
+        ("trainyard-operator", "operator"),
+        ("trainyard-bench", "benchmark + proxy"),
+    ];
+    let _ = write!(
+        out,
+        "CPU seconds by process while the clock ran (from /proc; the machine has {} CPUs):\n\n| phase | wall |",
+        std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(0)
+    );
+    for (_, label) in COLUMNS {
+        let _ = write!(out, " {label} |");
+    }
+    let _ = writeln!(
+        out,
+        " all (CPUs busy) |\n|---|---:|{}---:|",
+        "---:|".repeat(COLUMNS.len())
+    );
+    for (phase, p) in &r.cpu {
+        let _ = write!(out, "| {phase} | {} |", s(p.wall_seconds));
+        for (key, _) in COLUMNS {
+            match p.cpu_seconds.get(key) {
+                Some(c) => {
+                    let _ = write!(out, " {c:.2} |");
+                }
+                None => out.push_str(" — |"),
+            }
+        }
+        let busy = if p.wall_seconds > 0.0 {
+            p.total() / p.wall_seconds
+        } else {
+            0.0
+        };
+        let _ = writeln!(out, " {:.2} ({busy:.2}) |", p.total());
+    }
+    out.push('\n');
+}
+
 /// The run as a markdown section.
 pub fn markdown(r: &OperatorBenchReport) -> String {
     let mut out = String::new();
@@ -122,6 +168,12 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         r.concurrency,
         r.run_id
     );
+    if let Some(load) = r.load_before {
+        let _ = writeln!(
+            out,
+            "Load average before the run: {load:.2} (other work on the machine shares its CPUs).\n"
+        );
+    }
     if let Some(e) = &r.error {
         let _ = writeln!(out, "**The run did not finish:** {e}\n");
     }
@@ -161,6 +213,18 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         );
     }
     let req = |t: Option<&crate::scenario::Throughput>| t.map(|t| t.requests.total() as f64);
+    let peak = |t: Option<&crate::scenario::Throughput>| t.map(|t| t.peak_in_flight as f64);
+    let _ = writeln!(
+        out,
+        "| most requests waiting for the API server at once | {} | {} | {} |",
+        peak(f)
+            .map(|n| format!("{n:.0}"))
+            .unwrap_or_else(|| "—".to_owned()),
+        peak(o)
+            .map(|n| format!("{n:.0}"))
+            .unwrap_or_else(|| "—".to_owned()),
+        ratio(peak(f), peak(o)),
+    );
     let _ = writeln!(
         out,
         "| API requests of the client (per job) | {} | {} | {} |\n",
@@ -231,6 +295,9 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         );
     }
 
+    if !r.cpu.is_empty() {
+        cpu_table(&mut out, r);
+    }
     let _ = writeln!(
         out,
         "<details><summary>API requests by verb and resource (counting proxy)</summary>\n"

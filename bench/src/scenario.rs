@@ -21,6 +21,7 @@ use trainyard_operator::config::OperatorConfig;
 use trainyard_operator::crd::{Phase, TrainingJob};
 use trainyard_operator::{placement, pods, validate};
 
+use crate::cpu_profile::{CpuProfile, CpuSampler};
 use crate::error::{Error, Result};
 use crate::fake_nodes::{FakeNodes, GPU_PRODUCT, GPUS_PER_NODE, LABEL_RUN, TAINT_KEY};
 use crate::operator_process::{OperatorProcess, ProcessUsage, metric_value};
@@ -59,6 +60,9 @@ pub struct OperatorBenchParams {
     /// Run the operator with leader election on a Lease of its own (see
     /// [`OperatorProcess::start`]).
     pub leader_elect: bool,
+    /// Record a CPU profile of the operator with `perf record` into this file, from its start
+    /// to the end of the preemption phase.
+    pub perf_record: Option<PathBuf>,
 }
 
 impl OperatorBenchParams {
@@ -117,6 +121,9 @@ pub struct Throughput {
     pub scheduled_seconds: f64,
     /// The client's requests in this phase, from the counting proxy.
     pub requests: RequestCounts,
+    /// The most of the client's requests waiting for the API server at once.
+    #[serde(default)]
+    pub peak_in_flight: usize,
 }
 
 /// Preemption → new attempt's pods, per job.
@@ -190,10 +197,17 @@ pub struct OperatorBenchReport {
     pub usage: Option<OperatorUsage>,
     /// Operator API requests outside the create phase (that one is in `operator.requests`).
     pub requests: Option<OperatorRequests>,
+    /// CPU seconds per process while each phase's clock ran ("floor", "operator",
+    /// "preemption").
+    #[serde(default)]
+    pub cpu: BTreeMap<String, CpuProfile>,
     /// Selected operator metrics at the end of the run.
     pub operator_metrics: BTreeMap<String, f64>,
     /// Things that may have distorted the figures.
     pub warnings: Vec<String>,
+    /// 1-minute load average just before the run (what else kept the CPUs busy).
+    #[serde(default)]
+    pub load_before: Option<f64>,
     /// Why the run stopped early, if it did.
     pub error: Option<String>,
 }
@@ -297,6 +311,7 @@ async fn phases(
     params.check()?;
     let run = report.run_id.clone();
     preflight(client, report).await?;
+    let sampler = CpuSampler::new(&trainyard_e2e::state_dir().join("pids"));
     std::fs::create_dir_all(&params.work_dir)
         .map_err(Error::io(format!("creating {}", params.work_dir.display())))?;
 
@@ -333,6 +348,7 @@ async fn phases(
         let tracker = PodTracker::start(client, &floor_ns, true).await?;
         tracing::info!(pods = expected, "floor: creating the pods directly");
         let api: Api<Pod> = Api::namespaced(floor_client, &floor_ns);
+        let cpu0 = sampler.sample();
         let t0 = Instant::now();
         let results: Vec<Result<()>> = stream::iter(floor_pods)
             .map(|job_pods| {
@@ -369,7 +385,12 @@ async fn phases(
             |_| true,
         )
         .await?;
+        report.cpu.insert(
+            "floor".to_owned(),
+            sampler.between(&cpu0, &sampler.sample()),
+        );
         floor.requests = proxy.counts();
+        floor.peak_in_flight = proxy.take_peak_in_flight();
         tracing::info!(
             created = floor.created_seconds,
             scheduled = floor.scheduled_seconds,
@@ -410,6 +431,7 @@ async fn phases(
     let kubeconfig = params.work_dir.join(format!("operator-{run}.kubeconfig"));
     proxy.write_kubeconfig(&kubeconfig, &op_ns)?;
     let log = params.work_dir.join(format!("operator-{run}.log"));
+    let identity = format!("trainyard-bench-{run}");
     let tracker = PodTracker::start(client, &op_ns, true).await?;
     let operator = OperatorProcess::start(
         &params.operator_bin,
@@ -417,14 +439,21 @@ async fn phases(
         &kubeconfig,
         &log,
         params.leader_elect,
+        &identity,
     )
     .await?;
+    let sampler = sampler.with("trainyard-operator", operator.pid());
+    let perf = match &params.perf_record {
+        Some(path) => Some(PerfRecord::start(operator.pid(), path)?),
+        None => None,
+    };
     let operator = created.operator.insert(operator);
     operator.wait_ready(Duration::from_secs(60)).await?;
     // Let the initial lists (nodes above all) land before the clock starts.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle = operator.usage()?;
     let startup = proxy.counts();
+    proxy.take_peak_in_flight();
     tracing::info!(
         jobs = params.jobs,
         rss_mib = idle.rss_mib,
@@ -432,6 +461,7 @@ async fn phases(
     );
 
     let jobs_api: Api<TrainingJob> = Api::namespaced(client.clone(), &op_ns);
+    let cpu0 = sampler.sample();
     let t0 = Instant::now();
     let results: Vec<Result<()>> = stream::iter(jobs)
         .map(|job| {
@@ -460,9 +490,14 @@ async fn phases(
         |p| p.attempt == Some(0),
     )
     .await;
+    report.cpu.insert(
+        "operator".to_owned(),
+        sampler.between(&cpu0, &sampler.sample()),
+    );
     operator.check_alive()?;
     let mut op = outcome?;
     op.requests = proxy.counts().since(&startup);
+    op.peak_in_flight = proxy.take_peak_in_flight();
     let created_usage = operator.usage()?;
     tracing::info!(
         created = op.created_seconds,
@@ -498,9 +533,14 @@ async fn phases(
 
         // ---- K workers of K jobs preempted at once.
         tracing::info!(preempt = params.preempt, "preempting workers");
+        let cpu0 = sampler.sample();
         let preempted = preempt(client, &op_ns, params).await?;
         let recovered =
             wait_recovered(&tracker, &preempted, params.workers, params.phase_timeout).await?;
+        report.cpu.insert(
+            "preemption".to_owned(),
+            sampler.between(&cpu0, &sampler.sample()),
+        );
         operator.check_alive()?;
         let mut seconds: Vec<f64> = recovered.values().copied().collect();
         seconds.sort_by(f64::total_cmp);
@@ -534,6 +574,12 @@ async fn phases(
         );
     }
 
+    if let Some(perf) = perf {
+        perf.stop().await;
+    }
+    if let Some(w) = foreign_events(client, &op_ns, &identity).await? {
+        report.warnings.push(w);
+    }
     let metrics = operator.metrics().await.unwrap_or_default();
     for name in [
         "trainyard_operator_reconciles_total",
@@ -557,6 +603,43 @@ async fn phases(
     Ok(())
 }
 
+/// `perf record` attached to a process.
+struct PerfRecord {
+    child: tokio::process::Child,
+    pid: u32,
+}
+
+impl PerfRecord {
+    fn start(target: u32, out: &std::path::Path) -> Result<Self> {
+        let child = tokio::process::Command::new("perf")
+            .args(["record", "-F", "499", "-p", &target.to_string(), "-o"])
+            .arg(out)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(Error::io("starting perf record (is perf installed?)"))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| Error::Operator("perf record exited at once".to_owned()))?;
+        Ok(PerfRecord { child, pid })
+    }
+
+    /// SIGINT makes perf write its file and exit.
+    async fn stop(mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &self.pid.to_string()])
+            .status();
+        if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("perf record did not stop within 30 s");
+        }
+    }
+}
+
 async fn preflight(client: &Client, report: &mut OperatorBenchReport) -> Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -571,6 +654,9 @@ async fn preflight(client: &Client, report: &mut OperatorBenchReport) -> Result<
                 .to_owned(),
         ));
     }
+    report.load_before = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok());
     // Another operator watching every namespace would reconcile our jobs too.
     let others = other_operators();
     if !others.is_empty() {
@@ -601,6 +687,34 @@ fn other_operators() -> Vec<String> {
         })
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect()
+}
+
+/// Events in the namespace written by another trainyard-operator instance: proof that another
+/// operator (one watching every namespace) reconciled the benchmark's jobs too.
+async fn foreign_events(client: &Client, ns: &str, identity: &str) -> Result<Option<String>> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), ns);
+    let list = events
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube(format!("listing Events in {ns}")))?;
+    let mut foreign: BTreeMap<String, usize> = BTreeMap::new();
+    for e in &list.items {
+        let ours =
+            e.reporting_component.as_deref() == Some(trainyard_operator::controller::FIELD_MANAGER);
+        match e.reporting_instance.as_deref() {
+            Some(instance) if ours && instance != identity => {
+                *foreign.entry(instance.to_owned()).or_insert(0) += 1;
+            }
+            _ => {}
+        }
+    }
+    Ok((!foreign.is_empty()).then(|| {
+        let who: Vec<String> = foreign.iter().map(|(i, n)| format!("{i} ({n})")).collect();
+        format!(
+            "other trainyard-operator instances wrote Events on these jobs: {}; they reconciled them too, so the operator figures are not this operator's alone",
+            who.join(", ")
+        )
+    }))
 }
 
 async fn create_namespace(client: &Client, name: &str, run: &str) -> Result<()> {
@@ -804,6 +918,7 @@ async fn wait_created_scheduled(
         half_created_seconds: secs(seen.get(seen.len() / 2)),
         scheduled_seconds: secs(scheduled.iter().max()),
         requests: RequestCounts::default(),
+        peak_in_flight: 0,
     })
 }
 
@@ -867,7 +982,8 @@ async fn wait_jobs_running(api: &Api<TrainingJob>, jobs: u32, timeout: Duration)
                 progress: format!("{running} of {jobs} Running"),
             });
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Listing every job is not free at 1,000 jobs; this phase is not timed.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -972,29 +1088,29 @@ async fn clean_up(client: &Client, mut created: Created, report: &mut OperatorBe
         ..DeleteParams::default()
     };
     for ns in &created.namespaces {
+        // The pods first, with grace period 0: deleted gracefully (as the namespace controller
+        // would), they would wait forever for the kubelet the fake nodes lack. The operator is
+        // stopped, so nothing recreates them.
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        if let Err(e) = namespaces.delete(ns, &DeleteParams::background()).await {
-            report
-                .warnings
-                .push(format!("deleting namespace {ns}: {e}"));
-            continue;
-        }
-        // The namespace controller deletes pods gracefully, and no kubelet would ever finish
-        // that on a fake node: finish it here until the namespace is gone.
-        let deadline = Instant::now() + Duration::from_secs(180);
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let _ = pods.delete_collection(&force, &ListParams::default()).await;
-            match namespaces.get_opt(ns).await {
-                Ok(None) => break,
-                Ok(Some(_)) | Err(_) if Instant::now() > deadline => {
+            match pods.list_metadata(&ListParams::default().limit(1)).await {
+                Ok(l) if l.items.is_empty() => break,
+                _ if Instant::now() > deadline => {
                     report
                         .warnings
-                        .push(format!("namespace {ns} was still terminating after 180 s"));
+                        .push(format!("pods were left in namespace {ns} after 120 s"));
                     break;
                 }
-                _ => tokio::time::sleep(Duration::from_secs(1)).await,
+                _ => tokio::time::sleep(Duration::from_millis(500)).await,
             }
+        }
+        if let Err(e) = Api::<Namespace>::all(client.clone())
+            .delete(ns, &DeleteParams::background())
+            .await
+        {
+            report.warnings.push(format!("deleting namespace {ns}: {e}"));
         }
     }
     let pvs: Api<PersistentVolume> = Api::all(client.clone());

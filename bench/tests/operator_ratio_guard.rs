@@ -1,0 +1,88 @@
+//! Regression guard for the operator benchmark: a seconds-long run of the same harness as
+//! `make bench`, at a small size, that fails only when the operator's cost relative to the
+//! floor (the same pods created directly, in the same run) gets 3× worse than recorded.
+//! Absolute times are never asserted: they depend on the machine and on what else runs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use trainyard_bench::scenario::{self, OperatorBenchParams};
+
+/// operator / floor, time to every pod created, at 10 jobs × 2 workers on 5 fake nodes with
+/// debug builds. Recorded on 2026-11-21 on the 2-CPU development machine (shared with other
+/// work, load average 3-7) with
+/// `cargo test -p trainyard-bench --test operator_ratio_guard -- --ignored --nocapture`:
+/// five runs printed created ratios 2.21, 2.51, 1.55, 2.09, 3.05; this is their median.
+const BASELINE_CREATED_RATIO: f64 = 2.2;
+/// operator / floor API requests in the same five runs (2.35, 2.70, 2.85, 2.60, 3.35; the
+/// floor makes exactly one request per pod): their median.
+const BASELINE_REQUEST_RATIO: f64 = 2.7;
+/// How much worse than the baseline a ratio may get before the guard fails.
+const REGRESSION_FACTOR: f64 = 3.0;
+
+/// trainyard-operator of the same build profile: tests run from target/<profile>/deps/.
+fn operator_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let bin = profile_dir.join("trainyard-operator");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first (`cargo build -p trainyard-operator`; `make test` does)",
+        bin.display()
+    );
+    bin
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn operator_to_floor_ratios_stay_within_3x_of_the_baseline() {
+    let client = trainyard_e2e::client()
+        .await
+        .expect("a client for the local cluster");
+    let params = OperatorBenchParams {
+        jobs: 10,
+        workers: 2,
+        nodes: 5,
+        gpus_per_worker: 1,
+        preempt: 0,
+        concurrency: 16,
+        operator_bin: operator_binary(),
+        phase_timeout: Duration::from_secs(120),
+        work_dir: trainyard_e2e::repo_root().join("target/bench-guard"),
+        leader_elect: false,
+        perf_record: None,
+    };
+    let report = scenario::run(&client, &params, std::future::pending()).await;
+    assert!(
+        report.error.is_none(),
+        "the benchmark run failed: {:?}",
+        report.error
+    );
+    let created = report
+        .created_ratio()
+        .expect("both floor and operator were timed");
+    let floor_requests = report
+        .floor
+        .as_ref()
+        .map(|f| f.requests.total())
+        .unwrap_or(0);
+    let operator_requests = report
+        .operator
+        .as_ref()
+        .map(|o| o.requests.total())
+        .unwrap_or(0);
+    assert!(floor_requests > 0, "the floor's requests were counted");
+    let requests = operator_requests as f64 / floor_requests as f64;
+    println!("ratios: created {created:.2}, requests {requests:.2}");
+    assert!(
+        created <= BASELINE_CREATED_RATIO * REGRESSION_FACTOR,
+        "operator/floor time to create every pod is {created:.2}, more than {REGRESSION_FACTOR}× the baseline {BASELINE_CREATED_RATIO}"
+    );
+    assert!(
+        requests <= BASELINE_REQUEST_RATIO * REGRESSION_FACTOR,
+        "operator/floor API requests are {requests:.2}, more than {REGRESSION_FACTOR}× the baseline {BASELINE_REQUEST_RATIO}"
+    );
+}
