@@ -1110,7 +1110,9 @@ async fn clean_up(client: &Client, mut created: Created, report: &mut OperatorBe
             .delete(ns, &DeleteParams::background())
             .await
         {
-            report.warnings.push(format!("deleting namespace {ns}: {e}"));
+            report
+                .warnings
+                .push(format!("deleting namespace {ns}: {e}"));
         }
     }
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
