@@ -66,6 +66,7 @@ pub struct TestEnv {
     /// While false the fake kubelet does not start pods.
     pub kubelet_starts: Arc<AtomicBool>,
     kubelet: JoinHandle<()>,
+    cleaned: bool,
 }
 
 fn unique(prefix: &str) -> String {
@@ -206,6 +207,7 @@ impl TestEnv {
             kubelet_deletes,
             kubelet_starts,
             kubelet,
+            cleaned: false,
         }
     }
 
@@ -452,10 +454,42 @@ impl TestEnv {
     }
 
     /// Deletes everything the test created.
-    pub async fn cleanup(self) {
+    pub async fn cleanup(mut self) {
         self.kubelet.abort();
         let nodes = self.kubelet_state.lock().expect("state").nodes.clone();
         cleanup(&self.client, &self.ns, &nodes).await;
+        self.cleaned = true;
+    }
+}
+
+impl Drop for TestEnv {
+    /// A failed test still removes its namespace and fake nodes. The test's runtime may be
+    /// unwinding, so this uses its own thread, runtime and client.
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        self.kubelet.abort();
+        let ns = self.ns.clone();
+        let nodes = self
+            .kubelet_state
+            .lock()
+            .map(|s| s.nodes.clone())
+            .unwrap_or_default();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(client) = Client::try_default().await {
+                    cleanup(&client, &ns, &nodes).await;
+                }
+            });
+        })
+        .join();
     }
 }
 
