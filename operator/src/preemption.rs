@@ -20,6 +20,9 @@ pub const PREEMPTION_REASONS: &[&str] = &[
     "Preempting",
 ];
 
+/// How long the scheduler must have called a pod unschedulable before the job says so.
+const UNSCHEDULABLE_SETTLE: SignedDuration = SignedDuration::from_secs(10);
+
 /// Waiting reasons that mean "making progress", not "stuck".
 const PROGRESS_WAITING_REASONS: &[&str] = &["ContainerCreating", "PodInitializing"];
 
@@ -283,21 +286,31 @@ pub fn classify(
             reason: waiting_reason,
         }
     } else {
-        let unschedulable = status
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| {
-                cs.iter().find(|c| {
-                    c.type_ == "PodScheduled"
-                        && c.status == "False"
-                        && c.reason.as_deref() == Some("Unschedulable")
-                })
+        let verdict = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+            cs.iter().find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
             })
-            .map(|c| {
-                format!(
+        });
+        // A fresh pod is often briefly unschedulable (its PVC is still binding); only a
+        // verdict that has stood for a while is worth a condition and an Event.
+        let unschedulable = verdict.and_then(|c| {
+            let since = c.last_transition_time.as_ref().map(|t| t.0);
+            let settled = since
+                .and_then(|t| t.saturating_add(UNSCHEDULABLE_SETTLE).ok())
+                .filter(|at| now < *at);
+            match settled {
+                Some(at) => {
+                    recheck_at = min_time(recheck_at, Some(at));
+                    None
+                }
+                None => Some(format!(
                     "Unschedulable: {}",
                     c.message.as_deref().unwrap_or("no node fits")
-                )
-            });
+                )),
+            }
+        });
         WorkerState::Pending {
             reason: waiting_reason.or(unschedulable),
         }
@@ -652,6 +665,28 @@ mod tests {
             }
         );
         assert_eq!(got.recheck_at, Some(ts("2026-01-01T00:05:00Z")));
+    }
+
+    #[test]
+    fn a_fresh_unschedulable_verdict_is_not_reported_until_it_settles() {
+        let status = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "pod has unbound immediate PersistentVolumeClaims",
+            "lastTransitionTime": "2026-01-01T00:09:55Z"}]});
+        let p = pod_json("p", &status);
+        let got = classify(&p, NodeView::Unscheduled, &config(), now());
+        assert_eq!(got.state, WorkerState::Pending { reason: None });
+        assert_eq!(got.recheck_at, Some(ts("2026-01-01T00:10:05Z")));
+        let later = classify(
+            &p,
+            NodeView::Unscheduled,
+            &config(),
+            ts("2026-01-01T00:10:05Z"),
+        );
+        assert!(
+            later.state.reason().is_some_and(|r| r.contains("unbound")),
+            "{:?}",
+            later.state
+        );
     }
 
     #[test]
