@@ -851,3 +851,46 @@ async fn reconcile_inner(
         .unwrap_or(RESYNC);
     Ok(Action::requeue(after))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(labels: serde_json::Value, ready: &str, heartbeat: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": labels},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": heartbeat}],
+                "images": [{"names": ["big/image:1"], "sizeBytes": 1}],
+            }
+        }))
+        .expect("node")
+    }
+
+    #[test]
+    fn heartbeats_do_not_change_a_node_fingerprint() {
+        let a = node(json!({"x": "1"}), "True", "2026-01-01T00:00:00Z");
+        let b = node(json!({"x": "1"}), "True", "2026-01-01T00:00:10Z");
+        assert_eq!(node_fingerprint(&a), node_fingerprint(&b));
+    }
+
+    #[test]
+    fn readiness_and_labels_change_a_node_fingerprint() {
+        let base = node(json!({"x": "1"}), "True", "2026-01-01T00:00:00Z");
+        let not_ready = node(json!({"x": "1"}), "False", "2026-01-01T00:00:00Z");
+        let relabelled = node(json!({"x": "2"}), "True", "2026-01-01T00:00:00Z");
+        assert_ne!(node_fingerprint(&base), node_fingerprint(&not_ready));
+        assert_ne!(node_fingerprint(&base), node_fingerprint(&relabelled));
+    }
+
+    #[test]
+    fn cached_nodes_drop_image_lists_and_managed_fields() {
+        let mut n = node(json!({}), "True", "2026-01-01T00:00:00Z");
+        n.metadata.managed_fields = Some(vec![Default::default()]);
+        strip_node(&mut n);
+        assert!(n.status.as_ref().expect("status").images.is_none());
+        assert!(n.metadata.managed_fields.as_ref().is_none_or(Vec::is_empty));
+    }
+}
