@@ -85,7 +85,8 @@ fn init_tracing(format: LogFormat) {
     // No colour codes when stderr is a pod log or a file, not a terminal.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal());
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
