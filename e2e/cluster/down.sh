@@ -56,6 +56,17 @@ for name in kube-scheduler kube-controller-manager apiserver-bridge-proxy kube-a
   stop "$name"
 done
 
+# Shims of our containerd that outlived it (a session that ended without
+# down.sh): each names our socket in its -address argument. Kill its
+# children (the containers) and then the shim, by PID.
+for cmdline in /proc/[0-9]*/cmdline; do
+  pid=${cmdline#/proc/}; pid=${pid%/cmdline}
+  args=$(tr '\0' ' ' <"$cmdline" 2>/dev/null) || continue
+  [[ $args == *containerd-shim* && $args == *"-address $CONTAINERD_SOCK"* ]] || continue
+  for child in $(cat /proc/"$pid"/task/*/children 2>/dev/null); do kill -9 "$child" 2>/dev/null; done
+  kill -9 "$pid" 2>/dev/null && echo "down: killed orphaned shim $pid"
+done
+
 # Mounts under the kubelet root and the containerd state, deepest first.
 unmount_under() {
   local prefix=$1
