@@ -98,7 +98,13 @@ heartbeats and anyone else on the cluster.
 K jobs get `DisruptionTarget=True` and are deleted with grace period 0, all at once. Pods the \
 operator then deletes gracefully are finished at once by the benchmark (no kubelet would; the \
 issue excludes grace periods). Per job: preemption → every pod of the next attempt seen created.
-- **Cost**: VmHWM and utime+stime of the operator process from /proc.
+- **Cost**: VmHWM and utime+stime of the operator process from /proc; CPU seconds of every \
+control-plane process, the operator and the benchmark while each clock ran (the profile of where \
+the 2 CPUs went); the operator's own metrics; `perf record` of the operator on request \
+(`trainyard-bench operator ... --perf-record FILE`).
+- **Interference**: the machine is shared. Each run notes the load average before it, and \
+warns when another trainyard-operator instance wrote Events on its jobs (it would have \
+reconciled them too); no such warning means none did.
 ";
 
 /// Renders the whole document.

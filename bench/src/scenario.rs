@@ -124,6 +124,10 @@ pub struct Throughput {
     /// The most of the client's requests waiting for the API server at once.
     #[serde(default)]
     pub peak_in_flight: usize,
+    /// Seconds until the benchmark's own requests were answered: the floor's pod creates, or
+    /// the TrainingJob creates the operator works from.
+    #[serde(default)]
+    pub inputs_done_seconds: f64,
 }
 
 /// Preemption → new attempt's pods, per job.
@@ -375,6 +379,7 @@ async fn phases(
             .buffer_unordered(params.concurrency)
             .collect()
             .await;
+        let inputs_done = t0.elapsed().as_secs_f64();
         results.into_iter().collect::<Result<()>>()?;
         let mut floor = wait_created_scheduled(
             &tracker,
@@ -391,6 +396,7 @@ async fn phases(
         );
         floor.requests = proxy.counts();
         floor.peak_in_flight = proxy.take_peak_in_flight();
+        floor.inputs_done_seconds = inputs_done;
         tracing::info!(
             created = floor.created_seconds,
             scheduled = floor.scheduled_seconds,
@@ -479,6 +485,7 @@ async fn phases(
         .buffer_unordered(params.concurrency)
         .collect()
         .await;
+    let inputs_done = t0.elapsed().as_secs_f64();
     results.into_iter().collect::<Result<()>>()?;
     let expected = u64::from(params.jobs) * u64::from(params.workers);
     let outcome = wait_created_scheduled(
@@ -498,6 +505,7 @@ async fn phases(
     let mut op = outcome?;
     op.requests = proxy.counts().since(&startup);
     op.peak_in_flight = proxy.take_peak_in_flight();
+    op.inputs_done_seconds = inputs_done;
     let created_usage = operator.usage()?;
     tracing::info!(
         created = op.created_seconds,
@@ -661,7 +669,7 @@ async fn preflight(client: &Client, report: &mut OperatorBenchReport) -> Result<
     let others = other_operators();
     if !others.is_empty() {
         report.warnings.push(format!(
-            "other trainyard-operator processes were running (pids {}): if they watch all namespaces they reconciled these jobs too and shared the CPU",
+            "other trainyard-operator processes were running on the machine (pids {}) and shared its CPUs; a further warning says so if one of them also reconciled these jobs",
             others.join(", ")
         ));
     }
@@ -919,6 +927,7 @@ async fn wait_created_scheduled(
         scheduled_seconds: secs(scheduled.iter().max()),
         requests: RequestCounts::default(),
         peak_in_flight: 0,
+        inputs_done_seconds: 0.0,
     })
 }
 
