@@ -18,7 +18,12 @@ say "Installing the chart with 8 fake A100 GPUs"
 mkdir -p "$STATE/fake-gpus"
 cp "$ROOT/device-plugin/examples/fake-gpus-8.yaml" "$STATE/fake-gpus/fake-gpus.yaml"
 PY=${TRAINYARD_CACHE:-$HOME/.cache/trainyard}/venv/bin/python
-if ! kubectl get ns trainyard-system >/dev/null 2>&1; then
+# Install, or bring an existing release (e.g. the e2e tests', which watches
+# only their namespace) to the demo's values: the operator watches every namespace.
+if kubectl -n trainyard-system get deploy trainyard-operator >/dev/null 2>&1; then
+  "$PY" "$HERE/helm.py" upgrade trainyard "$ROOT/charts/trainyard" trainyard-system --values "$HERE/values-local.yaml"
+  kubectl -n trainyard-system rollout restart deploy/trainyard-operator ds/trainyard-device-plugin >/dev/null
+else
   "$PY" "$HERE/helm.py" install trainyard "$ROOT/charts/trainyard" trainyard-system --values "$HERE/values-local.yaml"
 fi
 kubectl -n trainyard-system rollout status deploy --timeout=180s
