@@ -26,4 +26,4 @@ pub mod pvc;
 pub mod service;
 pub mod validate;
 
-pub use controller::{RunConfig, run};
+pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, RunConfig, run};

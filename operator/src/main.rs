@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use trainyard_operator::config::OperatorConfig;
 use trainyard_operator::leader::LeaderElection;
-use trainyard_operator::{RunConfig, crdgen, run};
+use trainyard_operator::{DEFAULT_MAX_CONCURRENT_RECONCILES, RunConfig, crdgen, run};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -61,6 +61,10 @@ struct RunArgs {
     /// Seconds the Lease stays valid without renewal.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
+    /// Reconciles in flight at once (0: unbounded). Bounds the load a burst of
+    /// jobs puts on the API server and the operator's memory.
+    #[arg(long, env = "TRAINYARD_MAX_CONCURRENT_RECONCILES", default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES)]
+    max_concurrent_reconciles: u16,
     /// Log format.
     #[arg(long, value_enum, env = "TRAINYARD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -147,6 +151,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         metrics_addr: Some(args.metrics_addr),
         leader_election,
         instance: identity,
+        max_concurrent_reconciles: args.max_concurrent_reconciles,
     };
     run(client, config, shutdown_signal()).await?;
     Ok(())

@@ -241,6 +241,7 @@ impl TestEnv {
             metrics_addr: None,
             leader_election,
             instance: format!("test-{}", self.ns),
+            max_concurrent_reconciles: trainyard_operator::DEFAULT_MAX_CONCURRENT_RECONCILES,
         };
         let task = tokio::spawn(trainyard_operator::run(
             self.client.clone(),
