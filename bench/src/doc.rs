@@ -154,7 +154,7 @@ pub fn render(inputs: &DocInputs) -> String {
     }
     let _ = writeln!(
         g,
-        "\nThe device plugin's targets are judged in its own table below.\n"
+        "\nThe device plugin's targets are judged in the analysis at the end, from its table.\n"
     );
 
     let _ = writeln!(g, "## The operator at scale\n\n{METHOD}");
