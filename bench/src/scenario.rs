@@ -650,17 +650,38 @@ impl PerfRecord {
 
 async fn preflight(client: &Client, report: &mut OperatorBenchReport) -> Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    // Install or update the CRD the operator under test was built with (a fresh
+    // cluster has none), under the operator's field manager as its own tests do.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    if crds
-        .get_opt(trainyard_operator::controller::CRD_NAME)
-        .await
-        .map_err(Error::kube("looking up the TrainingJob CRD"))?
-        .is_none()
-    {
-        return Err(Error::Cluster(
-            "the TrainingJob CRD is not installed: kubectl apply -f crds/trainingjob.yaml"
-                .to_owned(),
-        ));
+    let name = trainyard_operator::controller::CRD_NAME;
+    crds.patch(
+        name,
+        &kube::api::PatchParams::apply(trainyard_operator::controller::FIELD_MANAGER).force(),
+        &kube::api::Patch::Apply(trainyard_operator::crdgen::crd()),
+    )
+    .await
+    .map_err(Error::kube("applying the TrainingJob CRD"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let established = crds
+            .get_opt(name)
+            .await
+            .map_err(Error::kube("looking up the TrainingJob CRD"))?
+            .and_then(|c| c.status)
+            .and_then(|s| s.conditions)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Cluster(
+                "the TrainingJob CRD was not Established within 60 s".to_owned(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     report.load_before = std::fs::read_to_string("/proc/loadavg")
         .ok()
