@@ -45,7 +45,7 @@ chart-test:
 ## scenarios last, since the chart's operator watches every namespace.
 e2e:
 	$(CARGO) build --workspace --bins
-	bash e2e/with-cluster.sh bash -c '$(CARGO) test --workspace --exclude trainyard-e2e -- --ignored --test-threads 3 && $(CARGO) test -p trainyard-e2e -- --ignored'
+	bash e2e/with-cluster.sh bash -c '$(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored'
 
 crds:
 	$(CARGO) run -q -p trainyard-operator -- crd > crds/trainingjob.yaml
