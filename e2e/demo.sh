@@ -26,7 +26,8 @@ if kubectl -n trainyard-system get deploy trainyard-operator >/dev/null 2>&1; th
 else
   "$PY" "$HERE/helm.py" install trainyard "$ROOT/charts/trainyard" trainyard-system --values "$HERE/values-local.yaml"
 fi
-kubectl -n trainyard-system rollout status deploy --timeout=180s
+kubectl -n trainyard-system rollout status deploy/trainyard-operator --timeout=180s
+kubectl -n trainyard-system rollout status ds/trainyard-device-plugin --timeout=180s
 for _ in $(seq 1 120); do
   gpus=$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')
   [[ $gpus == 8 ]] && break; sleep 1
