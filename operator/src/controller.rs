@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, future, stream};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{Container, Node, PersistentVolumeClaim, Pod, PodSpec, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{
@@ -226,6 +226,34 @@ fn strip_node(node: &mut Node) {
     }
 }
 
+/// Keeps only what the operator reads from a cached pod: metadata (less
+/// managedFields and annotations), `nodeName`, affinity and tolerations (a new
+/// worker joins its siblings' placement), container names (which one is the
+/// trainer), and the whole status (the classifier). The rest of a worker's spec
+/// (environment, volumes, resources, commands) is most of its size, and the
+/// cache holds every worker of every job.
+fn strip_pod(pod: &mut Pod) {
+    pod.managed_fields_mut().clear();
+    pod.metadata.annotations = None;
+    if let Some(spec) = pod.spec.take() {
+        let containers = spec
+            .containers
+            .into_iter()
+            .map(|c| Container {
+                name: c.name,
+                ..Container::default()
+            })
+            .collect();
+        pod.spec = Some(PodSpec {
+            node_name: spec.node_name,
+            affinity: spec.affinity,
+            tolerations: spec.tolerations,
+            containers,
+            ..PodSpec::default()
+        });
+    }
+}
+
 /// What about a node can change placement or classification.
 fn node_fingerprint(node: &Node) -> u64 {
     let mut h = DefaultHasher::new();
@@ -291,7 +319,7 @@ async fn run_controller(
 
     let (pod_store, pod_writer) = reflector::store();
     let pod_stream = watcher(api::<Pod>(&client, ns), wc().labels(LABEL_JOB))
-        .modify(|p| p.managed_fields_mut().clear())
+        .modify(strip_pod)
         .reflect(pod_writer)
         .default_backoff()
         .touched_objects();
@@ -867,6 +895,67 @@ async fn reconcile_inner(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn stripped_pods_classify_and_place_like_full_ones() {
+        use crate::preemption::{ClassifierConfig, NodeView, classify, trainer_container};
+        let full: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "j-worker-1", "labels": {"trainyard.dev/job": "j"},
+                         "annotations": {"big": "x".repeat(4096)}},
+            "spec": {
+                "nodeName": "n",
+                "containers": [
+                    {"name": "sidecar", "image": "s"},
+                    {"name": "trainer", "image": "t", "command": ["python", "train.py"],
+                     "env": [{"name": "WORLD_SIZE", "value": "8"}],
+                     "volumeMounts": [{"name": "ckpt", "mountPath": "/mnt"}]},
+                ],
+                "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}]}]}}},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            },
+            "status": {
+                "phase": "Failed",
+                "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}],
+                "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "t", "imageID": "",
+                    "state": {"terminated": {"exitCode": 143}}}],
+            },
+        }))
+        .expect("valid pod");
+        let mut stripped = full.clone();
+        strip_pod(&mut stripped);
+
+        let n = node(json!({}), "True", "2026-11-21T00:00:00Z");
+        let now = jiff::Timestamp::now();
+        let config = ClassifierConfig::from_config(&crate::config::OperatorConfig::default());
+        assert_eq!(
+            format!(
+                "{:?}",
+                classify(&stripped, NodeView::Present(&n), &config, now)
+            ),
+            format!("{:?}", classify(&full, NodeView::Present(&n), &config, now)),
+        );
+        assert_eq!(trainer_container(&stripped), Some("trainer"));
+        let (s, f) = (
+            stripped.spec.as_ref().expect("spec"),
+            full.spec.as_ref().expect("spec"),
+        );
+        assert_eq!(s.node_name, f.node_name);
+        assert_eq!(s.affinity, f.affinity);
+        assert_eq!(s.tolerations, f.tolerations);
+        assert_eq!(stripped.status, full.status);
+        assert_eq!(stripped.metadata.labels, full.metadata.labels);
+        // What no decision reads is gone.
+        assert!(s.volumes.is_none());
+        assert!(
+            s.containers
+                .iter()
+                .all(|c| c.env.is_none() && c.command.is_none() && c.image.is_none())
+        );
+        assert!(stripped.metadata.annotations.is_none());
+    }
 
     fn node(labels: serde_json::Value, ready: &str, heartbeat: &str) -> Node {
         serde_json::from_value(json!({
