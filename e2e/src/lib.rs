@@ -4,7 +4,7 @@
 //! that `e2e/cluster/up.sh` brings up (or any cluster `KUBECONFIG` points at).
 //! They are `#[ignore]`d in a plain `cargo test`; `make test` starts the
 //! cluster and runs them with `--ignored`. This library holds what every
-//! scenario needs: a client, unique namespaces, polling with a deadline, Helm
+//! scenario needs: a client, polling with a deadline, Helm
 //! through `e2e/helm.py`, pod logs read from `/var/log/pods`, and control of
 //! the harness's kubelet.
 #![forbid(unsafe_code)]
@@ -15,13 +15,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-
-/// Field manager used by test code, distinct from the components under test.
-pub const TEST_MANAGER: &str = "trainyard-e2e";
 
 /// The repository root (the e2e crate's parent directory).
 pub fn repo_root() -> PathBuf {
@@ -92,45 +89,6 @@ where
             ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// A namespace unique to one test, deleted by [`TestNamespace::delete`].
-pub struct TestNamespace {
-    pub name: String,
-    client: Client,
-}
-
-impl TestNamespace {
-    pub async fn create(client: &Client, prefix: &str) -> Result<Self> {
-        let suffix = format!(
-            "{:x}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() & 0xffffff)
-                .unwrap_or_default()
-        );
-        let name = format!("{prefix}-{suffix}");
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": {"trainyard.dev/e2e": "true"}}
-        }))?;
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .with_context(|| format!("creating namespace {name}"))?;
-        Ok(Self {
-            name,
-            client: client.clone(),
-        })
-    }
-
-    pub async fn delete(self) -> Result<()> {
-        Api::<Namespace>::all(self.client)
-            .delete(&self.name, &DeleteParams::background())
-            .await
-            .with_context(|| format!("deleting namespace {}", self.name))?;
-        Ok(())
     }
 }
 
