@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt, future, stream};
+use futures::{FutureExt, StreamExt, TryStreamExt, future, stream};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, Node, PersistentVolumeClaim, Pod, PodSpec, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -33,6 +33,7 @@ use serde_json::json;
 use crate::config::OperatorConfig;
 use crate::crd::{LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
+use crate::expectations::{Expectations, Kind};
 use crate::leader::{LeaderElection, Leadership};
 use crate::metrics::{Metrics, RestartLabels};
 use crate::plan::{self, Action as PlanAction, EventKind, JobEvent, Observed, condition};
@@ -44,6 +45,21 @@ pub const FIELD_MANAGER: &str = "trainyard-operator";
 pub const CRD_NAME: &str = "trainingjobs.trainyard.dev";
 /// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).
 const RESYNC: Duration = Duration::from_secs(300);
+/// How long per-worker status detail may wait to be written with other changes
+/// ([`plan::status_write`]).
+const WORKER_DETAIL_BATCH: Duration = Duration::from_secs(3);
+/// Event batches (one per reconcile) waiting to be published.
+const EVENT_QUEUE: usize = 1024;
+/// Event batches published at once.
+const EVENT_PUBLISHERS: usize = 8;
+/// How long a stopping operator keeps publishing the Events it has queued.
+const EVENT_DRAIN: Duration = Duration::from_secs(1);
+
+/// How long a write is held back waiting for its watch event ([`Expectations`]).
+const EXPECTATION_TTL: Duration = Duration::from_secs(15);
+
+/// One reconcile's Events, for the publisher task.
+type EventBatch = (k8s_openapi::api::core::v1::ObjectReference, Vec<JobEvent>);
 
 /// Everything [`run`] needs.
 #[derive(Clone, Debug)]
@@ -76,12 +92,20 @@ struct Context {
     services: Store<PartialObjectMeta<Service>>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     jobs: Store<DeserializeGuard<TrainingJob>>,
-    recorder: Recorder,
+    /// Events go to a publisher task: they are API writes too, and a reconcile should not wait
+    /// for them before it frees its slot.
+    events: tokio::sync::mpsc::Sender<EventBatch>,
+    /// Writes the caches do not show yet, and that must not be repeated meanwhile.
+    expectations: Arc<Expectations>,
     metrics: Arc<Metrics>,
     /// Status we wrote, by uid, with the resourceVersion the write produced: used while the
     /// TrainingJob cache has not caught up with our own write, so that a stale status is
     /// never decided on twice.
     written: Mutex<HashMap<String, (u64, TrainingJobStatus)>>,
+    /// Status whose only change is per-worker detail, not written yet, by uid, with when it was
+    /// first deferred ([`plan::status_write`]). Decisions read it, so a worker seen here and
+    /// then gone is a preemption even before the detail is written.
+    deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
     /// When a restart was decided, by uid (for the recovery histogram).
     detected: Mutex<HashMap<String, (u32, Instant)>>,
     /// Consecutive transient errors, by namespace/name.
@@ -218,6 +242,14 @@ async fn wait_for_crd(client: Client) -> Result<(), Error> {
     }
 }
 
+/// Cached TrainingJobs keep what decisions read: managedFields and kubectl's
+/// last-applied-configuration (a second copy of the spec) are dropped.
+fn strip_job(job: &mut DeserializeGuard<TrainingJob>) {
+    job.managed_fields_mut().clear();
+    job.annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
+}
+
 fn strip_node(node: &mut Node) {
     node.managed_fields_mut().clear();
     // Image lists are the bulk of a Node object and the operator never reads them.
@@ -227,11 +259,12 @@ fn strip_node(node: &mut Node) {
 }
 
 /// Keeps only what the operator reads from a cached pod: metadata (less
-/// managedFields and annotations), `nodeName`, affinity and tolerations (a new
-/// worker joins its siblings' placement), container names (which one is the
+/// managedFields and annotations), `nodeName`, container names (which one is the
 /// trainer), and the whole status (the classifier). The rest of a worker's spec
-/// (environment, volumes, resources, commands) is most of its size, and the
-/// cache holds every worker of every job.
+/// (environment, volumes, resources, commands, and the affinity and tolerations
+/// that are most of what remains) is most of its size, and the cache holds every
+/// worker of every job. The one decision that reads a pod's placement, a missing
+/// rank joining its siblings, reads the sibling whole ([`sibling_to_read`]).
 fn strip_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
     pod.metadata.annotations = None;
@@ -246,11 +279,49 @@ fn strip_pod(pod: &mut Pod) {
             .collect();
         pod.spec = Some(PodSpec {
             node_name: spec.node_name,
-            affinity: spec.affinity,
-            tolerations: spec.tolerations,
             containers,
             ..PodSpec::default()
         });
+    }
+}
+
+/// The pod whose placement a missing rank of the current attempt would copy (the lowest rank
+/// present, as [`plan::decide`] picks it), when some missing rank is not one this operator has
+/// just created (`held`): only then do the cached pods, stripped of their placement, not
+/// suffice. Normally every rank is created in one round and the rest of a round's missing
+/// ranks are still on their way into the cache.
+fn sibling_to_read(
+    pods: &[Arc<Pod>],
+    attempt: u32,
+    workers: u32,
+    held: impl Fn(u32) -> bool,
+) -> Option<String> {
+    let label = |pod: &Pod, key: &str| -> Option<u32> {
+        pod.labels().get(key).and_then(|v| v.parse().ok())
+    };
+    let mut present: Vec<(u32, &Arc<Pod>)> = pods
+        .iter()
+        .filter(|p| label(p, crate::crd::LABEL_ATTEMPT) == Some(attempt))
+        .filter_map(|p| Some((label(p, crate::crd::LABEL_RANK)?, p)))
+        .filter(|(rank, _)| *rank < workers)
+        .collect();
+    present.sort_by_key(|(rank, _)| *rank);
+    let (_, sibling) = present.first()?;
+    let unheld_gap = (0..workers)
+        .filter(|r| present.iter().all(|(rank, _)| rank != r))
+        .any(|r| !held(r));
+    unheld_gap.then(|| sibling.name_any())
+}
+
+/// Marks an object's expectation met when a watch event for it arrives.
+fn seen_by<K: Resource>(expectations: Arc<Expectations>, kind: Kind) -> impl Fn(&K) {
+    move |object| {
+        let meta = object.meta();
+        expectations.observed(
+            kind,
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
     }
 }
 
@@ -317,12 +388,16 @@ async fn run_controller(
     let ns = config.namespace.as_deref();
     let wc = || watcher::Config::default().any_semantic();
 
+    let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
+
     let (pod_store, pod_writer) = reflector::store();
+    let seen = seen_by::<Pod>(expectations.clone(), Kind::Pod);
     let pod_stream = watcher(api::<Pod>(&client, ns), wc().labels(LABEL_JOB))
         .modify(strip_pod)
         .reflect(pod_writer)
         .default_backoff()
-        .touched_objects();
+        .touched_objects()
+        .inspect_ok(move |pod| seen(pod));
 
     let (node_store, node_writer) = reflector::store();
     let node_events = watcher(Api::<Node>::all(client.clone()), wc())
@@ -331,6 +406,7 @@ async fn run_controller(
         .default_backoff();
 
     let (svc_store, svc_writer) = reflector::store();
+    let seen = seen_by::<PartialObjectMeta<Service>>(expectations.clone(), Kind::Service);
     let svc_task = tokio::spawn(
         watcher(
             api::<PartialObjectMeta<Service>>(&client, ns),
@@ -338,24 +414,38 @@ async fn run_controller(
         )
         .reflect(svc_writer)
         .default_backoff()
-        .for_each(|_| future::ready(())),
+        .touched_objects()
+        .for_each(move |svc| {
+            if let Ok(svc) = svc {
+                seen(&svc);
+            }
+            future::ready(())
+        }),
     );
     let (claim_store, claim_writer) = reflector::store();
+    let seen =
+        seen_by::<PartialObjectMeta<PersistentVolumeClaim>>(expectations.clone(), Kind::Claim);
     let claim_events = watcher(
         api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
         wc(),
     )
     .reflect(claim_writer)
     .default_backoff()
-    .applied_objects();
+    .applied_objects()
+    .inspect_ok(move |claim| seen(claim));
 
     let jobs_api: Api<DeserializeGuard<TrainingJob>> = api(&client, ns);
-    let controller = Controller::new(jobs_api, wc()).with_config(
+    let (job_store, job_writer) = reflector::store();
+    let job_stream = watcher(jobs_api, wc())
+        .modify(strip_job)
+        .reflect(job_writer)
+        .default_backoff()
+        .applied_objects();
+    let controller = Controller::for_stream(job_stream, job_store.clone()).with_config(
         ControllerConfig::default()
             .debounce(Duration::from_millis(50))
             .concurrency(config.max_concurrent_reconciles),
     );
-    let job_store = controller.store();
 
     let fingerprints: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
     let node_triggers = {
@@ -434,6 +524,11 @@ async fn run_controller(
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(config.instance.clone()),
     };
+    let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
+    let publisher = tokio::spawn(publish_events(
+        Recorder::new(client.clone(), reporter),
+        events_rx,
+    ));
     let ctx = Arc::new(Context {
         client: client.clone(),
         config: config.operator.clone(),
@@ -442,9 +537,11 @@ async fn run_controller(
         services: svc_store,
         claims: claim_store,
         jobs: job_store,
-        recorder: Recorder::new(client, reporter),
+        events: events_tx,
+        expectations,
         metrics: metrics.clone(),
         written: Mutex::default(),
+        deferred: Mutex::default(),
         detected: Mutex::default(),
         error_counts: Mutex::default(),
         reported_malformed: Mutex::default(),
@@ -469,8 +566,52 @@ async fn run_controller(
         })
         .await;
     svc_task.abort();
+    // The controller has dropped the last Context, and with it the Events' sender: the publisher
+    // ends once it has published what is queued, or is cut short.
+    if tokio::time::timeout(EVENT_DRAIN, publisher).await.is_err() {
+        tracing::warn!("stopping with Events not yet published");
+    }
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// Publishes queued Events, a few batches at once, each batch in order.
+async fn publish_events(recorder: Recorder, mut batches: tokio::sync::mpsc::Receiver<EventBatch>) {
+    let batches = stream::poll_fn(move |cx| batches.poll_recv(cx));
+    batches
+        .for_each_concurrent(EVENT_PUBLISHERS, |(reference, events)| {
+            let recorder = &recorder;
+            async move {
+                for e in events {
+                    let event = Event {
+                        type_: match e.kind {
+                            EventKind::Normal => EventType::Normal,
+                            EventKind::Warning => EventType::Warning,
+                        },
+                        reason: e.reason.clone(),
+                        note: Some(truncate_note(e.note)),
+                        action: "Reconcile".to_owned(),
+                        secondary: None,
+                    };
+                    if let Err(err) = recorder.publish(&event, &reference).await {
+                        tracing::warn!(error = %err, reason = %e.reason, "publishing an Event");
+                    }
+                }
+            }
+        })
+        .await;
+}
+
+/// Event notes are limited to 1 kB by the API server.
+fn truncate_note(mut note: String) -> String {
+    if note.len() > 1000 {
+        let mut cut = 1000;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    note
 }
 
 fn error_policy(obj: Arc<DeserializeGuard<TrainingJob>>, err: &Error, ctx: Arc<Context>) -> Action {
@@ -543,7 +684,38 @@ impl Context {
         job.status.clone().unwrap_or_default()
     }
 
+    /// The written status with the worker detail still waiting to be written, and how long
+    /// that has waited.
+    fn with_deferred_detail(
+        &self,
+        uid: &str,
+        written: &TrainingJobStatus,
+    ) -> (TrainingJobStatus, Option<Duration>) {
+        let mut current = written.clone();
+        let mut deferred = lock(&self.deferred);
+        match deferred.get(uid) {
+            Some((status, since)) if status.attempt == written.attempt => {
+                current.workers = status.workers.clone();
+                (current, Some(since.elapsed()))
+            }
+            Some(_) => {
+                deferred.remove(uid);
+                (current, None)
+            }
+            None => (current, None),
+        }
+    }
+
+    fn defer_detail(&self, uid: &str, status: &TrainingJobStatus) {
+        let mut deferred = lock(&self.deferred);
+        let since = deferred
+            .get(uid)
+            .map_or_else(Instant::now, |(_, since)| *since);
+        deferred.insert(uid.to_owned(), (status.clone(), since));
+    }
+
     fn remember_written(&self, uid: &str, rv: Option<&str>, status: &TrainingJobStatus) {
+        lock(&self.deferred).remove(uid);
         let mut written = lock(&self.written);
         if let Some(rv) = rv.and_then(|rv| rv.parse::<u64>().ok()) {
             written.insert(uid.to_owned(), (rv, status.clone()));
@@ -554,6 +726,7 @@ impl Context {
                 self.jobs.state().iter().filter_map(|j| j.uid()).collect();
             written.retain(|uid, _| live.contains(uid));
             lock(&self.detected).retain(|uid, _| live.contains(uid));
+            lock(&self.deferred).retain(|uid, _| live.contains(uid));
         }
     }
 
@@ -626,41 +799,93 @@ impl Context {
         Ok(())
     }
 
+    /// Queues Events for the publisher task (waiting only when its queue is full).
     async fn publish(
         &self,
         reference: &k8s_openapi::api::core::v1::ObjectReference,
-        events: &[JobEvent],
+        events: Vec<JobEvent>,
     ) {
-        for e in events {
-            let mut note = e.note.clone();
-            if note.len() > 1000 {
-                let mut cut = 1000;
-                while !note.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                note.truncate(cut);
-            }
-            let event = Event {
-                type_: match e.kind {
-                    EventKind::Normal => EventType::Normal,
-                    EventKind::Warning => EventType::Warning,
-                },
-                reason: e.reason.clone(),
-                note: Some(note),
-                action: "Reconcile".to_owned(),
-                secondary: None,
-            };
-            if let Err(err) = self.recorder.publish(&event, reference).await {
-                tracing::warn!(error = %err, reason = %e.reason, "publishing an Event");
-            }
+        if events.is_empty() {
+            return;
         }
+        if self.events.send((reference.clone(), events)).await.is_err() {
+            tracing::warn!("the Event publisher has stopped; dropping Events");
+        }
+    }
+
+    /// Replaces the cached (stripped) sibling a missing rank copies its placement from with the
+    /// whole pod read from the API server, when [`sibling_to_read`] says one is needed.
+    async fn read_sibling_whole(
+        &self,
+        job: &ValidJob,
+        attempt: u32,
+        observed: &mut Observed,
+    ) -> Result<(), Error> {
+        let ns = job.namespace.as_str();
+        let held = |rank| {
+            self.expectations
+                .holds(Kind::Pod, ns, &pod_name(&job.name, rank))
+                .is_some()
+        };
+        let Some(name) = sibling_to_read(&observed.pods, attempt, job.spec.workers, held) else {
+            return Ok(());
+        };
+        let whole = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get(&name)
+            .await
+            .map_err(Error::kube(format!(
+                "reading pod {ns}/{name} for its placement"
+            )))?;
+        let cached = observed
+            .pods
+            .iter_mut()
+            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()) && p.uid() == whole.uid())
+            .ok_or_else(|| Error::StaleCache(format!("{ns}/{name}")))?;
+        *cached = Arc::new(whole);
+        Ok(())
+    }
+
+    /// Drops the actions on objects whose last write the caches do not show yet, and says how
+    /// long the first of those is held back at most.
+    fn hold_back_unobserved(
+        &self,
+        ns: &str,
+        actions: Vec<PlanAction>,
+    ) -> (Vec<PlanAction>, Option<Duration>) {
+        let mut held: Option<Duration> = None;
+        let kept = actions
+            .into_iter()
+            .filter(|action| {
+                let (kind, name) = action_target(action);
+                match self.expectations.holds(kind, ns, name) {
+                    Some(left) => {
+                        tracing::debug!(
+                            namespace = ns,
+                            name,
+                            ?kind,
+                            "waiting for the watch to show the last write"
+                        );
+                        held = Some(held.map_or(left, |h| h.min(left)));
+                        false
+                    }
+                    None => true,
+                }
+            })
+            .collect();
+        (kept, held)
     }
 
     async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> Result<(), Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let apply = PatchParams::apply(FIELD_MANAGER).force();
         let mut ops = Vec::new();
+        let mut targets = Vec::new();
         for action in actions {
+            // Expected before the write goes out, so that its watch event cannot arrive first
+            // and leave the expectation waiting for an event that already came.
+            let (kind, name) = action_target(&action);
+            self.expectations.expect(kind, ns, name);
+            targets.push((kind, name.to_owned()));
             match action {
                 PlanAction::ApplyService(svc) => {
                     let api = Api::<Service>::namespaced(self.client.clone(), ns);
@@ -670,7 +895,7 @@ impl Context {
                             let name = svc.name_any();
                             api.patch(&name, &apply, &Patch::Apply(&*svc))
                                 .await
-                                .map(|_| ())
+                                .map(|_| true)
                                 .map_err(Error::kube(format!("applying Service {ns}/{name}")))
                         }
                         .boxed(),
@@ -684,7 +909,7 @@ impl Context {
                             let name = claim.name_any();
                             api.patch(&name, &apply, &Patch::Apply(&*claim))
                                 .await
-                                .map(|_| ())
+                                .map(|_| true)
                                 .map_err(Error::kube(format!(
                                     "applying PersistentVolumeClaim {ns}/{name}"
                                 )))
@@ -704,8 +929,8 @@ impl Context {
                                 field_manager: Some(FIELD_MANAGER.to_owned()),
                             };
                             match pods.create(&pp, &pod).await {
-                                Ok(_) => Ok(()),
-                                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                                Ok(_) => Ok(true),
+                                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                                 Err(e) => Err(Error::kube(format!("creating pod {ns}/{name}"))(e)),
                             }
                         }
@@ -713,41 +938,71 @@ impl Context {
                     );
                 }
                 PlanAction::DeletePod { name, uid } => {
-                    ops.push(delete_pod(pods.clone(), ns.to_owned(), name, uid, None).boxed());
+                    ops.push(self.delete_pod(pods.clone(), ns, name, uid, None).boxed());
                 }
                 PlanAction::ForceDeletePod { name, uid } => {
                     tracing::warn!(pod = %name, namespace = ns, "force-deleting a pod stuck on a lost node");
-                    ops.push(delete_pod(pods.clone(), ns.to_owned(), name, uid, Some(0)).boxed());
+                    ops.push(
+                        self.delete_pod(pods.clone(), ns, name, uid, Some(0))
+                            .boxed(),
+                    );
                 }
             }
         }
-        for r in future::join_all(ops).await {
-            r?;
+        let mut result = Ok(());
+        for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
+            // Nothing was written (already there, already gone, or failed): no event will come.
+            if !matches!(r, Ok(true)) {
+                self.expectations.observed(kind, ns, &name);
+            }
+            if let Err(e) = r
+                && result.is_ok()
+            {
+                result = Err(e);
+            }
         }
-        Ok(())
+        result
     }
 }
 
-async fn delete_pod(
-    pods: Api<Pod>,
-    ns: String,
-    name: String,
-    uid: Option<String>,
-    grace: Option<u32>,
-) -> Result<(), Error> {
-    let dp = DeleteParams {
-        grace_period_seconds: grace,
-        preconditions: uid.map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match pods.delete(&name, &dp).await {
-        Ok(_) => Ok(()),
-        // Gone already, or a different incarnation: nothing of ours to delete.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
+/// The object an action writes.
+fn action_target(action: &PlanAction) -> (Kind, &str) {
+    fn name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
+        meta.name.as_deref().unwrap_or_default()
+    }
+    match action {
+        PlanAction::ApplyService(svc) => (Kind::Service, name(&svc.metadata)),
+        PlanAction::ApplyPvc(claim) => (Kind::Claim, name(&claim.metadata)),
+        PlanAction::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
+        PlanAction::DeletePod { name, .. } | PlanAction::ForceDeletePod { name, .. } => {
+            (Kind::Pod, name)
+        }
+    }
+}
+
+impl Context {
+    async fn delete_pod(
+        &self,
+        pods: Api<Pod>,
+        ns: &str,
+        name: String,
+        uid: Option<String>,
+        grace: Option<u32>,
+    ) -> Result<bool, Error> {
+        let dp = DeleteParams {
+            grace_period_seconds: grace,
+            preconditions: uid.map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match pods.delete(&name, &dp).await {
+            Ok(_) => Ok(true),
+            // Gone already, or a different incarnation: nothing of ours to delete.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
+        }
     }
 }
 
@@ -800,7 +1055,7 @@ async fn report_malformed(invalid: &InvalidObject, ctx: &Context) -> Result<Acti
     };
     ctx.publish(
         &reference,
-        &[JobEvent {
+        vec![JobEvent {
             kind: EventKind::Warning,
             reason: "InvalidSpec".to_owned(),
             note: message,
@@ -827,28 +1082,45 @@ async fn reconcile_inner(
     let uid = job.metadata.uid.clone().unwrap_or_default();
     let ns = job.namespace().unwrap_or_default();
     let reference = job.object_ref(&());
-    let current = ctx.freshest_status(job);
+    let written = ctx.freshest_status(job);
+    let (current, detail_waiting) = ctx.with_deferred_detail(&uid, &written);
     let now = Timestamp::now();
 
     let valid = match validate(job) {
         Ok(v) => v,
         Err(e) => {
             let (status, events) = plan::invalid_status(&current, &e, job.metadata.generation, now);
-            if status != current {
+            if status != written {
                 ctx.write_status(job, &status).await?;
             }
-            ctx.publish(&reference, &events).await;
+            ctx.publish(&reference, events).await;
             return Err(Error::InvalidSpec(e));
         }
     };
 
-    let observed = ctx.observe(&valid, &current, now);
+    let mut observed = ctx.observe(&valid, &current, now);
+    ctx.read_sibling_whole(&valid, current.attempt, &mut observed)
+        .await?;
     let decided = plan::decide(&valid, &observed, &current, &ctx.config);
 
-    // Decisions are persisted before anything acts on them.
-    if decided.status != current {
-        ctx.write_status(job, &decided.status).await?;
-    }
+    let mut write_later = None;
+    let write_now = match plan::status_write(
+        &written,
+        &decided.status,
+        detail_waiting,
+        WORKER_DETAIL_BATCH,
+    ) {
+        plan::StatusWrite::Unchanged => {
+            lock(&ctx.deferred).remove(&uid);
+            false
+        }
+        plan::StatusWrite::Now => true,
+        plan::StatusWrite::Later(after) => {
+            ctx.defer_detail(&uid, &decided.status);
+            write_later = Some(after);
+            false
+        }
+    };
     if let Some(reason) = decided.restart {
         ctx.metrics
             .restarts
@@ -859,9 +1131,30 @@ async fn reconcile_inner(
         lock(&ctx.detected).insert(uid.clone(), (decided.status.attempt, Instant::now()));
         tracing::info!(job = %format!("{ns}/{}", valid.name), attempt = decided.status.attempt, reason = reason.as_str(), "gang restart");
     }
-    // Act first: Events are API calls too, and new pods should not wait behind them.
-    let acted = ctx.execute(&ns, decided.actions).await;
-    ctx.publish(&reference, &decided.events).await;
+    // A decision that deletes (a restart, a failure, a suspend) is persisted before anything acts
+    // on it: deleted workers must never look like preempted ones after a crash. Creating is
+    // idempotent by pod name and re-derived from what exists, so creates go out together with
+    // the status write instead of a round trip after it.
+    let (actions, held_for) = ctx.hold_back_unobserved(&ns, decided.actions);
+    if let Some(held) = held_for {
+        write_later = Some(write_later.map_or(held, |w: Duration| w.min(held)));
+    }
+    let deletes = actions.iter().any(PlanAction::deletes);
+    let acted = if write_now && (deletes || decided.restart.is_some()) {
+        ctx.write_status(job, &decided.status).await?;
+        ctx.execute(&ns, actions).await
+    } else if write_now {
+        let (wrote, acted) = future::join(
+            ctx.write_status(job, &decided.status),
+            ctx.execute(&ns, actions),
+        )
+        .await;
+        wrote?;
+        acted
+    } else {
+        ctx.execute(&ns, actions).await
+    };
+    ctx.publish(&reference, decided.events).await;
     acted?;
 
     if let Some(attempt) = decided.creates_attempt
@@ -888,6 +1181,7 @@ async fn reconcile_inner(
             Duration::from_secs_f64(wait).min(RESYNC)
         })
         .unwrap_or(RESYNC);
+    let after = write_later.map_or(after, |later| after.min(later));
     Ok(Action::requeue(after))
 }
 
@@ -897,7 +1191,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn stripped_pods_classify_and_place_like_full_ones() {
+    fn stripped_pods_classify_like_full_ones() {
         use crate::preemption::{ClassifierConfig, NodeView, classify, trainer_container};
         let full: Pod = serde_json::from_value(json!({
             "metadata": {"name": "j-worker-1", "labels": {"trainyard.dev/job": "j"},
@@ -943,18 +1237,48 @@ mod tests {
             full.spec.as_ref().expect("spec"),
         );
         assert_eq!(s.node_name, f.node_name);
-        assert_eq!(s.affinity, f.affinity);
-        assert_eq!(s.tolerations, f.tolerations);
         assert_eq!(stripped.status, full.status);
         assert_eq!(stripped.metadata.labels, full.metadata.labels);
-        // What no decision reads is gone.
+        // What no decision reads is gone; placement is read whole when needed (sibling_to_read).
         assert!(s.volumes.is_none());
+        assert!(s.affinity.is_none() && s.tolerations.is_none());
         assert!(
             s.containers
                 .iter()
                 .all(|c| c.env.is_none() && c.command.is_none() && c.image.is_none())
         );
         assert!(stripped.metadata.annotations.is_none());
+    }
+
+    fn worker(rank: u32, attempt: u32) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {
+                "name": format!("j-worker-{rank}"),
+                "labels": {"trainyard.dev/rank": rank.to_string(), "trainyard.dev/attempt": attempt.to_string()},
+            }}))
+            .expect("pod"),
+        )
+    }
+
+    #[test]
+    fn a_sibling_is_read_whole_only_for_a_missing_rank_not_just_created() {
+        let pods = [worker(1, 2), worker(3, 2), worker(0, 1)];
+        let nothing_held = |_| false;
+        // Ranks 0 and 2 of attempt 2 are missing: copy the lowest present rank of attempt 2.
+        assert_eq!(
+            sibling_to_read(&pods, 2, 4, nothing_held).as_deref(),
+            Some("j-worker-1")
+        );
+        // Both missing ranks were just created by this operator: the cache will show them.
+        assert_eq!(sibling_to_read(&pods, 2, 4, |r| r == 0 || r == 2), None);
+        assert_eq!(
+            sibling_to_read(&pods, 2, 4, |r| r == 0).as_deref(),
+            Some("j-worker-1")
+        );
+        // Nothing of the attempt exists (a fresh attempt is placed from the job), or nothing is missing.
+        assert_eq!(sibling_to_read(&pods, 3, 4, nothing_held), None);
+        let all = [worker(0, 0), worker(1, 0)];
+        assert_eq!(sibling_to_read(&all, 0, 2, nothing_held), None);
     }
 
     fn node(labels: serde_json::Value, ready: &str, heartbeat: &str) -> Node {

@@ -33,6 +33,10 @@ pub enum Error {
     #[error("the {0} cache was dropped before it was ready")]
     CacheGone(&'static str),
 
+    /// The cache and the API server disagree about an object; the next round decides again.
+    #[error("pod {0} was replaced while it was read; deciding again")]
+    StaleCache(String),
+
     /// The CRD is not installed or not established.
     #[error("CRD trainingjobs.trainyard.dev is not established: {0}")]
     CrdNotEstablished(String),
@@ -81,6 +85,7 @@ impl Error {
                 _ => "kube_client",
             },
             Error::CacheGone(_) => "cache_gone",
+            Error::StaleCache(_) => "stale_cache",
             Error::CrdNotEstablished(_) => "crd_not_established",
             Error::LeaderElection(_) => "leader_election",
             Error::MetricsServer { .. } => "metrics_server",

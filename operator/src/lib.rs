@@ -13,6 +13,7 @@ pub mod controller;
 pub mod crd;
 pub mod crdgen;
 pub mod error;
+pub mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod leader;

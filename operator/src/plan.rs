@@ -104,6 +104,13 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// Whether the action deletes a pod.
+    pub fn deletes(&self) -> bool {
+        matches!(self, Self::DeletePod { .. } | Self::ForceDeletePod { .. })
+    }
+}
+
 /// Severity of an Event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
@@ -958,6 +965,54 @@ fn decide_inner(
         requeue_at,
         restart: None,
         creates_attempt,
+    }
+}
+
+/// When to write a decided status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusWrite {
+    /// Nothing changed.
+    Unchanged,
+    /// Write it now.
+    Now,
+    /// Only per-worker detail changed: keep it in memory and write it after this long, together
+    /// with whatever else changes meanwhile.
+    Later(std::time::Duration),
+}
+
+/// Decides when `desired` is written over `written` (what the API server holds).
+///
+/// Everything but `status.workers` is a decision or a transition users and tools wait on
+/// (phase, attempt, counters, conditions, selected GPU): written at once. `status.workers` is
+/// per-worker detail that moves with every pod event (a pod seen, bound to a node, started):
+/// one write per worker per step would be most of the operator's API traffic (measured 4.3–4.8
+/// status writes per job while creating, and as many again while going Running), so such detail
+/// waits up to `batch`, counted from the first unwritten change (`pending_for`), and goes out in
+/// one write. The controller decides on the unwritten detail meanwhile, so a worker it has seen
+/// and that disappears is still a preemption.
+pub fn status_write(
+    written: &TrainingJobStatus,
+    desired: &TrainingJobStatus,
+    pending_for: Option<std::time::Duration>,
+    batch: std::time::Duration,
+) -> StatusWrite {
+    if desired == written {
+        return StatusWrite::Unchanged;
+    }
+    let decisions_equal = TrainingJobStatus {
+        workers: Vec::new(),
+        ..desired.clone()
+    } == TrainingJobStatus {
+        workers: Vec::new(),
+        ..written.clone()
+    };
+    if !decisions_equal {
+        return StatusWrite::Now;
+    }
+    match pending_for {
+        Some(waited) if waited >= batch => StatusWrite::Now,
+        Some(waited) => StatusWrite::Later(batch - waited),
+        None => StatusWrite::Later(batch),
     }
 }
 
