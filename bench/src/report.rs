@@ -54,6 +54,20 @@ pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
             .unwrap_or_else(|| "not measured".to_owned()),
         met: r.recovery.as_ref().filter(|_| at_size).map(|x| x.p99_seconds <= RECOVERY_P99_TARGET),
     });
+    if let (Some(op), Some(floor)) = (&r.recovery, &r.floor_recovery) {
+        out.push(TargetCheck {
+            target:
+                "preemption → new pods p99: operator / restart floor (context for the 2 s target)"
+                    .to_owned(),
+            measured: format!(
+                "{:.2} s / {:.2} s = {:.2}",
+                op.p99_seconds,
+                floor.p99_seconds,
+                op.p99_seconds / floor.p99_seconds.max(f64::EPSILON)
+            ),
+            met: None,
+        });
+    }
     let rss = r
         .usage
         .as_ref()
@@ -260,6 +274,17 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
                 ))
                 .unwrap_or_default()
         );
+        if let Some(floor) = &r.floor_recovery {
+            let _ = writeln!(
+                out,
+                "**Restart floor**: the same {} restarts made directly by a minimal client, all at once (the preemption as above, the other workers deleted with grace period 0, the next attempt's pods created; no controller in the loop): p50 **{}**, p99 **{}**, max {}. Operator / floor at p99: **{:.2}**.\n",
+                floor.preempted,
+                s(floor.p50_seconds),
+                s(floor.p99_seconds),
+                s(floor.max_seconds),
+                rec.p99_seconds / floor.p99_seconds.max(f64::EPSILON),
+            );
+        }
     }
 
     if let Some(u) = &r.usage {

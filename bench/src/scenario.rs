@@ -18,7 +18,7 @@ use kube::{Client, Config, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use trainyard_operator::config::OperatorConfig;
-use trainyard_operator::crd::{Phase, TrainingJob};
+use trainyard_operator::crd::{Phase, RestartReason, TrainingJob};
 use trainyard_operator::{placement, pods, validate};
 
 use crate::cpu_profile::{CpuProfile, CpuSampler};
@@ -197,6 +197,9 @@ pub struct OperatorBenchReport {
     pub operator: Option<Throughput>,
     /// Preemption recovery.
     pub recovery: Option<Recovery>,
+    /// The same restarts made directly by a minimal client (no controller in the loop).
+    #[serde(default)]
+    pub floor_recovery: Option<Recovery>,
     /// Operator memory and CPU.
     pub usage: Option<OperatorUsage>,
     /// Operator API requests outside the create phase (that one is in `operator.requests`).
@@ -344,7 +347,14 @@ async fn phases(
         .await
         .map_err(Error::kube("listing nodes"))?
         .items;
-    let floor_pods = floor_pods(&jobs, &floor_ns, &all_nodes, params)?;
+    let restarted_pods = floor_pods(
+        &jobs[..params.preempt as usize],
+        &floor_ns,
+        &all_nodes,
+        params,
+        1,
+    )?;
+    let floor_pods = floor_pods(&jobs, &floor_ns, &all_nodes, params, 0)?;
     let expected = floor_pods.iter().map(Vec::len).sum::<usize>() as u64;
     {
         let proxy = CountingProxy::start(upstream.clone()).await?;
@@ -403,6 +413,28 @@ async fn phases(
             "floor done"
         );
         report.floor = Some(floor);
+
+        // The restart floor: the same K restarts made directly, no controller in the loop.
+        if params.preempt > 0 {
+            tracing::info!(restarts = params.preempt, "floor: restarting jobs directly");
+            let restarted = restart_directly(&api, &floor_ns, restarted_pods, params).await?;
+            let recovered =
+                wait_recovered(&tracker, &restarted, params.workers, params.phase_timeout).await?;
+            let mut seconds: Vec<f64> = recovered.values().copied().collect();
+            seconds.sort_by(f64::total_cmp);
+            report.floor_recovery = Some(Recovery {
+                preempted: params.preempt,
+                p50_seconds: percentile(&seconds, 50.0),
+                p99_seconds: percentile(&seconds, 99.0),
+                max_seconds: seconds.last().copied().unwrap_or_default(),
+                operator_histogram_mean_seconds: None,
+            });
+            tracing::info!(
+                p50 = percentile(&seconds, 50.0),
+                p99 = percentile(&seconds, 99.0),
+                "restart floor done"
+            );
+        }
         // Free the GPUs for the operator's pods.
         Api::<Pod>::namespaced(client.clone(), &floor_ns)
             .delete_collection(
@@ -871,11 +903,14 @@ pub fn training_job(
 
 /// The pods the operator creates for the jobs (attempt 0), in the floor's namespace and
 /// without owner references, grouped by job.
+/// The pods the operator would create for `attempt` of each job (attempts after 0 as restarts
+/// after a preemption), without owner references.
 fn floor_pods(
     jobs: &[TrainingJob],
     ns: &str,
     nodes: &[Node],
     params: &OperatorBenchParams,
+    attempt: u32,
 ) -> Result<Vec<Vec<Pod>>> {
     let config = OperatorConfig::default();
     let node_refs: Vec<&Node> = nodes.iter().collect();
@@ -892,7 +927,8 @@ fn floor_pods(
             let place = placement::place(&valid, &config, &node_refs, 0);
             Ok((0..params.workers)
                 .map(|rank| {
-                    let mut pod = pods::desired_pod(&valid, rank, 0, None, &place);
+                    let restart = (attempt > 0).then_some(RestartReason::Preemption);
+                    let mut pod = pods::desired_pod(&valid, rank, attempt, restart, &place);
                     pod.metadata.owner_references = None;
                     pod
                 })
@@ -1052,6 +1088,76 @@ async fn preempt(
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(Error::kube(format!("deleting pod {ns}/{pod}"))(e)),
             }
+            Ok((job, at))
+        }
+    });
+    future::join_all(burst).await.into_iter().collect()
+}
+
+/// The restart floor: for each job at once, what a restart minimally costs the API server with
+/// no controller in the loop: the preemption itself (DisruptionTarget, then delete, as in
+/// [`preempt`]), the other workers deleted with grace period 0 and the next attempt's pods
+/// created. Returns when each job's restart began.
+async fn restart_directly(
+    api: &Api<Pod>,
+    ns: &str,
+    next: Vec<Vec<Pod>>,
+    params: &OperatorBenchParams,
+) -> Result<HashMap<String, Instant>> {
+    let burst = next.into_iter().enumerate().map(|(i, pods)| {
+        let api = api.clone();
+        async move {
+            let job = format!("job-{i:05}");
+            let preempted = validate::pod_name(&job, i as u32 % params.workers);
+            let at = Instant::now();
+            let patch = json!({"status": {"conditions": [{
+                "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                "message": "trainyard-bench: simulated spot preemption",
+                "lastTransitionTime": Timestamp::now().to_string(),
+            }]}});
+            api.patch_status(
+                &preempted,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "floor: setting DisruptionTarget on pod {ns}/{preempted}"
+            )))?;
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            let deletes = pods.iter().map(|p| {
+                let (api, dp, name) = (api.clone(), dp.clone(), p.name_any());
+                async move {
+                    match api.delete(&name, &dp).await {
+                        Ok(_) => Ok(()),
+                        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                        Err(e) => Err(Error::kube(format!("floor: deleting pod {ns}/{name}"))(e)),
+                    }
+                }
+            });
+            future::join_all(deletes)
+                .await
+                .into_iter()
+                .collect::<Result<()>>()?;
+            let creates = pods.iter().map(|p| {
+                let api = api.clone();
+                async move {
+                    api.create(&PostParams::default(), p)
+                        .await
+                        .map(|_| ())
+                        .map_err(Error::kube(format!(
+                            "floor: creating pod {ns}/{}",
+                            p.name_any()
+                        )))
+                }
+            });
+            future::join_all(creates)
+                .await
+                .into_iter()
+                .collect::<Result<()>>()?;
             Ok((job, at))
         }
     });
