@@ -814,13 +814,14 @@ impl Context {
     }
 
     /// Replaces the cached (stripped) sibling a missing rank copies its placement from with the
-    /// whole pod read from the API server, when [`sibling_to_read`] says one is needed.
+    /// whole pod read from the API server, when [`sibling_to_read`] says one is needed; says
+    /// whether it did.
     async fn read_sibling_whole(
         &self,
         job: &ValidJob,
         attempt: u32,
         observed: &mut Observed,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let ns = job.namespace.as_str();
         let held = |rank| {
             self.expectations
@@ -828,7 +829,7 @@ impl Context {
                 .is_some()
         };
         let Some(name) = sibling_to_read(&observed.pods, attempt, job.spec.workers, held) else {
-            return Ok(());
+            return Ok(false);
         };
         let whole = Api::<Pod>::namespaced(self.client.clone(), ns)
             .get(&name)
@@ -842,7 +843,7 @@ impl Context {
             .find(|p| p.metadata.name.as_deref() == Some(name.as_str()) && p.uid() == whole.uid())
             .ok_or_else(|| Error::StaleCache(format!("{ns}/{name}")))?;
         *cached = Arc::new(whole);
-        Ok(())
+        Ok(true)
     }
 
     /// Drops the actions on objects whose last write the caches do not show yet, and says how
@@ -1099,9 +1100,20 @@ async fn reconcile_inner(
     };
 
     let mut observed = ctx.observe(&valid, &current, now);
-    ctx.read_sibling_whole(&valid, current.attempt, &mut observed)
-        .await?;
-    let decided = plan::decide(&valid, &observed, &current, &ctx.config);
+    let mut decided = plan::decide(&valid, &observed, &current, &ctx.config);
+    // Pods to create that copy a sibling's placement need the sibling whole; decided again
+    // with it (rare: see sibling_to_read).
+    let creates = decided
+        .actions
+        .iter()
+        .any(|a| matches!(a, PlanAction::CreatePod(_)));
+    if creates
+        && ctx
+            .read_sibling_whole(&valid, decided.status.attempt, &mut observed)
+            .await?
+    {
+        decided = plan::decide(&valid, &observed, &current, &ctx.config);
+    }
 
     let mut write_later = None;
     let write_now = match plan::status_write(
