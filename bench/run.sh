@@ -25,7 +25,7 @@ mkdir -p "$OUT"
 
 echo "bench: building release binaries"
 cargo build --release -p trainyard-operator -p trainyard-bench
-BENCH=$ROOT/target/release/trainyard-bench
+BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/release/trainyard-bench
 
 was_up=0
 if [[ ${TRAINYARD_E2E_EXISTING:-0} == 1 ]] ||
