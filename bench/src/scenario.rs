@@ -435,19 +435,28 @@ async fn phases(
                 "restart floor done"
             );
         }
-        // Free the GPUs for the operator's pods.
-        Api::<Pod>::namespaced(client.clone(), &floor_ns)
-            .delete_collection(
-                &DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..DeleteParams::default()
-                },
-                &ListParams::default(),
-            )
+        // Free the GPUs for the operator's pods. One DeleteCollection of thousands of pods can
+        // outlast the API server's etcd deadline on a busy machine: it is repeated until it
+        // goes through (what it deleted before failing stays deleted).
+        let floor_api = Api::<Pod>::namespaced(client.clone(), &floor_ns);
+        let force = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        let mut tries = 0;
+        while let Err(e) = floor_api
+            .delete_collection(&force, &ListParams::default())
             .await
-            .map_err(Error::kube(format!(
-                "deleting the floor's pods in {floor_ns}"
-            )))?;
+        {
+            tries += 1;
+            if tries >= 5 {
+                return Err(Error::kube(format!(
+                    "deleting the floor's pods in {floor_ns} ({tries} tries)"
+                ))(e));
+            }
+            tracing::warn!(error = %e, "deleting the floor's pods; trying again");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
         tracker
             .wait_until(
                 "the floor's pods to be deleted",
