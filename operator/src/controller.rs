@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, TryStreamExt, future, stream};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Container, Node, PersistentVolumeClaim, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{
@@ -30,6 +30,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
+use crate::cached_pod::CachedPod;
 use crate::config::OperatorConfig;
 use crate::crd::{LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
@@ -87,7 +88,7 @@ pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 16;
 struct Context {
     client: Client,
     config: OperatorConfig,
-    pods: Store<Pod>,
+    pods: Store<CachedPod>,
     nodes: Store<Node>,
     services: Store<PartialObjectMeta<Service>>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
@@ -258,33 +259,6 @@ fn strip_node(node: &mut Node) {
     }
 }
 
-/// Keeps only what the operator reads from a cached pod: metadata (less
-/// managedFields and annotations), `nodeName`, container names (which one is the
-/// trainer), and the whole status (the classifier). The rest of a worker's spec
-/// (environment, volumes, resources, commands, and the affinity and tolerations
-/// that are most of what remains) is most of its size, and the cache holds every
-/// worker of every job. The one decision that reads a pod's placement, a missing
-/// rank joining its siblings, reads the sibling whole ([`sibling_to_read`]).
-fn strip_pod(pod: &mut Pod) {
-    pod.managed_fields_mut().clear();
-    pod.metadata.annotations = None;
-    if let Some(spec) = pod.spec.take() {
-        let containers = spec
-            .containers
-            .into_iter()
-            .map(|c| Container {
-                name: c.name,
-                ..Container::default()
-            })
-            .collect();
-        pod.spec = Some(PodSpec {
-            node_name: spec.node_name,
-            containers,
-            ..PodSpec::default()
-        });
-    }
-}
-
 /// The pod whose placement a missing rank of the current attempt would copy (the lowest rank
 /// present, as [`plan::decide`] picks it), when some missing rank is not one this operator has
 /// just created (`held`): only then do the cached pods, stripped of their placement, not
@@ -349,13 +323,13 @@ fn node_fingerprint(node: &Node) -> u64 {
 /// The jobs a node change concerns: those with pods on it, and those waiting for nodes.
 fn jobs_for_node(
     node: &str,
-    pods: &Store<Pod>,
+    pods: &Store<CachedPod>,
     jobs: &Store<DeserializeGuard<TrainingJob>>,
 ) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
     let mut refs: Vec<ObjectRef<DeserializeGuard<TrainingJob>>> = pods
         .state()
         .iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|p| p.node_name() == Some(node))
         .filter_map(|p| {
             let job = p.labels().get(LABEL_JOB)?;
             Some(ObjectRef::new(job).within(p.namespace().as_deref().unwrap_or_default()))
@@ -391,9 +365,9 @@ async fn run_controller(
     let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
 
     let (pod_store, pod_writer) = reflector::store();
-    let seen = seen_by::<Pod>(expectations.clone(), Kind::Pod);
-    let pod_stream = watcher(api::<Pod>(&client, ns), wc().labels(LABEL_JOB))
-        .modify(strip_pod)
+    let seen = seen_by::<CachedPod>(expectations.clone(), Kind::Pod);
+    let pod_stream = watcher(api::<CachedPod>(&client, ns), wc().labels(LABEL_JOB))
+        .modify(CachedPod::strip)
         .reflect(pod_writer)
         .default_backoff()
         .touched_objects()
@@ -525,10 +499,7 @@ async fn run_controller(
         instance: Some(config.instance.clone()),
     };
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
-    let publisher = tokio::spawn(publish_events(
-        Recorder::new(client.clone(), reporter),
-        events_rx,
-    ));
+    let publisher = tokio::spawn(publish_events(client.clone(), reporter, events_rx));
     let ctx = Arc::new(Context {
         client: client.clone(),
         config: config.operator.clone(),
@@ -576,11 +547,20 @@ async fn run_controller(
 }
 
 /// Publishes queued Events, a few batches at once, each batch in order.
-async fn publish_events(recorder: Recorder, mut batches: tokio::sync::mpsc::Receiver<EventBatch>) {
+///
+/// Each batch gets a Recorder of its own. A shared one keeps every Event it published for six
+/// minutes, to turn a repeat into a series: 9 MB of the operator's peak heap at 1,000 jobs
+/// (heaptrack), and a repeat of one of our Events would keep the first one's note. The
+/// operator publishes an Event per transition, never the same one again, so it needs no series.
+async fn publish_events(
+    client: Client,
+    reporter: Reporter,
+    mut batches: tokio::sync::mpsc::Receiver<EventBatch>,
+) {
     let batches = stream::poll_fn(move |cx| batches.poll_recv(cx));
     batches
         .for_each_concurrent(EVENT_PUBLISHERS, |(reference, events)| {
-            let recorder = &recorder;
+            let recorder = Recorder::new(client.clone(), reporter.clone());
             async move {
                 for e in events {
                     let event = Event {
@@ -746,7 +726,7 @@ impl Context {
             if let Some(pod) = self.pods.get(&ObjectRef::new(&name).within(ns)) {
                 let ours = pod.owner_references().iter().any(|o| o.uid == job.uid);
                 if ours {
-                    pods.push(pod);
+                    pods.push(Arc::new(pod.to_pod()));
                 } else {
                     foreign_pods.push(name);
                 }
@@ -1201,66 +1181,6 @@ async fn reconcile_inner(
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn stripped_pods_classify_like_full_ones() {
-        use crate::preemption::{ClassifierConfig, NodeView, classify, trainer_container};
-        let full: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "j-worker-1", "labels": {"trainyard.dev/job": "j"},
-                         "annotations": {"big": "x".repeat(4096)}},
-            "spec": {
-                "nodeName": "n",
-                "containers": [
-                    {"name": "sidecar", "image": "s"},
-                    {"name": "trainer", "image": "t", "command": ["python", "train.py"],
-                     "env": [{"name": "WORLD_SIZE", "value": "8"}],
-                     "volumeMounts": [{"name": "ckpt", "mountPath": "/mnt"}]},
-                ],
-                "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}}],
-                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
-                    {"nodeSelectorTerms": [{"matchExpressions": [
-                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}]}]}}},
-                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-            },
-            "status": {
-                "phase": "Failed",
-                "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}],
-                "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "t", "imageID": "",
-                    "state": {"terminated": {"exitCode": 143}}}],
-            },
-        }))
-        .expect("valid pod");
-        let mut stripped = full.clone();
-        strip_pod(&mut stripped);
-
-        let n = node(json!({}), "True", "2026-11-21T00:00:00Z");
-        let now = jiff::Timestamp::now();
-        let config = ClassifierConfig::from_config(&crate::config::OperatorConfig::default());
-        assert_eq!(
-            format!(
-                "{:?}",
-                classify(&stripped, NodeView::Present(&n), &config, now)
-            ),
-            format!("{:?}", classify(&full, NodeView::Present(&n), &config, now)),
-        );
-        assert_eq!(trainer_container(&stripped), Some("trainer"));
-        let (s, f) = (
-            stripped.spec.as_ref().expect("spec"),
-            full.spec.as_ref().expect("spec"),
-        );
-        assert_eq!(s.node_name, f.node_name);
-        assert_eq!(stripped.status, full.status);
-        assert_eq!(stripped.metadata.labels, full.metadata.labels);
-        // What no decision reads is gone; placement is read whole when needed (sibling_to_read).
-        assert!(s.volumes.is_none());
-        assert!(s.affinity.is_none() && s.tolerations.is_none());
-        assert!(
-            s.containers
-                .iter()
-                .all(|c| c.env.is_none() && c.command.is_none() && c.image.is_none())
-        );
-        assert!(stripped.metadata.annotations.is_none());
-    }
 
     fn worker(rank: u32, attempt: u32) -> Arc<Pod> {
         Arc::new(

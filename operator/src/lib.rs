@@ -8,6 +8,7 @@
 //! and applies the actions.
 #![forbid(unsafe_code)]
 
+pub mod cached_pod;
 pub mod config;
 pub mod controller;
 pub mod crd;
