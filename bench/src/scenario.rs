@@ -367,24 +367,7 @@ async fn phases(
         let results: Vec<Result<()>> = stream::iter(floor_pods)
             .map(|job_pods| {
                 let api = api.clone();
-                async move {
-                    let creates = job_pods.into_iter().map(|p| {
-                        let api = api.clone();
-                        async move {
-                            api.create(&PostParams::default(), &p)
-                                .await
-                                .map(|_| ())
-                                .map_err(Error::kube(format!(
-                                    "floor: creating pod {}",
-                                    p.name_any()
-                                )))
-                        }
-                    });
-                    future::join_all(creates)
-                        .await
-                        .into_iter()
-                        .collect::<Result<()>>()
-                }
+                async move { create_pods(&api, &job_pods).await }
             })
             .buffer_unordered(params.concurrency)
             .collect()
@@ -420,6 +403,23 @@ async fn phases(
             let restarted = restart_directly(&api, &floor_ns, restarted_pods, params).await?;
             let recovered =
                 wait_recovered(&tracker, &restarted, params.workers, params.phase_timeout).await?;
+            // Let the scheduler bind them before they are deleted: binding pods that are gone
+            // would still occupy it when the operator's pods arrive (seen: a scheduled ratio of
+            // 1.74 instead of about 1.0 at 100 jobs).
+            tracker
+                .wait_until(
+                    "the restart floor's pods to be scheduled",
+                    params.phase_timeout,
+                    |pods| {
+                        let left = pods.filter(|p| !p.deleted && p.scheduled.is_none()).count();
+                        if left == 0 {
+                            Ok(())
+                        } else {
+                            Err(format!("{left} not scheduled"))
+                        }
+                    },
+                )
+                .await?;
             let mut seconds: Vec<f64> = recovered.values().copied().collect();
             seconds.sort_by(f64::total_cmp);
             report.floor_recovery = Some(Recovery {
@@ -1103,6 +1103,17 @@ async fn preempt(
     future::join_all(burst).await.into_iter().collect()
 }
 
+/// Creates one job's pods at once, as the floor's minimal client.
+async fn create_pods(api: &Api<Pod>, pods: &[Pod]) -> Result<()> {
+    let creates = pods.iter().map(|p| async move {
+        api.create(&PostParams::default(), p)
+            .await
+            .map(|_| ())
+            .map_err(Error::kube(format!("floor: creating pod {}", p.name_any())))
+    });
+    future::join_all(creates).await.into_iter().collect()
+}
+
 /// The restart floor: for each job at once, what a restart minimally costs the API server with
 /// no controller in the loop: the preemption itself (DisruptionTarget, then delete, as in
 /// [`preempt`]), the other workers deleted with grace period 0 and the next attempt's pods
@@ -1151,22 +1162,7 @@ async fn restart_directly(
                 .await
                 .into_iter()
                 .collect::<Result<()>>()?;
-            let creates = pods.iter().map(|p| {
-                let api = api.clone();
-                async move {
-                    api.create(&PostParams::default(), p)
-                        .await
-                        .map(|_| ())
-                        .map_err(Error::kube(format!(
-                            "floor: creating pod {ns}/{}",
-                            p.name_any()
-                        )))
-                }
-            });
-            future::join_all(creates)
-                .await
-                .into_iter()
-                .collect::<Result<()>>()?;
+            create_pods(&api, &pods).await?;
             Ok((job, at))
         }
     });
