@@ -146,6 +146,24 @@ pub struct Recovery {
     pub operator_histogram_mean_seconds: Option<f64>,
 }
 
+impl Recovery {
+    /// Percentiles of per-job recovery seconds.
+    fn from_seconds(
+        preempted: u32,
+        mut seconds: Vec<f64>,
+        operator_histogram_mean_seconds: Option<f64>,
+    ) -> Self {
+        seconds.sort_by(f64::total_cmp);
+        Self {
+            preempted,
+            p50_seconds: percentile(&seconds, 50.0),
+            p99_seconds: percentile(&seconds, 99.0),
+            max_seconds: seconds.last().copied().unwrap_or_default(),
+            operator_histogram_mean_seconds,
+        }
+    }
+}
+
 /// The operator's /proc figures at the end of each phase.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct OperatorUsage {
@@ -420,20 +438,14 @@ async fn phases(
                     },
                 )
                 .await?;
-            let mut seconds: Vec<f64> = recovered.values().copied().collect();
-            seconds.sort_by(f64::total_cmp);
-            report.floor_recovery = Some(Recovery {
-                preempted: params.preempt,
-                p50_seconds: percentile(&seconds, 50.0),
-                p99_seconds: percentile(&seconds, 99.0),
-                max_seconds: seconds.last().copied().unwrap_or_default(),
-                operator_histogram_mean_seconds: None,
-            });
+            let floor_recovery =
+                Recovery::from_seconds(params.preempt, recovered.into_values().collect(), None);
             tracing::info!(
-                p50 = percentile(&seconds, 50.0),
-                p99 = percentile(&seconds, 99.0),
+                p50 = floor_recovery.p50_seconds,
+                p99 = floor_recovery.p99_seconds,
                 "restart floor done"
             );
+            report.floor_recovery = Some(floor_recovery);
         }
         // Free the GPUs for the operator's pods. One DeleteCollection of thousands of pods can
         // outlast the API server's etcd deadline on a busy machine: it is repeated until it
@@ -591,8 +603,6 @@ async fn phases(
             sampler.between(&cpu0, &sampler.sample()),
         );
         operator.check_alive()?;
-        let mut seconds: Vec<f64> = recovered.values().copied().collect();
-        seconds.sort_by(f64::total_cmp);
         let metrics = operator.metrics().await.unwrap_or_default();
         let hist_mean = match (
             metric_value(
@@ -607,20 +617,16 @@ async fn phases(
             (Some(sum), Some(count)) if count > 0.0 => Some(sum / count),
             _ => None,
         };
-        report.recovery = Some(Recovery {
-            preempted: params.preempt,
-            p50_seconds: percentile(&seconds, 50.0),
-            p99_seconds: percentile(&seconds, 99.0),
-            max_seconds: seconds.last().copied().unwrap_or_default(),
-            operator_histogram_mean_seconds: hist_mean,
-        });
-        usage.recovered = Some(operator.usage()?);
-        requests.preemption = Some(proxy.counts().since(&after_running));
+        let recovery =
+            Recovery::from_seconds(params.preempt, recovered.into_values().collect(), hist_mean);
         tracing::info!(
-            p50 = percentile(&seconds, 50.0),
-            p99 = percentile(&seconds, 99.0),
+            p50 = recovery.p50_seconds,
+            p99 = recovery.p99_seconds,
             "recovery done"
         );
+        report.recovery = Some(recovery);
+        usage.recovered = Some(operator.usage()?);
+        requests.preemption = Some(proxy.counts().since(&after_running));
     }
 
     if let Some(perf) = perf {
@@ -1077,30 +1083,35 @@ async fn preempt(
             let job = format!("job-{i:05}");
             let pod = validate::pod_name(&job, i % params.workers);
             let at = Instant::now();
-            let now = Timestamp::now().to_string();
-            let patch = json!({"status": {"conditions": [{
-                "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-                "message": "trainyard-bench: simulated spot preemption", "lastTransitionTime": now,
-            }]}});
-            api.patch_status(&pod, &PatchParams::default(), &Patch::Strategic(&patch))
-                .await
-                .map_err(Error::kube(format!(
-                    "setting DisruptionTarget on pod {ns}/{pod}"
-                )))?;
-            let dp = DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            };
-            match api.delete(&pod, &dp).await {
-                Ok(_) => {}
-                // The operator may have deleted it first.
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(Error::kube(format!("deleting pod {ns}/{pod}"))(e)),
-            }
+            preempt_pod(&api, ns, &pod).await?;
             Ok((job, at))
         }
     });
     future::join_all(burst).await.into_iter().collect()
+}
+
+/// A spot preemption of one pod as a newer kubelet reports it: DisruptionTarget, then deleted
+/// with grace period 0 (gone already is fine: the operator may have deleted it first).
+async fn preempt_pod(api: &Api<Pod>, ns: &str, pod: &str) -> Result<()> {
+    let patch = json!({"status": {"conditions": [{
+        "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+        "message": "trainyard-bench: simulated spot preemption",
+        "lastTransitionTime": Timestamp::now().to_string(),
+    }]}});
+    api.patch_status(pod, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .map_err(Error::kube(format!(
+            "setting DisruptionTarget on pod {ns}/{pod}"
+        )))?;
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    match api.delete(pod, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting pod {ns}/{pod}"))(e)),
+    }
 }
 
 /// Creates one job's pods at once, as the floor's minimal client.
@@ -1130,20 +1141,7 @@ async fn restart_directly(
             let job = format!("job-{i:05}");
             let preempted = validate::pod_name(&job, i as u32 % params.workers);
             let at = Instant::now();
-            let patch = json!({"status": {"conditions": [{
-                "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-                "message": "trainyard-bench: simulated spot preemption",
-                "lastTransitionTime": Timestamp::now().to_string(),
-            }]}});
-            api.patch_status(
-                &preempted,
-                &PatchParams::default(),
-                &Patch::Strategic(&patch),
-            )
-            .await
-            .map_err(Error::kube(format!(
-                "floor: setting DisruptionTarget on pod {ns}/{preempted}"
-            )))?;
+            preempt_pod(&api, ns, &preempted).await?;
             let dp = DeleteParams {
                 grace_period_seconds: Some(0),
                 ..DeleteParams::default()
