@@ -32,7 +32,9 @@ use serde_json::json;
 
 use crate::cached_pod::CachedPod;
 use crate::config::OperatorConfig;
-use crate::crd::{LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobStatus};
+use crate::crd::{
+    LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, Phase, RestartReason, TrainingJob, TrainingJobStatus,
+};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::leader::{LeaderElection, Leadership};
@@ -270,13 +272,10 @@ fn sibling_to_read(
     workers: u32,
     held: impl Fn(u32) -> bool,
 ) -> Option<String> {
-    let label = |pod: &Pod, key: &str| -> Option<u32> {
-        pod.labels().get(key).and_then(|v| v.parse().ok())
-    };
     let mut present: Vec<(u32, &Arc<Pod>)> = pods
         .iter()
-        .filter(|p| label(p, crate::crd::LABEL_ATTEMPT) == Some(attempt))
-        .filter_map(|p| Some((label(p, crate::crd::LABEL_RANK)?, p)))
+        .filter(|p| plan::label_u32(p, LABEL_ATTEMPT) == Some(attempt))
+        .filter_map(|p| Some((plan::label_u32(p, LABEL_RANK)?, p)))
         .filter(|(rank, _)| *rank < workers)
         .collect();
     present.sort_by_key(|(rank, _)| *rank);
@@ -858,7 +857,6 @@ impl Context {
 
     async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> Result<(), Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let apply = PatchParams::apply(FIELD_MANAGER).force();
         let mut ops = Vec::new();
         let mut targets = Vec::new();
         for action in actions {
@@ -869,34 +867,10 @@ impl Context {
             targets.push((kind, name.to_owned()));
             match action {
                 PlanAction::ApplyService(svc) => {
-                    let api = Api::<Service>::namespaced(self.client.clone(), ns);
-                    let apply = apply.clone();
-                    ops.push(
-                        async move {
-                            let name = svc.name_any();
-                            api.patch(&name, &apply, &Patch::Apply(&*svc))
-                                .await
-                                .map(|_| true)
-                                .map_err(Error::kube(format!("applying Service {ns}/{name}")))
-                        }
-                        .boxed(),
-                    );
+                    ops.push(apply(self.client.clone(), ns, *svc).boxed());
                 }
                 PlanAction::ApplyPvc(claim) => {
-                    let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns);
-                    let apply = apply.clone();
-                    ops.push(
-                        async move {
-                            let name = claim.name_any();
-                            api.patch(&name, &apply, &Patch::Apply(&*claim))
-                                .await
-                                .map(|_| true)
-                                .map_err(Error::kube(format!(
-                                    "applying PersistentVolumeClaim {ns}/{name}"
-                                )))
-                        }
-                        .boxed(),
-                    );
+                    ops.push(apply(self.client.clone(), ns, *claim).boxed());
                 }
                 PlanAction::CreatePod(pod) => {
                     let pods = pods.clone();
@@ -919,14 +893,11 @@ impl Context {
                     );
                 }
                 PlanAction::DeletePod { name, uid } => {
-                    ops.push(self.delete_pod(pods.clone(), ns, name, uid, None).boxed());
+                    ops.push(delete_pod(pods.clone(), ns, name, uid, None).boxed());
                 }
                 PlanAction::ForceDeletePod { name, uid } => {
                     tracing::warn!(pod = %name, namespace = ns, "force-deleting a pod stuck on a lost node");
-                    ops.push(
-                        self.delete_pod(pods.clone(), ns, name, uid, Some(0))
-                            .boxed(),
-                    );
+                    ops.push(delete_pod(pods.clone(), ns, name, uid, Some(0)).boxed());
                 }
             }
         }
@@ -961,29 +932,51 @@ fn action_target(action: &PlanAction) -> (Kind, &str) {
     }
 }
 
-impl Context {
-    async fn delete_pod(
-        &self,
-        pods: Api<Pod>,
-        ns: &str,
-        name: String,
-        uid: Option<String>,
-        grace: Option<u32>,
-    ) -> Result<bool, Error> {
-        let dp = DeleteParams {
-            grace_period_seconds: grace,
-            preconditions: uid.map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match pods.delete(&name, &dp).await {
-            Ok(_) => Ok(true),
-            // Gone already, or a different incarnation: nothing of ours to delete.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-            Err(e) => Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
-        }
+/// Server-side applies an object the operator owns; true once it is written.
+async fn apply<K>(client: Client, ns: &str, object: K) -> Result<bool, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = object.name_any();
+    Api::<K>::namespaced(client, ns)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .map(|_| true)
+        .map_err(Error::kube(format!(
+            "applying {} {ns}/{name}",
+            K::kind(&())
+        )))
+}
+
+/// Deletes a pod (this incarnation only, when `uid` is given); true once it was deleted.
+async fn delete_pod(
+    pods: Api<Pod>,
+    ns: &str,
+    name: String,
+    uid: Option<String>,
+    grace: Option<u32>,
+) -> Result<bool, Error> {
+    let dp = DeleteParams {
+        grace_period_seconds: grace,
+        preconditions: uid.map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(&name, &dp).await {
+        Ok(_) => Ok(true),
+        // Gone already, or a different incarnation: nothing of ours to delete.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) => Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
     }
 }
 
@@ -1123,28 +1116,28 @@ async fn reconcile_inner(
         lock(&ctx.detected).insert(uid.clone(), (decided.status.attempt, Instant::now()));
         tracing::info!(job = %format!("{ns}/{}", valid.name), attempt = decided.status.attempt, reason = reason.as_str(), "gang restart");
     }
-    // A decision that deletes (a restart, a failure, a suspend) is persisted before anything acts
-    // on it: deleted workers must never look like preempted ones after a crash. Creating is
-    // idempotent by pod name and re-derived from what exists, so creates go out together with
-    // the status write instead of a round trip after it.
     let (actions, held_for) = ctx.hold_back_unobserved(&ns, decided.actions);
     if let Some(held) = held_for {
         write_later = Some(write_later.map_or(held, |w: Duration| w.min(held)));
     }
-    let deletes = actions.iter().any(PlanAction::deletes);
-    let acted = if write_now && (deletes || decided.restart.is_some()) {
-        ctx.write_status(job, &decided.status).await?;
+    let write = async {
+        if write_now {
+            ctx.write_status(job, &decided.status).await
+        } else {
+            Ok(())
+        }
+    };
+    // A decision that deletes (a restart, a failure, a suspend) is persisted before anything acts
+    // on it: deleted workers must never look like preempted ones after a crash. Creating is
+    // idempotent by pod name and re-derived from what exists, so creates go out together with
+    // the status write instead of a round trip after it.
+    let acted = if decided.restart.is_some() || actions.iter().any(PlanAction::deletes) {
+        write.await?;
         ctx.execute(&ns, actions).await
-    } else if write_now {
-        let (wrote, acted) = future::join(
-            ctx.write_status(job, &decided.status),
-            ctx.execute(&ns, actions),
-        )
-        .await;
+    } else {
+        let (wrote, acted) = future::join(write, ctx.execute(&ns, actions)).await;
         wrote?;
         acted
-    } else {
-        ctx.execute(&ns, actions).await
     };
     ctx.publish(&reference, decided.events).await;
     acted?;

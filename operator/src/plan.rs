@@ -255,7 +255,8 @@ fn mark_invalid(
     }
 }
 
-fn label_u32(pod: &Pod, key: &str) -> Option<u32> {
+/// A numeric label of a pod (`trainyard.dev/rank`, `trainyard.dev/attempt`).
+pub(crate) fn label_u32(pod: &Pod, key: &str) -> Option<u32> {
     pod.metadata.labels.as_ref()?.get(key)?.parse().ok()
 }
 
