@@ -31,7 +31,7 @@ prereqs:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 unit:
 	$(CARGO) test --workspace

@@ -91,3 +91,19 @@ done
 
 "$BENCH" render-doc "${reports[@]}" "${missing[@]}" "${dp[@]}" --command "make bench" --doc docs/benchmarks.md
 echo "bench: wrote docs/benchmarks.md"
+
+# The timing guards: each compares two timings of one run and fails when the ratio gets 3x
+# worse than recorded. Their verdict moves with the machine's load, which is why they run
+# here and not in `make test` (that one guards counts: bench/tests/operator_count_guard.rs).
+echo "bench: timing guards (device plugin, operator / floor)"
+guards_ok=1
+cargo test -p trainyard-device-plugin --features timing-guards --test regression_guard \
+  -- --nocapture >"$OUT/guard-device-plugin.log" 2>&1 || guards_ok=0
+cargo build -p trainyard-operator
+cargo test -p trainyard-bench --features timing-guards --test operator_ratio_guard \
+  -- --ignored --nocapture >"$OUT/guard-operator.log" 2>&1 || guards_ok=0
+grep -h 'ratio' "$OUT"/guard-*.log || true
+if [[ $guards_ok == 0 ]]; then
+  echo "bench: a timing guard failed; see target/bench/guard-*.log" >&2
+  exit 1
+fi

@@ -1,12 +1,14 @@
 //! Regression guard for the operator benchmark: a seconds-long run of the same harness as
 //! `make bench`, at a small size, that fails only when the operator's cost relative to the
 //! floor (the same pods created directly, in the same run) gets 3× worse than recorded.
-//! Absolute times are never asserted: they depend on the machine and on what else runs.
+//! Absolute times are never asserted, but a time ratio still moves with the machine's load
+//! (a cold CI run once measured 6.79 against a limit of 6.6), so this guard runs in
+//! `make bench` only (`--features timing-guards`). `make test` runs the count guard in
+//! `operator_count_guard.rs`, whose verdict does not depend on load.
 
-use std::path::PathBuf;
-use std::time::Duration;
+mod common;
 
-use trainyard_bench::scenario::{self, OperatorBenchParams};
+use trainyard_bench::scenario;
 
 /// operator / floor, time to every pod created, at 10 jobs × 2 workers on 5 fake nodes with
 /// debug builds. Recorded on 2026-11-21 on the 2-CPU development machine (shared with other
@@ -20,41 +22,13 @@ const BASELINE_REQUEST_RATIO: f64 = 2.7;
 /// How much worse than the baseline a ratio may get before the guard fails.
 const REGRESSION_FACTOR: f64 = 3.0;
 
-/// trainyard-operator of the same build profile: tests run from target/<profile>/deps/.
-fn operator_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary has a path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let bin = profile_dir.join("trainyard-operator");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it first (`cargo build -p trainyard-operator`; `make test` does)",
-        bin.display()
-    );
-    bin
-}
-
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn operator_to_floor_ratios_stay_within_3x_of_the_baseline() {
     let client = trainyard_e2e::client()
         .await
         .expect("a client for the local cluster");
-    let params = OperatorBenchParams {
-        jobs: 10,
-        workers: 2,
-        nodes: 5,
-        gpus_per_worker: 1,
-        preempt: 0,
-        concurrency: 16,
-        operator_bin: operator_binary(),
-        phase_timeout: Duration::from_secs(120),
-        work_dir: trainyard_e2e::repo_root().join("target/bench-guard"),
-        leader_elect: false,
-        perf_record: None,
-    };
+    let params = common::small_run(10, 0, "target/bench-guard");
     let report = scenario::run(&client, &params, std::future::pending()).await;
     assert!(
         report.error.is_none(),

@@ -1,4 +1,6 @@
-//! A seconds-long guard on the hot paths that runs with `cargo test`.
+//! A seconds-long timing guard on the hot paths, run by `make bench`
+//! (`cargo test -p trainyard-device-plugin --features timing-guards --test regression_guard`).
+//! Its verdict depends on the machine's load, so `make test` never runs it.
 //!
 //! It asserts no absolute time. Each check compares two timings taken in the
 //! same run on the same machine and fails only when their ratio grows to

@@ -1,0 +1,131 @@
+//! Cost guard for the operator, run by `make test` against the local cluster: a small run of
+//! the `make bench` harness (10 jobs × 2 workers on 5 fake nodes, 2 of them preempted) that
+//! counts what the operator asks of the API server and how often it reconciles.
+//!
+//! It asserts counts only, never a time or a time ratio: how many requests, status writes and
+//! reconciles a job costs does not depend on how busy the machine is (the batching window of
+//! `status.workers` detail can only merge writes on a slow machine, never add any). The
+//! timing guard (`operator_ratio_guard.rs`) runs in `make bench`.
+
+mod common;
+
+use trainyard_bench::scenario::{self, OperatorBenchReport};
+
+const JOBS: u32 = 10;
+const WORKERS: u32 = 2;
+const PREEMPT: u32 = 2;
+
+/// Upper bounds per job. Recorded on 2026-11-22 on the 2-CPU development machine in three
+/// runs of `cargo test -p trainyard-bench --test operator_count_guard -- --ignored --nocapture`
+/// (each bound quotes them); each leaves room for about twice the recorded value, so that only
+/// a real regression (a request more per pod, batching lost, a reconcile loop) trips it.
+struct Bounds {
+    /// All requests while creating. Recorded: 5.2, 5.7, 5.2 (2 pod creates, 1 Service
+    /// apply, 1 status apply, 1–2 Events).
+    requests_creating: f64,
+    /// `trainingjobs/status` writes while creating. Recorded: 1.0 in each run (2.0–2.8 at
+    /// 100 and 1,000 jobs in `make bench`, where workers are seen over several batches).
+    status_writes_creating: f64,
+    /// Reconciles over the whole run (creating, Running, preemption). Recorded: 5.2, 7.0, 4.9.
+    reconciles: f64,
+}
+
+const BOUNDS: Bounds = Bounds {
+    requests_creating: 11.0,
+    status_writes_creating: 3.0,
+    reconciles: 15.0,
+};
+
+fn per_job(count: u64, jobs: u32) -> f64 {
+    count as f64 / f64::from(jobs)
+}
+
+fn status_writes(counts: &trainyard_bench::proxy::RequestCounts) -> u64 {
+    ["apply", "patch", "update"]
+        .iter()
+        .map(|verb| counts.get(verb, "trainingjobs/status"))
+        .sum()
+}
+
+fn metric(report: &OperatorBenchReport, name: &str) -> f64 {
+    report
+        .operator_metrics
+        .get(name)
+        .copied()
+        .unwrap_or_else(|| panic!("the operator exported {name}"))
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn operator_requests_status_writes_and_reconciles_per_job_stay_bounded() {
+    let client = trainyard_e2e::client()
+        .await
+        .expect("a client for the local cluster");
+    let params = common::small_run(JOBS, PREEMPT, "target/count-guard");
+    let report = scenario::run(&client, &params, std::future::pending()).await;
+    assert!(
+        report.error.is_none(),
+        "the benchmark run failed: {:?}",
+        report.error
+    );
+    let creating = &report
+        .operator
+        .as_ref()
+        .expect("the operator's creation was measured")
+        .requests;
+    let requests = report
+        .requests
+        .as_ref()
+        .expect("the operator's requests were counted");
+    let preemption = requests
+        .preemption
+        .as_ref()
+        .expect("the preemption's requests were counted");
+
+    let pod_creates = creating.get("create", "pods");
+    let preemption_creates = preemption.get("create", "pods");
+    let requests_creating = per_job(creating.total(), JOBS);
+    let status_writes_creating = per_job(status_writes(creating), JOBS);
+    let reconciles = metric(&report, "trainyard_operator_reconciles_total") / f64::from(JOBS);
+    println!(
+        "per job: {requests_creating:.2} requests and {status_writes_creating:.2} status writes \
+         while creating, {reconciles:.2} reconciles; pod creates {pod_creates} while creating, \
+         {preemption_creates} after {PREEMPT} preemptions; creating: {creating:?}; \
+         preemption: {preemption:?}"
+    );
+
+    // Every pod is created exactly once: a duplicate create (even one answered 409) means
+    // the expectations stopped holding back a repeat.
+    assert_eq!(
+        pod_creates,
+        u64::from(JOBS * WORKERS),
+        "pod creates while creating"
+    );
+    assert_eq!(
+        preemption_creates,
+        u64::from(PREEMPT * WORKERS),
+        "pod creates for the preempted jobs' next attempts"
+    );
+    // A metric family with no series yet: no reconcile has failed.
+    let errors = report
+        .operator_metrics
+        .get("trainyard_operator_reconcile_errors_total")
+        .copied()
+        .unwrap_or(0.0);
+    assert_eq!(errors, 0.0, "reconcile errors");
+    assert!(
+        requests_creating <= BOUNDS.requests_creating,
+        "{requests_creating:.2} API requests per job while creating (bound {})",
+        BOUNDS.requests_creating
+    );
+    assert!(
+        status_writes_creating <= BOUNDS.status_writes_creating,
+        "{status_writes_creating:.2} status writes per job while creating (bound {})",
+        BOUNDS.status_writes_creating
+    );
+    assert!(
+        reconciles <= BOUNDS.reconciles,
+        "{reconciles:.2} reconciles per job (bound {})",
+        BOUNDS.reconciles
+    );
+}
