@@ -6,6 +6,7 @@ PY    := $(VENV)/bin/python
 E2E_STATE ?= /var/lib/trainyard-e2e
 CLUSTER_KUBECONFIG := $(E2E_STATE)/kubeconfig
 CARGO ?= cargo
+NODE2 := trainyard-node-2
 
 .PHONY: test demo bench prereqs lint unit chart-test e2e crds images cluster-up cluster-down clean-cluster
 
@@ -42,10 +43,11 @@ chart-test:
 ## Cluster tests are #[ignore]d in plain `cargo test`; here they run against the
 ## local cluster. The cluster is stopped afterwards, also when a test fails.
 ## Component tests (in-process operator, fake nodes) run first; the Helm
-## scenarios last, since the chart's operator watches every namespace.
+## scenarios last, since the chart's operator watches every namespace. The spot
+## node (node 2) is cordoned for all but the two-node scenarios, which uncordon it.
 e2e:
 	$(CARGO) build --workspace --bins
-	bash e2e/with-cluster.sh bash -c '$(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored'
+	bash e2e/with-cluster.sh bash -c 'kubectl cordon $(NODE2) >/dev/null && $(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored'
 
 crds:
 	$(CARGO) run -q -p trainyard-operator -- crd > crds/trainingjob.yaml

@@ -25,7 +25,7 @@ trap cleanup EXIT INT TERM
 bash "$HERE/cluster/up.sh"
 if [[ ${TRAINYARD_E2E_EXISTING:-0} != 1 ]]; then
   export KUBECONFIG=$KUBECONFIG_FILE
-  bash "$HERE/cluster/images.sh" trainer operator device-plugin
+  bash "$HERE/cluster/images.sh" trainer torch-trainer operator device-plugin
 fi
 export TRAINYARD_E2E_STATE=$STATE TRAINYARD_KUBELET_ROOT=$KUBELET_ROOT
 export PATH=$K8S_BIN:$PATH

@@ -8,8 +8,8 @@ set -euo pipefail
 CACHE=${TRAINYARD_CACHE:-$HOME/.cache/trainyard}
 K8S_DEB_VERSION=1.20.5+really1.20.2-1.1+deb12u1
 BIN=$CACHE/k8s-1.20.2/bin
-WHAT=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl)
-STAMP=$BIN/.complete-$K8S_DEB_VERSION-reflect2fix
+WHAT=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl kube-proxy)
+STAMP=$BIN/.complete-$K8S_DEB_VERSION-reflect2fix-proxy
 
 if [[ -f $STAMP ]]; then
   echo "build-k8s: cached in $BIN"

@@ -24,7 +24,11 @@ stop() { # stop NAME: SIGTERM, wait up to 10 s, then SIGKILL
   rm -f "$f"
 }
 
+# The spot node first: its processes, namespaces, veth, route and cgroups.
+bash "$HERE/node2.sh" stop
+
 stop kubelet
+stop kube-proxy
 
 # Containers: kill every task containerd runs for the cluster and remember
 # their network namespaces, so we remove exactly the ones it created for us.
@@ -52,7 +56,7 @@ except Exception:
   ((${#tasks[@]})) && echo "down: killed ${#tasks[@]} container(s)"
 fi
 
-for name in kube-scheduler kube-controller-manager apiserver-bridge-proxy kube-apiserver containerd etcd; do
+for name in dnsmasq cluster-dns kube-scheduler kube-controller-manager apiserver-bridge-proxy kube-apiserver containerd etcd; do
   stop "$name"
 done
 
@@ -87,11 +91,25 @@ if ip link show "$BRIDGE" >/dev/null 2>&1; then
   ip link delete "$BRIDGE" && echo "down: removed bridge $BRIDGE"
 fi
 
+# The packet filter and forwarding as up.sh found them (kube-proxy's and the kubelet's chains go).
+if [[ -f $STATE/ip_forward.orig ]]; then
+  sysctl -qw net.ipv4.ip_forward="$(cat "$STATE/ip_forward.orig")"
+  iptables-restore <"$STATE/iptables.orig" && echo "down: restored iptables"
+  [[ -s $STATE/ip6tables.orig ]] && ip6tables-restore <"$STATE/ip6tables.orig"
+fi
+# containerd's cgroup parent, once its containers' cgroups are gone.
+rmdir /sys/fs/cgroup/*/k8s.io 2>/dev/null
+# `ip netns add` (node 2) and the CNI plugins make /run/netns a mount point; drop it once empty.
+if findmnt -rn /run/netns >/dev/null && [[ -z $(ls -A /run/netns 2>/dev/null) ]]; then
+  umount /run/netns 2>/dev/null && echo "down: unmounted /run/netns"
+fi
+
 if [[ -n ${TRAINYARD_E2E_LOGS_TO:-} ]]; then
   # Keep the component and pod logs for after the state is gone (CI artefacts).
   rm -rf "$TRAINYARD_E2E_LOGS_TO"; mkdir -p "$TRAINYARD_E2E_LOGS_TO"
   cp -r "$LOGS" "$TRAINYARD_E2E_LOGS_TO/components" 2>/dev/null
   cp -r /var/log/pods "$TRAINYARD_E2E_LOGS_TO/pods" 2>/dev/null
+  cp -r "$NODE2_DIR/private/var/log/pods" "$TRAINYARD_E2E_LOGS_TO/pods-node2" 2>/dev/null
   echo "down: logs copied to $TRAINYARD_E2E_LOGS_TO"
 fi
 

@@ -18,3 +18,36 @@ SERVICE_CIDR=10.96.0.0/16
 CONTAINERD_SOCK=$STATE/containerd/containerd.sock
 LOGS=$STATE/logs
 PIDS=$STATE/pids
+
+# ---------- the two nodes ----------
+# Node 1 ($NODE_NAME) runs in the host's namespaces and is labelled on-demand. Node 2 is the
+# spot node: its kubelet, containerd and kube-proxy run in their own network namespace
+# ($NODE2_NETNS, reached over a veth pair), their own mount namespace (so that the kubelet's
+# fixed /var/lib/kubelet/device-plugins, /var/log/pods and the fake GPU directory are its
+# own) and their own cgroup subtree (/$NODE2_CGROUP), which is how node2.sh loses the node.
+NODE1_IP=$BRIDGE_IP
+SPOT_LABEL=karpenter.sh/capacity-type
+NODE2_NAME=${TRAINYARD_NODE2_NAME:-trainyard-node-2}
+NODE2_NETNS=ty-node2
+NODE2_DIR=$STATE/node2
+NODE2_CGROUP=trainyard-node2
+NODE2_MNTNS=$STATE/ns/node2-mnt
+NODE2_KUBELET_ROOT=$NODE2_DIR/kubelet
+NODE2_CONTAINERD_SOCK=$NODE2_DIR/containerd/containerd.sock
+NODE2_BRIDGE=tybr1
+NODE2_POD_SUBNET=10.90.0.0/16
+NODE2_BRIDGE_IP=10.90.0.1
+NODE2_VETH_HOST=ty-node2-h
+NODE2_HOST_IP=10.91.0.1
+NODE2_IP=10.91.0.2
+# Every pod route the pods need: both pod subnets, the node link and the Services.
+POD_ROUTES_CIDR=10.88.0.0/14
+# Cluster DNS: dnsmasq on the host side of the pod bridge, fed from the API server.
+CLUSTER_DNS_IP=$BRIDGE_IP
+CLUSTER_DOMAIN=cluster.local
+# Node 2's view of the directories that node 1's kubelet and plugins also use.
+NODE2_PRIVATE_DIRS=(/var/lib/kubelet/device-plugins /var/log/pods /var/log/containers "$STATE/fake-gpus" /run/netns)
+# Both nodes' kube-proxy (iptables mode). The conntrack sysctls are the host's to set.
+KUBE_PROXY_FLAGS=(--proxy-mode iptables --cluster-cidr "$POD_ROUTES_CIDR"
+  --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256
+  --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0s --conntrack-tcp-timeout-close-wait 0s)

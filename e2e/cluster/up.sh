@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Brings up a real single-node Kubernetes 1.20 cluster on this machine:
-# etcd, kube-apiserver (RBAC), controller-manager, scheduler, containerd + runc
-# with a bridge CNI, and one kubelet. Writes $STATE/kubeconfig.
+# Brings up a real two-node Kubernetes 1.20 cluster on this machine:
+# etcd, kube-apiserver (RBAC), controller-manager, scheduler, cluster DNS
+# (dnsmasq fed from the API server), and two nodes, each with containerd + runc,
+# a bridge CNI, a kubelet and kube-proxy: node 1 (on-demand) in the host's
+# namespaces, node 2 (spot) in its own (node2.sh). Writes $STATE/kubeconfig.
 #
 # With KUBECONFIG already pointing at a reachable cluster (kind in CI, say) and
 # TRAINYARD_E2E_EXISTING=1, it builds and starts nothing.
@@ -9,6 +11,7 @@
 # Idempotent: components already running (PID file alive) are left alone.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=env.sh
 source "$HERE/env.sh"
 
@@ -37,7 +40,7 @@ if [[ -d $PIDS ]]; then
 fi
 
 mkdir -p "$STATE" "$LOGS" "$PIDS" "$STATE/pki" "$STATE/etcd" "$STATE/cni/net.d" \
-  "$STATE/containerd" "$KUBELET_ROOT" /var/log/pods
+  "$STATE/containerd" "$STATE/fake-gpus" "$KUBELET_ROOT" /var/log/pods
 
 alive() { [[ -f $PIDS/$1.pid ]] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
 
@@ -80,7 +83,8 @@ if [[ ! -f $pki/ca.crt ]]; then
     cert admin "/O=system:masters/CN=trainyard-admin"
     cert controller-manager "/CN=system:kube-controller-manager"
     cert scheduler "/CN=system:kube-scheduler"
-    cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "IP:127.0.0.1,DNS:$NODE_NAME"
+    cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "IP:127.0.0.1,IP:$NODE1_IP,DNS:$NODE_NAME"
+    cert kube-proxy "/CN=system:kube-proxy"
     cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
@@ -111,6 +115,7 @@ kubeconfig "$KUBECONFIG_FILE" admin
 kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager
 kubeconfig "$STATE/scheduler.kubeconfig" scheduler
 kubeconfig "$STATE/kubelet.kubeconfig" kubelet
+kubeconfig "$STATE/kube-proxy.kubeconfig" kube-proxy
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE")
 
 # ---------- pod network bridge (created here so down.sh owns it) ----------
@@ -119,14 +124,23 @@ if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
   ip addr add "$BRIDGE_IP/16" dev "$BRIDGE"
 fi
 ip link set "$BRIDGE" up
-# No masquerading and no forwarding off the machine: pods talk to each other and to the host.
+# No masquerading and no default route: pods reach each other (both nodes' subnets), the
+# Services and the host, and nothing off the machine.
+# What down.sh puts back: forwarding, and the packet filter the kubelets and kube-proxy extend.
+if [[ ! -f $STATE/ip_forward.orig ]]; then
+  cat /proc/sys/net/ipv4/ip_forward >"$STATE/ip_forward.orig"
+  iptables-save >"$STATE/iptables.orig"
+  ip6tables-save >"$STATE/ip6tables.orig" 2>/dev/null || true
+fi
+sysctl -qw net.ipv4.ip_forward=1
 cat >"$STATE/cni/net.d/10-trainyard.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
   "name": "trainyard-e2e",
   "plugins": [
     {"type": "bridge", "bridge": "$BRIDGE", "isGateway": false, "ipMasq": false, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "10.88.1.1", "gateway": "$BRIDGE_IP"}]], "dataDir": "$STATE/cni/ipam"}},
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "10.88.1.1", "gateway": "$BRIDGE_IP"}]],
+              "routes": [{"dst": "$POD_ROUTES_CIDR"}, {"dst": "$SERVICE_CIDR"}], "dataDir": "$STATE/cni/ipam"}},
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
@@ -150,6 +164,7 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --service-account-issuer https://kubernetes.default.svc \
   --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
+  --kubelet-preferred-address-types InternalIP,Hostname \
   --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
   --profiling=false
 wait_for kube-apiserver 90 "${KUBECTL[@]}" get --raw /readyz
@@ -169,7 +184,7 @@ start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
   --enable-hostpath-provisioner --leader-elect=false \
   --controllers '*,-nodeipam,-cloud-node-lifecycle,-route,-service' \
-  --node-monitor-grace-period 40s --pod-eviction-timeout 5m
+  --node-monitor-grace-period 15s --pod-eviction-timeout 5m
 start kube-scheduler "$K8S_BIN/kube-scheduler" \
   --kubeconfig "$STATE/scheduler.kubeconfig" \
   --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
@@ -205,7 +220,7 @@ wait_for containerd 30 test -S "$CONTAINERD_SOCK"
 cat >"$STATE/kubelet-config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: $NODE1_IP
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -226,15 +241,40 @@ serializeImagePulls: false
 nodeStatusUpdateFrequency: 4s
 # ConfigMap volumes (the fake GPU file) refresh within seconds.
 syncFrequency: 5s
+clusterDNS: [$CLUSTER_DNS_IP]
+clusterDomain: $CLUSTER_DOMAIN
 EOF
 start kubelet "$K8S_BIN/kubelet" \
   --config "$STATE/kubelet-config.yaml" --kubeconfig "$STATE/kubelet.kubeconfig" \
-  --root-dir "$KUBELET_ROOT" --hostname-override "$NODE_NAME" \
+  --root-dir "$KUBELET_ROOT" --hostname-override "$NODE_NAME" --node-ip "$NODE1_IP" \
+  --node-labels "$SPOT_LABEL=on-demand" \
   --container-runtime remote --container-runtime-endpoint "unix://$CONTAINERD_SOCK" \
   --runtime-request-timeout 5m --pod-infra-container-image docker.io/trainyard/pause:dev \
   --cgroups-per-qos=false --enforce-node-allocatable= --v 1
 wait_for "node $NODE_NAME Ready" 120 bash -c \
   "'${KUBECTL[0]}' --kubeconfig '$KUBECONFIG_FILE' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+
+start kube-proxy "$K8S_BIN/kube-proxy" "${KUBE_PROXY_FLAGS[@]}" \
+  --kubeconfig "$STATE/kube-proxy.kubeconfig" --hostname-override "$NODE_NAME"
+
+# ---------- cluster DNS: dnsmasq answers $CLUSTER_DOMAIN from a hosts file that
+# trainyard-cluster-dns keeps in step with the API server's Services and Endpoints ----------
+DNS_FEEDER=${CARGO_TARGET_DIR:-$ROOT/target}/debug/trainyard-cluster-dns
+if [[ ! -x $DNS_FEEDER ]]; then
+  (cd "$ROOT" && cargo build -q -p trainyard-e2e --bin trainyard-cluster-dns)
+fi
+mkdir -p "$STATE/dns/hosts"
+start cluster-dns env KUBECONFIG="$KUBECONFIG_FILE" "$DNS_FEEDER" "$STATE/dns/hosts" "$CLUSTER_DOMAIN"
+# No upstream servers: names outside the cluster domain are refused, nothing leaves the machine.
+# (dnsmasq takes its options' values after '=' only.)
+start dnsmasq /usr/sbin/dnsmasq --keep-in-foreground --no-resolv --no-hosts --no-poll \
+  --listen-address="$CLUSTER_DNS_IP" --bind-interfaces --port=53 \
+  --local="/$CLUSTER_DOMAIN/" --hostsdir="$STATE/dns/hosts" --user=root \
+  --pid-file="$STATE/dns/dnsmasq.pid" --log-facility=- --log-queries
+wait_for "cluster DNS" 30 bash -c "exec 3<>/dev/tcp/$CLUSTER_DNS_IP/53"
+
+# ---------- node 2, the spot node ----------
+bash "$HERE/node2.sh" start
 
 # Default StorageClass on the in-tree hostPath provisioner (ReadWriteOnce only).
 "${KUBECTL[@]}" apply -f - >/dev/null <<EOF

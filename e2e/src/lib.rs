@@ -1,7 +1,9 @@
 //! End-to-end harness for trainyard.
 //!
-//! The scenarios in `e2e/tests/` run against the local single-node cluster
-//! that `e2e/cluster/up.sh` brings up (or any cluster `KUBECONFIG` points at).
+//! The scenarios in `e2e/tests/` run against the local two-node cluster
+//! that `e2e/cluster/up.sh` brings up (or any cluster `KUBECONFIG` points at):
+//! node 1 (on-demand) in the host's namespaces, node 2 (spot) in its own,
+//! which `e2e/cluster/node2.sh lose` takes away like a reclaimed VM.
 //! They are `#[ignore]`d in a plain `cargo test`; `make test` starts the
 //! cluster and runs them with `--ignored`. This library holds what every
 //! scenario needs: a client, polling with a deadline, Helm
@@ -38,6 +40,40 @@ pub fn state_dir() -> PathBuf {
 /// The node the harness's kubelet registers.
 pub fn node_name() -> String {
     std::env::var("TRAINYARD_NODE_NAME").unwrap_or_else(|_| "trainyard-node".to_owned())
+}
+
+/// The harness's second node, the spot node (`e2e/cluster/node2.sh`).
+pub fn node2_name() -> String {
+    std::env::var("TRAINYARD_NODE2_NAME").unwrap_or_else(|_| "trainyard-node-2".to_owned())
+}
+
+/// Runs `e2e/cluster/node2.sh ACTION`: `lose` kills the spot node's kubelet, containerd,
+/// kube-proxy and containers at once; `start` brings it back and waits until it is Ready.
+pub fn node2(action: &str) -> Result<()> {
+    let out = Command::new("bash")
+        .arg(repo_root().join("e2e/cluster/node2.sh"))
+        .arg(action)
+        .output()
+        .context("running e2e/cluster/node2.sh")?;
+    if !out.status.success() {
+        bail!(
+            "node2.sh {action} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Cordons (`schedulable: false`) or uncordons a node.
+pub async fn set_schedulable(client: &Client, node: &str, schedulable: bool) -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    let patch = serde_json::json!({"spec": {"unschedulable": !schedulable}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("setting node {node} schedulable={schedulable}"))?;
+    Ok(())
 }
 
 /// A client for the cluster under test. Fails loudly when no cluster is
@@ -110,13 +146,19 @@ pub async fn capacity(client: &Client, node: &str, resource: &str) -> Result<Opt
         .and_then(|q| q.0.parse::<i64>().ok()))
 }
 
-/// The log of a pod's container, read from `/var/log/pods` (the harness's
-/// node has no address `kubectl logs` could use). Concatenates every
-/// restart's file in order.
+/// The log of a pod's container, read from the node's `/var/log/pods` (node
+/// 2's is its private copy under the harness state), so that it can still be
+/// read after the node is lost. Concatenates every restart's file in order.
 pub fn pod_log(namespace: &str, pod: &Pod, container: &str) -> Result<String> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let dir = Path::new("/var/log/pods")
+    let on_node2 = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node2_name());
+    let root = if on_node2 {
+        state_dir().join("node2/private/var/log/pods")
+    } else {
+        PathBuf::from("/var/log/pods")
+    };
+    let dir = root
         .join(format!("{namespace}_{name}_{uid}"))
         .join(container);
     let mut files: Vec<_> = std::fs::read_dir(&dir)

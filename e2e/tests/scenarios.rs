@@ -1,7 +1,9 @@
 //! End-to-end scenarios on the local cluster, through the Helm chart.
 //!
-//! One node and one device plugin serve every scenario, so they take a shared
-//! lock and run one at a time; each creates its own namespace. Run with
+//! The scenarios share one chart installation, so they take a shared lock and
+//! run one at a time in one namespace. Most of them run on node 1 alone: the
+//! spot node (node 2) stays cordoned, as `make e2e` leaves it, except in the
+//! two-node scenarios at the end, which uncordon it for their duration. Run with
 //! `make test`, or against a running cluster:
 //! `KUBECONFIG=/var/lib/trainyard-e2e/kubeconfig cargo test -p trainyard-e2e --test scenarios -- --ignored <name>`.
 
@@ -19,7 +21,8 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
 use trainyard_e2e::{
-    allocatable, capacity, node_name, pod_log, preempt_pod, repo_root, state_dir, wait_for,
+    allocatable, capacity, node_name, node2, node2_name, pod_log, preempt_pod, repo_root,
+    set_schedulable, state_dir, wait_for,
 };
 
 const RELEASE: &str = "trainyard";
@@ -608,8 +611,13 @@ async fn spot_require_lands_on_spot_node_then_falls_back_to_on_demand() -> Resul
         Ok::<_, anyhow::Error>(())
     }
     .await;
+    // Back to the harness's label for node 1.
     nodes
-        .patch(&node, &PatchParams::default(), &Patch::Merge(label(None)))
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(label(Some("on-demand"))),
+        )
         .await?;
     ns.cleanup().await?;
     res
@@ -795,5 +803,372 @@ async fn cuda_requirement_waits_for_a_driver_that_supports_it() -> Result<()> {
     }
     .await;
     write_fake_gpus(&healthy)?;
+    res
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two nodes: node 1 on-demand, node 2 spot (e2e/cluster/node2.sh), and the real PyTorch trainer
+// (examples/train.py under torchrun in trainyard/torch-trainer:dev, DDP over gloo on the CPU).
+
+/// Runs `body` with the spot node schedulable; afterwards (also on failure) the spot node is
+/// running and Ready again and cordoned, as the other scenarios expect it.
+async fn with_spot_node<F, Fut>(client: &Client, body: F) -> Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let spot = node2_name();
+    set_schedulable(client, &spot, true).await?;
+    let res = body().await;
+    let restored = async {
+        node2("start")?;
+        set_schedulable(client, &spot, false).await
+    }
+    .await;
+    res.and(restored)
+}
+
+/// A TrainingJob running `torchrun /app/train.py` with no flags (the PET_* contract).
+fn torch_job(name: &str, gpus: u32, steps: u32, step_seconds: &str, spot: Value) -> Value {
+    json!({
+        "apiVersion": "trainyard.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": 2,
+            "gpusPerWorker": gpus,
+            "spot": spot,
+            "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]},
+            "restartPolicy": {"maxFailures": 0, "backoffSeconds": 1},
+            "terminationGracePeriodSeconds": 20,
+            "template": {"spec": {"containers": [{
+                "name": "trainer",
+                "image": "trainyard/torch-trainer:dev",
+                "imagePullPolicy": "Never",
+                "command": ["torchrun", "/app/train.py"],
+                "env": [
+                    {"name": "TOTAL_STEPS", "value": steps.to_string()},
+                    {"name": "CHECKPOINT_EVERY", "value": "5"},
+                    {"name": "STEP_SECONDS", "value": step_seconds},
+                ],
+            }]}},
+        },
+    })
+}
+
+fn rank_pod(pods: &[Pod], rank: u32) -> Result<&Pod> {
+    pods.iter()
+        .find(|p| {
+            p.labels().get("trainyard.dev/rank").map(String::as_str) == Some(&rank.to_string())
+        })
+        .with_context(|| format!("no rank {rank} pod"))
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+/// The digest rank 0 prints at the end: `final weights sha256 <hex>`.
+async fn final_digest(client: &Client, ns: &str, job: &str, attempt: u32) -> Result<String> {
+    let pods: Vec<Pod> = job_pods(client, ns, job)
+        .await?
+        .into_iter()
+        .filter(|p| {
+            p.labels().get("trainyard.dev/attempt").map(String::as_str)
+                == Some(&attempt.to_string())
+        })
+        .collect();
+    let log = pod_log(ns, rank_pod(&pods, 0)?, "trainer")?;
+    log.lines()
+        .find_map(|l| l.split("final weights sha256 ").nth(1))
+        .map(|d| d.trim().to_owned())
+        .with_context(|| format!("{job} printed no digest; rank 0 log:\n{log}"))
+}
+
+/// Events of the namespace whose reason is `reason`, as "object: message".
+async fn events(client: &Client, ns: &str, reason: &str) -> Result<Vec<String>> {
+    let list = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.involved_object.name.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = with_spot_node(&client, || async {
+        let (spot, on_demand) = (node2_name(), node_name());
+        // The same job without a preemption, on on-demand capacity only, for the digest.
+        let steps = 60;
+        create_job(
+            &client,
+            &ns.name,
+            torch_job("ddp-baseline", 1, steps, "0", json!({"policy": "Never"})),
+        )
+        .await?;
+        // Two GPUs per worker and two on the spot node: one worker there, one on node 1.
+        let name = "ddp";
+        create_job(
+            &client,
+            &ns.name,
+            torch_job(name, 2, steps, "0.5", json!({"policy": "Prefer"})),
+        )
+        .await?;
+        let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+        let nodes: BTreeSet<String> = pods.iter().map(node_of).collect();
+        assert_eq!(
+            nodes,
+            BTreeSet::from([spot.clone(), on_demand.clone()]),
+            "one worker on each node"
+        );
+
+        // Lose the spot node once rank 0 has written a periodic checkpoint.
+        let rank0 = rank_pod(&pods, 0)?.clone();
+        wait_for("a periodic checkpoint", Duration::from_secs(180), || {
+            let (ns, rank0) = (ns.name.clone(), rank0.clone());
+            async move {
+                let log = pod_log(&ns, &rank0, "trainer").unwrap_or_default();
+                Ok(log.contains("checkpoint saved at step").then_some(()))
+            }
+        })
+        .await?;
+        node2("lose")?;
+
+        let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+        let st = job_status(&client, &ns.name, name).await?;
+        assert_eq!(st["preemptions"], 1, "status: {st}");
+        assert_eq!(st["failures"], 0, "status: {st}");
+        assert_eq!(st["lastRestart"]["reason"], "Preemption", "status: {st}");
+        for p in &new_pods {
+            let env = &p.spec.as_ref().context("pod spec")?.containers[0].env;
+            assert!(
+                env.iter().flatten().any(|e| e.name == "RESUME_FROM"
+                    && e.value.as_deref().is_some_and(|v| !v.is_empty())),
+                "{} has RESUME_FROM",
+                p.name_any()
+            );
+            assert_eq!(node_of(p), on_demand, "the spot node is gone");
+        }
+        let rank0 = rank_pod(&new_pods, 0)?.clone();
+        let resumed: u32 = wait_for("rank 0 to resume", Duration::from_secs(120), || {
+            let (ns, rank0) = (ns.name.clone(), rank0.clone());
+            async move {
+                let log = pod_log(&ns, &rank0, "trainer").unwrap_or_default();
+                Ok(log
+                    .lines()
+                    .find_map(|l| l.split("resuming from step ").nth(1))
+                    .and_then(|n| n.trim().parse().ok()))
+            }
+        })
+        .await?;
+        assert!(resumed > 0, "resumed from step {resumed}");
+
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        assert_eq!(st["preemptions"], 1, "status: {st}");
+        assert_eq!(st["failures"], 0, "status: {st}");
+        wait_phase(
+            &client,
+            &ns.name,
+            "ddp-baseline",
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        let interrupted = final_digest(&client, &ns.name, name, 1).await?;
+        let baseline = final_digest(&client, &ns.name, "ddp-baseline", 0).await?;
+        assert_eq!(
+            interrupted, baseline,
+            "the resumed run ends with the uninterrupted run's weights"
+        );
+        // MASTER_ADDR (<job>-worker-0.<job>) resolved through the cluster DNS.
+        let dns = events(&client, &ns.name, "MissingClusterDNS").await?;
+        assert!(dns.is_empty(), "MissingClusterDNS events: {dns:?}");
+        Ok(())
+    })
+    .await;
+    ns.cleanup().await?;
+    res
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn spot_node_loss_falls_back_to_on_demand_after_one_preemption() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = with_spot_node(&client, || async {
+        let name = "fallback";
+        let spec = json!({"spot": {"policy": "Prefer", "fallbackToOnDemandAfter": 1}});
+        create_job(
+            &client,
+            &ns.name,
+            job_manifest(name, 2, 2, &counting_trainer(600), spec),
+        )
+        .await?;
+        let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+        assert!(
+            pods.iter().any(|p| node_of(p) == node2_name()),
+            "one worker on the spot node"
+        );
+        let st = job_status(&client, &ns.name, name).await?;
+        assert_eq!(st["selectedGpu"]["spot"], true, "status: {st}");
+
+        node2("lose")?;
+        let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+        for p in &new_pods {
+            assert_eq!(node_of(p), node_name(), "attempt 1 on the on-demand node");
+            let aff = serde_json::to_value(&p.spec.as_ref().context("pod spec")?.affinity)?;
+            let required =
+                aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].to_string();
+            assert!(
+                required.contains("NotIn") || required.contains("DoesNotExist"),
+                "after the fallback the pods must avoid spot nodes: {aff}"
+            );
+        }
+        let st = job_status(&client, &ns.name, name).await?;
+        assert_eq!(st["preemptions"], 1, "status: {st}");
+        assert_eq!(st["failures"], 0, "status: {st}");
+        assert_eq!(st["selectedGpu"]["spot"], false, "status: {st}");
+        let fallback = events(&client, &ns.name, "SpotFallback").await?;
+        assert!(!fallback.is_empty(), "a SpotFallback event");
+        Ok(())
+    })
+    .await;
+    ns.cleanup().await?;
+    res
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn kubelet_restart_on_the_surviving_node_loses_and_double_counts_nothing() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = with_spot_node(&client, || async {
+        let name = "steady";
+        create_job(
+            &client,
+            &ns.name,
+            job_manifest(name, 2, 2, &counting_trainer(600), json!({})),
+        )
+        .await?;
+        let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+        let uids: BTreeSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+        let before = job_status(&client, &ns.name, name).await?;
+
+        // The on-demand node's kubelet restarts: its plugin re-registers, the job goes on.
+        trainyard_e2e::restart_kubelet()?;
+        let node = node_name();
+        wait_for(
+            "node 1 allocatable nvidia.com/gpu = 8 again (the plugin re-registered)",
+            Duration::from_secs(120),
+            || {
+                let (client, node) = (client.clone(), node.clone());
+                async move { Ok((allocatable(&client, &node, GPU).await? == Some(8)).then_some(())) }
+            },
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+        let after: BTreeSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+        assert_eq!(uids, after, "the same pods run on");
+        let st = job_status(&client, &ns.name, name).await?;
+        for field in ["attempt", "preemptions", "failures"] {
+            assert_eq!(st[field], before[field], "{field}: {st}");
+        }
+        assert_eq!(st["phase"], "Running", "status: {st}");
+        Ok(())
+    })
+    .await;
+    ns.cleanup().await?;
+    res
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn pods_on_both_nodes_resolve_cluster_names_and_reach_cluster_ip_services() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = with_spot_node(&client, || async {
+        // The device plugin's metrics Service: a ClusterIP served by a pod on each node.
+        let services = Api::<Service>::namespaced(client.clone(), RELEASE_NS)
+            .list(&ListParams::default())
+            .await?;
+        let metrics = services
+            .items
+            .iter()
+            .find(|s| s.name_any().ends_with("device-plugin-metrics"))
+            .context("the device plugin's metrics Service")?;
+        let ip = metrics
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.clone())
+            .context("a ClusterIP")?;
+        let port = metrics
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|p| p.first())
+            .map(|p| p.port)
+            .context("a port")?;
+        let fqdn = format!("{}.{RELEASE_NS}.svc.cluster.local", metrics.name_any());
+        for node in [node_name(), node2_name()] {
+            let pod = format!("probe-{}", node.trim_start_matches("trainyard-"));
+            let script = format!(
+                "nslookup {fqdn} | grep -q {ip} && echo resolved; \
+                 printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' | nc -w 10 {ip} {port} | grep -m1 -o trainyard_gpu_[a-z_]*"
+            );
+            let manifest: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod},
+                "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
+                    "name": "probe", "image": "trainyard/trainer:dev", "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", script],
+                }]},
+            }))?;
+            let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+            pods.create(&PostParams::default(), &manifest).await?;
+            let done = wait_for(&format!("{pod} to finish"), Duration::from_secs(90), || {
+                let (pods, pod) = (pods.clone(), pod.clone());
+                async move {
+                    let p = pods.get(&pod).await?;
+                    let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+                    Ok(matches!(phase.as_deref(), Some("Succeeded" | "Failed")).then_some(p))
+                }
+            })
+            .await?;
+            let log = pod_log(&ns.name, &done, "probe")?;
+            pods.delete(&pod, &Default::default()).await?;
+            assert!(log.contains("resolved"), "{node}: {fqdn} -> {ip}; log:\n{log}");
+            assert!(
+                log.contains("trainyard_gpu_"),
+                "{node}: GET /metrics through the ClusterIP; log:\n{log}"
+            );
+        }
+        Ok(())
+    })
+    .await;
+    ns.cleanup().await?;
     res
 }
