@@ -5,8 +5,13 @@
 #   trainer        docker.io/trainyard/trainer:dev        busybox (for shell trainers)
 #   operator       docker.io/trainyard/operator:dev       binary + the libraries ldd lists
 #   device-plugin  docker.io/trainyard/device-plugin:dev  likewise
-# usage: images.sh [pause|trainer|operator|device-plugin|all]...
+#   torch-trainer  docker.io/trainyard/torch-trainer:dev  Debian bookworm (debootstrap) with
+#                  python3-torch (CPU, gloo, torchrun) and examples/train.py as /app/train.py
+# Every image goes into node 1's containerd and, when it runs, node 2's.
+# usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all]...
 # TRAINYARD_BIN_DIR selects the cargo output dir (default: target/debug).
+# The PyTorch layer (about 1 GiB unpacked, minutes to build) is cached under
+# $TRAINYARD_CACHE (default ~/.cache/trainyard), keyed by a hash of its recipe.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -16,8 +21,12 @@ BIN_DIR=${TRAINYARD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}
 WORK=$STATE/images
 mkdir -p "$WORK"
 
-import() { # import TAR
-  /usr/bin/ctr --address "$CONTAINERD_SOCK" -n k8s.io images import --no-unpack=false "$1" >/dev/null
+import() { # import TAR: into every running node's containerd
+  local sock
+  for sock in "$CONTAINERD_SOCK" "$NODE2_CONTAINERD_SOCK"; do
+    [[ -S $sock ]] || continue
+    /usr/bin/ctr --address "$sock" -n k8s.io images import --no-unpack=false "$1" >/dev/null
+  done
 }
 
 base_rootfs() { # base_rootfs DIR: /etc/passwd with a nonroot user, /tmp
@@ -64,6 +73,58 @@ build_binary_image() { # build_binary_image NAME USER
   import "$WORK/$1.tar"
 }
 
+# The recipe of the cached PyTorch layer: change it and the hash (so the cache) changes.
+TORCH_SUITE=bookworm
+TORCH_MIRROR=${TRAINYARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+TORCH_PACKAGES="python3-torch"
+TORCH_RECIPE_VERSION=1
+CACHE=${TRAINYARD_CACHE:-$HOME/.cache/trainyard}
+
+torch_base_layer() { # prints the path of the cached layer, building it when missing
+  local key layer fs
+  key=$(printf '%s\n' "$TORCH_RECIPE_VERSION" "$TORCH_SUITE" "$TORCH_PACKAGES" | sha256sum | cut -c1-16)
+  layer=$CACHE/torch-base-$key.layer.tar
+  if [[ -f $layer ]]; then
+    echo "images: torch-trainer: cached PyTorch layer $layer" >&2
+    echo "$layer"; return
+  fi
+  fs=$WORK/torch-base-rootfs
+  rm -rf "$fs"; mkdir -p "$CACHE"
+  echo "images: torch-trainer: debootstrap $TORCH_SUITE + $TORCH_PACKAGES (cached after this run)" >&2
+  debootstrap --variant=minbase "$TORCH_SUITE" "$fs" "$TORCH_MIRROR" >"$WORK/torch-debootstrap.log" 2>&1 \
+    || { tail -20 "$WORK/torch-debootstrap.log" >&2; echo "images: debootstrap failed (log: $WORK/torch-debootstrap.log)" >&2; exit 1; }
+  cp /etc/resolv.conf "$fs/etc/resolv.conf"
+  # apt inside the root filesystem, with its own /proc in a private mount namespace so
+  # nothing stays mounted on the host if this is interrupted.
+  unshare --mount --fork -- sh -ec '
+    mount -t proc proc "$1/proc"
+    chroot "$1" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    chroot "$1" env DEBIAN_FRONTEND=noninteractive apt-get install -q -y --no-install-recommends $2
+    chroot "$1" apt-get clean
+  ' sh "$fs" "$TORCH_PACKAGES" >>"$WORK/torch-debootstrap.log" 2>&1 \
+    || { tail -20 "$WORK/torch-debootstrap.log" >&2; echo "images: apt-get install $TORCH_PACKAGES failed (log: $WORK/torch-debootstrap.log)" >&2; exit 1; }
+  chroot "$fs" python3 -c 'import torch, torch.distributed as d; assert d.is_gloo_available()' \
+    || { echo "images: torch in the new root filesystem has no gloo" >&2; exit 1; }
+  rm -rf "$fs"/var/lib/apt/lists/* "$fs"/var/cache/apt/* "$fs"/usr/share/{doc,man,info,locale}/* "$fs/etc/resolv.conf"
+  python3 "$HERE/mkimage.py" --layer-only "$fs" "$layer" >&2
+  rm -rf "$fs"
+  echo "$layer"
+}
+
+build_torch_trainer() {
+  local base fs=$WORK/torch-trainer-rootfs
+  base=$(torch_base_layer)
+  rm -rf "$fs"; mkdir -p "$fs/app"
+  install -m 0644 "$ROOT/examples/train.py" "$fs/app/train.py"
+  # PET_REDIRECTS/PET_TEE: torch 1.13's torchrun on Python 3.11 crashes in to_map unless
+  # both are set (its Std lookup misses the zero value); 1 = stdout only, so logs still flow.
+  python3 "$HERE/mkimage.py" "$fs" trainyard/torch-trainer:dev "$WORK/torch-trainer.tar" \
+    --base-layer "$base" --workdir /app \
+    --env PYTHONUNBUFFERED=1 --env PET_REDIRECTS=1 --env PET_TEE=1 \
+    --cmd '["torchrun", "/app/train.py"]'
+  import "$WORK/torch-trainer.tar"
+}
+
 targets=("$@")
 ((${#targets[@]})) || targets=(all)
 for t in "${targets[@]}"; do
@@ -72,7 +133,9 @@ for t in "${targets[@]}"; do
     trainer) build_trainer ;;
     operator) build_binary_image operator 65532 ;;
     device-plugin) build_binary_image device-plugin 0 ;;
-    all) build_pause; build_trainer; build_binary_image operator 65532; build_binary_image device-plugin 0 ;;
+    torch-trainer) build_torch_trainer ;;
+    all) build_pause; build_trainer; build_binary_image operator 65532; build_binary_image device-plugin 0
+         build_torch_trainer ;;
     *) echo "images: unknown image $t" >&2; exit 2 ;;
   esac
 done

@@ -914,12 +914,13 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
     let ns = Jobs::new(&client);
     let res = with_spot_node(&client, || async {
         let (spot, on_demand) = (node2_name(), node_name());
-        // The same job without a preemption, on on-demand capacity only, for the digest.
+        // The same job (same world size) without a preemption, on on-demand capacity only:
+        // node 1 has 8 GPUs, this takes 4, the job below 2 there and later 4.
         let steps = 60;
         create_job(
             &client,
             &ns.name,
-            torch_job("ddp-baseline", 1, steps, "0", json!({"policy": "Never"})),
+            torch_job("ddp-baseline", 2, steps, "0", json!({"policy": "Never"})),
         )
         .await?;
         // Two GPUs per worker and two on the spot node: one worker there, one on node 1.
