@@ -222,6 +222,7 @@ def test_operator_config_renders_the_contract_defaults(chart: Any) -> None:
     ]
     assert config["nodeNotReadyTimeoutSeconds"] == 60
     assert config["containerWaitingTimeoutSeconds"] == 300
+    assert config["lostPeerWindowSeconds"] == 60
 
 
 def test_operator_config_defaults_match_the_operators_own_defaults(chart: Any) -> None:
@@ -273,7 +274,7 @@ def test_more_than_one_replica_without_leader_election_is_refused(chart: Any) ->
         render(chart, {"operator": {"leaderElection": {"enabled": False}}})
     single = render(chart, {"operator": {"replicas": 1, "leaderElection": {"enabled": False}}})
     assert "--leader-elect=false" in container(operator_deployment(single))["args"]
-    assert not [r for r in of_kind(single, "Role") if "leases" in json.dumps(r["rules"])]
+    assert not [r for r in of_kind(single, "Role") if "leases" in json.dumps(r["rules"]) and "create" in json.dumps(r["rules"])]
 
 
 def test_operator_pod_disruption_budget_keeps_one_replica(chart: Any) -> None:
@@ -327,7 +328,7 @@ def test_operator_rbac_grants_exactly_the_contract(chart: Any) -> None:
         ("", "persistentvolumeclaims"): crud,
         ("", "nodes"): {"get", "list", "watch"},
         ("events.k8s.io", "events"): {"create", "patch"},
-        ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"},
+        ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "update", "patch"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
     }
 
@@ -352,6 +353,20 @@ def test_leader_election_lease_access_is_a_namespaced_role_for_one_lease(chart: 
             assert rule["resourceNames"] == [lease_name]
     binding = one(objects, "RoleBinding", f"{RELEASE}-operator-lease")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    "values", [{}, {"operator": {"watchNamespace": "ml"}}], ids=["cluster-wide", "single-namespace"]
+)
+def test_node_lease_access_is_read_only_and_only_in_kube_node_lease(chart: Any, values: dict[str, Any]) -> None:
+    objects = render(chart, values)
+    role = one(objects, "Role", f"{RELEASE}-operator-node-leases")
+    assert role["metadata"]["namespace"] == "kube-node-lease"
+    assert rules_by_resource(role) == {("coordination.k8s.io", "leases"): {"get", "list", "watch"}}
+    binding = one(objects, "RoleBinding", f"{RELEASE}-operator-node-leases")
+    assert binding["metadata"]["namespace"] == "kube-node-lease"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["namespace"] == NAMESPACE
 
 
 def test_cluster_wide_operator_binds_job_rules_with_a_cluster_role(chart: Any) -> None:
@@ -582,8 +597,10 @@ def test_every_object_carries_the_standard_labels(chart: Any) -> None:
 
 def test_namespaced_objects_land_in_the_release_namespace(chart: Any) -> None:
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    # The one exception: read access to the kubelets' Leases lives where they are.
+    node_leases = f"{RELEASE}-operator-node-leases"
     for obj in render(chart, ALL_TOGGLES_ON):
-        if obj["kind"] not in cluster_scoped:
+        if obj["kind"] not in cluster_scoped and obj["metadata"]["name"] != node_leases:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
 
 

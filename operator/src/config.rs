@@ -54,6 +54,9 @@ pub struct OperatorConfig {
     pub node_not_ready_timeout_seconds: u64,
     /// How long a container may wait (ImagePullBackOff, ...) before its worker counts as failed.
     pub container_waiting_timeout_seconds: u64,
+    /// How long after a rank fails its verdict is held while a peer's node may have been lost
+    /// ([`crate::lost_peer`]): a lost peer is a preemption, not a failure.
+    pub lost_peer_window_seconds: u64,
 }
 
 /// One row of the price table.
@@ -121,6 +124,7 @@ impl Default for OperatorConfig {
             .to_vec(),
             node_not_ready_timeout_seconds: 60,
             container_waiting_timeout_seconds: 300,
+            lost_peer_window_seconds: 60,
         }
     }
 }

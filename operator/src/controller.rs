@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, TryStreamExt, future, stream};
 use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -84,6 +85,9 @@ pub struct RunConfig {
     pub max_concurrent_reconciles: u16,
 }
 
+/// Where kubelets keep their heartbeat Leases.
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
 /// Default for [`RunConfig::max_concurrent_reconciles`].
 pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 16;
 
@@ -92,6 +96,8 @@ struct Context {
     config: OperatorConfig,
     pods: Store<CachedPod>,
     nodes: Store<Node>,
+    /// The kubelets' Leases: a node whose Lease stops renewing is being lost (lost_peer).
+    leases: Store<Lease>,
     services: Store<PartialObjectMeta<Service>>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     jobs: Store<DeserializeGuard<TrainingJob>>,
@@ -378,6 +384,24 @@ async fn run_controller(
         .reflect(node_writer)
         .default_backoff();
 
+    // Node heartbeats. Optional: without RBAC for Leases the store stays empty and the lost
+    // peer rule falls back to node conditions and its window.
+    let (lease_store, lease_writer) = reflector::store();
+    let lease_task = tokio::spawn(
+        watcher(
+            Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE),
+            wc(),
+        )
+        .reflect(lease_writer)
+        .default_backoff()
+        .for_each(|ev| {
+            if let Err(e) = ev {
+                tracing::debug!(error = %e, "node Lease watch");
+            }
+            future::ready(())
+        }),
+    );
+
     let (svc_store, svc_writer) = reflector::store();
     let seen = seen_by::<PartialObjectMeta<Service>>(expectations.clone(), Kind::Service);
     let svc_task = tokio::spawn(
@@ -504,6 +528,7 @@ async fn run_controller(
         config: config.operator.clone(),
         pods: pod_store,
         nodes: node_store,
+        leases: lease_store,
         services: svc_store,
         claims: claim_store,
         jobs: job_store,
@@ -536,6 +561,7 @@ async fn run_controller(
         })
         .await;
     svc_task.abort();
+    lease_task.abort();
     // The controller has dropped the last Context, and with it the Events' sender: the publisher
     // ends once it has published what is queued, or is cut short.
     if tokio::time::timeout(EVENT_DRAIN, publisher).await.is_err() {
@@ -735,6 +761,7 @@ impl Context {
             pods,
             foreign_pods,
             nodes: self.nodes.state(),
+            node_leases: self.leases.state(),
             claim_exists: self
                 .claims
                 .get(&ObjectRef::new(&job.claim_name).within(ns))

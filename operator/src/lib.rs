@@ -4,7 +4,7 @@
 //!
 //! The reconcile is a pipeline of pure steps, each unit-tested without a cluster:
 //! [`validate::validate`] → [`plan::decide`] (which uses [`placement`], [`preemption`] and the
-//! [`pods`], [`service`] and [`pvc`] builders) → the thin [`controller`] that writes the status
+//! [`lost_peer`] rule and the [`pods`], [`service`] and [`pvc`] builders) → the thin [`controller`] that writes the status
 //! and applies the actions.
 #![forbid(unsafe_code)]
 
@@ -18,6 +18,7 @@ pub mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod leader;
+pub mod lost_peer;
 pub mod metrics;
 pub mod nodes;
 pub mod placement;

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -23,6 +24,7 @@ use crate::crd::{
     JobCondition, LABEL_ATTEMPT, LABEL_RANK, LastRestart, Phase, RestartReason, TrainingJobStatus,
     WorkerStatus,
 };
+use crate::lost_peer::{self, SilentPeer, Verdict};
 use crate::placement::{self, Placement};
 use crate::preemption::{self, ClassifierConfig, NodeView, WorkerState, min_time};
 use crate::validate::{InvalidSpec, ValidJob};
@@ -58,6 +60,8 @@ pub struct Observed {
     pub foreign_pods: Vec<String>,
     /// Every node.
     pub nodes: Vec<Arc<Node>>,
+    /// The kubelets' Leases in `kube-node-lease` (empty when the operator may not read them).
+    pub node_leases: Vec<Arc<Lease>>,
     /// Whether the checkpoint PVC exists.
     pub claim_exists: bool,
     /// Whether the rendezvous Service exists.
@@ -72,6 +76,16 @@ impl Observed {
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(name))
             .map(|n| n.as_ref())
+    }
+
+    fn node_view<'a>(&'a self, pod: &'a Pod) -> NodeView<'a> {
+        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            None => NodeView::Unscheduled,
+            Some(n) => match self.node(n) {
+                Some(node) => NodeView::Present(node),
+                None => NodeView::Missing(n),
+            },
+        }
     }
 
     fn node_refs(&self) -> Vec<&Node> {
@@ -323,6 +337,55 @@ fn remove_pods<'a>(
     }
 }
 
+/// The [`lost_peer`] rule for a round whose problems are failures only.
+fn judge_lost_peer(
+    current_pods: &BTreeMap<u32, &Arc<Pod>>,
+    states: &BTreeMap<u32, WorkerState>,
+    observed: &Observed,
+    classifier: &ClassifierConfig,
+) -> Verdict {
+    let now = observed.now;
+    let failed: Vec<&Arc<Pod>> = states
+        .iter()
+        .filter(|(_, s)| matches!(s, WorkerState::Failed(_)))
+        .filter_map(|(r, _)| current_pods.get(r).copied())
+        .collect();
+    let failed_at = failed
+        .iter()
+        .map(|p| lost_peer::failed_at(p, now))
+        .min()
+        .unwrap_or(now);
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let failed_nodes: Vec<String> = failed.iter().filter_map(|p| node_of(p)).collect();
+    let peers: Vec<SilentPeer<'_>> = states
+        .iter()
+        .filter(|(_, s)| matches!(s, WorkerState::Running { .. } | WorkerState::Pending { .. }))
+        .filter_map(|(r, _)| current_pods.get(r).map(|p| (*r, p)))
+        .map(|(rank, pod)| {
+            let node = observed.node_view(pod);
+            let heartbeat = match node {
+                NodeView::Present(n) => {
+                    lost_peer::heartbeat(observed.node_leases.iter().map(|l| &**l), nodes::name(n))
+                }
+                _ => None,
+            };
+            SilentPeer {
+                rank,
+                node,
+                heartbeat,
+                beside_failure: node_of(pod).is_some_and(|n| failed_nodes.contains(&n)),
+            }
+        })
+        .collect();
+    lost_peer::judge(
+        failed_at,
+        &peers,
+        &classifier.termination_taints,
+        classifier.lost_peer_window,
+        now,
+    )
+}
+
 /// Decides the next status and actions.
 pub fn decide(
     job: &ValidJob,
@@ -481,14 +544,7 @@ fn decide_inner(
     // Classify the current attempt's workers.
     let mut states: BTreeMap<u32, WorkerState> = BTreeMap::new();
     for (&rank, pod) in &current_pods {
-        let view = match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            None => NodeView::Unscheduled,
-            Some(n) => match observed.node(n) {
-                Some(node) => NodeView::Present(node),
-                None => NodeView::Missing(n),
-            },
-        };
-        let c = preemption::classify(pod, view, &classifier, now);
+        let c = preemption::classify(pod, observed.node_view(pod), &classifier, now);
         requeue_at = min_time(requeue_at, c.recheck_at);
         states.insert(rank, c.state);
     }
@@ -506,16 +562,31 @@ fn decide_inner(
         }
     }
 
-    let problems: Vec<(u32, &WorkerState)> = states
+    let mut problems: Vec<(u32, &WorkerState)> = states
         .iter()
         .filter(|(_, s)| matches!(s, WorkerState::Preempted(_) | WorkerState::Failed(_)))
         .map(|(r, s)| (*r, s))
         .collect();
+    // A preempted rank makes the others fail too (the collective breaks): preemption wins.
+    let preempted = problems
+        .iter()
+        .any(|(_, s)| matches!(s, WorkerState::Preempted(_)));
+    // Failures alone: was a peer's node lost under the ranks that still seem to run?
+    let lost_peer = if problems.is_empty() || preempted {
+        None
+    } else {
+        match judge_lost_peer(&current_pods, &states, observed, &classifier) {
+            Verdict::Preemption(detail) => Some(detail),
+            Verdict::Hold(at) => {
+                requeue_at = min_time(requeue_at, Some(at));
+                problems.clear();
+                None
+            }
+            Verdict::Failure => None,
+        }
+    };
     if !problems.is_empty() {
-        // A preempted rank makes the others fail too (the collective breaks): preemption wins.
-        let preempted = problems
-            .iter()
-            .any(|(_, s)| matches!(s, WorkerState::Preempted(_)));
+        let preempted = preempted || lost_peer.is_some();
         let reason = if preempted {
             RestartReason::Preemption
         } else {
@@ -524,10 +595,16 @@ fn decide_inner(
         let mut first = problems
             .iter()
             .filter(|(_, s)| !preempted || matches!(s, WorkerState::Preempted(_)));
-        let detail = first
-            .next()
-            .map(|(r, s)| format!("worker {r}: {}", s.reason().unwrap_or_default()))
-            .unwrap_or_default();
+        let detail = match (&lost_peer, problems.first()) {
+            (Some(lost), Some((r, s))) => format!(
+                "{lost}; worker {r} failed with it: {}",
+                s.reason().unwrap_or_default()
+            ),
+            _ => first
+                .next()
+                .map(|(r, s)| format!("worker {r}: {}", s.reason().unwrap_or_default()))
+                .unwrap_or_default(),
+        };
         let more = problems.len() - 1;
         let detail = if more > 0 {
             format!("{detail} (and {more} more)")

@@ -13,6 +13,7 @@ struct World {
     status: TrainingJobStatus,
     pods: Vec<Arc<Pod>>,
     nodes: Vec<Arc<Node>>,
+    leases: Vec<Arc<Lease>>,
     claim_exists: bool,
     service_exists: bool,
     now: Timestamp,
@@ -26,6 +27,7 @@ impl World {
             status: TrainingJobStatus::default(),
             pods: Vec::new(),
             nodes: vec![Arc::new(node("n-1").gpus(8).product("Tesla-T4").build())],
+            leases: Vec::new(),
             claim_exists: false,
             service_exists: false,
             now: ts(T0),
@@ -37,6 +39,7 @@ impl World {
             pods: self.pods.clone(),
             foreign_pods: Vec::new(),
             nodes: self.nodes.clone(),
+            node_leases: self.leases.clone(),
             claim_exists: self.claim_exists,
             service_exists: self.service_exists,
             now: self.now,
@@ -116,9 +119,42 @@ impl World {
 
     fn exit(&mut self, name: &str, code: i32) {
         let phase = if code == 0 { "Succeeded" } else { "Failed" };
-        self.set_status(name, json!({"phase": phase, "startTime": T0, "containerStatuses": [
+        self.set_status(
+            name,
+            json!({"phase": phase, "startTime": T0, "containerStatuses": [
             {"name": "trainer", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
-             "state": {"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }}}}]}));
+             "state": {"terminated": {"exitCode": code, "finishedAt": self.now.to_string(),
+                                      "reason": if code == 0 { "Completed" } else { "Error" }}}}]}),
+        );
+    }
+
+    /// A second node, `n-2`, with worker 1 moved onto it (a spot node in the stories below).
+    fn with_worker_1_on_n2(mut self) -> Self {
+        self.nodes
+            .push(Arc::new(node("n-2").gpus(8).product("Tesla-T4").build()));
+        self.modify("train-worker-1", |p| {
+            p.spec.as_mut().expect("spec").node_name = Some("n-2".into());
+        });
+        self
+    }
+
+    fn replace_node(&mut self, built: Node) {
+        let name = built.metadata.name.clone();
+        self.nodes.retain(|n| n.metadata.name != name);
+        self.nodes.push(Arc::new(built));
+    }
+
+    /// `node`'s kubelet renews its Lease now.
+    fn heartbeat(&mut self, node: &str) {
+        let lease: Lease = serde_json::from_value(json!({
+            "metadata": {"name": node, "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
+                     "renewTime": self.now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+        }))
+        .expect("Lease");
+        self.leases
+            .retain(|l| l.metadata.name.as_deref() != Some(node));
+        self.leases.push(Arc::new(lease));
     }
 
     /// The kubelet finishes every pending deletion.
@@ -379,6 +415,82 @@ fn failure_backs_off_then_restarts_against_the_failure_budget() {
         env(World::creates(&plan)[0], "TRAINYARD_RESTART_REASON").as_deref(),
         Some("Failure")
     );
+}
+
+#[test]
+fn a_rank_that_fails_because_its_peers_node_vanished_counts_one_preemption() {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {maxFailures: 0}\n").with_worker_1_on_n2();
+    w.heartbeat("n-2");
+    w.advance(1);
+    // n-2 vanishes: rank 0's collective breaks at once, long before n-2 is marked NotReady.
+    w.exit("train-worker-0", 1);
+    let held = w.step();
+    assert_eq!(held.restart, None, "no verdict while n-2 may be lost");
+    assert_eq!((held.status.failures, held.status.preemptions), (0, 0));
+    assert_eq!(
+        held.requeue_at,
+        Some(ts("2026-01-01T00:00:03Z")),
+        "looks again soon"
+    );
+    // n-2's Lease was renewed 1 s before the failure and never again: after two missed
+    // renewals (20 s of a 40 s Lease) the node counts as lost.
+    w.advance(19);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!((plan.status.failures, plan.status.preemptions), (0, 1));
+    let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
+    assert!(
+        detail.contains("worker 1 lost with its node: node n-2's Lease not renewed")
+            && detail.contains("worker 0 failed with it"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn a_peer_node_marked_not_ready_decides_the_preemption_at_once() {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {maxFailures: 0}\n").with_worker_1_on_n2();
+    w.exit("train-worker-0", 1);
+    assert_eq!(w.step().restart, None);
+    w.advance(5);
+    w.replace_node(
+        node("n-2")
+            .gpus(8)
+            .product("Tesla-T4")
+            .not_ready_since("2026-01-01T00:00:04Z")
+            .build(),
+    );
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!((plan.status.failures, plan.status.preemptions), (0, 1));
+}
+
+#[test]
+fn a_peer_node_that_renews_its_lease_after_the_failure_makes_it_a_failure() {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {maxFailures: 3}\n").with_worker_1_on_n2();
+    w.exit("train-worker-0", 1);
+    assert_eq!(w.step().restart, None);
+    w.advance(8);
+    w.heartbeat("n-2");
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Failure));
+    assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
+}
+
+#[test]
+fn without_leases_the_window_bounds_the_hold() {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {maxFailures: 3}\n").with_worker_1_on_n2();
+    w.config.lost_peer_window_seconds = 30;
+    w.exit("train-worker-0", 1);
+    w.advance(29);
+    assert_eq!(w.step().restart, None);
+    w.advance(1);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Failure));
+    assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
 }
 
 #[test]

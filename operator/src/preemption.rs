@@ -35,6 +35,8 @@ pub struct ClassifierConfig {
     pub node_not_ready_timeout: SignedDuration,
     /// A container waiting for longer than this has failed.
     pub container_waiting_timeout: SignedDuration,
+    /// How long a failure is held while a peer's node may be lost ([`crate::lost_peer`]).
+    pub lost_peer_window: SignedDuration,
 }
 
 impl ClassifierConfig {
@@ -44,6 +46,7 @@ impl ClassifierConfig {
             termination_taints: config.termination_taints.clone(),
             node_not_ready_timeout: seconds(config.node_not_ready_timeout_seconds),
             container_waiting_timeout: seconds(config.container_waiting_timeout_seconds),
+            lost_peer_window: seconds(config.lost_peer_window_seconds),
         }
     }
 }
