@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# make demo: a local cluster with 8 simulated GPUs, the Helm chart, the example
-# TrainingJob, a spot preemption of one worker, and the resume from latest.pt.
-# The cluster stays up afterwards (make cluster-down stops it).
+# make demo: a real PyTorch DDP job under torchrun on the local two-node cluster loses its
+# spot node mid-training and resumes from its checkpoint, by itself:
+#   1. the two-node cluster (node 1 on-demand with 8 fake GPUs, node 2 spot with 2), the chart;
+#   2. examples/trainingjob.yaml: 2 workers x 2 GPUs, one worker lands on each node;
+#      beside it the same job pinned to on-demand capacity, never interrupted, for comparison;
+#   3. the spot node is lost the way a reclaimed VM disappears (node2.sh lose);
+#   4. the operator counts one preemption (not a failure), falls back to on-demand after
+#      fallbackToOnDemandAfter: 1, and the next attempt resumes from latest.pt;
+#   5. both jobs finish; the final weights' SHA-256 of both are printed and compared.
+# The cluster stays up afterwards, with the spot node back (make cluster-down stops it).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 source "$HERE/cluster/env.sh"
 export KUBECONFIG=$KUBECONFIG_FILE PATH=$K8S_BIN:$PATH
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+start=$SECONDS
 
-say "Bringing up the local cluster (the first run builds Kubernetes 1.20: ~5-8 minutes)"
+say "Bringing up the local two-node cluster (the first run builds Kubernetes 1.20 and the trainer image: ~15 minutes)"
 bash "$HERE/cluster/up.sh"
-bash "$HERE/cluster/images.sh" trainer operator device-plugin
+bash "$HERE/cluster/images.sh" torch-trainer operator device-plugin
+kubectl get nodes -L "$SPOT_LABEL" -o wide
 
-say "Installing the chart with 8 fake A100 GPUs"
+say "Installing the chart: 8 fake A100s on the on-demand node, 2 on the spot node"
 mkdir -p "$STATE/fake-gpus"
 cp "$ROOT/device-plugin/examples/fake-gpus-8.yaml" "$STATE/fake-gpus/fake-gpus.yaml"
 PY=${TRAINYARD_CACHE:-$HOME/.cache/trainyard}/venv/bin/python
@@ -26,44 +34,101 @@ if kubectl -n trainyard-system get deploy trainyard-operator >/dev/null 2>&1; th
 else
   "$PY" "$HERE/helm.py" install trainyard "$ROOT/charts/trainyard" trainyard-system --values "$HERE/values-local.yaml"
 fi
+kubectl uncordon "$NODE2_NAME" >/dev/null
 kubectl -n trainyard-system rollout status deploy/trainyard-operator --timeout=180s
 kubectl -n trainyard-system rollout status ds/trainyard-device-plugin --timeout=180s
-for _ in $(seq 1 120); do
-  gpus=$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')
-  [[ $gpus == 8 ]] && break; sleep 1
-done
-echo "node $NODE_NAME allocatable nvidia.com/gpu: ${gpus:-0}"
-kubectl get node "$NODE_NAME" -o json | python3 -c 'import json,sys; l=json.load(sys.stdin)["metadata"]["labels"]; [print(f"  {k}={v}") for k,v in sorted(l.items()) if k.startswith("nvidia.com/")]'
-
-say "Submitting examples/trainingjob.yaml (2 workers x 2 GPUs)"
-kubectl delete trainingjob demo --ignore-not-found --wait=true >/dev/null
-kubectl delete pvc demo-checkpoints --ignore-not-found --wait=true >/dev/null
-kubectl apply -f "$ROOT/examples/trainingjob.yaml"
-job=$(kubectl create --dry-run=client -o jsonpath='{.metadata.name}' -f "$ROOT/examples/trainingjob.yaml")
-wait_running() { # wait_running ATTEMPT
+for node in "$NODE_NAME" "$NODE2_NAME"; do
   for _ in $(seq 1 120); do
-    n=$(kubectl get pods -l "trainyard.dev/job=$job,trainyard.dev/attempt=$1" \
+    gpus=$(kubectl get node "$node" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')
+    [[ -n $gpus && $gpus != 0 ]] && break; sleep 1
+  done
+  echo "node $node ($(kubectl get node "$node" -o jsonpath="{.metadata.labels.karpenter\.sh/capacity-type}")): allocatable nvidia.com/gpu ${gpus:-0}"
+done
+
+job=$(kubectl create --dry-run=client -o jsonpath='{.metadata.name}' -f "$ROOT/examples/trainingjob.yaml")
+baseline=$job-uninterrupted
+say "Submitting examples/trainingjob.yaml ($job) and its uninterrupted twin ($baseline, on-demand only)"
+for j in "$job" "$baseline"; do
+  kubectl delete trainingjob "$j" --ignore-not-found --wait=true >/dev/null
+  kubectl delete pvc "$j-checkpoints" --ignore-not-found --wait=true >/dev/null
+done
+kubectl apply -f "$ROOT/examples/trainingjob.yaml"
+kubectl create --dry-run=client -o json -f "$ROOT/examples/trainingjob.yaml" | python3 -c '
+import json, sys
+job = json.load(sys.stdin)
+job["metadata"]["name"] += "-uninterrupted"
+# Same workers and GPUs per worker (so the same world size and data split), never on spot.
+job["spec"]["spot"] = {"policy": "Never"}
+print(json.dumps(job))' | kubectl apply -f -
+
+wait_running() { # wait_running JOB ATTEMPT
+  for _ in $(seq 1 300); do
+    n=$(kubectl get pods -l "trainyard.dev/job=$1,trainyard.dev/attempt=$2" \
       -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Running$' || true)
     [[ $n == 2 ]] && return 0; sleep 1
   done
-  echo "demo: attempt $1 pods did not start" >&2; kubectl get pods -o wide; kubectl describe tj "$job" | tail -20; exit 1
+  echo "demo: $1 attempt $2 did not start" >&2; kubectl get pods -o wide; kubectl describe tj "$1" | tail -20; exit 1
 }
-wait_running 0
-kubectl get tj "$job"; kubectl get pods -l "trainyard.dev/job=$job" -o wide
-log_of() { cat /var/log/pods/default_"$1"_*/trainer/*.log 2>/dev/null | cut -d' ' -f4-; }
-sleep 8
-say "Rank 0 is training; its log so far:"
-log_of "$job-worker-0" | tail -4
+# A pod's trainer log, from the node's /var/log/pods (node 2's private copy survives its loss).
+log_of() { # log_of POD: the trainer's log of every attempt, from either node
+  local f
+  for f in /var/log/pods/default_"$1"_*/trainer/*.log \
+           "$NODE2_DIR"/private/var/log/pods/default_"$1"_*/trainer/*.log; do
+    [[ -f $f ]] && cut -d' ' -f4- "$f"
+  done
+  return 0
+}
+wait_log() { # wait_log POD TEXT SECONDS
+  local text
+  for _ in $(seq 1 "$3"); do
+    text=$(log_of "$1"); [[ $text == *"$2"* ]] && return 0; sleep 1
+  done
+  echo "demo: $1 never logged '$2'" >&2; log_of "$1" | tail -20; exit 1
+}
+wait_phase() { # wait_phase JOB PHASE SECONDS
+  for _ in $(seq 1 "$3"); do
+    [[ $(kubectl get tj "$1" -o jsonpath='{.status.phase}') == "$2" ]] && return 0; sleep 1
+  done
+  echo "demo: $1 did not reach $2" >&2; kubectl describe tj "$1" | tail -20; exit 1
+}
 
-say "Preempting $job-worker-1 as a kubelet graceful node shutdown would (DisruptionTarget, then delete)"
-"$TARGET/debug/trainyard-e2e" preempt default "$job-worker-1" TerminationByKubelet
-wait_running 1
-sleep 3
-say "Attempt 1 is running. Rank 0 of the new attempt says:"
-log_of "$job-worker-0" | grep -iE 'resum|start' | tail -3
+wait_running "$job" 0
+kubectl get pods -l "trainyard.dev/job=$job" -o wide
+wait_log "$job-worker-0" "checkpoint saved at step" 300
+say "torchrun is training over gloo across both nodes; rank 0 so far:"
+log_of "$job-worker-0" | grep -vE '^\s*$' | tail -4
+
+say "The spot node $NODE2_NAME disappears: kubelet, containerd and containers killed at once"
+bash "$HERE/cluster/node2.sh" lose
+lost_at=$SECONDS
+wait_running "$job" 1
+say "Attempt 1 is running $((SECONDS - lost_at)) s after the node was lost:"
+kubectl get nodes -L "$SPOT_LABEL"
 kubectl get tj "$job"
-say "Events on the TrainingJob:"
+kubectl get pods -l "trainyard.dev/job=$job,trainyard.dev/attempt=1" -o wide
+wait_log "$job-worker-0" "resuming from step" 180
+log_of "$job-worker-0" | grep -E 'resuming from step' | tail -1
+say "What the operator recorded (kubectl describe tj $job):"
 kubectl describe tj "$job" | sed -n '/^Events:/,$p'
+
+say "Waiting for both jobs to finish"
+wait_phase "$job" Succeeded 900
+wait_phase "$baseline" Succeeded 900
+kubectl get tj "$job" "$baseline"
+digest() { log_of "$1-worker-0" | sed -n 's/.*final weights sha256 \([0-9a-f]*\).*/\1/p' | tail -1; }
+a=$(digest "$job"); b=$(digest "$baseline")
+say "Final weights"
+echo "  preempted job     $job: sha256 ${a:-missing}"
+echo "  uninterrupted job $baseline: sha256 ${b:-missing}"
+if [[ -n $a && $a == "$b" ]]; then
+  echo "  equal: the job resumed bit-exact after losing its spot node"
+else
+  echo "  NOT equal" >&2
+fi
+
+say "Bringing the spot node back"
+bash "$HERE/cluster/node2.sh" start
 echo
-echo "The job runs on to completion. Watch it with: KUBECONFIG=$KUBECONFIG_FILE $K8S_BIN/kubectl get tj -w"
-echo "Stop the cluster with: make cluster-down"
+echo "Demo done in $((SECONDS - start)) s. Explore with: KUBECONFIG=$KUBECONFIG_FILE $K8S_BIN/kubectl get tj,pods -o wide"
+echo "Lose the spot node by hand: bash e2e/cluster/node2.sh lose (and start). Stop everything: make cluster-down"
+[[ -n $a && $a == "$b" ]]

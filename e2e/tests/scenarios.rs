@@ -820,12 +820,10 @@ where
     let spot = node2_name();
     set_schedulable(client, &spot, true).await?;
     let res = body().await;
-    let restored = async {
-        node2("start")?;
-        set_schedulable(client, &spot, false).await
-    }
-    .await;
-    res.and(restored)
+    // Cordon first, so nothing lands on the spot node while it comes back; both always run.
+    let cordoned = set_schedulable(client, &spot, false).await;
+    let started = node2("start");
+    res.and(cordoned).and(started)
 }
 
 /// A TrainingJob running `torchrun /app/train.py` with no flags (the PET_* contract).
@@ -914,30 +912,41 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
     let ns = Jobs::new(&client);
     let res = with_spot_node(&client, || async {
         let (spot, on_demand) = (node2_name(), node_name());
-        // The same job (same world size) without a preemption, on on-demand capacity only:
-        // node 1 has 8 GPUs, this takes 4, the job below 2 there and later 4.
         let steps = 60;
-        create_job(
-            &client,
-            &ns.name,
-            torch_job("ddp-baseline", 2, steps, "0", json!({"policy": "Never"})),
-        )
-        .await?;
-        // Two GPUs per worker and two on the spot node: one worker there, one on node 1.
+        // Rank 0 (torchrun's rendezvous store) on the spot node: losing it makes the surviving
+        // agent on node 1 exit non-zero within seconds, before node 2 is NotReady, which is the
+        // case the lost-peer rule must count as a preemption. Node 1 is cordoned until rank 0
+        // is bound (two GPUs per worker, two on the spot node: only one worker fits there).
         let name = "ddp";
-        create_job(
-            &client,
-            &ns.name,
-            torch_job(name, 2, steps, "0.5", json!({"policy": "Prefer"})),
-        )
-        .await?;
+        set_schedulable(&client, &on_demand, false).await?;
+        let placed = async {
+            create_job(
+                &client,
+                &ns.name,
+                torch_job(name, 2, steps, "0.5", json!({"policy": "Prefer"})),
+            )
+            .await?;
+            wait_for(
+                "rank 0 bound to the spot node",
+                Duration::from_secs(60),
+                || {
+                    let (client, ns) = (client.clone(), ns.name.clone());
+                    async move {
+                        let pods = job_pods(&client, &ns, name).await?;
+                        Ok(rank_pod(&pods, 0)
+                            .ok()
+                            .map(node_of)
+                            .filter(|n| !n.is_empty()))
+                    }
+                },
+            )
+            .await
+        }
+        .await;
+        set_schedulable(&client, &on_demand, true).await?;
+        assert_eq!(placed?, spot, "rank 0 on the spot node");
         let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
-        let nodes: BTreeSet<String> = pods.iter().map(node_of).collect();
-        assert_eq!(
-            nodes,
-            BTreeSet::from([spot.clone(), on_demand.clone()]),
-            "one worker on each node"
-        );
+        assert_eq!(node_of(rank_pod(&pods, 1)?), on_demand, "rank 1 on node 1");
 
         // Lose the spot node once rank 0 has written a periodic checkpoint.
         let rank0 = rank_pod(&pods, 0)?.clone();
@@ -956,6 +965,20 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         assert_eq!(st["preemptions"], 1, "status: {st}");
         assert_eq!(st["failures"], 0, "status: {st}");
         assert_eq!(st["lastRestart"]["reason"], "Preemption", "status: {st}");
+        // Decided by the lost-peer rule: rank 1 failed first, rank 0's node was lost under it.
+        let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("worker 0 lost with its node") && detail.contains("worker 1 failed"),
+            "status: {st}"
+        );
+        // The same job (same world size) never preempted, on node 1 only (8 GPUs: 4 here, 4
+        // for attempt 1), for the digest.
+        create_job(
+            &client,
+            &ns.name,
+            torch_job("ddp-baseline", 2, steps, "0", json!({"policy": "Never"})),
+        )
+        .await?;
         for p in &new_pods {
             let env = &p.spec.as_ref().context("pod spec")?.containers[0].env;
             assert!(
@@ -974,7 +997,8 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
                 Ok(log
                     .lines()
                     .find_map(|l| l.split("resuming from step ").nth(1))
-                    .and_then(|n| n.trim().parse().ok()))
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .and_then(|n| n.parse().ok()))
             }
         })
         .await?;
@@ -1112,15 +1136,16 @@ async fn pods_on_both_nodes_resolve_cluster_names_and_reach_cluster_ip_services(
     let (_guard, client) = installed().await?;
     let ns = Jobs::new(&client);
     let res = with_spot_node(&client, || async {
-        // The device plugin's metrics Service: a ClusterIP served by a pod on each node.
+        // The operator's metrics Service: a ClusterIP whose endpoint runs on node 1, so the
+        // probe on node 2 crosses nodes through kube-proxy's rules.
         let services = Api::<Service>::namespaced(client.clone(), RELEASE_NS)
             .list(&ListParams::default())
             .await?;
         let metrics = services
             .items
             .iter()
-            .find(|s| s.name_any().ends_with("device-plugin-metrics"))
-            .context("the device plugin's metrics Service")?;
+            .find(|s| s.name_any().ends_with("operator-metrics"))
+            .context("the operator's metrics Service")?;
         let ip = metrics
             .spec
             .as_ref()
@@ -1138,7 +1163,7 @@ async fn pods_on_both_nodes_resolve_cluster_names_and_reach_cluster_ip_services(
             let pod = format!("probe-{}", node.trim_start_matches("trainyard-"));
             let script = format!(
                 "nslookup {fqdn} | grep -q {ip} && echo resolved; \
-                 printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' | nc -w 10 {ip} {port} | grep -m1 -o trainyard_gpu_[a-z_]*"
+                 printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' | nc -w 10 {ip} {port} | grep -m1 -o trainyard_[a-z_]*"
             );
             let manifest: Pod = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Pod",
@@ -1163,7 +1188,7 @@ async fn pods_on_both_nodes_resolve_cluster_names_and_reach_cluster_ip_services(
             pods.delete(&pod, &Default::default()).await?;
             assert!(log.contains("resolved"), "{node}: {fqdn} -> {ip}; log:\n{log}");
             assert!(
-                log.contains("trainyard_gpu_"),
+                log.contains("trainyard_"),
                 "{node}: GET /metrics through the ClusterIP; log:\n{log}"
             );
         }
