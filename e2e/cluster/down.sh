@@ -9,7 +9,27 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
 
 [[ ${TRAINYARD_E2E_EXISTING:-0} == 1 ]] && { echo "down: existing cluster, nothing to stop"; exit 0; }
-[[ -d $STATE ]] || { echo "down: nothing to do ($STATE absent)"; exit 0; }
+
+# Pod network namespaces of a run that ended without down.sh (its containerd is gone, so the
+# loop above cannot name them): CNI's, holding an address of this harness's pod subnets.
+in_pod_subnet() { python3 -c 'import ipaddress,sys
+a = ipaddress.ip_interface(sys.argv[1]).ip
+sys.exit(0 if any(a in ipaddress.ip_network(n) for n in sys.argv[2:]) else 1)' "$@"; }
+sweep_stale_netns() {
+  for ns in /run/netns/cni-*; do
+    [[ -e $ns ]] || continue
+    name=$(basename "$ns")
+    addr=$(ip netns exec "$name" ip -4 -o addr show dev eth0 2>/dev/null | awk '{print $4; exit}')
+    [[ -n $addr ]] && in_pod_subnet "$addr" "$POD_SUBNET" "$NODE2_POD_SUBNET" || continue
+    ip netns delete "$name" 2>/dev/null && echo "down: removed stale pod network namespace $name ($addr)"
+  done
+  # `ip netns add` (node 2) and the CNI plugins make /run/netns a mount point; drop it once empty.
+  if findmnt -rn /run/netns >/dev/null && [[ -z $(ls -A /run/netns 2>/dev/null) ]]; then
+    umount /run/netns 2>/dev/null && echo "down: unmounted /run/netns"
+  fi
+}
+
+[[ -d $STATE ]] || { sweep_stale_netns; echo "down: nothing else to do ($STATE absent)"; exit 0; }
 
 stop() { # stop NAME: SIGTERM, wait up to 10 s, then SIGKILL
   local f=$PIDS/$1.pid pid
@@ -86,6 +106,7 @@ for ns in $(printf '%s\n' "${netns[@]}" | sort -u); do
   ip netns delete "$name" 2>/dev/null || { umount "$ns" 2>/dev/null; rm -f "$ns"; }
 done
 ((${#netns[@]})) && echo "down: removed pod network namespaces"
+sweep_stale_netns
 
 if ip link show "$BRIDGE" >/dev/null 2>&1; then
   ip link delete "$BRIDGE" && echo "down: removed bridge $BRIDGE"
@@ -99,10 +120,6 @@ if [[ -f $STATE/ip_forward.orig ]]; then
 fi
 # containerd's cgroup parent, once its containers' cgroups are gone.
 rmdir /sys/fs/cgroup/*/k8s.io 2>/dev/null
-# `ip netns add` (node 2) and the CNI plugins make /run/netns a mount point; drop it once empty.
-if findmnt -rn /run/netns >/dev/null && [[ -z $(ls -A /run/netns 2>/dev/null) ]]; then
-  umount /run/netns 2>/dev/null && echo "down: unmounted /run/netns"
-fi
 
 if [[ -n ${TRAINYARD_E2E_LOGS_TO:-} ]]; then
   # Keep the component and pod logs for after the state is gone (CI artefacts).
