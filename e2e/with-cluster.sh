@@ -16,7 +16,10 @@ fi
 cleanup() {
   local rc=$?
   if [[ $was_up == 0 && ${TRAINYARD_E2E_KEEP_UP:-0} != 1 ]]; then
-    TRAINYARD_E2E_LOGS_TO=${TRAINYARD_E2E_LOGS_TO:-$(dirname "$HERE")/target/e2e-logs} bash "$HERE/cluster/down.sh" || true
+    # down.sh verifies that nothing of the harness is left; if something is, the run fails.
+    if ! TRAINYARD_E2E_LOGS_TO=${TRAINYARD_E2E_LOGS_TO:-$(dirname "$HERE")/target/e2e-logs} bash "$HERE/cluster/down.sh"; then
+      ((rc)) || rc=1
+    fi
   fi
   exit $rc
 }

@@ -130,6 +130,9 @@ if [[ -n ${TRAINYARD_E2E_LOGS_TO:-} ]]; then
   echo "down: logs copied to $TRAINYARD_E2E_LOGS_TO"
 fi
 
+# KUBE-* chains the host had before up.sh are not ours.
+host_had_kube_chains=0
+grep -q '^:KUBE-' "$STATE/iptables.orig" 2>/dev/null && host_had_kube_chains=1
 if [[ ${TRAINYARD_E2E_KEEP:-0} != 1 ]]; then
   rm -rf "$STATE"
   rm -rf /var/log/pods/*
@@ -139,4 +142,47 @@ if [[ ${TRAINYARD_E2E_KEEP:-0} != 1 ]]; then
     "${KUBELET_ROOT:?}/memory_manager_state"
   echo "down: removed $STATE"
 fi
-echo "down: done"
+
+# Check, don't assume: nothing the harness made may outlive it. Exit 1 (make test fails)
+# when anything is left, naming it.
+leftovers=()
+for _ in $(seq 1 20); do # killed processes may take a moment to be reaped
+  leftovers=()
+  for cmdline in /proc/[0-9]*/cmdline; do
+    pid=${cmdline#/proc/}; pid=${pid%/cmdline}
+    [[ $pid == "$$" ]] && continue
+    args=$(tr '\0' ' ' <"$cmdline" 2>/dev/null) || continue
+    [[ $args == *"$STATE"* && $args != *down.sh* && $args != *with-cluster.sh* ]] &&
+      leftovers+=("process $pid: ${args:0:120}")
+  done
+  ((${#leftovers[@]})) || break
+  sleep 0.25
+done
+ip netns list 2>/dev/null | grep -qw "^$NODE2_NETNS" && leftovers+=("network namespace $NODE2_NETNS")
+for ns in /run/netns/cni-*; do
+  [[ -e $ns ]] || continue
+  addr=$(ip netns exec "$(basename "$ns")" ip -4 -o addr show dev eth0 2>/dev/null | awk '{print $4; exit}')
+  [[ -n $addr ]] && in_pod_subnet "$addr" "$POD_SUBNET" "$NODE2_POD_SUBNET" &&
+    leftovers+=("network namespace $(basename "$ns") ($addr)")
+done
+for link in "$BRIDGE" "$NODE2_VETH_HOST"; do
+  ip link show "$link" >/dev/null 2>&1 && leftovers+=("link $link")
+done
+while read -r route; do
+  [[ -n $route ]] && leftovers+=("route $route")
+done < <(ip route show | grep -E "^($NODE2_POD_SUBNET|${SERVICE_CIDR}) |via $NODE2_IP ")
+while read -r m; do
+  [[ -n $m ]] && leftovers+=("mount $m")
+done < <(findmnt -rn -o TARGET | grep -E "^($STATE|${KUBELET_ROOT}/pods)(/|$)")
+if ((!host_had_kube_chains)) && iptables-save 2>/dev/null | grep -q '^:KUBE-'; then
+  leftovers+=("iptables KUBE-* chains")
+fi
+for cg in /sys/fs/cgroup/*/"$NODE2_CGROUP"; do
+  [[ -d $cg ]] && leftovers+=("cgroup $cg")
+done
+if ((${#leftovers[@]})); then
+  echo "down: LEFT BEHIND (${#leftovers[@]}):" >&2
+  printf '  %s\n' "${leftovers[@]}" >&2
+  exit 1
+fi
+echo "down: done; verified that no process, network namespace, link, route, mount, KUBE-* chain or node cgroup of the harness is left"
