@@ -51,3 +51,21 @@ NODE2_PRIVATE_DIRS=(/var/lib/kubelet/device-plugins /var/log/pods /var/log/conta
 KUBE_PROXY_FLAGS=(--proxy-mode iptables --cluster-cidr "$POD_ROUTES_CIDR"
   --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256
   --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0s --conntrack-tcp-timeout-close-wait 0s)
+
+# write_cni_conflist FILE NETWORK BRIDGE IS_GATEWAY SUBNET RANGE_START GATEWAY IPAM_DIR:
+# a node's CNI config (bridge + host-local IPAM + portmap), routing every pod subnet and the
+# Services through the node.
+write_cni_conflist() {
+  cat >"$1" <<CONF
+{
+  "cniVersion": "0.4.0",
+  "name": "$2",
+  "plugins": [
+    {"type": "bridge", "bridge": "$3", "isGateway": $4, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$5", "rangeStart": "$6", "gateway": "$7"}]],
+              "routes": [{"dst": "$POD_ROUTES_CIDR"}, {"dst": "$SERVICE_CIDR"}], "dataDir": "$8"}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+CONF
+}

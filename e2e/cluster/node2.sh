@@ -111,18 +111,8 @@ start_node() {
   local gpus=$PRIVATE$STATE/fake-gpus/fake-gpus.yaml
   [[ -f $gpus ]] || cp "$HERE/fake-gpus-node2.yaml" "$gpus"
 
-  cat >"$NODE2_DIR/cni/net.d/10-trainyard.conflist" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "trainyard-e2e-node2",
-  "plugins": [
-    {"type": "bridge", "bridge": "$NODE2_BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$NODE2_POD_SUBNET", "rangeStart": "10.90.1.1", "gateway": "$NODE2_BRIDGE_IP"}]],
-              "routes": [{"dst": "$POD_ROUTES_CIDR"}, {"dst": "$SERVICE_CIDR"}], "dataDir": "$NODE2_DIR/cni/ipam"}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}
-EOF
+  write_cni_conflist "$NODE2_DIR/cni/net.d/10-trainyard.conflist" trainyard-e2e-node2 "$NODE2_BRIDGE" true \
+    "$NODE2_POD_SUBNET" 10.90.1.1 "$NODE2_BRIDGE_IP" "$NODE2_DIR/cni/ipam"
   sed -e "s#^root = .*#root = \"$NODE2_DIR/containerd/root\"#" \
       -e "s#^state = .*#state = \"$NODE2_DIR/containerd/state\"#" \
       -e "s#address = \"$CONTAINERD_SOCK\"#address = \"$NODE2_CONTAINERD_SOCK\"#" \

@@ -133,18 +133,8 @@ if [[ ! -f $STATE/ip_forward.orig ]]; then
   ip6tables-save >"$STATE/ip6tables.orig" 2>/dev/null || true
 fi
 sysctl -qw net.ipv4.ip_forward=1
-cat >"$STATE/cni/net.d/10-trainyard.conflist" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "trainyard-e2e",
-  "plugins": [
-    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": false, "ipMasq": false, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "10.88.1.1", "gateway": "$BRIDGE_IP"}]],
-              "routes": [{"dst": "$POD_ROUTES_CIDR"}, {"dst": "$SERVICE_CIDR"}], "dataDir": "$STATE/cni/ipam"}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}
-EOF
+write_cni_conflist "$STATE/cni/net.d/10-trainyard.conflist" trainyard-e2e "$BRIDGE" false \
+  "$POD_SUBNET" 10.88.1.1 "$BRIDGE_IP" "$STATE/cni/ipam"
 
 # ---------- etcd ----------
 start etcd /usr/bin/etcd --name trainyard-e2e --data-dir "$STATE/etcd" \

@@ -1221,9 +1221,12 @@ async fn pods_on_both_nodes_resolve_cluster_names_and_reach_cluster_ip_services(
         let fqdn = format!("{}.{RELEASE_NS}.svc.cluster.local", metrics.name_any());
         for node in [node_name(), node2_name()] {
             let pod = format!("probe-{}", node.trim_start_matches("trainyard-"));
+            // Retried for up to 60 s: right after an install the Service's endpoints may not be
+            // in kube-proxy's rules (nor the name in the DNS feeder's hosts) yet.
             let script = format!(
-                "nslookup {fqdn} | grep -q {ip} && echo resolved; \
-                 printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' | nc -w 10 {ip} {port} | grep -m1 -o trainyard_[a-z_]*"
+                "for i in $(seq 60); do nslookup {fqdn} | grep -q {ip} && echo resolved && break; sleep 1; done; \
+                 for i in $(seq 60); do printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {ip} {port} \
+                   | grep -m1 -o 'trainyard_[a-z_]*' && break; sleep 1; done"
             );
             let manifest: Pod = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Pod",
@@ -1235,7 +1238,7 @@ async fn pods_on_both_nodes_resolve_cluster_names_and_reach_cluster_ip_services(
             }))?;
             let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
             pods.create(&PostParams::default(), &manifest).await?;
-            let done = wait_for(&format!("{pod} to finish"), Duration::from_secs(90), || {
+            let done = wait_for(&format!("{pod} to finish"), Duration::from_secs(180), || {
                 let (pods, pod) = (pods.clone(), pod.clone());
                 async move {
                     let p = pods.get(&pod).await?;
