@@ -339,6 +339,7 @@ impl TryFrom<RunArgs> for RunConfig {
             health: HealthPolicy {
                 ignored_xids,
                 recovery_quiet_period: Duration::from_secs(args.health_recovery_seconds),
+                ..HealthPolicy::default()
             },
             probe_interval: Duration::from_secs(5),
             label_writer: LabelWriter::InProcess,

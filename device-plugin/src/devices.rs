@@ -20,7 +20,7 @@ pub const UNHEALTHY: &str = "Unhealthy";
 pub struct DeviceState {
     /// What the backend reported.
     pub inventory: Inventory,
-    /// Health by UUID; every GPU of the inventory has an entry.
+    /// Health by device ID; every device of the inventory has an entry.
     pub health: BTreeMap<String, Health>,
     /// The allocator's matrix for this inventory.
     pub topology: Arc<Topology>,
@@ -40,34 +40,33 @@ impl DeviceState {
         self.health.get(uuid).is_some_and(Health::is_healthy)
     }
 
-    /// The ListAndWatch device list: ID = UUID, NUMA node as topology.
+    /// The ListAndWatch device list: ID = UUID, NUMA node as topology; a
+    /// GPU that could not be read is listed too (Unhealthy), so capacity
+    /// still counts it and allocatable does not.
     pub fn devices(&self) -> Vec<api::Device> {
+        let device = |id: &str, numa: Option<i64>| api::Device {
+            id: id.to_string(),
+            health: if self.is_healthy(id) {
+                HEALTHY
+            } else {
+                UNHEALTHY
+            }
+            .to_string(),
+            topology: numa.map(|node| api::TopologyInfo {
+                nodes: vec![api::NumaNode { id: node }],
+            }),
+        };
         self.inventory
-            .gpus
-            .iter()
-            .map(|gpu| api::Device {
-                id: gpu.uuid.clone(),
-                health: if self.is_healthy(&gpu.uuid) {
-                    HEALTHY
-                } else {
-                    UNHEALTHY
-                }
-                .to_string(),
-                topology: gpu.numa_node.map(|node| api::TopologyInfo {
-                    nodes: vec![api::NumaNode { id: node }],
-                }),
-            })
+            .devices()
+            .into_iter()
+            .map(|(_, id, gpu)| device(&id, gpu.and_then(|g| g.numa_node)))
             .collect()
     }
 
-    /// Number of healthy and unhealthy GPUs.
+    /// Number of healthy and unhealthy devices.
     pub fn health_counts(&self) -> (usize, usize) {
-        let healthy = self
-            .inventory
-            .gpus
-            .iter()
-            .filter(|g| self.is_healthy(&g.uuid))
-            .count();
-        (healthy, self.inventory.gpus.len() - healthy)
+        let ids = self.inventory.device_ids();
+        let healthy = ids.iter().filter(|id| self.is_healthy(id)).count();
+        (healthy, ids.len() - healthy)
     }
 }

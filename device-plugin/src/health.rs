@@ -5,26 +5,66 @@
 //!   (13, 31, 43, 45, 68, 109 by default) are counted but ignored.
 //! - An unhealthy GPU recovers once it has been quiet for the recovery period
 //!   *and* a probe succeeds, instead of staying unhealthy forever.
+//! - A fault that only a GPU reset repairs (XID 79, 48, 74, ..., see
+//!   [`DEFAULT_RESET_XIDS`], and NVML `GpuLost`/`ResetRequired`) also needs
+//!   evidence of that reset ([`ResetCheck`]): a GPU that merely answers a
+//!   memory query again has not been shown to be repaired.
 //! - An error that cannot be tied to one GPU is logged and never marks every
-//!   GPU unhealthy.
+//!   GPU unhealthy, and a GPU that cannot be read is one unhealthy GPU, not
+//!   a reason to stop serving the others.
 //!
 //! Time is passed in, so tests drive the machine without sleeping.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::backend::ProbeOutcome;
+use crate::backend::{DeviceError, DeviceErrorKind, ProbeOutcome, RecoveryAction, ResetEvidence};
 
 /// XIDs caused by applications rather than hardware, ignored by default.
 pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
+/// XIDs after which a GPU stays Unhealthy until a probe shows the reset
+/// they need, from NVIDIA's XID catalogue (immediate action `RESET_GPU`, or
+/// a memory repair that only takes effect at the next reset):
+///
+/// | XID | meaning | why a reset |
+/// |---|---|---|
+/// | 48 | double-bit (uncorrectable) ECC error | the bad page/row is retired or remapped only at the next reset |
+/// | 62 | internal micro-controller halt | the firmware is stopped until the GPU is reset |
+/// | 63 | page retirement / row remapping recorded | the repair takes effect at the next reset |
+/// | 64 | recording a page retirement / row remapping failed | reset; if it persists the GPU needs replacing |
+/// | 74 | NVLink error | the link stays down until the GPU (or link) is reset |
+/// | 79 | GPU has fallen off the bus | unusable until reset or reboot |
+/// | 94 | contained uncorrectable ECC error | the row is remapped at the next reset; until then the next job may hit it again |
+/// | 95 | uncontained uncorrectable ECC error | every context on the GPU is corrupt; reset |
+/// | 119, 120 | GSP firmware RPC timeout / error | the GSP is only restarted by a reset |
+/// | 140 | unrecovered ECC error | reset |
+/// | 154 | the driver's recovery action changed | the driver itself says what is needed; the recovery-action field tells when it is done |
+pub const DEFAULT_RESET_XIDS: [(u64, ResetCheck); 12] = [
+    (48, ResetCheck::GpuReset),
+    (62, ResetCheck::GpuReset),
+    (63, ResetCheck::GpuReset),
+    (64, ResetCheck::GpuReset),
+    (74, ResetCheck::NvlinksUp),
+    (79, ResetCheck::GpuReset),
+    (94, ResetCheck::GpuReset),
+    (95, ResetCheck::GpuReset),
+    (119, ResetCheck::GpuReset),
+    (120, ResetCheck::GpuReset),
+    (140, ResetCheck::GpuReset),
+    (154, ResetCheck::GpuReset),
+];
+
 /// Tunables of the health rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthPolicy {
-    /// XIDs that never change health.
+    /// XIDs that never change health (this wins over `reset_xids`).
     pub ignored_xids: BTreeSet<u64>,
     /// How long an unhealthy GPU must stay quiet before a good probe recovers it.
     pub recovery_quiet_period: Duration,
+    /// XIDs whose GPU also needs evidence of a reset before it recovers.
+    pub reset_xids: BTreeMap<u64, ResetCheck>,
 }
 
 impl Default for HealthPolicy {
@@ -32,7 +72,118 @@ impl Default for HealthPolicy {
         Self {
             ignored_xids: DEFAULT_IGNORED_XIDS.into_iter().collect(),
             recovery_quiet_period: Duration::from_secs(30),
+            reset_xids: DEFAULT_RESET_XIDS.into_iter().collect(),
         }
+    }
+}
+
+/// What must be observed, besides quiet and a good probe, before a GPU
+/// that had a reset-requiring fault may serve again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ResetCheck {
+    /// The GPU has been reset: it answers, the driver asks for no recovery
+    /// action, nothing waits for page retirement or row remapping (which a
+    /// reset carries out), and at least one of those could be read.
+    GpuReset,
+    /// Every NVLink lane that was up is up again, the GPU answers and the
+    /// driver asks for no recovery action.
+    NvlinksUp,
+}
+
+impl fmt::Display for ResetCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::GpuReset => "a GPU reset",
+            Self::NvlinksUp => "its NVLinks to come back up",
+        })
+    }
+}
+
+/// Why a [`ResetCheck`] is not met yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unmet {
+    /// The GPU does not answer.
+    Unreachable(DeviceErrorKind),
+    /// The driver still asks for this.
+    RecoveryAction(RecoveryAction),
+    /// Row remapping failed: no reset repairs this GPU's memory.
+    RowRemapFailed,
+    /// Pages still wait for retirement.
+    RetiredPagesPending,
+    /// A row remapping still waits for a reset.
+    RowRemapPending,
+    /// Fewer NVLink lanes are up than before.
+    NvlinksDown {
+        /// Lanes up now.
+        active: u32,
+        /// Lanes up before.
+        expected: u32,
+    },
+    /// No query that could tell is supported by this GPU or driver.
+    CannotTell,
+}
+
+impl fmt::Display for Unmet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unreachable(kind) => write!(f, "the GPU does not answer ({kind:?})"),
+            Self::RecoveryAction(action) => write!(f, "the driver asks for: {action}"),
+            Self::RowRemapFailed => f.write_str("row remapping failed; the GPU needs replacing"),
+            Self::RetiredPagesPending => f.write_str("pages are waiting for retirement"),
+            Self::RowRemapPending => f.write_str("a row remapping is waiting for a reset"),
+            Self::NvlinksDown { active, expected } => {
+                write!(f, "{active} of {expected} NVLink lanes are up")
+            }
+            Self::CannotTell => f.write_str("no query on this GPU can show a reset"),
+        }
+    }
+}
+
+impl ResetCheck {
+    /// Judges the evidence; `Ok` when the check is met.
+    pub fn assess(self, evidence: &ResetEvidence) -> Result<(), Unmet> {
+        if let Err(e) = &evidence.reachable {
+            return Err(Unmet::Unreachable(e.kind));
+        }
+        if let Some(action) = evidence.recovery_action
+            && action != RecoveryAction::None
+        {
+            return Err(Unmet::RecoveryAction(action));
+        }
+        match self {
+            Self::GpuReset => {
+                if evidence.row_remap_failed == Some(true) {
+                    return Err(Unmet::RowRemapFailed);
+                }
+                if evidence.retired_pages_pending == Some(true) {
+                    return Err(Unmet::RetiredPagesPending);
+                }
+                if evidence.row_remap_pending == Some(true) {
+                    return Err(Unmet::RowRemapPending);
+                }
+                let told = evidence.recovery_action.is_some()
+                    || evidence.retired_pages_pending.is_some()
+                    || evidence.row_remap_pending.is_some();
+                if told { Ok(()) } else { Err(Unmet::CannotTell) }
+            }
+            Self::NvlinksUp => match evidence.nvlink_lanes {
+                None => Err(Unmet::CannotTell),
+                Some(lanes) if lanes.active < lanes.expected => Err(Unmet::NvlinksDown {
+                    active: lanes.active,
+                    expected: lanes.expected,
+                }),
+                Some(_) => Ok(()),
+            },
+        }
+    }
+}
+
+/// The reset a per-GPU error needs, if any: a lost GPU or one the driver
+/// refuses comes back only through a reset.
+pub fn reset_check_for(kind: DeviceErrorKind) -> Option<ResetCheck> {
+    match kind {
+        DeviceErrorKind::GpuLost | DeviceErrorKind::ResetRequired => Some(ResetCheck::GpuReset),
+        DeviceErrorKind::NotFound | DeviceErrorKind::Other => None,
     }
 }
 
@@ -47,6 +198,8 @@ pub enum Health {
         reason: String,
         /// The last time something bad was observed; recovery waits from here.
         last_bad: Instant,
+        /// Resets it still waits for; empty when quiet and a good probe suffice.
+        awaiting: BTreeSet<ResetCheck>,
     },
 }
 
@@ -85,6 +238,17 @@ pub enum XidVerdict {
     Unattributed,
 }
 
+/// What the tracker made of reset evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResetVerdict {
+    /// The GPU waited for no reset (unknown, healthy, or none needed).
+    NotAwaiting,
+    /// Every awaited reset is now shown; quiet and a good probe recover it.
+    Shown,
+    /// These checks are still unmet.
+    Pending(Vec<(ResetCheck, Unmet)>),
+}
+
 /// Health of every GPU of the node.
 #[derive(Debug, Clone)]
 pub struct HealthTracker {
@@ -121,22 +285,45 @@ impl HealthTracker {
         }
     }
 
-    fn mark_unhealthy(&mut self, uuid: &str, reason: String, now: Instant) -> Option<Transition> {
+    /// Moves the health of device `from` to device `to`, for a GPU first
+    /// advertised under a stand-in ID whose UUID could now be read: the
+    /// reset it waits for is still owed.
+    pub fn rename(&mut self, from: &str, to: &str) {
+        if from != to
+            && !self.gpus.contains_key(to)
+            && let Some(health) = self.gpus.remove(from)
+        {
+            self.gpus.insert(to.to_string(), health);
+        }
+    }
+
+    fn mark_unhealthy(
+        &mut self,
+        uuid: &str,
+        reason: String,
+        reset: Option<ResetCheck>,
+        now: Instant,
+    ) -> Option<Transition> {
         let health = self.gpus.get_mut(uuid)?;
         match health {
             Health::Healthy => {
                 *health = Health::Unhealthy {
                     reason: reason.clone(),
                     last_bad: now,
+                    awaiting: reset.into_iter().collect(),
                 };
                 Some(Transition::BecameUnhealthy {
                     uuid: uuid.to_string(),
                     reason,
                 })
             }
-            Health::Unhealthy { last_bad, .. } => {
-                // Still bad: the quiet period starts over, the first reason stays.
+            Health::Unhealthy {
+                last_bad, awaiting, ..
+            } => {
+                // Still bad: the quiet period starts over, the first reason
+                // stays, and every reset owed stays owed.
                 *last_bad = now;
+                awaiting.extend(reset);
                 None
             }
         }
@@ -150,7 +337,55 @@ impl HealthTracker {
         if self.policy.ignored_xids.contains(&xid) {
             return XidVerdict::Ignored;
         }
-        XidVerdict::Critical(self.mark_unhealthy(uuid, format!("critical XID {xid}"), now))
+        let reset = self.policy.reset_xids.get(&xid).copied();
+        let reason = match reset {
+            Some(check) => format!("critical XID {xid}; waiting for {check}"),
+            None => format!("critical XID {xid}"),
+        };
+        XidVerdict::Critical(self.mark_unhealthy(uuid, reason, reset, now))
+    }
+
+    /// Applies a per-GPU error met while reading the inventory: the GPU
+    /// cannot be vouched for, so it is Unhealthy until it reads again (and
+    /// any reset the error needs is shown).
+    pub fn on_fault(&mut self, id: &str, error: &DeviceError, now: Instant) -> Option<Transition> {
+        let reset = reset_check_for(error.kind);
+        self.mark_unhealthy(id, format!("cannot be read: {error}"), reset, now)
+    }
+
+    /// The GPUs that wait for evidence of a reset.
+    pub fn awaiting_reset(&self) -> Vec<String> {
+        self.gpus
+            .iter()
+            .filter(
+                |(_, h)| matches!(h, Health::Unhealthy { awaiting, .. } if !awaiting.is_empty()),
+            )
+            .map(|(uuid, _)| uuid.clone())
+            .collect()
+    }
+
+    /// Applies reset evidence gathered for `uuid`: every check it meets is
+    /// no longer awaited.
+    pub fn on_reset_evidence(&mut self, uuid: &str, evidence: &ResetEvidence) -> ResetVerdict {
+        let Some(Health::Unhealthy { awaiting, .. }) = self.gpus.get_mut(uuid) else {
+            return ResetVerdict::NotAwaiting;
+        };
+        if awaiting.is_empty() {
+            return ResetVerdict::NotAwaiting;
+        }
+        let mut pending = Vec::new();
+        awaiting.retain(|check| match check.assess(evidence) {
+            Ok(()) => false,
+            Err(unmet) => {
+                pending.push((*check, unmet));
+                true
+            }
+        });
+        if pending.is_empty() {
+            ResetVerdict::Shown
+        } else {
+            ResetVerdict::Pending(pending)
+        }
     }
 
     /// Applies the outcome of probing `uuid`.
@@ -161,14 +396,19 @@ impl HealthTracker {
         now: Instant,
     ) -> Option<Transition> {
         match outcome {
-            ProbeOutcome::Unhealthy(reason) => self.mark_unhealthy(uuid, reason.clone(), now),
+            ProbeOutcome::Unhealthy(error) => {
+                let reset = reset_check_for(error.kind);
+                self.mark_unhealthy(uuid, error.to_string(), reset, now)
+            }
             ProbeOutcome::Inconclusive(_) => None,
             ProbeOutcome::Healthy => {
                 let quiet = self.policy.recovery_quiet_period;
                 let health = self.gpus.get_mut(uuid)?;
                 match health {
-                    Health::Unhealthy { last_bad, .. }
-                        if now.saturating_duration_since(*last_bad) >= quiet =>
+                    Health::Unhealthy {
+                        last_bad, awaiting, ..
+                    } if awaiting.is_empty()
+                        && now.saturating_duration_since(*last_bad) >= quiet =>
                     {
                         *health = Health::Healthy;
                         Some(Transition::Recovered {
@@ -191,6 +431,32 @@ impl HealthTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::NvlinkLanes;
+
+    /// A critical XID that needs no reset.
+    const PLAIN_XID: u64 = 61;
+
+    fn error(kind: DeviceErrorKind) -> DeviceError {
+        DeviceError {
+            kind,
+            detail: format!("NVML memory_info failed: {kind:?}"),
+        }
+    }
+
+    /// What a freshly reset GPU with row remapping support shows.
+    fn clean() -> ResetEvidence {
+        ResetEvidence {
+            reachable: Ok(()),
+            recovery_action: None,
+            retired_pages_pending: None,
+            row_remap_pending: Some(false),
+            row_remap_failed: Some(false),
+            nvlink_lanes: Some(NvlinkLanes {
+                active: 12,
+                expected: 12,
+            }),
+        }
+    }
 
     fn tracker(quiet_secs: u64) -> (HealthTracker, Instant) {
         let mut t = HealthTracker::new(HealthPolicy {
@@ -209,7 +475,7 @@ mod tests {
             verdict,
             XidVerdict::Critical(Some(Transition::BecameUnhealthy {
                 uuid: "GPU-a".into(),
-                reason: "critical XID 79".into()
+                reason: "critical XID 79; waiting for a GPU reset".into()
             }))
         );
         assert!(!t.health("GPU-a").unwrap().is_healthy());
@@ -255,7 +521,7 @@ mod tests {
     #[test]
     fn recovery_needs_the_quiet_period_and_a_good_probe() {
         let (mut t, start) = tracker(30);
-        t.on_xid(Some("GPU-a"), 79, start);
+        t.on_xid(Some("GPU-a"), PLAIN_XID, start);
         // A good probe too early does not recover.
         assert_eq!(
             t.on_probe(
@@ -266,7 +532,7 @@ mod tests {
             None
         );
         // A new bad observation restarts the quiet period.
-        t.on_xid(Some("GPU-a"), 48, start + Duration::from_secs(20));
+        t.on_xid(Some("GPU-a"), PLAIN_XID, start + Duration::from_secs(20));
         assert_eq!(
             t.on_probe(
                 "GPU-a",
@@ -293,6 +559,211 @@ mod tests {
     }
 
     #[test]
+    fn a_reset_xid_keeps_the_gpu_unhealthy_through_good_probes_past_the_quiet_period() {
+        for xid in [48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140] {
+            let (mut t, start) = tracker(30);
+            t.on_xid(Some("GPU-a"), xid, start);
+            let later = start + Duration::from_secs(3600);
+            assert_eq!(
+                t.on_probe("GPU-a", &ProbeOutcome::Healthy, later),
+                None,
+                "XID {xid}: a plain probe is no evidence of a reset"
+            );
+            assert!(!t.health("GPU-a").unwrap().is_healthy(), "XID {xid}");
+            // Evidence of the reset, then a good probe: recovered.
+            assert_eq!(t.on_reset_evidence("GPU-a", &clean()), ResetVerdict::Shown);
+            assert!(matches!(
+                t.on_probe("GPU-a", &ProbeOutcome::Healthy, later),
+                Some(Transition::Recovered { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn the_default_reset_xids_are_nvidias_reset_required_ones_and_not_application_xids() {
+        let policy = HealthPolicy::default();
+        for xid in [48, 62, 63, 64, 79, 94, 95, 119, 120, 140, 154] {
+            assert_eq!(
+                policy.reset_xids.get(&xid),
+                Some(&ResetCheck::GpuReset),
+                "{xid}"
+            );
+        }
+        assert_eq!(policy.reset_xids.get(&74), Some(&ResetCheck::NvlinksUp));
+        for xid in DEFAULT_IGNORED_XIDS {
+            assert!(!policy.reset_xids.contains_key(&xid), "{xid}");
+        }
+    }
+
+    #[test]
+    fn reset_checks_need_evidence_that_can_tell() {
+        type Edit = fn(&mut ResetEvidence);
+        let cases: [(&str, ResetCheck, Edit, Result<(), Unmet>); 12] = [
+            ("clean after reset", ResetCheck::GpuReset, |_| {}, Ok(())),
+            (
+                "GPU still lost",
+                ResetCheck::GpuReset,
+                |e| e.reachable = Err(error(DeviceErrorKind::GpuLost)),
+                Err(Unmet::Unreachable(DeviceErrorKind::GpuLost)),
+            ),
+            (
+                "driver still wants a reset",
+                ResetCheck::GpuReset,
+                |e| e.recovery_action = Some(RecoveryAction::GpuReset),
+                Err(Unmet::RecoveryAction(RecoveryAction::GpuReset)),
+            ),
+            (
+                "row remap pending",
+                ResetCheck::GpuReset,
+                |e| e.row_remap_pending = Some(true),
+                Err(Unmet::RowRemapPending),
+            ),
+            (
+                "row remap failed",
+                ResetCheck::GpuReset,
+                |e| e.row_remap_failed = Some(true),
+                Err(Unmet::RowRemapFailed),
+            ),
+            (
+                "pages pending retirement (pre-Ampere)",
+                ResetCheck::GpuReset,
+                |e| {
+                    e.row_remap_pending = None;
+                    e.retired_pages_pending = Some(true);
+                },
+                Err(Unmet::RetiredPagesPending),
+            ),
+            (
+                "pre-Ampere, nothing pending",
+                ResetCheck::GpuReset,
+                |e| {
+                    e.row_remap_pending = None;
+                    e.retired_pages_pending = Some(false);
+                },
+                Ok(()),
+            ),
+            (
+                "only the driver's recovery action can be read, and it is none",
+                ResetCheck::GpuReset,
+                |e| {
+                    e.row_remap_pending = None;
+                    e.recovery_action = Some(RecoveryAction::None);
+                },
+                Ok(()),
+            ),
+            (
+                "a GPU that answers but supports no query that tells",
+                ResetCheck::GpuReset,
+                |e| e.row_remap_pending = None,
+                Err(Unmet::CannotTell),
+            ),
+            (
+                "NVLink lanes still down",
+                ResetCheck::NvlinksUp,
+                |e| {
+                    e.nvlink_lanes = Some(NvlinkLanes {
+                        active: 10,
+                        expected: 12,
+                    })
+                },
+                Err(Unmet::NvlinksDown {
+                    active: 10,
+                    expected: 12,
+                }),
+            ),
+            (
+                "NVLinks back, an unrelated row remap pending",
+                ResetCheck::NvlinksUp,
+                |e| e.row_remap_pending = Some(true),
+                Ok(()),
+            ),
+            (
+                "NVLink state unreadable",
+                ResetCheck::NvlinksUp,
+                |e| e.nvlink_lanes = None,
+                Err(Unmet::CannotTell),
+            ),
+        ];
+        for (name, check, edit, expected) in cases {
+            let mut evidence = clean();
+            edit(&mut evidence);
+            assert_eq!(check.assess(&evidence), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn pending_evidence_keeps_the_gpu_unhealthy_and_checks_clear_one_by_one() {
+        let (mut t, start) = tracker(0);
+        t.on_xid(Some("GPU-a"), 48, start);
+        t.on_xid(Some("GPU-a"), 74, start);
+        let mut evidence = clean();
+        evidence.row_remap_pending = Some(true);
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &evidence),
+            ResetVerdict::Pending(vec![(ResetCheck::GpuReset, Unmet::RowRemapPending)])
+        );
+        assert_eq!(t.awaiting_reset(), vec!["GPU-a".to_string()]);
+        assert_eq!(t.on_probe("GPU-a", &ProbeOutcome::Healthy, start), None);
+        assert_eq!(t.on_reset_evidence("GPU-a", &clean()), ResetVerdict::Shown);
+        assert!(t.awaiting_reset().is_empty());
+        assert!(matches!(
+            t.on_probe("GPU-a", &ProbeOutcome::Healthy, start),
+            Some(Transition::Recovered { .. })
+        ));
+        // A healthy GPU waits for nothing.
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &clean()),
+            ResetVerdict::NotAwaiting
+        );
+    }
+
+    #[test]
+    fn a_lost_gpu_needs_a_reset_and_other_read_errors_only_quiet_and_a_good_probe() {
+        let (mut t, now) = tracker(0);
+        assert!(matches!(
+            t.on_fault("GPU-a", &error(DeviceErrorKind::GpuLost), now),
+            Some(Transition::BecameUnhealthy { .. })
+        ));
+        assert!(matches!(
+            t.on_fault("GPU-b", &error(DeviceErrorKind::Other), now),
+            Some(Transition::BecameUnhealthy { .. })
+        ));
+        assert_eq!(t.counts(), (0, 2));
+        assert_eq!(t.awaiting_reset(), vec!["GPU-a".to_string()]);
+        // The GPU reads again: the lost one still owes its reset.
+        assert_eq!(t.on_probe("GPU-a", &ProbeOutcome::Healthy, now), None);
+        assert!(matches!(
+            t.on_probe("GPU-b", &ProbeOutcome::Healthy, now),
+            Some(Transition::Recovered { .. })
+        ));
+        // A probe that finds the GPU lost also owes a reset.
+        let (mut t, now) = tracker(0);
+        let lost = ProbeOutcome::Unhealthy(error(DeviceErrorKind::ResetRequired));
+        t.on_probe("GPU-b", &lost, now);
+        assert_eq!(t.on_probe("GPU-b", &ProbeOutcome::Healthy, now), None);
+    }
+
+    #[test]
+    fn ignored_xids_win_over_reset_xids_and_rename_keeps_the_owed_reset() {
+        let mut t = HealthTracker::new(HealthPolicy {
+            ignored_xids: BTreeSet::from([94]),
+            recovery_quiet_period: Duration::ZERO,
+            ..HealthPolicy::default()
+        });
+        t.sync(["unreadable-gpu-3"]);
+        let now = Instant::now();
+        assert_eq!(
+            t.on_xid(Some("unreadable-gpu-3"), 94, now),
+            XidVerdict::Ignored
+        );
+        t.on_fault("unreadable-gpu-3", &error(DeviceErrorKind::GpuLost), now);
+        t.rename("unreadable-gpu-3", "GPU-d");
+        t.sync(["GPU-d"]);
+        assert_eq!(t.awaiting_reset(), vec!["GPU-d".to_string()]);
+        assert_eq!(t.on_probe("GPU-d", &ProbeOutcome::Healthy, now), None);
+    }
+
+    #[test]
     fn failed_probe_marks_unhealthy_and_inconclusive_probe_changes_nothing() {
         let (mut t, now) = tracker(0);
         assert_eq!(
@@ -301,12 +772,20 @@ mod tests {
         );
         assert!(t.health("GPU-b").unwrap().is_healthy());
         assert!(matches!(
-            t.on_probe("GPU-b", &ProbeOutcome::Unhealthy("lost".into()), now),
+            t.on_probe(
+                "GPU-b",
+                &ProbeOutcome::Unhealthy(error(DeviceErrorKind::NotFound)),
+                now
+            ),
             Some(Transition::BecameUnhealthy { .. })
         ));
         // A repeated failure is not a new transition.
         assert_eq!(
-            t.on_probe("GPU-b", &ProbeOutcome::Unhealthy("lost".into()), now),
+            t.on_probe(
+                "GPU-b",
+                &ProbeOutcome::Unhealthy(error(DeviceErrorKind::NotFound)),
+                now
+            ),
             None
         );
         // With no quiet period the next good probe recovers.

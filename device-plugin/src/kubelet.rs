@@ -19,8 +19,6 @@ use hyper_util::rt::TokioIo;
 use notify::Watcher;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 
@@ -30,6 +28,7 @@ use crate::api::registration_client::RegistrationClient;
 use crate::devices::StateReceiver;
 use crate::metrics::Metrics;
 use crate::service::{AllocateOptions, DevicePluginService, StreamTracker, plugin_options};
+use crate::uds_authority::{Gate, Limits, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE};
 
 /// API version we implement.
 pub const API_VERSION: &str = "v1beta1";
@@ -251,16 +250,16 @@ pub async fn run(
             Arc::clone(&streams),
             generation.clone(),
         );
+        // kubelets before 1.26 send the socket path as :authority, which h2
+        // rejects; uds_authority rewrites it, within bounds.
+        let incoming = Gate::new(Limits::default()).incoming(listener);
         let mut server = tokio::spawn(
             Server::builder()
+                // The limits uds_authority enforces, advertised to clients.
+                .max_frame_size(MAX_FRAME_PAYLOAD as u32)
+                .http2_max_header_list_size(MAX_HEADER_LIST_SIZE as u32)
                 .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(
-                    // kubelets before 1.26 send the socket path as :authority,
-                    // which h2 rejects; see uds_authority.
-                    UnixListenerStream::new(listener)
-                        .map(|conn| conn.map(crate::uds_authority::normalize)),
-                    generation.clone().cancelled_owned(),
-                ),
+                .serve_with_incoming_shutdown(incoming, generation.clone().cancelled_owned()),
         );
         tracing::info!(socket = %own_socket.display(), "serving the device plugin");
 

@@ -72,7 +72,11 @@ pub fn node_labels(inventory: &Inventory) -> BTreeMap<String, String> {
             labels.insert(key.to_string(), value);
         }
     };
-    set("nvidia.com/gpu.count", inventory.gpus.len().to_string());
+    // Every GPU the driver counts, readable or not, as GFD counts them.
+    set(
+        "nvidia.com/gpu.count",
+        inventory.device_ids().len().to_string(),
+    );
     if let Some(first) = inventory.gpus.first() {
         set("nvidia.com/gpu.product", label_value(&first.name));
         set("nvidia.com/gpu.memory", first.memory_mib.to_string());
@@ -302,6 +306,7 @@ mod tests {
                     nvlinks: BTreeMap::new(),
                 })
                 .collect(),
+            faults: vec![],
         }
     }
 

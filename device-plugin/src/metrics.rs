@@ -24,7 +24,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{GpuInfo, Telemetry, ThrottleReason};
+use crate::backend::{GpuFault, GpuInfo, Telemetry, ThrottleReason};
 use crate::devices::DeviceState;
 
 /// Errors of the metrics server.
@@ -271,6 +271,32 @@ impl Metrics {
         }
     }
 
+    /// Labels of a GPU whose facts could not be read: its device ID and index.
+    fn fault_labels(&self, fault: &GpuFault) -> GpuLabels {
+        GpuLabels {
+            gpu: fault.device_id(),
+            index: fault.index.to_string(),
+            product: String::new(),
+            node: self.node.clone(),
+        }
+    }
+
+    /// Per-GPU health series, unreadable GPUs included.
+    fn record_gpu_health(&self, state: &DeviceState) {
+        for gpu in &state.inventory.gpus {
+            self.gpu
+                .health
+                .get_or_create(&self.gpu_labels(gpu))
+                .set(i64::from(state.is_healthy(&gpu.uuid)));
+        }
+        for fault in state.inventory.faults_without_facts() {
+            self.gpu
+                .health
+                .get_or_create(&self.fault_labels(fault))
+                .set(i64::from(state.is_healthy(&fault.device_id())));
+        }
+    }
+
     /// Records the devices-by-health gauge and per-GPU health for a snapshot.
     pub fn record_health(&self, state: &DeviceState) {
         let _guard = self
@@ -286,12 +312,7 @@ impl Metrics {
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
         self.gpu.health.clear();
-        for gpu in &state.inventory.gpus {
-            self.gpu
-                .health
-                .get_or_create(&self.gpu_labels(gpu))
-                .set(i64::from(state.is_healthy(&gpu.uuid)));
-        }
+        self.record_gpu_health(state);
     }
 
     /// Replaces all per-GPU telemetry series with one new sample.
@@ -301,12 +322,9 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         self.gpu.clear();
+        self.record_gpu_health(state);
         for gpu in &state.inventory.gpus {
             let labels = self.gpu_labels(gpu);
-            self.gpu
-                .health
-                .get_or_create(&labels)
-                .set(i64::from(state.is_healthy(&gpu.uuid)));
             let Some((_, t)) = samples.iter().find(|(uuid, _)| *uuid == gpu.uuid) else {
                 continue;
             };
@@ -504,6 +522,7 @@ mod tests {
                     cuda_version: "12.4".into(),
                 },
                 gpus,
+                faults: vec![],
             },
             health: BTreeMap::from([
                 ("GPU-0".into(), Health::Healthy),
@@ -512,6 +531,7 @@ mod tests {
                     Health::Unhealthy {
                         reason: "x".into(),
                         last_bad: Instant::now(),
+                        awaiting: Default::default(),
                     },
                 ),
             ]),

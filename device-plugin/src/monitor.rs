@@ -10,9 +10,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocator::{AllocationError, Topology};
-use crate::backend::{BackendError, BackendEvent, GpuBackend, Inventory, ProbeOutcome, Telemetry};
+use crate::backend::{
+    BackendError, BackendEvent, GpuBackend, Inventory, ProbeOutcome, ResetEvidence, Telemetry,
+};
 use crate::devices::{DeviceState, StateReceiver};
-use crate::health::{HealthTracker, Transition, XidVerdict};
+use crate::health::{HealthTracker, ResetVerdict, Transition, XidVerdict};
 use crate::metrics::Metrics;
 
 /// Errors that stop the monitor from starting.
@@ -35,6 +37,29 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| MonitorError::Join(e.to_string()))
+}
+
+/// Devices first advertised under a stand-in ID (no UUID could be read)
+/// whose UUID `new` now knows, as `(stand-in, uuid)` pairs.
+pub fn renamed_devices(old: &Inventory, new: &Inventory) -> Vec<(String, String)> {
+    old.faults
+        .iter()
+        .filter(|f| f.uuid.is_none())
+        .filter_map(|stand_in| {
+            let uuid = new
+                .gpus
+                .iter()
+                .find(|g| g.index == stand_in.index)
+                .map(|g| g.uuid.clone())
+                .or_else(|| {
+                    new.faults
+                        .iter()
+                        .find(|f| f.index == stand_in.index)
+                        .and_then(|f| f.uuid.clone())
+                })?;
+            Some((stand_in.device_id(), uuid))
+        })
+        .collect()
 }
 
 /// Keeps health and the published state current.
@@ -61,7 +86,7 @@ impl Monitor {
             blocking(move || backend.inventory()).await??
         };
         let topology = Arc::new(Topology::new(&inventory.gpus)?);
-        tracker.sync(inventory.gpus.iter().map(|g| g.uuid.as_str()));
+        tracker.sync(inventory.device_ids().iter().map(String::as_str));
         let initial = Arc::new(DeviceState {
             inventory: inventory.clone(),
             health: Default::default(),
@@ -77,6 +102,7 @@ impl Monitor {
             metrics,
             probe_interval,
         };
+        monitor.apply_faults(Instant::now());
         monitor.probe_all().await;
         monitor.publish();
         Ok((monitor, receiver))
@@ -85,13 +111,9 @@ impl Monitor {
     fn publish(&self) {
         let health = self
             .inventory
-            .gpus
-            .iter()
-            .filter_map(|g| {
-                self.tracker
-                    .health(&g.uuid)
-                    .map(|h| (g.uuid.clone(), h.clone()))
-            })
+            .device_ids()
+            .into_iter()
+            .filter_map(|id| self.tracker.health(&id).cloned().map(|h| (id, h)))
             .collect();
         let state = Arc::new(DeviceState {
             inventory: self.inventory.clone(),
@@ -111,27 +133,87 @@ impl Monitor {
         }
     }
 
-    /// Probes every GPU; returns whether any health changed.
+    /// Marks every GPU that could not be read this round Unhealthy; returns
+    /// whether any health changed.
+    fn apply_faults(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        for fault in &self.inventory.faults {
+            let id = fault.device_id();
+            match self.tracker.on_fault(&id, &fault.error, now) {
+                Some(t) => {
+                    Self::log_transition(&t);
+                    changed = true;
+                }
+                None => {
+                    tracing::debug!(gpu = %id, error = %fault.error, "GPU still cannot be read");
+                }
+            }
+        }
+        changed
+    }
+
+    /// One periodic round: GPUs that could not be read are read again (NVML
+    /// sends no event when one comes back), then every GPU is probed.
+    async fn health_round(&mut self) -> bool {
+        let reloaded = !self.inventory.faults.is_empty() && self.reload_inventory().await;
+        self.probe_all().await || reloaded
+    }
+
+    /// Probes every readable GPU, and gathers reset evidence for those that
+    /// wait for a reset; returns whether any health changed.
     async fn probe_all(&mut self) -> bool {
-        let uuids: Vec<String> = self.inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let readable: Vec<String> = self
+            .inventory
+            .gpus
+            .iter()
+            .filter(|g| self.inventory.fault(&g.uuid).is_none())
+            .map(|g| g.uuid.clone())
+            .collect();
+        let awaiting: Vec<String> = self
+            .tracker
+            .awaiting_reset()
+            .into_iter()
+            .filter(|id| readable.contains(id))
+            .collect();
         let backend = Arc::clone(&self.backend);
-        let outcomes = match blocking(move || {
-            uuids
+        let gathered = blocking(move || {
+            let evidence: Vec<(String, ResetEvidence)> = awaiting
+                .into_iter()
+                .map(|uuid| {
+                    let evidence = backend.reset_evidence(&uuid);
+                    (uuid, evidence)
+                })
+                .collect();
+            let outcomes: Vec<(String, ProbeOutcome)> = readable
                 .into_iter()
                 .map(|uuid| {
                     let outcome = backend.probe(&uuid);
                     (uuid, outcome)
                 })
-                .collect::<Vec<_>>()
+                .collect();
+            (evidence, outcomes)
         })
-        .await
-        {
-            Ok(outcomes) => outcomes,
+        .await;
+        let (evidence, outcomes) = match gathered {
+            Ok(gathered) => gathered,
             Err(e) => {
                 tracing::warn!(error = %e, "probe failed; health unchanged");
                 return false;
             }
         };
+        for (uuid, evidence) in evidence {
+            match self.tracker.on_reset_evidence(&uuid, &evidence) {
+                ResetVerdict::Shown => {
+                    tracing::info!(gpu = %uuid, "GPU shows the reset it waited for");
+                }
+                ResetVerdict::Pending(unmet) => {
+                    for (check, why) in unmet {
+                        tracing::debug!(gpu = %uuid, %check, %why, "GPU still waits for a reset");
+                    }
+                }
+                ResetVerdict::NotAwaiting => {}
+            }
+        }
         let now = Instant::now();
         let mut changed = false;
         for (uuid, outcome) in outcomes {
@@ -146,17 +228,18 @@ impl Monitor {
         changed
     }
 
-    async fn reload_inventory(&mut self) {
+    /// Reads the inventory again; returns whether anything published changed.
+    async fn reload_inventory(&mut self) -> bool {
         let backend = Arc::clone(&self.backend);
         let inventory = match blocking(move || backend.inventory()).await {
             Ok(Ok(inventory)) => inventory,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "cannot re-read GPUs; keeping the last inventory");
-                return;
+                return false;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot re-read GPUs; keeping the last inventory");
-                return;
+                return false;
             }
         };
         if inventory.gpus != self.inventory.gpus {
@@ -164,14 +247,20 @@ impl Monitor {
                 Ok(topology) => self.topology = Arc::new(topology),
                 Err(e) => {
                     tracing::error!(error = %e, "ignoring new inventory");
-                    return;
+                    return false;
                 }
             }
             tracing::info!(gpus = inventory.gpus.len(), "GPU inventory changed");
         }
+        for (stand_in, uuid) in renamed_devices(&self.inventory, &inventory) {
+            tracing::info!(gpu = %uuid, was = %stand_in, "unreadable GPU now has a UUID");
+            self.tracker.rename(&stand_in, &uuid);
+        }
+        let changed = inventory != self.inventory;
         self.inventory = inventory;
         self.tracker
-            .sync(self.inventory.gpus.iter().map(|g| g.uuid.as_str()));
+            .sync(self.inventory.device_ids().iter().map(String::as_str));
+        self.apply_faults(Instant::now()) || changed
     }
 
     fn on_xid(&mut self, uuid: Option<String>, xid: u64) -> bool {
@@ -209,7 +298,7 @@ impl Monitor {
         loop {
             let changed = tokio::select! {
                 () = shutdown.cancelled() => return,
-                _ = probe.tick() => self.probe_all().await,
+                _ = probe.tick() => self.health_round().await,
                 event = events.recv(), if events_open => match event {
                     None => {
                         // No watcher any more: probes still keep health current.
@@ -254,10 +343,12 @@ pub async fn run_telemetry(
             changed = state.changed() => if changed.is_err() { return },
         }
         let snapshot = Arc::clone(&state.borrow_and_update());
+        // A GPU that cannot be read has no sample to give.
         let uuids: Vec<String> = snapshot
             .inventory
             .gpus
             .iter()
+            .filter(|g| snapshot.inventory.fault(&g.uuid).is_none())
             .map(|g| g.uuid.clone())
             .collect();
         let backend = Arc::clone(&backend);
@@ -289,12 +380,62 @@ mod tests {
     use tokio::sync::mpsc::UnboundedSender;
 
     use super::*;
-    use crate::backend::{ComputeCapability, DriverInfo, GpuInfo};
+    use crate::backend::{
+        ComputeCapability, DeviceError, DeviceErrorKind, DriverInfo, FailedRead, GpuInfo, KnownGpus,
+    };
     use crate::health::{HealthPolicy, HealthTracker};
 
-    /// A backend whose probe answers are set by the test.
+    fn error(kind: DeviceErrorKind) -> DeviceError {
+        DeviceError {
+            kind,
+            detail: format!("scripted {kind:?}"),
+        }
+    }
+
+    fn gpu(i: u32) -> GpuInfo {
+        GpuInfo {
+            uuid: format!("GPU-{i}"),
+            index: i,
+            minor_number: i,
+            name: "NVIDIA Test".into(),
+            memory_mib: 1,
+            pci_bus_id: None,
+            numa_node: None,
+            compute_capability: ComputeCapability { major: 8, minor: 0 },
+            nvlinks: BTreeMap::new(),
+        }
+    }
+
+    /// A backend whose probe answers, per-GPU read errors and reset
+    /// evidence are set by the test.
     struct ScriptedBackend {
+        gpus: u32,
         probes: Mutex<BTreeMap<String, ProbeOutcome>>,
+        /// Read errors by index, and whether the UUID can still be read.
+        faults: Mutex<BTreeMap<u32, (DeviceError, bool)>>,
+        evidence: Mutex<ResetEvidence>,
+        evidence_asked: Mutex<usize>,
+        known: Mutex<KnownGpus>,
+    }
+
+    impl ScriptedBackend {
+        fn new(gpus: u32, probes: BTreeMap<String, ProbeOutcome>) -> Self {
+            Self {
+                gpus,
+                probes: Mutex::new(probes),
+                faults: Mutex::default(),
+                evidence: Mutex::new(ResetEvidence {
+                    reachable: Ok(()),
+                    recovery_action: None,
+                    retired_pages_pending: None,
+                    row_remap_pending: Some(false),
+                    row_remap_failed: Some(false),
+                    nvlink_lanes: None,
+                }),
+                evidence_asked: Mutex::new(0),
+                known: Mutex::default(),
+            }
+        }
     }
 
     impl GpuBackend for ScriptedBackend {
@@ -303,26 +444,24 @@ mod tests {
         }
 
         fn inventory(&self) -> Result<Inventory, BackendError> {
-            let gpus = (0..2)
-                .map(|i| GpuInfo {
-                    uuid: format!("GPU-{i}"),
-                    index: i,
-                    minor_number: i,
-                    name: "NVIDIA Test".into(),
-                    memory_mib: 1,
-                    pci_bus_id: None,
-                    numa_node: None,
-                    compute_capability: ComputeCapability { major: 8, minor: 0 },
-                    nvlinks: BTreeMap::new(),
+            let faults = self.faults.lock().unwrap();
+            let reads = (0..self.gpus)
+                .map(|i| match faults.get(&i) {
+                    Some((error, uuid_readable)) => Err(FailedRead {
+                        index: i,
+                        uuid: uuid_readable.then(|| format!("GPU-{i}")),
+                        error: error.clone(),
+                    }),
+                    None => Ok(gpu(i)),
                 })
                 .collect();
-            Ok(Inventory {
-                driver: DriverInfo {
+            Ok(self.known.lock().unwrap().assemble(
+                DriverInfo {
                     driver_version: "550.54.15".into(),
                     cuda_version: "12.4".into(),
                 },
-                gpus,
-            })
+                reads,
+            ))
         }
 
         fn probe(&self, uuid: &str) -> ProbeOutcome {
@@ -332,6 +471,11 @@ mod tests {
                 .get(uuid)
                 .cloned()
                 .unwrap_or(ProbeOutcome::Healthy)
+        }
+
+        fn reset_evidence(&self, _uuid: &str) -> ResetEvidence {
+            *self.evidence_asked.lock().unwrap() += 1;
+            self.evidence.lock().unwrap().clone()
         }
 
         fn telemetry(&self, _uuid: &str) -> Result<Telemetry, BackendError> {
@@ -347,8 +491,9 @@ mod tests {
         }
     }
 
-    async fn started(
-        probes: BTreeMap<String, ProbeOutcome>,
+    async fn start_with(
+        backend: ScriptedBackend,
+        probe_interval: Duration,
     ) -> (
         Arc<ScriptedBackend>,
         StateReceiver,
@@ -356,9 +501,7 @@ mod tests {
         Arc<Metrics>,
         CancellationToken,
     ) {
-        let backend = Arc::new(ScriptedBackend {
-            probes: Mutex::new(probes),
-        });
+        let backend = Arc::new(backend);
         let metrics = Arc::new(Metrics::new("n"));
         let tracker = HealthTracker::new(HealthPolicy {
             recovery_quiet_period: Duration::ZERO,
@@ -368,7 +511,7 @@ mod tests {
             Arc::clone(&backend) as Arc<dyn GpuBackend>,
             tracker,
             Arc::clone(&metrics),
-            Duration::from_secs(3600),
+            probe_interval,
         )
         .await
         .unwrap();
@@ -378,10 +521,24 @@ mod tests {
         (backend, state, tx, metrics, shutdown)
     }
 
+    async fn started(
+        probes: BTreeMap<String, ProbeOutcome>,
+    ) -> (
+        Arc<ScriptedBackend>,
+        StateReceiver,
+        UnboundedSender<BackendEvent>,
+        Arc<Metrics>,
+        CancellationToken,
+    ) {
+        start_with(ScriptedBackend::new(2, probes), Duration::from_secs(3600)).await
+    }
+
     #[tokio::test]
     async fn first_state_reflects_the_first_probe() {
-        let probes =
-            BTreeMap::from([("GPU-1".to_string(), ProbeOutcome::Unhealthy("lost".into()))]);
+        let probes = BTreeMap::from([(
+            "GPU-1".to_string(),
+            ProbeOutcome::Unhealthy(error(DeviceErrorKind::NotFound)),
+        )]);
         let (_backend, state, _tx, _metrics, shutdown) = started(probes).await;
         assert_eq!(state.borrow().health_counts(), (1, 1));
         assert!(!state.borrow().is_healthy("GPU-1"));
@@ -474,5 +631,109 @@ mod tests {
         .unwrap()
         .unwrap();
         shutdown.cancel();
+    }
+
+    async fn wait(state: &mut StateReceiver, what: &str, check: impl Fn(&DeviceState) -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), state.wait_for(|s| check(s)))
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_gpu_that_cannot_be_read_is_served_as_unhealthy_and_read_again_every_round() {
+        let backend = ScriptedBackend::new(4, BTreeMap::new());
+        backend
+            .faults
+            .lock()
+            .unwrap()
+            .insert(2, (error(DeviceErrorKind::Other), true));
+        let (backend, mut state, _tx, _metrics, shutdown) =
+            start_with(backend, Duration::from_millis(20)).await;
+        {
+            let snapshot = state.borrow();
+            assert_eq!(snapshot.health_counts(), (3, 1));
+            assert!(!snapshot.is_healthy("GPU-2"));
+            let listed: Vec<_> = snapshot.devices().into_iter().map(|d| d.id).collect();
+            assert_eq!(listed, ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]);
+        }
+        // The error clears: a later round reads the GPU and it recovers.
+        backend.faults.lock().unwrap().clear();
+        wait(&mut state, "GPU-2 recovers", |s| {
+            s.health_counts() == (4, 0)
+        })
+        .await;
+        assert_eq!(state.borrow().inventory.gpus.len(), 4);
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_lost_gpu_recovers_only_once_reset_evidence_shows_the_reset() {
+        let backend = ScriptedBackend::new(3, BTreeMap::new());
+        // Lost at start-up with not even its UUID readable: a stand-in ID.
+        backend
+            .faults
+            .lock()
+            .unwrap()
+            .insert(1, (error(DeviceErrorKind::GpuLost), false));
+        backend.evidence.lock().unwrap().row_remap_pending = Some(true);
+        let (backend, mut state, _tx, _metrics, shutdown) =
+            start_with(backend, Duration::from_millis(20)).await;
+        {
+            let snapshot = state.borrow();
+            assert_eq!(snapshot.health_counts(), (2, 1));
+            assert!(!snapshot.is_healthy("unreadable-gpu-1"));
+        }
+        // It answers again, under its UUID, but the row remapping a reset
+        // carries out is still pending: no recovery, however many rounds.
+        backend.faults.lock().unwrap().clear();
+        wait(&mut state, "GPU-1 is listed under its UUID", |s| {
+            s.inventory.device_ids() == ["GPU-0", "GPU-1", "GPU-2"]
+        })
+        .await;
+        let asked = *backend.evidence_asked.lock().unwrap();
+        let rounds_later = tokio::time::timeout(Duration::from_secs(5), async {
+            while *backend.evidence_asked.lock().unwrap() < asked + 3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        rounds_later
+            .await
+            .expect("reset evidence is asked every round");
+        assert!(!state.borrow().is_healthy("GPU-1"));
+        assert_eq!(state.borrow().health_counts(), (2, 1));
+        // The reset happened: nothing pending any more.
+        backend.evidence.lock().unwrap().row_remap_pending = Some(false);
+        wait(&mut state, "GPU-1 recovers", |s| {
+            s.health_counts() == (3, 0)
+        })
+        .await;
+        shutdown.cancel();
+    }
+
+    #[test]
+    fn a_stand_in_id_is_renamed_to_the_uuid_read_later_at_the_same_index() {
+        let driver = DriverInfo {
+            driver_version: "550.54.15".into(),
+            cuda_version: "12.4".into(),
+        };
+        let lost = |uuid: Option<&str>| FailedRead {
+            index: 1,
+            uuid: uuid.map(str::to_string),
+            error: error(DeviceErrorKind::GpuLost),
+        };
+        let mut known = KnownGpus::default();
+        let old = known.assemble(driver.clone(), vec![Ok(gpu(0)), Err(lost(None))]);
+        let new = known.assemble(driver.clone(), vec![Ok(gpu(0)), Err(lost(Some("GPU-1")))]);
+        assert_eq!(
+            renamed_devices(&old, &new),
+            vec![("unreadable-gpu-1".to_string(), "GPU-1".to_string())]
+        );
+        let read = known.assemble(driver, vec![Ok(gpu(0)), Ok(gpu(1))]);
+        assert!(renamed_devices(&new, &read).is_empty());
+        assert_eq!(
+            renamed_devices(&old, &read),
+            vec![("unreadable-gpu-1".to_string(), "GPU-1".to_string())]
+        );
     }
 }

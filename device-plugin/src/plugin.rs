@@ -136,6 +136,20 @@ pub struct DiscoveredGpu {
     pub health_reason: Option<String>,
 }
 
+/// A GPU in the `discover` report that could not be read at all.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnreadableGpu {
+    /// The device ID it is advertised under: its UUID, or `unreadable-gpu-<index>`.
+    pub id: String,
+    /// The driver's index.
+    pub index: u32,
+    /// Always `Unhealthy`.
+    pub health: &'static str,
+    /// The error.
+    pub health_reason: String,
+}
+
 /// The NVLink matrix in GPU index order.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -160,6 +174,9 @@ pub struct DiscoverReport {
     pub cuda_version: String,
     /// Every GPU with its probed health.
     pub gpus: Vec<DiscoveredGpu>,
+    /// GPUs the driver counts but whose facts could not be read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable_gpus: Vec<UnreadableGpu>,
     /// Link matrix.
     pub topology: DiscoveredTopology,
     /// The node labels `run` would apply.
@@ -175,9 +192,13 @@ pub fn discover(choice: &BackendChoice) -> Result<DiscoverReport, RunError> {
         .gpus
         .iter()
         .map(|gpu| {
-            let (health, health_reason) = match backend.probe(&gpu.uuid) {
+            let probed = match inventory.fault(&gpu.uuid) {
+                Some(fault) => ProbeOutcome::Unhealthy(fault.error.clone()),
+                None => backend.probe(&gpu.uuid),
+            };
+            let (health, health_reason) = match probed {
                 ProbeOutcome::Healthy => ("Healthy", None),
-                ProbeOutcome::Unhealthy(reason) => ("Unhealthy", Some(reason)),
+                ProbeOutcome::Unhealthy(error) => ("Unhealthy", Some(error.to_string())),
                 ProbeOutcome::Inconclusive(reason) => ("Unknown", Some(reason)),
             };
             DiscoveredGpu {
@@ -198,5 +219,14 @@ pub fn discover(choice: &BackendChoice) -> Result<DiscoverReport, RunError> {
             numa_nodes: (0..topology.len()).map(|i| topology.numa(i)).collect(),
         },
         gpus,
+        unreadable_gpus: inventory
+            .faults_without_facts()
+            .map(|fault| UnreadableGpu {
+                id: fault.device_id(),
+                index: fault.index,
+                health: "Unhealthy",
+                health_reason: fault.error.to_string(),
+            })
+            .collect(),
     })
 }

@@ -359,6 +359,7 @@ mod tests {
                     cuda_version: "12.4".into(),
                 },
                 gpus,
+                faults: vec![],
             },
         }
     }

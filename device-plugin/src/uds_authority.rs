@@ -1,4 +1,4 @@
-//! Lets kubelets older than 1.26 talk to our tonic server.
+//! Lets kubelets older than 1.26 talk to our tonic server, within bounds.
 //!
 //! Those kubelets dial a device plugin with grpc-go, passing the socket path
 //! as the target, so every request carries `:authority:
@@ -7,20 +7,43 @@
 //! so ListAndWatch dies at once and the node never gets capacity
 //! (hyperium/h2#487 is still open). Kubernetes 1.26 switched to `localhost`.
 //!
-//! [`normalize`] sits between an accepted unix-socket connection and the
+//! [`Gate::admit`] sits between an accepted unix-socket connection and the
 //! HTTP/2 server: it decodes every client header block with HPACK, replaces
 //! an authority that is not a valid URI authority with `localhost`, and
 //! re-encodes the block with its own encoder. Every block is re-encoded (not
 //! only the rewritten ones) so that the server's HPACK decoder state always
 //! mirrors one encoder. All other frames, and the server's bytes, pass
 //! through untouched.
+//!
+//! Decoding a client's headers is work done before the HTTP/2 server's own
+//! limits apply, so this module applies its own: at most
+//! [`MAX_CONNECTIONS`] connections at once (more are refused), a preface and
+//! first frame within [`FIRST_FRAME_TIMEOUT`], frames of at most
+//! [`MAX_FRAME_PAYLOAD`] bytes, an HPACK dynamic table of at most
+//! [`MAX_HPACK_TABLE_SIZE`] bytes and a decoded header list of at most
+//! [`MAX_HEADER_LIST_SIZE`] bytes. A connection that breaks a limit is
+//! closed at once, in both directions. What one connection can make this
+//! module hold is bounded by [`MAX_BUFFERED_PER_CONNECTION`] (about 250 KiB,
+//! most of it pipe space used only while bytes are in flight), and all of
+//! them by that times [`MAX_CONNECTIONS`] (about 2 MiB).
+//!
+//! A client that completes the handshake and then stays silent keeps its
+//! slot: the kubelet's own ListAndWatch connection looks exactly like that
+//! (the server streams, the client only listens).
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use futures::Stream;
 use loona_hpack::{Decoder, Encoder};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
+use tokio::net::UnixListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnixListenerStream;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADERS: u8 = 0x1;
@@ -29,11 +52,90 @@ const FLAG_END_STREAM: u8 = 0x1;
 const FLAG_END_HEADERS: u8 = 0x4;
 const FLAG_PADDED: u8 = 0x8;
 const FLAG_PRIORITY: u8 = 0x20;
-/// SETTINGS_MAX_FRAME_SIZE's default; h2 never advertises less.
-const MAX_FRAME: usize = 16_384;
-/// Largest header block we accept from a client (gRPC headers are small).
-const MAX_HEADER_BLOCK: usize = 1 << 20;
+const FRAME_HEADER_LEN: usize = 9;
+/// Bytes buffered in each direction between this module and the HTTP/2 server.
 const PIPE_BUFFER: usize = 64 * 1024;
+
+/// Largest frame payload a client may send: SETTINGS_MAX_FRAME_SIZE's
+/// initial value (RFC 9113 §6.5.2), which the server never raises (the
+/// kubelet module pins it with `Server::max_frame_size`). A larger frame is a
+/// protocol error the server would refuse anyway; refusing it here means no
+/// frame buffer is ever larger. Also the chunk size of re-encoded blocks.
+pub const MAX_FRAME_PAYLOAD: usize = 16_384;
+
+/// Largest HPACK dynamic table a client may make the decoder keep:
+/// SETTINGS_HEADER_TABLE_SIZE's initial value (RFC 9113 §6.5.2), which the
+/// server never changes. A client's table-size update above it is an HPACK
+/// decoding error (RFC 7541 §4.2), so the table cannot grow past 4 KiB
+/// however many headers a client asks it to index.
+pub const MAX_HPACK_TABLE_SIZE: usize = 4_096;
+
+/// Largest decoded header list of one request, counted as
+/// SETTINGS_MAX_HEADER_LIST_SIZE is (name + value + 32 per field, RFC 9113
+/// §6.5.2). A kubelet's request headers come to well under 1 KiB; 16 KiB
+/// leaves room for tracing and other metadata. The cap is what makes HPACK
+/// safe to decode: a block of a few bytes can refer to a 4 KiB table entry
+/// thousands of times. The encoded block (HEADERS plus CONTINUATION) is held
+/// to the same size, since an honest encoding is never larger than what it
+/// decodes to. The server advertises this value too, so well-behaved
+/// clients know it.
+pub const MAX_HEADER_LIST_SIZE: usize = 16 * 1024;
+
+/// How long a new connection has to send the HTTP/2 preface and its first
+/// frame (its SETTINGS, which RFC 9113 §3.4 requires at once). grpc-go sends
+/// both right after connecting, microseconds on a local socket; 10 s is
+/// generous for a loaded node and short enough that a client that connects
+/// and says nothing frees its slot quickly.
+pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections served at once. A kubelet makes every call over one
+/// connection (two while it re-dials after a restart); 8 leave room for a
+/// debugging client or two and keep the worst case to 8 ×
+/// [`MAX_BUFFERED_PER_CONNECTION`], about 2 MiB, against the plugin's 10 MiB
+/// resident-set target. More connections are accepted and closed at once,
+/// so a client learns right away instead of hanging.
+pub const MAX_CONNECTIONS: usize = 8;
+
+/// An upper estimate of what this module holds for one connection: the
+/// pipe to the server both ways, one frame being read, the header block
+/// being assembled, the decoded names and values, their per-field `Vec`
+/// headers (48 bytes per field, a field counting at least 32 bytes, doubled
+/// for the list's growth: 3 × the cap), the re-encoded block, and the
+/// decoder's and encoder's dynamic tables.
+pub const MAX_BUFFERED_PER_CONNECTION: usize = 2 * PIPE_BUFFER
+    + FRAME_HEADER_LEN
+    + MAX_FRAME_PAYLOAD
+    + MAX_HEADER_LIST_SIZE
+    + MAX_HEADER_LIST_SIZE
+    + 3 * MAX_HEADER_LIST_SIZE
+    + MAX_HEADER_LIST_SIZE
+    + 2 * MAX_HPACK_TABLE_SIZE;
+
+// The bounds fit together: any frame fits in a header block, and all
+// connections together stay within 2 MiB. Checked when compiling.
+const _: () = assert!(MAX_HEADER_LIST_SIZE >= MAX_FRAME_PAYLOAD);
+const _: () = assert!(MAX_CONNECTIONS * MAX_BUFFERED_PER_CONNECTION <= 2 * 1024 * 1024);
+
+/// The bounds applied to clients of the plugin socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Time for the preface and the first frame.
+    pub first_frame_timeout: Duration,
+    /// Largest decoded (and encoded) header list of one request.
+    pub max_header_list_size: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: MAX_CONNECTIONS,
+            first_frame_timeout: FIRST_FRAME_TIMEOUT,
+            max_header_list_size: MAX_HEADER_LIST_SIZE,
+        }
+    }
+}
 
 /// A connection whose client → server half has had its `:authority`
 /// normalised. Hand it to the HTTP/2 server instead of the raw stream.
@@ -72,25 +174,85 @@ impl tonic::transport::server::Connected for Normalized {
     fn connect_info(&self) -> Self::ConnectInfo {}
 }
 
-/// Wraps `conn` (an accepted client connection). Spawns the pumps on the
-/// current tokio runtime; they end when either side closes.
-pub fn normalize<S>(conn: S) -> Normalized
+/// Admits the connections of one listener, at most `max_connections` at once.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    limits: Limits,
+    permits: Arc<Semaphore>,
+}
+
+impl Gate {
+    /// A gate with no connection open.
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            permits: Arc::new(Semaphore::new(limits.max_connections)),
+        }
+    }
+
+    /// Connections admitted and not yet closed.
+    pub fn open_connections(&self) -> usize {
+        self.limits.max_connections - self.permits.available_permits()
+    }
+
+    /// Wraps `conn` (an accepted client connection) and spawns its pumps on
+    /// the current tokio runtime; they end when either side closes or the
+    /// client breaks a limit. Over the connection limit `conn` is dropped,
+    /// which closes it, and `None` is returned.
+    pub fn admit<S>(&self, conn: S) -> Option<Normalized>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
+            tracing::warn!(
+                limit = self.limits.max_connections,
+                "refusing a connection to the plugin socket: too many open connections"
+            );
+            return None;
+        };
+        let (ours, theirs) = tokio::io::duplex(PIPE_BUFFER);
+        tokio::spawn(pump(conn, theirs, self.limits, permit));
+        Some(Normalized { inner: ours })
+    }
+
+    /// The admitted connections of `listener`, for tonic's
+    /// `serve_with_incoming`; refused ones never reach the server.
+    pub fn incoming(
+        self,
+        listener: UnixListener,
+    ) -> impl Stream<Item = io::Result<Normalized>> + Send + 'static {
+        UnixListenerStream::new(listener).filter_map(move |conn| match conn {
+            Ok(conn) => self.admit(conn).map(Ok),
+            Err(e) => Some(Err(e)),
+        })
+    }
+}
+
+/// Moves bytes between the client and the server until the connection is
+/// over, holding the connection's permit.
+async fn pump<S>(conn: S, theirs: DuplexStream, limits: Limits, _permit: OwnedSemaphorePermit)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (ours, theirs) = tokio::io::duplex(PIPE_BUFFER);
     let (client_read, mut client_write) = tokio::io::split(conn);
     let (mut server_read, server_write) = tokio::io::split(theirs);
-    tokio::spawn(async move {
-        if let Err(e) = rewrite_client_stream(client_read, server_write).await {
-            tracing::debug!(error = %e, "client connection ended");
-        }
-    });
-    tokio::spawn(async move {
+    let to_server = rewrite_client_stream_with(client_read, server_write, limits);
+    let to_client = async move {
         let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
         let _ = client_write.shutdown().await;
-    });
-    Normalized { inner: ours }
+    };
+    tokio::pin!(to_server, to_client);
+    tokio::select! {
+        result = &mut to_server => match result {
+            // The client is done sending; the server may still answer.
+            Ok(()) => to_client.await,
+            // Returning drops every half: the client's socket closes and the
+            // server reads end-of-stream, so the connection ends both ways.
+            Err(e) => tracing::debug!(error = %e, "closing a plugin socket connection"),
+        },
+        // The server closed the connection; the client's half goes with it.
+        () = &mut to_client => {}
+    }
 }
 
 /// True when `value` can't be a URI authority (a socket path, say).
@@ -101,60 +263,120 @@ fn needs_rewrite(value: &[u8]) -> bool {
         .is_none()
 }
 
-/// Copies the client's HTTP/2 byte stream to `out`, re-encoding header blocks.
-pub async fn rewrite_client_stream<R, W>(mut input: R, mut out: W) -> io::Result<()>
+/// One frame: type, flags, stream id, payload.
+type Frame = (u8, u8, u32, Vec<u8>);
+
+/// [`rewrite_client_stream_with`] under the default [`Limits`].
+pub async fn rewrite_client_stream<R, W>(input: R, out: W) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut preface = [0u8; PREFACE.len()];
-    input.read_exact(&mut preface).await?;
-    out.write_all(&preface).await?;
-    if preface != PREFACE {
-        // Not HTTP/2 prior knowledge: let the server reject it.
-        tokio::io::copy(&mut input, &mut out).await?;
-        return Ok(());
-    }
-    let mut decoder = Decoder::new();
-    let mut encoder = Encoder::new();
+    rewrite_client_stream_with(input, out, Limits::default()).await
+}
+
+/// Copies the client's HTTP/2 byte stream to `out`, re-encoding header
+/// blocks. Ends `Ok` when the client closes; any broken limit or protocol
+/// violation is an error, on which the caller closes the connection.
+pub async fn rewrite_client_stream_with<R, W>(
+    mut input: R,
+    mut out: W,
+    limits: Limits,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let first = tokio::time::timeout(limits.first_frame_timeout, async {
+        let mut preface = [0u8; PREFACE.len()];
+        input.read_exact(&mut preface).await?;
+        if preface != PREFACE {
+            // Not HTTP/2 with prior knowledge, which is all the server speaks.
+            return Err(invalid("not an HTTP/2 connection preface"));
+        }
+        read_frame(&mut input).await
+    })
+    .await
+    .map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "no HTTP/2 preface and first frame within {:?}",
+                limits.first_frame_timeout
+            ),
+        )
+    })??;
+    out.write_all(PREFACE).await?;
+    let mut rewriter = Rewriter::new(limits.max_header_list_size);
+    let mut next = first;
     loop {
-        let Some((kind, flags, stream, payload)) = read_frame(&mut input).await? else {
+        let Some(frame) = next else {
             out.shutdown().await?;
             return Ok(());
         };
+        rewriter.forward(frame, &mut input, &mut out).await?;
+        next = read_frame(&mut input).await?;
+    }
+}
+
+/// The HPACK state of one connection.
+struct Rewriter {
+    decoder: Decoder<'static>,
+    encoder: Encoder<'static>,
+    max_header_list_size: usize,
+}
+
+impl Rewriter {
+    fn new(max_header_list_size: usize) -> Self {
+        let mut decoder = Decoder::new();
+        decoder.set_max_allowed_table_size(MAX_HPACK_TABLE_SIZE);
+        Self {
+            decoder,
+            encoder: Encoder::new(),
+            max_header_list_size,
+        }
+    }
+
+    /// Passes one frame on; a HEADERS frame is completed with its
+    /// CONTINUATION frames from `input`, decoded, rewritten and re-encoded.
+    async fn forward<R, W>(&mut self, frame: Frame, input: &mut R, out: &mut W) -> io::Result<()>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let (kind, flags, stream, payload) = frame;
         if kind != FRAME_HEADERS {
-            write_frame(&mut out, kind, flags, stream, &payload).await?;
-            out.flush().await?;
-            continue;
+            write_frame(out, kind, flags, stream, &payload).await?;
+            return out.flush().await;
         }
         let mut block = header_fragment(flags, &payload)?;
         let mut end_headers = flags & FLAG_END_HEADERS != 0;
         while !end_headers {
-            let (k, f, s, p) = read_frame(&mut input)
+            let (k, f, s, p) = read_frame(input)
                 .await?
                 .ok_or_else(|| invalid("connection closed inside a header block"))?;
             if k != FRAME_CONTINUATION || s != stream {
                 return Err(invalid("header block interrupted by another frame"));
             }
-            if block.len() + p.len() > MAX_HEADER_BLOCK {
-                return Err(invalid("header block too large"));
+            if block.len() + p.len() > self.max_header_list_size {
+                return Err(invalid("header block larger than the header list cap"));
             }
             block.extend_from_slice(&p);
             end_headers = f & FLAG_END_HEADERS != 0;
         }
-        let mut headers = decoder
-            .decode(&block)
-            .map_err(|e| invalid(&format!("HPACK decoding failed: {e:?}")))?;
+        let mut headers = decode_capped(&mut self.decoder, &block, self.max_header_list_size)?;
         for (name, value) in headers.iter_mut() {
             if name.as_slice() == b":authority" && needs_rewrite(value) {
                 *value = b"localhost".to_vec();
             }
         }
-        let encoded = encoder.encode(headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        let encoded = self
+            .encoder
+            .encode(headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
         let chunks: Vec<&[u8]> = if encoded.is_empty() {
             vec![&[][..]]
         } else {
-            encoded.chunks(MAX_FRAME).collect()
+            encoded.chunks(MAX_FRAME_PAYLOAD).collect()
         };
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
@@ -166,10 +388,44 @@ where
             if i == last {
                 f |= FLAG_END_HEADERS;
             }
-            write_frame(&mut out, kind, f, stream, chunk).await?;
+            write_frame(out, kind, f, stream, chunk).await?;
         }
-        out.flush().await?;
+        out.flush().await
     }
+}
+
+/// Decodes one header block, keeping at most `cap` bytes of headers
+/// (counted as SETTINGS_MAX_HEADER_LIST_SIZE is); a larger list is an error.
+/// Past the cap nothing more is copied, so decoding a hostile block costs
+/// time in proportion to its (capped) encoded size and no memory.
+fn decode_capped(
+    decoder: &mut Decoder<'_>,
+    block: &[u8],
+    cap: usize,
+) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut headers = Vec::new();
+    let mut size = 0usize;
+    let mut over = false;
+    decoder
+        .decode_with_cb(block, |name, value| {
+            if over {
+                return;
+            }
+            size = size.saturating_add(name.len() + value.len() + 32);
+            if size > cap {
+                over = true;
+                headers = Vec::new();
+                return;
+            }
+            headers.push((name.into_owned(), value.into_owned()));
+        })
+        .map_err(|e| invalid(&format!("HPACK decoding failed: {e}")))?;
+    if over {
+        return Err(invalid(&format!(
+            "decoded header list larger than {cap} bytes"
+        )));
+    }
+    Ok(headers)
 }
 
 /// The header block fragment of a HEADERS frame, without padding and
@@ -196,20 +452,16 @@ fn header_fragment(flags: u8, payload: &[u8]) -> io::Result<Vec<u8>> {
     Ok(payload[start..end].to_vec())
 }
 
-async fn read_frame<R: AsyncRead + Unpin>(
-    input: &mut R,
-) -> io::Result<Option<(u8, u8, u32, Vec<u8>)>> {
-    let mut head = [0u8; 9];
+async fn read_frame<R: AsyncRead + Unpin>(input: &mut R) -> io::Result<Option<Frame>> {
+    let mut head = [0u8; FRAME_HEADER_LEN];
     match input.read_exact(&mut head).await {
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e),
     }
     let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-    if len > MAX_HEADER_BLOCK {
-        return Err(invalid(
-            "frame larger than any SETTINGS_MAX_FRAME_SIZE we accept",
-        ));
+    if len > MAX_FRAME_PAYLOAD {
+        return Err(invalid("frame larger than SETTINGS_MAX_FRAME_SIZE"));
     }
     let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
     let mut payload = vec![0u8; len];
@@ -225,7 +477,7 @@ async fn write_frame<W: AsyncWrite + Unpin>(
     payload: &[u8],
 ) -> io::Result<()> {
     let len = payload.len() as u32;
-    let mut head = [0u8; 9];
+    let mut head = [0u8; FRAME_HEADER_LEN];
     head[..3].copy_from_slice(&len.to_be_bytes()[1..]);
     head[3] = kind;
     head[4] = flags;
@@ -240,6 +492,8 @@ fn invalid(msg: &str) -> io::Error {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -409,5 +663,240 @@ mod tests {
         assert!(needs_rewrite(b"/var/lib/kubelet/device-plugins/x.sock"));
         assert!(!needs_rewrite(b"localhost"));
         assert!(!needs_rewrite(b"localhost:50051"));
+    }
+
+    /// A block that indexes one big header, then refers to it `refs` times:
+    /// a few bytes on the wire, `refs` times the header once decoded.
+    fn amplifying_block(refs: usize) -> Vec<u8> {
+        let mut client = Encoder::new();
+        let big = vec![b'x'; 4000];
+        // Literal with incremental indexing: it becomes dynamic entry 62.
+        let mut block = client.encode([(&b"x-big"[..], &big[..])]);
+        block.extend(std::iter::repeat_n(0x80 | 62, refs));
+        block
+    }
+
+    #[tokio::test]
+    async fn a_header_block_that_decodes_past_the_cap_is_refused() {
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(0x4, 0, 0, &[]));
+        let block = amplifying_block(10);
+        assert!(block.len() < 4_200, "small on the wire");
+        input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &block));
+        let mut out = Vec::new();
+        let err = rewrite_client_stream(&input[..], &mut out)
+            .await
+            .expect_err("11 × 4 KiB of headers is past the cap");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        // Nothing of the block reached the server.
+        assert_eq!(parse_frames(&out[PREFACE.len()..]).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_dynamic_table_larger_than_the_protocol_default_is_refused() {
+        // Dynamic table size update to 1 MiB (prefix 0b001, 5-bit integer).
+        let mut block = vec![0x3f];
+        let mut rest = (1usize << 20) - 31;
+        while rest >= 128 {
+            block.push((rest % 128) as u8 | 0x80);
+            rest /= 128;
+        }
+        block.push(rest as u8);
+        block.extend(
+            Encoder::new().encode(
+                request_headers("localhost")
+                    .iter()
+                    .map(|(n, v)| (n.as_slice(), v.as_slice())),
+            ),
+        );
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &block));
+        let err = rewrite_client_stream(&input[..], &mut Vec::new())
+            .await
+            .expect_err("a client may not grow the table past SETTINGS_HEADER_TABLE_SIZE");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_sends_nothing_is_dropped_after_the_first_frame_timeout() {
+        for sent in [&[][..], PREFACE] {
+            let (mut client, conn) = tokio::io::duplex(1024);
+            client.write_all(sent).await.unwrap();
+            let start = tokio::time::Instant::now();
+            let ended = tokio::time::timeout(
+                Duration::from_secs(3600),
+                rewrite_client_stream(conn, tokio::io::sink()),
+            )
+            .await
+            .expect("a silent client must not hold the connection for an hour");
+            assert_eq!(ended.unwrap_err().kind(), io::ErrorKind::TimedOut);
+            assert_eq!(start.elapsed(), FIRST_FRAME_TIMEOUT);
+            drop(client);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_header_list_up_to_the_cap_is_served() {
+        // One field of exactly the cap: name + value + 32 = 16 KiB.
+        let value = vec![b'v'; MAX_HEADER_LIST_SIZE - 32 - 5];
+        let sent = vec![(b"x-big".to_vec(), value)];
+        let block = Encoder::new().encode(sent.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        let (a, b) = block.split_at(block.len() / 2);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(FRAME_HEADERS, 0, 1, a));
+        input.extend(frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 1, b));
+        let out = run(input).await;
+        let frames = parse_frames(&out[PREFACE.len()..]);
+        let block: Vec<u8> = frames.iter().flat_map(|f| f.3.clone()).collect();
+        assert_eq!(Decoder::new().decode(&block).expect("decodes"), sent);
+        // One byte more is refused.
+        let mut big = sent[0].clone();
+        big.1.push(b'v');
+        let block = Encoder::new().encode([(big.0.as_slice(), big.1.as_slice())]);
+        let (a, b) = block.split_at(block.len() / 2);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(FRAME_HEADERS, 0, 1, a));
+        input.extend(frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 1, b));
+        assert!(
+            rewrite_client_stream(&input[..], &mut Vec::new())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn indexing_many_headers_keeps_the_table_at_its_size() {
+        // Each block indexes a new 1 KiB header, as a client within the
+        // default table size may: the table evicts, old entries are gone.
+        let mut client = Encoder::new();
+        let mut input = PREFACE.to_vec();
+        for i in 0..100u32 {
+            let value = vec![b'a' + (i % 26) as u8; 1024];
+            let name = format!("x-{i}");
+            let block = client.encode([(name.as_bytes(), value.as_slice())]);
+            input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1 + 2 * i, &block));
+        }
+        // Then a reference to the 5th-newest entry: it no longer fits in
+        // 4 KiB with four newer 1 KiB entries, so it must be out of range.
+        input.extend(frame(
+            FRAME_HEADERS,
+            FLAG_END_HEADERS,
+            201,
+            &[0x80 | (62 + 4)],
+        ));
+        let mut out = Vec::new();
+        let err = rewrite_client_stream(&input[..], &mut out)
+            .await
+            .expect_err("an evicted entry cannot be referred to");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(parse_frames(&out[PREFACE.len()..]).len(), 100);
+        // A 5 KiB header cannot be indexed at all: it decodes, and is evicted.
+        let mut block = Encoder::new().encode([(&b"x-huge"[..], &[b'h'; 5 * 1024][..])]);
+        block.push(0x80 | 62); // ...so a reference to it is out of bounds.
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &block));
+        assert!(
+            rewrite_client_stream(&input[..], &mut Vec::new())
+                .await
+                .is_err()
+        );
+    }
+
+    /// Reads from `conn` until the peer closes it; the bytes read.
+    async fn read_to_close(conn: &mut (impl AsyncRead + Unpin)) -> usize {
+        let mut total = 0;
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return total,
+                Ok(n) => total += n,
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_over_the_limit_are_refused_and_a_closed_one_frees_its_slot() {
+        let limits = Limits {
+            max_connections: 3,
+            ..Limits::default()
+        };
+        let gate = Gate::new(limits);
+        let mut clients = Vec::new();
+        let mut admitted = Vec::new();
+        let mut refused = Vec::new();
+        for _ in 0..3 * limits.max_connections {
+            let (client, conn) = tokio::io::duplex(1024);
+            match gate.admit(conn) {
+                Some(normalized) => {
+                    admitted.push(normalized);
+                    clients.push(client);
+                }
+                None => refused.push(client),
+            }
+            assert!(gate.open_connections() <= limits.max_connections);
+        }
+        assert_eq!(admitted.len(), limits.max_connections);
+        assert_eq!(refused.len(), 2 * limits.max_connections);
+        for client in &mut refused {
+            assert_eq!(read_to_close(client).await, 0, "refused at once");
+        }
+        // One client hangs up: its slot is free again.
+        drop(clients.pop());
+        drop(admitted.pop());
+        tokio::time::timeout(Duration::from_secs(1), async {
+            while gate.open_connections() == limits.max_connections {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the slot is released");
+        let (_client, conn) = tokio::io::duplex(1024);
+        assert!(gate.admit(conn).is_some());
+        assert_eq!(gate.open_connections(), limits.max_connections);
+        // Silent clients are dropped after the first-frame timeout, freeing
+        // every slot.
+        tokio::time::sleep(FIRST_FRAME_TIMEOUT).await;
+        tokio::time::timeout(Duration::from_secs(1), async {
+            while gate.open_connections() > 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("silent connections are dropped");
+        for client in &mut clients {
+            assert_eq!(read_to_close(client).await, 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_breaks_a_limit_is_closed_both_ways() {
+        let gate = Gate::new(Limits::default());
+        let (mut client, conn) = tokio::io::duplex(64 * 1024);
+        let mut server = gate.admit(conn).expect("admitted");
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(0x4, 0, 0, &[]));
+        input.extend(frame(
+            FRAME_HEADERS,
+            FLAG_END_HEADERS,
+            1,
+            &amplifying_block(10),
+        ));
+        client.write_all(&input).await.unwrap();
+        // The server sees the preface and the SETTINGS frame, then the end.
+        let forwarded = tokio::time::timeout(Duration::from_secs(10), read_to_close(&mut server))
+            .await
+            .expect("the server side is closed");
+        assert_eq!(forwarded, PREFACE.len() + 9);
+        // The client's connection is closed too.
+        tokio::time::timeout(Duration::from_secs(10), read_to_close(&mut client))
+            .await
+            .expect("the client side is closed");
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while gate.open_connections() > 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("its slot is released");
     }
 }

@@ -19,8 +19,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BackendError, BackendEvent, ComputeCapability, DriverInfo, GpuBackend, GpuInfo, Inventory,
-    ProbeOutcome, Telemetry, ThrottleReason, parse_major_minor,
+    BackendError, BackendEvent, ComputeCapability, DeviceError, DeviceErrorKind, DriverInfo,
+    FailedRead, GpuBackend, GpuInfo, Inventory, KnownGpus, NvlinkLanes, ProbeOutcome,
+    RecoveryAction, ResetEvidence, Telemetry, ThrottleReason, parse_major_minor,
 };
 
 /// Driver version reported when the file does not name one.
@@ -58,6 +59,16 @@ struct GpuSpec {
     #[serde(default = "default_true")]
     healthy: bool,
     xid: Option<u64>,
+    error: Option<DeviceErrorKind>,
+    #[serde(default)]
+    retired_pages_pending: bool,
+    #[serde(default)]
+    row_remap_pending: bool,
+    #[serde(default)]
+    row_remap_failed: bool,
+    recovery_action: Option<RecoveryAction>,
+    #[serde(default)]
+    nvlink_lanes_down: u32,
     #[serde(default)]
     nvlinks: BTreeMap<String, u32>,
     utilization_percent: Option<f64>,
@@ -82,7 +93,22 @@ fn default_true() -> bool {
 struct FakeGpuState {
     healthy: bool,
     xid: u64,
+    /// The error every NVML call on this GPU would return.
+    error: Option<DeviceErrorKind>,
+    reset: FakeResetState,
     telemetry: Telemetry,
+}
+
+/// What the file says a reset probe would find.
+#[derive(Debug, Clone, PartialEq)]
+struct FakeResetState {
+    retired_pages_pending: bool,
+    row_remap_pending: bool,
+    row_remap_failed: bool,
+    recovery_action: RecoveryAction,
+    /// Lanes are counted as the file's link counts to all peers.
+    nvlink_lanes: u32,
+    nvlink_lanes_down: u32,
 }
 
 /// A validated fake GPU file.
@@ -277,6 +303,16 @@ fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
                 }
             })
             .collect();
+        let lanes = nvlinks_sum(&links, &gpu.uuid);
+        if gpu.nvlink_lanes_down > lanes {
+            return Err(invalid(
+                format!("gpus[{pos}].nvlinkLanesDown"),
+                format!(
+                    "{} exceeds the {lanes} NVLink lanes to its peers",
+                    gpu.nvlink_lanes_down
+                ),
+            ));
+        }
         let compute_capability = match &gpu.compute_capability {
             Some(cc) => cc
                 .parse()
@@ -300,6 +336,15 @@ fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
             FakeGpuState {
                 healthy: gpu.healthy,
                 xid: gpu.xid.unwrap_or(DEFAULT_UNHEALTHY_XID),
+                error: gpu.error,
+                reset: FakeResetState {
+                    retired_pages_pending: gpu.retired_pages_pending,
+                    row_remap_pending: gpu.row_remap_pending,
+                    row_remap_failed: gpu.row_remap_failed,
+                    recovery_action: gpu.recovery_action.unwrap_or(RecoveryAction::None),
+                    nvlink_lanes: lanes,
+                    nvlink_lanes_down: gpu.nvlink_lanes_down,
+                },
                 telemetry,
             },
         );
@@ -323,9 +368,19 @@ fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
                 cuda_version,
             },
             gpus,
+            faults: Vec::new(),
         },
         states,
     })
+}
+
+/// Lanes of `uuid`: the sum of its (symmetric) link counts.
+fn nvlinks_sum(links: &BTreeMap<(String, String), u32>, uuid: &str) -> u32 {
+    links
+        .iter()
+        .filter(|((a, b), _)| a == uuid || b == uuid)
+        .map(|(_, &count)| count)
+        .sum()
 }
 
 /// Identity of the file's current contents, cheap to read.
@@ -352,6 +407,8 @@ fn fingerprint(path: &Path) -> Option<Fingerprint> {
 pub struct FakeBackend {
     path: PathBuf,
     current: Mutex<Arc<FakeNode>>,
+    /// As NVML's: a GPU whose `error` is set keeps the facts read before.
+    known: Mutex<KnownGpus>,
 }
 
 impl FakeBackend {
@@ -362,12 +419,21 @@ impl FakeBackend {
         Ok(Self {
             path,
             current: Mutex::new(Arc::new(node)),
+            known: Mutex::default(),
         })
     }
 
     /// The file this backend follows.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The error the file sets for this GPU, as NVML would report it.
+    fn device_error(&self, kind: DeviceErrorKind) -> DeviceError {
+        DeviceError {
+            kind,
+            detail: format!("fake NVML error {kind:?} (set in {})", self.path.display()),
+        }
     }
 
     fn snapshot(&self) -> Arc<FakeNode> {
@@ -405,27 +471,85 @@ impl GpuBackend for FakeBackend {
     }
 
     fn inventory(&self) -> Result<Inventory, BackendError> {
-        Ok(self.snapshot().inventory.clone())
+        let node = self.snapshot();
+        let reads = node
+            .inventory
+            .gpus
+            .iter()
+            .map(
+                |gpu| match node.states.get(&gpu.uuid).and_then(|s| s.error) {
+                    Some(kind) => Err(FailedRead {
+                        index: gpu.index,
+                        uuid: Some(gpu.uuid.clone()),
+                        error: self.device_error(kind),
+                    }),
+                    None => Ok(gpu.clone()),
+                },
+            )
+            .collect();
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(known.assemble(node.inventory.driver.clone(), reads))
     }
 
     fn probe(&self, uuid: &str) -> ProbeOutcome {
         match self.snapshot().states.get(uuid) {
+            Some(FakeGpuState {
+                error: Some(kind), ..
+            }) => ProbeOutcome::Unhealthy(self.device_error(*kind)),
             Some(state) if state.healthy => ProbeOutcome::Healthy,
-            Some(state) => ProbeOutcome::Unhealthy(format!(
-                "marked unhealthy in {} (xid {})",
-                self.path.display(),
-                state.xid
-            )),
-            None => ProbeOutcome::Unhealthy(format!("no longer listed in {}", self.path.display())),
+            Some(state) => ProbeOutcome::Unhealthy(DeviceError {
+                kind: DeviceErrorKind::Other,
+                detail: format!(
+                    "marked unhealthy in {} (xid {})",
+                    self.path.display(),
+                    state.xid
+                ),
+            }),
+            None => ProbeOutcome::Unhealthy(DeviceError {
+                kind: DeviceErrorKind::NotFound,
+                detail: format!("no longer listed in {}", self.path.display()),
+            }),
+        }
+    }
+
+    fn reset_evidence(&self, uuid: &str) -> ResetEvidence {
+        let node = self.snapshot();
+        let Some(state) = node.states.get(uuid) else {
+            return ResetEvidence::unreachable(DeviceError {
+                kind: DeviceErrorKind::NotFound,
+                detail: format!("no longer listed in {}", self.path.display()),
+            });
+        };
+        if let Some(kind) = state.error {
+            return ResetEvidence::unreachable(self.device_error(kind));
+        }
+        let reset = &state.reset;
+        ResetEvidence {
+            reachable: Ok(()),
+            recovery_action: Some(reset.recovery_action),
+            retired_pages_pending: Some(reset.retired_pages_pending),
+            row_remap_pending: Some(reset.row_remap_pending),
+            row_remap_failed: Some(reset.row_remap_failed),
+            nvlink_lanes: Some(NvlinkLanes {
+                active: reset.nvlink_lanes.saturating_sub(reset.nvlink_lanes_down),
+                expected: reset.nvlink_lanes,
+            }),
         }
     }
 
     fn telemetry(&self, uuid: &str) -> Result<Telemetry, BackendError> {
-        self.snapshot()
+        let node = self.snapshot();
+        let state = node
             .states
             .get(uuid)
-            .map(|s| s.telemetry.clone())
-            .ok_or_else(|| BackendError::UnknownGpu(uuid.to_string()))
+            .ok_or_else(|| BackendError::UnknownGpu(uuid.to_string()))?;
+        match state.error {
+            Some(kind) => Err(BackendError::Device {
+                uuid: uuid.to_string(),
+                source: self.device_error(kind),
+            }),
+            None => Ok(state.telemetry.clone()),
+        }
     }
 
     fn watch(
@@ -690,5 +814,71 @@ gpus:
             .await
             .unwrap();
         assert_eq!(closed, None);
+    }
+
+    #[test]
+    fn a_gpu_with_an_error_is_a_fault_of_the_inventory_and_its_probes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.yaml");
+        let text = TWO.replace("    xid: 48\n", "    xid: 48\n    error: GpuLost\n");
+        std::fs::write(&path, &text).unwrap();
+        let backend = FakeBackend::open(&path).unwrap();
+        let inv = backend.inventory().unwrap();
+        assert_eq!(inv.gpus.len(), 1);
+        assert_eq!(inv.faults.len(), 1);
+        assert_eq!(inv.faults[0].uuid.as_deref(), Some("GPU-b"));
+        assert_eq!(inv.faults[0].error.kind, DeviceErrorKind::GpuLost);
+        assert!(matches!(
+            backend.probe("GPU-b"),
+            ProbeOutcome::Unhealthy(DeviceError {
+                kind: DeviceErrorKind::GpuLost,
+                ..
+            })
+        ));
+        assert!(backend.reset_evidence("GPU-b").reachable.is_err());
+        assert!(matches!(
+            backend.telemetry("GPU-b"),
+            Err(BackendError::Device { .. })
+        ));
+        // The error clears but a row remapping waits for the reset.
+        std::fs::write(
+            &path,
+            TWO.replace("    xid: 48\n", "    xid: 48\n    rowRemapPending: true\n"),
+        )
+        .unwrap();
+        backend.reload().unwrap();
+        assert_eq!(backend.inventory().unwrap().faults, vec![]);
+        let evidence = backend.reset_evidence("GPU-b");
+        assert_eq!(evidence.row_remap_pending, Some(true));
+        assert_eq!(evidence.recovery_action, Some(RecoveryAction::None));
+        assert_eq!(
+            evidence.nvlink_lanes,
+            Some(NvlinkLanes {
+                active: 2,
+                expected: 2
+            })
+        );
+    }
+
+    #[test]
+    fn reset_fields_are_validated() {
+        let (field, _) = invalid_field(
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, nvlinks: {GPU-b: 2}, nvlinkLanesDown: 3}\n  - {uuid: GPU-b, name: x, memoryMiB: 1}\n",
+        );
+        assert_eq!(field, "gpus[0].nvlinkLanesDown");
+        for text in [
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, error: Exploded}\n",
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, recoveryAction: pray}\n",
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(matches!(err, BackendError::FakeFileParse { .. }), "{err:?}");
+        }
+        let node = parse(
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, error: ResetRequired, recoveryAction: drain_and_reset}\n",
+        )
+        .unwrap();
+        let a = &node.states["GPU-a"];
+        assert_eq!(a.error, Some(DeviceErrorKind::ResetRequired));
+        assert_eq!(a.reset.recovery_action, RecoveryAction::DrainAndReset);
     }
 }

@@ -7,21 +7,28 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING,
+};
 use nvml_wrapper::{Device, Nvml};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BackendError, BackendEvent, ComputeCapability, DriverInfo, GpuBackend, GpuInfo, Inventory,
-    ProbeOutcome, Telemetry, ThrottleReason,
+    BackendError, BackendEvent, ComputeCapability, DeviceError, DeviceErrorKind, DriverInfo,
+    FailedRead, GpuBackend, GpuInfo, Inventory, KnownGpus, NvlinkLanes, ProbeOutcome,
+    RecoveryAction, ResetEvidence, Telemetry, ThrottleReason,
 };
 
 /// NVLink lanes NVML can report per GPU.
@@ -34,6 +41,10 @@ const MIB: u64 = 1024 * 1024;
 /// The NVML backend.
 pub struct NvmlBackend {
     nvml: Arc<Nvml>,
+    /// Facts of every GPU read so far, so a GPU that stops answering keeps its identity.
+    known: Mutex<KnownGpus>,
+    /// The most NVLink lanes seen active at once, by UUID: what "back up" means after XID 74.
+    lanes: Mutex<BTreeMap<String, u32>>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -46,6 +57,34 @@ fn nvml_err(call: &str) -> impl FnOnce(NvmlError) -> BackendError + '_ {
     move |source| BackendError::Nvml {
         call: call.to_string(),
         source,
+    }
+}
+
+/// How an NVML error bears on health.
+pub fn device_error_kind(error: &NvmlError) -> DeviceErrorKind {
+    match error {
+        NvmlError::GpuLost => DeviceErrorKind::GpuLost,
+        NvmlError::ResetRequired => DeviceErrorKind::ResetRequired,
+        NvmlError::NotFound => DeviceErrorKind::NotFound,
+        _ => DeviceErrorKind::Other,
+    }
+}
+
+fn device_error(call: &str, error: &NvmlError) -> DeviceError {
+    DeviceError {
+        kind: device_error_kind(error),
+        detail: format!("NVML {call} failed: {error}"),
+    }
+}
+
+/// A field value as an unsigned number; `None` when NVML could not read it.
+pub fn field_value(sample: &Result<FieldValueSample, NvmlError>) -> Option<u64> {
+    match sample.as_ref().ok()?.value.as_ref().ok()? {
+        SampleValue::U32(v) => Some(u64::from(*v)),
+        SampleValue::U64(v) => Some(*v),
+        SampleValue::I64(v) => u64::try_from(*v).ok(),
+        SampleValue::F64(v) if v.is_finite() && *v >= 0.0 => Some(*v as u64),
+        SampleValue::F64(_) => None,
     }
 }
 
@@ -137,61 +176,101 @@ impl NvmlBackend {
         })?;
         Ok(Self {
             nvml: Arc::new(nvml),
+            known: Mutex::default(),
+            lanes: Mutex::default(),
         })
     }
 
-    fn gpu_info(&self, device: &Device<'_>) -> Result<(GpuInfo, Vec<String>), BackendError> {
-        let uuid = device.uuid().map_err(nvml_err("uuid"))?;
-        let index = device.index().map_err(nvml_err("index"))?;
-        let name = device.name().map_err(nvml_err("name"))?;
-        let memory = device.memory_info().map_err(nvml_err("memory_info"))?;
-        let minor_number = device.minor_number().unwrap_or(index);
-        let pci_bus_id = device.pci_info().ok().map(|p| sysfs_bus_id(&p.bus_id));
-        let numa_node = pci_bus_id
-            .as_deref()
-            .and_then(|id| numa_node_from_sysfs(Path::new("/sys"), id));
-        let compute_capability = device
-            .cuda_compute_capability()
-            .map(|cc| ComputeCapability {
-                major: u32::try_from(cc.major).unwrap_or(0),
-                minor: u32::try_from(cc.minor).unwrap_or(0),
-            })
-            .map_err(nvml_err("cuda_compute_capability"))?;
-        let mut remote_bus_ids = Vec::new();
-        for link in 0..MAX_NVLINKS {
-            let wrapper = device.link_wrapper_for(link);
-            // Unsupported or inactive links end the useful range on most GPUs,
-            // but not all, so every lane is asked.
-            if matches!(wrapper.is_active(), Ok(true))
-                && let Ok(remote) = wrapper.remote_pci_info()
-            {
+    /// Reads one GPU; any error is that GPU's alone.
+    fn read_gpu(&self, index: u32) -> Result<(GpuInfo, Vec<String>), FailedRead> {
+        let failed = |uuid: Option<String>, call: &str, e: NvmlError| FailedRead {
+            index,
+            uuid,
+            error: device_error(call, &e),
+        };
+        let device = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| failed(None, "device_by_index", e))?;
+        // The UUID first: with it a broken GPU keeps its device ID.
+        let uuid = device.uuid().map_err(|e| failed(None, "uuid", e))?;
+        let (info, remotes, active_lanes) = gpu_info(&device, uuid.clone(), index)
+            .map_err(|(call, e)| failed(Some(uuid), call, e))?;
+        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        let most = lanes.entry(info.uuid.clone()).or_default();
+        *most = (*most).max(active_lanes);
+        Ok((info, remotes))
+    }
+}
+
+/// Active NVLink lanes of a device and the remote PCI bus id of each.
+fn nvlink_lanes(device: &Device<'_>) -> (u32, Vec<String>) {
+    let mut active = 0;
+    let mut remote_bus_ids = Vec::new();
+    for link in 0..MAX_NVLINKS {
+        let wrapper = device.link_wrapper_for(link);
+        // Unsupported or inactive links end the useful range on most GPUs,
+        // but not all, so every lane is asked.
+        if matches!(wrapper.is_active(), Ok(true)) {
+            active += 1;
+            if let Ok(remote) = wrapper.remote_pci_info() {
                 remote_bus_ids.push(sysfs_bus_id(&remote.bus_id));
             }
         }
-        Ok((
-            GpuInfo {
-                uuid,
-                index,
-                minor_number,
-                name,
-                memory_mib: memory.total / MIB,
-                pci_bus_id,
-                numa_node,
-                compute_capability,
-                nvlinks: BTreeMap::new(),
-            },
-            remote_bus_ids,
-        ))
     }
+    (active, remote_bus_ids)
+}
+
+type NvmlFailure = (&'static str, NvmlError);
+
+/// The facts of one GPU, its NVLink remotes and its active lane count.
+fn gpu_info(
+    device: &Device<'_>,
+    uuid: String,
+    index: u32,
+) -> Result<(GpuInfo, Vec<String>, u32), NvmlFailure> {
+    let name = device.name().map_err(|e| ("name", e))?;
+    let memory = device.memory_info().map_err(|e| ("memory_info", e))?;
+    let minor_number = device.minor_number().unwrap_or(index);
+    let pci_bus_id = device.pci_info().ok().map(|p| sysfs_bus_id(&p.bus_id));
+    let numa_node = pci_bus_id
+        .as_deref()
+        .and_then(|id| numa_node_from_sysfs(Path::new("/sys"), id));
+    let compute_capability = device
+        .cuda_compute_capability()
+        .map(|cc| ComputeCapability {
+            major: u32::try_from(cc.major).unwrap_or(0),
+            minor: u32::try_from(cc.minor).unwrap_or(0),
+        })
+        .map_err(|e| ("cuda_compute_capability", e))?;
+    let (active_lanes, remote_bus_ids) = nvlink_lanes(device);
+    Ok((
+        GpuInfo {
+            uuid,
+            index,
+            minor_number,
+            name,
+            memory_mib: memory.total / MIB,
+            pci_bus_id,
+            numa_node,
+            compute_capability,
+            nvlinks: BTreeMap::new(),
+        },
+        remote_bus_ids,
+        active_lanes,
+    ))
 }
 
 /// Turns per-GPU lists of remote bus ids into peer link counts.
 ///
 /// A remote that is not one of our GPUs is an NVSwitch: GPUs that both reach
 /// switches talk all-to-all with as many links as the poorer of the two has.
-pub fn resolve_nvlinks(gpus: &mut [GpuInfo], remotes: &[Vec<String>]) {
+/// `unread` are GPUs that could not be read this round (their last facts):
+/// a link to one of them is still a direct link, not a switch.
+pub fn resolve_nvlinks(gpus: &mut [GpuInfo], remotes: &[Vec<String>], unread: &[GpuInfo]) {
     let by_bus: BTreeMap<String, String> = gpus
         .iter()
+        .chain(unread)
         .filter_map(|g| g.pci_bus_id.clone().map(|b| (b, g.uuid.clone())))
         .collect();
     let mut switch_links = vec![0u32; gpus.len()];
@@ -239,36 +318,87 @@ impl GpuBackend for NvmlBackend {
         let count = self.nvml.device_count().map_err(nvml_err("device_count"))?;
         let mut gpus = Vec::with_capacity(count as usize);
         let mut remotes = Vec::with_capacity(count as usize);
+        let mut failures = Vec::new();
         for index in 0..count {
-            let device = self
-                .nvml
-                .device_by_index(index)
-                .map_err(nvml_err("device_by_index"))?;
-            let (info, remote) = self.gpu_info(&device)?;
-            gpus.push(info);
-            remotes.push(remote);
+            match self.read_gpu(index) {
+                Ok((info, remote)) => {
+                    gpus.push(info);
+                    remotes.push(remote);
+                }
+                Err(failed) => failures.push(failed),
+            }
         }
-        resolve_nvlinks(&mut gpus, &remotes);
-        Ok(Inventory {
-            driver: DriverInfo {
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        let unread: Vec<GpuInfo> = failures
+            .iter()
+            .filter_map(|failed| known.get(failed.index).cloned())
+            .collect();
+        resolve_nvlinks(&mut gpus, &remotes, &unread);
+        let reads = gpus
+            .into_iter()
+            .map(Ok)
+            .chain(failures.into_iter().map(Err))
+            .collect();
+        Ok(known.assemble(
+            DriverInfo {
                 driver_version,
                 cuda_version,
             },
-            gpus,
-        })
+            reads,
+        ))
     }
 
     fn probe(&self, uuid: &str) -> ProbeOutcome {
         let result = self
             .nvml
             .device_by_uuid(uuid)
-            .and_then(|d| d.memory_info().map(|_| ()));
+            .map_err(|e| device_error("device_by_uuid", &e))
+            .and_then(|d| {
+                d.memory_info()
+                    .map(|_| ())
+                    .map_err(|e| device_error("memory_info", &e))
+            });
         match result {
             Ok(()) => ProbeOutcome::Healthy,
-            Err(e @ (NvmlError::GpuLost | NvmlError::NotFound)) => {
-                ProbeOutcome::Unhealthy(format!("NVML probe: {e}"))
-            }
-            Err(e) => ProbeOutcome::Inconclusive(format!("NVML probe: {e}")),
+            Err(e) if e.kind == DeviceErrorKind::Other => ProbeOutcome::Inconclusive(e.detail),
+            Err(e) => ProbeOutcome::Unhealthy(e),
+        }
+    }
+
+    fn reset_evidence(&self, uuid: &str) -> ResetEvidence {
+        let device = match self.nvml.device_by_uuid(uuid) {
+            Ok(device) => device,
+            Err(e) => return ResetEvidence::unreachable(device_error("device_by_uuid", &e)),
+        };
+        let reachable = device
+            .memory_info()
+            .map(|_| ())
+            .map_err(|e| device_error("memory_info", &e));
+        // One call for the three fields; each comes back on its own.
+        let fields = device
+            .field_values_for(&[
+                FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION),
+                FieldId(NVML_FI_DEV_REMAPPED_PENDING),
+                FieldId(NVML_FI_DEV_REMAPPED_FAILURE),
+            ])
+            .unwrap_or_default();
+        let field = |i: usize| fields.get(i).and_then(field_value);
+        let expected = self
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uuid)
+            .copied();
+        ResetEvidence {
+            reachable,
+            recovery_action: field(0).map(RecoveryAction::from_nvml),
+            retired_pages_pending: device.are_pages_pending_retired().ok(),
+            row_remap_pending: field(1).map(|v| v != 0),
+            row_remap_failed: field(2).map(|v| v != 0),
+            nvlink_lanes: expected.map(|expected| NvlinkLanes {
+                active: nvlink_lanes(&device).0,
+                expected,
+            }),
         }
     }
 
@@ -447,7 +577,7 @@ mod tests {
             vec!["0000:02:00.0".into(), "0000:02:00.0".into()],
             vec!["0000:01:00.0".into(), "0000:01:00.0".into()],
         ];
-        resolve_nvlinks(&mut direct, &remotes);
+        resolve_nvlinks(&mut direct, &remotes, &[]);
         assert_eq!(direct[0].nvlinks, BTreeMap::from([("b".into(), 2)]));
 
         let mut switched = vec![
@@ -456,10 +586,67 @@ mod tests {
             gpu("c", "0000:03:00.0"),
         ];
         let sw = |n: usize| vec!["0000:99:00.0".to_string(); n];
-        resolve_nvlinks(&mut switched, &[sw(12), sw(12), sw(6)]);
+        resolve_nvlinks(&mut switched, &[sw(12), sw(12), sw(6)], &[]);
         assert_eq!(
             switched[0].nvlinks,
             BTreeMap::from([("b".into(), 12), ("c".into(), 6)])
         );
+    }
+
+    #[test]
+    fn a_link_to_a_gpu_that_could_not_be_read_stays_direct() {
+        // DGX-1-like direct links: a -- b -- c, and b cannot be read.
+        let mut read = vec![gpu("a", "0000:01:00.0"), gpu("c", "0000:03:00.0")];
+        let unread = [gpu("b", "0000:02:00.0")];
+        let remotes = vec![vec!["0000:02:00.0".into()], vec!["0000:02:00.0".into()]];
+        resolve_nvlinks(&mut read, &remotes, &unread);
+        // Not mistaken for NVSwitch lanes (which would link a and c).
+        assert_eq!(read[0].nvlinks, BTreeMap::from([("b".into(), 1)]));
+        assert_eq!(read[1].nvlinks, BTreeMap::from([("b".into(), 1)]));
+    }
+
+    #[test]
+    fn nvml_errors_map_to_the_kinds_the_health_rules_tell_apart() {
+        assert_eq!(
+            device_error_kind(&NvmlError::GpuLost),
+            DeviceErrorKind::GpuLost
+        );
+        assert_eq!(
+            device_error_kind(&NvmlError::ResetRequired),
+            DeviceErrorKind::ResetRequired
+        );
+        assert_eq!(
+            device_error_kind(&NvmlError::NotFound),
+            DeviceErrorKind::NotFound
+        );
+        for other in [
+            NvmlError::Timeout,
+            NvmlError::Unknown,
+            NvmlError::NotSupported,
+        ] {
+            assert_eq!(device_error_kind(&other), DeviceErrorKind::Other);
+        }
+        let e = device_error("memory_info", &NvmlError::GpuLost);
+        assert!(e.detail.starts_with("NVML memory_info failed: "), "{e}");
+    }
+
+    #[test]
+    fn field_values_read_as_numbers_and_errors_as_unknown() {
+        let sample = |value: Result<SampleValue, NvmlError>| {
+            Ok(FieldValueSample {
+                field: FieldId(NVML_FI_DEV_REMAPPED_PENDING),
+                timestamp: 0,
+                latency: 0,
+                value,
+            })
+        };
+        assert_eq!(field_value(&sample(Ok(SampleValue::U32(1)))), Some(1));
+        assert_eq!(field_value(&sample(Ok(SampleValue::U64(0)))), Some(0));
+        assert_eq!(field_value(&sample(Ok(SampleValue::I64(-1)))), None);
+        assert_eq!(field_value(&sample(Err(NvmlError::NotSupported))), None);
+        assert_eq!(field_value(&Err(NvmlError::GpuLost)), None);
+        assert_eq!(RecoveryAction::from_nvml(0), RecoveryAction::None);
+        assert_eq!(RecoveryAction::from_nvml(1), RecoveryAction::GpuReset);
+        assert_eq!(RecoveryAction::from_nvml(9), RecoveryAction::Unknown(9));
     }
 }
