@@ -74,7 +74,8 @@ pub struct TrainingJobSpec {
     #[schemars(range(min = 0))]
     pub termination_grace_period_seconds: i64,
 
-    /// Wall-clock limit of the whole job, counted from its start; the job fails when it passes.
+    /// Wall-clock limit of the job, counted from its start or its latest resume (time spent
+    /// suspended does not count); the job fails when it passes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub active_deadline_seconds: Option<i64>,
@@ -341,7 +342,9 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
 
-    /// 0-based attempt; each gang restart increments it.
+    /// 0-based attempt; each gang restart increments it, and so does resuming a suspended job
+    /// whose workers had been created: every attempt after the first resumes from the
+    /// checkpoint.
     #[serde(default)]
     pub attempt: u32,
 
@@ -377,7 +380,8 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_claim: Option<String>,
 
-    /// When the first pods were created.
+    /// When the first pods were created, or when the job was last resumed after that;
+    /// `activeDeadlineSeconds` counts from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
 
@@ -489,7 +493,7 @@ pub struct WorkerStatus {
 pub struct LastRestart {
     /// When it was decided.
     pub time: Time,
-    /// Preemption or Failure.
+    /// Preemption, Failure or Resume.
     pub reason: RestartReason,
     /// What happened, e.g. "worker 1: DisruptionTarget/TerminationByKubelet on node n-3".
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -503,6 +507,9 @@ pub enum RestartReason {
     Preemption,
     /// A worker failed: counted against `maxFailures`, with backoff.
     Failure,
+    /// `spec.suspend` went back to false after the job's workers had been created: counted
+    /// against no budget, no backoff. The new attempt resumes from the checkpoint.
+    Resume,
 }
 
 impl RestartReason {
@@ -511,6 +518,7 @@ impl RestartReason {
         match self {
             RestartReason::Preemption => "Preemption",
             RestartReason::Failure => "Failure",
+            RestartReason::Resume => "Resume",
         }
     }
 }

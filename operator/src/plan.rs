@@ -430,19 +430,6 @@ fn decide_inner(
     st.phase = Some(phase);
     st.checkpoint_claim = Some(job.claim_name.clone());
 
-    // Pods of the current attempt, by rank; everything else is from an older attempt (or a
-    // rank the spec no longer has) and must be gone before new pods start.
-    let mut current_pods: BTreeMap<u32, &Arc<Pod>> = BTreeMap::new();
-    let mut old_pods: Vec<&Arc<Pod>> = Vec::new();
-    for pod in &observed.pods {
-        match (label_u32(pod, LABEL_ATTEMPT), label_u32(pod, LABEL_RANK)) {
-            (Some(a), Some(r)) if a == st.attempt && r < workers => {
-                current_pods.insert(r, pod);
-            }
-            _ => old_pods.push(pod),
-        }
-    }
-
     let finish = |st: TrainingJobStatus,
                   actions: Vec<Action>,
                   events: Vec<JobEvent>,
@@ -472,6 +459,51 @@ fn decide_inner(
         }
         return finish(st, actions, events, requeue_at, None, None);
     }
+
+    // Suspend: no pods, and no deadline running (see the resume below).
+    if job.spec.suspend {
+        if phase != Phase::Suspended {
+            events.push(JobEvent::normal(
+                "Suspended",
+                "spec.suspend is true: deleting the workers",
+            ));
+        }
+        st.phase = Some(Phase::Suspended);
+        st.workers.clear();
+        set_condition(
+            &mut st.conditions,
+            condition::RUNNING,
+            false,
+            "Suspended",
+            "spec.suspend is true",
+            now,
+            gen_,
+        );
+        let all = observed.pods.iter();
+        remove_pods(
+            all,
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
+        return finish(st, actions, events, requeue_at, None, None);
+    }
+    let resumed = (phase == Phase::Suspended)
+        .then(|| resume(&mut st, now, &mut events))
+        .flatten();
+    // A resume is decided in this round whatever else is: the controller persists it first.
+    let finish = |st, actions, events, requeue_at, restart: Option<RestartReason>, creates| {
+        finish(
+            st,
+            actions,
+            events,
+            requeue_at,
+            restart.or(resumed),
+            creates,
+        )
+    };
 
     // Deadline.
     if let (Some(limit), Some(start)) = (job.spec.active_deadline_seconds, st.start_time.as_ref()) {
@@ -503,42 +535,17 @@ fn decide_inner(
         requeue_at = min_time(requeue_at, Some(deadline));
     }
 
-    // Suspend: no pods. The attempt does not change; resuming recreates it.
-    if job.spec.suspend {
-        if phase != Phase::Suspended {
-            events.push(JobEvent::normal(
-                "Suspended",
-                "spec.suspend is true: deleting the workers",
-            ));
+    // Pods of the current attempt, by rank; everything else is from an older attempt (or a
+    // rank the spec no longer has) and must be gone before new pods start.
+    let mut current_pods: BTreeMap<u32, &Arc<Pod>> = BTreeMap::new();
+    let mut old_pods: Vec<&Arc<Pod>> = Vec::new();
+    for pod in &observed.pods {
+        match (label_u32(pod, LABEL_ATTEMPT), label_u32(pod, LABEL_RANK)) {
+            (Some(a), Some(r)) if a == st.attempt && r < workers => {
+                current_pods.insert(r, pod);
+            }
+            _ => old_pods.push(pod),
         }
-        st.phase = Some(Phase::Suspended);
-        st.workers.clear();
-        set_condition(
-            &mut st.conditions,
-            condition::RUNNING,
-            false,
-            "Suspended",
-            "spec.suspend is true",
-            now,
-            gen_,
-        );
-        let all = observed.pods.iter();
-        remove_pods(
-            all,
-            observed,
-            &classifier,
-            &mut actions,
-            &mut events,
-            &mut requeue_at,
-        );
-        return finish(st, actions, events, requeue_at, None, None);
-    }
-    if phase == Phase::Suspended {
-        events.push(JobEvent::normal(
-            "Resumed",
-            "spec.suspend is false: recreating the workers",
-        ));
-        st.phase = Some(Phase::Pending);
     }
 
     // Classify the current attempt's workers.
@@ -612,23 +619,24 @@ fn decide_inner(
             detail
         };
 
-        let (spent, budget, budget_name) = match reason {
-            RestartReason::Preemption => {
-                st.preemptions += 1;
-                (
-                    st.preemptions,
-                    job.spec.restart_policy.max_preemptions,
-                    "maxPreemptions",
-                )
-            }
-            RestartReason::Failure => {
-                st.failures += 1;
-                (
-                    st.failures,
-                    job.spec.restart_policy.max_failures,
-                    "maxFailures",
-                )
-            }
+        let (spent, budget, budget_name, counted, exceeded) = if preempted {
+            st.preemptions += 1;
+            (
+                st.preemptions,
+                job.spec.restart_policy.max_preemptions,
+                "maxPreemptions",
+                "preemptions",
+                "PreemptionBudgetExceeded",
+            )
+        } else {
+            st.failures += 1;
+            (
+                st.failures,
+                job.spec.restart_policy.max_failures,
+                "maxFailures",
+                "failures",
+                "FailureBudgetExceeded",
+            )
         };
         events.push(JobEvent::warning(
             if preempted {
@@ -640,17 +648,9 @@ fn decide_inner(
         ));
         let alive_pods = observed.pods.iter().filter(|p| !is_finished(p));
         if spent > budget {
-            let (why, message) = match reason {
-                RestartReason::Preemption => (
-                    "PreemptionBudgetExceeded",
-                    format!("{spent} preemptions exceed {budget_name}={budget}; last: {detail}"),
-                ),
-                RestartReason::Failure => (
-                    "FailureBudgetExceeded",
-                    format!("{spent} failures exceed {budget_name}={budget}; last: {detail}"),
-                ),
-            };
-            fail(&mut st, why, &message, now, gen_, &mut events);
+            let message =
+                format!("{spent} {counted} exceed {budget_name}={budget}; last: {detail}");
+            fail(&mut st, exceeded, &message, now, gen_, &mut events);
             record_workers(&mut st, &current_pods, &states);
             remove_pods(
                 alive_pods,
@@ -1036,14 +1036,7 @@ fn decide_inner(
     } else if st.phase != Some(Phase::Restarting) {
         st.phase = Some(Phase::Pending);
     }
-    Plan {
-        status: st,
-        actions,
-        events,
-        requeue_at,
-        restart: None,
-        creates_attempt,
-    }
+    finish(st, actions, events, requeue_at, None, creates_attempt)
 }
 
 /// When to write a decided status.
@@ -1109,6 +1102,43 @@ fn placement_of(
         .and_then(|a| a.node_affinity.clone());
     p.tolerations = spec.and_then(|s| s.tolerations.clone()).unwrap_or_default();
     p
+}
+
+/// `spec.suspend` went back to false. A job whose workers were created before (it has a
+/// `startTime`) continues as a new attempt with restart reason `Resume`: its pods get
+/// `RESUME_FROM` like every attempt after the first, so progress made before the suspend is
+/// kept, and pods still terminating from the suspend are older pods that must be gone before
+/// the new ones start. Like a Kubernetes Job, `startTime` (and with it
+/// `activeDeadlineSeconds`) restarts at the resume. A job that never ran starts as it would have.
+fn resume(
+    st: &mut TrainingJobStatus,
+    now: Timestamp,
+    events: &mut Vec<JobEvent>,
+) -> Option<RestartReason> {
+    st.phase = Some(Phase::Pending);
+    if st.start_time.is_none() {
+        events.push(JobEvent::normal(
+            "Resumed",
+            "spec.suspend is false: creating the workers",
+        ));
+        return None;
+    }
+    st.attempt += 1;
+    st.workers.clear();
+    st.start_time = Some(Time(now));
+    st.last_restart = Some(LastRestart {
+        time: Time(now),
+        reason: RestartReason::Resume,
+        detail: "spec.suspend set to false".to_owned(),
+    });
+    events.push(JobEvent::normal(
+        "Resumed",
+        format!(
+            "spec.suspend is false: recreating the workers as attempt {} with RESUME_FROM set",
+            st.attempt
+        ),
+    ));
+    Some(RestartReason::Resume)
 }
 
 fn fail(
