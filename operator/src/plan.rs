@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::OperatorConfig;
@@ -278,12 +278,34 @@ fn pod_name(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
 }
 
-/// Whether a pod's containers have all stopped (it no longer holds its GPUs).
+/// Whether a pod's containers have all stopped (it no longer holds its GPUs): its phase is
+/// final, or every container has terminated and the kubelet has not said so in the phase yet.
+/// A pod whose trainer exited while a sidecar (or a native sidecar init container) still runs
+/// is not finished.
 fn is_finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    let terminated = |c: &ContainerStatus| c.state.as_ref().is_some_and(|s| s.terminated.is_some());
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| statuses.iter().any(|s| s.name == c.name && terminated(s)))
+        && status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.ephemeral_container_statuses.iter().flatten())
+            .all(terminated)
 }
 
 /// Deletes pods gracefully; force-deletes those stuck terminating on a lost node.
@@ -444,19 +466,18 @@ fn decide_inner(
         creates_attempt,
     };
 
-    // Final phases: stop what still runs after a failure; leave completed pods for their logs.
+    // Final phases: stop what still runs (after a failure, or a sidecar beside a trainer that
+    // succeeded) so that it gives its GPUs back; leave completed pods for their logs.
     if phase.is_terminal() {
-        if phase == Phase::Failed {
-            let running = observed.pods.iter().filter(|p| !is_finished(p));
-            remove_pods(
-                running,
-                observed,
-                &classifier,
-                &mut actions,
-                &mut events,
-                &mut requeue_at,
-            );
-        }
+        let running = observed.pods.iter().filter(|p| !is_finished(p));
+        remove_pods(
+            running,
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
         return finish(st, actions, events, requeue_at, None, None);
     }
 
@@ -760,6 +781,15 @@ fn decide_inner(
             "Succeeded",
             format!("every trainer exited 0 (attempt {})", st.attempt),
         ));
+        let running = observed.pods.iter().filter(|p| !is_finished(p));
+        remove_pods(
+            running,
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
         return finish(st, actions, events, requeue_at, None, None);
     }
 
