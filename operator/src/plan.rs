@@ -511,9 +511,23 @@ fn decide_inner(
         );
         return finish(st, actions, events, requeue_at, None, None);
     }
-    let resumed = (phase == Phase::Suspended)
-        .then(|| resume(&mut st, now, &mut events))
-        .flatten();
+    let mut resumed = None;
+    if phase == Phase::Suspended {
+        match resume(&mut st, now, &mut events) {
+            Ok(r) => resumed = r,
+            Err(message) => {
+                fail(
+                    &mut st,
+                    ATTEMPT_LIMIT_REACHED,
+                    &message,
+                    now,
+                    gen_,
+                    &mut events,
+                );
+                return finish(st, actions, events, requeue_at, None, None);
+            }
+        }
+    }
     // A resume is decided in this round whatever else is: the controller persists it first.
     let finish = |st, actions, events, requeue_at, restart: Option<RestartReason>, creates| {
         finish(
@@ -641,7 +655,7 @@ fn decide_inner(
         };
 
         let (spent, budget, budget_name, counted, exceeded) = if preempted {
-            st.preemptions += 1;
+            st.preemptions = st.preemptions.saturating_add(1);
             (
                 st.preemptions,
                 job.spec.restart_policy.max_preemptions,
@@ -650,7 +664,7 @@ fn decide_inner(
                 "PreemptionBudgetExceeded",
             )
         } else {
-            st.failures += 1;
+            st.failures = st.failures.saturating_add(1);
             (
                 st.failures,
                 job.spec.restart_policy.max_failures,
@@ -668,22 +682,31 @@ fn decide_inner(
             detail.clone(),
         ));
         let alive_pods = observed.pods.iter().filter(|p| !is_finished(p));
-        if spent > budget {
-            let message =
-                format!("{spent} {counted} exceed {budget_name}={budget}; last: {detail}");
-            fail(&mut st, exceeded, &message, now, gen_, &mut events);
-            record_workers(&mut st, &current_pods, &states);
-            remove_pods(
-                alive_pods,
-                observed,
-                &classifier,
-                &mut actions,
-                &mut events,
-                &mut requeue_at,
-            );
-            return finish(st, actions, events, requeue_at, None, None);
-        }
-        st.attempt += 1;
+        let next_attempt = match st.attempt.checked_add(1) {
+            _ if spent > budget => Err((
+                exceeded,
+                format!("{spent} {counted} exceed {budget_name}={budget}; last: {detail}"),
+            )),
+            None => Err((ATTEMPT_LIMIT_REACHED, attempt_limit_message(&detail))),
+            Some(next) => Ok(next),
+        };
+        let next_attempt = match next_attempt {
+            Ok(next) => next,
+            Err((why, message)) => {
+                fail(&mut st, why, &message, now, gen_, &mut events);
+                record_workers(&mut st, workers, &current_pods, &states);
+                remove_pods(
+                    alive_pods,
+                    observed,
+                    &classifier,
+                    &mut actions,
+                    &mut events,
+                    &mut requeue_at,
+                );
+                return finish(st, actions, events, requeue_at, None, None);
+            }
+        };
+        st.attempt = next_attempt;
         st.phase = Some(Phase::Restarting);
         st.workers.clear();
         st.last_restart = Some(LastRestart {
@@ -749,7 +772,7 @@ fn decide_inner(
     if workers > 0 && (0..workers).all(|r| states.get(&r) == Some(&WorkerState::Succeeded)) {
         st.phase = Some(Phase::Succeeded);
         st.completion_time = Some(Time(now));
-        record_workers(&mut st, &current_pods, &states);
+        record_workers(&mut st, workers, &current_pods, &states);
         set_condition(
             &mut st.conditions,
             condition::SUCCEEDED,
@@ -803,7 +826,7 @@ fn decide_inner(
             &mut events,
             &mut requeue_at,
         );
-        record_workers(&mut st, &current_pods, &states);
+        record_workers(&mut st, workers, &current_pods, &states);
         // Watch events normally wake us; this is only the safety net.
         requeue_at = min_time(
             requeue_at,
@@ -866,7 +889,7 @@ fn decide_inner(
         if let Some(err) = cluster_invalid {
             *marked_invalid = true;
             events.extend(mark_invalid(&mut st, &current.conditions, &err, gen_, now));
-            record_workers(&mut st, &current_pods, &states);
+            record_workers(&mut st, workers, &current_pods, &states);
             requeue_at = min_time(requeue_at, now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
             return finish(st, actions, events, requeue_at, None, None);
         }
@@ -885,7 +908,7 @@ fn decide_inner(
                 ))
                 .unwrap_or(last.time.0);
             if now < ready_at {
-                record_workers(&mut st, &current_pods, &states);
+                record_workers(&mut st, workers, &current_pods, &states);
                 requeue_at = min_time(requeue_at, Some(ready_at));
                 return finish(st, actions, events, requeue_at, None, None);
             }
@@ -1020,7 +1043,7 @@ fn decide_inner(
         }
     }
 
-    record_workers(&mut st, &current_pods, &states);
+    record_workers(&mut st, workers, &current_pods, &states);
     let all_running = missing.is_empty()
         && (0..workers).all(|r| {
             matches!(
@@ -1140,20 +1163,24 @@ fn placement_of(
 /// kept, and pods still terminating from the suspend are older pods that must be gone before
 /// the new ones start. Like a Kubernetes Job, `startTime` (and with it
 /// `activeDeadlineSeconds`) restarts at the resume. A job that never ran starts as it would have.
+/// `Err` says why it cannot: the attempt number is spent.
 fn resume(
     st: &mut TrainingJobStatus,
     now: Timestamp,
     events: &mut Vec<JobEvent>,
-) -> Option<RestartReason> {
+) -> Result<Option<RestartReason>, String> {
     st.phase = Some(Phase::Pending);
     if st.start_time.is_none() {
         events.push(JobEvent::normal(
             "Resumed",
             "spec.suspend is false: creating the workers",
         ));
-        return None;
+        return Ok(None);
     }
-    st.attempt += 1;
+    st.attempt = st
+        .attempt
+        .checked_add(1)
+        .ok_or_else(|| attempt_limit_message("spec.suspend set to false"))?;
     st.workers.clear();
     st.start_time = Some(Time(now));
     st.last_restart = Some(LastRestart {
@@ -1168,7 +1195,17 @@ fn resume(
             st.attempt
         ),
     ));
-    Some(RestartReason::Resume)
+    Ok(Some(RestartReason::Resume))
+}
+
+/// Failed condition reason when `status.attempt` cannot count one more attempt.
+const ATTEMPT_LIMIT_REACHED: &str = "AttemptLimitReached";
+
+fn attempt_limit_message(detail: &str) -> String {
+    format!(
+        "attempt {} is the last one status.attempt can number; last: {detail}",
+        u32::MAX
+    )
 }
 
 fn fail(
@@ -1216,6 +1253,7 @@ fn fail(
 /// status.workers: the current attempt's workers the operator has seen.
 fn record_workers(
     st: &mut TrainingJobStatus,
+    workers_wanted: u32,
     current: &BTreeMap<u32, &Arc<Pod>>,
     states: &BTreeMap<u32, WorkerState>,
 ) {
@@ -1236,13 +1274,15 @@ fn record_workers(
         })
         .collect();
     // A recorded worker whose pod is gone stays recorded until a restart clears the list,
-    // so that its disappearance is noticed again after a crash.
+    // so that its disappearance is noticed again after a crash; a rank the spec does not have
+    // (status is input too) is dropped.
     for w in &st.workers {
-        if w.phase == "Succeeded" && !current.contains_key(&w.rank) {
+        if w.phase == "Succeeded" && w.rank < workers_wanted && !current.contains_key(&w.rank) {
             workers.push(w.clone());
         }
     }
     workers.sort_by_key(|w| w.rank);
+    workers.dedup_by_key(|w| w.rank);
     st.workers = workers;
 }
 

@@ -494,6 +494,92 @@ fn without_leases_the_window_bounds_the_hold() {
 }
 
 #[test]
+fn a_recorded_rank_beyond_the_spec_is_ignored() {
+    let mut w = World::running_world("workers: 2\n");
+    for (rank, phase) in [
+        (u32::MAX, "Succeeded"),
+        (u32::MAX - 1, "Running"),
+        (2, "Succeeded"),
+    ] {
+        w.status.workers.push(WorkerStatus {
+            rank,
+            pod: format!("train-worker-{rank}"),
+            node: Some("n-1".into()),
+            phase: phase.into(),
+            reason: None,
+        });
+    }
+    let plan = w.step();
+    assert_eq!(
+        plan.restart, None,
+        "a rank the spec does not have cannot vanish"
+    );
+    assert_eq!(
+        plan.status
+            .workers
+            .iter()
+            .map(|w| w.rank)
+            .collect::<Vec<_>>(),
+        [0, 1]
+    );
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+}
+
+#[test]
+fn counters_at_their_limit_neither_wrap_nor_panic() {
+    let mut w = World::running_world("workers: 1\nrestartPolicy: {maxFailures: 3}\n");
+    w.status.failures = u32::MAX;
+    w.exit("train-worker-0", 1);
+    let plan = w.step();
+    assert_eq!(plan.status.failures, u32::MAX);
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+
+    // The last attempt a uint32 can number: the next restart fails the job instead of
+    // wrapping to attempt 0 (whose pods would look current again).
+    let mut w = World::new("workers: 1\n");
+    w.status.attempt = u32::MAX;
+    w.status.preemptions = u32::MAX - 1;
+    w.job.spec.restart_policy.max_preemptions = u32::MAX;
+    w.step();
+    w.run_all();
+    assert_eq!(w.step().status.phase, Some(Phase::Running));
+    w.preempt("train-worker-0");
+    let plan = w.step();
+    assert_eq!(plan.status.attempt, u32::MAX);
+    assert_eq!(plan.status.preemptions, u32::MAX);
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    let failed = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::FAILED)
+        .expect("Failed");
+    assert_eq!(failed.reason, "AttemptLimitReached");
+    assert_eq!(World::deletes(&plan), 1, "the worker is stopped");
+    assert_eq!(plan.restart, None);
+}
+
+#[test]
+fn resuming_at_the_last_attempt_number_fails_instead_of_wrapping() {
+    let mut w = World::running_world("workers: 1\n");
+    w.job.spec.suspend = true;
+    w.step();
+    w.kubelet_removes_deleted();
+    w.status.attempt = u32::MAX;
+    w.job.spec.suspend = false;
+    let plan = w.step();
+    assert_eq!(plan.status.attempt, u32::MAX);
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert!(World::creates(&plan).is_empty());
+    assert!(
+        plan.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == condition::FAILED && c.reason == "AttemptLimitReached")
+    );
+}
+
+#[test]
 fn backoff_doubles_from_the_base_and_caps_at_ten_minutes() {
     let secs: Vec<_> = (1..=8).map(|f| failure_backoff(10, f).as_secs()).collect();
     assert_eq!(secs, [10, 20, 40, 80, 160, 320, 600, 600]);
