@@ -5,8 +5,8 @@
 //! LIST calls and, when nothing changed, no API calls at all. Pods are found by their
 //! deterministic names (`<job>-worker-<rank>`), so a reconcile costs O(workers), not O(pods).
 
-use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
@@ -34,7 +34,8 @@ use serde_json::json;
 use crate::cached_pod::CachedPod;
 use crate::config::OperatorConfig;
 use crate::crd::{
-    LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, Phase, RestartReason, TrainingJob, TrainingJobStatus,
+    LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_WORKERS, Phase, RestartReason, TrainingJob,
+    TrainingJobStatus,
 };
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
@@ -290,6 +291,20 @@ fn sibling_to_read(
         .filter(|r| present.iter().all(|(rank, _)| rank != r))
         .any(|r| !held(r));
     unheld_gap.then(|| sibling.name_any())
+}
+
+/// The ranks whose pods one reconcile looks up: every rank of the spec, then each recorded
+/// rank beyond it once (a pod left over from a larger `workers`, to be deleted). Never a range
+/// up to a recorded rank: status is input, and a rank near 2^32 must not cost four billion
+/// lookups. A recorded rank no spec can have (≥ [`MAX_WORKERS`]) is ignored.
+fn ranks_to_observe(workers: u32, current: &TrainingJobStatus) -> impl Iterator<Item = u32> {
+    let beyond: BTreeSet<u32> = current
+        .workers
+        .iter()
+        .map(|w| w.rank)
+        .filter(|rank| (workers..MAX_WORKERS).contains(rank))
+        .collect();
+    (0..workers).chain(beyond)
 }
 
 /// Marks an object's expectation met when a watch event for it arrives.
@@ -737,16 +752,9 @@ impl Context {
 
     fn observe(&self, job: &ValidJob, current: &TrainingJobStatus, now: Timestamp) -> Observed {
         let ns = job.namespace.as_str();
-        let ranks = current
-            .workers
-            .iter()
-            .map(|w| w.rank.saturating_add(1))
-            .max()
-            .unwrap_or(0)
-            .max(job.spec.workers);
         let mut pods = Vec::new();
         let mut foreign_pods = Vec::new();
-        for rank in 0..ranks {
+        for rank in ranks_to_observe(job.spec.workers, current) {
             let name = pod_name(&job.name, rank);
             if let Some(pod) = self.pods.get(&ObjectRef::new(&name).within(ns)) {
                 let ours = pod.owner_references().iter().any(|o| o.uid == job.uid);
@@ -1200,6 +1208,7 @@ async fn reconcile_inner(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::WorkerStatus;
     use serde_json::json;
 
     fn worker(rank: u32, attempt: u32) -> Arc<Pod> {
@@ -1231,6 +1240,34 @@ mod tests {
         assert_eq!(sibling_to_read(&pods, 3, 4, nothing_held), None);
         let all = [worker(0, 0), worker(1, 0)];
         assert_eq!(sibling_to_read(&all, 0, 2, nothing_held), None);
+    }
+
+    #[test]
+    fn a_huge_rank_in_status_costs_one_lookup_at_most_never_a_loop_up_to_it() {
+        let recorded = |ranks: &[u32]| TrainingJobStatus {
+            workers: ranks
+                .iter()
+                .map(|&rank| WorkerStatus {
+                    rank,
+                    pod: pod_name("j", rank),
+                    node: None,
+                    phase: "Running".to_owned(),
+                    reason: None,
+                })
+                .collect(),
+            ..TrainingJobStatus::default()
+        };
+        // Bounded by take(): the old code walked 0..=u32::MAX - 1 here.
+        let looked_up = |workers, ranks: &[u32]| {
+            ranks_to_observe(workers, &recorded(ranks))
+                .take(100)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(looked_up(2, &[0, 1, u32::MAX - 1]), [0, 1]);
+        assert_eq!(looked_up(2, &[u32::MAX]), [0, 1]);
+        // Ranks left over from a larger `workers` are looked up (to be deleted), each once.
+        assert_eq!(looked_up(2, &[0, 1, 3, 3, 7]), [0, 1, 3, 7]);
+        assert_eq!(looked_up(3, &[]), [0, 1, 2]);
     }
 
     fn node(labels: serde_json::Value, ready: &str, heartbeat: &str) -> Node {

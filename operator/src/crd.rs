@@ -23,6 +23,28 @@ pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
 /// The extended resource name GPUs are requested under unless `spec.gpu.resourceName` says otherwise.
 pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
 
+// Upper bounds of the spec's numbers, in the schema and checked again by `validate` (which
+// must not rely on the API server). Every number the operator reads is bounded, so none can
+// drive a loop, an overflow or a timestamp past year 9999.
+
+/// Most workers (`spec.workers`): one pod each, and a gang this large is already far beyond
+/// what one rendezvous holds.
+pub const MAX_WORKERS: u32 = 10_000;
+/// Most GPUs per worker (`spec.gpusPerWorker`): the largest nodes have 8 or 16 GPUs, and 8
+/// GPUs split into 7 MIG slices each expose 56 devices; it is also `NPROC_PER_NODE`.
+pub const MAX_GPUS_PER_WORKER: u32 = 64;
+/// Largest `spec.gpu.minMemoryGiB`: today's largest GPUs hold 288 GB.
+pub const MAX_MIN_MEMORY_GIB: u32 = 1024;
+/// Largest restart budget or count (`maxPreemptions`, `maxFailures`,
+/// `fallbackToOnDemandAfter`): keeps the status counters far below `u32::MAX`.
+pub const MAX_RESTARTS: u32 = 10_000;
+/// Largest `spec.restartPolicy.backoffSeconds`: the backoff is capped at 10 minutes anyway.
+pub const MAX_BACKOFF_SECONDS: u32 = 600;
+/// Longest `spec.terminationGracePeriodSeconds` (one day): time to write a checkpoint.
+pub const MAX_GRACE_SECONDS: i64 = 86_400;
+/// Longest `spec.activeDeadlineSeconds` (365 days).
+pub const MAX_DEADLINE_SECONDS: i64 = 31_536_000;
+
 /// Desired state of a distributed training job.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
@@ -45,12 +67,12 @@ pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
 pub struct TrainingJobSpec {
     /// Number of worker pods (one per node).
     #[serde(default = "default_workers")]
-    #[schemars(range(min = 1, max = 10000))]
+    #[schemars(range(min = 1, max = MAX_WORKERS))]
     pub workers: u32,
 
     /// GPUs per worker: the GPU limit on the trainer container. 0 runs on CPU.
     #[serde(default)]
-    #[schemars(range(max = 1024))]
+    #[schemars(range(min = 0, max = MAX_GPUS_PER_WORKER))]
     pub gpus_per_worker: u32,
 
     /// Which GPUs the workers may land on.
@@ -71,12 +93,13 @@ pub struct TrainingJobSpec {
 
     /// Seconds the trainer gets after SIGTERM to write its checkpoint.
     #[serde(default = "default_grace_seconds")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_GRACE_SECONDS))]
     pub termination_grace_period_seconds: i64,
 
-    /// Wall-clock limit of the whole job, counted from its start; the job fails when it passes.
+    /// Wall-clock limit of the job, counted from its start or its latest resume (time spent
+    /// suspended does not count); the job fails when it passes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_DEADLINE_SECONDS))]
     pub active_deadline_seconds: Option<i64>,
 
     /// true keeps the job without pods (for queueing systems such as Kueue).
@@ -127,7 +150,7 @@ pub struct GpuSpec {
         rename = "minMemoryGiB",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_MIN_MEMORY_GIB))]
     pub min_memory_gib: Option<u32>,
 
     /// How to choose among the allowed products.
@@ -182,7 +205,7 @@ pub struct SpotSpec {
 
     /// After this many preemptions later attempts avoid spot; 0 never falls back.
     #[serde(default = "default_fallback")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_RESTARTS))]
     pub fallback_to_on_demand_after: u32,
 }
 
@@ -297,17 +320,17 @@ impl AccessMode {
 pub struct RestartPolicySpec {
     /// Restarts caused by preemption before the job fails.
     #[serde(default = "default_max_preemptions")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_RESTARTS))]
     pub max_preemptions: u32,
 
     /// Restarts caused by failures before the job fails.
     #[serde(default = "default_max_failures")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_RESTARTS))]
     pub max_failures: u32,
 
     /// Base of the exponential failure backoff, doubled per failure and capped at 10 minutes.
     #[serde(default = "default_backoff_seconds")]
-    #[schemars(range(min = 0, max = 600))]
+    #[schemars(range(min = 0, max = MAX_BACKOFF_SECONDS))]
     pub backoff_seconds: u32,
 }
 
@@ -341,7 +364,9 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
 
-    /// 0-based attempt; each gang restart increments it.
+    /// 0-based attempt; each gang restart increments it, and so does resuming a suspended job
+    /// whose workers had been created: every attempt after the first resumes from the
+    /// checkpoint.
     #[serde(default)]
     pub attempt: u32,
 
@@ -377,7 +402,8 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_claim: Option<String>,
 
-    /// When the first pods were created.
+    /// When the first pods were created, or when the job was last resumed after that;
+    /// `activeDeadlineSeconds` counts from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
 
@@ -469,7 +495,8 @@ pub struct SelectedGpu {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerStatus {
-    /// 0-based rank.
+    /// 0-based rank, below `spec.workers` (a larger one is ignored).
+    #[schemars(range(min = 0, max = MAX_WORKERS - 1))]
     pub rank: u32,
     /// Pod name.
     pub pod: String,
@@ -489,7 +516,7 @@ pub struct WorkerStatus {
 pub struct LastRestart {
     /// When it was decided.
     pub time: Time,
-    /// Preemption or Failure.
+    /// Preemption, Failure or Resume.
     pub reason: RestartReason,
     /// What happened, e.g. "worker 1: DisruptionTarget/TerminationByKubelet on node n-3".
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -503,6 +530,9 @@ pub enum RestartReason {
     Preemption,
     /// A worker failed: counted against `maxFailures`, with backoff.
     Failure,
+    /// `spec.suspend` went back to false after the job's workers had been created: counted
+    /// against no budget, no backoff. The new attempt resumes from the checkpoint.
+    Resume,
 }
 
 impl RestartReason {
@@ -511,6 +541,7 @@ impl RestartReason {
         match self {
             RestartReason::Preemption => "Preemption",
             RestartReason::Failure => "Failure",
+            RestartReason::Resume => "Resume",
         }
     }
 }

@@ -58,6 +58,27 @@ mod tests {
         );
     }
 
+    /// A spec number without a maximum lets a typo (or 2^32 - 1) reach the operator: every
+    /// integer of the spec is bounded by the schema, as `validate` bounds it again.
+    #[test]
+    fn every_integer_in_the_spec_has_a_maximum() {
+        let json = serde_json::to_value(crd()).expect("json");
+        let spec = &json["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        fn walk(v: &serde_json::Value, path: String, unbounded: &mut Vec<String>) {
+            if v["type"] == "integer" && v.get("maximum").is_none() {
+                unbounded.push(path.clone());
+            }
+            if let Some(props) = v["properties"].as_object() {
+                for (k, child) in props {
+                    walk(child, format!("{path}.{k}"), unbounded);
+                }
+            }
+        }
+        let mut unbounded = Vec::new();
+        walk(spec, "spec".to_owned(), &mut unbounded);
+        assert!(unbounded.is_empty(), "no maximum: {unbounded:?}");
+    }
+
     #[test]
     fn yaml_round_trips_to_the_same_crd() {
         let yaml = crd_yaml().expect("renders");

@@ -28,7 +28,7 @@ pub struct ErrorLabels {
 /// Label set of the restart counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RestartLabels {
-    /// Preemption or Failure.
+    /// Preemption, Failure or Resume.
     pub reason: String,
 }
 

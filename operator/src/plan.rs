@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::OperatorConfig;
@@ -278,12 +278,34 @@ fn pod_name(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
 }
 
-/// Whether a pod's containers have all stopped (it no longer holds its GPUs).
+/// Whether a pod's containers have all stopped (it no longer holds its GPUs): its phase is
+/// final, or every container has terminated and the kubelet has not said so in the phase yet.
+/// A pod whose trainer exited while a sidecar (or a native sidecar init container) still runs
+/// is not finished.
 fn is_finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    let terminated = |c: &ContainerStatus| c.state.as_ref().is_some_and(|s| s.terminated.is_some());
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| statuses.iter().any(|s| s.name == c.name && terminated(s)))
+        && status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.ephemeral_container_statuses.iter().flatten())
+            .all(terminated)
 }
 
 /// Deletes pods gracefully; force-deletes those stuck terminating on a lost node.
@@ -430,19 +452,6 @@ fn decide_inner(
     st.phase = Some(phase);
     st.checkpoint_claim = Some(job.claim_name.clone());
 
-    // Pods of the current attempt, by rank; everything else is from an older attempt (or a
-    // rank the spec no longer has) and must be gone before new pods start.
-    let mut current_pods: BTreeMap<u32, &Arc<Pod>> = BTreeMap::new();
-    let mut old_pods: Vec<&Arc<Pod>> = Vec::new();
-    for pod in &observed.pods {
-        match (label_u32(pod, LABEL_ATTEMPT), label_u32(pod, LABEL_RANK)) {
-            (Some(a), Some(r)) if a == st.attempt && r < workers => {
-                current_pods.insert(r, pod);
-            }
-            _ => old_pods.push(pod),
-        }
-    }
-
     let finish = |st: TrainingJobStatus,
                   actions: Vec<Action>,
                   events: Vec<JobEvent>,
@@ -457,21 +466,79 @@ fn decide_inner(
         creates_attempt,
     };
 
-    // Final phases: stop what still runs after a failure; leave completed pods for their logs.
+    // Final phases: stop what still runs (after a failure, or a sidecar beside a trainer that
+    // succeeded) so that it gives its GPUs back; leave completed pods for their logs.
     if phase.is_terminal() {
-        if phase == Phase::Failed {
-            let running = observed.pods.iter().filter(|p| !is_finished(p));
-            remove_pods(
-                running,
-                observed,
-                &classifier,
-                &mut actions,
-                &mut events,
-                &mut requeue_at,
-            );
-        }
+        let running = observed.pods.iter().filter(|p| !is_finished(p));
+        remove_pods(
+            running,
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
         return finish(st, actions, events, requeue_at, None, None);
     }
+
+    // Suspend: no pods, and no deadline running (see the resume below).
+    if job.spec.suspend {
+        if phase != Phase::Suspended {
+            events.push(JobEvent::normal(
+                "Suspended",
+                "spec.suspend is true: deleting the workers",
+            ));
+        }
+        st.phase = Some(Phase::Suspended);
+        st.workers.clear();
+        set_condition(
+            &mut st.conditions,
+            condition::RUNNING,
+            false,
+            "Suspended",
+            "spec.suspend is true",
+            now,
+            gen_,
+        );
+        let all = observed.pods.iter();
+        remove_pods(
+            all,
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
+        return finish(st, actions, events, requeue_at, None, None);
+    }
+    let mut resumed = None;
+    if phase == Phase::Suspended {
+        match resume(&mut st, now, &mut events) {
+            Ok(r) => resumed = r,
+            Err(message) => {
+                fail(
+                    &mut st,
+                    ATTEMPT_LIMIT_REACHED,
+                    &message,
+                    now,
+                    gen_,
+                    &mut events,
+                );
+                return finish(st, actions, events, requeue_at, None, None);
+            }
+        }
+    }
+    // A resume is decided in this round whatever else is: the controller persists it first.
+    let finish = |st, actions, events, requeue_at, restart: Option<RestartReason>, creates| {
+        finish(
+            st,
+            actions,
+            events,
+            requeue_at,
+            restart.or(resumed),
+            creates,
+        )
+    };
 
     // Deadline.
     if let (Some(limit), Some(start)) = (job.spec.active_deadline_seconds, st.start_time.as_ref()) {
@@ -503,42 +570,17 @@ fn decide_inner(
         requeue_at = min_time(requeue_at, Some(deadline));
     }
 
-    // Suspend: no pods. The attempt does not change; resuming recreates it.
-    if job.spec.suspend {
-        if phase != Phase::Suspended {
-            events.push(JobEvent::normal(
-                "Suspended",
-                "spec.suspend is true: deleting the workers",
-            ));
+    // Pods of the current attempt, by rank; everything else is from an older attempt (or a
+    // rank the spec no longer has) and must be gone before new pods start.
+    let mut current_pods: BTreeMap<u32, &Arc<Pod>> = BTreeMap::new();
+    let mut old_pods: Vec<&Arc<Pod>> = Vec::new();
+    for pod in &observed.pods {
+        match (label_u32(pod, LABEL_ATTEMPT), label_u32(pod, LABEL_RANK)) {
+            (Some(a), Some(r)) if a == st.attempt && r < workers => {
+                current_pods.insert(r, pod);
+            }
+            _ => old_pods.push(pod),
         }
-        st.phase = Some(Phase::Suspended);
-        st.workers.clear();
-        set_condition(
-            &mut st.conditions,
-            condition::RUNNING,
-            false,
-            "Suspended",
-            "spec.suspend is true",
-            now,
-            gen_,
-        );
-        let all = observed.pods.iter();
-        remove_pods(
-            all,
-            observed,
-            &classifier,
-            &mut actions,
-            &mut events,
-            &mut requeue_at,
-        );
-        return finish(st, actions, events, requeue_at, None, None);
-    }
-    if phase == Phase::Suspended {
-        events.push(JobEvent::normal(
-            "Resumed",
-            "spec.suspend is false: recreating the workers",
-        ));
-        st.phase = Some(Phase::Pending);
     }
 
     // Classify the current attempt's workers.
@@ -612,23 +654,24 @@ fn decide_inner(
             detail
         };
 
-        let (spent, budget, budget_name) = match reason {
-            RestartReason::Preemption => {
-                st.preemptions += 1;
-                (
-                    st.preemptions,
-                    job.spec.restart_policy.max_preemptions,
-                    "maxPreemptions",
-                )
-            }
-            RestartReason::Failure => {
-                st.failures += 1;
-                (
-                    st.failures,
-                    job.spec.restart_policy.max_failures,
-                    "maxFailures",
-                )
-            }
+        let (spent, budget, budget_name, counted, exceeded) = if preempted {
+            st.preemptions = st.preemptions.saturating_add(1);
+            (
+                st.preemptions,
+                job.spec.restart_policy.max_preemptions,
+                "maxPreemptions",
+                "preemptions",
+                "PreemptionBudgetExceeded",
+            )
+        } else {
+            st.failures = st.failures.saturating_add(1);
+            (
+                st.failures,
+                job.spec.restart_policy.max_failures,
+                "maxFailures",
+                "failures",
+                "FailureBudgetExceeded",
+            )
         };
         events.push(JobEvent::warning(
             if preempted {
@@ -639,30 +682,31 @@ fn decide_inner(
             detail.clone(),
         ));
         let alive_pods = observed.pods.iter().filter(|p| !is_finished(p));
-        if spent > budget {
-            let (why, message) = match reason {
-                RestartReason::Preemption => (
-                    "PreemptionBudgetExceeded",
-                    format!("{spent} preemptions exceed {budget_name}={budget}; last: {detail}"),
-                ),
-                RestartReason::Failure => (
-                    "FailureBudgetExceeded",
-                    format!("{spent} failures exceed {budget_name}={budget}; last: {detail}"),
-                ),
-            };
-            fail(&mut st, why, &message, now, gen_, &mut events);
-            record_workers(&mut st, &current_pods, &states);
-            remove_pods(
-                alive_pods,
-                observed,
-                &classifier,
-                &mut actions,
-                &mut events,
-                &mut requeue_at,
-            );
-            return finish(st, actions, events, requeue_at, None, None);
-        }
-        st.attempt += 1;
+        let next_attempt = match st.attempt.checked_add(1) {
+            _ if spent > budget => Err((
+                exceeded,
+                format!("{spent} {counted} exceed {budget_name}={budget}; last: {detail}"),
+            )),
+            None => Err((ATTEMPT_LIMIT_REACHED, attempt_limit_message(&detail))),
+            Some(next) => Ok(next),
+        };
+        let next_attempt = match next_attempt {
+            Ok(next) => next,
+            Err((why, message)) => {
+                fail(&mut st, why, &message, now, gen_, &mut events);
+                record_workers(&mut st, workers, &current_pods, &states);
+                remove_pods(
+                    alive_pods,
+                    observed,
+                    &classifier,
+                    &mut actions,
+                    &mut events,
+                    &mut requeue_at,
+                );
+                return finish(st, actions, events, requeue_at, None, None);
+            }
+        };
+        st.attempt = next_attempt;
         st.phase = Some(Phase::Restarting);
         st.workers.clear();
         st.last_restart = Some(LastRestart {
@@ -728,7 +772,7 @@ fn decide_inner(
     if workers > 0 && (0..workers).all(|r| states.get(&r) == Some(&WorkerState::Succeeded)) {
         st.phase = Some(Phase::Succeeded);
         st.completion_time = Some(Time(now));
-        record_workers(&mut st, &current_pods, &states);
+        record_workers(&mut st, workers, &current_pods, &states);
         set_condition(
             &mut st.conditions,
             condition::SUCCEEDED,
@@ -760,6 +804,15 @@ fn decide_inner(
             "Succeeded",
             format!("every trainer exited 0 (attempt {})", st.attempt),
         ));
+        let running = observed.pods.iter().filter(|p| !is_finished(p));
+        remove_pods(
+            running,
+            observed,
+            &classifier,
+            &mut actions,
+            &mut events,
+            &mut requeue_at,
+        );
         return finish(st, actions, events, requeue_at, None, None);
     }
 
@@ -773,7 +826,7 @@ fn decide_inner(
             &mut events,
             &mut requeue_at,
         );
-        record_workers(&mut st, &current_pods, &states);
+        record_workers(&mut st, workers, &current_pods, &states);
         // Watch events normally wake us; this is only the safety net.
         requeue_at = min_time(
             requeue_at,
@@ -836,7 +889,7 @@ fn decide_inner(
         if let Some(err) = cluster_invalid {
             *marked_invalid = true;
             events.extend(mark_invalid(&mut st, &current.conditions, &err, gen_, now));
-            record_workers(&mut st, &current_pods, &states);
+            record_workers(&mut st, workers, &current_pods, &states);
             requeue_at = min_time(requeue_at, now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
             return finish(st, actions, events, requeue_at, None, None);
         }
@@ -855,7 +908,7 @@ fn decide_inner(
                 ))
                 .unwrap_or(last.time.0);
             if now < ready_at {
-                record_workers(&mut st, &current_pods, &states);
+                record_workers(&mut st, workers, &current_pods, &states);
                 requeue_at = min_time(requeue_at, Some(ready_at));
                 return finish(st, actions, events, requeue_at, None, None);
             }
@@ -990,7 +1043,7 @@ fn decide_inner(
         }
     }
 
-    record_workers(&mut st, &current_pods, &states);
+    record_workers(&mut st, workers, &current_pods, &states);
     let all_running = missing.is_empty()
         && (0..workers).all(|r| {
             matches!(
@@ -1036,14 +1089,7 @@ fn decide_inner(
     } else if st.phase != Some(Phase::Restarting) {
         st.phase = Some(Phase::Pending);
     }
-    Plan {
-        status: st,
-        actions,
-        events,
-        requeue_at,
-        restart: None,
-        creates_attempt,
-    }
+    finish(st, actions, events, requeue_at, None, creates_attempt)
 }
 
 /// When to write a decided status.
@@ -1111,6 +1157,57 @@ fn placement_of(
     p
 }
 
+/// `spec.suspend` went back to false. A job whose workers were created before (it has a
+/// `startTime`) continues as a new attempt with restart reason `Resume`: its pods get
+/// `RESUME_FROM` like every attempt after the first, so progress made before the suspend is
+/// kept, and pods still terminating from the suspend are older pods that must be gone before
+/// the new ones start. Like a Kubernetes Job, `startTime` (and with it
+/// `activeDeadlineSeconds`) restarts at the resume. A job that never ran starts as it would have.
+/// `Err` says why it cannot: the attempt number is spent.
+fn resume(
+    st: &mut TrainingJobStatus,
+    now: Timestamp,
+    events: &mut Vec<JobEvent>,
+) -> Result<Option<RestartReason>, String> {
+    st.phase = Some(Phase::Pending);
+    if st.start_time.is_none() {
+        events.push(JobEvent::normal(
+            "Resumed",
+            "spec.suspend is false: creating the workers",
+        ));
+        return Ok(None);
+    }
+    st.attempt = st
+        .attempt
+        .checked_add(1)
+        .ok_or_else(|| attempt_limit_message("spec.suspend set to false"))?;
+    st.workers.clear();
+    st.start_time = Some(Time(now));
+    st.last_restart = Some(LastRestart {
+        time: Time(now),
+        reason: RestartReason::Resume,
+        detail: "spec.suspend set to false".to_owned(),
+    });
+    events.push(JobEvent::normal(
+        "Resumed",
+        format!(
+            "spec.suspend is false: recreating the workers as attempt {} with RESUME_FROM set",
+            st.attempt
+        ),
+    ));
+    Ok(Some(RestartReason::Resume))
+}
+
+/// Failed condition reason when `status.attempt` cannot count one more attempt.
+const ATTEMPT_LIMIT_REACHED: &str = "AttemptLimitReached";
+
+fn attempt_limit_message(detail: &str) -> String {
+    format!(
+        "attempt {} is the last one status.attempt can number; last: {detail}",
+        u32::MAX
+    )
+}
+
 fn fail(
     st: &mut TrainingJobStatus,
     reason: &str,
@@ -1156,6 +1253,7 @@ fn fail(
 /// status.workers: the current attempt's workers the operator has seen.
 fn record_workers(
     st: &mut TrainingJobStatus,
+    workers_wanted: u32,
     current: &BTreeMap<u32, &Arc<Pod>>,
     states: &BTreeMap<u32, WorkerState>,
 ) {
@@ -1176,13 +1274,15 @@ fn record_workers(
         })
         .collect();
     // A recorded worker whose pod is gone stays recorded until a restart clears the list,
-    // so that its disappearance is noticed again after a crash.
+    // so that its disappearance is noticed again after a crash; a rank the spec does not have
+    // (status is input too) is dropped.
     for w in &st.workers {
-        if w.phase == "Succeeded" && !current.contains_key(&w.rank) {
+        if w.phase == "Succeeded" && w.rank < workers_wanted && !current.contains_key(&w.rank) {
             workers.push(w.clone());
         }
     }
     workers.sort_by_key(|w| w.rank);
+    workers.dedup_by_key(|w| w.rank);
     st.workers = workers;
 }
 

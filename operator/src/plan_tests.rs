@@ -494,6 +494,92 @@ fn without_leases_the_window_bounds_the_hold() {
 }
 
 #[test]
+fn a_recorded_rank_beyond_the_spec_is_ignored() {
+    let mut w = World::running_world("workers: 2\n");
+    for (rank, phase) in [
+        (u32::MAX, "Succeeded"),
+        (u32::MAX - 1, "Running"),
+        (2, "Succeeded"),
+    ] {
+        w.status.workers.push(WorkerStatus {
+            rank,
+            pod: format!("train-worker-{rank}"),
+            node: Some("n-1".into()),
+            phase: phase.into(),
+            reason: None,
+        });
+    }
+    let plan = w.step();
+    assert_eq!(
+        plan.restart, None,
+        "a rank the spec does not have cannot vanish"
+    );
+    assert_eq!(
+        plan.status
+            .workers
+            .iter()
+            .map(|w| w.rank)
+            .collect::<Vec<_>>(),
+        [0, 1]
+    );
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+}
+
+#[test]
+fn counters_at_their_limit_neither_wrap_nor_panic() {
+    let mut w = World::running_world("workers: 1\nrestartPolicy: {maxFailures: 3}\n");
+    w.status.failures = u32::MAX;
+    w.exit("train-worker-0", 1);
+    let plan = w.step();
+    assert_eq!(plan.status.failures, u32::MAX);
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+
+    // The last attempt a uint32 can number: the next restart fails the job instead of
+    // wrapping to attempt 0 (whose pods would look current again).
+    let mut w = World::new("workers: 1\n");
+    w.status.attempt = u32::MAX;
+    w.status.preemptions = u32::MAX - 1;
+    w.job.spec.restart_policy.max_preemptions = u32::MAX;
+    w.step();
+    w.run_all();
+    assert_eq!(w.step().status.phase, Some(Phase::Running));
+    w.preempt("train-worker-0");
+    let plan = w.step();
+    assert_eq!(plan.status.attempt, u32::MAX);
+    assert_eq!(plan.status.preemptions, u32::MAX);
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    let failed = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::FAILED)
+        .expect("Failed");
+    assert_eq!(failed.reason, "AttemptLimitReached");
+    assert_eq!(World::deletes(&plan), 1, "the worker is stopped");
+    assert_eq!(plan.restart, None);
+}
+
+#[test]
+fn resuming_at_the_last_attempt_number_fails_instead_of_wrapping() {
+    let mut w = World::running_world("workers: 1\n");
+    w.job.spec.suspend = true;
+    w.step();
+    w.kubelet_removes_deleted();
+    w.status.attempt = u32::MAX;
+    w.job.spec.suspend = false;
+    let plan = w.step();
+    assert_eq!(plan.status.attempt, u32::MAX);
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert!(World::creates(&plan).is_empty());
+    assert!(
+        plan.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == condition::FAILED && c.reason == "AttemptLimitReached")
+    );
+}
+
+#[test]
 fn backoff_doubles_from_the_base_and_caps_at_ten_minutes() {
     let secs: Vec<_> = (1..=8).map(|f| failure_backoff(10, f).as_secs()).collect();
     assert_eq!(secs, [10, 20, 40, 80, 160, 320, 600, 600]);
@@ -619,6 +705,94 @@ fn every_trainer_exiting_zero_succeeds_the_job() {
 }
 
 #[test]
+fn success_deletes_pods_whose_sidecar_still_runs_and_keeps_completed_ones() {
+    let mut w = World::running_world(
+        "workers: 2\ngpusPerWorker: 1\ntemplate:\n  spec:\n    containers:\n    - {name: trainer, image: t}\n    - {name: log-shipper, image: s}\n",
+    );
+    w.exit("train-worker-0", 0);
+    // Rank 1's trainer exited 0, but its sidecar runs on and the pod keeps its GPU.
+    w.set_status(
+        "train-worker-1",
+        json!({"phase": "Running", "startTime": T0, "containerStatuses": [
+            {"name": "trainer", "ready": false, "restartCount": 0, "image": "t", "imageID": "",
+             "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+            {"name": "log-shipper", "ready": true, "restartCount": 0, "image": "s", "imageID": "",
+             "state": {"running": {"startedAt": T0}}}]}),
+    );
+    let decided = w.decide();
+    assert_eq!(decided.status.phase, Some(Phase::Succeeded));
+    assert_eq!(
+        decided.actions,
+        [Action::DeletePod {
+            name: "train-worker-1".into(),
+            uid: Some("train-worker-1-0".into()),
+        }],
+        "only the pod that still runs is stopped; the completed one stays for its logs"
+    );
+    // The controller crashed after writing Succeeded: the next round stops it all the same.
+    w.status = decided.status.clone();
+    let replay = w.step();
+    assert_eq!(replay.actions, decided.actions);
+    assert_eq!(replay.status, decided.status);
+    let again = w.step();
+    assert!(again.actions.is_empty(), "{:?}", again.actions);
+}
+
+#[test]
+fn a_pod_is_finished_only_when_every_container_has_stopped() {
+    let done = json!({"terminated": {"exitCode": 0}});
+    let running = json!({"running": {"startedAt": T0}});
+    let status = |name: &str, state: &serde_json::Value| json!({"name": name, "ready": false, "restartCount": 0, "image": "x", "imageID": "", "state": state});
+    let pod = |phase: &str, containers: serde_json::Value, init: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "trainer"}, {"name": "sidecar"}]},
+            "status": {"phase": phase, "containerStatuses": containers, "initContainerStatuses": init},
+        }))
+        .expect("pod")
+    };
+    let table = [
+        ("final phase", pod("Succeeded", json!([]), json!([])), true),
+        (
+            "all stopped, phase not updated yet",
+            pod(
+                "Running",
+                json!([status("trainer", &done), status("sidecar", &done)]),
+                json!([]),
+            ),
+            true,
+        ),
+        (
+            "sidecar runs",
+            pod(
+                "Running",
+                json!([status("trainer", &done), status("sidecar", &running)]),
+                json!([]),
+            ),
+            false,
+        ),
+        (
+            "sidecar not reported",
+            pod("Running", json!([status("trainer", &done)]), json!([])),
+            false,
+        ),
+        (
+            "native sidecar init container runs",
+            pod(
+                "Running",
+                json!([status("trainer", &done), status("sidecar", &done)]),
+                json!([status("proxy", &running)]),
+            ),
+            false,
+        ),
+        ("no status yet", pod("Pending", json!([]), json!([])), false),
+    ];
+    for (case, pod, finished) in table {
+        assert_eq!(is_finished(&pod), finished, "{case}");
+    }
+}
+
+#[test]
 fn active_deadline_fails_the_job_and_stops_the_workers() {
     let mut w = World::running_world("workers: 2\nactiveDeadlineSeconds: 60\n");
     w.advance(30);
@@ -654,8 +828,114 @@ fn suspend_deletes_the_workers_and_resume_recreates_them() {
     let plan = w.step();
     assert!(plan.events.iter().any(|e| e.reason == "Resumed"));
     assert_eq!(World::creates(&plan).len(), 2);
-    assert_eq!(plan.restart, None);
+    assert_eq!(plan.restart, Some(RestartReason::Resume));
     assert_eq!(plan.status.preemptions, 0);
+}
+
+#[test]
+fn a_job_suspended_in_its_first_attempt_resumes_from_the_checkpoint() {
+    let mut w = World::running_world("workers: 2\n");
+    w.job.spec.suspend = true;
+    w.step();
+    w.kubelet_removes_deleted();
+    w.step();
+    w.job.spec.suspend = false;
+    let plan = w.step();
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 2);
+    for pod in &created {
+        assert_eq!(
+            env(pod, "RESUME_FROM").as_deref(),
+            Some("/mnt/checkpoints/latest.pt"),
+            "a resumed gang must not start over and overwrite latest.pt"
+        );
+        assert_eq!(env(pod, "TRAINYARD_ATTEMPT").as_deref(), Some("1"));
+        assert_eq!(
+            env(pod, "TRAINYARD_RESTART_REASON").as_deref(),
+            Some("Resume")
+        );
+    }
+    assert_eq!(plan.creates_attempt, Some(1));
+    let st = &plan.status;
+    assert_eq!(
+        (st.attempt, st.preemptions, st.failures),
+        (1, 0, 0),
+        "a resume is a new attempt, never a preemption or a failure"
+    );
+    assert_eq!(
+        st.last_restart.as_ref().map(|l| l.reason),
+        Some(RestartReason::Resume)
+    );
+    assert_eq!(plan.restart, Some(RestartReason::Resume));
+}
+
+#[test]
+fn resuming_before_the_suspended_workers_are_gone_waits_for_them_and_counts_nothing() {
+    let mut w = World::running_world("workers: 2\n");
+    w.job.spec.suspend = true;
+    w.step();
+    // Resumed while the old pods still write their checkpoint in their grace period.
+    w.job.spec.suspend = false;
+    let plan = w.step();
+    assert_eq!((plan.status.preemptions, plan.status.failures), (0, 0));
+    assert_eq!(plan.status.attempt, 1);
+    assert!(
+        World::creates(&plan).is_empty(),
+        "no new rank may meet an old one at rendezvous"
+    );
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    assert_eq!(World::creates(&plan).len(), 2);
+    assert_eq!((plan.status.preemptions, plan.status.failures), (0, 0));
+}
+
+#[test]
+fn a_job_created_suspended_starts_as_attempt_0_without_resume_from() {
+    let mut w = World::new("workers: 2\nsuspend: true\n");
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Suspended));
+    assert!(World::creates(&plan).is_empty());
+    assert_eq!(plan.status.start_time, None);
+    w.job.spec.suspend = false;
+    let plan = w.step();
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 2);
+    assert_eq!(env(created[0], "RESUME_FROM"), None, "nothing ran yet");
+    assert_eq!(env(created[0], "TRAINYARD_ATTEMPT").as_deref(), Some("0"));
+    assert_eq!(plan.status.last_restart, None);
+}
+
+#[test]
+fn time_spent_suspended_does_not_count_toward_the_deadline() {
+    let mut w = World::running_world("workers: 1\nactiveDeadlineSeconds: 60\n");
+    w.advance(30);
+    w.job.spec.suspend = true;
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Suspended));
+    assert_eq!(plan.requeue_at, None, "no deadline timer while suspended");
+    w.kubelet_removes_deleted();
+    w.advance(3600);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Suspended));
+    // Like a Kubernetes Job: resuming restarts the timer.
+    w.job.spec.suspend = false;
+    let plan = w.step();
+    assert_eq!(plan.status.start_time, Some(Time(w.now)));
+    assert_eq!(World::creates(&plan).len(), 1);
+    let resumed_at = w.now;
+    w.run_all();
+    w.advance(59);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!(
+        plan.requeue_at,
+        resumed_at
+            .saturating_add(SignedDuration::from_secs(60))
+            .ok()
+    );
+    w.advance(1);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
 }
 
 #[test]

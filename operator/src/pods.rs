@@ -39,6 +39,8 @@ pub fn trainer_env(
         ("CHECKPOINT_DIR".to_owned(), dir.to_owned()),
         ("CHECKPOINT_PATH".to_owned(), checkpoint.clone()),
     ];
+    // Every attempt after the first follows pods that may have saved progress: a restart or a
+    // resume after a suspend (both start a new attempt).
     if attempt > 0 {
         env.push(("RESUME_FROM".to_owned(), checkpoint));
     }

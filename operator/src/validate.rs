@@ -6,7 +6,10 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 
-use crate::crd::{AccessMode, TrainingJob, TrainingJobSpec};
+use crate::crd::{
+    AccessMode, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER, MAX_GRACE_SECONDS,
+    MAX_MIN_MEMORY_GIB, MAX_RESTARTS, MAX_WORKERS, TrainingJob, TrainingJobSpec,
+};
 use crate::placement::Version;
 
 /// Why a TrainingJob cannot run as written (shown in its InvalidSpec condition).
@@ -69,6 +72,78 @@ pub fn pod_name(job: &str, rank: u32) -> String {
     format!("{job}-worker-{rank}")
 }
 
+/// `value` must lie in `min..=max`, the range the CRD schema gives `field`.
+fn within<T: PartialOrd + std::fmt::Display>(
+    field: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), InvalidSpec> {
+    if value < min {
+        return Err(InvalidSpec::new(
+            field,
+            format!("{value} is below the minimum {min}"),
+        ));
+    }
+    if value > max {
+        return Err(InvalidSpec::new(
+            field,
+            format!("{value} is above the maximum {max}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The schema's bounds, checked again: an API server may not have enforced them (an object
+/// stored before the bounds existed, or a schema applied without them).
+fn check_bounds(spec: &TrainingJobSpec) -> Result<(), InvalidSpec> {
+    within("spec.workers", spec.workers, 1, MAX_WORKERS)?;
+    within(
+        "spec.gpusPerWorker",
+        spec.gpus_per_worker,
+        0,
+        MAX_GPUS_PER_WORKER,
+    )?;
+    if let Some(gib) = spec.gpu.min_memory_gib {
+        within("spec.gpu.minMemoryGiB", gib, 1, MAX_MIN_MEMORY_GIB)?;
+    }
+    within(
+        "spec.spot.fallbackToOnDemandAfter",
+        spec.spot.fallback_to_on_demand_after,
+        0,
+        MAX_RESTARTS,
+    )?;
+    let policy = &spec.restart_policy;
+    within(
+        "spec.restartPolicy.maxPreemptions",
+        policy.max_preemptions,
+        0,
+        MAX_RESTARTS,
+    )?;
+    within(
+        "spec.restartPolicy.maxFailures",
+        policy.max_failures,
+        0,
+        MAX_RESTARTS,
+    )?;
+    within(
+        "spec.restartPolicy.backoffSeconds",
+        policy.backoff_seconds,
+        0,
+        MAX_BACKOFF_SECONDS,
+    )?;
+    within(
+        "spec.terminationGracePeriodSeconds",
+        spec.termination_grace_period_seconds,
+        0,
+        MAX_GRACE_SECONDS,
+    )?;
+    if let Some(d) = spec.active_deadline_seconds {
+        within("spec.activeDeadlineSeconds", d, 1, MAX_DEADLINE_SECONDS)?;
+    }
+    Ok(())
+}
+
 fn is_dns1035_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -105,9 +180,7 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
             ),
         ));
     }
-    if spec.workers == 0 {
-        return Err(InvalidSpec::new("spec.workers", "must be at least 1"));
-    }
+    check_bounds(&spec)?;
     let longest = pod_name(&name, spec.workers - 1);
     if longest.len() > 63 {
         return Err(InvalidSpec::new(
@@ -157,14 +230,6 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
         return Err(InvalidSpec::new(
             "spec.checkpoint.mountPath",
             "must be an absolute path",
-        ));
-    }
-    if let Some(d) = spec.active_deadline_seconds
-        && d <= 0
-    {
-        return Err(InvalidSpec::new(
-            "spec.activeDeadlineSeconds",
-            "must be positive",
         ));
     }
 
@@ -278,6 +343,58 @@ mod tests {
         let mut tj = job_yaml("workers: 10\n");
         tj.metadata.name = Some("a".repeat(55));
         assert_eq!(validate(&tj).expect_err("invalid").field, "metadata.name");
+    }
+
+    #[test]
+    fn values_beyond_the_crd_limits_are_invalid_naming_the_field() {
+        let table = [
+            ("workers: 10001\n", "spec.workers"),
+            ("gpusPerWorker: 65\n", "spec.gpusPerWorker"),
+            ("gpu: {minMemoryGiB: 1025}\n", "spec.gpu.minMemoryGiB"),
+            ("gpu: {minMemoryGiB: 0}\n", "spec.gpu.minMemoryGiB"),
+            (
+                "spot: {fallbackToOnDemandAfter: 10001}\n",
+                "spec.spot.fallbackToOnDemandAfter",
+            ),
+            (
+                "restartPolicy: {maxPreemptions: 4294967295}\n",
+                "spec.restartPolicy.maxPreemptions",
+            ),
+            (
+                "restartPolicy: {maxFailures: 10001}\n",
+                "spec.restartPolicy.maxFailures",
+            ),
+            (
+                "restartPolicy: {backoffSeconds: 601}\n",
+                "spec.restartPolicy.backoffSeconds",
+            ),
+            (
+                "terminationGracePeriodSeconds: 86401\n",
+                "spec.terminationGracePeriodSeconds",
+            ),
+            (
+                "terminationGracePeriodSeconds: -1\n",
+                "spec.terminationGracePeriodSeconds",
+            ),
+            (
+                "activeDeadlineSeconds: 9223372036854775807\n",
+                "spec.activeDeadlineSeconds",
+            ),
+        ];
+        for (yaml, field) in table {
+            let err = validate(&job_yaml(yaml)).expect_err(yaml);
+            assert_eq!(err.field, field, "{yaml}");
+            assert!(err.to_string().starts_with(field), "{err}");
+        }
+    }
+
+    #[test]
+    fn values_at_the_crd_limits_are_valid() {
+        let mut tj = job_yaml(
+            "workers: 10000\ngpusPerWorker: 64\ngpu: {minMemoryGiB: 1024}\nspot: {fallbackToOnDemandAfter: 10000}\nrestartPolicy: {maxPreemptions: 10000, maxFailures: 10000, backoffSeconds: 600}\nterminationGracePeriodSeconds: 86400\nactiveDeadlineSeconds: 31536000\n",
+        );
+        tj.metadata.name = Some("t".into());
+        validate(&tj).expect("valid");
     }
 
     #[test]
