@@ -27,7 +27,7 @@ async fn invalid_specs_get_a_condition_and_no_pods_while_valid_jobs_run() {
     t.create_job("empty", json!({"workers": 1, "template": no_containers}))
         .await;
     // More GPUs per worker than any node has.
-    t.create_job("greedy", json!({"workers": 1, "gpusPerWorker": 1000}))
+    t.create_job("greedy", json!({"workers": 1, "gpusPerWorker": 64}))
         .await;
     // A claim that does not exist.
     t.create_job(
@@ -71,7 +71,7 @@ async fn invalid_specs_get_a_condition_and_no_pods_while_valid_jobs_run() {
         condition(&greedy, "InvalidSpec")
             .expect("c")
             .message
-            .contains("spec.gpusPerWorker: 1000")
+            .contains("spec.gpusPerWorker: 64")
     );
     let claimless = t
         .wait_job("claimless", "InvalidSpec on claimless", invalid)

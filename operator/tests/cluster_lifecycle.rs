@@ -192,17 +192,26 @@ async fn suspend_removes_the_pods_and_resume_brings_them_back() {
         )
         .await
         .expect("resume");
-    t.wait_running(0, 2).await;
+    // A resume is a new attempt that continues from the checkpoint (progress is kept).
+    let resumed = t.wait_running(1, 2).await;
+    for pod in &resumed {
+        assert_eq!(
+            env(pod, "RESUME_FROM").as_deref(),
+            Some("/mnt/checkpoints/latest.pt")
+        );
+        assert_eq!(
+            env(pod, "TRAINYARD_RESTART_REASON").as_deref(),
+            Some("Resume")
+        );
+    }
     let job = t
         .wait_job("train", "Running again", |j| {
             j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Running")
         })
         .await;
-    assert_eq!(
-        job.status.expect("status").preemptions,
-        0,
-        "suspend is not a preemption"
-    );
+    let status = job.status.expect("status");
+    assert_eq!(status.preemptions, 0, "suspend is not a preemption");
+    assert_eq!(status.failures, 0, "suspend is not a failure");
 
     op.stop().await;
     t.cleanup().await;
