@@ -20,7 +20,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::{Client, Config, ResourceExt};
 
 /// The repository root (the e2e crate's parent directory).
 pub fn repo_root() -> PathBuf {
@@ -259,4 +259,144 @@ pub async fn preempt_pod(client: &Client, namespace: &str, pod: &str, reason: &s
         .await
         .with_context(|| format!("deleting pod {namespace}/{pod}"))?;
     Ok(())
+}
+
+/// One pod watch event as a [`PodTimeline`] saw it.
+#[derive(Clone, Debug)]
+pub struct PodEvent {
+    /// When the watch delivered it (this machine's clock, which is the API server's).
+    pub seen: jiff::Timestamp,
+    /// The pod left the API server (a watch `DELETED`).
+    pub deleted: bool,
+    pub name: String,
+    /// The `trainyard.dev/attempt` label.
+    pub attempt: Option<u32>,
+    /// The pod is in a final phase (`Succeeded` or `Failed`): its containers have stopped.
+    pub finished: bool,
+    /// `metadata.creationTimestamp` (whole seconds).
+    pub created: Option<jiff::Timestamp>,
+}
+
+/// Records every watch event of one job's pods, from a watch opened before the scenario acts.
+pub struct PodTimeline {
+    /// When the watch was opened.
+    pub started: jiff::Timestamp,
+    events: std::sync::Arc<std::sync::Mutex<Vec<PodEvent>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodTimeline {
+    /// Starts watching the pods of job `job` in `namespace`; returns once the watch is open.
+    pub async fn start(client: &Client, namespace: &str, job: &str) -> Result<Self> {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let started = jiff::Timestamp::now();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let config = watcher::Config::default().labels(&format!("trainyard.dev/job={job}"));
+        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let sink = events.clone();
+        let task = tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut stream = watcher::watcher(pods, config).boxed();
+            while let Some(event) = stream.next().await {
+                let (pod, deleted) = match event {
+                    Ok(Event::InitDone) => {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    Ok(Event::Apply(pod) | Event::InitApply(pod)) => (pod, false),
+                    Ok(Event::Delete(pod)) => (pod, true),
+                    Ok(Event::Init) | Err(_) => continue,
+                };
+                let record = PodEvent {
+                    seen: jiff::Timestamp::now(),
+                    deleted,
+                    name: pod.name_any(),
+                    attempt: pod
+                        .labels()
+                        .get("trainyard.dev/attempt")
+                        .and_then(|a| a.parse().ok()),
+                    finished: matches!(
+                        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    ),
+                    created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                };
+                if let Ok(mut all) = sink.lock() {
+                    all.push(record);
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(30), ready_rx)
+            .await
+            .context("the pod watch did not open within 30 s")?
+            .context("the pod watch ended")?;
+        Ok(Self {
+            started,
+            events,
+            task,
+        })
+    }
+
+    /// Everything seen so far.
+    pub fn events(&self) -> Vec<PodEvent> {
+        self.events.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    /// When the last pod of `attempt` left the watch.
+    pub fn last_gone(&self, attempt: u32) -> Option<jiff::Timestamp> {
+        self.events()
+            .iter()
+            .filter(|e| e.deleted && e.attempt == Some(attempt))
+            .map(|e| e.seen)
+            .max()
+    }
+
+    /// The longest a pod of `attempt` stayed in the API server after the watch first showed it
+    /// in a final phase, with its name; `None` until every such pod is gone.
+    pub fn longest_stopped_to_gone(&self, attempt: u32) -> Option<(String, jiff::SignedDuration)> {
+        let events = self.events();
+        let mut longest: Option<(String, jiff::SignedDuration)> = None;
+        let mut names: Vec<&str> = events
+            .iter()
+            .filter(|e| e.attempt == Some(attempt) && e.finished)
+            .map(|e| e.name.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let of = |f: fn(&PodEvent) -> bool| {
+                events
+                    .iter()
+                    .filter(|e| e.name == name && e.attempt == Some(attempt) && f(e))
+                    .map(|e| e.seen)
+                    .min()
+            };
+            let stopped = of(|e| e.finished)?;
+            let gone = of(|e| e.deleted)?;
+            let took = gone.duration_since(stopped);
+            if longest.as_ref().is_none_or(|(_, d)| took > *d) {
+                longest = Some((name.to_owned(), took));
+            }
+        }
+        longest
+    }
+
+    /// The earliest creation timestamp of a pod of `attempt`.
+    pub fn first_created(&self, attempt: u32) -> Option<jiff::Timestamp> {
+        self.events()
+            .iter()
+            .filter(|e| e.attempt == Some(attempt))
+            .filter_map(|e| e.created)
+            .min()
+    }
+}
+
+impl Drop for PodTimeline {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

@@ -21,8 +21,8 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
 use trainyard_e2e::{
-    allocatable, capacity, node_name, node2, node2_name, pod_log, preempt_pod, repo_root,
-    set_schedulable, state_dir, wait_for,
+    PodTimeline, allocatable, capacity, node_name, node2, node2_name, pod_log, preempt_pod,
+    repo_root, set_schedulable, state_dir, wait_for,
 };
 
 const RELEASE: &str = "trainyard";
@@ -375,6 +375,7 @@ async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -
 
     // Let a few steps reach the checkpoint, then preempt worker 1.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    let timeline = PodTimeline::start(&client, &ns.name, name).await?;
     preempt_pod(
         &client,
         &ns.name,
@@ -394,6 +395,7 @@ async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -
         detail.contains("DisruptionTarget"),
         "restart detail names the signal: {detail}"
     );
+    no_restart_stall(&client, &ns.name, &timeline).await?;
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rank0 = new_pods
@@ -968,6 +970,51 @@ async fn final_digest(client: &Client, ns: &str, job: &str, attempt: u32) -> Res
         .find_map(|l| l.split("final weights sha256 ").nth(1))
         .map(|d| d.trim().to_owned())
         .with_context(|| format!("{job} printed no digest; rank 0 log:\n{log}"))
+}
+
+/// A gang restart wastes no time between the attempts (issue: a 35 s stall): the stopped pods
+/// of attempt 0 leave the API server within 1 s of the watch showing them stopped (the kubelet
+/// alone may keep them for tens of seconds), and attempt 1 is created (pod creation timestamps,
+/// whole seconds, and the `CreatingWorkers` Event) within 1 s of the last of them leaving.
+async fn no_restart_stall(client: &Client, ns: &str, timeline: &PodTimeline) -> Result<()> {
+    let one_second = jiff::SignedDuration::from_secs(1);
+    let (pod, stopped_to_gone) = timeline
+        .longest_stopped_to_gone(0)
+        .context("the watch saw no stopped pod of attempt 0 leave")?;
+    let gone = timeline.last_gone(0).context("attempt 0 never left")?;
+    let created = timeline
+        .first_created(1)
+        .context("the watch saw no pod of attempt 1")?;
+    let creating = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CreatingWorkers"))
+        .filter(|e| {
+            e.message
+                .as_deref()
+                .is_some_and(|m| m.contains("attempt 1"))
+        })
+        .filter_map(|e| e.event_time.map(|t| t.0))
+        // The namespace may hold Events of an earlier job of the same name.
+        .filter(|t| *t >= timeline.started)
+        .min()
+        .context("no CreatingWorkers Event for attempt 1")?;
+    println!(
+        "restart timeline: {pod} stopped→gone {stopped_to_gone:#}; last old pod gone {gone}, \
+         first new pod created {created}, CreatingWorkers at {creating}"
+    );
+    ensure!(
+        stopped_to_gone <= one_second,
+        "{pod} stayed {stopped_to_gone:#} after it had stopped; timeline: {:?}",
+        timeline.events()
+    );
+    ensure!(
+        created.duration_since(gone) <= one_second && creating.duration_since(gone) <= one_second,
+        "attempt 1 created at {created} (Event {creating}), the last old pod left at {gone}"
+    );
+    Ok(())
 }
 
 /// Events of the namespace whose reason is `reason`, as "object: message".

@@ -931,7 +931,9 @@ impl Context {
                     ops.push(delete_pod(pods.clone(), ns, name, uid, None).boxed());
                 }
                 PlanAction::ForceDeletePod { name, uid } => {
-                    tracing::warn!(pod = %name, namespace = ns, "force-deleting a pod stuck on a lost node");
+                    // The plan says why (a lost node has its own Warning Event; a pod whose
+                    // containers have stopped needs no grace period).
+                    tracing::info!(pod = %name, namespace = ns, "deleting a pod without a grace period");
                     ops.push(delete_pod(pods.clone(), ns, name, uid, Some(0)).boxed());
                 }
             }

@@ -109,7 +109,8 @@ pub enum Action {
         /// Precondition: only this incarnation.
         uid: Option<String>,
     },
-    /// Delete a pod with grace period 0: it is stuck terminating on a lost node.
+    /// Delete a pod with grace period 0: its containers have all stopped, or it is stuck
+    /// terminating on a lost node.
     ForceDeletePod {
         /// Pod name.
         name: String,
@@ -308,7 +309,11 @@ fn is_finished(pod: &Pod) -> bool {
             .all(terminated)
 }
 
-/// Deletes pods gracefully; force-deletes those stuck terminating on a lost node.
+/// Deletes pods gracefully; removes at once those whose containers have all stopped (the
+/// kubelet may keep such a pod's object for tens of seconds while it tears down volumes or
+/// retries a failed kill, and the pod's name would block the next attempt while its GPUs are
+/// already free: the kubelet does not count a pod in a final phase as holding devices), and
+/// force-deletes those stuck terminating on a lost node.
 fn remove_pods<'a>(
     pods_: impl Iterator<Item = &'a Arc<Pod>>,
     observed: &Observed,
@@ -321,6 +326,10 @@ fn remove_pods<'a>(
     for pod in pods_ {
         let name = pod_name(pod);
         let uid = pod.metadata.uid.clone();
+        if is_finished(pod) {
+            actions.push(Action::ForceDeletePod { name, uid });
+            continue;
+        }
         if pod.metadata.deletion_timestamp.is_none() {
             actions.push(Action::DeletePod { name, uid });
             continue;
