@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, TryStreamExt, future, stream};
@@ -39,6 +39,7 @@ use crate::crd::{
 };
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
+use crate::job_memory::{JobMemory, StateSizes, error_key};
 use crate::leader::{LeaderElection, Leadership};
 use crate::metrics::{Metrics, RestartLabels};
 use crate::plan::{self, Action as PlanAction, EventKind, JobEvent, Observed, condition};
@@ -108,25 +109,8 @@ struct Context {
     /// Writes the caches do not show yet, and that must not be repeated meanwhile.
     expectations: Arc<Expectations>,
     metrics: Arc<Metrics>,
-    /// Status we wrote, by uid, with the resourceVersion the write produced: used while the
-    /// TrainingJob cache has not caught up with our own write, so that a stale status is
-    /// never decided on twice.
-    written: Mutex<HashMap<String, (u64, TrainingJobStatus)>>,
-    /// Status whose only change is per-worker detail, not written yet, by uid, with when it was
-    /// first deferred ([`plan::status_write`]). Decisions read it, so a worker seen here and
-    /// then gone is a preemption even before the detail is written.
-    deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
-    /// When a restart was decided, by uid (for the recovery histogram).
-    detected: Mutex<HashMap<String, (u32, Instant)>>,
-    /// Consecutive transient errors, by namespace/name.
-    error_counts: Mutex<HashMap<String, u32>>,
-    /// Malformed objects already reported, by uid → generation.
-    reported_malformed: Mutex<HashMap<String, String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere cannot leave these maps inconsistent: every update is one insert/remove.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    /// What is kept per job between reconciles, forgotten when the job goes.
+    memory: Arc<JobMemory>,
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -340,6 +324,69 @@ fn node_fingerprint(node: &Node) -> u64 {
     h.finish()
 }
 
+/// The last fingerprint of every node, to wake jobs only when a node changed in a way that
+/// matters. Keyed by node, so it follows the nodes: a node deleted while the watch was down
+/// (autoscalers remove nodes all the time) is forgotten, and reported, at the end of the re-list.
+#[derive(Debug, Default)]
+struct NodeFingerprints {
+    known: HashMap<String, u64>,
+    /// The nodes of a re-list under way.
+    relisted: Option<BTreeSet<String>>,
+}
+
+impl NodeFingerprints {
+    /// The nodes whose change a watch event reports.
+    fn changed(&mut self, ev: &watcher::Event<Node>) -> Vec<String> {
+        match ev {
+            watcher::Event::Apply(n) => {
+                let name = n.name_any();
+                let new = node_fingerprint(n);
+                if self.known.insert(name.clone(), new) == Some(new) {
+                    return Vec::new();
+                }
+                vec![name]
+            }
+            watcher::Event::Init => {
+                self.relisted = Some(BTreeSet::new());
+                Vec::new()
+            }
+            watcher::Event::InitApply(n) => {
+                let name = n.name_any();
+                let new = node_fingerprint(n);
+                if let Some(relisted) = self.relisted.as_mut() {
+                    relisted.insert(name.clone());
+                }
+                // The first list needs no triggers (every job reconciles at start);
+                // a re-list after a watch gap reports what changed meanwhile.
+                match self.known.insert(name.clone(), new) {
+                    Some(old) if old != new => vec![name],
+                    _ => Vec::new(),
+                }
+            }
+            watcher::Event::InitDone => {
+                let Some(relisted) = self.relisted.take() else {
+                    return Vec::new();
+                };
+                let gone: Vec<String> = self
+                    .known
+                    .keys()
+                    .filter(|n| !relisted.contains(*n))
+                    .cloned()
+                    .collect();
+                for n in &gone {
+                    self.known.remove(n);
+                }
+                gone
+            }
+            watcher::Event::Delete(n) => {
+                let name = n.name_any();
+                self.known.remove(&name);
+                vec![name]
+            }
+        }
+    }
+}
+
 /// The jobs a node change concerns: those with pods on it, and those waiting for nodes.
 fn jobs_for_node(
     node: &str,
@@ -448,10 +495,23 @@ async fn run_controller(
 
     let jobs_api: Api<DeserializeGuard<TrainingJob>> = api(&client, ns);
     let (job_store, job_writer) = reflector::store();
+    let memory = Arc::new(JobMemory::default());
+    let forget = {
+        let (memory, expectations, jobs) =
+            (memory.clone(), expectations.clone(), job_store.clone());
+        let metrics = metrics.clone();
+        move |event: &watcher::Event<DeserializeGuard<TrainingJob>>| {
+            memory.on_job_event(&expectations, event, &jobs);
+            if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone) {
+                metrics.set_state_sizes(&StateSizes::of(&memory, &expectations));
+            }
+        }
+    };
     let job_stream = watcher(jobs_api, wc())
         .modify(strip_job)
         .reflect(job_writer)
         .default_backoff()
+        .inspect_ok(forget)
         .applied_objects();
     let controller = Controller::for_stream(job_stream, job_store.clone()).with_config(
         ControllerConfig::default()
@@ -459,47 +519,19 @@ async fn run_controller(
             .concurrency(config.max_concurrent_reconciles),
     );
 
-    let fingerprints: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let mut fingerprints = NodeFingerprints::default();
     let node_triggers = {
         let pods = pod_store.clone();
         let jobs = job_store.clone();
         node_events
-            .filter_map(move |ev| {
-                let fingerprints = fingerprints.clone();
-                async move {
-                    let ev = match ev {
-                        Ok(ev) => ev,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "node watch");
-                            return None;
-                        }
-                    };
-                    let mut fp = lock(&fingerprints);
-                    match ev {
-                        watcher::Event::Apply(n) => {
-                            let name = n.name_any();
-                            let new = node_fingerprint(&n);
-                            (fp.insert(name.clone(), new) != Some(new)).then_some(name)
-                        }
-                        watcher::Event::InitApply(n) => {
-                            let name = n.name_any();
-                            let new = node_fingerprint(&n);
-                            // The first list needs no triggers (every job reconciles at start);
-                            // a re-list after a watch gap reports what changed meanwhile.
-                            match fp.insert(name.clone(), new) {
-                                Some(old) if old != new => Some(name),
-                                _ => None,
-                            }
-                        }
-                        watcher::Event::Delete(n) => {
-                            let name = n.name_any();
-                            fp.remove(&name);
-                            Some(name)
-                        }
-                        watcher::Event::Init | watcher::Event::InitDone => None,
-                    }
+            .map(move |ev| match ev {
+                Ok(ev) => fingerprints.changed(&ev),
+                Err(e) => {
+                    tracing::warn!(error = %e, "node watch");
+                    Vec::new()
                 }
             })
+            .flat_map(stream::iter)
             .flat_map(move |name| stream::iter(jobs_for_node(&name, &pods, &jobs)))
     };
 
@@ -550,11 +582,7 @@ async fn run_controller(
         events: events_tx,
         expectations,
         metrics: metrics.clone(),
-        written: Mutex::default(),
-        deferred: Mutex::default(),
-        detected: Mutex::default(),
-        error_counts: Mutex::default(),
-        reported_malformed: Mutex::default(),
+        memory,
     });
 
     metrics.set_ready(true);
@@ -636,15 +664,14 @@ fn truncate_note(mut note: String) -> String {
 
 fn error_policy(obj: Arc<DeserializeGuard<TrainingJob>>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.count_error(err);
-    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let key = error_key(&obj.namespace().unwrap_or_default(), &obj.name_any());
     if err.waits_for_change() {
         tracing::info!(job = %key, error = %err, "waiting for the TrainingJob to change");
         return Action::await_change();
     }
-    let mut counts = lock(&ctx.error_counts);
-    let n = counts.entry(key.clone()).or_insert(0);
-    *n = n.saturating_add(1);
-    let delay = Duration::from_secs((1u64 << (*n).min(9)).min(300));
+    let n = ctx.memory.count_error(&key);
+    ctx.export_state_sizes();
+    let delay = Duration::from_secs((1u64 << n.min(9)).min(300));
     tracing::warn!(job = %key, error = %err, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
@@ -660,9 +687,12 @@ async fn reconcile(
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
     if result.is_ok() {
-        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-        lock(&ctx.error_counts).remove(&key);
+        ctx.memory.clear_errors(&error_key(
+            &obj.namespace().unwrap_or_default(),
+            &obj.name_any(),
+        ));
     }
+    ctx.export_state_sizes();
     result
 }
 
@@ -686,68 +716,10 @@ impl Context {
             .map_err(|_| Error::CacheGone("persistentvolumeclaims"))
     }
 
-    /// The job's status, or the one we wrote last if the cache has not caught up with it.
-    fn freshest_status(&self, job: &TrainingJob) -> TrainingJobStatus {
-        let uid = job.metadata.uid.clone().unwrap_or_default();
-        let cached_rv = job
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|rv| rv.parse::<u64>().ok());
-        let mut written = lock(&self.written);
-        if let (Some((rv, status)), Some(cached)) = (written.get(&uid), cached_rv)
-            && *rv > cached
-        {
-            return status.clone();
-        }
-        written.remove(&uid);
-        job.status.clone().unwrap_or_default()
-    }
-
-    /// The written status with the worker detail still waiting to be written, and how long
-    /// that has waited.
-    fn with_deferred_detail(
-        &self,
-        uid: &str,
-        written: &TrainingJobStatus,
-    ) -> (TrainingJobStatus, Option<Duration>) {
-        let mut current = written.clone();
-        let mut deferred = lock(&self.deferred);
-        match deferred.get(uid) {
-            Some((status, since)) if status.attempt == written.attempt => {
-                current.workers = status.workers.clone();
-                (current, Some(since.elapsed()))
-            }
-            Some(_) => {
-                deferred.remove(uid);
-                (current, None)
-            }
-            None => (current, None),
-        }
-    }
-
-    fn defer_detail(&self, uid: &str, status: &TrainingJobStatus) {
-        let mut deferred = lock(&self.deferred);
-        let since = deferred
-            .get(uid)
-            .map_or_else(Instant::now, |(_, since)| *since);
-        deferred.insert(uid.to_owned(), (status.clone(), since));
-    }
-
-    fn remember_written(&self, uid: &str, rv: Option<&str>, status: &TrainingJobStatus) {
-        lock(&self.deferred).remove(uid);
-        let mut written = lock(&self.written);
-        if let Some(rv) = rv.and_then(|rv| rv.parse::<u64>().ok()) {
-            written.insert(uid.to_owned(), (rv, status.clone()));
-        }
-        // Entries of deleted jobs are never read again; drop them once the map outgrows the jobs.
-        if written.len() > 2 * self.jobs.len() + 16 {
-            let live: std::collections::HashSet<String> =
-                self.jobs.state().iter().filter_map(|j| j.uid()).collect();
-            written.retain(|uid, _| live.contains(uid));
-            lock(&self.detected).retain(|uid, _| live.contains(uid));
-            lock(&self.deferred).retain(|uid, _| live.contains(uid));
-        }
+    /// Sets the `trainyard_operator_state_entries` gauges.
+    fn export_state_sizes(&self) {
+        self.metrics
+            .set_state_sizes(&StateSizes::of(&self.memory, &self.expectations));
     }
 
     fn observe(&self, job: &ValidJob, current: &TrainingJobStatus, now: Timestamp) -> Observed {
@@ -805,11 +777,12 @@ impl Context {
             .map_err(Error::kube(format!(
                 "writing status of TrainingJob {ns}/{name}"
             )))?;
-        self.remember_written(
+        self.memory.remember_written(
             &job.metadata.uid.clone().unwrap_or_default(),
             written.metadata.resource_version.as_deref(),
             status,
         );
+        self.memory.sweep_if_outgrown(&self.jobs);
         Ok(())
     }
 
@@ -1030,7 +1003,7 @@ async fn report_malformed(invalid: &InvalidObject, ctx: &Context) -> Result<Acti
         name: format!("{ns}/{name}"),
         message: invalid.error.clone(),
     };
-    if lock(&ctx.reported_malformed).get(&uid) == Some(&generation) {
+    if ctx.memory.malformed_reported(&uid, &generation) {
         return Err(error);
     }
     let message = format!(
@@ -1073,7 +1046,7 @@ async fn report_malformed(invalid: &InvalidObject, ctx: &Context) -> Result<Acti
         }],
     )
     .await;
-    lock(&ctx.reported_malformed).insert(uid, generation);
+    ctx.memory.remember_malformed(&uid, &generation);
     Err(error)
 }
 
@@ -1091,10 +1064,12 @@ async fn reconcile_inner(
         return Ok(Action::await_change());
     }
     let uid = job.metadata.uid.clone().unwrap_or_default();
+    // It may have been malformed before, and reported.
+    ctx.memory.forget_malformed(&uid);
     let ns = job.namespace().unwrap_or_default();
     let reference = job.object_ref(&());
-    let written = ctx.freshest_status(job);
-    let (current, detail_waiting) = ctx.with_deferred_detail(&uid, &written);
+    let written = ctx.memory.freshest_status(job);
+    let (current, detail_waiting) = ctx.memory.with_deferred_detail(&uid, &written);
     let now = Timestamp::now();
 
     let valid = match validate(job) {
@@ -1133,12 +1108,12 @@ async fn reconcile_inner(
         WORKER_DETAIL_BATCH,
     ) {
         plan::StatusWrite::Unchanged => {
-            lock(&ctx.deferred).remove(&uid);
+            ctx.memory.drop_deferred(&uid);
             false
         }
         plan::StatusWrite::Now => true,
         plan::StatusWrite::Later(after) => {
-            ctx.defer_detail(&uid, &decided.status);
+            ctx.memory.defer_detail(&uid, &decided.status);
             write_later = Some(after);
             false
         }
@@ -1150,7 +1125,7 @@ async fn reconcile_inner(
                 reason: reason.as_str().to_owned(),
             })
             .inc();
-        lock(&ctx.detected).insert(uid.clone(), (decided.status.attempt, Instant::now()));
+        ctx.memory.restart_detected(&uid, decided.status.attempt);
         tracing::info!(job = %format!("{ns}/{}", valid.name), attempt = decided.status.attempt, reason = reason.as_str(), "gang restart");
     }
     let (actions, held_for) = ctx.hold_back_unobserved(&ns, decided.actions);
@@ -1179,11 +1154,15 @@ async fn reconcile_inner(
     ctx.publish(&reference, decided.events).await;
     acted?;
 
+    // Taken whatever the restart's reason, so that a failure restart leaves nothing behind.
+    let detected = decided
+        .creates_attempt
+        .and_then(|_| ctx.memory.take_detected(&uid));
     if let Some(attempt) = decided.creates_attempt
         && attempt > 0
         && decided.status.last_restart.as_ref().map(|l| l.reason) == Some(RestartReason::Preemption)
     {
-        let since = match lock(&ctx.detected).remove(&uid) {
+        let since = match detected {
             Some((a, at)) if a == attempt => Some(at.elapsed().as_secs_f64()),
             _ => decided
                 .status
@@ -1298,6 +1277,55 @@ mod tests {
         let relabelled = node(json!({"x": "2"}), "True", "2026-01-01T00:00:00Z");
         assert_ne!(node_fingerprint(&base), node_fingerprint(&not_ready));
         assert_ne!(node_fingerprint(&base), node_fingerprint(&relabelled));
+    }
+
+    #[test]
+    fn node_fingerprints_forget_nodes_deleted_while_the_watch_was_down() {
+        let named = |name: &str, labels| {
+            let mut n = node(labels, "True", "2026-01-01T00:00:00Z");
+            n.metadata.name = Some(name.to_owned());
+            n
+        };
+        let mut fp = NodeFingerprints::default();
+        let feed = |fp: &mut NodeFingerprints, events: Vec<watcher::Event<Node>>| {
+            events
+                .iter()
+                .flat_map(|ev| fp.changed(ev))
+                .collect::<Vec<_>>()
+        };
+        // The first list wakes nothing.
+        let first =
+            (0..100).map(|i| watcher::Event::InitApply(named(&format!("n-{i}"), json!({}))));
+        let woken = feed(
+            &mut fp,
+            std::iter::once(watcher::Event::Init)
+                .chain(first)
+                .chain([watcher::Event::InitDone])
+                .collect(),
+        );
+        assert!(woken.is_empty(), "{woken:?}");
+        // The watch breaks; meanwhile n-2.. are deleted and n-1 is relabelled.
+        let woken = feed(
+            &mut fp,
+            vec![
+                watcher::Event::Init,
+                watcher::Event::InitApply(named("n-0", json!({}))),
+                watcher::Event::InitApply(named("n-1", json!({"x": "1"}))),
+                watcher::Event::InitDone,
+            ],
+        );
+        assert_eq!(woken.len(), 99, "n-1 changed, 98 nodes went");
+        assert!(woken.contains(&"n-1".to_owned()) && woken.contains(&"n-99".to_owned()));
+        assert_eq!(fp.known.len(), 2);
+        let woken = feed(
+            &mut fp,
+            vec![
+                watcher::Event::Delete(named("n-0", json!({}))),
+                watcher::Event::Delete(named("n-1", json!({}))),
+            ],
+        );
+        assert_eq!(woken, ["n-0", "n-1"]);
+        assert!(fp.known.is_empty() && fp.relisted.is_none());
     }
 
     #[test]

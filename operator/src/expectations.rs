@@ -91,6 +91,21 @@ impl Expectations {
         Some(self.ttl - age)
     }
 
+    /// Forgets the expectations on the objects of a deleted job: whatever its writes were,
+    /// nothing will act on them again.
+    pub fn forget_job(&self, namespace: &str, job: &str) {
+        self.retain_jobs(|ns, j| ns != namespace || j != job);
+    }
+
+    /// Keeps only the expectations on objects of the jobs `keep(namespace, job)` says exist.
+    pub fn retain_jobs(&self, keep: impl Fn(&str, &str) -> bool) {
+        let mut pending = self.lock();
+        if pending.is_empty() {
+            return;
+        }
+        pending.retain(|(kind, ns, name), _| job_of(*kind, name).is_none_or(|job| keep(ns, job)));
+    }
+
     /// Number of outstanding expectations (lapsed ones included until they are looked at).
     pub fn len(&self) -> usize {
         self.lock().len()
@@ -99,6 +114,19 @@ impl Expectations {
     /// Whether nothing is outstanding.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The job an object the operator writes belongs to, by the names the builders give:
+/// `<job>-worker-<rank>`, the Service `<job>`, the claim `<job>-checkpoints`.
+fn job_of(kind: Kind, name: &str) -> Option<&str> {
+    match kind {
+        Kind::Pod => name
+            .rsplit_once("-worker-")
+            .filter(|(_, rank)| !rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit()))
+            .map(|(job, _)| job),
+        Kind::Service => Some(name),
+        Kind::Claim => name.strip_suffix("-checkpoints"),
     }
 }
 
@@ -152,5 +180,32 @@ mod tests {
         }
         e.expect_at(Kind::Pod, "ns", "fresh", t0 + TTL);
         assert_eq!(e.len(), 1);
+    }
+
+    #[test]
+    fn forgetting_a_job_forgets_its_pods_service_and_claim_only() {
+        let e = Expectations::new(TTL);
+        for (kind, name) in [
+            (Kind::Pod, "a-worker-0"),
+            (Kind::Pod, "a-worker-12"),
+            (Kind::Service, "a"),
+            (Kind::Claim, "a-checkpoints"),
+            // Job "a-worker-1": its Service shares a pod's name of job "a", its pods are its own.
+            (Kind::Service, "a-worker-1"),
+            (Kind::Pod, "a-worker-1-worker-0"),
+            (Kind::Pod, "ab-worker-0"),
+        ] {
+            e.expect(kind, "ns", name);
+        }
+        e.expect(Kind::Pod, "other", "a-worker-0");
+        e.forget_job("ns", "a");
+        assert_eq!(e.len(), 4);
+        assert!(e.holds(Kind::Service, "ns", "a-worker-1").is_some());
+        assert!(e.holds(Kind::Pod, "ns", "a-worker-1-worker-0").is_some());
+        assert!(e.holds(Kind::Pod, "other", "a-worker-0").is_some());
+        e.forget_job("ns", "a-worker-1");
+        e.forget_job("ns", "ab");
+        e.forget_job("other", "a");
+        assert!(e.is_empty());
     }
 }

@@ -17,6 +17,7 @@ pub mod error;
 pub mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub mod job_memory;
 pub mod leader;
 pub mod lost_peer;
 pub mod metrics;

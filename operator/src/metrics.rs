@@ -17,6 +17,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::error::Error;
+use crate::job_memory::StateSizes;
 
 /// Label set of the error counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -30,6 +31,13 @@ pub struct ErrorLabels {
 pub struct RestartLabels {
     /// Preemption, Failure or Resume.
     pub reason: String,
+}
+
+/// Label set of the controller state gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// Which map ([`StateSizes::by_map`]).
+    pub map: String,
 }
 
 /// The operator's metrics.
@@ -47,6 +55,8 @@ pub struct Metrics {
     pub preemption_recovery: Histogram,
     /// 1 while this replica holds the leader Lease (or runs without leader election).
     pub leader: Gauge,
+    /// Entries of the controller's per-job maps; they return to 0 once the jobs are deleted.
+    pub state_entries: Family<StateLabels, Gauge>,
     ready: AtomicBool,
 }
 
@@ -99,6 +109,12 @@ impl Metrics {
             "1 while this replica reconciles (holds the leader Lease)",
             leader.clone(),
         );
+        let state_entries = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "trainyard_operator_state_entries",
+            "Entries the controller keeps per job, by map; back to 0 once the jobs are deleted",
+            state_entries.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -107,6 +123,7 @@ impl Metrics {
             restarts,
             preemption_recovery,
             leader,
+            state_entries,
             ready: AtomicBool::new(false),
         }
     }
@@ -118,6 +135,17 @@ impl Metrics {
                 error: error.metric_label().to_owned(),
             })
             .inc();
+    }
+
+    /// Sets the state gauges.
+    pub fn set_state_sizes(&self, sizes: &StateSizes) {
+        for (map, n) in sizes.by_map() {
+            self.state_entries
+                .get_or_create(&StateLabels {
+                    map: map.to_owned(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Marks the process ready (`/readyz` answers 200).
@@ -212,6 +240,24 @@ mod tests {
         );
         assert!(
             text.contains("trainyard_operator_reconciles_total"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn state_entries_are_one_gauge_per_map() {
+        let m = Metrics::new();
+        m.set_state_sizes(&StateSizes {
+            detected: 3,
+            ..StateSizes::default()
+        });
+        let text = m.render();
+        assert!(
+            text.contains("trainyard_operator_state_entries{map=\"detected\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("trainyard_operator_state_entries{map=\"written\"} 0"),
             "{text}"
         );
     }

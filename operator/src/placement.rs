@@ -272,7 +272,7 @@ pub fn place(
         .collect();
     let unschedulable = fitting.is_empty().then(|| {
         format!(
-            "no Ready node offers {}; {}",
+            "no Ready node offers {}; {}; the workers wait Pending for a node that does (a cluster autoscaler can add one)",
             wants(job, mode),
             cluster_summary(job, config, nodes_)
         )
@@ -427,22 +427,6 @@ pub fn place(
         selected,
         unschedulable,
     }
-}
-
-/// The most GPUs any node has (capacity, or the gpu.count label), for the InvalidSpec check.
-/// None when no node has the resource at all (an autoscaler may still add one).
-pub fn max_gpus_per_node(nodes_: &[&Node], resource: &str) -> Option<u64> {
-    nodes_
-        .iter()
-        .map(|n| {
-            nodes::capacity(n, resource).max(
-                nodes::label(n, nodes::LABEL_GPU_COUNT)
-                    .and_then(|c| c.trim().parse().ok())
-                    .unwrap_or(0),
-            )
-        })
-        .filter(|c| *c > 0)
-        .max()
 }
 
 #[cfg(test)]
@@ -761,13 +745,5 @@ mod tests {
         assert!(terms(&p).is_empty());
         assert!(p.selected.is_none());
         assert!(p.unschedulable.is_none());
-    }
-
-    #[test]
-    fn max_gpus_per_node_ignores_nodes_without_gpus() {
-        let a = node("a").gpus(4).build();
-        let b = node("b").build();
-        assert_eq!(max_gpus_per_node(&[&a, &b], "nvidia.com/gpu"), Some(4));
-        assert_eq!(max_gpus_per_node(&[&b], "nvidia.com/gpu"), None);
     }
 }

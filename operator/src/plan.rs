@@ -874,27 +874,17 @@ fn decide_inner(
     let mut placement_now: Option<Placement> = None;
 
     if !missing.is_empty() {
-        // Checks that depend on the cluster, not the spec alone.
-        let cluster_invalid = if !job.creates_claim && !observed.claim_exists {
-            Some(InvalidSpec {
-                field: "spec.checkpoint.existingClaim".to_owned(),
-                message: format!(
-                    "PersistentVolumeClaim {:?} does not exist in namespace {}",
-                    job.claim_name, job.namespace
-                ),
-            })
-        } else {
-            let wanted = u64::from(job.spec.gpus_per_worker);
-            placement::max_gpus_per_node(&node_refs, &job.spec.gpu.resource_name)
-                .filter(|max| wanted > *max)
-                .map(|max| InvalidSpec {
-                    field: "spec.gpusPerWorker".to_owned(),
-                    message: format!(
-                        "{wanted} is more than any node has: the largest node has {max} {}",
-                        job.spec.gpu.resource_name
-                    ),
-                })
-        };
+        // The one check that depends on the cluster, not the spec alone: a claim the user
+        // names must exist. Nodes never make a spec invalid: a GPU pool scaled to zero (or to
+        // smaller nodes) grows only once pods are Pending, so those get created and the
+        // placement below says, in the Unschedulable condition, what no node offers yet.
+        let cluster_invalid = (!job.creates_claim && !observed.claim_exists).then(|| InvalidSpec {
+            field: "spec.checkpoint.existingClaim".to_owned(),
+            message: format!(
+                "PersistentVolumeClaim {:?} does not exist in namespace {}",
+                job.claim_name, job.namespace
+            ),
+        });
         if let Some(err) = cluster_invalid {
             *marked_invalid = true;
             events.extend(mark_invalid(&mut st, &current.conditions, &err, gen_, now));

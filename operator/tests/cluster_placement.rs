@@ -193,3 +193,72 @@ async fn cuda_12_4_job_is_unschedulable_on_12_2_nodes_and_runs_once_a_node_offer
     op.stop().await;
     t.cleanup().await;
 }
+
+/// A GPU pool scaled to zero: no node has enough GPUs yet. The pods are created anyway and wait
+/// Pending (what a cluster autoscaler acts on), the job says why, and they run once a node fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn more_gpus_per_worker_than_any_node_has_waits_pending_and_runs_once_a_node_fits() {
+    let t = TestEnv::new("ty-scaleup").await;
+    t.add_node("small", &[], 4).await;
+    let op = t.start_operator(fast_config());
+    t.create_job(
+        "train",
+        json!({"workers": 2, "gpusPerWorker": 32, "gpu": {"selection": "Any"},
+        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
+    )
+    .await;
+    let job = t
+        .wait_job("train", "condition Unschedulable", |j| {
+            condition(j, "Unschedulable").is_some_and(|c| c.status == "True")
+        })
+        .await;
+    let c = condition(&job, "Unschedulable").expect("condition");
+    assert_eq!(c.reason, "NoMatchingNode");
+    assert!(
+        c.message.contains("32 x nvidia.com/gpu per worker"),
+        "{}",
+        c.message
+    );
+    assert!(
+        condition(&job, "InvalidSpec").is_none_or(|c| c.status != "True"),
+        "a pool that can grow is not an invalid spec"
+    );
+    let pods = wait_for("both workers created", WAIT, || async {
+        let pods = t.pods().await;
+        (pods.len() == 2).then_some(pods)
+    })
+    .await;
+    for p in &pods {
+        assert!(
+            p.spec.as_ref().and_then(|s| s.node_name.clone()).is_none(),
+            "{} waits Pending",
+            p.name_any()
+        );
+    }
+
+    // The autoscaler's node arrives.
+    let big = t.add_node("big", &[], 64).await;
+    let pods = t.wait_running(0, 2).await;
+    for p in &pods {
+        assert_eq!(
+            p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            Some(big.clone()),
+            "{}",
+            p.name_any()
+        );
+    }
+    let jobs = t.jobs();
+    wait_for("Unschedulable to clear", WAIT, || {
+        let jobs = jobs.clone();
+        async move {
+            let j = jobs.get("train").await.ok()?;
+            condition(&j, "Unschedulable")
+                .is_some_and(|c| c.status == "False")
+                .then_some(())
+        }
+    })
+    .await;
+    op.stop().await;
+    t.cleanup().await;
+}

@@ -213,7 +213,19 @@ impl TestEnv {
 
     /// Starts the operator in-process, watching only this namespace.
     pub fn start_operator(&self, config: OperatorConfig) -> Operator {
-        self.start_operator_with(config, None)
+        self.start_operator_with(config, None, None)
+    }
+
+    /// Starts the operator in-process serving `/metrics` on a free local port, which it returns.
+    pub fn start_operator_serving_metrics(
+        &self,
+        config: OperatorConfig,
+    ) -> (Operator, std::net::SocketAddr) {
+        // The port is free now; the operator binds it again at once.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free local port");
+        (self.start_operator_with(config, None, Some(addr)), addr)
     }
 
     /// Starts a replica that reconciles only while it holds the Lease `trainyard-operator`
@@ -226,19 +238,20 @@ impl TestEnv {
             lease_duration_seconds: 6,
             renew_grace_seconds: 2,
         };
-        self.start_operator_with(fast_config(), Some(election))
+        self.start_operator_with(fast_config(), Some(election), None)
     }
 
     fn start_operator_with(
         &self,
         config: OperatorConfig,
         leader_election: Option<trainyard_operator::leader::LeaderElection>,
+        metrics_addr: Option<std::net::SocketAddr>,
     ) -> Operator {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let run = RunConfig {
             namespace: Some(self.ns.clone()),
             operator: config,
-            metrics_addr: None,
+            metrics_addr,
             leader_election,
             instance: format!("test-{}", self.ns),
             max_concurrent_reconciles: trainyard_operator::DEFAULT_MAX_CONCURRENT_RECONCILES,
@@ -607,6 +620,31 @@ async fn fake_kubelet(
             }
         }
     }
+}
+
+/// The text `/metrics` serves at `addr` (empty while nothing answers there).
+pub async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let mut out = String::new();
+    if s.write_all(request.as_bytes()).await.is_err() || s.read_to_string(&mut out).await.is_err() {
+        return String::new();
+    }
+    out
+}
+
+/// The value of a metric sample, e.g. `trainyard_operator_state_entries{map="written"}`.
+pub fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(name_and_labels)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// The value of an env var of the trainer container.

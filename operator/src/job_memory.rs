@@ -1,0 +1,484 @@
+//! What the controller remembers about each TrainingJob between reconciles, and when it
+//! forgets it.
+//!
+//! Every entry here belongs to one job (by uid, or by namespace/name for the error backoff),
+//! so it must go when the job goes, or an operator that runs for months grows with every job
+//! it ever saw. Three paths forget:
+//! - the job watch's Delete event forgets the job at once ([`JobMemory::on_job_event`]);
+//! - the end of a re-list (after a watch gap, which loses Delete events) keeps only the jobs
+//!   listed;
+//! - a sweep when a map outgrows the jobs catches entries that a reconcile still in flight for
+//!   a job wrote after the job was forgotten.
+//!
+//! [`Expectations`] are keyed by the objects a job owns; they are forgotten with the job too.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::error_boundary::DeserializeGuard;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+
+use crate::crd::{TrainingJob, TrainingJobStatus};
+use crate::expectations::Expectations;
+
+/// The per-job maps of the controller.
+#[derive(Debug, Default)]
+pub struct JobMemory {
+    /// Status we wrote, by uid, with the resourceVersion the write produced: used while the
+    /// TrainingJob cache has not caught up with our own write, so that a stale status is
+    /// never decided on twice.
+    written: Mutex<HashMap<String, (u64, TrainingJobStatus)>>,
+    /// Status whose only change is per-worker detail, not written yet, by uid, with when it was
+    /// first deferred ([`crate::plan::status_write`]). Decisions read it, so a worker seen here
+    /// and then gone is a preemption even before the detail is written.
+    deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
+    /// When a restart was decided, by uid, with the attempt it starts (for the recovery
+    /// histogram).
+    detected: Mutex<HashMap<String, (u32, Instant)>>,
+    /// Consecutive transient errors, by namespace/name.
+    error_counts: Mutex<HashMap<String, u32>>,
+    /// Malformed objects already reported, by uid → generation.
+    reported_malformed: Mutex<HashMap<String, String>>,
+}
+
+/// How many entries each per-job map holds (`trainyard_operator_state_entries`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateSizes {
+    /// Statuses written that the cache may not show yet.
+    pub written: usize,
+    /// Worker detail waiting to be written.
+    pub deferred: usize,
+    /// Restarts decided whose next attempt is not created yet.
+    pub detected: usize,
+    /// Jobs whose last reconciles failed.
+    pub error_counts: usize,
+    /// Malformed objects reported.
+    pub reported_malformed: usize,
+    /// Writes the caches do not show yet.
+    pub expectations: usize,
+}
+
+impl StateSizes {
+    /// The sizes of `memory` and `expectations` now.
+    pub fn of(memory: &JobMemory, expectations: &Expectations) -> Self {
+        Self {
+            written: lock(&memory.written).len(),
+            deferred: lock(&memory.deferred).len(),
+            detected: lock(&memory.detected).len(),
+            error_counts: lock(&memory.error_counts).len(),
+            reported_malformed: lock(&memory.reported_malformed).len(),
+            expectations: expectations.len(),
+        }
+    }
+
+    /// Each map by its metric label.
+    pub fn by_map(&self) -> [(&'static str, usize); 6] {
+        [
+            ("written", self.written),
+            ("deferred", self.deferred),
+            ("detected", self.detected),
+            ("error_counts", self.error_counts),
+            ("reported_malformed", self.reported_malformed),
+            ("expectations", self.expectations),
+        ]
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these maps inconsistent: every update is one insert/remove.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The key of the error backoff: `namespace/name`.
+pub fn error_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// The jobs that exist, as the keys the maps use.
+#[derive(Debug, Default)]
+struct LiveJobs {
+    uids: HashSet<String>,
+    paths: HashSet<String>,
+}
+
+impl LiveJobs {
+    fn of(jobs: &Store<DeserializeGuard<TrainingJob>>) -> Self {
+        let mut live = Self::default();
+        for job in jobs.state() {
+            let meta = guard_meta(&job);
+            live.uids.insert(meta.uid.clone().unwrap_or_default());
+            live.paths.insert(path(meta));
+        }
+        live
+    }
+}
+
+fn guard_meta(job: &DeserializeGuard<TrainingJob>) -> &ObjectMeta {
+    match &job.0 {
+        Ok(job) => &job.metadata,
+        Err(invalid) => &invalid.metadata,
+    }
+}
+
+fn path(meta: &ObjectMeta) -> String {
+    error_key(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+impl JobMemory {
+    /// The job's status, or the one we wrote last if the cache has not caught up with it.
+    pub fn freshest_status(&self, job: &TrainingJob) -> TrainingJobStatus {
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let cached_rv = job
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok());
+        let mut written = lock(&self.written);
+        if let (Some((rv, status)), Some(cached)) = (written.get(&uid), cached_rv)
+            && *rv > cached
+        {
+            return status.clone();
+        }
+        written.remove(&uid);
+        job.status.clone().unwrap_or_default()
+    }
+
+    /// The written status with the worker detail still waiting to be written, and how long
+    /// that has waited.
+    pub fn with_deferred_detail(
+        &self,
+        uid: &str,
+        written: &TrainingJobStatus,
+    ) -> (TrainingJobStatus, Option<Duration>) {
+        let mut current = written.clone();
+        let mut deferred = lock(&self.deferred);
+        match deferred.get(uid) {
+            Some((status, since)) if status.attempt == written.attempt => {
+                current.workers = status.workers.clone();
+                (current, Some(since.elapsed()))
+            }
+            Some(_) => {
+                deferred.remove(uid);
+                (current, None)
+            }
+            None => (current, None),
+        }
+    }
+
+    /// Keeps a status whose only change is worker detail, to be written later.
+    pub fn defer_detail(&self, uid: &str, status: &TrainingJobStatus) {
+        let mut deferred = lock(&self.deferred);
+        let since = deferred
+            .get(uid)
+            .map_or_else(Instant::now, |(_, since)| *since);
+        deferred.insert(uid.to_owned(), (status.clone(), since));
+    }
+
+    /// Nothing is left to write.
+    pub fn drop_deferred(&self, uid: &str) {
+        lock(&self.deferred).remove(uid);
+    }
+
+    /// A status write went through, producing resourceVersion `rv`.
+    pub fn remember_written(&self, uid: &str, rv: Option<&str>, status: &TrainingJobStatus) {
+        lock(&self.deferred).remove(uid);
+        if let Some(rv) = rv.and_then(|rv| rv.parse::<u64>().ok()) {
+            lock(&self.written).insert(uid.to_owned(), (rv, status.clone()));
+        }
+    }
+
+    /// A restart into `attempt` was decided now.
+    pub fn restart_detected(&self, uid: &str, attempt: u32) {
+        lock(&self.detected).insert(uid.to_owned(), (attempt, Instant::now()));
+    }
+
+    /// The pods of a new attempt are being created: when its restart was decided, if known.
+    pub fn take_detected(&self, uid: &str) -> Option<(u32, Instant)> {
+        lock(&self.detected).remove(uid)
+    }
+
+    /// One more consecutive transient error of a job; returns how many in a row.
+    pub fn count_error(&self, key: &str) -> u32 {
+        let mut counts = lock(&self.error_counts);
+        let n = counts.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// A reconcile of the job succeeded.
+    pub fn clear_errors(&self, key: &str) {
+        let mut counts = lock(&self.error_counts);
+        if !counts.is_empty() {
+            counts.remove(key);
+        }
+    }
+
+    /// Whether this generation of a malformed object was reported already.
+    pub fn malformed_reported(&self, uid: &str, generation: &str) -> bool {
+        lock(&self.reported_malformed)
+            .get(uid)
+            .is_some_and(|g| g == generation)
+    }
+
+    /// This generation of a malformed object has been reported.
+    pub fn remember_malformed(&self, uid: &str, generation: &str) {
+        lock(&self.reported_malformed).insert(uid.to_owned(), generation.to_owned());
+    }
+
+    /// The object parses again.
+    pub fn forget_malformed(&self, uid: &str) {
+        let mut reported = lock(&self.reported_malformed);
+        if !reported.is_empty() {
+            reported.remove(uid);
+        }
+    }
+
+    /// Forgets everything about one job.
+    pub fn forget(&self, uid: &str, path: &str) {
+        lock(&self.written).remove(uid);
+        lock(&self.deferred).remove(uid);
+        lock(&self.detected).remove(uid);
+        lock(&self.reported_malformed).remove(uid);
+        lock(&self.error_counts).remove(path);
+    }
+
+    fn retain(&self, live: &LiveJobs) {
+        lock(&self.written).retain(|uid, _| live.uids.contains(uid));
+        lock(&self.deferred).retain(|uid, _| live.uids.contains(uid));
+        lock(&self.detected).retain(|uid, _| live.uids.contains(uid));
+        lock(&self.reported_malformed).retain(|uid, _| live.uids.contains(uid));
+        lock(&self.error_counts).retain(|path, _| live.paths.contains(path));
+    }
+
+    fn largest(&self) -> usize {
+        [
+            lock(&self.written).len(),
+            lock(&self.deferred).len(),
+            lock(&self.detected).len(),
+            lock(&self.error_counts).len(),
+            lock(&self.reported_malformed).len(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
+
+    /// The backstop: a reconcile in flight when its job was deleted may write an entry after the
+    /// Delete event forgot the job. Once a map outgrows the jobs, keep only the jobs that exist.
+    pub fn sweep_if_outgrown(&self, jobs: &Store<DeserializeGuard<TrainingJob>>) {
+        if self.largest() > 2 * jobs.len() + 16 {
+            self.retain(&LiveJobs::of(jobs));
+        }
+    }
+
+    /// Follows the TrainingJob watch, after its reflector has applied `event` to `jobs`: a
+    /// deleted job (malformed or not) is forgotten, and the end of a re-list keeps only the
+    /// jobs listed, since Delete events that fell into a watch gap never come.
+    pub fn on_job_event(
+        &self,
+        expectations: &Expectations,
+        event: &watcher::Event<DeserializeGuard<TrainingJob>>,
+        jobs: &Store<DeserializeGuard<TrainingJob>>,
+    ) {
+        match event {
+            watcher::Event::Delete(job) => {
+                let meta = guard_meta(job);
+                self.forget(meta.uid.as_deref().unwrap_or_default(), &path(meta));
+                expectations.forget_job(
+                    meta.namespace.as_deref().unwrap_or_default(),
+                    meta.name.as_deref().unwrap_or_default(),
+                );
+            }
+            watcher::Event::InitDone => {
+                let live = LiveJobs::of(jobs);
+                self.retain(&live);
+                expectations.retain_jobs(|ns, job| live.paths.contains(&error_key(ns, job)));
+            }
+            watcher::Event::Apply(_) | watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::expectations::Kind;
+    use crate::fixtures::job_yaml;
+    use kube::core::error_boundary::InvalidObject;
+    use kube::runtime::reflector;
+
+    const JOBS: usize = 1000;
+
+    fn job(i: usize) -> DeserializeGuard<TrainingJob> {
+        let mut tj = job_yaml("workers: 2\n");
+        tj.metadata.name = Some(format!("train-{i}"));
+        tj.metadata.namespace = Some(format!("ns-{}", i % 7));
+        tj.metadata.uid = Some(format!("uid-{i}"));
+        tj.metadata.resource_version = Some("10".to_owned());
+        // Every tenth object does not parse (see report_malformed in the controller).
+        if i % 10 == 9 {
+            return DeserializeGuard(Err(InvalidObject {
+                error: "spec.template.spec.containers: invalid type".to_owned(),
+                metadata: tj.metadata,
+            }));
+        }
+        DeserializeGuard(Ok(tj))
+    }
+
+    /// The entries one job leaves behind, through the calls the controller makes.
+    fn remember(
+        memory: &JobMemory,
+        expectations: &Expectations,
+        job: &DeserializeGuard<TrainingJob>,
+    ) {
+        let meta = guard_meta(job);
+        let uid = meta.uid.as_deref().unwrap_or_default();
+        let ns = meta.namespace.as_deref().unwrap_or_default();
+        let name = meta.name.as_deref().unwrap_or_default();
+        let Ok(tj) = &job.0 else {
+            memory.remember_malformed(uid, "1");
+            assert!(memory.malformed_reported(uid, "1"));
+            return;
+        };
+        let status = TrainingJobStatus {
+            attempt: 1,
+            ..TrainingJobStatus::default()
+        };
+        memory.remember_written(uid, Some("11"), &status);
+        assert_eq!(
+            memory.freshest_status(tj),
+            status,
+            "the cache trails our write"
+        );
+        memory.defer_detail(uid, &status);
+        memory.restart_detected(uid, 1);
+        memory.count_error(&error_key(ns, name));
+        for rank in 0..2 {
+            expectations.expect(Kind::Pod, ns, &format!("{name}-worker-{rank}"));
+        }
+        expectations.expect(Kind::Service, ns, name);
+        expectations.expect(Kind::Claim, ns, &format!("{name}-checkpoints"));
+    }
+
+    /// A world of `JOBS` jobs that each left entries, listed by a fresh watch.
+    fn world() -> (
+        JobMemory,
+        Expectations,
+        Store<DeserializeGuard<TrainingJob>>,
+        reflector::store::Writer<DeserializeGuard<TrainingJob>>,
+    ) {
+        let memory = JobMemory::default();
+        let expectations = Expectations::new(Duration::from_secs(15));
+        let (store, mut writer) = reflector::store();
+        let mut apply = |event: watcher::Event<DeserializeGuard<TrainingJob>>| {
+            writer.apply_watcher_event(&event);
+            memory.on_job_event(&expectations, &event, &store);
+        };
+        apply(watcher::Event::Init);
+        for i in 0..JOBS {
+            apply(watcher::Event::InitApply(job(i)));
+        }
+        apply(watcher::Event::InitDone);
+        for i in 0..JOBS {
+            remember(&memory, &expectations, &job(i));
+        }
+        (memory, expectations, store, writer)
+    }
+
+    #[test]
+    fn deleting_a_thousand_jobs_leaves_every_map_empty() {
+        let (memory, expectations, store, mut writer) = world();
+        let before = StateSizes::of(&memory, &expectations);
+        let valid = JOBS - JOBS / 10;
+        assert_eq!(
+            before,
+            StateSizes {
+                written: valid,
+                deferred: valid,
+                detected: valid,
+                error_counts: valid,
+                reported_malformed: JOBS / 10,
+                expectations: 4 * valid,
+            }
+        );
+        for i in 0..JOBS {
+            let event = watcher::Event::Delete(job(i));
+            writer.apply_watcher_event(&event);
+            memory.on_job_event(&expectations, &event, &store);
+        }
+        assert_eq!(
+            StateSizes::of(&memory, &expectations),
+            StateSizes::default()
+        );
+    }
+
+    #[test]
+    fn a_relist_after_a_watch_gap_forgets_the_jobs_deleted_meanwhile() {
+        let (memory, expectations, store, mut writer) = world();
+        // The watch broke; while it was down every job but the first 10 (and 19, malformed) went.
+        for event in std::iter::once(watcher::Event::Init)
+            .chain(
+                (0..10)
+                    .chain([19])
+                    .map(|i| watcher::Event::InitApply(job(i))),
+            )
+            .chain([watcher::Event::InitDone])
+        {
+            writer.apply_watcher_event(&event);
+            memory.on_job_event(&expectations, &event, &store);
+        }
+        assert_eq!(
+            StateSizes::of(&memory, &expectations),
+            StateSizes {
+                written: 9,
+                deferred: 9,
+                detected: 9,
+                error_counts: 9,
+                reported_malformed: 2,
+                expectations: 4 * 9,
+            }
+        );
+    }
+
+    #[test]
+    fn entries_written_after_the_delete_are_swept_once_a_map_outgrows_the_jobs() {
+        let (memory, expectations, store, mut writer) = world();
+        for i in 0..JOBS {
+            let event = watcher::Event::Delete(job(i));
+            writer.apply_watcher_event(&event);
+            memory.on_job_event(&expectations, &event, &store);
+        }
+        // Reconciles still in flight for deleted jobs fail and count an error each.
+        for i in 0..16 {
+            memory.count_error(&error_key("ns-0", &format!("train-{i}")));
+        }
+        memory.sweep_if_outgrown(&store);
+        assert_eq!(StateSizes::of(&memory, &expectations).error_counts, 16);
+        memory.count_error(&error_key("ns-0", "train-16"));
+        memory.sweep_if_outgrown(&store);
+        assert_eq!(
+            StateSizes::of(&memory, &expectations),
+            StateSizes::default()
+        );
+    }
+
+    #[test]
+    fn a_malformed_object_that_parses_again_is_forgotten() {
+        let memory = JobMemory::default();
+        memory.remember_malformed("u", "3");
+        assert!(memory.malformed_reported("u", "3"));
+        assert!(!memory.malformed_reported("u", "4"));
+        memory.forget_malformed("u");
+        assert!(!memory.malformed_reported("u", "3"));
+        assert_eq!(
+            StateSizes::of(&memory, &Expectations::new(Duration::from_secs(1))),
+            StateSizes::default()
+        );
+    }
+}
