@@ -50,7 +50,7 @@ fn real_main() -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     match cli.command {
         Command::Run(args) => {
-            let mut config = RunConfig::try_from(args)?;
+            let mut config = RunConfig::try_from(*args)?;
             if config.node_name.is_some() {
                 // Keep the Kubernetes client out of the long-lived process.
                 let exe = std::env::current_exe().context("cannot find our own executable")?;
