@@ -108,6 +108,9 @@ pub struct ApplyLabelsArgs {
     /// The node to label.
     #[arg(long)]
     pub node_name: String,
+    /// Read the node first and apply only if a label is missing or different.
+    #[arg(long)]
+    pub if_missing: bool,
 }
 
 /// Backend selection, shared by `run` and `discover`.

@@ -94,6 +94,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
             node,
             config.label_writer.clone(),
             state.clone(),
+            config.label_check_interval,
             tasks.clone(),
         )));
     }
