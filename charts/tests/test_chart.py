@@ -497,9 +497,9 @@ def test_node_label_policy_binds_the_plugin_to_nvidia_labels_of_its_own_node(cha
     assert "object.metadata.name == variables.nodeName" in expressions[1]
     assert "variables.nodeName != ''" in expressions[1]
     assert "k.startsWith('nvidia.com/')" in expressions[2]
-    assert "variables.oldLabels.all(" in expressions[2] and "variables.newLabels.all(" in expressions[2]
-    for field in ("object.spec == oldObject.spec", "annotations", "ownerReferences", "finalizers"):
-        assert field in expressions[3], field
+    assert "object.metadata.labels.all(" in expressions[2] and "oldObject.metadata.labels.all(" in expressions[2]
+    for compared in ("spec", "metadata.annotations", "metadata.ownerReferences", "metadata.finalizers"):
+        assert f"object.{compared} == oldObject.{compared}" in expressions[3], compared
     assert all(v["reason"] == "Forbidden" for v in spec["validations"])
 
 
@@ -555,10 +555,14 @@ A_NODE = {
 }
 
 
-def edited(change: Any) -> dict[str, Any]:
-    node = copy.deepcopy(A_NODE)
+def edited(change: Any, node: dict[str, Any] = A_NODE) -> dict[str, Any]:
+    node = copy.deepcopy(node)
     change(node)
     return node
+
+
+NO_LABELS = edited(lambda n: n["metadata"].pop("labels"))
+FIRST_LABELS = edited(lambda n: n["metadata"].update(labels={"nvidia.com/gpu.count": "8"}), NO_LABELS)
 
 
 def relabeled(labels: dict[str, str]) -> dict[str, Any]:
@@ -581,6 +585,8 @@ U, P = "UPDATE", PLUGIN_USER
     [
         (U, "", P, "gpu-1", A_NODE, relabeled({"nvidia.com/gpu.count": "7", "nvidia.com/x": "y"}), "allowed"),
         (U, "", P, "gpu-1", A_NODE, unlabeled("nvidia.com/gpu.count"), "allowed"),
+        (U, "", P, "gpu-1", NO_LABELS, FIRST_LABELS, "allowed"),
+        (U, "", P, "gpu-1", A_NODE, edited(lambda n: n["metadata"].pop("labels")), "denied by rule 2"),
         (U, "", P, "gpu-2", A_NODE, A_NODE, "denied by rule 1"),
         (U, "", P, None, A_NODE, A_NODE, "denied by rule 1"),
         (U, "", P, "gpu-1", A_NODE, relabeled({"team": "x"}), "denied by rule 2"),
@@ -596,6 +602,8 @@ U, P = "UPDATE", PLUGIN_USER
     ids=[
         "own-node-nvidia-labels-changed",
         "own-node-nvidia-label-removed",
+        "first-labels-on-an-unlabelled-node",
+        "every-label-removed",
         "other-node",
         "no-node-claim",
         "foreign-label-added",
