@@ -53,6 +53,38 @@ def render(chart: Any, values: dict[str, Any] | None = None, **opts: Any) -> lis
     return objects
 
 
+def render_for_cluster(
+    chart: Any, values: dict[str, Any] | None = None, *, api_versions: list[str], kube_version: str
+) -> list[dict[str, Any]]:
+    """Render as `helm template --api-versions ... --kube-version ...` does.
+
+    helm_python's Chart.render does not expose these options; the native call
+    it wraps takes them as `api_versions` and `kube_version`.
+    """
+    from helm_python import _native
+    from helm_python.chart import _dumps
+
+    opts = {
+        "name": RELEASE,
+        "namespace": NAMESPACE,
+        "is_install": True,
+        "api_versions": api_versions,
+        "kube_version": kube_version,
+    }
+    rendered = _native.call_string("helm_render", chart._raw(), _dumps(values or {}), json.dumps(opts))
+    manifests = json.loads(rendered)
+    objects = []
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+NODE_POLICY = f"{RELEASE}-device-plugin-node-labels"
+
+
 def render_notes(chart: Any, values: dict[str, Any] | None = None) -> str:
     manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
     return next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
@@ -312,25 +344,59 @@ def test_no_role_reads_secrets_or_config_maps(chart: Any) -> None:
 
 def test_operator_rbac_grants_exactly_the_contract(chart: Any) -> None:
     objects = render(chart)
+    assert operator_grants(objects) == OPERATOR_RBAC
+
+
+# Exactly the calls operator/src makes; docs/operator.md ("RBAC") lists each one.
+OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
+    # Watched; never written: no finalizers, no spec or metadata writes.
+    ("trainyard.dev", "trainingjobs"): {"list", "watch"},
+    # Status by server-side apply (and a merge patch for malformed objects).
+    ("trainyard.dev", "trainingjobs/status"): {"patch"},
+    # Created (never patched), deleted, one read for a sibling's placement.
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    # Server-side applied (create the first time), watched; never deleted.
+    ("", "services"): {"list", "watch", "create", "patch"},
+    ("", "persistentvolumeclaims"): {"list", "watch", "create", "patch"},
+    ("", "nodes"): {"list", "watch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+    # Node heartbeats (list, watch) and the leader Lease (create, get, patch).
+    ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "patch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get"},
+}
+
+
+def operator_grants(objects: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
     granted: dict[tuple[str, str], set[str]] = {}
     for role in all_roles(objects):
         if role["metadata"]["labels"]["app.kubernetes.io/component"] != "operator":
             continue
         for key, verbs in rules_by_resource(role).items():
             granted.setdefault(key, set()).update(verbs)
-    crud = {"get", "list", "watch", "create", "patch", "delete"}
-    assert granted == {
-        ("trainyard.dev", "trainingjobs"): {"get", "list", "watch", "patch", "update"},
-        ("trainyard.dev", "trainingjobs/status"): {"get", "patch", "update"},
-        ("trainyard.dev", "trainingjobs/finalizers"): {"update"},
-        ("", "pods"): crud,
-        ("", "services"): crud,
-        ("", "persistentvolumeclaims"): crud,
-        ("", "nodes"): {"get", "list", "watch"},
-        ("events.k8s.io", "events"): {"create", "patch"},
-        ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "update", "patch"},
-        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-    }
+    return granted
+
+
+@pytest.mark.parametrize(
+    "values", [{}, {"operator": {"watchNamespace": "ml"}}], ids=["cluster-wide", "single-namespace"]
+)
+def test_operator_never_writes_job_specs_patches_pods_or_deletes_services_and_claims(
+    chart: Any, values: dict[str, Any]
+) -> None:
+    granted = operator_grants(render(chart, values))
+    assert granted[("trainyard.dev", "trainingjobs")] == {"list", "watch"}
+    assert ("trainyard.dev", "trainingjobs/finalizers") not in granted
+    assert "patch" not in granted[("", "pods")] and "update" not in granted[("", "pods")]
+    for resource in ("services", "persistentvolumeclaims"):
+        assert "delete" not in granted[("", resource)], resource
+
+
+def test_owner_reference_permission_enforcement_adds_only_the_verbs_it_checks(chart: Any) -> None:
+    granted = operator_grants(render(chart, {"operator": {"rbac": {"ownerReferencesPermissionEnforcement": True}}}))
+    expected = copy.deepcopy(OPERATOR_RBAC)
+    expected[("", "services")].add("delete")
+    expected[("", "persistentvolumeclaims")].add("delete")
+    expected[("trainyard.dev", "trainingjobs/finalizers")] = {"update"}
+    assert granted == expected
 
 
 def test_operator_reads_only_its_own_crd(chart: Any) -> None:
@@ -362,7 +428,7 @@ def test_node_lease_access_is_read_only_and_only_in_kube_node_lease(chart: Any, 
     objects = render(chart, values)
     role = one(objects, "Role", f"{RELEASE}-operator-node-leases")
     assert role["metadata"]["namespace"] == "kube-node-lease"
-    assert rules_by_resource(role) == {("coordination.k8s.io", "leases"): {"get", "list", "watch"}}
+    assert rules_by_resource(role) == {("coordination.k8s.io", "leases"): {"list", "watch"}}
     binding = one(objects, "RoleBinding", f"{RELEASE}-operator-node-leases")
     assert binding["metadata"]["namespace"] == "kube-node-lease"
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -392,6 +458,206 @@ def test_single_namespace_operator_gets_job_rules_only_in_that_namespace(chart: 
 def test_device_plugin_may_only_get_and_patch_nodes(chart: Any) -> None:
     role = one(render(chart), "ClusterRole", f"{RELEASE}-device-plugin")
     assert rules_by_resource(role) == {("", "nodes"): {"get", "patch"}}
+
+
+def test_node_label_policy_renders_only_where_the_cluster_serves_the_api(chart: Any) -> None:
+    for objects in (
+        render(chart),
+        render_for_cluster(chart, api_versions=[], kube_version="v1.29.0"),
+    ):
+        assert not of_kind(objects, "ValidatingAdmissionPolicy")
+        assert not of_kind(objects, "ValidatingAdmissionPolicyBinding")
+    objects = render_for_cluster(chart, api_versions=[VAP_API], kube_version="v1.30.0")
+    policy = one(objects, "ValidatingAdmissionPolicy", NODE_POLICY)
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", NODE_POLICY)
+    assert binding["spec"] == {"policyName": NODE_POLICY, "validationActions": ["Deny"]}
+    off = render_for_cluster(
+        chart, {"devicePlugin": {"rbac": {"nodeLabelPolicy": False}}}, api_versions=[VAP_API], kube_version="v1.30.0"
+    )
+    assert not of_kind(off, "ValidatingAdmissionPolicy")
+
+
+def test_node_label_policy_binds_the_plugin_to_nvidia_labels_of_its_own_node(chart: Any) -> None:
+    objects = render_for_cluster(chart, api_versions=[VAP_API], kube_version="v1.30.0")
+    spec = one(objects, "ValidatingAdmissionPolicy", NODE_POLICY)["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    [rule] = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [""] and set(rule["resources"]) == {"nodes", "nodes/status"}
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    # Only the plugin's own service account is judged.
+    [condition] = spec["matchConditions"]
+    assert condition["expression"] == (
+        f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{RELEASE}-device-plugin'"
+    )
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "request.userInfo.extra['authentication.kubernetes.io/node-name'][0]" in variables["nodeName"]
+    expressions = [v["expression"] for v in spec["validations"]]
+    assert expressions[0] == "request.operation == 'UPDATE' && request.subResource == ''"
+    assert "object.metadata.name == variables.nodeName" in expressions[1]
+    assert "variables.nodeName != ''" in expressions[1]
+    assert "k.startsWith('nvidia.com/')" in expressions[2]
+    assert "object.metadata.labels.all(" in expressions[2] and "oldObject.metadata.labels.all(" in expressions[2]
+    for compared in ("spec", "metadata.annotations", "metadata.ownerReferences", "metadata.finalizers"):
+        assert f"object.{compared} == oldObject.{compared}" in expressions[3], compared
+    assert all(v["reason"] == "Forbidden" for v in spec["validations"])
+
+
+def test_node_label_policy_names_a_custom_service_account(chart: Any) -> None:
+    objects = render_for_cluster(
+        chart,
+        {"devicePlugin": {"serviceAccount": {"name": "gpu-labeller"}}},
+        api_versions=[VAP_API],
+        kube_version="v1.30.0",
+    )
+    [condition] = one(objects, "ValidatingAdmissionPolicy", NODE_POLICY)["spec"]["matchConditions"]
+    assert f"'system:serviceaccount:{NAMESPACE}:gpu-labeller'" in condition["expression"]
+
+
+def admission_verdict(spec: dict[str, Any], request: dict[str, Any], old: Any, new: Any) -> str:
+    """Evaluate a ValidatingAdmissionPolicy spec like the API server: 'not matched',
+    'allowed', or 'denied by rule N'. Dynamically typed (the API server also type-checks)."""
+    celpy = pytest.importorskip("celpy")
+    env = celpy.Environment()
+
+    def run(expression: str, activation: dict[str, Any]) -> Any:
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    activation = {
+        "request": celpy.json_to_cel(request),
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+    }
+    if not all(run(c["expression"], activation) for c in spec.get("matchConditions", [])):
+        return "not matched"
+    variables: dict[str, Any] = {}
+    for variable in spec.get("variables", []):
+        activation["variables"] = celpy.celtypes.MapType(
+            {celpy.celtypes.StringType(k): v for k, v in variables.items()}
+        )
+        variables[variable["name"]] = run(variable["expression"], activation)
+    activation["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
+    for i, validation in enumerate(spec["validations"]):
+        # An expression that errors denies too (failurePolicy: Fail).
+        if run(validation["expression"], activation) != celpy.celtypes.BoolType(True):
+            return f"denied by rule {i}"
+    return "allowed"
+
+
+PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-device-plugin"
+A_NODE = {
+    "metadata": {
+        "name": "gpu-1",
+        "labels": {"kubernetes.io/hostname": "gpu-1", "nvidia.com/gpu.count": "8"},
+        "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+    },
+    "spec": {"podCIDR": "10.0.1.0/24"},
+}
+
+
+def edited(change: Any, node: dict[str, Any] = A_NODE) -> dict[str, Any]:
+    node = copy.deepcopy(node)
+    change(node)
+    return node
+
+
+NO_LABELS = edited(lambda n: n["metadata"].pop("labels"))
+FIRST_LABELS = edited(lambda n: n["metadata"].update(labels={"nvidia.com/gpu.count": "8"}), NO_LABELS)
+
+
+def relabeled(labels: dict[str, str]) -> dict[str, Any]:
+    return edited(lambda n: n["metadata"]["labels"].update(labels))
+
+
+def unlabeled(key: str) -> dict[str, Any]:
+    return edited(lambda n: n["metadata"]["labels"].pop(key))
+
+
+def respecced(spec: dict[str, Any]) -> dict[str, Any]:
+    return edited(lambda n: n["spec"].update(spec))
+
+
+U, P = "UPDATE", PLUGIN_USER
+
+
+@pytest.mark.parametrize(
+    "operation, sub_resource, user, claim, old, new, verdict",
+    [
+        (U, "", P, "gpu-1", A_NODE, relabeled({"nvidia.com/gpu.count": "7", "nvidia.com/x": "y"}), "allowed"),
+        (U, "", P, "gpu-1", A_NODE, unlabeled("nvidia.com/gpu.count"), "allowed"),
+        (U, "", P, "gpu-1", NO_LABELS, FIRST_LABELS, "allowed"),
+        (U, "", P, "gpu-1", A_NODE, edited(lambda n: n["metadata"].pop("labels")), "denied by rule 2"),
+        (U, "", P, "gpu-2", A_NODE, A_NODE, "denied by rule 1"),
+        (U, "", P, None, A_NODE, A_NODE, "denied by rule 1"),
+        (U, "", P, "gpu-1", A_NODE, relabeled({"team": "x"}), "denied by rule 2"),
+        (U, "", P, "gpu-1", A_NODE, unlabeled("kubernetes.io/hostname"), "denied by rule 2"),
+        (U, "", P, "gpu-1", A_NODE, respecced({"taints": [{"key": "k", "effect": "NoSchedule"}]}), "denied by rule 3"),
+        (U, "", P, "gpu-1", A_NODE, respecced({"unschedulable": True}), "denied by rule 3"),
+        (U, "", P, "gpu-1", A_NODE, edited(lambda n: n["metadata"]["annotations"].clear()), "denied by rule 3"),
+        ("CREATE", "", P, "gpu-1", None, A_NODE, "denied by rule 0"),
+        ("DELETE", "", P, "gpu-1", A_NODE, None, "denied by rule 0"),
+        (U, "status", P, "gpu-1", A_NODE, A_NODE, "denied by rule 0"),
+        (U, "", "system:node:gpu-1", None, A_NODE, respecced({"unschedulable": True}), "not matched"),
+    ],
+    ids=[
+        "own-node-nvidia-labels-changed",
+        "own-node-nvidia-label-removed",
+        "first-labels-on-an-unlabelled-node",
+        "every-label-removed",
+        "other-node",
+        "no-node-claim",
+        "foreign-label-added",
+        "foreign-label-removed",
+        "taint",
+        "cordon",
+        "annotations",
+        "create",
+        "delete",
+        "status",
+        "other-user",
+    ],
+)
+def test_node_label_policy_admits_only_nvidia_labels_of_the_plugins_own_node(
+    chart: Any, operation: str, sub_resource: str, user: str, claim: str | None, old: Any, new: Any, verdict: str
+) -> None:
+    objects = render_for_cluster(chart, api_versions=[VAP_API], kube_version="v1.30.0")
+    spec = one(objects, "ValidatingAdmissionPolicy", NODE_POLICY)["spec"]
+    extra = {"authentication.kubernetes.io/node-name": [claim]} if claim else {}
+    request = {"operation": operation, "subResource": sub_resource, "userInfo": {"username": user, "extra": extra}}
+    assert admission_verdict(spec, request, old, new) == verdict
+
+
+def test_network_policies_render_only_when_enabled(chart: Any) -> None:
+    assert not of_kind(render(chart), "NetworkPolicy")
+    assert not of_kind(render(chart, ALL_TOGGLES_ON), "NetworkPolicy")
+
+
+def test_network_policies_admit_only_the_configured_peers_to_the_metrics_ports(chart: Any) -> None:
+    peers = [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
+    objects = render(chart, {"networkPolicy": {"enabled": True, "metricsFrom": peers}})
+    for component, name, port in (
+        ("operator", f"{RELEASE}-operator-metrics", 8080),
+        ("device-plugin", f"{RELEASE}-device-plugin-metrics", 9400),
+    ):
+        policy = one(objects, "NetworkPolicy", name)
+        assert policy["metadata"]["namespace"] == NAMESPACE
+        workload = operator_deployment(objects) if component == "operator" else device_plugin_daemonset(objects)
+        assert policy["spec"]["podSelector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": port}], "from": peers}]
+
+
+def test_network_policies_without_peers_admit_no_one(chart: Any) -> None:
+    objects = render(chart, {"networkPolicy": {"enabled": True}, "devicePlugin": {"enabled": False}})
+    [policy] = of_kind(objects, "NetworkPolicy")
+    assert policy["metadata"]["name"] == f"{RELEASE}-operator-metrics"
+    # An empty `from` would admit every source; no rule admits none.
+    assert policy["spec"]["ingress"] == []
 
 
 def test_every_binding_names_a_rendered_role_and_service_account(chart: Any) -> None:
@@ -751,6 +1017,14 @@ A_FAKE_GPU = {"uuid": "GPU-1", "name": "NVIDIA T4", "memoryMiB": 15360}
         ({"devicePlugin": {"devicePluginDir": "relative/dir"}}, "/devicePlugin/devicePluginDir"),
         ({"devicePlugin": {"fakeGpus": {"enabled": "yes"}}}, "/devicePlugin/fakeGpus/enabled"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+        ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        ({"networkPolicy": {"metricsFrom": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}}, "ipBlock"),
+        ({"operator": {"rbac": {"ownerReferencesPermissionEnforcement": "on"}}}, "ownerReferencesPermissionEnforcement"),
+        ({"devicePlugin": {"rbac": {"nodeLabelPolicy": 1}}}, "/devicePlugin/rbac/nodeLabelPolicy"),
+        (
+            {"devicePlugin": {"fakeGpus": {"config": {"gpus": [{**A_FAKE_GPU, "probeDelaySeconds": -1}]}}}},
+            "/devicePlugin/fakeGpus/config/gpus/0/probeDelaySeconds",
+        ),
         ({"operatr": {"replicas": 1}}, "operatr"),
         # The operator and the plugin reject unknown keys in their files; so does the chart.
         ({"operator": {"config": {"price": []}}}, "price"),

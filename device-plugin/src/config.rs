@@ -11,6 +11,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::health::HealthPolicy;
 use crate::labels::LabelWriter;
+use crate::liveness::LivenessLimits;
+
+/// Default of `--label-check-interval`.
+pub const DEFAULT_LABEL_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Invalid combinations or values of flags.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,9 +31,26 @@ pub enum ConfigError {
     /// `--resource-name` is not `<domain>/<name>`.
     #[error("--resource-name {0:?} must look like <vendor-domain>/<name>, e.g. nvidia.com/gpu")]
     InvalidResourceName(String),
-    /// `--metrics-interval` could not be parsed.
-    #[error("--metrics-interval {0:?}: expected a duration such as 10s, 500ms or 1m")]
-    InvalidInterval(String),
+    /// A duration flag could not be parsed.
+    #[error("{flag} {value:?}: expected a duration such as 10s, 500ms or 1m")]
+    InvalidDuration {
+        /// The flag, e.g. `--metrics-interval`.
+        flag: &'static str,
+        /// What was given.
+        value: String,
+    },
+    /// `--probe-stall-limit` would call a probe loop that is only between
+    /// rounds hung.
+    #[error(
+        "--probe-stall-limit {limit:?} must be at least twice --probe-interval {interval:?}, \
+         or a healthy plugin waiting for its next round would be restarted"
+    )]
+    StallLimitTooShort {
+        /// `--probe-stall-limit`.
+        limit: Duration,
+        /// `--probe-interval`.
+        interval: Duration,
+    },
     /// `--ignored-xids` has a non-number.
     #[error("--ignored-xids: {0:?} is not an XID number")]
     InvalidXid(String),
@@ -73,7 +94,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the device plugin until SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print, as JSON, the GPUs, topology, health and driver facts the backend sees.
     Discover(DiscoverArgs),
     /// Apply node labels read as a JSON object from stdin (used by `run`).
@@ -87,6 +108,9 @@ pub struct ApplyLabelsArgs {
     /// The node to label.
     #[arg(long)]
     pub node_name: String,
+    /// Read the node first and apply only if a label is missing or different.
+    #[arg(long)]
+    pub if_missing: bool,
 }
 
 /// Backend selection, shared by `run` and `discover`.
@@ -141,6 +165,18 @@ pub struct RunArgs {
     /// Seconds an unhealthy GPU must stay quiet before a good probe recovers it.
     #[arg(long, default_value_t = 30, env = "TRAINYARD_HEALTH_RECOVERY_SECONDS")]
     pub health_recovery_seconds: u64,
+    /// How often every GPU is probed.
+    #[arg(long, default_value = "5s", env = "TRAINYARD_PROBE_INTERVAL")]
+    pub probe_interval: String,
+    /// /healthz fails once no probe round has completed for this long (a hung NVML call).
+    #[arg(long, default_value = "1m", env = "TRAINYARD_PROBE_STALL_LIMIT")]
+    pub probe_stall_limit: String,
+    /// /healthz fails once the plugin has not been registered with the kubelet for this long.
+    #[arg(long, default_value = "2m", env = "TRAINYARD_UNREGISTERED_GRACE")]
+    pub unregistered_grace: String,
+    /// How often the node is checked for missing GPU labels (a recreated Node object).
+    #[arg(long, default_value = "1m", env = "TRAINYARD_LABEL_CHECK_INTERVAL")]
+    pub label_check_interval: String,
 }
 
 /// Flags of `discover`.
@@ -256,6 +292,10 @@ pub struct RunConfig {
     pub health: HealthPolicy,
     /// How often every GPU is probed.
     pub probe_interval: Duration,
+    /// When `/healthz` fails.
+    pub liveness: LivenessLimits,
+    /// How often the node is checked for missing labels.
+    pub label_check_interval: Duration,
     /// How node labels are written.
     pub label_writer: LabelWriter,
 }
@@ -274,6 +314,8 @@ impl RunConfig {
             metrics_interval: Duration::from_secs(10),
             health: HealthPolicy::default(),
             probe_interval: Duration::from_secs(5),
+            liveness: LivenessLimits::default(),
+            label_check_interval: DEFAULT_LABEL_CHECK_INTERVAL,
             label_writer: LabelWriter::InProcess,
         }
     }
@@ -315,8 +357,25 @@ impl TryFrom<RunArgs> for RunConfig {
         if !valid_resource_name(&args.resource_name) {
             return Err(ConfigError::InvalidResourceName(args.resource_name));
         }
-        let metrics_interval = parse_duration(&args.metrics_interval)
-            .ok_or_else(|| ConfigError::InvalidInterval(args.metrics_interval.clone()))?;
+        let duration = |flag: &'static str, value: &str| {
+            parse_duration(value).ok_or_else(|| ConfigError::InvalidDuration {
+                flag,
+                value: value.to_string(),
+            })
+        };
+        let metrics_interval = duration("--metrics-interval", &args.metrics_interval)?;
+        let probe_interval = duration("--probe-interval", &args.probe_interval)?;
+        let liveness = LivenessLimits {
+            unregistered_grace: duration("--unregistered-grace", &args.unregistered_grace)?,
+            probe_stall_limit: duration("--probe-stall-limit", &args.probe_stall_limit)?,
+        };
+        if liveness.probe_stall_limit < probe_interval * 2 {
+            return Err(ConfigError::StallLimitTooShort {
+                limit: liveness.probe_stall_limit,
+                interval: probe_interval,
+            });
+        }
+        let label_check_interval = duration("--label-check-interval", &args.label_check_interval)?;
         let ignored_xids = args
             .ignored_xids
             .split(',')
@@ -341,7 +400,9 @@ impl TryFrom<RunArgs> for RunConfig {
                 recovery_quiet_period: Duration::from_secs(args.health_recovery_seconds),
                 ..HealthPolicy::default()
             },
-            probe_interval: Duration::from_secs(5),
+            probe_interval,
+            liveness,
+            label_check_interval,
             label_writer: LabelWriter::InProcess,
         })
     }
@@ -357,7 +418,7 @@ mod tests {
         argv.extend_from_slice(extra);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
         match cli.command {
-            Command::Run(args) => RunConfig::try_from(args).map_err(|e| e.to_string()),
+            Command::Run(args) => RunConfig::try_from(*args).map_err(|e| e.to_string()),
             _ => Err("not run".into()),
         }
     }
@@ -385,6 +446,42 @@ mod tests {
             DEFAULT_IGNORED_XIDS.into_iter().collect()
         );
         assert_eq!(c.socket_name(), "trainyard-nvidia-com-gpu.sock");
+        assert_eq!(c.probe_interval, Duration::from_secs(5));
+        assert_eq!(c.liveness, LivenessLimits::default());
+        assert_eq!(c.liveness.probe_stall_limit, Duration::from_secs(60));
+        assert_eq!(c.liveness.unregistered_grace, Duration::from_secs(120));
+        assert_eq!(c.label_check_interval, DEFAULT_LABEL_CHECK_INTERVAL);
+    }
+
+    #[test]
+    fn liveness_bounds_are_flags_and_a_stall_limit_must_outlast_two_probe_intervals() {
+        let c = run_args(&[
+            "--probe-interval",
+            "200ms",
+            "--probe-stall-limit",
+            "2s",
+            "--unregistered-grace",
+            "3s",
+            "--label-check-interval",
+            "1s",
+        ])
+        .unwrap();
+        assert_eq!(c.probe_interval, Duration::from_millis(200));
+        assert_eq!(c.liveness.probe_stall_limit, Duration::from_secs(2));
+        assert_eq!(c.liveness.unregistered_grace, Duration::from_secs(3));
+        assert_eq!(c.label_check_interval, Duration::from_secs(1));
+        let short =
+            run_args(&["--probe-interval", "10s", "--probe-stall-limit", "15s"]).unwrap_err();
+        assert!(short.contains("--probe-stall-limit"), "{short}");
+        for flag in [
+            "--probe-interval",
+            "--probe-stall-limit",
+            "--unregistered-grace",
+            "--label-check-interval",
+        ] {
+            let e = run_args(&[flag, "never"]).unwrap_err();
+            assert!(e.contains(flag), "{e}");
+        }
     }
 
     #[test]

@@ -5,6 +5,14 @@
 //! server-side apply under our own field manager, which also removes labels
 //! we stop setting. An unreachable API server is retried in the background
 //! and never stops the plugin from serving.
+//!
+//! A Node object that is deleted and registered again by its kubelet comes
+//! back without our labels while the GPUs have not changed. A watch would
+//! keep the Kubernetes client resident for the plugin's whole life (see
+//! Resource use in docs/device-plugin.md), so instead every
+//! `--label-check-interval` a short-lived check reads the node's metadata
+//! from the API server's cache and applies again only when a label is
+//! missing or different.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,7 +20,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
+use kube::api::{GetParams, Patch, PatchParams};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
@@ -105,6 +113,59 @@ pub fn node_labels(inventory: &Inventory) -> BTreeMap<String, String> {
     labels
 }
 
+/// How a write treats labels the node already has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyMode {
+    /// Apply whatever the node has: the wanted set changed, and an apply is
+    /// what removes labels we stopped setting.
+    Always,
+    /// Apply only when a wanted label is missing or different (the periodic check).
+    IfMissing,
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabelOutcome {
+    /// The labels were applied.
+    Applied,
+    /// The node already had them; nothing was written.
+    AlreadyPresent,
+}
+
+impl LabelOutcome {
+    /// How `apply-labels` reports the outcome on stdout.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LabelOutcome::Applied => "applied",
+            LabelOutcome::AlreadyPresent => "present",
+        }
+    }
+}
+
+/// Whether a wanted label is missing from `current` or has another value there.
+pub fn labels_missing(
+    current: &BTreeMap<String, String>,
+    wanted: &BTreeMap<String, String>,
+) -> bool {
+    wanted.iter().any(|(k, v)| current.get(k) != Some(v))
+}
+
+/// The write the label loop does next, if any: `applied` is what it last
+/// applied, `check_due` whether the periodic check interval has passed.
+pub fn next_write(
+    applied: Option<&BTreeMap<String, String>>,
+    wanted: &BTreeMap<String, String>,
+    check_due: bool,
+) -> Option<ApplyMode> {
+    if applied != Some(wanted) {
+        Some(ApplyMode::Always)
+    } else if check_due {
+        Some(ApplyMode::IfMissing)
+    } else {
+        None
+    }
+}
+
 /// Errors applying labels.
 #[derive(Debug, thiserror::Error)]
 pub enum LabelError {
@@ -123,6 +184,19 @@ pub enum LabelError {
     /// The label writer process failed; its last words.
     #[error("{0}")]
     Writer(String),
+    /// The node does not exist (deleted, not yet registered again); an
+    /// apply would create a Node object of our own, so none is made.
+    #[error("node {0} does not exist (yet); not labelling it")]
+    NodeNotFound(String),
+    /// The node could not be read.
+    #[error("cannot read node {node}: {source}")]
+    Read {
+        /// The node.
+        node: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
     /// The apply failed.
     #[error("cannot label node {node}: {source}")]
     Apply {
@@ -134,12 +208,43 @@ pub enum LabelError {
     },
 }
 
-async fn apply(
+/// Reads the node's labels and applies `labels` unless `mode` says the
+/// node already has them.
+async fn write(
     client: &Client,
     node: &str,
     labels: &BTreeMap<String, String>,
-) -> Result<(), LabelError> {
+    mode: ApplyMode,
+) -> Result<LabelOutcome, LabelError> {
     let nodes: Api<Node> = Api::all(client.clone());
+    // The periodic check may read the API server's cache: a stale answer
+    // costs one no-op apply at most.
+    let params = match mode {
+        ApplyMode::Always => GetParams::default(),
+        ApplyMode::IfMissing => GetParams::any(),
+    };
+    let current = nodes
+        .get_metadata_opt_with(node, &params)
+        .await
+        .map_err(|source| LabelError::Read {
+            node: node.to_string(),
+            source,
+        })?
+        .ok_or_else(|| LabelError::NodeNotFound(node.to_string()))?;
+    if mode == ApplyMode::IfMissing
+        && !labels_missing(&current.metadata.labels.unwrap_or_default(), labels)
+    {
+        return Ok(LabelOutcome::AlreadyPresent);
+    }
+    apply(&nodes, node, labels).await?;
+    Ok(LabelOutcome::Applied)
+}
+
+async fn apply(
+    nodes: &Api<Node>,
+    node: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), LabelError> {
     let patch = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -168,11 +273,15 @@ pub enum LabelWriter {
     Subprocess(PathBuf),
 }
 
-/// Applies `labels` to `node` once, with a client from the environment
+/// Writes `labels` to `node` once, with a client from the environment
 /// (kubeconfig or in-cluster). The body of `apply-labels`.
-pub async fn apply_once(node: &str, labels: &BTreeMap<String, String>) -> Result<(), LabelError> {
+pub async fn apply_once(
+    node: &str,
+    labels: &BTreeMap<String, String>,
+    mode: ApplyMode,
+) -> Result<LabelOutcome, LabelError> {
     let client = Client::try_default().await.map_err(LabelError::Client)?;
-    apply(&client, node, labels).await
+    write(&client, node, labels, mode).await
 }
 
 const WRITER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -181,18 +290,21 @@ async fn apply_in_child(
     exe: &Path,
     node: &str,
     labels: &BTreeMap<String, String>,
-) -> Result<(), LabelError> {
+    mode: ApplyMode,
+) -> Result<LabelOutcome, LabelError> {
     use tokio::io::AsyncWriteExt;
     let spawn_error = |source| LabelError::Spawn {
         exe: exe.to_path_buf(),
         source,
     };
-    let mut child = tokio::process::Command::new(exe)
-        .arg("apply-labels")
-        .arg("--node-name")
-        .arg(node)
+    let mut command = tokio::process::Command::new(exe);
+    command.arg("apply-labels").arg("--node-name").arg(node);
+    if mode == ApplyMode::IfMissing {
+        command.arg("--if-missing");
+    }
+    let mut child = command
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -210,7 +322,12 @@ async fn apply_in_child(
         })?
         .map_err(spawn_error)?;
     if output.status.success() {
-        return Ok(());
+        let said = String::from_utf8_lossy(&output.stdout);
+        return Ok(if said.trim() == LabelOutcome::AlreadyPresent.as_str() {
+            LabelOutcome::AlreadyPresent
+        } else {
+            LabelOutcome::Applied
+        });
     }
     let stderr = String::from_utf8_lossy(&output.stderr);
     let last = stderr
@@ -223,26 +340,31 @@ async fn apply_in_child(
     ))
 }
 
-/// Keeps `node`'s labels equal to the current inventory until `shutdown`.
+/// Keeps `node`'s labels equal to the current inventory until `shutdown`,
+/// and checks every `check_interval` that the node still has them.
 pub async fn run(
     node: String,
     writer: LabelWriter,
     mut state: StateReceiver,
+    check_interval: Duration,
     shutdown: CancellationToken,
 ) {
     let mut client: Option<Client> = None;
     let mut applied: Option<BTreeMap<String, String>> = None;
+    let mut check_due = false;
     let mut delay = RETRY_START;
     let mut failing = false;
     loop {
         let wanted = node_labels(&state.borrow_and_update().inventory);
-        if applied.as_ref() != Some(&wanted) {
+        if let Some(mode) = next_write(applied.as_ref(), &wanted, check_due) {
             let result = match (&writer, &client) {
-                (LabelWriter::Subprocess(exe), _) => apply_in_child(exe, &node, &wanted).await,
-                (LabelWriter::InProcess, Some(c)) => apply(c, &node, &wanted).await,
+                (LabelWriter::Subprocess(exe), _) => {
+                    apply_in_child(exe, &node, &wanted, mode).await
+                }
+                (LabelWriter::InProcess, Some(c)) => write(c, &node, &wanted, mode).await,
                 (LabelWriter::InProcess, None) => match Client::try_default().await {
                     Ok(c) => {
-                        let r = apply(&c, &node, &wanted).await;
+                        let r = write(&c, &node, &wanted, mode).await;
                         client = Some(c);
                         r
                     }
@@ -250,9 +372,18 @@ pub async fn run(
                 },
             };
             match result {
-                Ok(()) => {
-                    tracing::info!(%node, labels = wanted.len(), "node labels applied");
+                Ok(outcome) => {
+                    match (mode, outcome) {
+                        (ApplyMode::Always, _) => {
+                            tracing::info!(%node, labels = wanted.len(), "node labels applied");
+                        }
+                        (ApplyMode::IfMissing, LabelOutcome::Applied) => {
+                            tracing::info!(%node, labels = wanted.len(), "node labels were missing (Node object recreated, or labels removed); applied again");
+                        }
+                        (ApplyMode::IfMissing, LabelOutcome::AlreadyPresent) => {}
+                    }
                     applied = Some(wanted);
+                    check_due = false;
                     delay = RETRY_START;
                     failing = false;
                 }
@@ -276,6 +407,7 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => return,
             changed = state.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(check_interval) => check_due = true,
         }
     }
 }
@@ -307,6 +439,68 @@ mod tests {
                 })
                 .collect(),
             faults: vec![],
+        }
+    }
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_missing_or_changed_label_is_missing_and_foreign_labels_do_not_matter() {
+        let wanted = map(&[
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/gpu.memory", "81920"),
+        ]);
+        let mut node = map(&[("kubernetes.io/hostname", "n1")]);
+        assert!(
+            labels_missing(&node, &wanted),
+            "recreated node: none of ours"
+        );
+        node.extend(wanted.clone());
+        assert!(!labels_missing(&node, &wanted));
+        node.insert("nvidia.com/gpu.count".into(), "4".into());
+        assert!(labels_missing(&node, &wanted), "changed by someone else");
+        node.insert("nvidia.com/gpu.count".into(), "8".into());
+        node.remove("nvidia.com/gpu.memory");
+        assert!(labels_missing(&node, &wanted), "one removed");
+    }
+
+    #[test]
+    fn the_loop_applies_on_change_and_checks_only_when_the_interval_is_due() {
+        let a = map(&[("nvidia.com/gpu.count", "8")]);
+        let b = map(&[("nvidia.com/gpu.count", "7")]);
+        // (case, applied, wanted, check_due, expected)
+        let cases = [
+            ("first time", None, &a, false, Some(ApplyMode::Always)),
+            (
+                "first time, check due",
+                None,
+                &a,
+                true,
+                Some(ApplyMode::Always),
+            ),
+            (
+                "inventory changed",
+                Some(&a),
+                &b,
+                false,
+                Some(ApplyMode::Always),
+            ),
+            ("unchanged, not due", Some(&a), &a, false, None),
+            (
+                "unchanged, check due",
+                Some(&a),
+                &a,
+                true,
+                Some(ApplyMode::IfMissing),
+            ),
+        ];
+        for (case, applied, wanted, due, expected) in cases {
+            assert_eq!(next_write(applied, wanted, due), expected, "{case}");
         }
     }
 

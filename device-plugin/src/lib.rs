@@ -22,6 +22,7 @@ pub mod devices;
 pub mod health;
 pub mod kubelet;
 pub mod labels;
+pub mod liveness;
 pub mod metrics;
 pub mod monitor;
 pub mod plugin;

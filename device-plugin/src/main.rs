@@ -50,7 +50,7 @@ fn real_main() -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     match cli.command {
         Command::Run(args) => {
-            let mut config = RunConfig::try_from(args)?;
+            let mut config = RunConfig::try_from(*args)?;
             if config.node_name.is_some() {
                 // Keep the Kubernetes client out of the long-lived process.
                 let exe = std::env::current_exe().context("cannot find our own executable")?;
@@ -80,7 +80,14 @@ fn real_main() -> anyhow::Result<()> {
                 .context("cannot read labels from stdin")?;
             let wanted: BTreeMap<String, String> = serde_json::from_str(&input)
                 .context("labels on stdin are not a JSON object of strings")?;
-            runtime.block_on(labels::apply_once(&args.node_name, &wanted))?;
+            let mode = if args.if_missing {
+                labels::ApplyMode::IfMissing
+            } else {
+                labels::ApplyMode::Always
+            };
+            let outcome = runtime.block_on(labels::apply_once(&args.node_name, &wanted, mode))?;
+            // The parent reads this to tell a re-apply from a no-op check.
+            let _ = writeln!(std::io::stdout().lock(), "{}", outcome.as_str());
         }
         Command::Discover(args) => {
             let choice = args.backend.choice()?;

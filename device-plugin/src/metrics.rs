@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{GpuFault, GpuInfo, Telemetry, ThrottleReason};
 use crate::devices::DeviceState;
+use crate::liveness::{Liveness, LivenessLimits};
 
 /// Errors of the metrics server.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +145,7 @@ pub struct Metrics {
     xid_events: Family<XidLabels, Counter>,
     gpu: GpuFamilies,
     ready: AtomicBool,
+    liveness: Liveness,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -259,7 +261,19 @@ impl Metrics {
                 health,
             },
             ready: AtomicBool::new(false),
+            liveness: Liveness::new(LivenessLimits::default(), Instant::now()),
         }
+    }
+
+    /// The same registry, with `/healthz` judged by `limits` from now on.
+    pub fn with_liveness(mut self, limits: LivenessLimits) -> Self {
+        self.liveness = Liveness::new(limits, Instant::now());
+        self
+    }
+
+    /// What `/healthz` is decided from.
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
     }
 
     fn gpu_labels(&self, gpu: &GpuInfo) -> GpuLabels {
@@ -419,6 +433,7 @@ impl Metrics {
     /// Marks whether the plugin is registered with the kubelet (`/readyz`).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
+        self.liveness.set_registered(ready);
     }
 
     /// Whether the plugin is registered with the kubelet.
@@ -453,6 +468,16 @@ async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoRespon
     }
 }
 
+/// Answers from timestamps only: a hung NVML call or kubelet never blocks it.
+async fn healthz_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    let problems = metrics.liveness.check();
+    if problems.is_empty() {
+        return (StatusCode::OK, "ok\n".to_string());
+    }
+    let body: String = problems.iter().map(|p| format!("{p}\n")).collect();
+    (StatusCode::SERVICE_UNAVAILABLE, body)
+}
+
 async fn readyz_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     if metrics.is_ready() {
         (StatusCode::OK, "registered with the kubelet\n")
@@ -478,7 +503,7 @@ pub async fn serve(
     let local = listener.local_addr().unwrap_or(addr);
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz_handler))
         .route("/readyz", get(readyz_handler))
         .with_state(metrics);
     tracing::info!(addr = %local, "serving metrics");

@@ -194,6 +194,8 @@ impl Monitor {
             (evidence, outcomes)
         })
         .await;
+        // The loop came back from the backend, whatever it said: not hung.
+        self.metrics.liveness().probe_round_done();
         let (evidence, outcomes) = match gathered {
             Ok(gathered) => gathered,
             Err(e) => {

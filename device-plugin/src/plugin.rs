@@ -49,7 +49,9 @@ pub fn open_backend(choice: &BackendChoice) -> Result<Arc<dyn GpuBackend>, Backe
 /// returned; everything after start-up is retried and logged instead.
 pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), RunError> {
     let backend = open_backend(&config.backend)?;
-    let metrics = Arc::new(Metrics::new(config.node_name.clone().unwrap_or_default()));
+    let metrics = Arc::new(
+        Metrics::new(config.node_name.clone().unwrap_or_default()).with_liveness(config.liveness),
+    );
     let tracker = HealthTracker::new(config.health.clone());
     let (monitor, state) = Monitor::start(
         Arc::clone(&backend),
@@ -92,6 +94,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
             node,
             config.label_writer.clone(),
             state.clone(),
+            config.label_check_interval,
             tasks.clone(),
         )));
     }

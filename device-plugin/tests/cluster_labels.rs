@@ -165,3 +165,93 @@ async fn node_labels_follow_the_fake_file_with_server_side_apply() {
         Err(_) => panic!("timed out; plugin log:\n{log}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn node_labels_come_back_when_the_node_object_is_deleted_and_recreated() {
+    let kubeconfig =
+        std::env::var_os("KUBECONFIG").expect("KUBECONFIG must point at the local cluster");
+    let client = kube::Client::try_default()
+        .await
+        .expect("a reachable local cluster");
+    let nodes: Api<Node> = Api::all(client);
+    let name = format!("trainyard-dp-recreated-{}", std::process::id());
+    // What a kubelet registers: no nvidia.com labels, tainted so nothing lands on it.
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": name, "labels": { "trainyard.dev/test": "device-plugin-recreated" } },
+        "spec": { "taints": [{ "key": "trainyard.dev/test", "effect": "NoSchedule" }] },
+    }))
+    .unwrap();
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create test node");
+
+    let ws = Workspace::new(&example("fake-gpus-8.yaml"));
+    let plugin = Plugin::start_with_kubeconfig(
+        &ws.dir,
+        &ws.fake_file,
+        &["--node-name", &name, "--label-check-interval", "1s"],
+        std::path::Path::new(&kubeconfig),
+    );
+    let body = async {
+        let first = wait_labels(&nodes, &name, |l| l.len() == 11).await;
+        assert_eq!(first.len(), 11, "{first:?}");
+        let first_uid = nodes.get(&name).await.unwrap().metadata.uid;
+
+        // The node is deleted and its kubelet registers it again: a new
+        // object, a new uid, none of our labels. The fake file is unchanged,
+        // so nothing but the Node itself tells the plugin.
+        nodes
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete test node");
+        let start = Instant::now();
+        while nodes.get_opt(&name).await.unwrap().is_some() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "node not deleted"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("recreate test node");
+        let recreated = nodes.get(&name).await.unwrap();
+        assert_ne!(recreated.metadata.uid, first_uid, "a new Node object");
+
+        let labels = wait_labels(&nodes, &name, |l| *l == first).await;
+        assert_eq!(labels, first, "labels re-applied on the recreated node");
+        // Applied to the recreated object, not by creating one of our own.
+        let after = nodes.get(&name).await.unwrap();
+        assert_eq!(after.metadata.uid, recreated.metadata.uid);
+        assert_eq!(
+            after
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get("trainyard.dev/test")
+                .map(String::as_str),
+            Some("device-plugin-recreated")
+        );
+    };
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(90),
+        std::panic::AssertUnwindSafe(body).catch_unwind(),
+    )
+    .await;
+    let log = plugin.log_text();
+    drop(plugin);
+    let _ = nodes.delete(&name, &DeleteParams::default()).await;
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(panic)) => {
+            eprintln!("plugin log:\n{log}");
+            std::panic::resume_unwind(panic);
+        }
+        Err(_) => panic!("timed out; plugin log:\n{log}"),
+    }
+}

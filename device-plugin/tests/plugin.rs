@@ -580,3 +580,107 @@ async fn allocate_returns_cdi_names_and_device_specs_when_the_flags_ask() {
     drop(plugin);
     kubelet.stop().await;
 }
+
+fn healthz(port: u16) -> Option<u16> {
+    http_get(port, "/healthz").map(|(status, _)| status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_fails_while_unregistered_past_the_grace_and_recovers_on_registration() {
+    let ws = Workspace::new(&example("fake-gpus-8.yaml"));
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let plugin = Plugin::start(
+        &ws.dir,
+        &ws.fake_file,
+        &["--metrics-addr", &addr, "--unregistered-grace", "2s"],
+    );
+    // No kubelet yet: live within the grace, then not.
+    assert!(
+        wait_until(START_LIMIT, || healthz(port) == Some(503)).await,
+        "/healthz stayed {:?} with no kubelet past the grace; log:\n{}",
+        http_get(port, "/healthz"),
+        plugin.log_text()
+    );
+    let body = http_get(port, "/healthz").unwrap().1;
+    assert!(body.contains("not registered with the kubelet"), "{body}");
+
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    kubelet.wait_devices(START_LIMIT, all_healthy).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || healthz(port) == Some(200)).await,
+        "/healthz did not recover after registration; log:\n{}",
+        plugin.log_text()
+    );
+
+    // The kubelet goes away and stays away: the grace starts at the loss.
+    kubelet.stop().await;
+    remove_every_socket(&ws.dir);
+    assert!(
+        wait_until(Duration::from_secs(20), || healthz(port) == Some(503)).await,
+        "/healthz stayed {:?} after the registration was lost; log:\n{}",
+        http_get(port, "/healthz"),
+        plugin.log_text()
+    );
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    kubelet.wait_devices(START_LIMIT, all_healthy).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || healthz(port) == Some(200)).await,
+        "/healthz did not recover after re-registration; log:\n{}",
+        plugin.log_text()
+    );
+    drop(plugin);
+    kubelet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_fails_while_a_gpu_probe_hangs_and_recovers_when_it_returns() {
+    let ws = Workspace::new(&example("fake-gpus-8.yaml"));
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let plugin = Plugin::start(
+        &ws.dir,
+        &ws.fake_file,
+        &[
+            "--metrics-addr",
+            &addr,
+            "--probe-interval",
+            "200ms",
+            "--probe-stall-limit",
+            "2s",
+        ],
+    );
+    kubelet.wait_devices(START_LIMIT, all_healthy).await;
+    assert!(
+        wait_until(START_LIMIT, || healthz(port) == Some(200)).await,
+        "/healthz not 200 when registered and probing; log:\n{}",
+        plugin.log_text()
+    );
+
+    // Every probe of GPU 2 now blocks its thread, as a hung NVML call does.
+    ws.rewrite(|t| set_gpu_field(&t, 2, "probeDelaySeconds", "3600"));
+    assert!(
+        wait_until(Duration::from_secs(20), || healthz(port) == Some(503)).await,
+        "/healthz stayed {:?} while the probe hangs; log:\n{}",
+        http_get(port, "/healthz"),
+        plugin.log_text()
+    );
+    let body = http_get(port, "/healthz").unwrap().1;
+    assert!(body.contains("no GPU probe round completed"), "{body}");
+    // The hung call holds neither the other endpoints nor the kubelet's.
+    assert_eq!(http_get(port, "/readyz").map(|(s, _)| s), Some(200));
+    assert_eq!(http_get(port, "/metrics").map(|(s, _)| s), Some(200));
+    let mut client = plugin_client(&ws.dir).await;
+    client.get_device_plugin_options(Empty {}).await.unwrap();
+
+    // The call returns: rounds complete again and the plugin is live.
+    ws.rewrite(|t| set_gpu_field(&t, 2, "probeDelaySeconds", "0"));
+    assert!(
+        wait_until(Duration::from_secs(20), || healthz(port) == Some(200)).await,
+        "/healthz did not recover after the probe returned; log:\n{}",
+        plugin.log_text()
+    );
+    drop(plugin);
+    kubelet.stop().await;
+}

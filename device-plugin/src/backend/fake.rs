@@ -34,6 +34,11 @@ pub const DEFAULT_COMPUTE_CAPABILITY: ComputeCapability = ComputeCapability { ma
 pub const DEFAULT_UNHEALTHY_XID: u64 = 79;
 
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest `probeDelaySeconds`: a day is a hang for every purpose.
+pub const MAX_PROBE_DELAY_SECONDS: f64 = 86_400.0;
+/// How often a delayed probe looks at the file again, so that an edit
+/// lowering the delay ends a probe in progress.
+const PROBE_DELAY_RECHECK: Duration = Duration::from_millis(50);
 const MIB: u64 = 1024 * 1024;
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +74,7 @@ struct GpuSpec {
     recovery_action: Option<RecoveryAction>,
     #[serde(default)]
     nvlink_lanes_down: u32,
+    probe_delay_seconds: Option<f64>,
     #[serde(default)]
     nvlinks: BTreeMap<String, u32>,
     utilization_percent: Option<f64>,
@@ -97,6 +103,8 @@ struct FakeGpuState {
     error: Option<DeviceErrorKind>,
     reset: FakeResetState,
     telemetry: Telemetry,
+    /// How long a probe of this GPU takes, as a hung NVML call would.
+    probe_delay: Duration,
 }
 
 /// What the file says a reset probe would find.
@@ -239,6 +247,14 @@ fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
                 ));
             }
         }
+        if let Some(delay) = gpu.probe_delay_seconds
+            && !(delay.is_finite() && (0.0..=MAX_PROBE_DELAY_SECONDS).contains(&delay))
+        {
+            return Err(invalid(
+                field("probeDelaySeconds"),
+                format!("{delay} is not within 0..={MAX_PROBE_DELAY_SECONDS}"),
+            ));
+        }
         if let Some(numa) = gpu.numa_node
             && numa < 0
         {
@@ -346,6 +362,7 @@ fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
                     nvlink_lanes_down: gpu.nvlink_lanes_down,
                 },
                 telemetry,
+                probe_delay: Duration::from_secs_f64(gpu.probe_delay_seconds.unwrap_or(0.0)),
             },
         );
         gpus.push(GpuInfo {
@@ -436,6 +453,24 @@ impl FakeBackend {
         }
     }
 
+    /// Blocks, as a hung NVML call blocks its thread, until the GPU's
+    /// `probeDelaySeconds` has passed since the probe began; the delay is
+    /// read again while waiting, so lowering it in the file ends the wait.
+    fn wait_out_probe_delay(&self, uuid: &str) {
+        let began = std::time::Instant::now();
+        loop {
+            let delay = self
+                .snapshot()
+                .states
+                .get(uuid)
+                .map_or(Duration::ZERO, |s| s.probe_delay);
+            let Some(left) = delay.checked_sub(began.elapsed()).filter(|d| !d.is_zero()) else {
+                return;
+            };
+            std::thread::sleep(left.min(PROBE_DELAY_RECHECK));
+        }
+    }
+
     fn snapshot(&self) -> Arc<FakeNode> {
         Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
     }
@@ -492,6 +527,7 @@ impl GpuBackend for FakeBackend {
     }
 
     fn probe(&self, uuid: &str) -> ProbeOutcome {
+        self.wait_out_probe_delay(uuid);
         match self.snapshot().states.get(uuid) {
             Some(FakeGpuState {
                 error: Some(kind), ..
@@ -880,5 +916,46 @@ gpus:
         let a = &node.states["GPU-a"];
         assert_eq!(a.error, Some(DeviceErrorKind::ResetRequired));
         assert_eq!(a.reset.recovery_action, RecoveryAction::DrainAndReset);
+    }
+
+    #[test]
+    fn probe_delay_is_validated_like_the_other_fields() {
+        for bad in ["-1", "100000", ".nan", ".inf"] {
+            let (field, problem) = invalid_field(&format!(
+                "gpus:\n  - {{uuid: GPU-a, name: x, memoryMiB: 1, probeDelaySeconds: {bad}}}\n"
+            ));
+            assert_eq!(field, "gpus[0].probeDelaySeconds", "{bad}");
+            assert!(problem.contains("0..="), "{problem}");
+        }
+        let node =
+            parse("gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, probeDelaySeconds: 0.5}\n")
+                .unwrap();
+        assert_eq!(node.states["GPU-a"].probe_delay, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_delayed_probe_blocks_until_the_file_lowers_the_delay() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fake.yaml");
+        let hung = "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, probeDelaySeconds: 3600}\n";
+        std::fs::write(&path, hung).unwrap();
+        let backend = Arc::new(FakeBackend::open(&path).unwrap());
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        {
+            let backend = Arc::clone(&backend);
+            std::thread::spawn(move || {
+                let _ = done_tx.send(backend.probe("GPU-a"));
+            });
+        }
+        assert!(
+            done_rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the probe returned although the file delays it for an hour"
+        );
+        std::fs::write(&path, hung.replace("3600", "0")).unwrap();
+        backend.reload().unwrap();
+        let outcome = done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the probe ends once the delay is lowered");
+        assert_eq!(outcome, ProbeOutcome::Healthy);
     }
 }
