@@ -356,8 +356,8 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     # Created (never patched), deleted, one read for a sibling's placement.
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
     # Server-side applied (create the first time), watched; never deleted.
-    ("", "services"): {"list", "watch", "create", "patch"},
-    ("", "persistentvolumeclaims"): {"list", "watch", "create", "patch"},
+    ("", "services"): {"list", "watch", "create"},
+    ("", "persistentvolumeclaims"): {"list", "watch", "create"},
     ("", "nodes"): {"list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     # Node heartbeats (list, watch) and the leader Lease (create, get, patch).

@@ -42,7 +42,9 @@ use crate::expectations::{Expectations, Kind};
 use crate::job_memory::{JobMemory, StateSizes, error_key};
 use crate::leader::{LeaderElection, Leadership};
 use crate::metrics::{Metrics, RestartLabels};
+use crate::ownership::{self, ObjectKind};
 use crate::plan::{self, Action as PlanAction, EventKind, JobEvent, Observed, condition};
+use crate::rejection::{self, Writes};
 use crate::validate::{ValidJob, pod_name, validate};
 
 /// The one field manager for everything the operator writes.
@@ -244,6 +246,12 @@ fn strip_job(job: &mut DeserializeGuard<TrainingJob>) {
         .remove("kubectl.kubernetes.io/last-applied-configuration");
 }
 
+/// Cached Services and PVCs keep their name, labels and owners: what ownership is judged by.
+fn strip_meta<K>(object: &mut PartialObjectMeta<K>) {
+    object.metadata.managed_fields = None;
+    object.metadata.annotations = None;
+}
+
 fn strip_node(node: &mut Node) {
     node.managed_fields_mut().clear();
     // Image lists are the bulk of a Node object and the operator never reads them.
@@ -420,6 +428,25 @@ fn jobs_for_node(
     refs
 }
 
+/// The job a Service or PVC event concerns because the object holds that job's name and the
+/// job waits with NameConflict: a lookup by name, not a scan of every job.
+fn job_in_conflict_over(
+    kind: ObjectKind,
+    name: &str,
+    ns: &str,
+    jobs: &Store<DeserializeGuard<TrainingJob>>,
+) -> Option<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    let job_name = match kind {
+        ObjectKind::Claim => name.strip_suffix("-checkpoints")?,
+        ObjectKind::Service | ObjectKind::Pod => name,
+    };
+    let entry = jobs.get(&ObjectRef::new(job_name).within(ns))?;
+    let status = entry.0.as_ref().ok()?.status.as_ref()?;
+    let names_it = kind != ObjectKind::Claim || status.checkpoint_claim.as_deref() == Some(name);
+    (names_it && plan::condition_is_true(&status.conditions, condition::NAME_CONFLICT))
+        .then(|| ObjectRef::from_obj(entry.as_ref()))
+}
+
 async fn run_controller(
     client: Client,
     config: &RunConfig,
@@ -464,23 +491,16 @@ async fn run_controller(
         }),
     );
 
+    // Every Service, not only those labelled for a job: a Service of a job's name that is not
+    // the job's must be seen, or it would be written over (ownership).
     let (svc_store, svc_writer) = reflector::store();
     let seen = seen_by::<PartialObjectMeta<Service>>(expectations.clone(), Kind::Service);
-    let svc_task = tokio::spawn(
-        watcher(
-            api::<PartialObjectMeta<Service>>(&client, ns),
-            wc().labels(LABEL_JOB),
-        )
+    let svc_events = watcher(api::<PartialObjectMeta<Service>>(&client, ns), wc())
+        .modify(strip_meta)
         .reflect(svc_writer)
         .default_backoff()
         .touched_objects()
-        .for_each(move |svc| {
-            if let Ok(svc) = svc {
-                seen(&svc);
-            }
-            future::ready(())
-        }),
-    );
+        .inspect_ok(move |svc| seen(svc));
     let (claim_store, claim_writer) = reflector::store();
     let seen =
         seen_by::<PartialObjectMeta<PersistentVolumeClaim>>(expectations.clone(), Kind::Claim);
@@ -488,9 +508,10 @@ async fn run_controller(
         api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
         wc(),
     )
+    .modify(strip_meta)
     .reflect(claim_writer)
     .default_backoff()
-    .applied_objects()
+    .touched_objects()
     .inspect_ok(move |claim| seen(claim));
 
     let jobs_api: Api<DeserializeGuard<TrainingJob>> = api(&client, ns);
@@ -535,7 +556,8 @@ async fn run_controller(
             .flat_map(move |name| stream::iter(jobs_for_node(&name, &pods, &jobs)))
     };
 
-    // A job waiting for its existingClaim starts as soon as the claim appears.
+    // A job waiting for its existingClaim starts as soon as the claim appears; a job blocked
+    // by a PVC or Service of its name that is not its own, as soon as that one is gone.
     let claim_triggers = {
         let jobs = job_store.clone();
         claim_events
@@ -543,7 +565,8 @@ async fn run_controller(
                 let refs: Vec<_> = match claim {
                     Ok(claim) => {
                         let (name, ns) = (claim.name_any(), claim.namespace().unwrap_or_default());
-                        jobs.state()
+                        let mut refs: Vec<_> = jobs
+                            .state()
                             .iter()
                             .filter(|j| {
                                 j.0.as_ref().is_ok_and(|job| {
@@ -552,7 +575,9 @@ async fn run_controller(
                                 })
                             })
                             .map(|j| ObjectRef::from_obj(j.as_ref()))
-                            .collect()
+                            .collect();
+                        refs.extend(job_in_conflict_over(ObjectKind::Claim, &name, &ns, &jobs));
+                        refs
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "persistentvolumeclaim watch");
@@ -562,6 +587,23 @@ async fn run_controller(
                 future::ready((!refs.is_empty()).then(|| stream::iter(refs)))
             })
             .flatten()
+    };
+    let service_triggers = {
+        let jobs = job_store.clone();
+        svc_events.filter_map(move |svc| {
+            future::ready(match svc {
+                Ok(svc) => job_in_conflict_over(
+                    ObjectKind::Service,
+                    &svc.name_any(),
+                    &svc.namespace().unwrap_or_default(),
+                    &jobs,
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "service watch");
+                    None
+                }
+            })
+        })
     };
 
     let reporter = Reporter {
@@ -594,6 +636,7 @@ async fn run_controller(
         .owns_stream(pod_stream)
         .reconcile_on(node_triggers)
         .reconcile_on(claim_triggers)
+        .reconcile_on(service_triggers)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -603,7 +646,6 @@ async fn run_controller(
             future::ready(())
         })
         .await;
-    svc_task.abort();
     lease_task.abort();
     // The controller has dropped the last Context, and with it the Events' sender: the publisher
     // ends once it has published what is queued, or is cut short.
@@ -725,31 +767,36 @@ impl Context {
     fn observe(&self, job: &ValidJob, current: &TrainingJobStatus, now: Timestamp) -> Observed {
         let ns = job.namespace.as_str();
         let mut pods = Vec::new();
-        let mut foreign_pods = Vec::new();
+        let mut foreign = Vec::new();
         for rank in ranks_to_observe(job.spec.workers, current) {
             let name = pod_name(&job.name, rank);
-            if let Some(pod) = self.pods.get(&ObjectRef::new(&name).within(ns)) {
-                let ours = pod.owner_references().iter().any(|o| o.uid == job.uid);
-                if ours {
-                    pods.push(Arc::new(pod.to_pod()));
-                } else {
-                    foreign_pods.push(name);
-                }
+            if let Some(pod) = self.pods.get(&ObjectRef::new(&name).within(ns))
+                && ownership::present(ObjectKind::Pod, Some(&pod.metadata), job, &mut foreign)
+            {
+                pods.push(Arc::new(pod.to_pod()));
             }
         }
+        let service = self.services.get(&ObjectRef::new(&job.name).within(ns));
+        let service_exists = ownership::present(
+            ObjectKind::Service,
+            service.as_ref().map(|s| &s.metadata),
+            job,
+            &mut foreign,
+        );
+        let claim = self.claims.get(&ObjectRef::new(&job.claim_name).within(ns));
+        let claim_exists = ownership::present(
+            ObjectKind::Claim,
+            claim.as_ref().map(|c| &c.metadata),
+            job,
+            &mut foreign,
+        );
         Observed {
             pods,
-            foreign_pods,
+            foreign,
             nodes: self.nodes.state(),
             node_leases: self.leases.state(),
-            claim_exists: self
-                .claims
-                .get(&ObjectRef::new(&job.claim_name).within(ns))
-                .is_some(),
-            service_exists: self
-                .services
-                .get(&ObjectRef::new(&job.name).within(ns))
-                .is_some(),
+            claim_exists,
+            service_exists,
             now,
         }
     }
@@ -863,7 +910,9 @@ impl Context {
         (kept, held)
     }
 
-    async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> Result<(), Error> {
+    /// Carries out the actions; says what the API server accepted and rejected, and the first
+    /// error.
+    async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> (Writes, Result<(), Error>) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let mut ops = Vec::new();
         let mut targets = Vec::new();
@@ -873,33 +922,11 @@ impl Context {
             let (kind, name) = action_target(&action);
             self.expectations.expect(kind, ns, name);
             targets.push((kind, name.to_owned()));
+            let client = self.client.clone();
             match action {
-                PlanAction::ApplyService(svc) => {
-                    ops.push(apply(self.client.clone(), ns, *svc).boxed());
-                }
-                PlanAction::ApplyPvc(claim) => {
-                    ops.push(apply(self.client.clone(), ns, *claim).boxed());
-                }
-                PlanAction::CreatePod(pod) => {
-                    let pods = pods.clone();
-                    ops.push(
-                        async move {
-                            let name = pod.name_any();
-                            // Create, not apply: a pod must never be adopted or mutated into a new
-                            // attempt, and AlreadyExists proves a previous round created it.
-                            let pp = PostParams {
-                                dry_run: false,
-                                field_manager: Some(FIELD_MANAGER.to_owned()),
-                            };
-                            match pods.create(&pp, &pod).await {
-                                Ok(_) => Ok(true),
-                                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                                Err(e) => Err(Error::kube(format!("creating pod {ns}/{name}"))(e)),
-                            }
-                        }
-                        .boxed(),
-                    );
-                }
+                PlanAction::CreateService(svc) => ops.push(create(client, ns, *svc).boxed()),
+                PlanAction::CreatePvc(claim) => ops.push(create(client, ns, *claim).boxed()),
+                PlanAction::CreatePod(pod) => ops.push(create(client, ns, *pod).boxed()),
                 PlanAction::DeletePod { name, uid } => {
                     ops.push(delete_pod(pods.clone(), ns, name, uid, None).boxed());
                 }
@@ -911,11 +938,19 @@ impl Context {
                 }
             }
         }
+        let mut writes = Writes::default();
         let mut result = Ok(());
         for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
             // Nothing was written (already there, already gone, or failed): no event will come.
             if !matches!(r, Ok(true)) {
                 self.expectations.observed(kind, ns, &name);
+            }
+            match &r {
+                Ok(true) => writes.accepted += 1,
+                Err(Error::Kube { action, source }) => {
+                    writes.rejected.extend(rejection::rejection(action, source));
+                }
+                _ => {}
             }
             if let Err(e) = r
                 && result.is_ok()
@@ -923,7 +958,7 @@ impl Context {
                 result = Err(e);
             }
         }
-        result
+        (writes, result)
     }
 }
 
@@ -933,8 +968,8 @@ fn action_target(action: &PlanAction) -> (Kind, &str) {
         meta.name.as_deref().unwrap_or_default()
     }
     match action {
-        PlanAction::ApplyService(svc) => (Kind::Service, name(&svc.metadata)),
-        PlanAction::ApplyPvc(claim) => (Kind::Claim, name(&claim.metadata)),
+        PlanAction::CreateService(svc) => (Kind::Service, name(&svc.metadata)),
+        PlanAction::CreatePvc(claim) => (Kind::Claim, name(&claim.metadata)),
         PlanAction::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
         PlanAction::DeletePod { name, .. } | PlanAction::ForceDeletePod { name, .. } => {
             (Kind::Pod, name)
@@ -942,8 +977,13 @@ fn action_target(action: &PlanAction) -> (Kind, &str) {
     }
 }
 
-/// Server-side applies an object the operator owns; true once it is written.
-async fn apply<K>(client: Client, ns: &str, object: K) -> Result<bool, Error>
+/// Creates an object of the job; true once created, false when an object of that name exists
+/// already. Create, never apply: an apply writes into whatever holds the name, so a forced one
+/// would take over a user's Service and give it an owner reference through which the garbage
+/// collector deletes it with the job; a pod must never be mutated into a new attempt. An
+/// AlreadyExists means an earlier round created it, or that it is someone else's, which the
+/// caches then show ([`ownership`]).
+async fn create<K>(client: Client, ns: &str, object: K) -> Result<bool, Error>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -952,18 +992,18 @@ where
         + std::fmt::Debug,
 {
     let name = object.name_any();
-    Api::<K>::namespaced(client, ns)
-        .patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .map(|_| true)
-        .map_err(Error::kube(format!(
-            "applying {} {ns}/{name}",
+    let pp = PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+    };
+    match Api::<K>::namespaced(client, ns).create(&pp, &object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(Error::kube(format!(
+            "creating {} {ns}/{name}",
             K::kind(&())
-        )))
+        ))(e)),
+    }
 }
 
 /// Deletes a pod (this incarnation only, when `uid` is given); true once it was deleted.
@@ -1143,7 +1183,7 @@ async fn reconcile_inner(
     // on it: deleted workers must never look like preempted ones after a crash. Creating is
     // idempotent by pod name and re-derived from what exists, so creates go out together with
     // the status write instead of a round trip after it.
-    let acted = if decided.restart.is_some() || actions.iter().any(PlanAction::deletes) {
+    let (writes, acted) = if decided.restart.is_some() || actions.iter().any(PlanAction::deletes) {
         write.await?;
         ctx.execute(&ns, actions).await
     } else {
@@ -1152,6 +1192,13 @@ async fn reconcile_inner(
         acted
     };
     ctx.publish(&reference, decided.events).await;
+    // A rejected write is shown on the job; the error below retries it with backoff.
+    let (after, events) =
+        rejection::after_writes(&decided.status, &writes, job.metadata.generation, now);
+    if after != decided.status {
+        ctx.write_status(job, &after).await?;
+    }
+    ctx.publish(&reference, events).await;
     acted?;
 
     // Taken whatever the restart's reason, so that a failure restart leaves nothing behind.

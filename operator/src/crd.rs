@@ -454,7 +454,8 @@ impl Phase {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobCondition {
-    /// Running, Restarting, Succeeded, Failed, Unschedulable or InvalidSpec.
+    /// Running, Restarting, Succeeded, Failed, Unschedulable, InvalidSpec, WriteRejected or
+    /// NameConflict.
     #[serde(rename = "type")]
     pub type_: String,
     /// "True", "False" or "Unknown".

@@ -4,8 +4,10 @@
 //!
 //! The reconcile is a pipeline of pure steps, each unit-tested without a cluster:
 //! [`validate::validate`] → [`plan::decide`] (which uses [`placement`], [`preemption`] and the
-//! [`lost_peer`] rule and the [`pods`], [`service`] and [`pvc`] builders) → the thin [`controller`] that writes the status
-//! and applies the actions.
+//! [`lost_peer`] rule and the [`pods`], [`service`] and [`pvc`] builders, and creates nothing
+//! where [`ownership`] finds an object of the job's names that is not its own) → the thin
+//! [`controller`] that writes the status, carries out the actions, and shows the writes the API
+//! server rejects on the job ([`rejection`]).
 #![forbid(unsafe_code)]
 
 pub mod cached_pod;
@@ -22,11 +24,13 @@ pub mod leader;
 pub mod lost_peer;
 pub mod metrics;
 pub mod nodes;
+pub mod ownership;
 pub mod placement;
 pub mod plan;
 pub mod pods;
 pub mod preemption;
 pub mod pvc;
+pub mod rejection;
 pub mod service;
 pub mod validate;
 

@@ -25,6 +25,7 @@ use crate::crd::{
     WorkerStatus,
 };
 use crate::lost_peer::{self, SilentPeer, Verdict};
+use crate::ownership::Foreign;
 use crate::placement::{self, Placement};
 use crate::preemption::{self, ClassifierConfig, NodeView, WorkerState, min_time};
 use crate::validate::{InvalidSpec, ValidJob};
@@ -44,6 +45,10 @@ pub mod condition {
     pub const UNSCHEDULABLE: &str = "Unschedulable";
     /// The spec cannot run as written.
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The API server rejected a write the job needs (see [`crate::rejection`]).
+    pub const WRITE_REJECTED: &str = "WriteRejected";
+    /// An object holding one of the job's names is not the job's (see [`crate::ownership`]).
+    pub const NAME_CONFLICT: &str = "NameConflict";
 }
 
 /// Cap of the exponential failure backoff.
@@ -56,15 +61,16 @@ pub const CLUSTER_WAIT_RECHECK: SignedDuration = SignedDuration::from_secs(60);
 pub struct Observed {
     /// The job's pods (any attempt) owned by it.
     pub pods: Vec<Arc<Pod>>,
-    /// Names of pods that hold one of the job's pod names but belong to someone else.
-    pub foreign_pods: Vec<String>,
+    /// Objects that hold one of the job's names (a pod's, the Service's, the created PVC's)
+    /// but are not the job's ([`crate::ownership::foreign`]).
+    pub foreign: Vec<Foreign>,
     /// Every node.
     pub nodes: Vec<Arc<Node>>,
     /// The kubelets' Leases in `kube-node-lease` (empty when the operator may not read them).
     pub node_leases: Vec<Arc<Lease>>,
-    /// Whether the checkpoint PVC exists.
+    /// Whether the checkpoint PVC exists: the job's own, or the `existingClaim` it mounts.
     pub claim_exists: bool,
-    /// Whether the rendezvous Service exists.
+    /// Whether the job's own rendezvous Service exists.
     pub service_exists: bool,
     /// The time of this reconcile.
     pub now: Timestamp,
@@ -96,10 +102,10 @@ impl Observed {
 /// Something the controller must do after writing the status.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    /// Server-side apply the rendezvous Service.
-    ApplyService(Box<Service>),
-    /// Server-side apply the checkpoint PVC.
-    ApplyPvc(Box<PersistentVolumeClaim>),
+    /// Create the rendezvous Service (AlreadyExists means it is there: never adopted).
+    CreateService(Box<Service>),
+    /// Create the checkpoint PVC (AlreadyExists means it is there: never adopted).
+    CreatePvc(Box<PersistentVolumeClaim>),
     /// Create a worker pod (AlreadyExists means a previous round did it).
     CreatePod(Box<Pod>),
     /// Delete a pod with its grace period, so the trainer gets SIGTERM and can checkpoint.
@@ -267,6 +273,56 @@ fn mark_invalid(
         Vec::new()
     } else {
         vec![JobEvent::warning("InvalidSpec", message)]
+    }
+}
+
+/// The condition `NameConflict`: True, with a Warning Event when its message changes, while
+/// objects of the job's names are someone else's; False once they are gone.
+fn report_name_conflicts(
+    st: &mut TrainingJobStatus,
+    before: &[JobCondition],
+    foreign: &[Foreign],
+    now: Timestamp,
+    generation: Option<i64>,
+) -> Vec<JobEvent> {
+    if foreign.is_empty() {
+        if condition_is_true(&st.conditions, condition::NAME_CONFLICT) {
+            set_condition(
+                &mut st.conditions,
+                condition::NAME_CONFLICT,
+                false,
+                "NamesFree",
+                "",
+                now,
+                generation,
+            );
+        }
+        return Vec::new();
+    }
+    let objects: Vec<String> = foreign.iter().map(Foreign::to_string).collect();
+    let message = format!(
+        "names this TrainingJob needs are held by objects that are not its own: {}; trainyard \
+         does not change, use or delete them, and creates no workers while they are there \
+         (delete or rename them, or rename the job; spec.checkpoint.existingClaim mounts a PVC \
+         of your own)",
+        objects.join(", ")
+    );
+    let already = before
+        .iter()
+        .any(|c| c.type_ == condition::NAME_CONFLICT && c.status == "True" && c.message == message);
+    set_condition(
+        &mut st.conditions,
+        condition::NAME_CONFLICT,
+        true,
+        "NameTaken",
+        &message,
+        now,
+        generation,
+    );
+    if already {
+        Vec::new()
+    } else {
+        vec![JobEvent::warning("NameConflict", message)]
     }
 }
 
@@ -846,23 +902,13 @@ fn decide_inner(
         );
         return finish(st, actions, events, requeue_at, None, None);
     }
-    if !observed.foreign_pods.is_empty() {
-        let message = format!(
-            "pod(s) {} exist but do not belong to this TrainingJob; delete them to let it start",
-            observed.foreign_pods.join(", ")
-        );
-        set_condition(
-            &mut st.conditions,
-            condition::UNSCHEDULABLE,
-            true,
-            "PodNameTaken",
-            &message,
-            now,
-            gen_,
-        );
-        requeue_at = min_time(requeue_at, now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
-        return finish(st, actions, events, requeue_at, None, None);
-    }
+    events.extend(report_name_conflicts(
+        &mut st,
+        &current.conditions,
+        &observed.foreign,
+        now,
+        gen_,
+    ));
 
     let missing: Vec<u32> = (0..workers)
         .filter(|r| !current_pods.contains_key(r))
@@ -874,6 +920,12 @@ fn decide_inner(
     let mut placement_now: Option<Placement> = None;
 
     if !missing.is_empty() {
+        // New pods would use the objects of the job's names: not while one is someone else's.
+        if !observed.foreign.is_empty() {
+            record_workers(&mut st, workers, &current_pods, &states);
+            requeue_at = min_time(requeue_at, now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
+            return finish(st, actions, events, requeue_at, None, None);
+        }
         // The one check that depends on the cluster, not the spec alone: a claim the user
         // names must exist. Nodes never make a spec invalid: a GPU pool scaled to zero (or to
         // smaller nodes) grows only once pods are Pending, so those get created and the
@@ -932,27 +984,30 @@ fn decide_inner(
                 }
                 _ => String::new(),
             };
-            events.push(JobEvent::normal(
-                "CreatingWorkers",
-                format!(
-                    "creating {} worker(s) for attempt {}{what}{}",
-                    missing.len(),
-                    st.attempt,
-                    restart_reason
-                        .map(|r| format!(" after {}", r.as_str()))
-                        .unwrap_or_default()
-                ),
-            ));
+            // Retrying creates the API server rejected is not news: WriteRejected says so.
+            if !condition_is_true(&current.conditions, condition::WRITE_REJECTED) {
+                events.push(JobEvent::normal(
+                    "CreatingWorkers",
+                    format!(
+                        "creating {} worker(s) for attempt {}{what}{}",
+                        missing.len(),
+                        st.attempt,
+                        restart_reason
+                            .map(|r| format!(" after {}", r.as_str()))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
         }
         if !observed.service_exists {
-            actions.push(Action::ApplyService(Box::new(service::desired_service(
+            actions.push(Action::CreateService(Box::new(service::desired_service(
                 job,
             ))));
         }
         if !observed.claim_exists
             && let Some(claim) = pvc::desired_pvc(job)
         {
-            actions.push(Action::ApplyPvc(Box::new(claim)));
+            actions.push(Action::CreatePvc(Box::new(claim)));
         }
         let restart_reason = st
             .last_restart

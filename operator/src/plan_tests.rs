@@ -37,7 +37,7 @@ impl World {
     fn observed(&self) -> Observed {
         Observed {
             pods: self.pods.clone(),
-            foreign_pods: Vec::new(),
+            foreign: Vec::new(),
             nodes: self.nodes.clone(),
             node_leases: self.leases.clone(),
             claim_exists: self.claim_exists,
@@ -57,8 +57,8 @@ impl World {
         self.status = plan.status.clone();
         for a in &plan.actions {
             match a {
-                Action::ApplyService(_) => self.service_exists = true,
-                Action::ApplyPvc(_) => self.claim_exists = true,
+                Action::CreateService(_) => self.service_exists = true,
+                Action::CreatePvc(_) => self.claim_exists = true,
                 Action::CreatePod(p) => {
                     let mut pod = (**p).clone();
                     let name = pod.metadata.name.clone().expect("name");
@@ -222,12 +222,12 @@ fn new_job_creates_service_pvc_and_every_worker() {
     assert!(
         plan.actions
             .iter()
-            .any(|a| matches!(a, Action::ApplyService(_)))
+            .any(|a| matches!(a, Action::CreateService(_)))
     );
     assert!(
         plan.actions
             .iter()
-            .any(|a| matches!(a, Action::ApplyPvc(_)))
+            .any(|a| matches!(a, Action::CreatePvc(_)))
     );
     let created: Vec<_> = World::creates(&plan)
         .iter()
@@ -1296,4 +1296,155 @@ fn old_pods_whose_containers_all_stopped_are_force_removed_so_the_next_attempt_s
     let plan = w.step();
     assert_eq!(World::creates(&plan).len(), 2);
     assert_eq!(plan.status.attempt, 1);
+}
+
+fn foreign(kind: crate::ownership::ObjectKind, name: &str) -> Foreign {
+    Foreign {
+        kind,
+        name: name.to_owned(),
+        holder: "it has no owner reference".to_owned(),
+    }
+}
+
+fn decide_with_foreign(w: &World, objects: Vec<Foreign>) -> Plan {
+    let observed = Observed {
+        foreign: objects,
+        ..w.observed()
+    };
+    decide(&w.job, &observed, &w.status, &w.config)
+}
+
+fn name_conflict(plan: &Plan) -> Option<&JobCondition> {
+    plan.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::NAME_CONFLICT)
+}
+
+#[test]
+fn objects_of_the_jobs_names_that_are_not_its_own_block_new_workers_with_one_warning() {
+    use crate::ownership::ObjectKind;
+    let mut w = World::new("workers: 2\n");
+    let objects = vec![
+        foreign(ObjectKind::Service, "train"),
+        foreign(ObjectKind::Claim, "train-checkpoints"),
+    ];
+    let plan = decide_with_foreign(&w, objects.clone());
+    assert!(
+        plan.actions.is_empty(),
+        "nothing is created, nothing is written to their objects: {:?}",
+        plan.actions
+    );
+    let c = name_conflict(&plan).expect("NameConflict");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "NameTaken")
+    );
+    assert!(
+        c.message.contains(
+            "not its own: Service train (it has no owner reference), \
+             PersistentVolumeClaim train-checkpoints (it has no owner reference); "
+        ),
+        "{}",
+        c.message
+    );
+    let warnings: Vec<_> = plan
+        .events
+        .iter()
+        .filter(|e| e.reason == "NameConflict")
+        .collect();
+    assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings[0].kind, EventKind::Warning);
+    assert!(!plan.events.iter().any(|e| e.reason == "CreatingWorkers"));
+    assert_eq!(plan.status.start_time, None, "the job has not started");
+    assert!(plan.requeue_at.is_some(), "looked at again");
+
+    // The next round, same objects: the same status, no second Event.
+    w.status = plan.status.clone();
+    let again = decide_with_foreign(&w, objects);
+    assert_eq!(again.status, plan.status);
+    assert!(again.events.is_empty(), "{:?}", again.events);
+
+    // Gone: the condition clears and the job starts.
+    let free = w.step();
+    let c = name_conflict(&free).expect("NameConflict");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NamesFree")
+    );
+    assert!(
+        free.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateService(_)))
+    );
+    assert!(
+        free.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePvc(_)))
+    );
+    assert_eq!(World::creates(&free).len(), 2);
+}
+
+#[test]
+fn a_pod_of_a_workers_name_that_is_not_the_jobs_is_a_name_conflict() {
+    use crate::ownership::ObjectKind;
+    let w = World::new("workers: 2\n");
+    let plan = decide_with_foreign(&w, vec![foreign(ObjectKind::Pod, "train-worker-1")]);
+    assert!(World::creates(&plan).is_empty());
+    let c = name_conflict(&plan).expect("NameConflict");
+    assert!(
+        c.message
+            .contains(": Pod train-worker-1 (it has no owner reference);"),
+        "{}",
+        c.message
+    );
+    assert!(
+        !condition_is_true(&plan.status.conditions, condition::UNSCHEDULABLE),
+        "a taken name is not a scheduling problem"
+    );
+}
+
+#[test]
+fn running_workers_keep_running_beside_a_foreign_object_which_is_reported() {
+    use crate::ownership::ObjectKind;
+    let mut w = World::new("workers: 2\n");
+    w.step();
+    w.run_all();
+    w.step();
+    let plan = decide_with_foreign(&w, vec![foreign(ObjectKind::Service, "train")]);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert!(condition_is_true(
+        &plan.status.conditions,
+        condition::NAME_CONFLICT
+    ));
+}
+
+#[test]
+fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
+    let mut w = World::new("workers: 1\n");
+    let first = w.decide();
+    assert!(first.events.iter().any(|e| e.reason == "CreatingWorkers"));
+    // The controller recorded the rejection; the pod never appeared.
+    w.status = first.status.clone();
+    set_condition(
+        &mut w.status.conditions,
+        condition::WRITE_REJECTED,
+        true,
+        "Invalid",
+        "the API server rejected creating Pod ml/train-worker-0",
+        w.now,
+        Some(1),
+    );
+    let retry = w.decide();
+    assert_eq!(World::creates(&retry).len(), 1, "the create is retried");
+    assert!(
+        !retry.events.iter().any(|e| e.reason == "CreatingWorkers"),
+        "{:?}",
+        retry.events
+    );
+    assert!(
+        condition_is_true(&retry.status.conditions, condition::WRITE_REJECTED),
+        "only a write clears it"
+    );
 }
