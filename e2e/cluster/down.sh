@@ -117,6 +117,12 @@ if [[ -f $STATE/ip_forward.orig ]]; then
   sysctl -qw net.ipv4.ip_forward="$(cat "$STATE/ip_forward.orig")"
   iptables-restore <"$STATE/iptables.orig" && echo "down: restored iptables"
   [[ -s $STATE/ip6tables.orig ]] && ip6tables-restore <"$STATE/ip6tables.orig"
+  # iptables-restore rewrites only the tables the saved file names: on a fresh machine the
+  # file is empty, and the tables kube-proxy and the kubelet created are emptied here instead.
+  for table in filter nat mangle raw; do
+    grep -q "^\*$table\$" "$STATE/iptables.orig" && continue
+    iptables -t "$table" -F 2>/dev/null && iptables -t "$table" -X 2>/dev/null
+  done
 fi
 # containerd's cgroup parent, once its containers' cgroups are gone.
 rmdir /sys/fs/cgroup/*/k8s.io 2>/dev/null
