@@ -15,6 +15,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
+use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
+use trainyard_api::gpu_labels::{LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT};
 
 use crate::error::{Error, Result};
 
@@ -39,7 +41,7 @@ pub fn fake_node(name: &str, run: &str, now: Timestamp) -> Result<Node> {
     let now = now.to_string();
     let resources = json!({
         "cpu": "96", "memory": "1Ti", "pods": "110", "ephemeral-storage": "1Ti",
-        "nvidia.com/gpu": GPUS_PER_NODE.to_string(),
+        DEFAULT_GPU_RESOURCE: GPUS_PER_NODE.to_string(),
     });
     serde_json::from_value(json!({
         "apiVersion": "v1",
@@ -50,9 +52,9 @@ pub fn fake_node(name: &str, run: &str, now: Timestamp) -> Result<Node> {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
-                "nvidia.com/gpu.product": GPU_PRODUCT,
-                "nvidia.com/gpu.memory": "81920",
-                "nvidia.com/gpu.count": GPUS_PER_NODE.to_string(),
+                LABEL_GPU_PRODUCT: GPU_PRODUCT,
+                LABEL_GPU_MEMORY: "81920",
+                LABEL_GPU_COUNT: GPUS_PER_NODE.to_string(),
                 LABEL_RUN: run,
             },
         },

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
 
 use crate::health::HealthPolicy;
 use crate::labels::LabelWriter;
@@ -133,7 +134,7 @@ pub struct RunArgs {
     /// Extended resource to advertise.
     #[arg(
         long,
-        default_value = "nvidia.com/gpu",
+        default_value = DEFAULT_GPU_RESOURCE,
         env = "TRAINYARD_RESOURCE_NAME"
     )]
     pub resource_name: String,
@@ -305,7 +306,7 @@ impl RunConfig {
     pub fn fake(fake_gpus: impl Into<PathBuf>, device_plugin_dir: impl Into<PathBuf>) -> Self {
         Self {
             backend: BackendChoice::Fake(fake_gpus.into()),
-            resource_name: "nvidia.com/gpu".into(),
+            resource_name: DEFAULT_GPU_RESOURCE.into(),
             device_plugin_dir: device_plugin_dir.into(),
             node_name: None,
             device_list_strategy: DeviceListStrategy::default(),

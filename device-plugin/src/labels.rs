@@ -24,7 +24,14 @@ use kube::api::{GetParams, Patch, PatchParams};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Inventory, parse_major_minor};
+use trainyard_api::Version;
+use trainyard_api::gpu_labels::{
+    LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR,
+    LABEL_DRIVER_FULL, LABEL_DRIVER_MAJOR, LABEL_DRIVER_MINOR, LABEL_DRIVER_REV, LABEL_GPU_COUNT,
+    LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
+};
+
+use crate::backend::Inventory;
 use crate::devices::StateReceiver;
 
 /// Field manager of our server-side applies.
@@ -81,34 +88,31 @@ pub fn node_labels(inventory: &Inventory) -> BTreeMap<String, String> {
         }
     };
     // Every GPU the driver counts, readable or not, as GFD counts them.
-    set(
-        "nvidia.com/gpu.count",
-        inventory.device_ids().len().to_string(),
-    );
+    set(LABEL_GPU_COUNT, inventory.device_ids().len().to_string());
     if let Some(first) = inventory.gpus.first() {
-        set("nvidia.com/gpu.product", label_value(&first.name));
-        set("nvidia.com/gpu.memory", first.memory_mib.to_string());
+        set(LABEL_GPU_PRODUCT, label_value(&first.name));
+        set(LABEL_GPU_MEMORY, first.memory_mib.to_string());
         set(
-            "nvidia.com/gpu.compute.major",
+            LABEL_COMPUTE_MAJOR,
             first.compute_capability.major.to_string(),
         );
         set(
-            "nvidia.com/gpu.compute.minor",
+            LABEL_COMPUTE_MINOR,
             first.compute_capability.minor.to_string(),
         );
     }
     let driver = &inventory.driver.driver_version;
-    set("nvidia.com/cuda.driver-version.full", label_value(driver));
+    set(LABEL_DRIVER_FULL, label_value(driver));
     if let Some((major, minor, rev)) = parse_driver_version(driver) {
-        set("nvidia.com/cuda.driver-version.major", major.to_string());
-        set("nvidia.com/cuda.driver-version.minor", minor.to_string());
+        set(LABEL_DRIVER_MAJOR, major.to_string());
+        set(LABEL_DRIVER_MINOR, minor.to_string());
         if let Some(rev) = rev {
-            set("nvidia.com/cuda.driver-version.rev", rev.to_string());
+            set(LABEL_DRIVER_REV, rev.to_string());
         }
     }
-    if let Ok((major, minor)) = parse_major_minor(&inventory.driver.cuda_version) {
-        set("nvidia.com/cuda.runtime-version.major", major.to_string());
-        set("nvidia.com/cuda.runtime-version.minor", minor.to_string());
+    if let Ok(cuda) = inventory.driver.cuda_version.parse::<Version>() {
+        set(LABEL_CUDA_MAJOR, cuda.major.to_string());
+        set(LABEL_CUDA_MINOR, cuda.minor.to_string());
     }
     labels
 }
@@ -451,10 +455,7 @@ mod tests {
 
     #[test]
     fn a_missing_or_changed_label_is_missing_and_foreign_labels_do_not_matter() {
-        let wanted = map(&[
-            ("nvidia.com/gpu.count", "8"),
-            ("nvidia.com/gpu.memory", "81920"),
-        ]);
+        let wanted = map(&[(LABEL_GPU_COUNT, "8"), (LABEL_GPU_MEMORY, "81920")]);
         let mut node = map(&[("kubernetes.io/hostname", "n1")]);
         assert!(
             labels_missing(&node, &wanted),
@@ -462,17 +463,17 @@ mod tests {
         );
         node.extend(wanted.clone());
         assert!(!labels_missing(&node, &wanted));
-        node.insert("nvidia.com/gpu.count".into(), "4".into());
+        node.insert(LABEL_GPU_COUNT.into(), "4".into());
         assert!(labels_missing(&node, &wanted), "changed by someone else");
-        node.insert("nvidia.com/gpu.count".into(), "8".into());
-        node.remove("nvidia.com/gpu.memory");
+        node.insert(LABEL_GPU_COUNT.into(), "8".into());
+        node.remove(LABEL_GPU_MEMORY);
         assert!(labels_missing(&node, &wanted), "one removed");
     }
 
     #[test]
     fn the_loop_applies_on_change_and_checks_only_when_the_interval_is_due() {
-        let a = map(&[("nvidia.com/gpu.count", "8")]);
-        let b = map(&[("nvidia.com/gpu.count", "7")]);
+        let a = map(&[(LABEL_GPU_COUNT, "8")]);
+        let b = map(&[(LABEL_GPU_COUNT, "7")]);
         // (case, applied, wanted, check_due, expected)
         let cases = [
             ("first time", None, &a, false, Some(ApplyMode::Always)),
@@ -508,17 +509,17 @@ mod tests {
     fn labels_use_gpu_feature_discovery_names() {
         let labels = node_labels(&inventory("550.54.15", "12.4", 8));
         let expected: BTreeMap<String, String> = [
-            ("nvidia.com/gpu.count", "8"),
-            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
-            ("nvidia.com/gpu.memory", "81920"),
-            ("nvidia.com/gpu.compute.major", "8"),
-            ("nvidia.com/gpu.compute.minor", "0"),
-            ("nvidia.com/cuda.driver-version.full", "550.54.15"),
-            ("nvidia.com/cuda.driver-version.major", "550"),
-            ("nvidia.com/cuda.driver-version.minor", "54"),
-            ("nvidia.com/cuda.driver-version.rev", "15"),
-            ("nvidia.com/cuda.runtime-version.major", "12"),
-            ("nvidia.com/cuda.runtime-version.minor", "4"),
+            (LABEL_GPU_COUNT, "8"),
+            (LABEL_GPU_PRODUCT, "NVIDIA-A100-SXM4-80GB"),
+            (LABEL_GPU_MEMORY, "81920"),
+            (LABEL_COMPUTE_MAJOR, "8"),
+            (LABEL_COMPUTE_MINOR, "0"),
+            (LABEL_DRIVER_FULL, "550.54.15"),
+            (LABEL_DRIVER_MAJOR, "550"),
+            (LABEL_DRIVER_MINOR, "54"),
+            (LABEL_DRIVER_REV, "15"),
+            (LABEL_CUDA_MAJOR, "12"),
+            (LABEL_CUDA_MINOR, "4"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -529,16 +530,16 @@ mod tests {
     #[test]
     fn driver_versions_without_revision_omit_the_rev_label() {
         let labels = node_labels(&inventory("535.104", "12.2", 1));
-        assert_eq!(labels["nvidia.com/cuda.driver-version.minor"], "104");
-        assert!(!labels.contains_key("nvidia.com/cuda.driver-version.rev"));
-        assert_eq!(labels["nvidia.com/cuda.runtime-version.minor"], "2");
+        assert_eq!(labels[LABEL_DRIVER_MINOR], "104");
+        assert!(!labels.contains_key(LABEL_DRIVER_REV));
+        assert_eq!(labels[LABEL_CUDA_MINOR], "2");
     }
 
     #[test]
     fn a_node_without_gpus_only_gets_count_and_driver_labels() {
         let labels = node_labels(&inventory("550.54.15", "12.4", 0));
-        assert_eq!(labels["nvidia.com/gpu.count"], "0");
-        assert!(!labels.contains_key("nvidia.com/gpu.product"));
+        assert_eq!(labels[LABEL_GPU_COUNT], "0");
+        assert!(!labels.contains_key(LABEL_GPU_PRODUCT));
     }
 
     #[test]

@@ -10,6 +10,10 @@ use futures::FutureExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
+use trainyard_api::gpu_labels::{
+    LABEL_COMPUTE_MAJOR, LABEL_CUDA_MINOR, LABEL_DRIVER_FULL, LABEL_DRIVER_MINOR, LABEL_DRIVER_REV,
+    LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT, LABEL_PREFIX,
+};
 
 async fn gpu_labels(nodes: &Api<Node>, name: &str) -> BTreeMap<String, String> {
     nodes
@@ -19,7 +23,7 @@ async fn gpu_labels(nodes: &Api<Node>, name: &str) -> BTreeMap<String, String> {
         .and_then(|n| n.metadata.labels)
         .unwrap_or_default()
         .into_iter()
-        .filter(|(k, _)| k.starts_with("nvidia.com/"))
+        .filter(|(k, _)| k.starts_with(LABEL_PREFIX))
         .collect()
 }
 
@@ -72,33 +76,21 @@ async fn node_labels_follow_the_fake_file_with_server_side_apply() {
     let body = async {
         let labels = wait_labels(&nodes, &name, |l| l.len() == 11).await;
         assert_eq!(
-            labels.get("nvidia.com/gpu.product").map(String::as_str),
+            labels.get(LABEL_GPU_PRODUCT).map(String::as_str),
             Some("NVIDIA-A100-SXM4-80GB")
         );
+        assert_eq!(labels.get(LABEL_GPU_COUNT).map(String::as_str), Some("8"));
         assert_eq!(
-            labels.get("nvidia.com/gpu.count").map(String::as_str),
-            Some("8")
-        );
-        assert_eq!(
-            labels.get("nvidia.com/gpu.memory").map(String::as_str),
+            labels.get(LABEL_GPU_MEMORY).map(String::as_str),
             Some("81920")
         );
         assert_eq!(
-            labels
-                .get("nvidia.com/cuda.driver-version.full")
-                .map(String::as_str),
+            labels.get(LABEL_DRIVER_FULL).map(String::as_str),
             Some("550.54.15")
         );
+        assert_eq!(labels.get(LABEL_CUDA_MINOR).map(String::as_str), Some("4"));
         assert_eq!(
-            labels
-                .get("nvidia.com/cuda.runtime-version.minor")
-                .map(String::as_str),
-            Some("4")
-        );
-        assert_eq!(
-            labels
-                .get("nvidia.com/gpu.compute.major")
-                .map(String::as_str),
+            labels.get(LABEL_COMPUTE_MAJOR).map(String::as_str),
             Some("8")
         );
 
@@ -110,23 +102,14 @@ async fn node_labels_follow_the_fake_file_with_server_side_apply() {
             )
         });
         let labels = wait_labels(&nodes, &name, |l| {
-            l.get("nvidia.com/cuda.driver-version.full")
-                .map(String::as_str)
-                == Some("550.90.7")
+            l.get(LABEL_DRIVER_FULL).map(String::as_str) == Some("550.90.7")
         })
         .await;
         assert_eq!(
-            labels
-                .get("nvidia.com/cuda.driver-version.minor")
-                .map(String::as_str),
+            labels.get(LABEL_DRIVER_MINOR).map(String::as_str),
             Some("90")
         );
-        assert_eq!(
-            labels
-                .get("nvidia.com/cuda.driver-version.rev")
-                .map(String::as_str),
-            Some("7")
-        );
+        assert_eq!(labels.get(LABEL_DRIVER_REV).map(String::as_str), Some("7"));
 
         let managers: Vec<(String, String)> = nodes
             .get(&name)

@@ -5,6 +5,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
+use trainyard_api::gpu_labels::{LABEL_CUDA_MAJOR, LABEL_GPU_PRODUCT};
 use trainyard_device_plugin::api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
@@ -30,7 +32,7 @@ async fn registers_streams_every_gpu_and_serves_allocate() {
     let request = kubelet.registrations.lock().unwrap()[0].clone();
     assert_eq!(request.version, "v1beta1");
     assert_eq!(request.endpoint, SOCKET);
-    assert_eq!(request.resource_name, "nvidia.com/gpu");
+    assert_eq!(request.resource_name, DEFAULT_GPU_RESOURCE);
     assert!(request.options.unwrap().get_preferred_allocation_available);
 
     let devices = kubelet.wait_devices(START_LIMIT, all_healthy).await;
@@ -487,14 +489,8 @@ fn discover_prints_gpus_topology_health_and_driver_facts() {
     assert_eq!(matrix.len(), 8);
     assert_eq!(matrix[0][1], 12);
     assert_eq!(matrix[0][0], 0);
-    assert_eq!(
-        report["labels"]["nvidia.com/gpu.product"],
-        "NVIDIA-A100-SXM4-80GB"
-    );
-    assert_eq!(
-        report["labels"]["nvidia.com/cuda.runtime-version.major"],
-        "12"
-    );
+    assert_eq!(report["labels"][LABEL_GPU_PRODUCT], "NVIDIA-A100-SXM4-80GB");
+    assert_eq!(report["labels"][LABEL_CUDA_MAJOR], "12");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
+use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB};
 
 /// The repository root (the e2e crate's parent directory).
 pub fn repo_root() -> PathBuf {
@@ -292,7 +293,7 @@ impl PodTimeline {
         use kube::runtime::watcher::{self, Event};
         let started = jiff::Timestamp::now();
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let config = watcher::Config::default().labels(&format!("trainyard.dev/job={job}"));
+        let config = watcher::Config::default().labels(&format!("{LABEL_JOB}={job}"));
         let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let sink = events.clone();
@@ -315,10 +316,7 @@ impl PodTimeline {
                     seen: jiff::Timestamp::now(),
                     deleted,
                     name: pod.name_any(),
-                    attempt: pod
-                        .labels()
-                        .get("trainyard.dev/attempt")
-                        .and_then(|a| a.parse().ok()),
+                    attempt: pod.labels().get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
                     finished: matches!(
                         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
                         Some("Succeeded" | "Failed")

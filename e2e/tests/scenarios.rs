@@ -20,6 +20,12 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
+use trainyard_api::crd::{DEFAULT_GPU_RESOURCE, LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK};
+use trainyard_api::env::RESUME_FROM;
+use trainyard_api::gpu_labels::{
+    LABEL_CUDA_MINOR, LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
+};
+use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
 use trainyard_e2e::{
     PodTimeline, allocatable, capacity, node_name, node2, node2_name, pod_log, preempt_pod,
     repo_root, set_schedulable, state_dir, wait_for,
@@ -30,7 +36,7 @@ const RELEASE_NS: &str = "trainyard-system";
 /// The chart's operator watches only this namespace here, so it never
 /// competes with the in-process operators of other cluster tests.
 const JOBS_NS: &str = "trainyard-e2e";
-const GPU: &str = "nvidia.com/gpu";
+const GPU: &str = DEFAULT_GPU_RESOURCE;
 
 static SERIAL: Mutex<bool> = Mutex::const_new(false);
 
@@ -208,7 +214,7 @@ async fn wait_phase(
 }
 
 async fn job_pods(client: &Client, ns: &str, job: &str) -> Result<Vec<Pod>> {
-    let lp = ListParams::default().labels(&format!("trainyard.dev/job={job}"));
+    let lp = ListParams::default().labels(&format!("{LABEL_JOB}={job}"));
     Ok(Api::<Pod>::namespaced(client.clone(), ns)
         .list(&lp)
         .await?
@@ -230,8 +236,7 @@ async fn running_pods(
                 .await?
                 .into_iter()
                 .filter(|p| {
-                    p.labels().get("trainyard.dev/attempt").map(String::as_str)
-                        == Some(&attempt.to_string())
+                    p.labels().get(LABEL_ATTEMPT).map(String::as_str) == Some(&attempt.to_string())
                         && p.metadata.deletion_timestamp.is_none()
                         && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                 })
@@ -315,15 +320,12 @@ async fn helm_install_makes_operator_ready_and_node_advertises_8_gpus() -> Resul
     let n = Api::<Node>::all(client.clone()).get(&node).await?;
     let labels = n.labels();
     assert_eq!(
-        labels.get("nvidia.com/gpu.product").map(String::as_str),
+        labels.get(LABEL_GPU_PRODUCT).map(String::as_str),
         Some("NVIDIA-A100-SXM4-80GB")
     );
+    assert_eq!(labels.get(LABEL_GPU_COUNT).map(String::as_str), Some("8"));
     assert_eq!(
-        labels.get("nvidia.com/gpu.count").map(String::as_str),
-        Some("8")
-    );
-    assert_eq!(
-        labels.get("nvidia.com/gpu.memory").map(String::as_str),
+        labels.get(LABEL_GPU_MEMORY).map(String::as_str),
         Some("81920")
     );
     // Exactly one operator replica holds the lease.
@@ -400,7 +402,7 @@ async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rank0 = new_pods
         .iter()
-        .find(|p| p.labels().get("trainyard.dev/rank").map(String::as_str) == Some("0"))
+        .find(|p| p.labels().get(LABEL_RANK).map(String::as_str) == Some("0"))
         .context("no rank 0 pod in attempt 1")?;
     let log = pod_log(&ns.name, rank0, "trainer")?;
     let resumed: u32 = log
@@ -542,8 +544,7 @@ async fn spot_require_lands_on_spot_node_then_falls_back_to_on_demand() -> Resul
     let (_guard, client) = installed().await?;
     let node = node_name();
     let nodes: Api<Node> = Api::all(client.clone());
-    let label =
-        |v: Option<&str>| json!({"metadata": {"labels": {"karpenter.sh/capacity-type": v}}});
+    let label = |v: Option<&str>| json!({"metadata": {"labels": {KARPENTER_CAPACITY_TYPE: v}}});
     nodes
         .patch(
             &node,
@@ -566,7 +567,7 @@ async fn spot_require_lands_on_spot_node_then_falls_back_to_on_demand() -> Resul
         let required =
             aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].to_string();
         assert!(
-            required.contains("karpenter.sh/capacity-type"),
+            required.contains(KARPENTER_CAPACITY_TYPE),
             "Require → required spot affinity: {aff}"
         );
         assert_eq!(
@@ -586,7 +587,7 @@ async fn spot_require_lands_on_spot_node_then_falls_back_to_on_demand() -> Resul
             Ok(job_pods(&client, &ns.name, name)
                 .await?
                 .into_iter()
-                .find(|p| p.labels().get("trainyard.dev/attempt").map(String::as_str) == Some("1")))
+                .find(|p| p.labels().get(LABEL_ATTEMPT).map(String::as_str) == Some("1")))
         })
         .await?;
         let aff = serde_json::to_value(&p.spec.as_ref().context("pod spec")?.affinity)?;
@@ -740,7 +741,7 @@ async fn cuda_requirement_waits_for_a_driver_that_supports_it() -> Result<()> {
         doc["cudaVersion"] = json!(v);
         Ok(serde_json::to_string_pretty(&doc)?)
     };
-    let key = "nvidia.com/cuda.runtime-version.minor";
+    let key = LABEL_CUDA_MINOR;
     let res = async {
         // The plugin relabels the node from the file: the driver now offers CUDA 12.2.
         write_fake_gpus(&with_cuda("12.2")?)?;
@@ -866,7 +867,7 @@ async fn place_rank0_on(
                         Ok(pods
                             .iter()
                             .find(|p| node_of(p) == spot)
-                            .and_then(|p| p.labels().get("trainyard.dev/rank").cloned()))
+                            .and_then(|p| p.labels().get(LABEL_RANK).cloned()))
                     }
                 },
             )
@@ -942,9 +943,7 @@ fn torch_job(name: &str, gpus: u32, steps: u32, step_seconds: &str, spot: Value)
 
 fn rank_pod(pods: &[Pod], rank: u32) -> Result<&Pod> {
     pods.iter()
-        .find(|p| {
-            p.labels().get("trainyard.dev/rank").map(String::as_str) == Some(&rank.to_string())
-        })
+        .find(|p| p.labels().get(LABEL_RANK).map(String::as_str) == Some(&rank.to_string()))
         .with_context(|| format!("no rank {rank} pod"))
 }
 
@@ -960,10 +959,7 @@ async fn final_digest(client: &Client, ns: &str, job: &str, attempt: u32) -> Res
     let pods: Vec<Pod> = job_pods(client, ns, job)
         .await?
         .into_iter()
-        .filter(|p| {
-            p.labels().get("trainyard.dev/attempt").map(String::as_str)
-                == Some(&attempt.to_string())
-        })
+        .filter(|p| p.labels().get(LABEL_ATTEMPT).map(String::as_str) == Some(&attempt.to_string()))
         .collect();
     let log = pod_log(ns, rank_pod(&pods, 0)?, "trainer")?;
     log.lines()
@@ -1089,8 +1085,10 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         for p in &new_pods {
             let env = &p.spec.as_ref().context("pod spec")?.containers[0].env;
             assert!(
-                env.iter().flatten().any(|e| e.name == "RESUME_FROM"
-                    && e.value.as_deref().is_some_and(|v| !v.is_empty())),
+                env.iter()
+                    .flatten()
+                    .any(|e| e.name == RESUME_FROM
+                        && e.value.as_deref().is_some_and(|v| !v.is_empty())),
                 "{} has RESUME_FROM",
                 p.name_any()
             );

@@ -114,15 +114,18 @@ impl CachedPod {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::{DEFAULT_GPU_RESOURCE, LABEL_JOB};
     use crate::preemption::{ClassifierConfig, NodeView, classify, trainer_container};
     use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
+    use trainyard_api::env::WORLD_SIZE;
+    use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
 
     fn full_pod() -> serde_json::Value {
         json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "j-worker-1", "namespace": "ns", "uid": "u1",
-                         "labels": {"trainyard.dev/job": "j"},
+                         "labels": {LABEL_JOB: "j"},
                          "ownerReferences": [{"apiVersion": "trainyard.dev/v1alpha1", "kind": "TrainingJob",
                                               "name": "j", "uid": "ju", "controller": true}],
                          "annotations": {"big": "x".repeat(4096)},
@@ -132,14 +135,14 @@ mod tests {
                 "containers": [
                     {"name": "sidecar", "image": "s"},
                     {"name": "trainer", "image": "t", "command": ["python", "train.py"],
-                     "env": [{"name": "WORLD_SIZE", "value": "8"}],
+                     "env": [{"name": WORLD_SIZE, "value": "8"}],
                      "volumeMounts": [{"name": "ckpt", "mountPath": "/mnt"}]},
                 ],
                 "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}}],
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
                     {"nodeSelectorTerms": [{"matchExpressions": [
-                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}]}]}}},
-                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                        {"key": KARPENTER_CAPACITY_TYPE, "operator": "In", "values": ["spot"]}]}]}}},
+                "tolerations": [{"key": DEFAULT_GPU_RESOURCE, "operator": "Exists"}],
             },
             "status": {
                 "phase": "Failed",

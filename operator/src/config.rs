@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Toleration;
 use serde::{Deserialize, Serialize};
+use trainyard_api::spot;
 
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -114,14 +115,10 @@ impl Default for OperatorConfig {
                 price("H100", 2.50),
             ],
             spot: SpotConfig::default(),
-            termination_taints: [
-                "karpenter.sh/disrupted",
-                "cloud.google.com/impending-node-termination",
-                "aws-node-termination-handler/spot-itn",
-                "ToBeDeletedByClusterAutoscaler",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
+            termination_taints: spot::TERMINATION_TAINTS
+                .iter()
+                .map(|t| (*t).to_owned())
+                .collect(),
             node_not_ready_timeout_seconds: 60,
             container_waiting_timeout_seconds: 300,
             lost_peer_window_seconds: 60,
@@ -130,31 +127,27 @@ impl Default for OperatorConfig {
 }
 
 impl Default for SpotConfig {
+    /// The provider table of the contract crate ([`trainyard_api::spot`]).
     fn default() -> Self {
-        let label = |provider: &str, key: &str, value: &str| SpotLabel {
-            provider: provider.to_owned(),
-            key: key.to_owned(),
-            value: value.to_owned(),
-        };
-        let toleration = |key: &str, value: &str| Toleration {
-            key: Some(key.to_owned()),
-            operator: Some("Equal".to_owned()),
-            value: Some(value.to_owned()),
-            effect: Some("NoSchedule".to_owned()),
-            toleration_seconds: None,
-        };
         Self {
-            labels: vec![
-                label("GKE", "cloud.google.com/gke-spot", "true"),
-                label("GKE", "cloud.google.com/gke-preemptible", "true"),
-                label("EKS", "eks.amazonaws.com/capacityType", "SPOT"),
-                label("Karpenter", "karpenter.sh/capacity-type", "spot"),
-                label("AKS", "kubernetes.azure.com/scalesetpriority", "spot"),
-            ],
-            tolerations: vec![
-                toleration("kubernetes.azure.com/scalesetpriority", "spot"),
-                toleration("cloud.google.com/gke-spot", "true"),
-            ],
+            labels: spot::SPOT_LABELS
+                .iter()
+                .map(|l| SpotLabel {
+                    provider: l.provider.to_owned(),
+                    key: l.key.to_owned(),
+                    value: l.value.to_owned(),
+                })
+                .collect(),
+            tolerations: spot::SPOT_TAINTS
+                .iter()
+                .map(|t| Toleration {
+                    key: Some(t.key.to_owned()),
+                    operator: Some("Equal".to_owned()),
+                    value: Some(t.value.to_owned()),
+                    effect: Some("NoSchedule".to_owned()),
+                    toleration_seconds: None,
+                })
+                .collect(),
         }
     }
 }

@@ -6,7 +6,11 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
-use crate::crd::TrainingJob;
+use crate::crd::{DEFAULT_GPU_RESOURCE, TrainingJob};
+use crate::nodes::{
+    LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_PRODUCT,
+};
+use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
 
 /// Parses an RFC 3339 timestamp.
 pub fn ts(s: &str) -> Timestamp {
@@ -75,21 +79,21 @@ impl NodeBuilder {
     }
     /// Sets the GPU product label.
     pub fn product(self, p: &str) -> Self {
-        self.label("nvidia.com/gpu.product", p)
+        self.label(LABEL_GPU_PRODUCT, p)
     }
     /// Sets the CUDA runtime version labels.
     pub fn cuda(self, major: u32, minor: u32) -> Self {
-        self.label("nvidia.com/cuda.runtime-version.major", &major.to_string())
-            .label("nvidia.com/cuda.runtime-version.minor", &minor.to_string())
+        self.label(LABEL_CUDA_MAJOR, &major.to_string())
+            .label(LABEL_CUDA_MINOR, &minor.to_string())
     }
     /// Sets the compute capability labels.
     pub fn compute(self, major: u32, minor: u32) -> Self {
-        self.label("nvidia.com/gpu.compute.major", &major.to_string())
-            .label("nvidia.com/gpu.compute.minor", &minor.to_string())
+        self.label(LABEL_COMPUTE_MAJOR, &major.to_string())
+            .label(LABEL_COMPUTE_MINOR, &minor.to_string())
     }
     /// Marks it a Karpenter spot node.
     pub fn spot(self) -> Self {
-        self.label("karpenter.sh/capacity-type", "spot")
+        self.label(KARPENTER_CAPACITY_TYPE, "spot")
     }
     /// Ready=False since the given time.
     pub fn not_ready_since(mut self, since: &str) -> Self {
@@ -112,8 +116,8 @@ impl NodeBuilder {
             "metadata": {"name": self.name, "labels": self.labels},
             "spec": {"taints": taints},
             "status": {
-                "capacity": {"nvidia.com/gpu": self.gpus.to_string(), "cpu": "64"},
-                "allocatable": {"nvidia.com/gpu": self.gpus.to_string(), "cpu": "64"},
+                "capacity": {DEFAULT_GPU_RESOURCE: self.gpus.to_string(), "cpu": "64"},
+                "allocatable": {DEFAULT_GPU_RESOURCE: self.gpus.to_string(), "cpu": "64"},
                 "conditions": [{"type": "Ready", "status": if self.ready.0 { "True" } else { "False" },
                                 "lastTransitionTime": self.ready.1}]
             }

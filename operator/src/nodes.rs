@@ -3,20 +3,11 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
-/// Node label with the GPU product (GPU Feature Discovery name).
-pub const LABEL_GPU_PRODUCT: &str = "nvidia.com/gpu.product";
-/// Node label with the memory of GPU 0 in MiB.
-pub const LABEL_GPU_MEMORY: &str = "nvidia.com/gpu.memory";
-/// Node label with the number of GPUs.
-pub const LABEL_GPU_COUNT: &str = "nvidia.com/gpu.count";
-/// Node label with the major of the highest CUDA version the driver supports.
-pub const LABEL_CUDA_MAJOR: &str = "nvidia.com/cuda.runtime-version.major";
-/// Node label with the minor of the highest CUDA version the driver supports.
-pub const LABEL_CUDA_MINOR: &str = "nvidia.com/cuda.runtime-version.minor";
-/// Node label with the compute capability major.
-pub const LABEL_COMPUTE_MAJOR: &str = "nvidia.com/gpu.compute.major";
-/// Node label with the compute capability minor.
-pub const LABEL_COMPUTE_MINOR: &str = "nvidia.com/gpu.compute.minor";
+// The GPU label keys are the device plugin's contract; re-exported so `nodes::LABEL_*` reads on.
+pub use trainyard_api::gpu_labels::{
+    LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_COUNT,
+    LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
+};
 
 /// Whether a node's kubelet reports Ready.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -169,10 +169,8 @@ mod tests {
 
     #[test]
     fn an_earlier_job_of_the_same_name_still_owning_an_object_is_foreign() {
-        let leftover = meta(
-            json!({"name": "train", "labels": {"trainyard.dev/job": "train"},
-            "ownerReferences": [owner("TrainingJob", "train", "uid-0")]}),
-        );
+        let leftover = meta(json!({"name": "train", "labels": {LABEL_JOB: "train"},
+            "ownerReferences": [owner("TrainingJob", "train", "uid-0")]}));
         for kind in [ObjectKind::Pod, ObjectKind::Service, ObjectKind::Claim] {
             assert!(foreign(kind, &leftover, &job()).is_some(), "{kind:?}");
         }
@@ -181,13 +179,13 @@ mod tests {
     #[test]
     fn a_claim_retained_from_a_job_of_the_same_name_is_the_jobs_but_a_service_is_not() {
         let retained = meta(json!({"name": "train-checkpoints",
-            "labels": {"trainyard.dev/job": "train"}}));
+            "labels": {LABEL_JOB: "train"}}));
         assert_eq!(foreign(ObjectKind::Claim, &retained, &job()), None);
         // A Service is always created with an owner reference: without one it is not ours.
         assert!(foreign(ObjectKind::Service, &retained, &job()).is_some());
         // Another job's label does not make it ours.
         let other = meta(json!({"name": "train-checkpoints",
-            "labels": {"trainyard.dev/job": "other"}}));
+            "labels": {LABEL_JOB: "other"}}));
         assert!(foreign(ObjectKind::Claim, &other, &job()).is_some());
     }
 

@@ -54,31 +54,7 @@ pub fn spot_mode(job: &ValidJob, preemptions: u32) -> (SpotMode, bool) {
     (mode, fell_back)
 }
 
-/// A "major.minor" minimum.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Version {
-    /// Major.
-    pub major: u32,
-    /// Minor.
-    pub minor: u32,
-}
-
-impl Version {
-    /// Parses "12.4" (validated by the CRD pattern, checked again here).
-    pub fn parse(s: &str) -> Option<Self> {
-        let (major, minor) = s.trim().split_once('.')?;
-        Some(Self {
-            major: major.parse().ok()?,
-            minor: minor.parse().ok()?,
-        })
-    }
-}
-
-impl std::fmt::Display for Version {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
+pub use trainyard_api::Version;
 
 fn req(key: &str, operator: &str, values: Vec<String>) -> NodeSelectorRequirement {
     NodeSelectorRequirement {
@@ -433,6 +409,10 @@ pub fn place(
 mod tests {
     use super::*;
     use crate::fixtures::{job_yaml, node};
+    use crate::nodes::{
+        LABEL_COMPUTE_MAJOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_MEMORY,
+        LABEL_GPU_PRODUCT,
+    };
     use crate::validate::validate;
 
     fn job(yaml: &str) -> ValidJob {
@@ -491,7 +471,7 @@ mod tests {
         assert!(!selected.spot);
         assert_eq!(
             terms(&p),
-            vec![vec![expr("nvidia.com/gpu.product", "In", &["Tesla-T4"])]]
+            vec![vec![expr(LABEL_GPU_PRODUCT, "In", &["Tesla-T4"])]]
         );
         assert!(p.unschedulable.is_none());
     }
@@ -551,7 +531,7 @@ mod tests {
         assert_eq!(
             terms(&p),
             vec![vec![expr(
-                "nvidia.com/gpu.product",
+                LABEL_GPU_PRODUCT,
                 "In",
                 &["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"]
             )]]
@@ -566,12 +546,12 @@ mod tests {
         let a100_40 = node("a")
             .gpus(8)
             .product("NVIDIA-A100-PCIE-40GB")
-            .label("nvidia.com/gpu.memory", "40960")
+            .label(LABEL_GPU_MEMORY, "40960")
             .build();
         let a100_80 = node("b")
             .gpus(8)
             .product("NVIDIA-A100-SXM4-80GB")
-            .label("nvidia.com/gpu.memory", "81920")
+            .label(LABEL_GPU_MEMORY, "81920")
             .build();
         let p = place(
             &job("gpusPerWorker: 8\ngpu: {minMemoryGiB: 80}\n"),
@@ -601,10 +581,10 @@ mod tests {
         assert_eq!(
             terms(&p),
             vec![
-                vec![expr("nvidia.com/cuda.runtime-version.major", "Gt", &["12"])],
+                vec![expr(LABEL_CUDA_MAJOR, "Gt", &["12"])],
                 vec![
-                    expr("nvidia.com/cuda.runtime-version.major", "In", &["12"]),
-                    expr("nvidia.com/cuda.runtime-version.minor", "Gt", &["3"]),
+                    expr(LABEL_CUDA_MAJOR, "In", &["12"]),
+                    expr(LABEL_CUDA_MINOR, "Gt", &["3"]),
                 ],
             ]
         );
@@ -641,7 +621,7 @@ mod tests {
         assert_eq!(t.len(), 2);
         for term in &t {
             assert!(
-                term.contains(&expr("nvidia.com/gpu.compute.major", "Gt", &["7"])),
+                term.contains(&expr(LABEL_COMPUTE_MAJOR, "Gt", &["7"])),
                 "{term:?}"
             );
         }

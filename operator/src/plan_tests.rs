@@ -4,6 +4,7 @@ use super::*;
 use crate::fixtures::{job_yaml, node, ts};
 use crate::validate::validate;
 use serde_json::json;
+use trainyard_api::env::{RESUME_FROM, TRAINYARD_ATTEMPT, TRAINYARD_RESTART_REASON};
 
 const T0: &str = "2026-01-01T00:00:00Z";
 
@@ -327,16 +328,16 @@ fn preemption_restarts_the_whole_gang_with_resume_from() {
     let created = World::creates(&plan);
     assert_eq!(created.len(), 2);
     assert_eq!(
-        env(created[0], "RESUME_FROM").as_deref(),
+        env(created[0], RESUME_FROM).as_deref(),
         Some("/mnt/checkpoints/latest.pt")
     );
-    assert_eq!(env(created[0], "TRAINYARD_ATTEMPT").as_deref(), Some("1"));
+    assert_eq!(env(created[0], TRAINYARD_ATTEMPT).as_deref(), Some("1"));
     assert_eq!(
-        env(created[0], "TRAINYARD_RESTART_REASON").as_deref(),
+        env(created[0], TRAINYARD_RESTART_REASON).as_deref(),
         Some("Preemption")
     );
     assert_eq!(
-        created[0].metadata.labels.as_ref().expect("labels")["trainyard.dev/attempt"],
+        created[0].metadata.labels.as_ref().expect("labels")[LABEL_ATTEMPT],
         "1"
     );
     assert_eq!(plan.creates_attempt, Some(1));
@@ -412,7 +413,7 @@ fn failure_backs_off_then_restarts_against_the_failure_budget() {
     let plan = w.step();
     assert_eq!(World::creates(&plan).len(), 2);
     assert_eq!(
-        env(World::creates(&plan)[0], "TRAINYARD_RESTART_REASON").as_deref(),
+        env(World::creates(&plan)[0], TRAINYARD_RESTART_REASON).as_deref(),
         Some("Failure")
     );
 }
@@ -845,13 +846,13 @@ fn a_job_suspended_in_its_first_attempt_resumes_from_the_checkpoint() {
     assert_eq!(created.len(), 2);
     for pod in &created {
         assert_eq!(
-            env(pod, "RESUME_FROM").as_deref(),
+            env(pod, RESUME_FROM).as_deref(),
             Some("/mnt/checkpoints/latest.pt"),
             "a resumed gang must not start over and overwrite latest.pt"
         );
-        assert_eq!(env(pod, "TRAINYARD_ATTEMPT").as_deref(), Some("1"));
+        assert_eq!(env(pod, TRAINYARD_ATTEMPT).as_deref(), Some("1"));
         assert_eq!(
-            env(pod, "TRAINYARD_RESTART_REASON").as_deref(),
+            env(pod, TRAINYARD_RESTART_REASON).as_deref(),
             Some("Resume")
         );
     }
@@ -900,8 +901,8 @@ fn a_job_created_suspended_starts_as_attempt_0_without_resume_from() {
     let plan = w.step();
     let created = World::creates(&plan);
     assert_eq!(created.len(), 2);
-    assert_eq!(env(created[0], "RESUME_FROM"), None, "nothing ran yet");
-    assert_eq!(env(created[0], "TRAINYARD_ATTEMPT").as_deref(), Some("0"));
+    assert_eq!(env(created[0], RESUME_FROM), None, "nothing ran yet");
+    assert_eq!(env(created[0], TRAINYARD_ATTEMPT).as_deref(), Some("0"));
     assert_eq!(plan.status.last_restart, None);
 }
 

@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, RestartReason};
 use crate::placement::Placement;
 use crate::validate::ValidJob;
+use trainyard_api::env;
 
 /// Port of the torch.distributed rendezvous on worker 0.
 pub const MASTER_PORT: u16 = 29500;
@@ -36,36 +37,36 @@ pub fn trainer_env(
     let nproc = job.spec.gpus_per_worker.max(1);
     let world = u64::from(job.spec.workers) * u64::from(nproc);
     let mut env = vec![
-        ("CHECKPOINT_DIR".to_owned(), dir.to_owned()),
-        ("CHECKPOINT_PATH".to_owned(), checkpoint.clone()),
+        (env::CHECKPOINT_DIR.to_owned(), dir.to_owned()),
+        (env::CHECKPOINT_PATH.to_owned(), checkpoint.clone()),
     ];
     // Every attempt after the first follows pods that may have saved progress: a restart or a
     // resume after a suspend (both start a new attempt).
     if attempt > 0 {
-        env.push(("RESUME_FROM".to_owned(), checkpoint));
+        env.push((env::RESUME_FROM.to_owned(), checkpoint));
     }
     let reason = restart.map_or("none", RestartReason::as_str);
     env.extend(
         [
-            ("TRAINYARD_JOB", job.name.clone()),
-            ("TRAINYARD_ATTEMPT", attempt.to_string()),
-            ("TRAINYARD_RESTART_REASON", reason.to_owned()),
-            ("MASTER_ADDR", master.clone()),
-            ("MASTER_PORT", MASTER_PORT.to_string()),
-            ("NNODES", job.spec.workers.to_string()),
-            ("NODE_RANK", rank.to_string()),
-            ("NPROC_PER_NODE", nproc.to_string()),
-            ("WORLD_SIZE", world.to_string()),
-            ("PET_NNODES", job.spec.workers.to_string()),
-            ("PET_NODE_RANK", rank.to_string()),
-            ("PET_NPROC_PER_NODE", nproc.to_string()),
-            ("PET_MASTER_ADDR", master),
-            ("PET_MASTER_PORT", MASTER_PORT.to_string()),
+            (env::TRAINYARD_JOB, job.name.clone()),
+            (env::TRAINYARD_ATTEMPT, attempt.to_string()),
+            (env::TRAINYARD_RESTART_REASON, reason.to_owned()),
+            (env::MASTER_ADDR, master.clone()),
+            (env::MASTER_PORT, MASTER_PORT.to_string()),
+            (env::NNODES, job.spec.workers.to_string()),
+            (env::NODE_RANK, rank.to_string()),
+            (env::NPROC_PER_NODE, nproc.to_string()),
+            (env::WORLD_SIZE, world.to_string()),
+            (env::PET_NNODES, job.spec.workers.to_string()),
+            (env::PET_NODE_RANK, rank.to_string()),
+            (env::PET_NPROC_PER_NODE, nproc.to_string()),
+            (env::PET_MASTER_ADDR, master),
+            (env::PET_MASTER_PORT, MASTER_PORT.to_string()),
             (
-                "PYTORCH_CUDA_ALLOC_CONF",
+                env::PYTORCH_CUDA_ALLOC_CONF,
                 "expandable_segments:True".to_owned(),
             ),
-            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_owned()),
+            (env::TORCH_NCCL_ASYNC_ERROR_HANDLING, "1".to_owned()),
         ]
         .map(|(k, v)| (k.to_owned(), v)),
     );
@@ -236,7 +237,9 @@ pub fn desired_pod(
 mod tests {
     use super::*;
     use crate::config::OperatorConfig;
+    use crate::crd::DEFAULT_GPU_RESOURCE;
     use crate::fixtures::{job_yaml, node};
+    use crate::nodes::LABEL_GPU_PRODUCT;
     use crate::placement::place;
     use crate::validate::validate;
 
@@ -261,9 +264,9 @@ mod tests {
         let pod = build("workers: 2\ngpusPerWorker: 4\n", 1, 3, None);
         assert_eq!(pod.metadata.name.as_deref(), Some("train-worker-1"));
         let labels = pod.metadata.labels.clone().expect("labels");
-        assert_eq!(labels["trainyard.dev/job"], "train");
-        assert_eq!(labels["trainyard.dev/rank"], "1");
-        assert_eq!(labels["trainyard.dev/attempt"], "3");
+        assert_eq!(labels[LABEL_JOB], "train");
+        assert_eq!(labels[LABEL_RANK], "1");
+        assert_eq!(labels[LABEL_ATTEMPT], "3");
         assert_eq!(labels["app"], "from-template");
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.hostname.as_deref(), Some("train-worker-1"));
@@ -281,29 +284,29 @@ mod tests {
     fn first_attempt_env_has_the_contract_without_resume_from() {
         let env = env_of(&build("workers: 2\ngpusPerWorker: 4\n", 1, 0, None));
         let expect = [
-            ("CHECKPOINT_DIR", "/mnt/checkpoints"),
-            ("CHECKPOINT_PATH", "/mnt/checkpoints/latest.pt"),
-            ("TRAINYARD_JOB", "train"),
-            ("TRAINYARD_ATTEMPT", "0"),
-            ("TRAINYARD_RESTART_REASON", "none"),
-            ("MASTER_ADDR", "train-worker-0.train"),
-            ("MASTER_PORT", "29500"),
-            ("NNODES", "2"),
-            ("NODE_RANK", "1"),
-            ("NPROC_PER_NODE", "4"),
-            ("WORLD_SIZE", "8"),
-            ("PET_NNODES", "2"),
-            ("PET_NODE_RANK", "1"),
-            ("PET_NPROC_PER_NODE", "4"),
-            ("PET_MASTER_ADDR", "train-worker-0.train"),
-            ("PET_MASTER_PORT", "29500"),
-            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
-            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            (env::CHECKPOINT_DIR, "/mnt/checkpoints"),
+            (env::CHECKPOINT_PATH, "/mnt/checkpoints/latest.pt"),
+            (env::TRAINYARD_JOB, "train"),
+            (env::TRAINYARD_ATTEMPT, "0"),
+            (env::TRAINYARD_RESTART_REASON, "none"),
+            (env::MASTER_ADDR, "train-worker-0.train"),
+            (env::MASTER_PORT, "29500"),
+            (env::NNODES, "2"),
+            (env::NODE_RANK, "1"),
+            (env::NPROC_PER_NODE, "4"),
+            (env::WORLD_SIZE, "8"),
+            (env::PET_NNODES, "2"),
+            (env::PET_NODE_RANK, "1"),
+            (env::PET_NPROC_PER_NODE, "4"),
+            (env::PET_MASTER_ADDR, "train-worker-0.train"),
+            (env::PET_MASTER_PORT, "29500"),
+            (env::PYTORCH_CUDA_ALLOC_CONF, "expandable_segments:True"),
+            (env::TORCH_NCCL_ASYNC_ERROR_HANDLING, "1"),
         ];
         for (k, v) in expect {
             assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
         }
-        assert!(!env.contains_key("RESUME_FROM"));
+        assert!(!env.contains_key(env::RESUME_FROM));
     }
 
     #[test]
@@ -314,16 +317,16 @@ mod tests {
             2,
             Some(RestartReason::Preemption),
         ));
-        assert_eq!(env["RESUME_FROM"], "/mnt/checkpoints/latest.pt");
-        assert_eq!(env["TRAINYARD_ATTEMPT"], "2");
-        assert_eq!(env["TRAINYARD_RESTART_REASON"], "Preemption");
+        assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
+        assert_eq!(env[env::TRAINYARD_ATTEMPT], "2");
+        assert_eq!(env[env::TRAINYARD_RESTART_REASON], "Preemption");
     }
 
     #[test]
     fn cpu_job_counts_one_process_per_node() {
         let env = env_of(&build("workers: 3\ngpusPerWorker: 0\n", 0, 0, None));
-        assert_eq!(env["NPROC_PER_NODE"], "1");
-        assert_eq!(env["WORLD_SIZE"], "3");
+        assert_eq!(env[env::NPROC_PER_NODE], "1");
+        assert_eq!(env[env::WORLD_SIZE], "3");
     }
 
     #[test]
@@ -335,9 +338,9 @@ mod tests {
             None,
         );
         let env = env_of(&pod);
-        assert_eq!(env["MASTER_PORT"], "1234");
-        assert_eq!(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
-        assert_eq!(env["PET_MASTER_PORT"], "29500");
+        assert_eq!(env[env::MASTER_PORT], "1234");
+        assert_eq!(env[env::TORCH_NCCL_ASYNC_ERROR_HANDLING], "0");
+        assert_eq!(env[env::PET_MASTER_PORT], "29500");
         let names: Vec<_> = pod.spec.expect("spec").containers[0]
             .env
             .iter()
@@ -345,7 +348,7 @@ mod tests {
             .map(|e| e.name.clone())
             .collect();
         assert_eq!(
-            names.iter().filter(|n| *n == "MASTER_PORT").count(),
+            names.iter().filter(|n| *n == env::MASTER_PORT).count(),
             1,
             "no duplicate env names"
         );
@@ -366,7 +369,7 @@ mod tests {
             .as_ref()
             .and_then(|r| r.limits.clone())
             .expect("limits");
-        assert_eq!(limits["nvidia.com/gpu"], Quantity("4".into()));
+        assert_eq!(limits[DEFAULT_GPU_RESOURCE], Quantity("4".into()));
         let mount = c
             .volume_mounts
             .as_ref()
@@ -402,7 +405,7 @@ mod tests {
             spec.containers[1]
                 .env
                 .as_ref()
-                .is_some_and(|e| e.iter().any(|v| v.name == "NODE_RANK"))
+                .is_some_and(|e| e.iter().any(|v| v.name == env::NODE_RANK))
         );
     }
 
@@ -450,8 +453,7 @@ mod tests {
                 .map(|e| e.key)
                 .collect();
             assert!(
-                keys.contains(&"zone".to_owned())
-                    && keys.contains(&"nvidia.com/gpu.product".to_owned()),
+                keys.contains(&"zone".to_owned()) && keys.contains(&LABEL_GPU_PRODUCT.to_owned()),
                 "{keys:?}"
             );
         }

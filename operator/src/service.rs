@@ -51,10 +51,7 @@ mod tests {
         let spec = svc.spec.expect("spec");
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.publish_not_ready_addresses, Some(true));
-        assert_eq!(
-            spec.selector.expect("selector")["trainyard.dev/job"],
-            "train"
-        );
+        assert_eq!(spec.selector.expect("selector")[LABEL_JOB], "train");
         assert_eq!(
             svc.metadata.owner_references.expect("owner")[0].controller,
             Some(true)

@@ -5,6 +5,7 @@ mod harness;
 use harness::{TestEnv, condition, env, fast_config};
 use kube::ResourceExt;
 use serde_json::json;
+use trainyard_api::env::TRAINYARD_RESTART_REASON;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
@@ -39,10 +40,7 @@ async fn failures_back_off_then_fail_the_job_once_the_budget_is_spent() {
 
     let pods = t.wait_running(1, 2).await;
     for p in &pods {
-        assert_eq!(
-            env(p, "TRAINYARD_RESTART_REASON").as_deref(),
-            Some("Failure")
-        );
+        assert_eq!(env(p, TRAINYARD_RESTART_REASON).as_deref(), Some("Failure"));
         let created = p.metadata.creation_timestamp.as_ref().expect("created").0;
         let waited = created.duration_since(last.time.0).as_secs();
         // Status times have second precision; the backoff is 3s.

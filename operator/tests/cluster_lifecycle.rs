@@ -7,17 +7,20 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use kube::Api;
 use kube::api::DeleteParams;
 use serde_json::json;
+use trainyard_api::crd::{DEFAULT_GPU_RESOURCE, LABEL_RANK};
+use trainyard_api::env::{
+    CHECKPOINT_PATH, MASTER_ADDR, NODE_RANK, PET_NODE_RANK, RESUME_FROM, TRAINYARD_RESTART_REASON,
+    WORLD_SIZE,
+};
+use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
+use trainyard_api::spot::GKE_SPOT;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
 async fn job_becomes_pods_service_and_pvc_with_env_affinity_and_tolerations() {
     let t = TestEnv::new("ty-create").await;
-    t.add_node(
-        "a100",
-        &[("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")],
-        4,
-    )
-    .await;
+    t.add_node("a100", &[(LABEL_GPU_PRODUCT, "NVIDIA-A100-SXM4-80GB")], 4)
+        .await;
     let op = t.start_operator(fast_config());
     t.create_job(
         "train",
@@ -55,7 +58,7 @@ async fn job_becomes_pods_service_and_pvc_with_env_affinity_and_tolerations() {
     names.sort();
     assert_eq!(names, ["train-worker-0", "train-worker-1"]);
     for pod in &pods {
-        let rank = pod.metadata.labels.as_ref().expect("labels")["trainyard.dev/rank"].clone();
+        let rank = pod.metadata.labels.as_ref().expect("labels")[LABEL_RANK].clone();
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(
             spec.hostname.as_deref(),
@@ -68,25 +71,25 @@ async fn job_becomes_pods_service_and_pvc_with_env_affinity_and_tolerations() {
             (owner.kind.as_str(), owner.controller),
             ("TrainingJob", Some(true))
         );
-        assert_eq!(env(pod, "NODE_RANK"), Some(rank.clone()));
-        assert_eq!(env(pod, "PET_NODE_RANK"), Some(rank));
+        assert_eq!(env(pod, NODE_RANK), Some(rank.clone()));
+        assert_eq!(env(pod, PET_NODE_RANK), Some(rank));
         assert_eq!(
-            env(pod, "MASTER_ADDR").as_deref(),
+            env(pod, MASTER_ADDR).as_deref(),
             Some("train-worker-0.train")
         );
-        assert_eq!(env(pod, "WORLD_SIZE").as_deref(), Some("4"));
+        assert_eq!(env(pod, WORLD_SIZE).as_deref(), Some("4"));
         assert_eq!(
-            env(pod, "CHECKPOINT_PATH").as_deref(),
+            env(pod, CHECKPOINT_PATH).as_deref(),
             Some("/mnt/checkpoints/latest.pt")
         );
-        assert_eq!(env(pod, "RESUME_FROM"), None);
+        assert_eq!(env(pod, RESUME_FROM), None);
         let trainer = &spec.containers[0];
         let limits = trainer
             .resources
             .as_ref()
             .and_then(|r| r.limits.clone())
             .expect("limits");
-        assert_eq!(limits["nvidia.com/gpu"].0, "2");
+        assert_eq!(limits[DEFAULT_GPU_RESOURCE].0, "2");
         assert!(
             trainer
                 .volume_mounts
@@ -101,7 +104,7 @@ async fn job_becomes_pods_service_and_pvc_with_env_affinity_and_tolerations() {
             .filter_map(|t| t.key.clone())
             .collect();
         assert!(
-            tolerations.contains(&"cloud.google.com/gke-spot".to_owned()),
+            tolerations.contains(&GKE_SPOT.to_owned()),
             "{tolerations:?}"
         );
         let affinity = spec
@@ -118,7 +121,7 @@ async fn job_becomes_pods_service_and_pvc_with_env_affinity_and_tolerations() {
                 .match_expressions
                 .iter()
                 .flatten()
-                .any(|e| e.key == "nvidia.com/gpu.product"
+                .any(|e| e.key == LABEL_GPU_PRODUCT
                     && e.values == Some(vec!["NVIDIA-A100-SXM4-80GB".to_owned()]))
         );
         assert_eq!(
@@ -196,11 +199,11 @@ async fn suspend_removes_the_pods_and_resume_brings_them_back() {
     let resumed = t.wait_running(1, 2).await;
     for pod in &resumed {
         assert_eq!(
-            env(pod, "RESUME_FROM").as_deref(),
+            env(pod, RESUME_FROM).as_deref(),
             Some("/mnt/checkpoints/latest.pt")
         );
         assert_eq!(
-            env(pod, "TRAINYARD_RESTART_REASON").as_deref(),
+            env(pod, TRAINYARD_RESTART_REASON).as_deref(),
             Some("Resume")
         );
     }

@@ -6,6 +6,8 @@ mod harness;
 use harness::{TestEnv, WAIT, condition, fast_config, wait_for};
 use kube::ResourceExt;
 use serde_json::json;
+use trainyard_api::gpu_labels::{LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_PRODUCT};
+use trainyard_api::spot::{GKE_SPOT, KARPENTER_CAPACITY_TYPE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
@@ -14,11 +16,8 @@ async fn cheapest_selection_pins_the_cheapest_product_the_cluster_offers() {
     // Product names unique to this test, priced by the default table (A100-80GB 1.25, T4 0.12).
     let a100 = format!("NVIDIA-A100-SXM4-80GB-{}", t.ns);
     let t4 = format!("Tesla-T4-{}", t.ns);
-    t.add_node("a100", &[("nvidia.com/gpu.product", &a100)], 8)
-        .await;
-    let t4_node = t
-        .add_node("t4", &[("nvidia.com/gpu.product", &t4)], 4)
-        .await;
+    t.add_node("a100", &[(LABEL_GPU_PRODUCT, &a100)], 8).await;
+    let t4_node = t.add_node("t4", &[(LABEL_GPU_PRODUCT, &t4)], 4).await;
     let op = t.start_operator(fast_config());
     t.create_job(
         "train",
@@ -55,14 +54,10 @@ async fn cheapest_selection_pins_the_cheapest_product_the_cluster_offers() {
 #[ignore = "needs the local cluster (make test)"]
 async fn after_enough_preemptions_later_attempts_run_on_demand() {
     let t = TestEnv::new("ty-fallback").await;
-    t.add_node("spot", &[("karpenter.sh/capacity-type", "spot")], 4)
+    t.add_node("spot", &[(KARPENTER_CAPACITY_TYPE, "spot")], 4)
         .await;
     let on_demand = t
-        .add_node(
-            "ondemand",
-            &[("karpenter.sh/capacity-type", "on-demand")],
-            4,
-        )
+        .add_node("ondemand", &[(KARPENTER_CAPACITY_TYPE, "on-demand")], 4)
         .await;
     let op = t.start_operator(fast_config());
     t.create_job(
@@ -103,7 +98,7 @@ async fn after_enough_preemptions_later_attempts_run_on_demand() {
             .and_then(|s| s.tolerations.clone())
             .unwrap_or_default()
             .iter()
-            .all(|t| t.key.as_deref() != Some("cloud.google.com/gke-spot")),
+            .all(|t| t.key.as_deref() != Some(GKE_SPOT)),
         "no spot tolerations after the fallback"
     );
     let job = t.job("train").await;
@@ -132,9 +127,9 @@ async fn cuda_12_4_job_is_unschedulable_on_12_2_nodes_and_runs_once_a_node_offer
         .add_node(
             "h100",
             &[
-                ("nvidia.com/gpu.product", &product),
-                ("nvidia.com/cuda.runtime-version.major", "12"),
-                ("nvidia.com/cuda.runtime-version.minor", "2"),
+                (LABEL_GPU_PRODUCT, &product),
+                (LABEL_CUDA_MAJOR, "12"),
+                (LABEL_CUDA_MINOR, "2"),
             ],
             8,
         )
@@ -172,8 +167,7 @@ async fn cuda_12_4_job_is_unschedulable_on_12_2_nodes_and_runs_once_a_node_offer
             .is_none()
     );
 
-    t.label_node(&node, json!({"nvidia.com/cuda.runtime-version.minor": "4"}))
-        .await;
+    t.label_node(&node, json!({LABEL_CUDA_MINOR: "4"})).await;
     let pods = t.wait_running(0, 1).await;
     assert_eq!(
         pods[0].spec.as_ref().and_then(|s| s.node_name.clone()),

@@ -8,6 +8,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
 use serde_json::json;
+use trainyard_api::crd::LABEL_RANK;
+use trainyard_api::env::{RESUME_FROM, TRAINYARD_ATTEMPT, TRAINYARD_RESTART_REASON};
+use trainyard_api::spot::KARPENTER_DISRUPTED;
 use trainyard_operator::crd::TrainingJob;
 
 fn counters(j: &TrainingJob) -> (u32, u32, u32) {
@@ -41,12 +44,12 @@ async fn expect_gang_restart(t: &TestEnv, attempt: u32, detail: &str) -> Vec<Pod
     let pods = t.wait_running(attempt, 2).await;
     for p in &pods {
         assert_eq!(
-            env(p, "RESUME_FROM").as_deref(),
+            env(p, RESUME_FROM).as_deref(),
             Some("/mnt/checkpoints/latest.pt")
         );
-        assert_eq!(env(p, "TRAINYARD_ATTEMPT"), Some(attempt.to_string()));
+        assert_eq!(env(p, TRAINYARD_ATTEMPT), Some(attempt.to_string()));
         assert_eq!(
-            env(p, "TRAINYARD_RESTART_REASON").as_deref(),
+            env(p, TRAINYARD_RESTART_REASON).as_deref(),
             Some("Preemption")
         );
     }
@@ -61,7 +64,7 @@ async fn expect_gang_restart(t: &TestEnv, attempt: u32, detail: &str) -> Vec<Pod
 fn on_node(pods: &[Pod], rank: &str) -> (String, String) {
     let p = pods
         .iter()
-        .find(|p| p.labels().get("trainyard.dev/rank").map(String::as_str) == Some(rank))
+        .find(|p| p.labels().get(LABEL_RANK).map(String::as_str) == Some(rank))
         .expect("rank");
     (
         p.name_any(),
@@ -130,10 +133,10 @@ async fn each_preemption_signal_restarts_the_gang_from_the_checkpoint() {
 
     // 5. A termination taint, then the pod ends.
     let (name, node) = on_node(&pods, "1");
-    t.taint_node(&node, "karpenter.sh/disrupted").await;
+    t.taint_node(&node, KARPENTER_DISRUPTED).await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     t.exit_pod(&name, 143).await;
-    pods = expect_gang_restart(&t, 5, "karpenter.sh/disrupted").await;
+    pods = expect_gang_restart(&t, 5, KARPENTER_DISRUPTED).await;
     nodes.retain(|n| *n != node);
     t.delete_node(&node).await;
     nodes.push(t.add_node("d", &[], 4).await);

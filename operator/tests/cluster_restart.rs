@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use std::sync::atomic::Ordering;
+use trainyard_api::crd::LABEL_ATTEMPT;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
@@ -29,11 +30,7 @@ async fn operator_killed_mid_restart_and_started_again_creates_no_duplicate_pods
             let mut stream = std::pin::pin!(stream);
             while let Some(Ok(p)) = stream.next().await {
                 let p: Pod = p;
-                let attempt = p
-                    .labels()
-                    .get("trainyard.dev/attempt")
-                    .cloned()
-                    .unwrap_or_default();
+                let attempt = p.labels().get(LABEL_ATTEMPT).cloned().unwrap_or_default();
                 created
                     .lock()
                     .expect("lock")

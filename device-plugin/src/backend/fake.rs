@@ -17,11 +17,12 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
+use trainyard_api::Version;
 
 use super::{
     BackendError, BackendEvent, ComputeCapability, DeviceError, DeviceErrorKind, DriverInfo,
     FailedRead, GpuBackend, GpuInfo, Inventory, KnownGpus, NvlinkLanes, ProbeOutcome,
-    RecoveryAction, ResetEvidence, Telemetry, ThrottleReason, parse_major_minor,
+    RecoveryAction, ResetEvidence, Telemetry, ThrottleReason,
 };
 
 /// Driver version reported when the file does not name one.
@@ -175,7 +176,9 @@ fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
     let cuda_version = spec
         .cuda_version
         .unwrap_or_else(|| DEFAULT_CUDA_VERSION.to_string());
-    parse_major_minor(&cuda_version).map_err(|e| invalid("cudaVersion".into(), e))?;
+    cuda_version
+        .parse::<Version>()
+        .map_err(|e| invalid("cudaVersion".into(), e.to_string()))?;
 
     let mut positions: BTreeMap<&str, usize> = BTreeMap::new();
     let mut indices: BTreeMap<u32, usize> = BTreeMap::new();

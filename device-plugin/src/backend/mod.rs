@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
+use trainyard_api::{Version, VersionError};
 
 /// Errors raised while talking to a GPU backend.
 #[derive(Debug, thiserror::Error)]
@@ -108,23 +109,9 @@ impl std::str::FromStr for ComputeCapability {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (major, minor) = parse_major_minor(s)?;
+        let Version { major, minor } = s.parse().map_err(|e: VersionError| e.to_string())?;
         Ok(Self { major, minor })
     }
-}
-
-/// Parses `"<major>.<minor>"` with both parts decimal.
-pub(crate) fn parse_major_minor(s: &str) -> Result<(u32, u32), String> {
-    let (major, minor) = s
-        .split_once('.')
-        .ok_or_else(|| format!("expected \"<major>.<minor>\", got {s:?}"))?;
-    let major = major
-        .parse()
-        .map_err(|_| format!("major version in {s:?} is not a number"))?;
-    let minor = minor
-        .parse()
-        .map_err(|_| format!("minor version in {s:?} is not a number"))?;
-    Ok((major, minor))
 }
 
 /// One physical GPU as the backend sees it.

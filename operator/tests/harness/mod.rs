@@ -18,6 +18,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
+use trainyard_api::crd::{DEFAULT_GPU_RESOURCE, LABEL_ATTEMPT};
 use trainyard_operator::config::OperatorConfig;
 use trainyard_operator::crd::TrainingJob;
 use trainyard_operator::{RunConfig, crdgen};
@@ -166,8 +167,7 @@ fn fake_node(
 
 fn node_status(gpus: u32, ready: bool) -> serde_json::Value {
     let now = Timestamp::now().to_string();
-    let resources =
-        json!({"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": gpus.to_string()});
+    let resources = json!({"cpu": "64", "memory": "256Gi", "pods": "110", DEFAULT_GPU_RESOURCE: gpus.to_string()});
     json!({
         "capacity": resources, "allocatable": resources,
         "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
@@ -430,9 +430,7 @@ impl TestEnv {
                     let pods = api.list(&ListParams::default()).await.ok()?.items;
                     let running: Vec<Pod> = pods
                         .into_iter()
-                        .filter(|p| {
-                            p.labels().get("trainyard.dev/attempt") == Some(&attempt.to_string())
-                        })
+                        .filter(|p| p.labels().get(LABEL_ATTEMPT) == Some(&attempt.to_string()))
                         .filter(|p| p.metadata.deletion_timestamp.is_none())
                         .filter(|p| {
                             p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")

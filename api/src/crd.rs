@@ -1,0 +1,548 @@
+//! The `TrainingJob` custom resource (`trainyard.dev/v1alpha1`).
+//!
+//! The Rust types are the source of truth: `trainyard-operator crd` prints the CRD generated
+//! from them, and the schema carries the validation (minimums, enums, patterns, defaults) that
+//! lets the API server reject nonsense before the operator sees it. The schema sticks to plain
+//! OpenAPI v3 so that Kubernetes 1.20 accepts it (no CEL rules).
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of every trainyard resource.
+pub const GROUP: &str = "trainyard.dev";
+/// Label carrying the owning job's name on pods, Services and PVCs.
+pub const LABEL_JOB: &str = "trainyard.dev/job";
+/// Label carrying the worker rank on pods.
+pub const LABEL_RANK: &str = "trainyard.dev/rank";
+/// Label carrying the 0-based attempt on pods.
+pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
+/// The extended resource name GPUs are requested under unless `spec.gpu.resourceName` says otherwise.
+pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+// Upper bounds of the spec's numbers, in the schema and checked again by `validate` (which
+// must not rely on the API server). Every number the operator reads is bounded, so none can
+// drive a loop, an overflow or a timestamp past year 9999.
+
+/// Most workers (`spec.workers`): one pod each, and a gang this large is already far beyond
+/// what one rendezvous holds.
+pub const MAX_WORKERS: u32 = 10_000;
+/// Most GPUs per worker (`spec.gpusPerWorker`): the largest nodes have 8 or 16 GPUs, and 8
+/// GPUs split into 7 MIG slices each expose 56 devices; it is also `NPROC_PER_NODE`.
+pub const MAX_GPUS_PER_WORKER: u32 = 64;
+/// Largest `spec.gpu.minMemoryGiB`: today's largest GPUs hold 288 GB.
+pub const MAX_MIN_MEMORY_GIB: u32 = 1024;
+/// Largest restart budget or count (`maxPreemptions`, `maxFailures`,
+/// `fallbackToOnDemandAfter`): keeps the status counters far below `u32::MAX`.
+pub const MAX_RESTARTS: u32 = 10_000;
+/// Largest `spec.restartPolicy.backoffSeconds`: the backoff is capped at 10 minutes anyway.
+pub const MAX_BACKOFF_SECONDS: u32 = 600;
+/// Longest `spec.terminationGracePeriodSeconds` (one day): time to write a checkpoint.
+pub const MAX_GRACE_SECONDS: i64 = 86_400;
+/// Longest `spec.activeDeadlineSeconds` (365 days).
+pub const MAX_DEADLINE_SECONDS: i64 = 31_536_000;
+
+/// Desired state of a distributed training job.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "trainyard.dev",
+    version = "v1alpha1",
+    kind = "TrainingJob",
+    plural = "trainingjobs",
+    shortname = "tj",
+    namespaced,
+    status = "TrainingJobStatus",
+    doc = "A gang of GPU worker pods that survives spot preemption by restarting from its latest checkpoint.",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Workers","type":"integer","jsonPath":".spec.workers"}"#,
+    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".spec.gpusPerWorker"}"#,
+    printcolumn = r#"{"name":"Attempt","type":"integer","jsonPath":".status.attempt"}"#,
+    printcolumn = r#"{"name":"Preemptions","type":"integer","jsonPath":".status.preemptions"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingJobSpec {
+    /// Number of worker pods (one per node).
+    #[serde(default = "default_workers")]
+    #[schemars(range(min = 1, max = MAX_WORKERS))]
+    pub workers: u32,
+
+    /// GPUs per worker: the GPU limit on the trainer container. 0 runs on CPU.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_GPUS_PER_WORKER))]
+    pub gpus_per_worker: u32,
+
+    /// Which GPUs the workers may land on.
+    #[serde(default)]
+    pub gpu: GpuSpec,
+
+    /// Spot placement.
+    #[serde(default)]
+    pub spot: SpotSpec,
+
+    /// The checkpoint volume mounted into the trainer.
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+
+    /// Restart budgets and failure backoff.
+    #[serde(default)]
+    pub restart_policy: RestartPolicySpec,
+
+    /// Seconds the trainer gets after SIGTERM to write its checkpoint.
+    #[serde(default = "default_grace_seconds")]
+    #[schemars(range(min = 0, max = MAX_GRACE_SECONDS))]
+    pub termination_grace_period_seconds: i64,
+
+    /// Wall-clock limit of the job, counted from its start or its latest resume (time spent
+    /// suspended does not count); the job fails when it passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_DEADLINE_SECONDS))]
+    pub active_deadline_seconds: Option<i64>,
+
+    /// true keeps the job without pods (for queueing systems such as Kueue).
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// Pod template of every worker. The container named `trainer` (else the first) is the trainer.
+    #[serde(default)]
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: PodTemplateSpec,
+}
+
+fn default_workers() -> u32 {
+    1
+}
+
+fn default_grace_seconds() -> i64 {
+    60
+}
+
+/// The template is a whole PodTemplateSpec; embedding its full schema would make the CRD
+/// enormous, so the API server only checks that it is an object and the operator validates
+/// what it relies on.
+fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "A PodTemplateSpec (core/v1). The container named `trainer` (else the first) is the trainer.",
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// GPU selection.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSpec {
+    /// Extended resource the GPUs are requested as.
+    #[serde(default = "default_gpu_resource")]
+    #[schemars(length(min = 1))]
+    pub resource_name: String,
+
+    /// Allowed values of the node label `nvidia.com/gpu.product`; empty allows any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub products: Vec<String>,
+
+    /// Minimum GPU memory in GiB, compared with the node label `nvidia.com/gpu.memory` (MiB).
+    #[serde(
+        default,
+        rename = "minMemoryGiB",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = MAX_MIN_MEMORY_GIB))]
+    pub min_memory_gib: Option<u32>,
+
+    /// How to choose among the allowed products.
+    #[serde(default)]
+    pub selection: GpuSelection,
+
+    /// Lowest CUDA version the node's driver must support, "major.minor" (e.g. "12.4").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,3}\.[0-9]{1,3}$"))]
+    pub min_cuda_version: Option<String>,
+
+    /// Lowest GPU compute capability, "major.minor" (e.g. "8.0").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,3}\.[0-9]{1,3}$"))]
+    pub min_compute_capability: Option<String>,
+}
+
+impl Default for GpuSpec {
+    fn default() -> Self {
+        Self {
+            resource_name: default_gpu_resource(),
+            products: Vec::new(),
+            min_memory_gib: None,
+            selection: GpuSelection::default(),
+            min_cuda_version: None,
+            min_compute_capability: None,
+        }
+    }
+}
+
+fn default_gpu_resource() -> String {
+    DEFAULT_GPU_RESOURCE.to_owned()
+}
+
+/// How the product is chosen among the allowed ones.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum GpuSelection {
+    /// Pin the allowed product with the lowest price among those the cluster offers.
+    #[default]
+    Cheapest,
+    /// Let the scheduler pick any allowed product.
+    Any,
+}
+
+/// Spot placement.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SpotSpec {
+    /// Whether workers run on spot nodes.
+    #[serde(default)]
+    pub policy: SpotPolicy,
+
+    /// After this many preemptions later attempts avoid spot; 0 never falls back.
+    #[serde(default = "default_fallback")]
+    #[schemars(range(min = 0, max = MAX_RESTARTS))]
+    pub fallback_to_on_demand_after: u32,
+}
+
+impl Default for SpotSpec {
+    fn default() -> Self {
+        Self {
+            policy: SpotPolicy::default(),
+            fallback_to_on_demand_after: default_fallback(),
+        }
+    }
+}
+
+fn default_fallback() -> u32 {
+    3
+}
+
+/// Spot policy.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum SpotPolicy {
+    /// Prefer spot nodes, accept on-demand ones.
+    #[default]
+    Prefer,
+    /// Only spot nodes.
+    Require,
+    /// Never spot nodes.
+    Never,
+}
+
+/// The checkpoint volume.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSpec {
+    /// Where the volume is mounted in the trainer.
+    #[serde(default = "default_mount_path")]
+    #[schemars(regex(pattern = r"^/.*"))]
+    pub mount_path: String,
+
+    /// Size of the created PVC.
+    #[serde(default = "default_checkpoint_size")]
+    pub size: Quantity,
+
+    /// StorageClass of the created PVC; empty uses the cluster default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub storage_class_name: String,
+
+    /// Access modes of the created PVC; empty means ReadWriteOnce for one worker, ReadWriteMany otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_modes: Vec<AccessMode>,
+
+    /// Mount this existing PVC instead of creating one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub existing_claim: String,
+
+    /// Keep a created PVC after the job is deleted.
+    #[serde(default = "default_true")]
+    pub retain_on_delete: bool,
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        Self {
+            mount_path: default_mount_path(),
+            size: default_checkpoint_size(),
+            storage_class_name: String::new(),
+            access_modes: Vec::new(),
+            existing_claim: String::new(),
+            retain_on_delete: true,
+        }
+    }
+}
+
+fn default_mount_path() -> String {
+    "/mnt/checkpoints".to_owned()
+}
+
+fn default_checkpoint_size() -> Quantity {
+    Quantity("50Gi".to_owned())
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// PersistentVolumeClaim access modes.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum AccessMode {
+    /// Mounted read-write by one node.
+    ReadWriteOnce,
+    /// Mounted read-write by many nodes.
+    ReadWriteMany,
+    /// Mounted read-only by many nodes.
+    ReadOnlyMany,
+    /// Mounted read-write by one pod.
+    ReadWriteOncePod,
+}
+
+impl AccessMode {
+    /// The Kubernetes spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::ReadWriteOnce => "ReadWriteOnce",
+            AccessMode::ReadWriteMany => "ReadWriteMany",
+            AccessMode::ReadOnlyMany => "ReadOnlyMany",
+            AccessMode::ReadWriteOncePod => "ReadWriteOncePod",
+        }
+    }
+}
+
+/// Restart budgets.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestartPolicySpec {
+    /// Restarts caused by preemption before the job fails.
+    #[serde(default = "default_max_preemptions")]
+    #[schemars(range(min = 0, max = MAX_RESTARTS))]
+    pub max_preemptions: u32,
+
+    /// Restarts caused by failures before the job fails.
+    #[serde(default = "default_max_failures")]
+    #[schemars(range(min = 0, max = MAX_RESTARTS))]
+    pub max_failures: u32,
+
+    /// Base of the exponential failure backoff, doubled per failure and capped at 10 minutes.
+    #[serde(default = "default_backoff_seconds")]
+    #[schemars(range(min = 0, max = MAX_BACKOFF_SECONDS))]
+    pub backoff_seconds: u32,
+}
+
+impl Default for RestartPolicySpec {
+    fn default() -> Self {
+        Self {
+            max_preemptions: default_max_preemptions(),
+            max_failures: default_max_failures(),
+            backoff_seconds: default_backoff_seconds(),
+        }
+    }
+}
+
+fn default_max_preemptions() -> u32 {
+    100
+}
+
+fn default_max_failures() -> u32 {
+    3
+}
+
+fn default_backoff_seconds() -> u32 {
+    10
+}
+
+/// Observed state of a TrainingJob.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingJobStatus {
+    /// Where the job is in its life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// 0-based attempt; each gang restart increments it, and so does resuming a suspended job
+    /// whose workers had been created: every attempt after the first resumes from the
+    /// checkpoint.
+    #[serde(default)]
+    pub attempt: u32,
+
+    /// Restarts caused by preemption.
+    #[serde(default)]
+    pub preemptions: u32,
+
+    /// Restarts caused by failures (and the final failure, if the budget ran out).
+    #[serde(default)]
+    pub failures: u32,
+
+    /// The generation this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Running, Restarting, Succeeded, Failed, Unschedulable, InvalidSpec.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<JobCondition>,
+
+    /// The GPU product the workers were pinned to, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected_gpu: Option<SelectedGpu>,
+
+    /// The current attempt's workers, as the operator has seen them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerStatus>,
+
+    /// The latest gang restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart: Option<LastRestart>,
+
+    /// The PVC holding the checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_claim: Option<String>,
+
+    /// When the first pods were created, or when the job was last resumed after that;
+    /// `activeDeadlineSeconds` counts from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+
+    /// When the job succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+}
+
+/// Job phase.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Waiting for pods to be created or scheduled.
+    Pending,
+    /// Every worker runs.
+    Running,
+    /// A gang restart is under way.
+    Restarting,
+    /// Every trainer exited 0.
+    Succeeded,
+    /// A budget ran out, the deadline passed, or the job is invalid.
+    Failed,
+    /// `spec.suspend` is true.
+    Suspended,
+}
+
+impl Phase {
+    /// The Kubernetes spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Restarting => "Restarting",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Suspended => "Suspended",
+        }
+    }
+
+    /// Succeeded and Failed are final.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+// Empty strings here and elsewhere are omitted rather than defaulted: Kubernetes 1.20
+// rejects `default: ""` in a CRD schema.
+/// A status condition, shaped like metav1.Condition.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobCondition {
+    /// Running, Restarting, Succeeded, Failed, Unschedulable, InvalidSpec, WriteRejected or
+    /// NameConflict.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True", "False" or "Unknown".
+    pub status: String,
+    /// CamelCase reason.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Human-readable detail.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When `status` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+    /// The generation the condition was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The product chosen for the workers.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectedGpu {
+    /// Value of `nvidia.com/gpu.product`, or empty when any allowed product will do.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub product: String,
+    /// $ per GPU-hour from the operator's price table, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_per_hour: Option<f64>,
+    /// Whether the workers go to spot nodes.
+    #[serde(default)]
+    pub spot: bool,
+    /// Why this product and capacity type.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// One worker of the current attempt.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerStatus {
+    /// 0-based rank, below `spec.workers` (a larger one is ignored).
+    #[schemars(range(min = 0, max = MAX_WORKERS - 1))]
+    pub rank: u32,
+    /// Pod name.
+    pub pod: String,
+    /// Node the pod runs on, once scheduled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Pending, Running, Succeeded, Preempted or Failed.
+    pub phase: String,
+    /// Why the worker is not running yet, or how it ended (e.g. ImagePullBackOff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The latest gang restart.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastRestart {
+    /// When it was decided.
+    pub time: Time,
+    /// Preemption, Failure or Resume.
+    pub reason: RestartReason,
+    /// What happened, e.g. "worker 1: DisruptionTarget/TerminationByKubelet on node n-3".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+/// Why a gang restart happened.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum RestartReason {
+    /// A worker was preempted: counted against `maxPreemptions`, no backoff.
+    Preemption,
+    /// A worker failed: counted against `maxFailures`, with backoff.
+    Failure,
+    /// `spec.suspend` went back to false after the job's workers had been created: counted
+    /// against no budget, no backoff. The new attempt resumes from the checkpoint.
+    Resume,
+}
+
+impl RestartReason {
+    /// The Kubernetes spelling, also used in `TRAINYARD_RESTART_REASON`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartReason::Preemption => "Preemption",
+            RestartReason::Failure => "Failure",
+            RestartReason::Resume => "Resume",
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Names of the environment variables the operator sets on the trainer container: the
+//! trainer's contract, documented (with the values) in docs/env-contract.md.
+
+/// The checkpoint volume's mount path, shared by all workers and attempts.
+pub const CHECKPOINT_DIR: &str = "CHECKPOINT_DIR";
+/// Where the trainer writes its checkpoint.
+pub const CHECKPOINT_PATH: &str = "CHECKPOINT_PATH";
+/// The checkpoint to resume from; set on every attempt after the first.
+pub const RESUME_FROM: &str = "RESUME_FROM";
+/// The job's name.
+pub const TRAINYARD_JOB: &str = "TRAINYARD_JOB";
+/// The 0-based attempt.
+pub const TRAINYARD_ATTEMPT: &str = "TRAINYARD_ATTEMPT";
+/// Why this attempt exists: `none` or a `RestartReason`.
+pub const TRAINYARD_RESTART_REASON: &str = "TRAINYARD_RESTART_REASON";
+/// Address of worker 0, the torch.distributed rendezvous.
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+/// Port of the rendezvous.
+pub const MASTER_PORT: &str = "MASTER_PORT";
+/// Number of workers.
+pub const NNODES: &str = "NNODES";
+/// This worker's rank.
+pub const NODE_RANK: &str = "NODE_RANK";
+/// Processes per worker.
+pub const NPROC_PER_NODE: &str = "NPROC_PER_NODE";
+/// Processes in the whole job.
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+/// torchrun's name for [`NNODES`].
+pub const PET_NNODES: &str = "PET_NNODES";
+/// torchrun's name for [`NODE_RANK`].
+pub const PET_NODE_RANK: &str = "PET_NODE_RANK";
+/// torchrun's name for [`NPROC_PER_NODE`].
+pub const PET_NPROC_PER_NODE: &str = "PET_NPROC_PER_NODE";
+/// torchrun's name for [`MASTER_ADDR`].
+pub const PET_MASTER_ADDR: &str = "PET_MASTER_ADDR";
+/// torchrun's name for [`MASTER_PORT`].
+pub const PET_MASTER_PORT: &str = "PET_MASTER_PORT";
+/// PyTorch's CUDA allocator settings (a default the template may override).
+pub const PYTORCH_CUDA_ALLOC_CONF: &str = "PYTORCH_CUDA_ALLOC_CONF";
+/// NCCL's async error handling (a default the template may override).
+pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_documented_in_the_env_contract() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/env-contract.md"),
+        )
+        .expect("docs/env-contract.md");
+        let names = [
+            CHECKPOINT_DIR,
+            CHECKPOINT_PATH,
+            RESUME_FROM,
+            TRAINYARD_JOB,
+            TRAINYARD_ATTEMPT,
+            TRAINYARD_RESTART_REASON,
+            MASTER_ADDR,
+            MASTER_PORT,
+            NNODES,
+            NODE_RANK,
+            NPROC_PER_NODE,
+            WORLD_SIZE,
+            PET_NNODES,
+            PET_NODE_RANK,
+            PET_NPROC_PER_NODE,
+            PET_MASTER_ADDR,
+            PET_MASTER_PORT,
+            PYTORCH_CUDA_ALLOC_CONF,
+            TORCH_NCCL_ASYNC_ERROR_HANDLING,
+        ];
+        for name in names {
+            assert!(
+                doc.contains(&format!("`{name}`")),
+                "{name} is not in docs/env-contract.md"
+            );
+        }
+    }
+}
