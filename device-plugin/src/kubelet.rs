@@ -211,102 +211,49 @@ pub async fn run(
             watcher = watch_dir(&settings.dir, &wake);
         }
         let Some(kubelet_id) = identity(&kubelet_socket) else {
-            if !waiting_logged {
-                tracing::info!(socket = %kubelet_socket.display(), "waiting for the kubelet socket");
-                waiting_logged = true;
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = wake.notified() => {}
-                () = tokio::time::sleep(POLL_INTERVAL) => {}
+            if wait_for_kubelet_socket(&kubelet_socket, &mut waiting_logged, &wake, &shutdown).await
+            {
+                return;
             }
             continue;
         };
         waiting_logged = false;
 
-        let _ = std::fs::remove_file(&own_socket);
-        let listener = match UnixListener::bind(&own_socket) {
-            Ok(listener) => listener,
-            Err(source) => {
-                let e = KubeletError::Bind {
-                    path: own_socket.clone(),
-                    source,
-                };
-                let delay = backoff.next_delay();
-                tracing::error!(error = %e, retry_in = ?delay, "cannot serve the device plugin");
-                if sleep_or_shutdown(delay, &shutdown).await {
-                    return;
-                }
-                continue;
-            }
+        let listener = match bind_own_socket(&own_socket, &mut backoff, &shutdown).await {
+            Attempt::Done(listener) => listener,
+            Attempt::Retry => continue,
+            Attempt::Shutdown => return,
         };
-        let own_id = identity(&own_socket);
-        let generation = shutdown.child_token();
-        let streams = Arc::new(StreamTracker::default());
-        let service = DevicePluginService::new(
-            state.clone(),
-            options,
-            Arc::clone(&metrics),
-            Arc::clone(&streams),
-            generation.clone(),
-        );
-        // kubelets before 1.26 send the socket path as :authority, which h2
-        // rejects; uds_authority rewrites it, within bounds.
-        let incoming = Gate::new(Limits::default()).incoming(listener);
-        let mut server = tokio::spawn(
-            Server::builder()
-                // The limits uds_authority enforces, advertised to clients.
-                .max_frame_size(MAX_FRAME_PAYLOAD as u32)
-                .http2_max_header_list_size(MAX_HEADER_LIST_SIZE as u32)
-                .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(incoming, generation.clone().cancelled_owned()),
-        );
+        let sockets = Sockets {
+            kubelet: &kubelet_socket,
+            kubelet_id,
+            own: &own_socket,
+            own_id: identity(&own_socket),
+        };
+        let mut serving = Serving::start(listener, &state, options, &metrics, &shutdown);
         tracing::info!(socket = %own_socket.display(), "serving the device plugin");
 
-        let registered = register(
-            &kubelet_socket,
-            &settings.socket_name,
-            &settings.resource_name,
+        let lost = match register_and_hold(
+            &settings,
+            &sockets,
+            &mut serving,
+            &metrics,
+            &mut backoff,
+            &wake,
+            &shutdown,
         )
-        .await;
-        metrics.record_registration(registered.is_ok());
-        let lost = match registered {
-            Ok(()) => {
-                backoff.reset();
-                metrics.set_ready(true);
-                tracing::info!(resource = %settings.resource_name, endpoint = %settings.socket_name, "registered with the kubelet");
-                let lost = watch_registration(
-                    &kubelet_socket,
-                    kubelet_id,
-                    &own_socket,
-                    own_id,
-                    &streams,
-                    &mut server,
-                    &wake,
-                    &shutdown,
-                )
-                .await;
-                metrics.set_ready(false);
-                lost
-            }
-            Err(e) => {
-                let delay = backoff.next_delay();
-                tracing::warn!(error = %e, retry_in = ?delay, "registration with the kubelet failed");
-                generation.cancel();
-                let _ = (&mut server).await;
-                if sleep_or_shutdown(delay, &shutdown).await {
-                    remove_own_socket(&own_socket, own_id);
-                    return;
-                }
-                continue;
+        .await
+        {
+            Attempt::Done(lost) => lost,
+            Attempt::Retry => continue,
+            Attempt::Shutdown => {
+                remove_own_socket(&own_socket, sockets.own_id);
+                return;
             }
         };
-        generation.cancel();
-        if !server.is_finished() {
-            let _ = server.await;
-        }
+        serving.stop().await;
         if lost == Lost::Shutdown {
-            remove_own_socket(&own_socket, own_id);
+            remove_own_socket(&own_socket, sockets.own_id);
             tracing::info!("stopped serving the device plugin");
             return;
         }
@@ -314,6 +261,162 @@ pub async fn run(
             reason = lost.describe(),
             "lost the kubelet registration; registering again"
         );
+    }
+}
+
+/// How one step of the registration loop ended.
+enum Attempt<T> {
+    /// It succeeded with this.
+    Done(T),
+    /// It failed and its backoff has passed: start the loop over.
+    Retry,
+    /// Shutdown came first.
+    Shutdown,
+}
+
+/// The two sockets of one registration and their identities when it began.
+struct Sockets<'a> {
+    kubelet: &'a Path,
+    kubelet_id: FileId,
+    own: &'a Path,
+    own_id: Option<FileId>,
+}
+
+/// Logs once that the kubelet socket is missing, then waits for a change in the directory or
+/// the next poll; returns true if shutdown came first.
+async fn wait_for_kubelet_socket(
+    kubelet_socket: &Path,
+    waiting_logged: &mut bool,
+    wake: &Notify,
+    shutdown: &CancellationToken,
+) -> bool {
+    if !*waiting_logged {
+        tracing::info!(socket = %kubelet_socket.display(), "waiting for the kubelet socket");
+        *waiting_logged = true;
+    }
+    tokio::select! {
+        () = shutdown.cancelled() => true,
+        () = wake.notified() => false,
+        () = tokio::time::sleep(POLL_INTERVAL) => false,
+    }
+}
+
+/// Replaces whatever is at our socket's path with a fresh listener; on failure, waits out
+/// the backoff.
+async fn bind_own_socket(
+    own_socket: &Path,
+    backoff: &mut Backoff,
+    shutdown: &CancellationToken,
+) -> Attempt<UnixListener> {
+    let _ = std::fs::remove_file(own_socket);
+    match UnixListener::bind(own_socket) {
+        Ok(listener) => Attempt::Done(listener),
+        Err(source) => {
+            let e = KubeletError::Bind {
+                path: own_socket.to_path_buf(),
+                source,
+            };
+            let delay = backoff.next_delay();
+            tracing::error!(error = %e, retry_in = ?delay, "cannot serve the device plugin");
+            if sleep_or_shutdown(delay, shutdown).await {
+                Attempt::Shutdown
+            } else {
+                Attempt::Retry
+            }
+        }
+    }
+}
+
+/// One generation of the gRPC server on our socket; stopping it cancels only this
+/// generation's streams.
+struct Serving {
+    generation: CancellationToken,
+    streams: Arc<StreamTracker>,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Serving {
+    fn start(
+        listener: UnixListener,
+        state: &StateReceiver,
+        options: AllocateOptions,
+        metrics: &Arc<Metrics>,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        let generation = shutdown.child_token();
+        let streams = Arc::new(StreamTracker::default());
+        let service = DevicePluginService::new(
+            state.clone(),
+            options,
+            Arc::clone(metrics),
+            Arc::clone(&streams),
+            generation.clone(),
+        );
+        // kubelets before 1.26 send the socket path as :authority, which h2
+        // rejects; uds_authority rewrites it, within bounds.
+        let incoming = Gate::new(Limits::default()).incoming(listener);
+        let server = tokio::spawn(
+            Server::builder()
+                // The limits uds_authority enforces, advertised to clients.
+                .max_frame_size(MAX_FRAME_PAYLOAD as u32)
+                .http2_max_header_list_size(MAX_HEADER_LIST_SIZE as u32)
+                .add_service(DevicePluginServer::new(service))
+                .serve_with_incoming_shutdown(incoming, generation.clone().cancelled_owned()),
+        );
+        Self {
+            generation,
+            streams,
+            server,
+        }
+    }
+
+    /// Cancels this generation and waits for its server to finish.
+    async fn stop(self) {
+        self.generation.cancel();
+        if !self.server.is_finished() {
+            let _ = self.server.await;
+        }
+    }
+}
+
+/// Registers with the kubelet and holds the registration until it is lost; a failed
+/// registration stops the server and waits out the backoff.
+async fn register_and_hold(
+    settings: &KubeletSettings,
+    sockets: &Sockets<'_>,
+    serving: &mut Serving,
+    metrics: &Metrics,
+    backoff: &mut Backoff,
+    wake: &Notify,
+    shutdown: &CancellationToken,
+) -> Attempt<Lost> {
+    let registered = register(
+        sockets.kubelet,
+        &settings.socket_name,
+        &settings.resource_name,
+    )
+    .await;
+    metrics.record_registration(registered.is_ok());
+    match registered {
+        Ok(()) => {
+            backoff.reset();
+            metrics.set_ready(true);
+            tracing::info!(resource = %settings.resource_name, endpoint = %settings.socket_name, "registered with the kubelet");
+            let lost = watch_registration(sockets, serving, wake, shutdown).await;
+            metrics.set_ready(false);
+            Attempt::Done(lost)
+        }
+        Err(e) => {
+            let delay = backoff.next_delay();
+            tracing::warn!(error = %e, retry_in = ?delay, "registration with the kubelet failed");
+            serving.generation.cancel();
+            let _ = (&mut serving.server).await;
+            if sleep_or_shutdown(delay, shutdown).await {
+                Attempt::Shutdown
+            } else {
+                Attempt::Retry
+            }
+        }
     }
 }
 
@@ -332,17 +435,16 @@ async fn sleep_or_shutdown(delay: Duration, shutdown: &CancellationToken) -> boo
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Watches the sockets, the ListAndWatch streams and the server until the registration is
+/// lost, and says why.
 async fn watch_registration(
-    kubelet_socket: &Path,
-    kubelet_id: FileId,
-    own_socket: &Path,
-    own_id: Option<FileId>,
-    streams: &StreamTracker,
-    server: &mut tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    sockets: &Sockets<'_>,
+    serving: &mut Serving,
     wake: &Notify,
     shutdown: &CancellationToken,
 ) -> Lost {
+    let streams = &serving.streams;
+    let server = &mut serving.server;
     let mut stream_ended_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
@@ -359,12 +461,12 @@ async fn watch_registration(
                 return Lost::ServerStopped;
             }
         }
-        match identity(kubelet_socket) {
+        match identity(sockets.kubelet) {
             None => return Lost::KubeletSocketGone,
-            Some(id) if id != kubelet_id => return Lost::KubeletRestarted,
+            Some(id) if id != sockets.kubelet_id => return Lost::KubeletRestarted,
             Some(_) => {}
         }
-        if identity(own_socket) != own_id {
+        if identity(sockets.own) != sockets.own_id {
             return Lost::OwnSocketGone;
         }
         if let Some(at) = stream_ended_at {
