@@ -21,7 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{GpuFault, GpuInfo, Telemetry, ThrottleReason};
@@ -110,7 +110,71 @@ struct GpuFamilies {
     health: Family<GpuLabels, Gauge>,
 }
 
+/// Registers `metric` under `name` and returns the handle that updates it.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl GpuFamilies {
+    /// Registers the per-GPU telemetry series, in the order they are rendered.
+    fn register(registry: &mut Registry) -> Self {
+        let mut gauge = |name: &str, help: &str| {
+            registered(
+                registry,
+                name,
+                help,
+                Family::<GpuLabels, F64Gauge>::default(),
+            )
+        };
+        let utilization = gauge(
+            "trainyard_gpu_utilization_percent",
+            "GPU utilization in percent",
+        );
+        let memory_utilization = gauge(
+            "trainyard_gpu_memory_utilization_percent",
+            "Memory controller utilization in percent",
+        );
+        let memory_used = gauge(
+            "trainyard_gpu_memory_used_bytes",
+            "Framebuffer memory in use",
+        );
+        let memory_total = gauge(
+            "trainyard_gpu_memory_total_bytes",
+            "Framebuffer memory in total",
+        );
+        let temperature = gauge("trainyard_gpu_temperature_celsius", "GPU die temperature");
+        let power_draw = gauge("trainyard_gpu_power_draw_watts", "Power draw");
+        let power_limit = gauge("trainyard_gpu_power_limit_watts", "Enforced power limit");
+        let sm_clock = gauge("trainyard_gpu_sm_clock_hertz", "SM clock");
+        let memory_clock = gauge("trainyard_gpu_memory_clock_hertz", "Memory clock");
+        let throttle = registered(
+            registry,
+            "trainyard_gpu_throttle_reason",
+            "1 while the clock-throttle reason is active",
+            Family::<ThrottleLabels, Gauge>::default(),
+        );
+        let health = registered(
+            registry,
+            "trainyard_gpu_health",
+            "1 when the GPU is advertised healthy, 0 otherwise",
+            Family::<GpuLabels, Gauge>::default(),
+        );
+        Self {
+            utilization,
+            memory_utilization,
+            memory_used,
+            memory_total,
+            temperature,
+            power_draw,
+            power_limit,
+            sm_clock,
+            memory_clock,
+            throttle,
+            health,
+        }
+    }
+
     fn clear(&self) {
         for family in [
             &self.utilization,
@@ -160,83 +224,46 @@ impl Metrics {
     /// A fresh registry; `node` labels every per-GPU series.
     pub fn new(node: impl Into<String>) -> Self {
         let mut registry = Registry::default();
-        let devices = Family::<HealthLabels, Gauge>::default();
-        registry.register(
+        // Registration order is the order of the rendered text: the plugin's series first.
+        let devices = registered(
+            &mut registry,
             "trainyard_device_plugin_devices",
             "GPUs advertised to the kubelet, by health",
-            devices.clone(),
+            Family::<HealthLabels, Gauge>::default(),
         );
-        let allocations = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let allocations = registered(
+            &mut registry,
             "trainyard_device_plugin_allocations",
             "Allocate calls per container request, by result",
-            allocations.clone(),
+            Family::<ResultLabels, Counter>::default(),
         );
-        let allocated_devices = Counter::default();
-        registry.register(
+        let allocated_devices = registered(
+            &mut registry,
             "trainyard_device_plugin_allocated_devices",
             "GPUs handed out by successful Allocate calls",
-            allocated_devices.clone(),
+            Counter::default(),
         );
-        let registrations = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let registrations = registered(
+            &mut registry,
             "trainyard_device_plugin_registrations",
             "Registration attempts with the kubelet, by result",
-            registrations.clone(),
+            Family::<ResultLabels, Counter>::default(),
         );
-        let rpc_duration =
-            Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                rpc_histogram,
-            );
-        registry.register(
+        let rpc_duration = registered(
+            &mut registry,
             "trainyard_device_plugin_rpc_duration_seconds",
             "Time to serve device-plugin gRPC calls, by method",
-            rpc_duration.clone(),
+            Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                rpc_histogram,
+            ),
         );
-        let xid_events = Family::<XidLabels, Counter>::default();
-        registry.register(
+        let xid_events = registered(
+            &mut registry,
             "trainyard_gpu_xid_events",
             "XID errors seen, by GPU and XID (gpu is empty when not tied to one GPU)",
-            xid_events.clone(),
+            Family::<XidLabels, Counter>::default(),
         );
-        let mut gauge = |name: &str, help: &str| {
-            let family = Family::<GpuLabels, F64Gauge>::default();
-            registry.register(name, help, family.clone());
-            family
-        };
-        let utilization = gauge(
-            "trainyard_gpu_utilization_percent",
-            "GPU utilization in percent",
-        );
-        let memory_utilization = gauge(
-            "trainyard_gpu_memory_utilization_percent",
-            "Memory controller utilization in percent",
-        );
-        let memory_used = gauge(
-            "trainyard_gpu_memory_used_bytes",
-            "Framebuffer memory in use",
-        );
-        let memory_total = gauge(
-            "trainyard_gpu_memory_total_bytes",
-            "Framebuffer memory in total",
-        );
-        let temperature = gauge("trainyard_gpu_temperature_celsius", "GPU die temperature");
-        let power_draw = gauge("trainyard_gpu_power_draw_watts", "Power draw");
-        let power_limit = gauge("trainyard_gpu_power_limit_watts", "Enforced power limit");
-        let sm_clock = gauge("trainyard_gpu_sm_clock_hertz", "SM clock");
-        let memory_clock = gauge("trainyard_gpu_memory_clock_hertz", "Memory clock");
-        let throttle = Family::<ThrottleLabels, Gauge>::default();
-        registry.register(
-            "trainyard_gpu_throttle_reason",
-            "1 while the clock-throttle reason is active",
-            throttle.clone(),
-        );
-        let health = Family::<GpuLabels, Gauge>::default();
-        registry.register(
-            "trainyard_gpu_health",
-            "1 when the GPU is advertised healthy, 0 otherwise",
-            health.clone(),
-        );
+        let gpu = GpuFamilies::register(&mut registry);
         Self {
             registry,
             node: node.into(),
@@ -247,19 +274,7 @@ impl Metrics {
             registrations,
             rpc_duration,
             xid_events,
-            gpu: GpuFamilies {
-                utilization,
-                memory_utilization,
-                memory_used,
-                memory_total,
-                temperature,
-                power_draw,
-                power_limit,
-                sm_clock,
-                memory_clock,
-                throttle,
-                health,
-            },
+            gpu,
             ready: AtomicBool::new(false),
             liveness: Liveness::new(LivenessLimits::default(), Instant::now()),
         }
