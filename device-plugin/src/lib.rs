@@ -6,6 +6,10 @@
 //!
 //! The binary is a thin wrapper around [`run`] and [`discover`], so tests and
 //! benchmarks can run the whole plugin in-process against a fake GPU file.
+//!
+//! The label keys it writes, the default resource name and "major.minor"
+//! parsing come from the contract crate `trainyard_api`, which the operator
+//! reads them with.
 
 #![forbid(unsafe_code)]
 

@@ -5,7 +5,9 @@
 //! node 1 (on-demand) in the host's namespaces, node 2 (spot) in its own,
 //! which `e2e/cluster/node2.sh lose` takes away like a reclaimed VM.
 //! They are `#[ignore]`d in a plain `cargo test`; `make test` starts the
-//! cluster and runs them with `--ignored`. This library holds what every
+//! cluster and runs them with `--ignored`. The exception is `tests/contract.rs`, a plain
+//! test that feeds the device plugin's node labels to the operator's placement (this crate
+//! depends on both, so the check lives here). This library holds what every
 //! scenario needs: a client, polling with a deadline, Helm
 //! through `e2e/helm.py`, pod logs read from `/var/log/pods`, and control of
 //! the harness's kubelet.

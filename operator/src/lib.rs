@@ -8,6 +8,10 @@
 //! where [`ownership`] finds an object of the job's names that is not its own) → the thin
 //! [`controller`] that writes the status, carries out the actions, and shows the writes the API
 //! server rejects on the job ([`rejection`]).
+//!
+//! What it shares with the device plugin and the trainer (the `TrainingJob` types that [`crd`]
+//! re-exports, the GPU label keys, the env names, version parsing, the spot provider table)
+//! comes from the contract crate `trainyard_api`.
 #![forbid(unsafe_code)]
 
 pub mod cached_pod;
