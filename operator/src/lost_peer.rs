@@ -207,6 +207,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{node, pod_json, ts};
     use k8s_openapi::api::core::v1::Node;
+    use trainyard_api::spot::KARPENTER_DISRUPTED;
 
     const FAILED: &str = "2026-01-01T00:00:00Z";
 
@@ -227,7 +228,7 @@ mod tests {
         judge(
             ts(FAILED),
             &peers,
-            &["karpenter.sh/disrupted".to_owned()],
+            &[KARPENTER_DISRUPTED.to_owned()],
             SignedDuration::from_secs(60),
             ts(now),
         )
@@ -252,7 +253,7 @@ mod tests {
         let up = ready("n2");
         let not_ready = node("n2").not_ready_since("2026-01-01T00:00:05Z").build();
         let unreachable = node("n2").taint(UNREACHABLE_TAINT).build();
-        let disrupted = node("n2").taint("karpenter.sh/disrupted").build();
+        let disrupted = node("n2").taint(KARPENTER_DISRUPTED).build();
         let lost = |v: &Verdict| matches!(v, Verdict::Preemption(_));
         let cases: Vec<Case<'_>> = vec![
             (
