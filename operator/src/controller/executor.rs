@@ -428,3 +428,364 @@ async fn delete_pod(
         Err(e) => Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The executor against a recorded client: a `kube::Client` over a tower service that
+    //! records every request and answers from a script, no cluster.
+
+    use std::sync::Mutex;
+
+    use k8s_openapi::api::core::v1::Service;
+    use kube::runtime::reflector;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::fixtures::job_yaml;
+
+    /// One request as the API server would see it.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Sent {
+        method: String,
+        path: String,
+        /// The body, when it is JSON.
+        body: Value,
+    }
+
+    impl Sent {
+        fn is(&self, method: &str, path: &str) -> bool {
+            self.method == method && self.path == path
+        }
+    }
+
+    type Script = fn(&Sent) -> (u16, Value);
+
+    const STATUS: &str = "/apis/trainyard.dev/v1alpha1/namespaces/ml/trainingjobs/train/status";
+    const PODS: &str = "/api/v1/namespaces/ml/pods";
+    const SERVICES: &str = "/api/v1/namespaces/ml/services";
+
+    fn job() -> TrainingJob {
+        let mut job = job_yaml("workers: 2\n");
+        job.metadata.resource_version = Some("1".to_owned());
+        job
+    }
+
+    fn api_status(code: u16, reason: &str, message: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+               "code": code, "reason": reason, "message": message})
+    }
+
+    /// What an API server answers that accepts everything: the job with a new
+    /// resourceVersion to a status write, the object to a create or a delete.
+    fn accept(sent: &Sent) -> (u16, Value) {
+        match sent.method.as_str() {
+            "PATCH" => {
+                let mut written = serde_json::to_value(job()).expect("job");
+                written["metadata"]["resourceVersion"] = json!("2");
+                written["status"] = sent.body["status"].clone();
+                (200, written)
+            }
+            "POST" => (201, sent.body.clone()),
+            _ => {
+                let name = sent.path.rsplit('/').next().unwrap_or_default();
+                (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Pod",
+                             "metadata": {"name": name, "namespace": "ml"}}),
+                )
+            }
+        }
+    }
+
+    /// A client whose requests are recorded in the returned log and answered by `script`.
+    fn recorded_client(script: Script) -> (Client, Arc<Mutex<Vec<Sent>>>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let recorder = log.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let log = recorder.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect_bytes().await?;
+                let sent = Sent {
+                    method: parts.method.to_string(),
+                    path: parts.uri.path().to_owned(),
+                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                };
+                log.lock().expect("log").push(sent.clone());
+                let (code, answer) = script(&sent);
+                let response = http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&answer).expect("json"),
+                    ))
+                    .expect("response");
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        (Client::new(service, "default"), log)
+    }
+
+    struct Harness {
+        executor: Executor,
+        log: Arc<Mutex<Vec<Sent>>>,
+        events: mpsc::Receiver<EventBatch>,
+    }
+
+    impl Harness {
+        fn new(script: Script) -> Self {
+            let (client, log) = recorded_client(script);
+            let (events_tx, events) = mpsc::channel(16);
+            let executor = Executor::new(
+                client,
+                Arc::new(Expectations::new(Duration::from_secs(15))),
+                events_tx,
+                Arc::new(Metrics::new()),
+                Arc::new(JobMemory::default()),
+                reflector::store().0,
+            );
+            Self {
+                executor,
+                log,
+                events,
+            }
+        }
+
+        fn sent(&self) -> Vec<Sent> {
+            self.log.lock().expect("log").clone()
+        }
+
+        fn queued_events(&mut self) -> Vec<JobEvent> {
+            let mut all = Vec::new();
+            while let Ok((_, events)) = self.events.try_recv() {
+                all.extend(events);
+            }
+            all
+        }
+
+        async fn carry_out(
+            &self,
+            plan: plan::Plan,
+            write_status: bool,
+        ) -> Result<Option<Duration>, Error> {
+            self.executor
+                .carry_out(&job(), plan, write_status, Timestamp::now())
+                .await
+        }
+    }
+
+    fn round(actions: Vec<PlanAction>) -> plan::Plan {
+        plan::Plan {
+            status: TrainingJobStatus {
+                attempt: 1,
+                ..TrainingJobStatus::default()
+            },
+            actions,
+            events: Vec::new(),
+            requeue_at: None,
+            restart: None,
+            creates_attempt: None,
+        }
+    }
+
+    fn create_pod(rank: u32) -> PlanAction {
+        PlanAction::CreatePod(Box::new(
+            serde_json::from_value(json!({"metadata": {"name": format!("train-worker-{rank}")}}))
+                .expect("pod"),
+        ))
+    }
+
+    fn delete_pod(rank: u32) -> PlanAction {
+        PlanAction::DeletePod {
+            name: format!("train-worker-{rank}"),
+            uid: Some(format!("uid-{rank}")),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_restart_round_writes_the_status_before_any_delete() {
+        let h = Harness::new(accept);
+        let mut plan = round(vec![delete_pod(0), delete_pod(1)]);
+        plan.restart = Some(RestartReason::Preemption);
+        h.carry_out(plan, true).await.expect("round");
+        let sent = h.sent();
+        assert_eq!(sent.len(), 3, "{sent:#?}");
+        assert!(sent[0].is("PATCH", STATUS), "{sent:#?}");
+        assert_eq!(sent[0].body["status"]["attempt"], json!(1));
+        let mut deleted: Vec<&str> = sent[1..]
+            .iter()
+            .filter(|s| s.method == "DELETE")
+            .map(|s| s.path.as_str())
+            .collect();
+        deleted.sort_unstable();
+        assert_eq!(
+            deleted,
+            [
+                "/api/v1/namespaces/ml/pods/train-worker-0",
+                "/api/v1/namespaces/ml/pods/train-worker-1"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_round_that_deletes_or_restarts_sends_nothing_else_when_its_status_write_fails() {
+        let mut restart_without_deletes = round(vec![create_pod(0)]);
+        restart_without_deletes.restart = Some(RestartReason::Failure);
+        for plan in [
+            round(vec![delete_pod(0), create_pod(1)]),
+            restart_without_deletes,
+        ] {
+            let h = Harness::new(|sent| match sent.method.as_str() {
+                "PATCH" => (500, api_status(500, "InternalError", "etcd is down")),
+                _ => accept(sent),
+            });
+            let err = h
+                .carry_out(plan, true)
+                .await
+                .expect_err("the status write failed");
+            assert!(matches!(err, Error::Kube { .. }), "{err}");
+            let sent = h.sent();
+            assert_eq!(sent.len(), 1, "{sent:#?}");
+            assert!(sent[0].is("PATCH", STATUS));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_create_round_sends_its_creates_and_the_status_write() {
+        let h = Harness::new(accept);
+        let service: Service =
+            serde_json::from_value(json!({"metadata": {"name": "train"}})).expect("service");
+        let plan = round(vec![
+            create_pod(0),
+            create_pod(1),
+            PlanAction::CreateService(Box::new(service)),
+        ]);
+        assert_eq!(h.carry_out(plan, true).await.expect("round"), None);
+        let sent = h.sent();
+        assert_eq!(sent.len(), 4, "{sent:#?}");
+        assert_eq!(sent.iter().filter(|s| s.is("PATCH", STATUS)).count(), 1);
+        let pods: Vec<_> = sent.iter().filter(|s| s.is("POST", PODS)).collect();
+        assert_eq!(pods.len(), 2, "{sent:#?}");
+        assert!(pods.iter().all(|p| p.body["kind"] == json!("Pod")));
+        assert_eq!(sent.iter().filter(|s| s.is("POST", SERVICES)).count(), 1);
+        // Created: held back until the watch shows them.
+        let expectations = h.executor.expectations();
+        assert!(
+            expectations
+                .holds(Kind::Pod, "ml", "train-worker-0")
+                .is_some()
+        );
+        assert!(expectations.holds(Kind::Service, "ml", "train").is_some());
+    }
+
+    #[tokio::test]
+    async fn an_already_exists_create_counts_as_not_written() {
+        let h = Harness::new(|sent| match sent.method.as_str() {
+            "POST" => (
+                409,
+                api_status(
+                    409,
+                    "AlreadyExists",
+                    "pods \"train-worker-0\" already exists",
+                ),
+            ),
+            _ => accept(sent),
+        });
+        h.carry_out(round(vec![create_pod(0)]), false)
+            .await
+            .expect("AlreadyExists is no error");
+        let sent = h.sent();
+        assert_eq!(
+            sent.len(),
+            1,
+            "nothing accepted, nothing rejected: {sent:#?}"
+        );
+        assert!(sent[0].is("POST", PODS));
+        // No watch event will come for a write that did not happen.
+        let expectations = h.executor.expectations();
+        assert_eq!(expectations.holds(Kind::Pod, "ml", "train-worker-0"), None);
+        assert!(expectations.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_rejected_pod_create_sets_write_rejected() {
+        let mut h = Harness::new(|sent| match sent.method.as_str() {
+            "POST" => (
+                422,
+                api_status(
+                    422,
+                    "Invalid",
+                    "Pod \"train-worker-0\" is invalid: spec.containers[0].env[0].name: Invalid value: \"1BAD\"",
+                ),
+            ),
+            _ => accept(sent),
+        });
+        let err = h
+            .carry_out(round(vec![create_pod(0)]), false)
+            .await
+            .expect_err("a rejected write fails the round");
+        assert!(matches!(err, Error::Kube { .. }), "{err}");
+        let sent = h.sent();
+        assert_eq!(sent.len(), 2, "{sent:#?}");
+        assert!(sent[0].is("POST", PODS));
+        assert!(sent[1].is("PATCH", STATUS), "{sent:#?}");
+        let conditions = sent[1].body["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let rejected = conditions
+            .iter()
+            .find(|c| c["type"] == json!(condition::WRITE_REJECTED))
+            .expect("a WriteRejected condition");
+        assert_eq!(rejected["status"], json!("True"));
+        assert_eq!(rejected["reason"], json!("Invalid"));
+        assert!(
+            rejected["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("1BAD"))
+        );
+        let events = h.queued_events();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.kind == EventKind::Warning && e.reason == "WriteRejected"),
+            "{events:?}"
+        );
+        assert_eq!(
+            h.executor
+                .expectations()
+                .holds(Kind::Pod, "ml", "train-worker-0"),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn a_round_with_nothing_to_write_sends_no_request() {
+        let mut h = Harness::new(accept);
+        assert_eq!(
+            h.carry_out(round(Vec::new()), false).await.expect("round"),
+            None
+        );
+        assert_eq!(h.sent(), []);
+        assert_eq!(h.queued_events(), []);
+    }
+
+    #[tokio::test]
+    async fn an_action_on_a_write_the_caches_do_not_show_yet_is_held_back() {
+        let h = Harness::new(accept);
+        h.executor
+            .expectations()
+            .expect(Kind::Pod, "ml", "train-worker-0");
+        let held = h
+            .carry_out(round(vec![create_pod(0), create_pod(1)]), false)
+            .await
+            .expect("round");
+        assert!(
+            held.is_some_and(|d| d <= Duration::from_secs(15)),
+            "{held:?}"
+        );
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1, "{sent:#?}");
+        assert_eq!(sent[0].body["metadata"]["name"], json!("train-worker-1"));
+    }
+}
