@@ -381,7 +381,7 @@ fn action_target(action: &PlanAction) -> (Kind, &str) {
 /// would take over a user's Service and give it an owner reference through which the garbage
 /// collector deletes it with the job; a pod must never be mutated into a new attempt. An
 /// AlreadyExists means an earlier round created it, or that it is someone else's, which the
-/// caches then show ([`ownership`]).
+/// caches then show ([`crate::ownership`]).
 async fn create<K>(client: Client, ns: &str, object: K) -> Result<bool, Error>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>

@@ -1,13 +1,13 @@
 //! The thin layer between the pure pipeline and the API server, split by job:
 //!
-//! - [`wiring`]: the watches, their reflector caches, which jobs a change to a node, a PVC or
-//!   a Service wakes ([`triggers`]), and the kube-runtime Controller built from them;
-//! - [`observe`]: what one reconcile reads from the caches ([`observe::Caches`]);
-//! - [`status_cache`]: the status the operator wrote last and the per-worker detail it has
+//! - `wiring`: the watches, their reflector caches, which jobs a change to a node, a PVC or
+//!   a Service wakes (`triggers`), and the kube-runtime Controller built from them;
+//! - `observe`: what one reconcile reads from the caches (`observe::Caches`);
+//! - `status_cache`: the status the operator wrote last and the per-worker detail it has
 //!   not written yet, and when a decided status is written;
-//! - [`executor`]: carries out one round's decision, in the write order it documents, holds
-//!   writes back for their expectations, and publishes the Events ([`events`]);
-//! - [`reconcile`]: glues them together for one job.
+//! - `executor`: carries out one round's decision, in the write order it documents, holds
+//!   writes back for their expectations, and publishes the Events (`events`);
+//! - `reconcile`: glues them together for one job.
 //!
 //! One kube-runtime Controller on TrainingJobs. Pods (owned), Nodes, Services and PVCs are
 //! each watched once into reflector caches that every reconcile reads, so a reconcile makes no
