@@ -88,14 +88,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let shutdown = shutdown.shared();
     if let Some(addr) = config.metrics_addr {
-        let (local, server) =
-            crate::metrics::serve(addr, metrics.clone(), shutdown.clone()).await?;
-        tracing::info!(%local, "serving /metrics, /healthz and /readyz");
-        tokio::spawn(async move {
-            if let Err(e) = server.await {
-                tracing::error!(error = %e, "metrics server stopped");
-            }
-        });
+        serve_metrics(addr, metrics.clone(), shutdown.clone()).await?;
     }
 
     tokio::select! {
@@ -158,6 +151,22 @@ pub async fn run(
         }
     }
     result
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown` completes.
+async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let (local, server) = crate::metrics::serve(addr, metrics, shutdown).await?;
+    tracing::info!(%local, "serving /metrics, /healthz and /readyz");
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(())
 }
 
 /// Polls the CRD with GET (which RBAC can restrict to this one name) until it is Established.

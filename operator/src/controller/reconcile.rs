@@ -11,11 +11,12 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use crate::crd::TrainingJob;
+use super::status_cache::Known;
+use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::job_memory::{StateSizes, error_key};
 use crate::plan::{self, Action as PlanAction, StatusWrite};
-use crate::validate::validate;
+use crate::validate::{InvalidSpec, ValidJob, validate};
 
 /// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).
 const RESYNC: Duration = Duration::from_secs(300);
@@ -87,35 +88,9 @@ async fn reconcile_inner(
 
     let valid = match validate(job) {
         Ok(v) => v,
-        Err(e) => {
-            let (status, events) =
-                plan::invalid_status(&known.current, &e, job.metadata.generation, now);
-            if status != known.written {
-                ctx.executor.write_status(job, &status).await?;
-            }
-            ctx.executor.publish(&job.object_ref(&()), events).await;
-            return Err(Error::InvalidSpec(e));
-        }
+        Err(e) => return Err(reject_invalid(ctx, job, &known, e, now).await),
     };
-
-    let current = &known.current;
-    let mut observed = ctx.caches.observe(&valid, current, now);
-    let mut decided = plan::decide(&valid, &observed, current, &ctx.config);
-    // Pods to create that copy a sibling's placement need the sibling whole; decided again
-    // with it (rare: see sibling_to_read).
-    let creates = decided
-        .actions
-        .iter()
-        .any(|a| matches!(a, PlanAction::CreatePod(_)));
-    if creates
-        && ctx
-            .caches
-            .read_sibling_whole(&valid, decided.status.attempt, &mut observed)
-            .await?
-    {
-        decided = plan::decide(&valid, &observed, current, &ctx.config);
-    }
-
+    let decided = observe_and_decide(ctx, &valid, &known.current, now).await?;
     let write = ctx.memory.status.schedule(&uid, &known, &decided.status);
     let requeue_at = decided.requeue_at;
     let held_for = ctx
@@ -131,6 +106,51 @@ async fn reconcile_inner(
         write_later,
         held_for,
     )))
+}
+
+/// Shows an invalid spec on the job (the `InvalidSpec` condition and its Event); the error
+/// to fail the reconcile with.
+async fn reject_invalid(
+    ctx: &Context,
+    job: &TrainingJob,
+    known: &Known,
+    invalid: InvalidSpec,
+    now: Timestamp,
+) -> Error {
+    let (status, events) =
+        plan::invalid_status(&known.current, &invalid, job.metadata.generation, now);
+    if status != known.written
+        && let Err(e) = ctx.executor.write_status(job, &status).await
+    {
+        return e;
+    }
+    ctx.executor.publish(&job.object_ref(&()), events).await;
+    Error::InvalidSpec(invalid)
+}
+
+/// Observes the job in the caches and decides; decided again when pods to create copy a
+/// sibling's placement and need the sibling whole (rare: see `sibling_to_read`).
+async fn observe_and_decide(
+    ctx: &Context,
+    valid: &ValidJob,
+    current: &TrainingJobStatus,
+    now: Timestamp,
+) -> Result<plan::Plan, Error> {
+    let mut observed = ctx.caches.observe(valid, current, now);
+    let decided = plan::decide(valid, &observed, current, &ctx.config);
+    let creates = decided
+        .actions
+        .iter()
+        .any(|a| matches!(a, PlanAction::CreatePod(_)));
+    if creates
+        && ctx
+            .caches
+            .read_sibling_whole(valid, decided.status.attempt, &mut observed)
+            .await?
+    {
+        return Ok(plan::decide(valid, &observed, current, &ctx.config));
+    }
+    Ok(decided)
 }
 
 /// When to look at the job again: at the time the plan asked for (at least half a second from

@@ -160,3 +160,56 @@ impl StatusCache {
         (lock(&self.written).len(), lock(&self.deferred).len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::WorkerStatus;
+    use crate::fixtures::job_yaml;
+
+    fn with_worker(status: &TrainingJobStatus, phase: &str) -> TrainingJobStatus {
+        TrainingJobStatus {
+            workers: vec![WorkerStatus {
+                rank: 0,
+                pod: "train-worker-0".to_owned(),
+                node: None,
+                phase: phase.to_owned(),
+                reason: None,
+            }],
+            ..status.clone()
+        }
+    }
+
+    #[test]
+    fn worker_detail_is_deferred_read_back_and_dropped_once_written() {
+        let cache = StatusCache::default();
+        let mut job = job_yaml("workers: 1\n");
+        job.metadata.resource_version = Some("5".to_owned());
+        let known = cache.current(&job);
+        assert_eq!(known.detail_waiting, None);
+        // Only per-worker detail changed: kept, and what the next reconcile decides on.
+        let detail = with_worker(&known.written, "Pending");
+        let write = cache.schedule("uid-1", &known, &detail);
+        assert_eq!(write, StatusWrite::Later(WORKER_DETAIL_BATCH));
+        let next = cache.current(&job);
+        assert_eq!(next.current, detail);
+        assert_eq!(next.written, known.written);
+        assert!(next.detail_waiting.is_some());
+        // Our write is newer than the cached job: it is what the API server holds.
+        cache.remember_written("uid-1", Some("6"), &detail);
+        let after = cache.current(&job);
+        assert_eq!(
+            (after.written.clone(), after.detail_waiting),
+            (detail.clone(), None)
+        );
+        assert_eq!(
+            cache.schedule("uid-1", &after, &detail),
+            StatusWrite::Unchanged
+        );
+        // The job cache caught up: our copy is dropped.
+        job.metadata.resource_version = Some("6".to_owned());
+        job.status = Some(detail.clone());
+        assert_eq!(cache.current(&job).written, detail);
+        assert_eq!(cache.sizes(), (0, 0));
+    }
+}
