@@ -14,27 +14,22 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
-use crate::crd::{TrainingJob, TrainingJobStatus};
+use crate::controller::status_cache::StatusCache;
+use crate::crd::TrainingJob;
 use crate::expectations::Expectations;
 
 /// The per-job maps of the controller.
 #[derive(Debug, Default)]
 pub struct JobMemory {
-    /// Status we wrote, by uid, with the resourceVersion the write produced: used while the
-    /// TrainingJob cache has not caught up with our own write, so that a stale status is
-    /// never decided on twice.
-    written: Mutex<HashMap<String, (u64, TrainingJobStatus)>>,
-    /// Status whose only change is per-worker detail, not written yet, by uid, with when it was
-    /// first deferred ([`crate::plan::status_write`]). Decisions read it, so a worker seen here
-    /// and then gone is a preemption even before the detail is written.
-    deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
+    /// Status written and worker detail not written yet ([`StatusCache`]).
+    pub(crate) status: StatusCache,
     /// When a restart was decided, by uid, with the attempt it starts (for the recovery
     /// histogram).
     detected: Mutex<HashMap<String, (u32, Instant)>>,
@@ -64,9 +59,10 @@ pub struct StateSizes {
 impl StateSizes {
     /// The sizes of `memory` and `expectations` now.
     pub fn of(memory: &JobMemory, expectations: &Expectations) -> Self {
+        let (written, deferred) = memory.status.sizes();
         Self {
-            written: lock(&memory.written).len(),
-            deferred: lock(&memory.deferred).len(),
+            written,
+            deferred,
             detected: lock(&memory.detected).len(),
             error_counts: lock(&memory.error_counts).len(),
             reported_malformed: lock(&memory.reported_malformed).len(),
@@ -131,68 +127,6 @@ fn path(meta: &ObjectMeta) -> String {
 }
 
 impl JobMemory {
-    /// The job's status, or the one we wrote last if the cache has not caught up with it.
-    pub fn freshest_status(&self, job: &TrainingJob) -> TrainingJobStatus {
-        let uid = job.metadata.uid.clone().unwrap_or_default();
-        let cached_rv = job
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|rv| rv.parse::<u64>().ok());
-        let mut written = lock(&self.written);
-        if let (Some((rv, status)), Some(cached)) = (written.get(&uid), cached_rv)
-            && *rv > cached
-        {
-            return status.clone();
-        }
-        written.remove(&uid);
-        job.status.clone().unwrap_or_default()
-    }
-
-    /// The written status with the worker detail still waiting to be written, and how long
-    /// that has waited.
-    pub fn with_deferred_detail(
-        &self,
-        uid: &str,
-        written: &TrainingJobStatus,
-    ) -> (TrainingJobStatus, Option<Duration>) {
-        let mut current = written.clone();
-        let mut deferred = lock(&self.deferred);
-        match deferred.get(uid) {
-            Some((status, since)) if status.attempt == written.attempt => {
-                current.workers = status.workers.clone();
-                (current, Some(since.elapsed()))
-            }
-            Some(_) => {
-                deferred.remove(uid);
-                (current, None)
-            }
-            None => (current, None),
-        }
-    }
-
-    /// Keeps a status whose only change is worker detail, to be written later.
-    pub fn defer_detail(&self, uid: &str, status: &TrainingJobStatus) {
-        let mut deferred = lock(&self.deferred);
-        let since = deferred
-            .get(uid)
-            .map_or_else(Instant::now, |(_, since)| *since);
-        deferred.insert(uid.to_owned(), (status.clone(), since));
-    }
-
-    /// Nothing is left to write.
-    pub fn drop_deferred(&self, uid: &str) {
-        lock(&self.deferred).remove(uid);
-    }
-
-    /// A status write went through, producing resourceVersion `rv`.
-    pub fn remember_written(&self, uid: &str, rv: Option<&str>, status: &TrainingJobStatus) {
-        lock(&self.deferred).remove(uid);
-        if let Some(rv) = rv.and_then(|rv| rv.parse::<u64>().ok()) {
-            lock(&self.written).insert(uid.to_owned(), (rv, status.clone()));
-        }
-    }
-
     /// A restart into `attempt` was decided now.
     pub fn restart_detected(&self, uid: &str, attempt: u32) {
         lock(&self.detected).insert(uid.to_owned(), (attempt, Instant::now()));
@@ -241,25 +175,24 @@ impl JobMemory {
 
     /// Forgets everything about one job.
     pub fn forget(&self, uid: &str, path: &str) {
-        lock(&self.written).remove(uid);
-        lock(&self.deferred).remove(uid);
+        self.status.forget(uid);
         lock(&self.detected).remove(uid);
         lock(&self.reported_malformed).remove(uid);
         lock(&self.error_counts).remove(path);
     }
 
     fn retain(&self, live: &LiveJobs) {
-        lock(&self.written).retain(|uid, _| live.uids.contains(uid));
-        lock(&self.deferred).retain(|uid, _| live.uids.contains(uid));
+        self.status.retain(|uid| live.uids.contains(uid));
         lock(&self.detected).retain(|uid, _| live.uids.contains(uid));
         lock(&self.reported_malformed).retain(|uid, _| live.uids.contains(uid));
         lock(&self.error_counts).retain(|path, _| live.paths.contains(path));
     }
 
     fn largest(&self) -> usize {
+        let (written, deferred) = self.status.sizes();
         [
-            lock(&self.written).len(),
-            lock(&self.deferred).len(),
+            written,
+            deferred,
             lock(&self.detected).len(),
             lock(&self.error_counts).len(),
             lock(&self.reported_malformed).len(),
@@ -308,10 +241,12 @@ impl JobMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::TrainingJobStatus;
     use crate::expectations::Kind;
     use crate::fixtures::job_yaml;
     use kube::core::error_boundary::InvalidObject;
     use kube::runtime::reflector;
+    use std::time::Duration;
 
     const JOBS: usize = 1000;
 
@@ -350,13 +285,13 @@ mod tests {
             attempt: 1,
             ..TrainingJobStatus::default()
         };
-        memory.remember_written(uid, Some("11"), &status);
+        memory.status.remember_written(uid, Some("11"), &status);
         assert_eq!(
-            memory.freshest_status(tj),
+            memory.status.freshest_status(tj),
             status,
             "the cache trails our write"
         );
-        memory.defer_detail(uid, &status);
+        memory.status.defer_detail(uid, &status);
         memory.restart_detected(uid, 1);
         memory.count_error(&error_key(ns, name));
         for rank in 0..2 {

@@ -6,8 +6,9 @@
 //! [`validate::validate`] → [`plan::decide`] (which uses [`placement`], [`preemption`] and the
 //! [`lost_peer`] rule and the [`pods`], [`service`] and [`pvc`] builders, and creates nothing
 //! where [`ownership`] finds an object of the job's names that is not its own) → the thin
-//! [`controller`] that writes the status, carries out the actions, and shows the writes the API
-//! server rejects on the job ([`rejection`]).
+//! [`controller`]: wiring, a status cache and an executor that writes the status and carries
+//! out the actions in one stated order, and shows the writes the API server rejects on the job
+//! ([`rejection`]).
 //!
 //! What it shares with the device plugin and the trainer (the `TrainingJob` types that [`crd`]
 //! re-exports, the GPU label keys, the env names, version parsing, the spot provider table)

@@ -2,10 +2,12 @@
 //! status, compute the next status, the actions that move the cluster towards it, and the
 //! Events that describe the transition.
 //!
-//! The controller writes the new status *before* it acts. Everything that must not happen
-//! twice (counting a preemption, bumping the attempt) is a status transition, and every action
-//! is idempotent and derived again from status plus observation on the next round. So a crash
-//! between any two steps repeats actions, never decisions:
+//! Everything that must not happen twice (counting a preemption, bumping the attempt) is a
+//! status transition, and every action is idempotent and derived again from status plus
+//! observation on the next round. The controller persists a status that deletes or restarts
+//! before acting on it, and sends creates together with the status write (the write order is
+//! stated once, in `controller/executor.rs`). So a crash between any two steps repeats
+//! actions, never decisions:
 //! - pods have deterministic names (`<job>-worker-<rank>`), so a repeated create cannot duplicate;
 //! - the next attempt's pods are created only after every older pod is gone;
 //! - only pods recorded in `status.workers` can "disappear", so a pod the cache has not seen
@@ -99,7 +101,7 @@ impl Observed {
     }
 }
 
-/// Something the controller must do after writing the status.
+/// Something the controller must do (in the write order of `controller/executor.rs`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Create the rendezvous Service (AlreadyExists means it is there: never adopted).
@@ -172,9 +174,10 @@ impl JobEvent {
 /// The outcome of one decision.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
-    /// The status to write before acting.
+    /// The status to write (before the actions when they delete or restart; see the write
+    /// order in `controller/executor.rs`).
     pub status: TrainingJobStatus,
-    /// What to do after the status is written.
+    /// What to do.
     pub actions: Vec<Action>,
     /// Events describing transitions.
     pub events: Vec<JobEvent>,

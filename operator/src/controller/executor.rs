@@ -1,0 +1,791 @@
+//! The executor: carries out one round's decision against the API server.
+//!
+//! # Write order
+//!
+//! This is the one statement of the order in which a round writes; docs/operator.md points
+//! here. In one round ([`Executor::carry_out`]):
+//!
+//! 1. Actions on an object whose last write the caches do not show yet are held back
+//!    ([`Expectations`]); the round is requeued for when the first of them lapses at the latest.
+//!    Every other action is recorded as expected *before* it is sent, so that its own watch event
+//!    cannot arrive first.
+//! 2. When the round decides a restart or deletes a pod (a restart, a failure, a suspend), the
+//!    decided status is written first, and the deletes and creates are sent only once that
+//!    write has succeeded; if it fails, nothing else is sent. Deleted workers must never look
+//!    like preempted ones after a crash.
+//! 3. Otherwise the status write and the creates are sent together (concurrently): a create is
+//!    idempotent by name and derived again from status plus observation on every round, so
+//!    persisting first would only cost a round trip.
+//! 4. Then the round's Events are queued; then, when a write was rejected for good (or the
+//!    first accepted write after a rejection clears it), the status with the `WriteRejected`
+//!    condition is written ([`rejection::after_writes`]), and its Event queued; then the first
+//!    failed action fails the round.
+//!
+//! The status is written only when the status cache says so (a change other than per-worker
+//! detail, or detail that has waited its batch). A round with nothing to write sends nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, future};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
+use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::FIELD_MANAGER;
+use super::events::EventBatch;
+use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
+use crate::error::Error;
+use crate::expectations::{Expectations, Kind};
+use crate::job_memory::JobMemory;
+use crate::metrics::{Metrics, RestartLabels};
+use crate::plan::{self, Action as PlanAction, EventKind, JobEvent, condition};
+use crate::rejection::{self, Writes};
+
+/// Writes what reconciles decide, in the order above, and queues their Events.
+pub(super) struct Executor {
+    client: Client,
+    /// Writes the caches do not show yet, and that must not be repeated meanwhile.
+    expectations: Arc<Expectations>,
+    /// Events go to a publisher task ([`super::events`]).
+    events: mpsc::Sender<EventBatch>,
+    metrics: Arc<Metrics>,
+    /// Where status writes, restarts and malformed reports are remembered.
+    memory: Arc<JobMemory>,
+    /// The jobs that exist, against which that memory is swept.
+    jobs: Store<DeserializeGuard<TrainingJob>>,
+}
+
+impl Executor {
+    pub(super) fn new(
+        client: Client,
+        expectations: Arc<Expectations>,
+        events: mpsc::Sender<EventBatch>,
+        metrics: Arc<Metrics>,
+        memory: Arc<JobMemory>,
+        jobs: Store<DeserializeGuard<TrainingJob>>,
+    ) -> Self {
+        Self {
+            client,
+            expectations,
+            events,
+            metrics,
+            memory,
+            jobs,
+        }
+    }
+
+    /// The writes the caches do not show yet.
+    pub(super) fn expectations(&self) -> &Expectations {
+        &self.expectations
+    }
+
+    /// Carries out one round of `job`: `decided`, with its status written when `write_status`
+    /// (see the module's write order). Returns how long a held-back action waits at most.
+    pub(super) async fn carry_out(
+        &self,
+        job: &TrainingJob,
+        decided: plan::Plan,
+        write_status: bool,
+        now: Timestamp,
+    ) -> Result<Option<Duration>, Error> {
+        let ns = job.namespace().unwrap_or_default();
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let reference = job.object_ref(&());
+        if let Some(reason) = decided.restart {
+            self.count_restart(job, &uid, reason, decided.status.attempt);
+        }
+        let (actions, held_for) = self.hold_back_unobserved(&ns, decided.actions);
+        let write = async {
+            if write_status {
+                self.write_status(job, &decided.status).await
+            } else {
+                Ok(())
+            }
+        };
+        let (writes, acted) =
+            if decided.restart.is_some() || actions.iter().any(PlanAction::deletes) {
+                write.await?;
+                self.execute(&ns, actions).await
+            } else {
+                let (wrote, acted) = future::join(write, self.execute(&ns, actions)).await;
+                wrote?;
+                acted
+            };
+        self.publish(&reference, decided.events).await;
+        // A rejected write is shown on the job; the error below retries it with backoff.
+        let (after, events) =
+            rejection::after_writes(&decided.status, &writes, job.metadata.generation, now);
+        if after != decided.status {
+            self.write_status(job, &after).await?;
+        }
+        self.publish(&reference, events).await;
+        acted?;
+        self.observe_recovery(&uid, &decided.status, decided.creates_attempt, now);
+        Ok(held_for)
+    }
+
+    /// Counts a gang restart decided now, and remembers when (for the recovery histogram).
+    fn count_restart(&self, job: &TrainingJob, uid: &str, reason: RestartReason, attempt: u32) {
+        self.metrics
+            .restarts
+            .get_or_create(&RestartLabels {
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
+        self.memory.restart_detected(uid, attempt);
+        let ns = job.namespace().unwrap_or_default();
+        tracing::info!(job = %format!("{ns}/{}", job.name_any()), attempt, reason = reason.as_str(), "gang restart");
+    }
+
+    /// The pods of a new attempt went out: how long the preemption that started it took to
+    /// recover from. Taken whatever the restart's reason, so that a failure restart leaves
+    /// nothing behind.
+    fn observe_recovery(
+        &self,
+        uid: &str,
+        status: &TrainingJobStatus,
+        creates_attempt: Option<u32>,
+        now: Timestamp,
+    ) {
+        let detected = creates_attempt.and_then(|_| self.memory.take_detected(uid));
+        if let Some(attempt) = creates_attempt
+            && attempt > 0
+            && status.last_restart.as_ref().map(|l| l.reason) == Some(RestartReason::Preemption)
+        {
+            let since = match detected {
+                Some((a, at)) if a == attempt => Some(at.elapsed().as_secs_f64()),
+                _ => status
+                    .last_restart
+                    .as_ref()
+                    .map(|l| now.duration_since(l.time.0).as_secs_f64()),
+            };
+            if let Some(seconds) = since {
+                self.metrics.preemption_recovery.observe(seconds.max(0.0));
+            }
+        }
+    }
+
+    pub(super) async fn write_status(
+        &self,
+        job: &TrainingJob,
+        status: &TrainingJobStatus,
+    ) -> Result<(), Error> {
+        let ns = job.namespace().unwrap_or_default();
+        let name = job.name_any();
+        let api: Api<TrainingJob> = Api::namespaced(self.client.clone(), &ns);
+        let patch = json!({
+            "apiVersion": TrainingJob::api_version(&()),
+            "kind": TrainingJob::kind(&()),
+            "status": status,
+        });
+        let written = api
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "writing status of TrainingJob {ns}/{name}"
+            )))?;
+        self.memory.status.remember_written(
+            &job.metadata.uid.clone().unwrap_or_default(),
+            written.metadata.resource_version.as_deref(),
+            status,
+        );
+        self.memory.sweep_if_outgrown(&self.jobs);
+        Ok(())
+    }
+
+    /// Queues Events for the publisher task (waiting only when its queue is full).
+    pub(super) async fn publish(&self, reference: &ObjectReference, events: Vec<JobEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        if self.events.send((reference.clone(), events)).await.is_err() {
+            tracing::warn!("the Event publisher has stopped; dropping Events");
+        }
+    }
+
+    /// Drops the actions on objects whose last write the caches do not show yet, and says how
+    /// long the first of those is held back at most.
+    fn hold_back_unobserved(
+        &self,
+        ns: &str,
+        actions: Vec<PlanAction>,
+    ) -> (Vec<PlanAction>, Option<Duration>) {
+        let mut held: Option<Duration> = None;
+        let kept = actions
+            .into_iter()
+            .filter(|action| {
+                let (kind, name) = action_target(action);
+                match self.expectations.holds(kind, ns, name) {
+                    Some(left) => {
+                        tracing::debug!(
+                            namespace = ns,
+                            name,
+                            ?kind,
+                            "waiting for the watch to show the last write"
+                        );
+                        held = Some(held.map_or(left, |h| h.min(left)));
+                        false
+                    }
+                    None => true,
+                }
+            })
+            .collect();
+        (kept, held)
+    }
+
+    /// Carries out the actions; says what the API server accepted and rejected, and the first
+    /// error.
+    async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> (Writes, Result<(), Error>) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let mut ops = Vec::new();
+        let mut targets = Vec::new();
+        for action in actions {
+            // Expected before the write goes out, so that its watch event cannot arrive first
+            // and leave the expectation waiting for an event that already came.
+            let (kind, name) = action_target(&action);
+            self.expectations.expect(kind, ns, name);
+            targets.push((kind, name.to_owned()));
+            let client = self.client.clone();
+            match action {
+                PlanAction::CreateService(svc) => ops.push(create(client, ns, *svc).boxed()),
+                PlanAction::CreatePvc(claim) => ops.push(create(client, ns, *claim).boxed()),
+                PlanAction::CreatePod(pod) => ops.push(create(client, ns, *pod).boxed()),
+                PlanAction::DeletePod { name, uid } => {
+                    ops.push(delete_pod(pods.clone(), ns, name, uid, None).boxed());
+                }
+                PlanAction::ForceDeletePod { name, uid } => {
+                    // The plan says why (a lost node has its own Warning Event; a pod whose
+                    // containers have stopped needs no grace period).
+                    tracing::info!(pod = %name, namespace = ns, "deleting a pod without a grace period");
+                    ops.push(delete_pod(pods.clone(), ns, name, uid, Some(0)).boxed());
+                }
+            }
+        }
+        let mut writes = Writes::default();
+        let mut result = Ok(());
+        for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
+            // Nothing was written (already there, already gone, or failed): no event will come.
+            if !matches!(r, Ok(true)) {
+                self.expectations.observed(kind, ns, &name);
+            }
+            match &r {
+                Ok(true) => writes.accepted += 1,
+                Err(Error::Kube { action, source }) => {
+                    writes.rejected.extend(rejection::rejection(action, source));
+                }
+                _ => {}
+            }
+            if let Err(e) = r
+                && result.is_ok()
+            {
+                result = Err(e);
+            }
+        }
+        (writes, result)
+    }
+
+    /// Shows on an object that does not parse as a TrainingJob why (the `InvalidSpec`
+    /// condition, by a merge patch, and a Warning Event), once per generation.
+    pub(super) async fn report_malformed(&self, invalid: &InvalidObject) -> Result<Action, Error> {
+        let meta = &invalid.metadata;
+        let ns = meta.namespace.clone().unwrap_or_default();
+        let name = meta.name.clone().unwrap_or_default();
+        let uid = meta.uid.clone().unwrap_or_default();
+        let rv = meta.resource_version.clone().unwrap_or_default();
+        // Reported once per generation: the status patch below changes the resourceVersion, so
+        // keying on it would report (and patch) again and again.
+        let generation = meta.generation.unwrap_or_default().to_string();
+        let error = Error::Malformed {
+            name: format!("{ns}/{name}"),
+            message: invalid.error.clone(),
+        };
+        if self.memory.malformed_reported(&uid, &generation) {
+            return Err(error);
+        }
+        let message = format!(
+            "the object does not parse as a TrainingJob: {}",
+            invalid.error
+        );
+        let resource = ApiResource::erase::<TrainingJob>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &ns, &resource);
+        // A merge patch keeps whatever else the status holds; the object cannot be decoded to rebuild it.
+        let patch = json!({"status": {"conditions": [{
+            "type": condition::INVALID_SPEC, "status": "True", "reason": "MalformedObject",
+            "message": message, "lastTransitionTime": Time(Timestamp::now()),
+            "observedGeneration": meta.generation,
+        }]}});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        if let Err(e) = api
+            .patch_status(&name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(job = %format!("{ns}/{name}"), error = %e, "reporting a malformed TrainingJob");
+        }
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(resource.api_version.clone()),
+            kind: Some(resource.kind.clone()),
+            name: Some(name),
+            namespace: Some(ns),
+            uid: Some(uid.clone()),
+            resource_version: Some(rv.clone()),
+            field_path: None,
+        };
+        self.publish(
+            &reference,
+            vec![JobEvent {
+                kind: EventKind::Warning,
+                reason: "InvalidSpec".to_owned(),
+                note: message,
+            }],
+        )
+        .await;
+        self.memory.remember_malformed(&uid, &generation);
+        Err(error)
+    }
+}
+
+/// The object an action writes.
+fn action_target(action: &PlanAction) -> (Kind, &str) {
+    fn name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
+        meta.name.as_deref().unwrap_or_default()
+    }
+    match action {
+        PlanAction::CreateService(svc) => (Kind::Service, name(&svc.metadata)),
+        PlanAction::CreatePvc(claim) => (Kind::Claim, name(&claim.metadata)),
+        PlanAction::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
+        PlanAction::DeletePod { name, .. } | PlanAction::ForceDeletePod { name, .. } => {
+            (Kind::Pod, name)
+        }
+    }
+}
+
+/// Creates an object of the job; true once created, false when an object of that name exists
+/// already. Create, never apply: an apply writes into whatever holds the name, so a forced one
+/// would take over a user's Service and give it an owner reference through which the garbage
+/// collector deletes it with the job; a pod must never be mutated into a new attempt. An
+/// AlreadyExists means an earlier round created it, or that it is someone else's, which the
+/// caches then show ([`crate::ownership`]).
+async fn create<K>(client: Client, ns: &str, object: K) -> Result<bool, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = object.name_any();
+    let pp = PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+    };
+    match Api::<K>::namespaced(client, ns).create(&pp, &object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(Error::kube(format!(
+            "creating {} {ns}/{name}",
+            K::kind(&())
+        ))(e)),
+    }
+}
+
+/// Deletes a pod (this incarnation only, when `uid` is given); true once it was deleted.
+async fn delete_pod(
+    pods: Api<Pod>,
+    ns: &str,
+    name: String,
+    uid: Option<String>,
+    grace: Option<u32>,
+) -> Result<bool, Error> {
+    let dp = DeleteParams {
+        grace_period_seconds: grace,
+        preconditions: uid.map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(&name, &dp).await {
+        Ok(_) => Ok(true),
+        // Gone already, or a different incarnation: nothing of ours to delete.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) => Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The executor against a recorded client: a `kube::Client` over a tower service that
+    //! records every request and answers from a script, no cluster.
+
+    use std::sync::Mutex;
+
+    use k8s_openapi::api::core::v1::Service;
+    use kube::runtime::reflector;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::fixtures::job_yaml;
+
+    /// One request as the API server would see it.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Sent {
+        method: String,
+        path: String,
+        /// The body, when it is JSON.
+        body: Value,
+    }
+
+    impl Sent {
+        fn is(&self, method: &str, path: &str) -> bool {
+            self.method == method && self.path == path
+        }
+    }
+
+    type Script = fn(&Sent) -> (u16, Value);
+
+    const STATUS: &str = "/apis/trainyard.dev/v1alpha1/namespaces/ml/trainingjobs/train/status";
+    const PODS: &str = "/api/v1/namespaces/ml/pods";
+    const SERVICES: &str = "/api/v1/namespaces/ml/services";
+
+    fn job() -> TrainingJob {
+        let mut job = job_yaml("workers: 2\n");
+        job.metadata.resource_version = Some("1".to_owned());
+        job
+    }
+
+    fn api_status(code: u16, reason: &str, message: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+               "code": code, "reason": reason, "message": message})
+    }
+
+    /// What an API server answers that accepts everything: the job with a new
+    /// resourceVersion to a status write, the object to a create or a delete.
+    fn accept(sent: &Sent) -> (u16, Value) {
+        match sent.method.as_str() {
+            "PATCH" => {
+                let mut written = serde_json::to_value(job()).expect("job");
+                written["metadata"]["resourceVersion"] = json!("2");
+                written["status"] = sent.body["status"].clone();
+                (200, written)
+            }
+            "POST" => (201, sent.body.clone()),
+            _ => {
+                let name = sent.path.rsplit('/').next().unwrap_or_default();
+                (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Pod",
+                             "metadata": {"name": name, "namespace": "ml"}}),
+                )
+            }
+        }
+    }
+
+    /// A client whose requests are recorded in the returned log and answered by `script`.
+    fn recorded_client(script: Script) -> (Client, Arc<Mutex<Vec<Sent>>>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let recorder = log.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let log = recorder.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect_bytes().await?;
+                let sent = Sent {
+                    method: parts.method.to_string(),
+                    path: parts.uri.path().to_owned(),
+                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                };
+                log.lock().expect("log").push(sent.clone());
+                let (code, answer) = script(&sent);
+                let response = http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&answer).expect("json"),
+                    ))
+                    .expect("response");
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        (Client::new(service, "default"), log)
+    }
+
+    struct Harness {
+        executor: Executor,
+        log: Arc<Mutex<Vec<Sent>>>,
+        events: mpsc::Receiver<EventBatch>,
+    }
+
+    impl Harness {
+        fn new(script: Script) -> Self {
+            let (client, log) = recorded_client(script);
+            let (events_tx, events) = mpsc::channel(16);
+            let executor = Executor::new(
+                client,
+                Arc::new(Expectations::new(Duration::from_secs(15))),
+                events_tx,
+                Arc::new(Metrics::new()),
+                Arc::new(JobMemory::default()),
+                reflector::store().0,
+            );
+            Self {
+                executor,
+                log,
+                events,
+            }
+        }
+
+        fn sent(&self) -> Vec<Sent> {
+            self.log.lock().expect("log").clone()
+        }
+
+        fn queued_events(&mut self) -> Vec<JobEvent> {
+            let mut all = Vec::new();
+            while let Ok((_, events)) = self.events.try_recv() {
+                all.extend(events);
+            }
+            all
+        }
+
+        async fn carry_out(
+            &self,
+            plan: plan::Plan,
+            write_status: bool,
+        ) -> Result<Option<Duration>, Error> {
+            self.executor
+                .carry_out(&job(), plan, write_status, Timestamp::now())
+                .await
+        }
+    }
+
+    fn round(actions: Vec<PlanAction>) -> plan::Plan {
+        plan::Plan {
+            status: TrainingJobStatus {
+                attempt: 1,
+                ..TrainingJobStatus::default()
+            },
+            actions,
+            events: Vec::new(),
+            requeue_at: None,
+            restart: None,
+            creates_attempt: None,
+        }
+    }
+
+    fn create_pod(rank: u32) -> PlanAction {
+        PlanAction::CreatePod(Box::new(
+            serde_json::from_value(json!({"metadata": {"name": format!("train-worker-{rank}")}}))
+                .expect("pod"),
+        ))
+    }
+
+    fn delete_pod(rank: u32) -> PlanAction {
+        PlanAction::DeletePod {
+            name: format!("train-worker-{rank}"),
+            uid: Some(format!("uid-{rank}")),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_restart_round_writes_the_status_before_any_delete() {
+        let h = Harness::new(accept);
+        let mut plan = round(vec![delete_pod(0), delete_pod(1)]);
+        plan.restart = Some(RestartReason::Preemption);
+        h.carry_out(plan, true).await.expect("round");
+        let sent = h.sent();
+        assert_eq!(sent.len(), 3, "{sent:#?}");
+        assert!(sent[0].is("PATCH", STATUS), "{sent:#?}");
+        assert_eq!(sent[0].body["status"]["attempt"], json!(1));
+        let mut deleted: Vec<&str> = sent[1..]
+            .iter()
+            .filter(|s| s.method == "DELETE")
+            .map(|s| s.path.as_str())
+            .collect();
+        deleted.sort_unstable();
+        assert_eq!(
+            deleted,
+            [
+                "/api/v1/namespaces/ml/pods/train-worker-0",
+                "/api/v1/namespaces/ml/pods/train-worker-1"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_round_that_deletes_or_restarts_sends_nothing_else_when_its_status_write_fails() {
+        let mut restart_without_deletes = round(vec![create_pod(0)]);
+        restart_without_deletes.restart = Some(RestartReason::Failure);
+        for plan in [
+            round(vec![delete_pod(0), create_pod(1)]),
+            restart_without_deletes,
+        ] {
+            let h = Harness::new(|sent| match sent.method.as_str() {
+                "PATCH" => (500, api_status(500, "InternalError", "etcd is down")),
+                _ => accept(sent),
+            });
+            let err = h
+                .carry_out(plan, true)
+                .await
+                .expect_err("the status write failed");
+            assert!(matches!(err, Error::Kube { .. }), "{err}");
+            let sent = h.sent();
+            assert_eq!(sent.len(), 1, "{sent:#?}");
+            assert!(sent[0].is("PATCH", STATUS));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_create_round_sends_its_creates_and_the_status_write() {
+        let h = Harness::new(accept);
+        let service: Service =
+            serde_json::from_value(json!({"metadata": {"name": "train"}})).expect("service");
+        let plan = round(vec![
+            create_pod(0),
+            create_pod(1),
+            PlanAction::CreateService(Box::new(service)),
+        ]);
+        assert_eq!(h.carry_out(plan, true).await.expect("round"), None);
+        let sent = h.sent();
+        assert_eq!(sent.len(), 4, "{sent:#?}");
+        assert_eq!(sent.iter().filter(|s| s.is("PATCH", STATUS)).count(), 1);
+        let pods: Vec<_> = sent.iter().filter(|s| s.is("POST", PODS)).collect();
+        assert_eq!(pods.len(), 2, "{sent:#?}");
+        assert!(pods.iter().all(|p| p.body["kind"] == json!("Pod")));
+        assert_eq!(sent.iter().filter(|s| s.is("POST", SERVICES)).count(), 1);
+        // Created: held back until the watch shows them.
+        let expectations = h.executor.expectations();
+        assert!(
+            expectations
+                .holds(Kind::Pod, "ml", "train-worker-0")
+                .is_some()
+        );
+        assert!(expectations.holds(Kind::Service, "ml", "train").is_some());
+    }
+
+    #[tokio::test]
+    async fn an_already_exists_create_counts_as_not_written() {
+        let h = Harness::new(|sent| match sent.method.as_str() {
+            "POST" => (
+                409,
+                api_status(
+                    409,
+                    "AlreadyExists",
+                    "pods \"train-worker-0\" already exists",
+                ),
+            ),
+            _ => accept(sent),
+        });
+        h.carry_out(round(vec![create_pod(0)]), false)
+            .await
+            .expect("AlreadyExists is no error");
+        let sent = h.sent();
+        assert_eq!(
+            sent.len(),
+            1,
+            "nothing accepted, nothing rejected: {sent:#?}"
+        );
+        assert!(sent[0].is("POST", PODS));
+        // No watch event will come for a write that did not happen.
+        let expectations = h.executor.expectations();
+        assert_eq!(expectations.holds(Kind::Pod, "ml", "train-worker-0"), None);
+        assert!(expectations.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_rejected_pod_create_sets_write_rejected() {
+        let mut h = Harness::new(|sent| match sent.method.as_str() {
+            "POST" => (
+                422,
+                api_status(
+                    422,
+                    "Invalid",
+                    "Pod \"train-worker-0\" is invalid: spec.containers[0].env[0].name: Invalid value: \"1BAD\"",
+                ),
+            ),
+            _ => accept(sent),
+        });
+        let err = h
+            .carry_out(round(vec![create_pod(0)]), false)
+            .await
+            .expect_err("a rejected write fails the round");
+        assert!(matches!(err, Error::Kube { .. }), "{err}");
+        let sent = h.sent();
+        assert_eq!(sent.len(), 2, "{sent:#?}");
+        assert!(sent[0].is("POST", PODS));
+        assert!(sent[1].is("PATCH", STATUS), "{sent:#?}");
+        let conditions = sent[1].body["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let rejected = conditions
+            .iter()
+            .find(|c| c["type"] == json!(condition::WRITE_REJECTED))
+            .expect("a WriteRejected condition");
+        assert_eq!(rejected["status"], json!("True"));
+        assert_eq!(rejected["reason"], json!("Invalid"));
+        assert!(
+            rejected["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("1BAD"))
+        );
+        let events = h.queued_events();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.kind == EventKind::Warning && e.reason == "WriteRejected"),
+            "{events:?}"
+        );
+        assert_eq!(
+            h.executor
+                .expectations()
+                .holds(Kind::Pod, "ml", "train-worker-0"),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn a_round_with_nothing_to_write_sends_no_request() {
+        let mut h = Harness::new(accept);
+        assert_eq!(
+            h.carry_out(round(Vec::new()), false).await.expect("round"),
+            None
+        );
+        assert_eq!(h.sent(), []);
+        assert_eq!(h.queued_events(), []);
+    }
+
+    #[tokio::test]
+    async fn an_action_on_a_write_the_caches_do_not_show_yet_is_held_back() {
+        let h = Harness::new(accept);
+        h.executor
+            .expectations()
+            .expect(Kind::Pod, "ml", "train-worker-0");
+        let held = h
+            .carry_out(round(vec![create_pod(0), create_pod(1)]), false)
+            .await
+            .expect("round");
+        assert!(
+            held.is_some_and(|d| d <= Duration::from_secs(15)),
+            "{held:?}"
+        );
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1, "{sent:#?}");
+        assert_eq!(sent[0].body["metadata"]["name"], json!("train-worker-1"));
+    }
+}

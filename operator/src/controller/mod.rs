@@ -1,0 +1,201 @@
+//! The thin layer between the pure pipeline and the API server, split by job:
+//!
+//! - `wiring`: the watches, their reflector caches, which jobs a change to a node, a PVC or
+//!   a Service wakes (`triggers`), and the kube-runtime Controller built from them;
+//! - `observe`: what one reconcile reads from the caches (`observe::Caches`);
+//! - `status_cache`: the status the operator wrote last and the per-worker detail it has
+//!   not written yet, and when a decided status is written;
+//! - `executor`: carries out one round's decision, in the write order it documents, holds
+//!   writes back for their expectations, and publishes the Events (`events`);
+//! - `reconcile`: glues them together for one job.
+//!
+//! One kube-runtime Controller on TrainingJobs. Pods (owned), Nodes, Services and PVCs are
+//! each watched once into reflector caches that every reconcile reads, so a reconcile makes no
+//! LIST calls and, when nothing changed, no API calls at all. Pods are found by their
+//! deterministic names (`<job>-worker-<rank>`), so a reconcile costs O(workers), not O(pods).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, future};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{Api, Client};
+
+use crate::config::OperatorConfig;
+use crate::error::Error;
+use crate::job_memory::JobMemory;
+use crate::leader::{LeaderElection, Leadership};
+use crate::metrics::Metrics;
+
+mod events;
+mod executor;
+mod observe;
+mod reconcile;
+pub(crate) mod status_cache;
+mod triggers;
+mod wiring;
+
+/// The one field manager for everything the operator writes.
+pub const FIELD_MANAGER: &str = "trainyard-operator";
+/// Name of the CRD the operator waits for.
+pub const CRD_NAME: &str = "trainingjobs.trainyard.dev";
+
+/// Everything [`run`] needs.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Watch only this namespace; None watches all.
+    pub namespace: Option<String>,
+    /// Price and spot tables, timeouts.
+    pub operator: OperatorConfig,
+    /// Serve `/metrics`, `/healthz` and `/readyz` here.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Take a Lease before reconciling; None reconciles at once.
+    pub leader_election: Option<LeaderElection>,
+    /// Name of this replica in Events (`reportingInstance`).
+    pub instance: String,
+    /// Reconciles in flight at once. Unbounded, a burst of jobs puts
+    /// thousands of requests in front of the API server at the same time:
+    /// every reconcile gets slower and the operator's memory grows with the
+    /// queue (measured: 1,637 requests waiting and 268 MiB at 1,000 jobs).
+    pub max_concurrent_reconciles: u16,
+}
+
+/// Default for [`RunConfig::max_concurrent_reconciles`].
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 16;
+
+/// What every reconcile shares.
+struct Context {
+    config: OperatorConfig,
+    /// What a reconcile reads.
+    caches: observe::Caches,
+    /// What a reconcile writes, and the Events it publishes.
+    executor: executor::Executor,
+    /// What is kept per job between reconciles (the status cache among it), forgotten when the
+    /// job goes.
+    memory: Arc<JobMemory>,
+    metrics: Arc<Metrics>,
+}
+
+/// Runs the operator until `shutdown` completes (or leadership is lost, which is an error so
+/// that the process restarts and queues for the Lease again).
+pub async fn run(
+    client: Client,
+    config: RunConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let metrics = Arc::new(Metrics::new());
+    let shutdown = shutdown.shared();
+    if let Some(addr) = config.metrics_addr {
+        serve_metrics(addr, metrics.clone(), shutdown.clone()).await?;
+    }
+
+    tokio::select! {
+        r = wait_for_crd(client.clone()) => r?,
+        () = shutdown.clone() => return Ok(()),
+    }
+
+    let leadership = match &config.leader_election {
+        None => None,
+        Some(election) => {
+            // A standby is healthy and ready: it serves metrics and waits.
+            metrics.set_ready(true);
+            tokio::select! {
+                l = Leadership::acquire(client.clone(), election) => Some(l?),
+                () = shutdown.clone() => return Ok(()),
+            }
+        }
+    };
+    metrics.leader.set(1);
+
+    // Resolves only when the Lease is actually lost (never without leader election).
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let watcher_task = leadership.map(|mut l| {
+        tokio::spawn(async move {
+            tokio::select! {
+                () = l.lost() => {
+                    let _ = lost_tx.send(());
+                }
+                _ = done_rx => {}
+            }
+            l
+        })
+    });
+    let lost = async move {
+        if lost_rx.await.is_err() {
+            future::pending::<()>().await;
+        }
+    }
+    .shared();
+    let stop = {
+        let shutdown = shutdown.clone();
+        let lost = lost.clone();
+        async move {
+            tokio::select! {
+                () = shutdown => {},
+                () = lost => {},
+            }
+        }
+    };
+    let result = wiring::run_controller(client, &config, metrics.clone(), stop).await;
+    metrics.leader.set(0);
+    if let Some(task) = watcher_task {
+        if lost.clone().now_or_never().is_some() {
+            return Err(Error::LeaderElection("lost the leader Lease".to_owned()));
+        }
+        let _ = done_tx.send(());
+        if let Ok(l) = task.await {
+            l.release().await;
+        }
+    }
+    result
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown` completes.
+async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let (local, server) = crate::metrics::serve(addr, metrics, shutdown).await?;
+    tracing::info!(%local, "serving /metrics, /healthz and /readyz");
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Polls the CRD with GET (which RBAC can restrict to this one name) until it is Established.
+async fn wait_for_crd(client: Client) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let mut logged = false;
+    loop {
+        let state = match api.get_opt(CRD_NAME).await {
+            Ok(Some(crd)) => {
+                let established = crd
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    });
+                if established {
+                    return Ok(());
+                }
+                "not established yet".to_owned()
+            }
+            Ok(None) => "not installed (kubectl apply -f crds/trainingjob.yaml)".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        if !logged {
+            tracing::warn!(crd = CRD_NAME, %state, "waiting for the CRD");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}

@@ -1,0 +1,255 @@
+//! What one reconcile reads: the reflector caches, found by the job's deterministic names, and
+//! the one read they cannot serve (a sibling's placement).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, ResourceExt};
+
+use crate::cached_pod::CachedPod;
+use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_WORKERS, TrainingJobStatus};
+use crate::error::Error;
+use crate::expectations::{Expectations, Kind};
+use crate::ownership::{self, ObjectKind};
+use crate::plan::{self, Observed};
+use crate::validate::{ValidJob, pod_name};
+
+/// The caches a reconcile reads, and the client for the one read they cannot serve.
+pub(super) struct Caches {
+    client: Client,
+    /// Which pods this operator has just created (a missing rank that is on its way).
+    expectations: Arc<Expectations>,
+    pods: Store<CachedPod>,
+    nodes: Store<Node>,
+    /// The kubelets' Leases: a node whose Lease stops renewing is being lost (lost_peer).
+    leases: Store<Lease>,
+    services: Store<PartialObjectMeta<Service>>,
+    claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+}
+
+impl Caches {
+    pub(super) fn new(
+        client: Client,
+        expectations: Arc<Expectations>,
+        pods: Store<CachedPod>,
+        nodes: Store<Node>,
+        leases: Store<Lease>,
+        services: Store<PartialObjectMeta<Service>>,
+        claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    ) -> Self {
+        Self {
+            client,
+            expectations,
+            pods,
+            nodes,
+            leases,
+            services,
+            claims,
+        }
+    }
+
+    /// Waits until every cache a decision reads has been listed once.
+    pub(super) async fn ready(&self) -> Result<(), Error> {
+        self.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheGone("pods"))?;
+        self.nodes
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheGone("nodes"))?;
+        self.services
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheGone("services"))?;
+        self.claims
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheGone("persistentvolumeclaims"))
+    }
+
+    pub(super) fn observe(
+        &self,
+        job: &ValidJob,
+        current: &TrainingJobStatus,
+        now: Timestamp,
+    ) -> Observed {
+        let ns = job.namespace.as_str();
+        let mut pods = Vec::new();
+        let mut foreign = Vec::new();
+        for rank in ranks_to_observe(job.spec.workers, current) {
+            let name = pod_name(&job.name, rank);
+            if let Some(pod) = self.pods.get(&ObjectRef::new(&name).within(ns))
+                && ownership::present(ObjectKind::Pod, Some(&pod.metadata), job, &mut foreign)
+            {
+                pods.push(Arc::new(pod.to_pod()));
+            }
+        }
+        let service = self.services.get(&ObjectRef::new(&job.name).within(ns));
+        let service_exists = ownership::present(
+            ObjectKind::Service,
+            service.as_ref().map(|s| &s.metadata),
+            job,
+            &mut foreign,
+        );
+        let claim = self.claims.get(&ObjectRef::new(&job.claim_name).within(ns));
+        let claim_exists = ownership::present(
+            ObjectKind::Claim,
+            claim.as_ref().map(|c| &c.metadata),
+            job,
+            &mut foreign,
+        );
+        Observed {
+            pods,
+            foreign,
+            nodes: self.nodes.state(),
+            node_leases: self.leases.state(),
+            claim_exists,
+            service_exists,
+            now,
+        }
+    }
+
+    /// Replaces the cached (stripped) sibling a missing rank copies its placement from with the
+    /// whole pod read from the API server, when [`sibling_to_read`] says one is needed; says
+    /// whether it did.
+    pub(super) async fn read_sibling_whole(
+        &self,
+        job: &ValidJob,
+        attempt: u32,
+        observed: &mut Observed,
+    ) -> Result<bool, Error> {
+        let ns = job.namespace.as_str();
+        let held = |rank| {
+            self.expectations
+                .holds(Kind::Pod, ns, &pod_name(&job.name, rank))
+                .is_some()
+        };
+        let Some(name) = sibling_to_read(&observed.pods, attempt, job.spec.workers, held) else {
+            return Ok(false);
+        };
+        let whole = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get(&name)
+            .await
+            .map_err(Error::kube(format!(
+                "reading pod {ns}/{name} for its placement"
+            )))?;
+        let cached = observed
+            .pods
+            .iter_mut()
+            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()) && p.uid() == whole.uid())
+            .ok_or_else(|| Error::StaleCache(format!("{ns}/{name}")))?;
+        *cached = Arc::new(whole);
+        Ok(true)
+    }
+}
+
+/// The pod whose placement a missing rank of the current attempt would copy (the lowest rank
+/// present, as [`plan::decide`] picks it), when some missing rank is not one this operator has
+/// just created (`held`): only then do the cached pods, stripped of their placement, not
+/// suffice. Normally every rank is created in one round and the rest of a round's missing
+/// ranks are still on their way into the cache.
+fn sibling_to_read(
+    pods: &[Arc<Pod>],
+    attempt: u32,
+    workers: u32,
+    held: impl Fn(u32) -> bool,
+) -> Option<String> {
+    let mut present: Vec<(u32, &Arc<Pod>)> = pods
+        .iter()
+        .filter(|p| plan::label_u32(p, LABEL_ATTEMPT) == Some(attempt))
+        .filter_map(|p| Some((plan::label_u32(p, LABEL_RANK)?, p)))
+        .filter(|(rank, _)| *rank < workers)
+        .collect();
+    present.sort_by_key(|(rank, _)| *rank);
+    let (_, sibling) = present.first()?;
+    let unheld_gap = (0..workers)
+        .filter(|r| present.iter().all(|(rank, _)| rank != r))
+        .any(|r| !held(r));
+    unheld_gap.then(|| sibling.name_any())
+}
+
+/// The ranks whose pods one reconcile looks up: every rank of the spec, then each recorded
+/// rank beyond it once (a pod left over from a larger `workers`, to be deleted). Never a range
+/// up to a recorded rank: status is input, and a rank near 2^32 must not cost four billion
+/// lookups. A recorded rank no spec can have (≥ [`MAX_WORKERS`]) is ignored.
+fn ranks_to_observe(workers: u32, current: &TrainingJobStatus) -> impl Iterator<Item = u32> {
+    let beyond: BTreeSet<u32> = current
+        .workers
+        .iter()
+        .map(|w| w.rank)
+        .filter(|rank| (workers..MAX_WORKERS).contains(rank))
+        .collect();
+    (0..workers).chain(beyond)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::WorkerStatus;
+    use serde_json::json;
+
+    fn worker(rank: u32, attempt: u32) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {
+                "name": format!("j-worker-{rank}"),
+                "labels": {"trainyard.dev/rank": rank.to_string(), "trainyard.dev/attempt": attempt.to_string()},
+            }}))
+            .expect("pod"),
+        )
+    }
+
+    #[test]
+    fn a_sibling_is_read_whole_only_for_a_missing_rank_not_just_created() {
+        let pods = [worker(1, 2), worker(3, 2), worker(0, 1)];
+        let nothing_held = |_| false;
+        // Ranks 0 and 2 of attempt 2 are missing: copy the lowest present rank of attempt 2.
+        assert_eq!(
+            sibling_to_read(&pods, 2, 4, nothing_held).as_deref(),
+            Some("j-worker-1")
+        );
+        // Both missing ranks were just created by this operator: the cache will show them.
+        assert_eq!(sibling_to_read(&pods, 2, 4, |r| r == 0 || r == 2), None);
+        assert_eq!(
+            sibling_to_read(&pods, 2, 4, |r| r == 0).as_deref(),
+            Some("j-worker-1")
+        );
+        // Nothing of the attempt exists (a fresh attempt is placed from the job), or nothing is missing.
+        assert_eq!(sibling_to_read(&pods, 3, 4, nothing_held), None);
+        let all = [worker(0, 0), worker(1, 0)];
+        assert_eq!(sibling_to_read(&all, 0, 2, nothing_held), None);
+    }
+
+    #[test]
+    fn a_huge_rank_in_status_costs_one_lookup_at_most_never_a_loop_up_to_it() {
+        let recorded = |ranks: &[u32]| TrainingJobStatus {
+            workers: ranks
+                .iter()
+                .map(|&rank| WorkerStatus {
+                    rank,
+                    pod: pod_name("j", rank),
+                    node: None,
+                    phase: "Running".to_owned(),
+                    reason: None,
+                })
+                .collect(),
+            ..TrainingJobStatus::default()
+        };
+        // Bounded by take(): the old code walked 0..=u32::MAX - 1 here.
+        let looked_up = |workers, ranks: &[u32]| {
+            ranks_to_observe(workers, &recorded(ranks))
+                .take(100)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(looked_up(2, &[0, 1, u32::MAX - 1]), [0, 1]);
+        assert_eq!(looked_up(2, &[u32::MAX]), [0, 1]);
+        // Ranks left over from a larger `workers` are looked up (to be deleted), each once.
+        assert_eq!(looked_up(2, &[0, 1, 3, 3, 7]), [0, 1, 3, 7]);
+        assert_eq!(looked_up(3, &[]), [0, 1, 2]);
+    }
+}

@@ -1,0 +1,174 @@
+//! One reconcile of one job: read ([`super::observe`]), decide ([`plan::decide`]), schedule the
+//! status write ([`super::status_cache`]), carry the round out ([`super::executor`]) and say
+//! when to look again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use kube::core::error_boundary::DeserializeGuard;
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+
+use super::Context;
+use super::status_cache::Known;
+use crate::crd::{TrainingJob, TrainingJobStatus};
+use crate::error::Error;
+use crate::job_memory::{StateSizes, error_key};
+use crate::plan::{self, Action as PlanAction, StatusWrite};
+use crate::validate::{InvalidSpec, ValidJob, validate};
+
+/// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).
+const RESYNC: Duration = Duration::from_secs(300);
+
+pub(super) async fn reconcile(
+    obj: Arc<DeserializeGuard<TrainingJob>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.metrics.reconciles.inc();
+    let started = Instant::now();
+    let result = reconcile_inner(&obj, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.memory.clear_errors(&error_key(
+            &obj.namespace().unwrap_or_default(),
+            &obj.name_any(),
+        ));
+    }
+    ctx.export_state_sizes();
+    result
+}
+
+pub(super) fn error_policy(
+    obj: Arc<DeserializeGuard<TrainingJob>>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics.count_error(err);
+    let key = error_key(&obj.namespace().unwrap_or_default(), &obj.name_any());
+    if err.waits_for_change() {
+        tracing::info!(job = %key, error = %err, "waiting for the TrainingJob to change");
+        return Action::await_change();
+    }
+    let n = ctx.memory.count_error(&key);
+    ctx.export_state_sizes();
+    let delay = Duration::from_secs((1u64 << n.min(9)).min(300));
+    tracing::warn!(job = %key, error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+impl Context {
+    /// Sets the `trainyard_operator_state_entries` gauges.
+    fn export_state_sizes(&self) {
+        self.metrics
+            .set_state_sizes(&StateSizes::of(&self.memory, self.executor.expectations()));
+    }
+}
+
+async fn reconcile_inner(
+    obj: &DeserializeGuard<TrainingJob>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    ctx.caches.ready().await?;
+    let job = match &obj.0 {
+        Ok(job) => job,
+        Err(invalid) => return ctx.executor.report_malformed(invalid).await,
+    };
+    if job.metadata.deletion_timestamp.is_some() {
+        // Owner references let the garbage collector remove pods, Service and (unless retained) the PVC.
+        return Ok(Action::await_change());
+    }
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    // It may have been malformed before, and reported.
+    ctx.memory.forget_malformed(&uid);
+    let known = ctx.memory.status.current(job);
+    let now = Timestamp::now();
+
+    let valid = match validate(job) {
+        Ok(v) => v,
+        Err(e) => return Err(reject_invalid(ctx, job, &known, e, now).await),
+    };
+    let decided = observe_and_decide(ctx, &valid, &known.current, now).await?;
+    let write = ctx.memory.status.schedule(&uid, &known, &decided.status);
+    let requeue_at = decided.requeue_at;
+    let held_for = ctx
+        .executor
+        .carry_out(job, decided, write == StatusWrite::Now, now)
+        .await?;
+    let write_later = match write {
+        StatusWrite::Later(after) => Some(after),
+        StatusWrite::Now | StatusWrite::Unchanged => None,
+    };
+    Ok(Action::requeue(requeue_after(
+        requeue_at,
+        write_later,
+        held_for,
+    )))
+}
+
+/// Shows an invalid spec on the job (the `InvalidSpec` condition and its Event); the error
+/// to fail the reconcile with.
+async fn reject_invalid(
+    ctx: &Context,
+    job: &TrainingJob,
+    known: &Known,
+    invalid: InvalidSpec,
+    now: Timestamp,
+) -> Error {
+    let (status, events) =
+        plan::invalid_status(&known.current, &invalid, job.metadata.generation, now);
+    if status != known.written
+        && let Err(e) = ctx.executor.write_status(job, &status).await
+    {
+        return e;
+    }
+    ctx.executor.publish(&job.object_ref(&()), events).await;
+    Error::InvalidSpec(invalid)
+}
+
+/// Observes the job in the caches and decides; decided again when pods to create copy a
+/// sibling's placement and need the sibling whole (rare: see `sibling_to_read`).
+async fn observe_and_decide(
+    ctx: &Context,
+    valid: &ValidJob,
+    current: &TrainingJobStatus,
+    now: Timestamp,
+) -> Result<plan::Plan, Error> {
+    let mut observed = ctx.caches.observe(valid, current, now);
+    let decided = plan::decide(valid, &observed, current, &ctx.config);
+    let creates = decided
+        .actions
+        .iter()
+        .any(|a| matches!(a, PlanAction::CreatePod(_)));
+    if creates
+        && ctx
+            .caches
+            .read_sibling_whole(valid, decided.status.attempt, &mut observed)
+            .await?
+    {
+        return Ok(plan::decide(valid, &observed, current, &ctx.config));
+    }
+    Ok(decided)
+}
+
+/// When to look at the job again: at the time the plan asked for (at least half a second from
+/// now), when deferred status detail is due, or when a held-back write's expectation lapses,
+/// whichever comes first, and within [`RESYNC`].
+fn requeue_after(
+    requeue_at: Option<Timestamp>,
+    write_later: Option<Duration>,
+    held_for: Option<Duration>,
+) -> Duration {
+    let after = requeue_at
+        .map(|at| {
+            let wait = at.duration_since(Timestamp::now()).as_secs_f64().max(0.5);
+            Duration::from_secs_f64(wait).min(RESYNC)
+        })
+        .unwrap_or(RESYNC);
+    [write_later, held_for]
+        .into_iter()
+        .flatten()
+        .fold(after, Duration::min)
+}

@@ -1,0 +1,215 @@
+//! The status cache: the status the operator wrote last, the per-worker detail it has decided
+//! but not written yet, and when a decided status is written ([`StatusCache::schedule`], the
+//! batching policy of [`plan::status_write`]).
+//!
+//! Decisions read [`StatusCache::current`]: the job's status, or our own newer write while the
+//! TrainingJob cache trails it, with the unwritten worker detail laid over it. So a stale
+//! status is never decided on twice, and a worker seen and then gone is a preemption even
+//! before its detail is written. Entries are per job and forgotten with it
+//! ([`crate::job_memory::JobMemory`]).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::crd::{TrainingJob, TrainingJobStatus};
+use crate::plan::{self, StatusWrite};
+
+/// How long per-worker status detail may wait to be written with other changes
+/// ([`plan::status_write`]).
+pub(crate) const WORKER_DETAIL_BATCH: Duration = Duration::from_secs(3);
+
+/// What one reconcile knows of a job's status.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Known {
+    /// What the API server holds (the cache, or our newer write).
+    pub(crate) written: TrainingJobStatus,
+    /// `written` with the worker detail not written yet: what decisions read.
+    pub(crate) current: TrainingJobStatus,
+    /// How long that detail has waited, if there is any.
+    pub(crate) detail_waiting: Option<Duration>,
+}
+
+/// Written and deferred status, by job uid.
+#[derive(Debug, Default)]
+pub(crate) struct StatusCache {
+    /// Status we wrote, with the resourceVersion the write produced: used while the
+    /// TrainingJob cache has not caught up with our own write.
+    written: Mutex<HashMap<String, (u64, TrainingJobStatus)>>,
+    /// Status whose only change is per-worker detail, not written yet, with when it was first
+    /// deferred.
+    deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these maps inconsistent: every update is one insert/remove.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl StatusCache {
+    /// What a reconcile of `job` decides on.
+    pub(crate) fn current(&self, job: &TrainingJob) -> Known {
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let written = self.freshest_status(job);
+        let (current, detail_waiting) = self.with_deferred_detail(&uid, &written);
+        Known {
+            written,
+            current,
+            detail_waiting,
+        }
+    }
+
+    /// Whether `desired` is written now, deferred (kept here, to be written after the
+    /// returned wait), or unchanged ([`plan::status_write`] with [`WORKER_DETAIL_BATCH`]).
+    pub(crate) fn schedule(
+        &self,
+        uid: &str,
+        known: &Known,
+        desired: &TrainingJobStatus,
+    ) -> StatusWrite {
+        let write = plan::status_write(
+            &known.written,
+            desired,
+            known.detail_waiting,
+            WORKER_DETAIL_BATCH,
+        );
+        match write {
+            StatusWrite::Unchanged => self.drop_deferred(uid),
+            StatusWrite::Now => {}
+            StatusWrite::Later(_) => self.defer_detail(uid, desired),
+        }
+        write
+    }
+
+    /// The job's status, or the one we wrote last if the cache has not caught up with it.
+    pub(crate) fn freshest_status(&self, job: &TrainingJob) -> TrainingJobStatus {
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let cached_rv = job
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok());
+        let mut written = lock(&self.written);
+        if let (Some((rv, status)), Some(cached)) = (written.get(&uid), cached_rv)
+            && *rv > cached
+        {
+            return status.clone();
+        }
+        written.remove(&uid);
+        job.status.clone().unwrap_or_default()
+    }
+
+    /// The written status with the worker detail still waiting to be written, and how long
+    /// that has waited.
+    pub(crate) fn with_deferred_detail(
+        &self,
+        uid: &str,
+        written: &TrainingJobStatus,
+    ) -> (TrainingJobStatus, Option<Duration>) {
+        let mut current = written.clone();
+        let mut deferred = lock(&self.deferred);
+        match deferred.get(uid) {
+            Some((status, since)) if status.attempt == written.attempt => {
+                current.workers = status.workers.clone();
+                (current, Some(since.elapsed()))
+            }
+            Some(_) => {
+                deferred.remove(uid);
+                (current, None)
+            }
+            None => (current, None),
+        }
+    }
+
+    /// Keeps a status whose only change is worker detail, to be written later.
+    pub(crate) fn defer_detail(&self, uid: &str, status: &TrainingJobStatus) {
+        let mut deferred = lock(&self.deferred);
+        let since = deferred
+            .get(uid)
+            .map_or_else(Instant::now, |(_, since)| *since);
+        deferred.insert(uid.to_owned(), (status.clone(), since));
+    }
+
+    /// Nothing is left to write.
+    pub(crate) fn drop_deferred(&self, uid: &str) {
+        lock(&self.deferred).remove(uid);
+    }
+
+    /// A status write went through, producing resourceVersion `rv`.
+    pub(crate) fn remember_written(&self, uid: &str, rv: Option<&str>, status: &TrainingJobStatus) {
+        lock(&self.deferred).remove(uid);
+        if let Some(rv) = rv.and_then(|rv| rv.parse::<u64>().ok()) {
+            lock(&self.written).insert(uid.to_owned(), (rv, status.clone()));
+        }
+    }
+
+    /// Forgets one job.
+    pub(crate) fn forget(&self, uid: &str) {
+        lock(&self.written).remove(uid);
+        lock(&self.deferred).remove(uid);
+    }
+
+    /// Keeps only the jobs `live` says exist.
+    pub(crate) fn retain(&self, live: impl Fn(&str) -> bool) {
+        lock(&self.written).retain(|uid, _| live(uid));
+        lock(&self.deferred).retain(|uid, _| live(uid));
+    }
+
+    /// Entries of the written and the deferred map.
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        (lock(&self.written).len(), lock(&self.deferred).len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::WorkerStatus;
+    use crate::fixtures::job_yaml;
+
+    fn with_worker(status: &TrainingJobStatus, phase: &str) -> TrainingJobStatus {
+        TrainingJobStatus {
+            workers: vec![WorkerStatus {
+                rank: 0,
+                pod: "train-worker-0".to_owned(),
+                node: None,
+                phase: phase.to_owned(),
+                reason: None,
+            }],
+            ..status.clone()
+        }
+    }
+
+    #[test]
+    fn worker_detail_is_deferred_read_back_and_dropped_once_written() {
+        let cache = StatusCache::default();
+        let mut job = job_yaml("workers: 1\n");
+        job.metadata.resource_version = Some("5".to_owned());
+        let known = cache.current(&job);
+        assert_eq!(known.detail_waiting, None);
+        // Only per-worker detail changed: kept, and what the next reconcile decides on.
+        let detail = with_worker(&known.written, "Pending");
+        let write = cache.schedule("uid-1", &known, &detail);
+        assert_eq!(write, StatusWrite::Later(WORKER_DETAIL_BATCH));
+        let next = cache.current(&job);
+        assert_eq!(next.current, detail);
+        assert_eq!(next.written, known.written);
+        assert!(next.detail_waiting.is_some());
+        // Our write is newer than the cached job: it is what the API server holds.
+        cache.remember_written("uid-1", Some("6"), &detail);
+        let after = cache.current(&job);
+        assert_eq!(
+            (after.written.clone(), after.detail_waiting),
+            (detail.clone(), None)
+        );
+        assert_eq!(
+            cache.schedule("uid-1", &after, &detail),
+            StatusWrite::Unchanged
+        );
+        // The job cache caught up: our copy is dropped.
+        job.metadata.resource_version = Some("6".to_owned());
+        job.status = Some(detail.clone());
+        assert_eq!(cache.current(&job).written, detail);
+        assert_eq!(cache.sizes(), (0, 0));
+    }
+}

@@ -1,0 +1,320 @@
+//! Which jobs a change to a node, a PVC or a Service wakes. The pods a job owns wake it through
+//! the Controller's owner mapping; everything else is mapped here.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+
+use futures::{Stream, StreamExt, future, stream};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
+use kube::ResourceExt;
+use kube::core::PartialObjectMeta;
+use kube::core::error_boundary::DeserializeGuard;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+
+use crate::cached_pod::CachedPod;
+use crate::crd::{LABEL_JOB, Phase, TrainingJob};
+use crate::ownership::ObjectKind;
+use crate::plan::{self, condition};
+
+/// A job to reconcile.
+pub(super) type JobRef = ObjectRef<DeserializeGuard<TrainingJob>>;
+
+/// What about a node can change placement or classification.
+fn node_fingerprint(node: &Node) -> u64 {
+    let mut h = DefaultHasher::new();
+    node.metadata.labels.hash(&mut h);
+    if let Some(spec) = &node.spec {
+        format!("{:?}", spec.taints).hash(&mut h);
+        spec.unschedulable.hash(&mut h);
+    }
+    if let Some(status) = &node.status {
+        format!("{:?}", status.allocatable).hash(&mut h);
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.clone());
+        ready.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// The last fingerprint of every node, to wake jobs only when a node changed in a way that
+/// matters. Keyed by node, so it follows the nodes: a node deleted while the watch was down
+/// (autoscalers remove nodes all the time) is forgotten, and reported, at the end of the re-list.
+#[derive(Debug, Default)]
+struct NodeFingerprints {
+    known: HashMap<String, u64>,
+    /// The nodes of a re-list under way.
+    relisted: Option<BTreeSet<String>>,
+}
+
+impl NodeFingerprints {
+    /// The nodes whose change a watch event reports.
+    fn changed(&mut self, ev: &watcher::Event<Node>) -> Vec<String> {
+        match ev {
+            watcher::Event::Apply(n) => {
+                let name = n.name_any();
+                let new = node_fingerprint(n);
+                if self.known.insert(name.clone(), new) == Some(new) {
+                    return Vec::new();
+                }
+                vec![name]
+            }
+            watcher::Event::Init => {
+                self.relisted = Some(BTreeSet::new());
+                Vec::new()
+            }
+            watcher::Event::InitApply(n) => {
+                let name = n.name_any();
+                let new = node_fingerprint(n);
+                if let Some(relisted) = self.relisted.as_mut() {
+                    relisted.insert(name.clone());
+                }
+                // The first list needs no triggers (every job reconciles at start);
+                // a re-list after a watch gap reports what changed meanwhile.
+                match self.known.insert(name.clone(), new) {
+                    Some(old) if old != new => vec![name],
+                    _ => Vec::new(),
+                }
+            }
+            watcher::Event::InitDone => {
+                let Some(relisted) = self.relisted.take() else {
+                    return Vec::new();
+                };
+                let gone: Vec<String> = self
+                    .known
+                    .keys()
+                    .filter(|n| !relisted.contains(*n))
+                    .cloned()
+                    .collect();
+                for n in &gone {
+                    self.known.remove(n);
+                }
+                gone
+            }
+            watcher::Event::Delete(n) => {
+                let name = n.name_any();
+                self.known.remove(&name);
+                vec![name]
+            }
+        }
+    }
+}
+
+/// The jobs a node change concerns: those with pods on it, and those waiting for nodes.
+fn jobs_for_node(
+    node: &str,
+    pods: &Store<CachedPod>,
+    jobs: &Store<DeserializeGuard<TrainingJob>>,
+) -> Vec<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    let mut refs: Vec<ObjectRef<DeserializeGuard<TrainingJob>>> = pods
+        .state()
+        .iter()
+        .filter(|p| p.node_name() == Some(node))
+        .filter_map(|p| {
+            let job = p.labels().get(LABEL_JOB)?;
+            Some(ObjectRef::new(job).within(p.namespace().as_deref().unwrap_or_default()))
+        })
+        .collect();
+    for j in jobs.state() {
+        let Ok(job) = &j.0 else { continue };
+        let Some(status) = job.status.as_ref() else {
+            refs.push(ObjectRef::from_obj(j.as_ref()));
+            continue;
+        };
+        let waiting = plan::condition_is_true(&status.conditions, condition::UNSCHEDULABLE)
+            || plan::condition_is_true(&status.conditions, condition::INVALID_SPEC)
+            || matches!(status.phase, None | Some(Phase::Pending));
+        if waiting {
+            refs.push(ObjectRef::from_obj(j.as_ref()));
+        }
+    }
+    refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    refs.dedup();
+    refs
+}
+
+/// The job a Service or PVC event concerns because the object holds that job's name and the
+/// job waits with NameConflict: a lookup by name, not a scan of every job.
+fn job_in_conflict_over(
+    kind: ObjectKind,
+    name: &str,
+    ns: &str,
+    jobs: &Store<DeserializeGuard<TrainingJob>>,
+) -> Option<ObjectRef<DeserializeGuard<TrainingJob>>> {
+    let job_name = match kind {
+        ObjectKind::Claim => name.strip_suffix("-checkpoints")?,
+        ObjectKind::Service | ObjectKind::Pod => name,
+    };
+    let entry = jobs.get(&ObjectRef::new(job_name).within(ns))?;
+    let status = entry.0.as_ref().ok()?.status.as_ref()?;
+    let names_it = kind != ObjectKind::Claim || status.checkpoint_claim.as_deref() == Some(name);
+    (names_it && plan::condition_is_true(&status.conditions, condition::NAME_CONFLICT))
+        .then(|| ObjectRef::from_obj(entry.as_ref()))
+}
+
+/// The jobs to wake for node changes: only changes that matter ([`NodeFingerprints`]), and
+/// only the jobs they concern ([`jobs_for_node`]).
+pub(super) fn node_triggers(
+    node_events: impl Stream<Item = Result<watcher::Event<Node>, watcher::Error>> + Send + 'static,
+    pods: Store<CachedPod>,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
+) -> impl Stream<Item = JobRef> + Send + 'static {
+    let mut fingerprints = NodeFingerprints::default();
+    node_events
+        .map(move |ev| match ev {
+            Ok(ev) => fingerprints.changed(&ev),
+            Err(e) => {
+                tracing::warn!(error = %e, "node watch");
+                Vec::new()
+            }
+        })
+        .flat_map(stream::iter)
+        .flat_map(move |name| stream::iter(jobs_for_node(&name, &pods, &jobs)))
+}
+
+/// A job waiting for its existingClaim starts as soon as the claim appears; a job blocked
+/// by a PVC of its name that is not its own, as soon as that one is gone.
+pub(super) fn claim_triggers(
+    claim_events: impl Stream<Item = Result<PartialObjectMeta<PersistentVolumeClaim>, watcher::Error>>
+    + Send
+    + 'static,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
+) -> impl Stream<Item = JobRef> + Send + 'static {
+    claim_events
+        .filter_map(move |claim| {
+            let refs: Vec<_> = match claim {
+                Ok(claim) => {
+                    let (name, ns) = (claim.name_any(), claim.namespace().unwrap_or_default());
+                    let mut refs: Vec<_> = jobs
+                        .state()
+                        .iter()
+                        .filter(|j| {
+                            j.0.as_ref().is_ok_and(|job| {
+                                job.namespace().as_deref() == Some(ns.as_str())
+                                    && job.spec.checkpoint.existing_claim == name
+                            })
+                        })
+                        .map(|j| ObjectRef::from_obj(j.as_ref()))
+                        .collect();
+                    refs.extend(job_in_conflict_over(ObjectKind::Claim, &name, &ns, &jobs));
+                    refs
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "persistentvolumeclaim watch");
+                    Vec::new()
+                }
+            };
+            future::ready((!refs.is_empty()).then(|| stream::iter(refs)))
+        })
+        .flatten()
+}
+
+/// A job blocked by a Service of its name that is not its own starts as soon as that one is
+/// gone.
+pub(super) fn service_triggers(
+    svc_events: impl Stream<Item = Result<PartialObjectMeta<Service>, watcher::Error>> + Send + 'static,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
+) -> impl Stream<Item = JobRef> + Send + 'static {
+    svc_events.filter_map(move |svc| {
+        future::ready(match svc {
+            Ok(svc) => job_in_conflict_over(
+                ObjectKind::Service,
+                &svc.name_any(),
+                &svc.namespace().unwrap_or_default(),
+                &jobs,
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "service watch");
+                None
+            }
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(labels: serde_json::Value, ready: &str, heartbeat: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": labels},
+            "status": {
+                "allocatable": {crate::crd::DEFAULT_GPU_RESOURCE: "8"},
+                "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": heartbeat}],
+                "images": [{"names": ["big/image:1"], "sizeBytes": 1}],
+            }
+        }))
+        .expect("node")
+    }
+
+    #[test]
+    fn heartbeats_do_not_change_a_node_fingerprint() {
+        let a = node(json!({"x": "1"}), "True", "2026-01-01T00:00:00Z");
+        let b = node(json!({"x": "1"}), "True", "2026-01-01T00:00:10Z");
+        assert_eq!(node_fingerprint(&a), node_fingerprint(&b));
+    }
+
+    #[test]
+    fn readiness_and_labels_change_a_node_fingerprint() {
+        let base = node(json!({"x": "1"}), "True", "2026-01-01T00:00:00Z");
+        let not_ready = node(json!({"x": "1"}), "False", "2026-01-01T00:00:00Z");
+        let relabelled = node(json!({"x": "2"}), "True", "2026-01-01T00:00:00Z");
+        assert_ne!(node_fingerprint(&base), node_fingerprint(&not_ready));
+        assert_ne!(node_fingerprint(&base), node_fingerprint(&relabelled));
+    }
+
+    #[test]
+    fn node_fingerprints_forget_nodes_deleted_while_the_watch_was_down() {
+        let named = |name: &str, labels| {
+            let mut n = node(labels, "True", "2026-01-01T00:00:00Z");
+            n.metadata.name = Some(name.to_owned());
+            n
+        };
+        let mut fp = NodeFingerprints::default();
+        let feed = |fp: &mut NodeFingerprints, events: Vec<watcher::Event<Node>>| {
+            events
+                .iter()
+                .flat_map(|ev| fp.changed(ev))
+                .collect::<Vec<_>>()
+        };
+        // The first list wakes nothing.
+        let first =
+            (0..100).map(|i| watcher::Event::InitApply(named(&format!("n-{i}"), json!({}))));
+        let woken = feed(
+            &mut fp,
+            std::iter::once(watcher::Event::Init)
+                .chain(first)
+                .chain([watcher::Event::InitDone])
+                .collect(),
+        );
+        assert!(woken.is_empty(), "{woken:?}");
+        // The watch breaks; meanwhile n-2.. are deleted and n-1 is relabelled.
+        let woken = feed(
+            &mut fp,
+            vec![
+                watcher::Event::Init,
+                watcher::Event::InitApply(named("n-0", json!({}))),
+                watcher::Event::InitApply(named("n-1", json!({"x": "1"}))),
+                watcher::Event::InitDone,
+            ],
+        );
+        assert_eq!(woken.len(), 99, "n-1 changed, 98 nodes went");
+        assert!(woken.contains(&"n-1".to_owned()) && woken.contains(&"n-99".to_owned()));
+        assert_eq!(fp.known.len(), 2);
+        let woken = feed(
+            &mut fp,
+            vec![
+                watcher::Event::Delete(named("n-0", json!({}))),
+                watcher::Event::Delete(named("n-1", json!({}))),
+            ],
+        );
+        assert_eq!(woken, ["n-0", "n-1"]);
+        assert!(fp.known.is_empty() && fp.relisted.is_none());
+    }
+}

@@ -1,0 +1,314 @@
+//! The watches, their reflector caches and the kube-runtime Controller built from them.
+//!
+//! Each kind is watched once: the stream that fills a cache is also the stream that triggers
+//! reconciles ([`super::triggers`]) and marks expectations met. Cached objects keep only what
+//! decisions read.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt, TryStreamExt, future};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
+use kube::core::PartialObjectMeta;
+use kube::core::error_boundary::DeserializeGuard;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::task::JoinHandle;
+
+use super::events::{EVENT_DRAIN, EVENT_QUEUE, publish_events};
+use super::executor::Executor;
+use super::observe::Caches;
+use super::reconcile::{error_policy, reconcile};
+use super::triggers::{claim_triggers, node_triggers, service_triggers};
+use super::{Context, FIELD_MANAGER, RunConfig};
+use crate::cached_pod::CachedPod;
+use crate::crd::{LABEL_JOB, TrainingJob};
+use crate::error::Error;
+use crate::expectations::{Expectations, Kind};
+use crate::job_memory::{JobMemory, StateSizes};
+use crate::metrics::Metrics;
+
+/// How long a write is held back waiting for its watch event ([`Expectations`]).
+const EXPECTATION_TTL: Duration = Duration::from_secs(15);
+/// Where kubelets keep their heartbeat Leases.
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// A watch's events, as the Controller takes them.
+type Watched<K> = Result<K, watcher::Error>;
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
+/// Cached TrainingJobs keep what decisions read: managedFields and kubectl's
+/// last-applied-configuration (a second copy of the spec) are dropped.
+fn strip_job(job: &mut DeserializeGuard<TrainingJob>) {
+    job.managed_fields_mut().clear();
+    job.annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
+}
+
+/// Cached Services and PVCs keep their name, labels and owners: what ownership is judged by.
+fn strip_meta<K>(object: &mut PartialObjectMeta<K>) {
+    object.metadata.managed_fields = None;
+    object.metadata.annotations = None;
+}
+
+fn strip_node(node: &mut Node) {
+    node.managed_fields_mut().clear();
+    // Image lists are the bulk of a Node object and the operator never reads them.
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+    }
+}
+
+/// Marks an object's expectation met when a watch event for it arrives.
+fn seen_by<K: Resource>(expectations: Arc<Expectations>, kind: Kind) -> impl Fn(&K) {
+    move |object| {
+        let meta = object.meta();
+        expectations.observed(
+            kind,
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+    }
+}
+
+/// The job-labelled pods, stripped ([`CachedPod`]).
+fn watch_pods(
+    client: &Client,
+    ns: Option<&str>,
+    expectations: &Arc<Expectations>,
+) -> (
+    Store<CachedPod>,
+    impl Stream<Item = Watched<CachedPod>> + Send + 'static,
+) {
+    let (store, writer) = reflector::store();
+    let seen = seen_by::<CachedPod>(expectations.clone(), Kind::Pod);
+    let stream = watcher(
+        api::<CachedPod>(client, ns),
+        watch_config().labels(LABEL_JOB),
+    )
+    .modify(CachedPod::strip)
+    .reflect(writer)
+    .default_backoff()
+    .touched_objects()
+    .inspect_ok(move |pod| seen(pod));
+    (store, stream)
+}
+
+/// Every node (a cluster-scoped watch whatever the namespace).
+fn watch_nodes(
+    client: &Client,
+) -> (
+    Store<Node>,
+    impl Stream<Item = Watched<watcher::Event<Node>>> + Send + 'static,
+) {
+    let (store, writer) = reflector::store();
+    let events = watcher(Api::<Node>::all(client.clone()), watch_config())
+        .modify(strip_node)
+        .reflect(writer)
+        .default_backoff();
+    (store, events)
+}
+
+/// Node heartbeats, watched by a task of their own: nothing reconciles on them. Optional:
+/// without RBAC for Leases the store stays empty and the lost peer rule falls back to node
+/// conditions and its window.
+fn watch_node_leases(client: &Client) -> (Store<Lease>, JoinHandle<()>) {
+    let (store, writer) = reflector::store();
+    let task = tokio::spawn(
+        watcher(
+            Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE),
+            watch_config(),
+        )
+        .reflect(writer)
+        .default_backoff()
+        .for_each(|ev| {
+            if let Err(e) = ev {
+                tracing::debug!(error = %e, "node Lease watch");
+            }
+            future::ready(())
+        }),
+    );
+    (store, task)
+}
+
+/// Every Service or PVC, not only those labelled for a job: an object of a job's name that is
+/// not the job's must be seen, or it would be written over (ownership). Metadata only.
+fn watch_metadata<K>(
+    client: &Client,
+    ns: Option<&str>,
+    expectations: &Arc<Expectations>,
+    kind: Kind,
+) -> (
+    Store<PartialObjectMeta<K>>,
+    impl Stream<Item = Watched<PartialObjectMeta<K>>> + Send + 'static,
+)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let seen = seen_by::<PartialObjectMeta<K>>(expectations.clone(), kind);
+    let stream = watcher(api::<PartialObjectMeta<K>>(client, ns), watch_config())
+        .modify(strip_meta)
+        .reflect(writer)
+        .default_backoff()
+        .touched_objects()
+        .inspect_ok(move |object| seen(object));
+    (store, stream)
+}
+
+/// The TrainingJobs, malformed ones included ([`DeserializeGuard`]); each event also tells the
+/// per-job memory which jobs are gone ([`JobMemory::on_job_event`]).
+fn watch_jobs(
+    client: &Client,
+    ns: Option<&str>,
+    memory: &Arc<JobMemory>,
+    expectations: &Arc<Expectations>,
+    metrics: &Arc<Metrics>,
+) -> (
+    Store<DeserializeGuard<TrainingJob>>,
+    impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
+) {
+    let jobs_api: Api<DeserializeGuard<TrainingJob>> = api(client, ns);
+    let (store, writer) = reflector::store();
+    let forget = {
+        let (memory, expectations, jobs) = (memory.clone(), expectations.clone(), store.clone());
+        let metrics = metrics.clone();
+        move |event: &watcher::Event<DeserializeGuard<TrainingJob>>| {
+            memory.on_job_event(&expectations, event, &jobs);
+            if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone) {
+                metrics.set_state_sizes(&StateSizes::of(&memory, &expectations));
+            }
+        }
+    };
+    let stream = watcher(jobs_api, watch_config())
+        .modify(strip_job)
+        .reflect(writer)
+        .default_backoff()
+        .inspect_ok(forget)
+        .applied_objects();
+    (store, stream)
+}
+
+/// Builds the watches and the Controller and runs it until `stop` completes.
+pub(super) async fn run_controller(
+    client: Client,
+    config: &RunConfig,
+    metrics: Arc<Metrics>,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), Error> {
+    let ns = config.namespace.as_deref();
+    let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
+    let (pods, pod_stream) = watch_pods(&client, ns, &expectations);
+    let (nodes, node_events) = watch_nodes(&client);
+    let (leases, lease_task) = watch_node_leases(&client);
+    let (services, svc_events) =
+        watch_metadata::<Service>(&client, ns, &expectations, Kind::Service);
+    let (claims, claim_events) =
+        watch_metadata::<PersistentVolumeClaim>(&client, ns, &expectations, Kind::Claim);
+    let memory = Arc::new(JobMemory::default());
+    let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics);
+    let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
+        ControllerConfig::default()
+            .debounce(Duration::from_millis(50))
+            .concurrency(config.max_concurrent_reconciles),
+    );
+    let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
+    let claim_triggers = claim_triggers(claim_events, jobs.clone());
+    let service_triggers = service_triggers(svc_events, jobs.clone());
+
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.to_owned(),
+        instance: Some(config.instance.clone()),
+    };
+    let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
+    let publisher = tokio::spawn(publish_events(client.clone(), reporter, events_rx));
+    let executor = Executor::new(
+        client.clone(),
+        expectations.clone(),
+        events_tx,
+        metrics.clone(),
+        memory.clone(),
+        jobs.clone(),
+    );
+    let caches = Caches::new(client, expectations, pods, nodes, leases, services, claims);
+    let ctx = Arc::new(Context {
+        config: config.operator.clone(),
+        caches,
+        executor,
+        memory,
+        metrics: metrics.clone(),
+    });
+
+    metrics.set_ready(true);
+    tracing::info!(
+        namespace = ns.unwrap_or("(all)"),
+        "reconciling TrainingJobs"
+    );
+    controller
+        .owns_stream(pod_stream)
+        .reconcile_on(node_triggers)
+        .reconcile_on(claim_triggers)
+        .reconcile_on(service_triggers)
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "controller");
+            }
+            future::ready(())
+        })
+        .await;
+    lease_task.abort();
+    // The controller has dropped the last Context, and with it the Events' sender: the publisher
+    // ends once it has published what is queued, or is cut short.
+    if tokio::time::timeout(EVENT_DRAIN, publisher).await.is_err() {
+        tracing::warn!("stopping with Events not yet published");
+    }
+    tracing::info!("controller stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn cached_nodes_drop_image_lists_and_managed_fields() {
+        let mut n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "status": {
+                "allocatable": {crate::crd::DEFAULT_GPU_RESOURCE: "8"},
+                "images": [{"names": ["big/image:1"], "sizeBytes": 1}],
+            }
+        }))
+        .expect("node");
+        n.metadata.managed_fields = Some(vec![Default::default()]);
+        strip_node(&mut n);
+        assert!(n.status.as_ref().expect("status").images.is_none());
+        assert!(n.metadata.managed_fields.as_ref().is_none_or(Vec::is_empty));
+    }
+}
