@@ -1,0 +1,414 @@
+//! The decision step: from a validated job, what the cluster looks like and the current
+//! status, compute the next status, the actions that move the cluster towards it, and the
+//! Events that describe the transition.
+//!
+//! The controller writes the new status *before* it acts. Everything that must not happen
+//! twice (counting a preemption, bumping the attempt) is a status transition, and every action
+//! is idempotent and derived again from status plus observation on the next round. So a crash
+//! between any two steps repeats actions, never decisions:
+//! - pods have deterministic names (`<job>-worker-<rank>`), so a repeated create cannot duplicate;
+//! - the next attempt's pods are created only after every older pod is gone;
+//! - only pods recorded in `status.workers` can "disappear", so a pod the cache has not seen
+//!   yet is never mistaken for a preempted one.
+
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::config::OperatorConfig;
+use crate::crd::{JobCondition, Phase, RestartReason, TrainingJobStatus};
+use crate::ownership::Foreign;
+use crate::preemption::NodeView;
+use crate::validate::{InvalidSpec, ValidJob};
+
+mod phases;
+mod round;
+mod view;
+
+pub use phases::PhaseName;
+use round::Round;
+use view::View;
+
+/// Condition types.
+pub mod condition {
+    /// Every worker runs.
+    pub const RUNNING: &str = "Running";
+    /// A gang restart is under way.
+    pub const RESTARTING: &str = "Restarting";
+    /// Every trainer exited 0.
+    pub const SUCCEEDED: &str = "Succeeded";
+    /// The job failed for good.
+    pub const FAILED: &str = "Failed";
+    /// No node can take the workers.
+    pub const UNSCHEDULABLE: &str = "Unschedulable";
+    /// The spec cannot run as written.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The API server rejected a write the job needs (see [`crate::rejection`]).
+    pub const WRITE_REJECTED: &str = "WriteRejected";
+    /// An object holding one of the job's names is not the job's (see [`crate::ownership`]).
+    pub const NAME_CONFLICT: &str = "NameConflict";
+}
+
+/// Cap of the exponential failure backoff.
+pub const MAX_BACKOFF: SignedDuration = SignedDuration::from_secs(600);
+/// How often a job that waits on the cluster (missing claim, no GPU node) is looked at again.
+pub const CLUSTER_WAIT_RECHECK: SignedDuration = SignedDuration::from_secs(60);
+
+/// What the cluster looks like to one reconcile.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The job's pods (any attempt) owned by it.
+    pub pods: Vec<Arc<Pod>>,
+    /// Objects that hold one of the job's names (a pod's, the Service's, the created PVC's)
+    /// but are not the job's ([`crate::ownership::foreign`]).
+    pub foreign: Vec<Foreign>,
+    /// Every node.
+    pub nodes: Vec<Arc<Node>>,
+    /// The kubelets' Leases in `kube-node-lease` (empty when the operator may not read them).
+    pub node_leases: Vec<Arc<Lease>>,
+    /// Whether the checkpoint PVC exists: the job's own, or the `existingClaim` it mounts.
+    pub claim_exists: bool,
+    /// Whether the job's own rendezvous Service exists.
+    pub service_exists: bool,
+    /// The time of this reconcile.
+    pub now: Timestamp,
+}
+
+impl Observed {
+    fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .map(|n| n.as_ref())
+    }
+
+    fn node_view<'a>(&'a self, pod: &'a Pod) -> NodeView<'a> {
+        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            None => NodeView::Unscheduled,
+            Some(n) => match self.node(n) {
+                Some(node) => NodeView::Present(node),
+                None => NodeView::Missing(n),
+            },
+        }
+    }
+
+    fn node_refs(&self) -> Vec<&Node> {
+        self.nodes.iter().map(|n| n.as_ref()).collect()
+    }
+}
+
+/// Something the controller must do after writing the status.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Create the rendezvous Service (AlreadyExists means it is there: never adopted).
+    CreateService(Box<Service>),
+    /// Create the checkpoint PVC (AlreadyExists means it is there: never adopted).
+    CreatePvc(Box<PersistentVolumeClaim>),
+    /// Create a worker pod (AlreadyExists means a previous round did it).
+    CreatePod(Box<Pod>),
+    /// Delete a pod with its grace period, so the trainer gets SIGTERM and can checkpoint.
+    DeletePod {
+        /// Pod name.
+        name: String,
+        /// Precondition: only this incarnation.
+        uid: Option<String>,
+    },
+    /// Delete a pod with grace period 0: its containers have all stopped, or it is stuck
+    /// terminating on a lost node.
+    ForceDeletePod {
+        /// Pod name.
+        name: String,
+        /// Precondition: only this incarnation.
+        uid: Option<String>,
+    },
+}
+
+impl Action {
+    /// Whether the action deletes a pod.
+    pub fn deletes(&self) -> bool {
+        matches!(self, Self::DeletePod { .. } | Self::ForceDeletePod { .. })
+    }
+}
+
+/// Severity of an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// Normal.
+    Normal,
+    /// Warning.
+    Warning,
+}
+
+/// A Kubernetes Event to publish on the TrainingJob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobEvent {
+    /// Normal or Warning.
+    pub kind: EventKind,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Human-readable note.
+    pub note: String,
+}
+
+impl JobEvent {
+    fn normal(reason: &str, note: impl Into<String>) -> Self {
+        Self {
+            kind: EventKind::Normal,
+            reason: reason.to_owned(),
+            note: note.into(),
+        }
+    }
+    fn warning(reason: &str, note: impl Into<String>) -> Self {
+        Self {
+            kind: EventKind::Warning,
+            reason: reason.to_owned(),
+            note: note.into(),
+        }
+    }
+}
+
+/// The outcome of one decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The status to write before acting.
+    pub status: TrainingJobStatus,
+    /// What to do after the status is written.
+    pub actions: Vec<Action>,
+    /// Events describing transitions.
+    pub events: Vec<JobEvent>,
+    /// Look again at this time even if nothing changes.
+    pub requeue_at: Option<Timestamp>,
+    /// A gang restart was decided in this round.
+    pub restart: Option<RestartReason>,
+    /// The first pods of this attempt are created in this round.
+    pub creates_attempt: Option<u32>,
+    /// The phase that ended the round.
+    pub decided_by: PhaseName,
+}
+
+/// Sets a condition, moving lastTransitionTime only when the status flips.
+pub fn set_condition(
+    conditions: &mut Vec<JobCondition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+    generation: Option<i64>,
+) {
+    let status_str = if status { "True" } else { "False" };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status_str {
+                c.status = status_str.to_owned();
+                c.last_transition_time = Some(Time(now));
+            }
+            c.reason = reason.to_owned();
+            c.message = message.to_owned();
+            c.observed_generation = generation;
+        }
+        None => conditions.push(JobCondition {
+            type_: type_.to_owned(),
+            status: status_str.to_owned(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            last_transition_time: Some(Time(now)),
+            observed_generation: generation,
+        }),
+    }
+}
+
+/// Whether a condition is currently True.
+pub fn condition_is_true(conditions: &[JobCondition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// Delay before the restart after the `failures`-th failure: base × 2^(failures-1), capped at 10 minutes.
+pub fn failure_backoff(base_seconds: u32, failures: u32) -> SignedDuration {
+    if base_seconds == 0 || failures == 0 {
+        return SignedDuration::ZERO;
+    }
+    let exp = failures.saturating_sub(1).min(20);
+    let secs = u64::from(base_seconds).saturating_mul(1u64 << exp);
+    SignedDuration::from_secs(i64::try_from(secs).unwrap_or(i64::MAX)).min(MAX_BACKOFF)
+}
+
+/// The status for a job whose spec cannot run: condition InvalidSpec, nothing else changes.
+pub fn invalid_status(
+    current: &TrainingJobStatus,
+    err: &InvalidSpec,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> (TrainingJobStatus, Vec<JobEvent>) {
+    let mut st = current.clone();
+    let events = write_invalid_spec(&mut st, &current.conditions, Some(err), generation, now);
+    (st, events)
+}
+
+/// The one writer of the condition `InvalidSpec`: True with the error (and a Warning Event
+/// when its message changes), or False once a job that was invalid is valid again.
+fn write_invalid_spec(
+    st: &mut TrainingJobStatus,
+    before: &[JobCondition],
+    err: Option<&InvalidSpec>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<JobEvent> {
+    let Some(err) = err else {
+        if condition_is_true(&st.conditions, condition::INVALID_SPEC) {
+            set_condition(
+                &mut st.conditions,
+                condition::INVALID_SPEC,
+                false,
+                "Valid",
+                "",
+                now,
+                generation,
+            );
+        }
+        return Vec::new();
+    };
+    let message = err.to_string();
+    let already = before
+        .iter()
+        .any(|c| c.type_ == condition::INVALID_SPEC && c.status == "True" && c.message == message);
+    set_condition(
+        &mut st.conditions,
+        condition::INVALID_SPEC,
+        true,
+        "InvalidSpec",
+        &message,
+        now,
+        generation,
+    );
+    st.observed_generation = generation;
+    st.phase.get_or_insert(Phase::Pending);
+    if already {
+        Vec::new()
+    } else {
+        vec![JobEvent::warning("InvalidSpec", message)]
+    }
+}
+
+/// Decides the next status and actions: runs the phases (`phases::PHASES`) in order over one view of the
+/// job until one of them ends the round.
+pub fn decide(
+    job: &ValidJob,
+    observed: &Observed,
+    current: &TrainingJobStatus,
+    config: &OperatorConfig,
+) -> Plan {
+    let view = View::new(job, observed, current, config);
+    let mut round = Round::new(&view);
+    for &(name, phase) in phases::PHASES {
+        if phase(&view, &mut round) == Flow::Stop {
+            return round.finish(&view, name);
+        }
+    }
+    unreachable!("the last phase always ends the round")
+}
+
+/// Whether the round goes on to the next phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// The next phase decides further.
+    Continue,
+    /// This phase ended the round.
+    Stop,
+}
+
+/// A numeric label of a pod (`trainyard.dev/rank`, `trainyard.dev/attempt`).
+pub(crate) fn label_u32(pod: &Pod, key: &str) -> Option<u32> {
+    pod.metadata.labels.as_ref()?.get(key)?.parse().ok()
+}
+
+fn pod_name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+/// Whether a pod's containers have all stopped (it no longer holds its GPUs): its phase is
+/// final, or every container has terminated and the kubelet has not said so in the phase yet.
+/// A pod whose trainer exited while a sidecar (or a native sidecar init container) still runs
+/// is not finished.
+fn is_finished(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    let terminated = |c: &ContainerStatus| c.state.as_ref().is_some_and(|s| s.terminated.is_some());
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| statuses.iter().any(|s| s.name == c.name && terminated(s)))
+        && status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.ephemeral_container_statuses.iter().flatten())
+            .all(terminated)
+}
+
+/// When to write a decided status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusWrite {
+    /// Nothing changed.
+    Unchanged,
+    /// Write it now.
+    Now,
+    /// Only per-worker detail changed: keep it in memory and write it after this long, together
+    /// with whatever else changes meanwhile.
+    Later(std::time::Duration),
+}
+
+/// Decides when `desired` is written over `written` (what the API server holds).
+///
+/// Everything but `status.workers` is a decision or a transition users and tools wait on
+/// (phase, attempt, counters, conditions, selected GPU): written at once. `status.workers` is
+/// per-worker detail that moves with every pod event (a pod seen, bound to a node, started):
+/// one write per worker per step would be most of the operator's API traffic (measured 4.3–4.8
+/// status writes per job while creating, and as many again while going Running), so such detail
+/// waits up to `batch`, counted from the first unwritten change (`pending_for`), and goes out in
+/// one write. The controller decides on the unwritten detail meanwhile, so a worker it has seen
+/// and that disappears is still a preemption.
+pub fn status_write(
+    written: &TrainingJobStatus,
+    desired: &TrainingJobStatus,
+    pending_for: Option<std::time::Duration>,
+    batch: std::time::Duration,
+) -> StatusWrite {
+    if desired == written {
+        return StatusWrite::Unchanged;
+    }
+    let decisions_equal = TrainingJobStatus {
+        workers: Vec::new(),
+        ..desired.clone()
+    } == TrainingJobStatus {
+        workers: Vec::new(),
+        ..written.clone()
+    };
+    if !decisions_equal {
+        return StatusWrite::Now;
+    }
+    match pending_for {
+        Some(waited) if waited >= batch => StatusWrite::Now,
+        Some(waited) => StatusWrite::Later(batch - waited),
+        None => StatusWrite::Later(batch),
+    }
+}
+
+#[cfg(test)]
+#[path = "../plan_tests.rs"]
+mod tests;
