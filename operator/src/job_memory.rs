@@ -32,7 +32,7 @@ pub struct JobMemory {
     /// never decided on twice.
     written: Mutex<HashMap<String, (u64, TrainingJobStatus)>>,
     /// Status whose only change is per-worker detail, not written yet, by uid, with when it was
-    /// first deferred ([`crate::plan::status_write`]). Decisions read it, so a worker seen here
+    /// first deferred ([`crate::status_write`]). Decisions read it, so a worker seen here
     /// and then gone is a preemption even before the detail is written.
     deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
     /// When a restart was decided, by uid, with the attempt it starts (for the recovery

@@ -11,11 +11,13 @@
 #![forbid(unsafe_code)]
 
 pub mod cached_pod;
+pub mod condition;
 pub mod config;
 pub mod controller;
 pub mod crd;
 pub mod crdgen;
 pub mod error;
+pub mod events;
 pub mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -32,6 +34,7 @@ pub mod preemption;
 pub mod pvc;
 pub mod rejection;
 pub mod service;
+pub mod status_write;
 pub mod validate;
 
 pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, RunConfig, run};

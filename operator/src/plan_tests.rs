@@ -4,6 +4,7 @@ use super::*;
 use crate::crd::WorkerStatus;
 use crate::fixtures::{job_yaml, node, ts};
 use crate::validate::validate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 const T0: &str = "2026-01-01T00:00:00Z";
@@ -1354,82 +1355,6 @@ fn a_half_created_attempt_is_completed_with_the_first_pods_placement() {
         created[0].spec.as_ref().and_then(|s| s.affinity.clone()),
         first.spec.as_ref().and_then(|s| s.affinity.clone())
     );
-}
-
-mod status_write {
-    use super::super::{StatusWrite, status_write};
-    use crate::crd::{Phase, TrainingJobStatus, WorkerStatus};
-    use std::time::Duration;
-
-    const BATCH: Duration = Duration::from_secs(3);
-
-    fn worker(rank: u32, node: Option<&str>, phase: &str) -> WorkerStatus {
-        WorkerStatus {
-            rank,
-            pod: format!("j-worker-{rank}"),
-            node: node.map(str::to_owned),
-            phase: phase.to_owned(),
-            reason: None,
-        }
-    }
-
-    fn pending() -> TrainingJobStatus {
-        TrainingJobStatus {
-            phase: Some(Phase::Pending),
-            workers: vec![worker(0, None, "Pending")],
-            ..TrainingJobStatus::default()
-        }
-    }
-
-    #[test]
-    fn an_unchanged_status_is_not_written() {
-        assert_eq!(
-            status_write(&pending(), &pending(), None, BATCH),
-            StatusWrite::Unchanged
-        );
-    }
-
-    #[test]
-    fn worker_detail_alone_waits_for_the_batch_counted_from_its_first_change() {
-        let mut scheduled = pending();
-        scheduled.workers[0].node = Some("n1".to_owned());
-        assert_eq!(
-            status_write(&pending(), &scheduled, None, BATCH),
-            StatusWrite::Later(BATCH)
-        );
-        assert_eq!(
-            status_write(&pending(), &scheduled, Some(Duration::from_secs(1)), BATCH),
-            StatusWrite::Later(Duration::from_secs(2))
-        );
-        assert_eq!(
-            status_write(&pending(), &scheduled, Some(BATCH), BATCH),
-            StatusWrite::Now
-        );
-        let mut more = scheduled.clone();
-        more.workers.push(worker(1, None, "Pending"));
-        assert_eq!(
-            status_write(&pending(), &more, Some(Duration::from_secs(1)), BATCH),
-            StatusWrite::Later(Duration::from_secs(2))
-        );
-    }
-
-    #[test]
-    fn a_transition_is_written_at_once_with_the_detail_that_waited() {
-        let mut running = pending();
-        running.workers[0] = worker(0, Some("n1"), "Running");
-        running.phase = Some(Phase::Running);
-        assert_eq!(
-            status_write(&pending(), &running, Some(Duration::ZERO), BATCH),
-            StatusWrite::Now
-        );
-        let mut restarted = pending();
-        restarted.attempt = 1;
-        restarted.workers.clear();
-        assert_eq!(
-            status_write(&pending(), &restarted, None, BATCH),
-            StatusWrite::Now
-        );
-    }
 }
 
 #[test]

@@ -232,6 +232,11 @@ pub fn desired_pod(
     }
 }
 
+/// A numeric label of a pod (`trainyard.dev/rank`, `trainyard.dev/attempt`).
+pub(crate) fn label_u32(pod: &Pod, key: &str) -> Option<u32> {
+    pod.metadata.labels.as_ref()?.get(key)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,13 +16,19 @@ use std::sync::Arc;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ContainerStatus, Node, PersistentVolumeClaim, Pod, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::OperatorConfig;
 use crate::crd::{JobCondition, Phase, RestartReason, TrainingJobStatus};
 use crate::ownership::Foreign;
 use crate::preemption::NodeView;
 use crate::validate::{InvalidSpec, ValidJob};
+
+pub use crate::condition::{self, condition_is_true, set_condition};
+pub use crate::events::{EventKind, JobEvent};
+// Kept where controller.rs finds them while it is being split into modules; new code uses
+// `crate::pods::label_u32` and `crate::status_write`.
+pub(crate) use crate::pods::label_u32;
+pub use crate::status_write::{StatusWrite, status_write};
 
 mod phases;
 mod round;
@@ -31,26 +37,6 @@ mod view;
 pub use phases::PhaseName;
 use round::Round;
 use view::View;
-
-/// Condition types.
-pub mod condition {
-    /// Every worker runs.
-    pub const RUNNING: &str = "Running";
-    /// A gang restart is under way.
-    pub const RESTARTING: &str = "Restarting";
-    /// Every trainer exited 0.
-    pub const SUCCEEDED: &str = "Succeeded";
-    /// The job failed for good.
-    pub const FAILED: &str = "Failed";
-    /// No node can take the workers.
-    pub const UNSCHEDULABLE: &str = "Unschedulable";
-    /// The spec cannot run as written.
-    pub const INVALID_SPEC: &str = "InvalidSpec";
-    /// The API server rejected a write the job needs (see [`crate::rejection`]).
-    pub const WRITE_REJECTED: &str = "WriteRejected";
-    /// An object holding one of the job's names is not the job's (see [`crate::ownership`]).
-    pub const NAME_CONFLICT: &str = "NameConflict";
-}
 
 /// Cap of the exponential failure backoff.
 pub const MAX_BACKOFF: SignedDuration = SignedDuration::from_secs(600);
@@ -133,43 +119,6 @@ impl Action {
     }
 }
 
-/// Severity of an Event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    /// Normal.
-    Normal,
-    /// Warning.
-    Warning,
-}
-
-/// A Kubernetes Event to publish on the TrainingJob.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JobEvent {
-    /// Normal or Warning.
-    pub kind: EventKind,
-    /// CamelCase reason.
-    pub reason: String,
-    /// Human-readable note.
-    pub note: String,
-}
-
-impl JobEvent {
-    fn normal(reason: &str, note: impl Into<String>) -> Self {
-        Self {
-            kind: EventKind::Normal,
-            reason: reason.to_owned(),
-            note: note.into(),
-        }
-    }
-    fn warning(reason: &str, note: impl Into<String>) -> Self {
-        Self {
-            kind: EventKind::Warning,
-            reason: reason.to_owned(),
-            note: note.into(),
-        }
-    }
-}
-
 /// The outcome of one decision.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
@@ -187,45 +136,6 @@ pub struct Plan {
     pub creates_attempt: Option<u32>,
     /// The phase that ended the round.
     pub decided_by: PhaseName,
-}
-
-/// Sets a condition, moving lastTransitionTime only when the status flips.
-pub fn set_condition(
-    conditions: &mut Vec<JobCondition>,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    now: Timestamp,
-    generation: Option<i64>,
-) {
-    let status_str = if status { "True" } else { "False" };
-    match conditions.iter_mut().find(|c| c.type_ == type_) {
-        Some(c) => {
-            if c.status != status_str {
-                c.status = status_str.to_owned();
-                c.last_transition_time = Some(Time(now));
-            }
-            c.reason = reason.to_owned();
-            c.message = message.to_owned();
-            c.observed_generation = generation;
-        }
-        None => conditions.push(JobCondition {
-            type_: type_.to_owned(),
-            status: status_str.to_owned(),
-            reason: reason.to_owned(),
-            message: message.to_owned(),
-            last_transition_time: Some(Time(now)),
-            observed_generation: generation,
-        }),
-    }
-}
-
-/// Whether a condition is currently True.
-pub fn condition_is_true(conditions: &[JobCondition], type_: &str) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
 }
 
 /// Delay before the restart after the `failures`-th failure: base × 2^(failures-1), capped at 10 minutes.
@@ -322,11 +232,6 @@ pub(crate) enum Flow {
     Stop,
 }
 
-/// A numeric label of a pod (`trainyard.dev/rank`, `trainyard.dev/attempt`).
-pub(crate) fn label_u32(pod: &Pod, key: &str) -> Option<u32> {
-    pod.metadata.labels.as_ref()?.get(key)?.parse().ok()
-}
-
 fn pod_name(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
 }
@@ -359,54 +264,6 @@ fn is_finished(pod: &Pod) -> bool {
             .flatten()
             .chain(status.ephemeral_container_statuses.iter().flatten())
             .all(terminated)
-}
-
-/// When to write a decided status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StatusWrite {
-    /// Nothing changed.
-    Unchanged,
-    /// Write it now.
-    Now,
-    /// Only per-worker detail changed: keep it in memory and write it after this long, together
-    /// with whatever else changes meanwhile.
-    Later(std::time::Duration),
-}
-
-/// Decides when `desired` is written over `written` (what the API server holds).
-///
-/// Everything but `status.workers` is a decision or a transition users and tools wait on
-/// (phase, attempt, counters, conditions, selected GPU): written at once. `status.workers` is
-/// per-worker detail that moves with every pod event (a pod seen, bound to a node, started):
-/// one write per worker per step would be most of the operator's API traffic (measured 4.3–4.8
-/// status writes per job while creating, and as many again while going Running), so such detail
-/// waits up to `batch`, counted from the first unwritten change (`pending_for`), and goes out in
-/// one write. The controller decides on the unwritten detail meanwhile, so a worker it has seen
-/// and that disappears is still a preemption.
-pub fn status_write(
-    written: &TrainingJobStatus,
-    desired: &TrainingJobStatus,
-    pending_for: Option<std::time::Duration>,
-    batch: std::time::Duration,
-) -> StatusWrite {
-    if desired == written {
-        return StatusWrite::Unchanged;
-    }
-    let decisions_equal = TrainingJobStatus {
-        workers: Vec::new(),
-        ..desired.clone()
-    } == TrainingJobStatus {
-        workers: Vec::new(),
-        ..written.clone()
-    };
-    if !decisions_equal {
-        return StatusWrite::Now;
-    }
-    match pending_for {
-        Some(waited) if waited >= batch => StatusWrite::Now,
-        Some(waited) => StatusWrite::Later(batch - waited),
-        None => StatusWrite::Later(batch),
-    }
 }
 
 #[cfg(test)]
