@@ -114,7 +114,8 @@ impl CachedPod {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::preemption::{ClassifierConfig, NodeView, classify, trainer_container};
+    use crate::preemption::{ClassifierConfig, NodeView, classify};
+    use crate::trainer::trainer_container;
     use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
 

@@ -35,6 +35,8 @@ pub mod pvc;
 pub mod rejection;
 pub mod service;
 pub mod status_write;
+pub mod trainer;
 pub mod validate;
+pub mod version;
 
 pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, RunConfig, run};

@@ -16,6 +16,7 @@ use crate::config::OperatorConfig;
 use crate::crd::{GpuSelection, SelectedGpu, SpotPolicy};
 use crate::nodes;
 use crate::validate::ValidJob;
+use crate::version::Version;
 
 /// Where the job's pods go.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,32 +53,6 @@ pub fn spot_mode(job: &ValidJob, preemptions: u32) -> (SpotMode, bool) {
         SpotPolicy::Never => SpotMode::Never,
     };
     (mode, fell_back)
-}
-
-/// A "major.minor" minimum.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Version {
-    /// Major.
-    pub major: u32,
-    /// Minor.
-    pub minor: u32,
-}
-
-impl Version {
-    /// Parses "12.4" (validated by the CRD pattern, checked again here).
-    pub fn parse(s: &str) -> Option<Self> {
-        let (major, minor) = s.trim().split_once('.')?;
-        Some(Self {
-            major: major.parse().ok()?,
-            minor: minor.parse().ok()?,
-        })
-    }
-}
-
-impl std::fmt::Display for Version {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
 }
 
 fn req(key: &str, operator: &str, values: Vec<String>) -> NodeSelectorRequirement {

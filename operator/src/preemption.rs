@@ -8,6 +8,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
 
 use crate::nodes::{self, Readiness};
+use crate::trainer::trainer_container;
 
 /// `status.reason` values with which the kubelet or control plane ends a pod it took away:
 /// 1.20-era (Evicted, NodeLost, Shutdown, Terminated) and newer (NodeShutdown, Preempting).
@@ -116,16 +117,6 @@ pub enum NodeView<'a> {
     Missing(&'a str),
     /// The pod's node.
     Present(&'a Node),
-}
-
-/// The trainer container's name: `trainer` if present, else the first container.
-pub fn trainer_container(pod: &Pod) -> Option<&str> {
-    let containers = &pod.spec.as_ref()?.containers;
-    containers
-        .iter()
-        .find(|c| c.name == "trainer")
-        .or_else(|| containers.first())
-        .map(|c| c.name.as_str())
 }
 
 /// Classifies one worker pod.

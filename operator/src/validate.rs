@@ -10,7 +10,8 @@ use crate::crd::{
     AccessMode, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER, MAX_GRACE_SECONDS,
     MAX_MIN_MEMORY_GIB, MAX_RESTARTS, MAX_WORKERS, TrainingJob, TrainingJobSpec,
 };
-use crate::placement::Version;
+use crate::trainer;
+use crate::version::Version;
 
 /// Why a TrainingJob cannot run as written (shown in its InvalidSpec condition).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -202,10 +203,7 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
             "the template has no containers; add one (named \"trainer\", or the first is the trainer)",
         ));
     }
-    let trainer_index = containers
-        .iter()
-        .position(|c| c.name == "trainer")
-        .unwrap_or(0);
+    let trainer_index = trainer::trainer_index(containers).unwrap_or(0);
     if spec.gpus_per_worker > 0 && spec.gpu.resource_name.trim().is_empty() {
         return Err(InvalidSpec::new(
             "spec.gpu.resourceName",
