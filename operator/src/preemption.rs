@@ -59,10 +59,10 @@ fn seconds(s: u64) -> SignedDuration {
 /// What became of one worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WorkerState {
-    /// Not running yet; `reason` says what it waits for (Unschedulable, ImagePullBackOff, ...).
+    /// Not running yet; `reason` says what it waits for, when known.
     Pending {
         /// Why it is not running, when known.
-        reason: Option<String>,
+        reason: Option<PendingReason>,
     },
     /// Running; `reason` surfaces a waiting container, if any.
     Running {
@@ -77,22 +77,93 @@ pub enum WorkerState {
     Failed(String),
 }
 
-impl WorkerState {
-    /// The phase string shown in `status.workers[].phase`.
-    pub fn phase(&self) -> &'static str {
+/// Why a worker is not running yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingReason {
+    /// The scheduler's settled verdict that no node fits; the text, as shown in
+    /// `status.workers[].reason`, is `Unschedulable: ` and the scheduler's message.
+    Unschedulable(String),
+    /// A container waits (ImagePullBackOff, ContainerCreating, ...): its waiting reason.
+    Waiting(String),
+}
+
+impl PendingReason {
+    /// The text shown in `status.workers[].reason`.
+    pub fn text(&self) -> &str {
         match self {
-            WorkerState::Pending { .. } => "Pending",
-            WorkerState::Running { .. } => "Running",
-            WorkerState::Succeeded => "Succeeded",
-            WorkerState::Preempted(_) => "Preempted",
-            WorkerState::Failed(_) => "Failed",
+            PendingReason::Unschedulable(t) | PendingReason::Waiting(t) => t,
         }
+    }
+}
+
+/// A worker's phase, as `status.workers[].phase` spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerPhase {
+    /// Not running yet.
+    Pending,
+    /// Running.
+    Running,
+    /// The trainer exited 0.
+    Succeeded,
+    /// Taken away by the platform.
+    Preempted,
+    /// Ended badly on its own.
+    Failed,
+}
+
+impl WorkerPhase {
+    const ALL: [WorkerPhase; 5] = [
+        WorkerPhase::Pending,
+        WorkerPhase::Running,
+        WorkerPhase::Succeeded,
+        WorkerPhase::Preempted,
+        WorkerPhase::Failed,
+    ];
+
+    /// The string in `status.workers[].phase`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerPhase::Pending => "Pending",
+            WorkerPhase::Running => "Running",
+            WorkerPhase::Succeeded => "Succeeded",
+            WorkerPhase::Preempted => "Preempted",
+            WorkerPhase::Failed => "Failed",
+        }
+    }
+
+    /// Reads `status.workers[].phase` (status is input too: an unknown string is `None`).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl WorkerState {
+    /// The phase shown in `status.workers[].phase`.
+    pub fn phase(&self) -> WorkerPhase {
+        match self {
+            WorkerState::Pending { .. } => WorkerPhase::Pending,
+            WorkerState::Running { .. } => WorkerPhase::Running,
+            WorkerState::Succeeded => WorkerPhase::Succeeded,
+            WorkerState::Preempted(_) => WorkerPhase::Preempted,
+            WorkerState::Failed(_) => WorkerPhase::Failed,
+        }
+    }
+
+    /// Whether the scheduler says no node fits this worker.
+    pub fn unschedulable(&self) -> bool {
+        matches!(
+            self,
+            WorkerState::Pending {
+                reason: Some(PendingReason::Unschedulable(_))
+            }
+        )
     }
 
     /// The reason or detail shown in `status.workers[].reason`.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            WorkerState::Pending { reason } | WorkerState::Running { reason } => reason.as_deref(),
+            WorkerState::Pending { reason } => reason.as_ref().map(PendingReason::text),
+            WorkerState::Running { reason } => reason.as_deref(),
             WorkerState::Succeeded => None,
             WorkerState::Preempted(d) | WorkerState::Failed(d) => Some(d),
         }
@@ -306,7 +377,9 @@ pub fn classify(
             }
         });
         WorkerState::Pending {
-            reason: waiting_reason.or(unschedulable),
+            reason: waiting_reason
+                .map(PendingReason::Waiting)
+                .or(unschedulable.map(PendingReason::Unschedulable)),
         }
     };
     Classification { state, recheck_at }
@@ -613,7 +686,7 @@ mod tests {
             };
             let got = classify(&p, view, &cfg, now());
             assert_eq!(
-                got.state.phase(),
+                got.state.phase().as_str(),
                 r.expect,
                 "{}: got {:?}",
                 r.name,
@@ -655,10 +728,18 @@ mod tests {
         assert_eq!(
             got.state,
             WorkerState::Pending {
-                reason: Some("ImagePullBackOff".into())
+                reason: Some(PendingReason::Waiting("ImagePullBackOff".into()))
             }
         );
         assert_eq!(got.recheck_at, Some(ts("2026-01-01T00:05:00Z")));
+    }
+
+    #[test]
+    fn worker_phases_read_back_as_status_spells_them() {
+        for phase in WorkerPhase::ALL {
+            assert_eq!(WorkerPhase::parse(phase.as_str()), Some(phase));
+        }
+        assert_eq!(WorkerPhase::parse("succeeded"), None);
     }
 
     #[test]
@@ -680,6 +761,10 @@ mod tests {
             later.state.reason().is_some_and(|r| r.contains("unbound")),
             "{:?}",
             later.state
+        );
+        assert!(
+            later.state.unschedulable(),
+            "a settled verdict is a typed decision"
         );
     }
 

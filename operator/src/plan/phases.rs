@@ -429,12 +429,12 @@ fn placement_of(
 /// Unschedulable: our own view of the cluster first (it names what the cluster has), then
 /// the scheduler's verdict on the pods.
 fn unschedulable(view: &View<'_>, round: &mut Round) -> Flow {
-    let scheduler_says = view.census.states.values().find_map(|s| match s {
-        WorkerState::Pending { reason: Some(r) } if r.starts_with("Unschedulable") => {
-            Some(r.clone())
-        }
-        _ => None,
-    });
+    let scheduler_says = view
+        .census
+        .states
+        .values()
+        .find(|s| s.unschedulable())
+        .and_then(|s| s.reason().map(str::to_owned));
     let ours = round
         .placement
         .as_ref()

@@ -15,7 +15,7 @@ use super::{
 use crate::crd::{Phase, RestartReason, TrainingJobStatus, WorkerStatus};
 use crate::nodes;
 use crate::placement::Placement;
-use crate::preemption::{WorkerState, min_time};
+use crate::preemption::{WorkerPhase, WorkerState, min_time};
 use crate::validate::InvalidSpec;
 
 /// What the phases of one round have decided so far.
@@ -166,7 +166,8 @@ impl Round {
                 phase: census
                     .states
                     .get(&rank)
-                    .map_or("Pending", WorkerState::phase)
+                    .map_or(WorkerPhase::Pending, WorkerState::phase)
+                    .as_str()
                     .to_owned(),
                 reason: census
                     .states
@@ -179,7 +180,7 @@ impl Round {
         // so that its disappearance is noticed again after a crash; a rank the spec does not
         // have (status is input too) is dropped.
         for w in &self.st.workers {
-            if w.phase == "Succeeded"
+            if WorkerPhase::parse(&w.phase) == Some(WorkerPhase::Succeeded)
                 && w.rank < view.workers
                 && !census.current.contains_key(&w.rank)
             {

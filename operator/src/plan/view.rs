@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::{Observed, label_u32};
 use crate::config::OperatorConfig;
 use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus, WorkerStatus};
-use crate::preemption::{self, ClassifierConfig, WorkerState, min_time};
+use crate::preemption::{self, ClassifierConfig, WorkerPhase, WorkerState, min_time};
 use crate::validate::ValidJob;
 
 /// The inputs of one decision.
@@ -103,7 +103,7 @@ impl<'a> Census<'a> {
         }
         for w in recorded {
             if w.rank < view.workers && !states.contains_key(&w.rank) {
-                let state = if w.phase == "Succeeded" {
+                let state = if WorkerPhase::parse(&w.phase) == Some(WorkerPhase::Succeeded) {
                     WorkerState::Succeeded
                 } else {
                     WorkerState::Preempted(format!(
