@@ -3,7 +3,8 @@
 //! checkpoint.
 //!
 //! The reconcile is a pipeline of pure steps, each unit-tested without a cluster:
-//! [`validate::validate`] → [`plan::decide`] (which uses [`placement`], [`preemption`] and the
+//! [`validate::validate`] → [`plan::decide`] (an ordered table of named phases over a read-only
+//! view of the job; it uses [`placement`], [`preemption`] and the
 //! [`lost_peer`] rule and the [`pods`], [`service`] and [`pvc`] builders, and creates nothing
 //! where [`ownership`] finds an object of the job's names that is not its own) → the thin
 //! [`controller`] that writes the status, carries out the actions, and shows the writes the API

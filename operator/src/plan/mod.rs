@@ -2,6 +2,10 @@
 //! status, compute the next status, the actions that move the cluster towards it, and the
 //! Events that describe the transition.
 //!
+//! [`decide`] builds one read-only `View` of the job (`view.rs`), then runs the phases of
+//! `phases::PHASES` in order, each adding to a `Round` (`round.rs`) and saying whether the
+//! round goes on; the phase that stops it is recorded in [`Plan::decided_by`].
+//!
 //! The controller writes the new status *before* it acts. Everything that must not happen
 //! twice (counting a preemption, bumping the attempt) is a status transition, and every action
 //! is idempotent and derived again from status plus observation on the next round. So a crash
