@@ -4,8 +4,10 @@
 //! checkpoint), and a real failure must never hide as a preemption (it spends the failure
 //! budget and backs off). Every rule below is one row of the table in the tests.
 
+use std::ops::ControlFlow;
+
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod, PodStatus};
 
 use crate::nodes::{self, Readiness};
 use crate::trainer::trainer_container;
@@ -247,37 +249,10 @@ pub fn classify(
     }
 
     let ended = phase == "Failed" || trainer_exit.is_some();
-    let mut recheck_at = None;
-    match node {
-        // 4. The node object is gone: so is the machine.
-        NodeView::Missing(n) => {
-            return decided(WorkerState::Preempted(format!("node {n} is gone")));
-        }
-        NodeView::Present(n) => {
-            // 5. NotReady past the timeout: the node and its workers are lost.
-            if let Readiness::NotReady { since: Some(since) } = nodes::readiness(n) {
-                let deadline = since
-                    .saturating_add(config.node_not_ready_timeout)
-                    .unwrap_or(since);
-                if now >= deadline {
-                    return decided(WorkerState::Preempted(format!(
-                        "node {} NotReady for {}s",
-                        nodes::name(n),
-                        now.duration_since(since).as_secs()
-                    )));
-                }
-                recheck_at = Some(deadline);
-            }
-            // 6. Ending on a node that is being taken away is part of the preemption.
-            if ended && let Some(taint) = nodes::termination_taint(n, &config.termination_taints) {
-                return decided(WorkerState::Preempted(format!(
-                    "ended on node {} with taint {taint}",
-                    nodes::name(n)
-                )));
-            }
-        }
-        NodeView::Unscheduled => {}
-    }
+    let mut recheck_at = match node_rules(node, ended, config, now) {
+        ControlFlow::Break(state) => return decided(state),
+        ControlFlow::Continue(recheck) => recheck,
+    };
 
     // 7. Someone else is deleting the pod (drain, taint manager, kubectl): it will disappear.
     if pod.metadata.deletion_timestamp.is_some() && !ended {
@@ -302,6 +277,83 @@ pub fn classify(
     }
 
     // 9. A container stuck waiting (ImagePullBackOff, CreateContainerConfigError, ...).
+    let waiting_reason = match waiting_rule(pod, config, now, &on_node) {
+        ControlFlow::Break(state) => return decided(state),
+        ControlFlow::Continue((reason, recheck)) => {
+            recheck_at = min_time(recheck_at, recheck);
+            reason
+        }
+    };
+
+    // 10. Running, or 11. still pending (surface the scheduler's verdict).
+    let state = if phase == "Running" {
+        WorkerState::Running {
+            reason: waiting_reason,
+        }
+    } else {
+        let (unschedulable, recheck) = scheduler_verdict(status, now);
+        recheck_at = min_time(recheck_at, recheck);
+        WorkerState::Pending {
+            reason: waiting_reason
+                .map(PendingReason::Waiting)
+                .or(unschedulable.map(PendingReason::Unschedulable)),
+        }
+    };
+    Classification { state, recheck_at }
+}
+
+/// Rules 4 to 6: the node. A decided state breaks; otherwise when the node's NotReady
+/// timeout runs out.
+fn node_rules(
+    node: NodeView<'_>,
+    ended: bool,
+    config: &ClassifierConfig,
+    now: Timestamp,
+) -> ControlFlow<WorkerState, Option<Timestamp>> {
+    let mut recheck_at = None;
+    match node {
+        // 4. The node object is gone: so is the machine.
+        NodeView::Missing(n) => {
+            return ControlFlow::Break(WorkerState::Preempted(format!("node {n} is gone")));
+        }
+        NodeView::Present(n) => {
+            // 5. NotReady past the timeout: the node and its workers are lost.
+            if let Readiness::NotReady { since: Some(since) } = nodes::readiness(n) {
+                let deadline = since
+                    .saturating_add(config.node_not_ready_timeout)
+                    .unwrap_or(since);
+                if now >= deadline {
+                    return ControlFlow::Break(WorkerState::Preempted(format!(
+                        "node {} NotReady for {}s",
+                        nodes::name(n),
+                        now.duration_since(since).as_secs()
+                    )));
+                }
+                recheck_at = Some(deadline);
+            }
+            // 6. Ending on a node that is being taken away is part of the preemption.
+            if ended && let Some(taint) = nodes::termination_taint(n, &config.termination_taints) {
+                return ControlFlow::Break(WorkerState::Preempted(format!(
+                    "ended on node {} with taint {taint}",
+                    nodes::name(n)
+                )));
+            }
+        }
+        NodeView::Unscheduled => {}
+    }
+    ControlFlow::Continue(recheck_at)
+}
+
+/// Rule 9: a container stuck waiting past the timeout fails the worker; otherwise the
+/// reason a container waits, and when its timeout runs out.
+fn waiting_rule(
+    pod: &Pod,
+    config: &ClassifierConfig,
+    now: Timestamp,
+    on_node: &str,
+) -> ControlFlow<WorkerState, (Option<String>, Option<Timestamp>)> {
+    let status = pod.status.as_ref();
+    let mut recheck_at = None;
     let started = status
         .and_then(|s| s.start_time.as_ref())
         .or(pod.metadata.creation_timestamp.as_ref())
@@ -334,7 +386,7 @@ pub fn classify(
                     .as_deref()
                     .map(|m| format!(": {m}"))
                     .unwrap_or_default();
-                return decided(WorkerState::Failed(format!(
+                return ControlFlow::Break(WorkerState::Failed(format!(
                     "container {} waiting ({reason}) for more than {}s{on_node}{message}",
                     cs.name,
                     config.container_waiting_timeout.as_secs()
@@ -344,45 +396,41 @@ pub fn classify(
         }
         waiting_reason = Some(reason.to_owned());
     }
+    ControlFlow::Continue((waiting_reason, recheck_at))
+}
 
-    // 10. Running, or 11. still pending (surface the scheduler's verdict).
-    let state = if phase == "Running" {
-        WorkerState::Running {
-            reason: waiting_reason,
-        }
-    } else {
-        let verdict = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-            cs.iter().find(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            })
-        });
-        // A fresh pod is often briefly unschedulable (its PVC is still binding); only a
-        // verdict that has stood for a while is worth a condition and an Event.
-        let unschedulable = verdict.and_then(|c| {
-            let since = c.last_transition_time.as_ref().map(|t| t.0);
-            let settled = since
-                .and_then(|t| t.saturating_add(UNSCHEDULABLE_SETTLE).ok())
-                .filter(|at| now < *at);
-            match settled {
-                Some(at) => {
-                    recheck_at = min_time(recheck_at, Some(at));
-                    None
-                }
-                None => Some(format!(
-                    "Unschedulable: {}",
-                    c.message.as_deref().unwrap_or("no node fits")
-                )),
+/// Rule 11's verdict: the scheduler's settled Unschedulable, and when a fresh one settles.
+fn scheduler_verdict(
+    status: Option<&PodStatus>,
+    now: Timestamp,
+) -> (Option<String>, Option<Timestamp>) {
+    let mut recheck_at = None;
+    let verdict = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+        cs.iter().find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
+    });
+    // A fresh pod is often briefly unschedulable (its PVC is still binding); only a
+    // verdict that has stood for a while is worth a condition and an Event.
+    let unschedulable = verdict.and_then(|c| {
+        let since = c.last_transition_time.as_ref().map(|t| t.0);
+        let settled = since
+            .and_then(|t| t.saturating_add(UNSCHEDULABLE_SETTLE).ok())
+            .filter(|at| now < *at);
+        match settled {
+            Some(at) => {
+                recheck_at = min_time(recheck_at, Some(at));
+                None
             }
-        });
-        WorkerState::Pending {
-            reason: waiting_reason
-                .map(PendingReason::Waiting)
-                .or(unschedulable.map(PendingReason::Unschedulable)),
+            None => Some(format!(
+                "Unschedulable: {}",
+                c.message.as_deref().unwrap_or("no node fits")
+            )),
         }
-    };
-    Classification { state, recheck_at }
+    });
+    (unschedulable, recheck_at)
 }
 
 /// The exit code and reason of a terminated container.
