@@ -212,14 +212,8 @@ pub fn classify(
     };
 
     // 1. The control plane announced the disruption; any reason counts.
-    if let Some(c) = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-        cs.iter()
-            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-    }) {
-        let reason = c.reason.as_deref().unwrap_or("Unknown");
-        return decided(WorkerState::Preempted(format!(
-            "DisruptionTarget/{reason}{on_node}"
-        )));
+    if let Some(state) = disruption_target(status, &on_node) {
+        return decided(state);
     }
 
     let trainer = trainer_container(pod).and_then(|name| {
@@ -235,17 +229,8 @@ pub fn classify(
     }
 
     // 3. The pod was ended by the kubelet or control plane with a preemption reason.
-    if let Some(reason) = status
-        .and_then(|s| s.reason.as_deref())
-        .filter(|r| PREEMPTION_REASONS.contains(r))
-    {
-        let message = status
-            .and_then(|s| s.message.as_deref())
-            .map(|m| format!(": {m}"))
-            .unwrap_or_default();
-        return decided(WorkerState::Preempted(format!(
-            "{reason}{on_node}{message}"
-        )));
+    if let Some(state) = preempting_pod_reason(status, &on_node) {
+        return decided(state);
     }
 
     let ended = phase == "Failed" || trainer_exit.is_some();
@@ -262,18 +247,8 @@ pub fn classify(
     }
 
     // 8. Ended badly on its own.
-    if let Some((code, reason)) = trainer_exit {
-        return decided(WorkerState::Failed(format!(
-            "trainer exited with code {code} ({reason}){on_node}"
-        )));
-    }
-    if phase == "Failed" {
-        let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("Failed");
-        let message = status
-            .and_then(|s| s.message.as_deref())
-            .map(|m| format!(": {m}"))
-            .unwrap_or_default();
-        return decided(WorkerState::Failed(format!("{reason}{on_node}{message}")));
+    if let Some(state) = own_failure(trainer_exit, phase, status, &on_node) {
+        return decided(state);
     }
 
     // 9. A container stuck waiting (ImagePullBackOff, CreateContainerConfigError, ...).
@@ -300,6 +275,59 @@ pub fn classify(
         }
     };
     Classification { state, recheck_at }
+}
+
+/// Rule 1: the control plane announced the disruption; any reason counts.
+fn disruption_target(status: Option<&PodStatus>, on_node: &str) -> Option<WorkerState> {
+    let c = status
+        .and_then(|s| s.conditions.as_ref())?
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?;
+    let reason = c.reason.as_deref().unwrap_or("Unknown");
+    Some(WorkerState::Preempted(format!(
+        "DisruptionTarget/{reason}{on_node}"
+    )))
+}
+
+/// Rule 3: the pod was ended by the kubelet or control plane with a preemption reason.
+fn preempting_pod_reason(status: Option<&PodStatus>, on_node: &str) -> Option<WorkerState> {
+    let reason = status
+        .and_then(|s| s.reason.as_deref())
+        .filter(|r| PREEMPTION_REASONS.contains(r))?;
+    Some(WorkerState::Preempted(format!(
+        "{reason}{on_node}{}",
+        status_message(status)
+    )))
+}
+
+/// Rule 8: the trainer exited non-zero, or the pod failed, on its own.
+fn own_failure(
+    trainer_exit: Option<(i32, String)>,
+    phase: &str,
+    status: Option<&PodStatus>,
+    on_node: &str,
+) -> Option<WorkerState> {
+    if let Some((code, reason)) = trainer_exit {
+        return Some(WorkerState::Failed(format!(
+            "trainer exited with code {code} ({reason}){on_node}"
+        )));
+    }
+    if phase != "Failed" {
+        return None;
+    }
+    let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("Failed");
+    Some(WorkerState::Failed(format!(
+        "{reason}{on_node}{}",
+        status_message(status)
+    )))
+}
+
+/// The pod's status message as ": message", or nothing.
+fn status_message(status: Option<&PodStatus>) -> String {
+    status
+        .and_then(|s| s.message.as_deref())
+        .map(|m| format!(": {m}"))
+        .unwrap_or_default()
 }
 
 /// Rules 4 to 6: the node. A decided state breaks; otherwise when the node's NotReady
