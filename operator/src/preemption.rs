@@ -216,12 +216,7 @@ pub fn classify(
         return decided(state);
     }
 
-    let trainer = trainer_container(pod).and_then(|name| {
-        status
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == name))
-    });
-    let trainer_exit = trainer.and_then(terminated_exit);
+    let trainer_exit = trainer_status(pod).and_then(terminated_exit);
 
     // 2. Success is the trainer's exit code 0 (sidecars may keep the pod running).
     if phase == "Succeeded" || trainer_exit.as_ref().is_some_and(|(code, _)| *code == 0) {
@@ -275,6 +270,17 @@ pub fn classify(
         }
     };
     Classification { state, recheck_at }
+}
+
+/// The trainer container's status, once the kubelet reports it.
+fn trainer_status(pod: &Pod) -> Option<&ContainerStatus> {
+    let name = trainer_container(pod)?;
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)
 }
 
 /// Rule 1: the control plane announced the disruption; any reason counts.
