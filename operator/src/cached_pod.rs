@@ -115,7 +115,8 @@ impl CachedPod {
 mod tests {
     use super::*;
     use crate::crd::{DEFAULT_GPU_RESOURCE, LABEL_JOB};
-    use crate::preemption::{ClassifierConfig, NodeView, classify, trainer_container};
+    use crate::preemption::{ClassifierConfig, NodeView, classify};
+    use crate::trainer::trainer_container;
     use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
     use trainyard_api::env::WORLD_SIZE;

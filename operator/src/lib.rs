@@ -3,7 +3,8 @@
 //! checkpoint.
 //!
 //! The reconcile is a pipeline of pure steps, each unit-tested without a cluster:
-//! [`validate::validate`] → [`plan::decide`] (which uses [`placement`], [`preemption`] and the
+//! [`validate::validate`] → [`plan::decide`] (an ordered table of named phases over a read-only
+//! view of the job; it uses [`placement`], [`preemption`] and the
 //! [`lost_peer`] rule and the [`pods`], [`service`] and [`pvc`] builders, and creates nothing
 //! where [`ownership`] finds an object of the job's names that is not its own) → the thin
 //! [`controller`]: wiring, a status cache and an executor that writes the status and carries
@@ -16,11 +17,13 @@
 #![forbid(unsafe_code)]
 
 pub mod cached_pod;
+pub mod condition;
 pub mod config;
 pub mod controller;
 pub mod crd;
 pub mod crdgen;
 pub mod error;
+pub mod events;
 pub mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -37,6 +40,7 @@ pub mod preemption;
 pub mod pvc;
 pub mod rejection;
 pub mod service;
+pub mod trainer;
 pub mod validate;
 
 pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, RunConfig, run};

@@ -28,7 +28,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::nodes::{self, Readiness};
-use crate::preemption::{NodeView, trainer_container};
+use crate::preemption::NodeView;
+use crate::trainer::trainer_container;
 
 /// The taint the node lifecycle controller puts on a node it cannot reach.
 pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";

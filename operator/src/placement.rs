@@ -16,6 +16,7 @@ use crate::config::OperatorConfig;
 use crate::crd::{GpuSelection, SelectedGpu, SpotPolicy};
 use crate::nodes;
 use crate::validate::ValidJob;
+use trainyard_api::Version;
 
 /// Where the job's pods go.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,8 +54,6 @@ pub fn spot_mode(job: &ValidJob, preemptions: u32) -> (SpotMode, bool) {
     };
     (mode, fell_back)
 }
-
-pub use trainyard_api::Version;
 
 fn req(key: &str, operator: &str, values: Vec<String>) -> NodeSelectorRequirement {
     NodeSelectorRequirement {
@@ -254,28 +253,80 @@ pub fn place(
         )
     });
 
-    // Cheapest: price every offered product on the capacity type the job would get there.
     let uses_gpus = job.spec.gpus_per_worker > 0 || !gpu.products.is_empty();
+    let pinned = if uses_gpus && gpu.selection == GpuSelection::Cheapest {
+        cheapest_offer(config, mode, &fitting)
+    } else {
+        None
+    };
+    let required = required_terms(job, config, mode, pinned.as_ref());
+    let preferred = preferred_terms(config, mode);
+    let node_affinity = (required.is_some() || !preferred.is_empty()).then(|| NodeAffinity {
+        required_during_scheduling_ignored_during_execution: required,
+        preferred_during_scheduling_ignored_during_execution: (!preferred.is_empty())
+            .then_some(preferred),
+    });
+
+    let tolerations = if mode == SpotMode::Never {
+        Vec::new()
+    } else {
+        config.spot.tolerations.clone()
+    };
+
+    let selected = selected_gpu(
+        job,
+        mode,
+        fell_back,
+        preemptions,
+        pinned,
+        uses_gpus,
+        unschedulable.is_some(),
+    );
+
+    Placement {
+        node_affinity,
+        tolerations,
+        selected,
+        unschedulable,
+    }
+}
+
+/// Cheapest: price every offered product on the capacity type the job would get there; the
+/// product, its price and whether it is spot.
+fn cheapest_offer(
+    config: &OperatorConfig,
+    mode: SpotMode,
+    fitting: &[NodeFacts],
+) -> Option<(String, f64, bool)> {
     let mut pinned: Option<(String, f64, bool)> = None;
-    if uses_gpus && gpu.selection == GpuSelection::Cheapest {
-        let mut offers: BTreeMap<&str, bool> = BTreeMap::new();
-        for f in &fitting {
-            if let Some(p) = f.product.as_deref() {
-                let spot = offers.entry(p).or_insert(false);
-                *spot |= f.spot && mode != SpotMode::Never;
-            }
-        }
-        for (product, spot) in offers {
-            if let Some(price) = config.price(product, spot)
-                && pinned.as_ref().is_none_or(|(_, best, _)| price < *best)
-            {
-                pinned = Some((product.to_owned(), price, spot));
-            }
+    let mut offers: BTreeMap<&str, bool> = BTreeMap::new();
+    for f in fitting {
+        if let Some(p) = f.product.as_deref() {
+            let spot = offers.entry(p).or_insert(false);
+            *spot |= f.spot && mode != SpotMode::Never;
         }
     }
+    for (product, spot) in offers {
+        if let Some(price) = config.price(product, spot)
+            && pinned.as_ref().is_none_or(|(_, best, _)| price < *best)
+        {
+            pinned = Some((product.to_owned(), price, spot));
+        }
+    }
+    pinned
+}
 
+/// The required node selector: the product (pinned, or the allowed ones), GPU memory, spot
+/// labels by mode, and CUDA and compute minimums.
+fn required_terms(
+    job: &ValidJob,
+    config: &OperatorConfig,
+    mode: SpotMode,
+    pinned: Option<&(String, f64, bool)>,
+) -> Option<NodeSelector> {
+    let gpu = &job.spec.gpu;
     let mut common = Vec::new();
-    match &pinned {
+    match pinned {
         Some((product, _, _)) => {
             common.push(req(nodes::LABEL_GPU_PRODUCT, "In", vec![product.clone()]))
         }
@@ -323,7 +374,7 @@ pub fn place(
             &at_least(nodes::LABEL_COMPUTE_MAJOR, nodes::LABEL_COMPUTE_MINOR, min),
         );
     }
-    let required = terms.iter().any(|t| !t.is_empty()).then(|| NodeSelector {
+    terms.iter().any(|t| !t.is_empty()).then(|| NodeSelector {
         node_selector_terms: terms
             .into_iter()
             .map(|t| NodeSelectorTerm {
@@ -331,8 +382,12 @@ pub fn place(
                 match_fields: None,
             })
             .collect(),
-    });
-    let preferred: Vec<PreferredSchedulingTerm> = if mode == SpotMode::Prefer {
+    })
+}
+
+/// Preferred terms: spot nodes, when spot is preferred.
+fn preferred_terms(config: &OperatorConfig, mode: SpotMode) -> Vec<PreferredSchedulingTerm> {
+    if mode == SpotMode::Prefer {
         config
             .spot
             .labels
@@ -347,19 +402,20 @@ pub fn place(
             .collect()
     } else {
         Vec::new()
-    };
-    let node_affinity = (required.is_some() || !preferred.is_empty()).then(|| NodeAffinity {
-        required_during_scheduling_ignored_during_execution: required,
-        preferred_during_scheduling_ignored_during_execution: (!preferred.is_empty())
-            .then_some(preferred),
-    });
+    }
+}
 
-    let tolerations = if mode == SpotMode::Never {
-        Vec::new()
-    } else {
-        config.spot.tolerations.clone()
-    };
-
+/// What `status.selectedGpu` says about the choice.
+fn selected_gpu(
+    job: &ValidJob,
+    mode: SpotMode,
+    fell_back: bool,
+    preemptions: u32,
+    pinned: Option<(String, f64, bool)>,
+    uses_gpus: bool,
+    unschedulable: bool,
+) -> Option<SelectedGpu> {
+    let gpu = &job.spec.gpu;
     let fallback_note = if fell_back {
         format!(
             "; fell back to on-demand after {preemptions} preemption(s) (fallbackToOnDemandAfter={})",
@@ -368,7 +424,7 @@ pub fn place(
     } else {
         String::new()
     };
-    let selected = match pinned {
+    match pinned {
         Some((product, price, spot)) => Some(SelectedGpu {
             reason: format!(
                 "cheapest offered product at ${price:.2}/GPU-hour {}{fallback_note}",
@@ -384,7 +440,7 @@ pub fn place(
             spot: mode != SpotMode::Never,
             reason: format!(
                 "{}{fallback_note}",
-                match (gpu.selection, unschedulable.is_some()) {
+                match (gpu.selection, unschedulable) {
                     (_, true) =>
                         "no node offers an allowed product yet: any allowed product".to_owned(),
                     (GpuSelection::Any, false) =>
@@ -395,13 +451,6 @@ pub fn place(
             ),
         }),
         None => None,
-    };
-
-    Placement {
-        node_affinity,
-        tolerations,
-        selected,
-        unschedulable,
     }
 }
 

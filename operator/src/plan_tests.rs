@@ -1,8 +1,10 @@
 //! The restart state machine, driven round by round as the controller would.
 
 use super::*;
+use crate::crd::{LABEL_ATTEMPT, WorkerStatus};
 use crate::fixtures::{job_yaml, node, ts};
 use crate::validate::validate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 use trainyard_api::env::{RESUME_FROM, TRAINYARD_ATTEMPT, TRAINYARD_RESTART_REASON};
 
@@ -18,6 +20,8 @@ struct World {
     claim_exists: bool,
     service_exists: bool,
     now: Timestamp,
+    /// The phase that decided each round [`World::step`] took, in order.
+    decided: Vec<PhaseName>,
 }
 
 impl World {
@@ -32,6 +36,7 @@ impl World {
             claim_exists: false,
             service_exists: false,
             now: ts(T0),
+            decided: Vec::new(),
         }
     }
 
@@ -55,6 +60,7 @@ impl World {
     /// (created pods appear Pending on n-1; deleted ones get a deletionTimestamp).
     fn step(&mut self) -> Plan {
         let plan = self.decide();
+        self.decided.push(plan.decided_by);
         self.status = plan.status.clone();
         for a in &plan.actions {
             match a {
@@ -249,6 +255,7 @@ fn new_job_creates_service_pvc_and_every_worker() {
         plan.status.workers.is_empty(),
         "pods the cache has not shown are not recorded"
     );
+    assert_eq!(w.decided, [PhaseName::Running]);
 }
 
 #[test]
@@ -286,6 +293,10 @@ fn all_workers_running_makes_the_job_running_once() {
     let again = w.step();
     assert_eq!(again.status, plan.status);
     assert!(again.events.is_empty() && again.actions.is_empty());
+    assert_eq!(
+        w.decided,
+        [PhaseName::Running, PhaseName::Running, PhaseName::Running]
+    );
 }
 
 #[test]
@@ -320,6 +331,7 @@ fn preemption_restarts_the_whole_gang_with_resume_from() {
 
     // The old pods are terminating: wait.
     let waiting = w.step();
+    assert_eq!(waiting.decided_by, PhaseName::DrainOldAttempt);
     assert!(World::creates(&waiting).is_empty());
     assert_eq!(waiting.status.preemptions, 1);
 
@@ -349,6 +361,17 @@ fn preemption_restarts_the_whole_gang_with_resume_from() {
         &plan.status.conditions,
         condition::RESTARTING
     ));
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::GangRestart,
+            PhaseName::DrainOldAttempt,
+            PhaseName::Running,
+            PhaseName::Running,
+        ]
+    );
 }
 
 #[test]
@@ -370,6 +393,7 @@ fn replaying_a_restart_decision_never_counts_twice() {
         );
         assert!(World::creates(&replay).is_empty());
     }
+    assert_eq!(w.decided, [PhaseName::Running, PhaseName::Running]);
 }
 
 #[test]
@@ -385,6 +409,14 @@ fn a_recorded_worker_that_disappears_was_preempted() {
             .expect("last")
             .detail
             .contains("disappeared")
+    );
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::GangRestart
+        ]
     );
 }
 
@@ -407,6 +439,7 @@ fn failure_backs_off_then_restarts_against_the_failure_budget() {
     w.pods.clear();
     w.advance(5);
     let waiting = w.step();
+    assert_eq!(waiting.decided_by, PhaseName::FailureBackoff);
     assert!(World::creates(&waiting).is_empty(), "still in backoff");
     assert_eq!(waiting.requeue_at, Some(ts("2026-01-01T00:00:10Z")));
     w.advance(5);
@@ -427,6 +460,7 @@ fn a_rank_that_fails_because_its_peers_node_vanished_counts_one_preemption() {
     // n-2 vanishes: rank 0's collective breaks at once, long before n-2 is marked NotReady.
     w.exit("train-worker-0", 1);
     let held = w.step();
+    assert_eq!(held.decided_by, PhaseName::Running);
     assert_eq!(held.restart, None, "no verdict while n-2 may be lost");
     assert_eq!((held.status.failures, held.status.preemptions), (0, 0));
     assert_eq!(
@@ -524,6 +558,10 @@ fn a_recorded_rank_beyond_the_spec_is_ignored() {
         [0, 1]
     );
     assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!(
+        w.decided,
+        [PhaseName::Running, PhaseName::Running, PhaseName::Running]
+    );
 }
 
 #[test]
@@ -578,6 +616,15 @@ fn resuming_at_the_last_attempt_number_fails_instead_of_wrapping() {
             .iter()
             .any(|c| c.type_ == condition::FAILED && c.reason == "AttemptLimitReached")
     );
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Suspend,
+            PhaseName::Resume,
+        ]
+    );
 }
 
 #[test]
@@ -612,6 +659,15 @@ fn failures_past_the_budget_fail_the_job_and_stop_the_rest() {
     let again = w.step();
     assert_eq!(again.status.phase, Some(Phase::Failed));
     assert_eq!(again.status.failures, 1);
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::GangRestart,
+            PhaseName::Terminal,
+        ]
+    );
 }
 
 #[test]
@@ -627,6 +683,14 @@ fn preemptions_past_the_budget_fail_the_job() {
         .find(|c| c.type_ == condition::FAILED)
         .expect("Failed");
     assert_eq!(failed.reason, "PreemptionBudgetExceeded");
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::GangRestart
+        ]
+    );
 }
 
 #[test]
@@ -643,6 +707,14 @@ fn a_preemption_with_collateral_failures_counts_only_as_a_preemption() {
             .expect("last")
             .detail
             .starts_with("worker 2:")
+    );
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::GangRestart
+        ]
     );
 }
 
@@ -703,6 +775,16 @@ fn every_trainer_exiting_zero_succeeds_the_job() {
     );
     let again = w.step();
     assert_eq!(again.status, plan.status);
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Success,
+            PhaseName::Terminal,
+        ]
+    );
 }
 
 #[test]
@@ -737,6 +819,15 @@ fn success_deletes_pods_whose_sidecar_still_runs_and_keeps_completed_ones() {
     assert_eq!(replay.status, decided.status);
     let again = w.step();
     assert!(again.actions.is_empty(), "{:?}", again.actions);
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Terminal,
+            PhaseName::Terminal,
+        ]
+    );
 }
 
 #[test]
@@ -813,6 +904,15 @@ fn active_deadline_fails_the_job_and_stops_the_workers() {
         "DeadlineExceeded"
     );
     assert_eq!(World::deletes(&plan), 2);
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Deadline,
+        ]
+    );
 }
 
 #[test]
@@ -831,6 +931,16 @@ fn suspend_deletes_the_workers_and_resume_recreates_them() {
     assert_eq!(World::creates(&plan).len(), 2);
     assert_eq!(plan.restart, Some(RestartReason::Resume));
     assert_eq!(plan.status.preemptions, 0);
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Suspend,
+            PhaseName::Suspend,
+            PhaseName::Running,
+        ]
+    );
 }
 
 #[test]
@@ -868,6 +978,16 @@ fn a_job_suspended_in_its_first_attempt_resumes_from_the_checkpoint() {
         Some(RestartReason::Resume)
     );
     assert_eq!(plan.restart, Some(RestartReason::Resume));
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Suspend,
+            PhaseName::Suspend,
+            PhaseName::Running,
+        ]
+    );
 }
 
 #[test]
@@ -888,6 +1008,16 @@ fn resuming_before_the_suspended_workers_are_gone_waits_for_them_and_counts_noth
     let plan = w.step();
     assert_eq!(World::creates(&plan).len(), 2);
     assert_eq!((plan.status.preemptions, plan.status.failures), (0, 0));
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Suspend,
+            PhaseName::DrainOldAttempt,
+            PhaseName::Running,
+        ]
+    );
 }
 
 #[test]
@@ -904,6 +1034,7 @@ fn a_job_created_suspended_starts_as_attempt_0_without_resume_from() {
     assert_eq!(env(created[0], RESUME_FROM), None, "nothing ran yet");
     assert_eq!(env(created[0], TRAINYARD_ATTEMPT).as_deref(), Some("0"));
     assert_eq!(plan.status.last_restart, None);
+    assert_eq!(w.decided, [PhaseName::Suspend, PhaseName::Running]);
 }
 
 #[test]
@@ -937,6 +1068,18 @@ fn time_spent_suspended_does_not_count_toward_the_deadline() {
     w.advance(1);
     let plan = w.step();
     assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Suspend,
+            PhaseName::Suspend,
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Deadline,
+        ]
+    );
 }
 
 #[test]
@@ -970,6 +1113,14 @@ fn missing_existing_claim_is_invalid_spec_without_pods_until_it_exists() {
         &plan.status.conditions,
         condition::INVALID_SPEC
     ));
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::ClusterPrerequisites,
+            PhaseName::ClusterPrerequisites,
+            PhaseName::Running,
+        ]
+    );
 }
 
 /// A GPU pool scaled to zero (or to smaller nodes) is not an invalid spec: with a cluster
@@ -1044,6 +1195,15 @@ fn more_gpus_per_worker_than_any_node_has_creates_pending_pods_until_a_node_fits
     let plan = w.step();
     assert_eq!(plan.status.phase, Some(Phase::Running));
     assert_eq!(unschedulable(&plan).status, "False");
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Running,
+        ]
+    );
 }
 
 #[test]
@@ -1060,6 +1220,7 @@ fn a_gpu_pool_with_no_nodes_at_all_gets_pending_pods_and_the_condition() {
         &plan.status.conditions,
         condition::INVALID_SPEC
     ));
+    assert_eq!(w.decided, [PhaseName::Running]);
 }
 
 #[test]
@@ -1097,6 +1258,7 @@ fn unsatisfiable_cuda_is_unschedulable_but_pods_wait_for_an_autoscaler() {
         .find(|c| c.type_ == condition::UNSCHEDULABLE)
         .expect("Unschedulable");
     assert_eq!(c.status, "False");
+    assert_eq!(w.decided, [PhaseName::Running, PhaseName::Running]);
 }
 
 #[test]
@@ -1126,6 +1288,16 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_timeout() {
         "{:?}",
         plan.actions
     );
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::GangRestart,
+            PhaseName::DrainOldAttempt,
+        ]
+    );
 }
 
 #[test]
@@ -1152,6 +1324,16 @@ fn pods_on_a_deleted_node_are_force_deleted_at_once() {
         1,
         "the next attempt starts once the pod is gone"
     );
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::GangRestart,
+            PhaseName::DrainOldAttempt,
+            PhaseName::Running,
+        ]
+    );
 }
 
 #[test]
@@ -1174,82 +1356,6 @@ fn a_half_created_attempt_is_completed_with_the_first_pods_placement() {
         created[0].spec.as_ref().and_then(|s| s.affinity.clone()),
         first.spec.as_ref().and_then(|s| s.affinity.clone())
     );
-}
-
-mod status_write {
-    use super::super::{StatusWrite, status_write};
-    use crate::crd::{Phase, TrainingJobStatus, WorkerStatus};
-    use std::time::Duration;
-
-    const BATCH: Duration = Duration::from_secs(3);
-
-    fn worker(rank: u32, node: Option<&str>, phase: &str) -> WorkerStatus {
-        WorkerStatus {
-            rank,
-            pod: format!("j-worker-{rank}"),
-            node: node.map(str::to_owned),
-            phase: phase.to_owned(),
-            reason: None,
-        }
-    }
-
-    fn pending() -> TrainingJobStatus {
-        TrainingJobStatus {
-            phase: Some(Phase::Pending),
-            workers: vec![worker(0, None, "Pending")],
-            ..TrainingJobStatus::default()
-        }
-    }
-
-    #[test]
-    fn an_unchanged_status_is_not_written() {
-        assert_eq!(
-            status_write(&pending(), &pending(), None, BATCH),
-            StatusWrite::Unchanged
-        );
-    }
-
-    #[test]
-    fn worker_detail_alone_waits_for_the_batch_counted_from_its_first_change() {
-        let mut scheduled = pending();
-        scheduled.workers[0].node = Some("n1".to_owned());
-        assert_eq!(
-            status_write(&pending(), &scheduled, None, BATCH),
-            StatusWrite::Later(BATCH)
-        );
-        assert_eq!(
-            status_write(&pending(), &scheduled, Some(Duration::from_secs(1)), BATCH),
-            StatusWrite::Later(Duration::from_secs(2))
-        );
-        assert_eq!(
-            status_write(&pending(), &scheduled, Some(BATCH), BATCH),
-            StatusWrite::Now
-        );
-        let mut more = scheduled.clone();
-        more.workers.push(worker(1, None, "Pending"));
-        assert_eq!(
-            status_write(&pending(), &more, Some(Duration::from_secs(1)), BATCH),
-            StatusWrite::Later(Duration::from_secs(2))
-        );
-    }
-
-    #[test]
-    fn a_transition_is_written_at_once_with_the_detail_that_waited() {
-        let mut running = pending();
-        running.workers[0] = worker(0, Some("n1"), "Running");
-        running.phase = Some(Phase::Running);
-        assert_eq!(
-            status_write(&pending(), &running, Some(Duration::ZERO), BATCH),
-            StatusWrite::Now
-        );
-        let mut restarted = pending();
-        restarted.attempt = 1;
-        restarted.workers.clear();
-        assert_eq!(
-            status_write(&pending(), &restarted, None, BATCH),
-            StatusWrite::Now
-        );
-    }
 }
 
 #[test]
@@ -1297,6 +1403,17 @@ fn old_pods_whose_containers_all_stopped_are_force_removed_so_the_next_attempt_s
     let plan = w.step();
     assert_eq!(World::creates(&plan).len(), 2);
     assert_eq!(plan.status.attempt, 1);
+    assert_eq!(
+        w.decided,
+        [
+            PhaseName::Running,
+            PhaseName::Running,
+            PhaseName::GangRestart,
+            PhaseName::DrainOldAttempt,
+            PhaseName::DrainOldAttempt,
+            PhaseName::Running,
+        ]
+    );
 }
 
 fn foreign(kind: crate::ownership::ObjectKind, name: &str) -> Foreign {
@@ -1384,6 +1501,7 @@ fn objects_of_the_jobs_names_that_are_not_its_own_block_new_workers_with_one_war
             .any(|a| matches!(a, Action::CreatePvc(_)))
     );
     assert_eq!(World::creates(&free).len(), 2);
+    assert_eq!(w.decided, [PhaseName::Running]);
 }
 
 #[test]
@@ -1391,6 +1509,7 @@ fn a_pod_of_a_workers_name_that_is_not_the_jobs_is_a_name_conflict() {
     use crate::ownership::ObjectKind;
     let w = World::new("workers: 2\n");
     let plan = decide_with_foreign(&w, vec![foreign(ObjectKind::Pod, "train-worker-1")]);
+    assert_eq!(plan.decided_by, PhaseName::ForeignObjects);
     assert!(World::creates(&plan).is_empty());
     let c = name_conflict(&plan).expect("NameConflict");
     assert!(
@@ -1419,6 +1538,7 @@ fn running_workers_keep_running_beside_a_foreign_object_which_is_reported() {
         &plan.status.conditions,
         condition::NAME_CONFLICT
     ));
+    assert_eq!(w.decided, [PhaseName::Running, PhaseName::Running]);
 }
 
 #[test]
@@ -1438,6 +1558,7 @@ fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
         Some(1),
     );
     let retry = w.decide();
+    assert_eq!(retry.decided_by, PhaseName::Running);
     assert_eq!(World::creates(&retry).len(), 1, "the create is retried");
     assert!(
         !retry.events.iter().any(|e| e.reason == "CreatingWorkers"),

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvVar, NodeAffinity, NodeSelector, NodeSelectorTerm,
+    Affinity, Container, EnvVar, NodeAffinity, NodeSelector, NodeSelectorTerm,
     PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -154,6 +154,28 @@ pub fn desired_pod(
     spec.restart_policy = Some("Never".to_owned());
     spec.termination_grace_period_seconds = Some(job.spec.termination_grace_period_seconds);
 
+    place(&mut spec, placement);
+    mount_checkpoint_claim(&mut spec, job);
+    if let Some(trainer) = spec.containers.get_mut(job.trainer_index) {
+        equip_trainer(trainer, job, rank, attempt, restart);
+    }
+
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(job.namespace.clone()),
+            labels: Some(labels),
+            annotations: tmeta.annotations,
+            owner_references: Some(vec![job.owner.clone()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+/// The placement's node affinity merged into the template's, and its tolerations added.
+fn place(spec: &mut PodSpec, placement: &Placement) {
     let mut affinity: Affinity = spec.affinity.take().unwrap_or_default();
     affinity.node_affinity = merge_node_affinity(
         affinity.node_affinity.take(),
@@ -170,7 +192,10 @@ pub fn desired_pod(
     if tolerations.is_empty() {
         spec.tolerations = None;
     }
+}
 
+/// The checkpoint claim as the pod's checkpoint volume (replacing one of that name).
+fn mount_checkpoint_claim(spec: &mut PodSpec, job: &ValidJob) {
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
     volumes.retain(|v| v.name != CHECKPOINT_VOLUME);
     volumes.push(Volume {
@@ -181,56 +206,55 @@ pub fn desired_pod(
         }),
         ..Volume::default()
     });
+}
 
-    if let Some(trainer) = spec.containers.get_mut(job.trainer_index) {
-        let env = trainer.env.get_or_insert_with(Vec::new);
-        // Values the user sets win: ours only fill in what is missing.
-        for (k, v) in trainer_env(job, rank, attempt, restart) {
-            if !env.iter().any(|e| e.name == k) {
-                env.push(EnvVar {
-                    name: k,
-                    value: Some(v),
-                    value_from: None,
-                });
-            }
-        }
-        let mount_path = job.spec.checkpoint.mount_path.clone();
-        let mounts = trainer.volume_mounts.get_or_insert_with(Vec::new);
-        if !mounts.iter().any(|m| m.mount_path == mount_path) {
-            mounts.push(VolumeMount {
-                name: CHECKPOINT_VOLUME.to_owned(),
-                mount_path,
-                ..VolumeMount::default()
+/// The trainer gets the job's environment, the checkpoint mount and its GPUs.
+fn equip_trainer(
+    trainer: &mut Container,
+    job: &ValidJob,
+    rank: u32,
+    attempt: u32,
+    restart: Option<RestartReason>,
+) {
+    let env = trainer.env.get_or_insert_with(Vec::new);
+    // Values the user sets win: ours only fill in what is missing.
+    for (k, v) in trainer_env(job, rank, attempt, restart) {
+        if !env.iter().any(|e| e.name == k) {
+            env.push(EnvVar {
+                name: k,
+                value: Some(v),
+                value_from: None,
             });
         }
-        if job.spec.gpus_per_worker > 0 {
-            let resources = trainer.resources.get_or_insert_with(Default::default);
-            let gpus = Quantity(job.spec.gpus_per_worker.to_string());
-            resources
-                .limits
-                .get_or_insert_with(BTreeMap::new)
-                .insert(job.spec.gpu.resource_name.clone(), gpus.clone());
-            // Extended resources need requests == limits; keep a user request consistent.
-            if let Some(requests) = resources.requests.as_mut()
-                && requests.contains_key(&job.spec.gpu.resource_name)
-            {
-                requests.insert(job.spec.gpu.resource_name.clone(), gpus);
-            }
+    }
+    let mount_path = job.spec.checkpoint.mount_path.clone();
+    let mounts = trainer.volume_mounts.get_or_insert_with(Vec::new);
+    if !mounts.iter().any(|m| m.mount_path == mount_path) {
+        mounts.push(VolumeMount {
+            name: CHECKPOINT_VOLUME.to_owned(),
+            mount_path,
+            ..VolumeMount::default()
+        });
+    }
+    if job.spec.gpus_per_worker > 0 {
+        let resources = trainer.resources.get_or_insert_with(Default::default);
+        let gpus = Quantity(job.spec.gpus_per_worker.to_string());
+        resources
+            .limits
+            .get_or_insert_with(BTreeMap::new)
+            .insert(job.spec.gpu.resource_name.clone(), gpus.clone());
+        // Extended resources need requests == limits; keep a user request consistent.
+        if let Some(requests) = resources.requests.as_mut()
+            && requests.contains_key(&job.spec.gpu.resource_name)
+        {
+            requests.insert(job.spec.gpu.resource_name.clone(), gpus);
         }
     }
+}
 
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(job.namespace.clone()),
-            labels: Some(labels),
-            annotations: tmeta.annotations,
-            owner_references: Some(vec![job.owner.clone()]),
-            ..ObjectMeta::default()
-        },
-        spec: Some(spec),
-        status: None,
-    }
+/// A numeric label of a pod (`trainyard.dev/rank`, `trainyard.dev/attempt`).
+pub(crate) fn label_u32(pod: &Pod, key: &str) -> Option<u32> {
+    pod.metadata.labels.as_ref()?.get(key)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -4,10 +4,13 @@
 //! checkpoint), and a real failure must never hide as a preemption (it spends the failure
 //! budget and backs off). Every rule below is one row of the table in the tests.
 
+use std::ops::ControlFlow;
+
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod, PodStatus};
 
 use crate::nodes::{self, Readiness};
+use crate::trainer::trainer_container;
 
 /// `status.reason` values with which the kubelet or control plane ends a pod it took away:
 /// 1.20-era (Evicted, NodeLost, Shutdown, Terminated) and newer (NodeShutdown, Preempting).
@@ -58,10 +61,10 @@ fn seconds(s: u64) -> SignedDuration {
 /// What became of one worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WorkerState {
-    /// Not running yet; `reason` says what it waits for (Unschedulable, ImagePullBackOff, ...).
+    /// Not running yet; `reason` says what it waits for, when known.
     Pending {
         /// Why it is not running, when known.
-        reason: Option<String>,
+        reason: Option<PendingReason>,
     },
     /// Running; `reason` surfaces a waiting container, if any.
     Running {
@@ -76,22 +79,93 @@ pub enum WorkerState {
     Failed(String),
 }
 
-impl WorkerState {
-    /// The phase string shown in `status.workers[].phase`.
-    pub fn phase(&self) -> &'static str {
+/// Why a worker is not running yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingReason {
+    /// The scheduler's settled verdict that no node fits; the text, as shown in
+    /// `status.workers[].reason`, is `Unschedulable: ` and the scheduler's message.
+    Unschedulable(String),
+    /// A container waits (ImagePullBackOff, ContainerCreating, ...): its waiting reason.
+    Waiting(String),
+}
+
+impl PendingReason {
+    /// The text shown in `status.workers[].reason`.
+    pub fn text(&self) -> &str {
         match self {
-            WorkerState::Pending { .. } => "Pending",
-            WorkerState::Running { .. } => "Running",
-            WorkerState::Succeeded => "Succeeded",
-            WorkerState::Preempted(_) => "Preempted",
-            WorkerState::Failed(_) => "Failed",
+            PendingReason::Unschedulable(t) | PendingReason::Waiting(t) => t,
         }
+    }
+}
+
+/// A worker's phase, as `status.workers[].phase` spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerPhase {
+    /// Not running yet.
+    Pending,
+    /// Running.
+    Running,
+    /// The trainer exited 0.
+    Succeeded,
+    /// Taken away by the platform.
+    Preempted,
+    /// Ended badly on its own.
+    Failed,
+}
+
+impl WorkerPhase {
+    const ALL: [WorkerPhase; 5] = [
+        WorkerPhase::Pending,
+        WorkerPhase::Running,
+        WorkerPhase::Succeeded,
+        WorkerPhase::Preempted,
+        WorkerPhase::Failed,
+    ];
+
+    /// The string in `status.workers[].phase`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerPhase::Pending => "Pending",
+            WorkerPhase::Running => "Running",
+            WorkerPhase::Succeeded => "Succeeded",
+            WorkerPhase::Preempted => "Preempted",
+            WorkerPhase::Failed => "Failed",
+        }
+    }
+
+    /// Reads `status.workers[].phase` (status is input too: an unknown string is `None`).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl WorkerState {
+    /// The phase shown in `status.workers[].phase`.
+    pub fn phase(&self) -> WorkerPhase {
+        match self {
+            WorkerState::Pending { .. } => WorkerPhase::Pending,
+            WorkerState::Running { .. } => WorkerPhase::Running,
+            WorkerState::Succeeded => WorkerPhase::Succeeded,
+            WorkerState::Preempted(_) => WorkerPhase::Preempted,
+            WorkerState::Failed(_) => WorkerPhase::Failed,
+        }
+    }
+
+    /// Whether the scheduler says no node fits this worker.
+    pub fn unschedulable(&self) -> bool {
+        matches!(
+            self,
+            WorkerState::Pending {
+                reason: Some(PendingReason::Unschedulable(_))
+            }
+        )
     }
 
     /// The reason or detail shown in `status.workers[].reason`.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            WorkerState::Pending { reason } | WorkerState::Running { reason } => reason.as_deref(),
+            WorkerState::Pending { reason } => reason.as_ref().map(PendingReason::text),
+            WorkerState::Running { reason } => reason.as_deref(),
             WorkerState::Succeeded => None,
             WorkerState::Preempted(d) | WorkerState::Failed(d) => Some(d),
         }
@@ -118,16 +192,6 @@ pub enum NodeView<'a> {
     Present(&'a Node),
 }
 
-/// The trainer container's name: `trainer` if present, else the first container.
-pub fn trainer_container(pod: &Pod) -> Option<&str> {
-    let containers = &pod.spec.as_ref()?.containers;
-    containers
-        .iter()
-        .find(|c| c.name == "trainer")
-        .or_else(|| containers.first())
-        .map(|c| c.name.as_str())
-}
-
 /// Classifies one worker pod.
 pub fn classify(
     pod: &Pod,
@@ -148,22 +212,11 @@ pub fn classify(
     };
 
     // 1. The control plane announced the disruption; any reason counts.
-    if let Some(c) = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-        cs.iter()
-            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-    }) {
-        let reason = c.reason.as_deref().unwrap_or("Unknown");
-        return decided(WorkerState::Preempted(format!(
-            "DisruptionTarget/{reason}{on_node}"
-        )));
+    if let Some(state) = disruption_target(status, &on_node) {
+        return decided(state);
     }
 
-    let trainer = trainer_container(pod).and_then(|name| {
-        status
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == name))
-    });
-    let trainer_exit = trainer.and_then(terminated_exit);
+    let trainer_exit = trainer_status(pod).and_then(terminated_exit);
 
     // 2. Success is the trainer's exit code 0 (sidecars may keep the pod running).
     if phase == "Succeeded" || trainer_exit.as_ref().is_some_and(|(code, _)| *code == 0) {
@@ -171,51 +224,15 @@ pub fn classify(
     }
 
     // 3. The pod was ended by the kubelet or control plane with a preemption reason.
-    if let Some(reason) = status
-        .and_then(|s| s.reason.as_deref())
-        .filter(|r| PREEMPTION_REASONS.contains(r))
-    {
-        let message = status
-            .and_then(|s| s.message.as_deref())
-            .map(|m| format!(": {m}"))
-            .unwrap_or_default();
-        return decided(WorkerState::Preempted(format!(
-            "{reason}{on_node}{message}"
-        )));
+    if let Some(state) = preempting_pod_reason(status, &on_node) {
+        return decided(state);
     }
 
     let ended = phase == "Failed" || trainer_exit.is_some();
-    let mut recheck_at = None;
-    match node {
-        // 4. The node object is gone: so is the machine.
-        NodeView::Missing(n) => {
-            return decided(WorkerState::Preempted(format!("node {n} is gone")));
-        }
-        NodeView::Present(n) => {
-            // 5. NotReady past the timeout: the node and its workers are lost.
-            if let Readiness::NotReady { since: Some(since) } = nodes::readiness(n) {
-                let deadline = since
-                    .saturating_add(config.node_not_ready_timeout)
-                    .unwrap_or(since);
-                if now >= deadline {
-                    return decided(WorkerState::Preempted(format!(
-                        "node {} NotReady for {}s",
-                        nodes::name(n),
-                        now.duration_since(since).as_secs()
-                    )));
-                }
-                recheck_at = Some(deadline);
-            }
-            // 6. Ending on a node that is being taken away is part of the preemption.
-            if ended && let Some(taint) = nodes::termination_taint(n, &config.termination_taints) {
-                return decided(WorkerState::Preempted(format!(
-                    "ended on node {} with taint {taint}",
-                    nodes::name(n)
-                )));
-            }
-        }
-        NodeView::Unscheduled => {}
-    }
+    let mut recheck_at = match node_rules(node, ended, config, now) {
+        ControlFlow::Break(state) => return decided(state),
+        ControlFlow::Continue(recheck) => recheck,
+    };
 
     // 7. Someone else is deleting the pod (drain, taint manager, kubectl): it will disappear.
     if pod.metadata.deletion_timestamp.is_some() && !ended {
@@ -225,21 +242,152 @@ pub fn classify(
     }
 
     // 8. Ended badly on its own.
-    if let Some((code, reason)) = trainer_exit {
-        return decided(WorkerState::Failed(format!(
-            "trainer exited with code {code} ({reason}){on_node}"
-        )));
-    }
-    if phase == "Failed" {
-        let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("Failed");
-        let message = status
-            .and_then(|s| s.message.as_deref())
-            .map(|m| format!(": {m}"))
-            .unwrap_or_default();
-        return decided(WorkerState::Failed(format!("{reason}{on_node}{message}")));
+    if let Some(state) = own_failure(trainer_exit, phase, status, &on_node) {
+        return decided(state);
     }
 
     // 9. A container stuck waiting (ImagePullBackOff, CreateContainerConfigError, ...).
+    let waiting_reason = match waiting_rule(pod, config, now, &on_node) {
+        ControlFlow::Break(state) => return decided(state),
+        ControlFlow::Continue((reason, recheck)) => {
+            recheck_at = min_time(recheck_at, recheck);
+            reason
+        }
+    };
+
+    // 10. Running, or 11. still pending (surface the scheduler's verdict).
+    let state = if phase == "Running" {
+        WorkerState::Running {
+            reason: waiting_reason,
+        }
+    } else {
+        let (unschedulable, recheck) = scheduler_verdict(status, now);
+        recheck_at = min_time(recheck_at, recheck);
+        WorkerState::Pending {
+            reason: waiting_reason
+                .map(PendingReason::Waiting)
+                .or(unschedulable.map(PendingReason::Unschedulable)),
+        }
+    };
+    Classification { state, recheck_at }
+}
+
+/// The trainer container's status, once the kubelet reports it.
+fn trainer_status(pod: &Pod) -> Option<&ContainerStatus> {
+    let name = trainer_container(pod)?;
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)
+}
+
+/// Rule 1: the control plane announced the disruption; any reason counts.
+fn disruption_target(status: Option<&PodStatus>, on_node: &str) -> Option<WorkerState> {
+    let c = status
+        .and_then(|s| s.conditions.as_ref())?
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?;
+    let reason = c.reason.as_deref().unwrap_or("Unknown");
+    Some(WorkerState::Preempted(format!(
+        "DisruptionTarget/{reason}{on_node}"
+    )))
+}
+
+/// Rule 3: the pod was ended by the kubelet or control plane with a preemption reason.
+fn preempting_pod_reason(status: Option<&PodStatus>, on_node: &str) -> Option<WorkerState> {
+    let reason = status
+        .and_then(|s| s.reason.as_deref())
+        .filter(|r| PREEMPTION_REASONS.contains(r))?;
+    Some(WorkerState::Preempted(format!(
+        "{reason}{on_node}{}",
+        status_message(status)
+    )))
+}
+
+/// Rule 8: the trainer exited non-zero, or the pod failed, on its own.
+fn own_failure(
+    trainer_exit: Option<(i32, String)>,
+    phase: &str,
+    status: Option<&PodStatus>,
+    on_node: &str,
+) -> Option<WorkerState> {
+    if let Some((code, reason)) = trainer_exit {
+        return Some(WorkerState::Failed(format!(
+            "trainer exited with code {code} ({reason}){on_node}"
+        )));
+    }
+    if phase != "Failed" {
+        return None;
+    }
+    let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("Failed");
+    Some(WorkerState::Failed(format!(
+        "{reason}{on_node}{}",
+        status_message(status)
+    )))
+}
+
+/// The pod's status message as ": message", or nothing.
+fn status_message(status: Option<&PodStatus>) -> String {
+    status
+        .and_then(|s| s.message.as_deref())
+        .map(|m| format!(": {m}"))
+        .unwrap_or_default()
+}
+
+/// Rules 4 to 6: the node. A decided state breaks; otherwise when the node's NotReady
+/// timeout runs out.
+fn node_rules(
+    node: NodeView<'_>,
+    ended: bool,
+    config: &ClassifierConfig,
+    now: Timestamp,
+) -> ControlFlow<WorkerState, Option<Timestamp>> {
+    let mut recheck_at = None;
+    match node {
+        // 4. The node object is gone: so is the machine.
+        NodeView::Missing(n) => {
+            return ControlFlow::Break(WorkerState::Preempted(format!("node {n} is gone")));
+        }
+        NodeView::Present(n) => {
+            // 5. NotReady past the timeout: the node and its workers are lost.
+            if let Readiness::NotReady { since: Some(since) } = nodes::readiness(n) {
+                let deadline = since
+                    .saturating_add(config.node_not_ready_timeout)
+                    .unwrap_or(since);
+                if now >= deadline {
+                    return ControlFlow::Break(WorkerState::Preempted(format!(
+                        "node {} NotReady for {}s",
+                        nodes::name(n),
+                        now.duration_since(since).as_secs()
+                    )));
+                }
+                recheck_at = Some(deadline);
+            }
+            // 6. Ending on a node that is being taken away is part of the preemption.
+            if ended && let Some(taint) = nodes::termination_taint(n, &config.termination_taints) {
+                return ControlFlow::Break(WorkerState::Preempted(format!(
+                    "ended on node {} with taint {taint}",
+                    nodes::name(n)
+                )));
+            }
+        }
+        NodeView::Unscheduled => {}
+    }
+    ControlFlow::Continue(recheck_at)
+}
+
+/// Rule 9: a container stuck waiting past the timeout fails the worker; otherwise the
+/// reason a container waits, and when its timeout runs out.
+fn waiting_rule(
+    pod: &Pod,
+    config: &ClassifierConfig,
+    now: Timestamp,
+    on_node: &str,
+) -> ControlFlow<WorkerState, (Option<String>, Option<Timestamp>)> {
+    let status = pod.status.as_ref();
+    let mut recheck_at = None;
     let started = status
         .and_then(|s| s.start_time.as_ref())
         .or(pod.metadata.creation_timestamp.as_ref())
@@ -272,7 +420,7 @@ pub fn classify(
                     .as_deref()
                     .map(|m| format!(": {m}"))
                     .unwrap_or_default();
-                return decided(WorkerState::Failed(format!(
+                return ControlFlow::Break(WorkerState::Failed(format!(
                     "container {} waiting ({reason}) for more than {}s{on_node}{message}",
                     cs.name,
                     config.container_waiting_timeout.as_secs()
@@ -282,43 +430,41 @@ pub fn classify(
         }
         waiting_reason = Some(reason.to_owned());
     }
+    ControlFlow::Continue((waiting_reason, recheck_at))
+}
 
-    // 10. Running, or 11. still pending (surface the scheduler's verdict).
-    let state = if phase == "Running" {
-        WorkerState::Running {
-            reason: waiting_reason,
-        }
-    } else {
-        let verdict = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-            cs.iter().find(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            })
-        });
-        // A fresh pod is often briefly unschedulable (its PVC is still binding); only a
-        // verdict that has stood for a while is worth a condition and an Event.
-        let unschedulable = verdict.and_then(|c| {
-            let since = c.last_transition_time.as_ref().map(|t| t.0);
-            let settled = since
-                .and_then(|t| t.saturating_add(UNSCHEDULABLE_SETTLE).ok())
-                .filter(|at| now < *at);
-            match settled {
-                Some(at) => {
-                    recheck_at = min_time(recheck_at, Some(at));
-                    None
-                }
-                None => Some(format!(
-                    "Unschedulable: {}",
-                    c.message.as_deref().unwrap_or("no node fits")
-                )),
+/// Rule 11's verdict: the scheduler's settled Unschedulable, and when a fresh one settles.
+fn scheduler_verdict(
+    status: Option<&PodStatus>,
+    now: Timestamp,
+) -> (Option<String>, Option<Timestamp>) {
+    let mut recheck_at = None;
+    let verdict = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+        cs.iter().find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
+    });
+    // A fresh pod is often briefly unschedulable (its PVC is still binding); only a
+    // verdict that has stood for a while is worth a condition and an Event.
+    let unschedulable = verdict.and_then(|c| {
+        let since = c.last_transition_time.as_ref().map(|t| t.0);
+        let settled = since
+            .and_then(|t| t.saturating_add(UNSCHEDULABLE_SETTLE).ok())
+            .filter(|at| now < *at);
+        match settled {
+            Some(at) => {
+                recheck_at = min_time(recheck_at, Some(at));
+                None
             }
-        });
-        WorkerState::Pending {
-            reason: waiting_reason.or(unschedulable),
+            None => Some(format!(
+                "Unschedulable: {}",
+                c.message.as_deref().unwrap_or("no node fits")
+            )),
         }
-    };
-    Classification { state, recheck_at }
+    });
+    (unschedulable, recheck_at)
 }
 
 /// The exit code and reason of a terminated container.
@@ -622,7 +768,7 @@ mod tests {
             };
             let got = classify(&p, view, &cfg, now());
             assert_eq!(
-                got.state.phase(),
+                got.state.phase().as_str(),
                 r.expect,
                 "{}: got {:?}",
                 r.name,
@@ -664,10 +810,18 @@ mod tests {
         assert_eq!(
             got.state,
             WorkerState::Pending {
-                reason: Some("ImagePullBackOff".into())
+                reason: Some(PendingReason::Waiting("ImagePullBackOff".into()))
             }
         );
         assert_eq!(got.recheck_at, Some(ts("2026-01-01T00:05:00Z")));
+    }
+
+    #[test]
+    fn worker_phases_read_back_as_status_spells_them() {
+        for phase in WorkerPhase::ALL {
+            assert_eq!(WorkerPhase::parse(phase.as_str()), Some(phase));
+        }
+        assert_eq!(WorkerPhase::parse("succeeded"), None);
     }
 
     #[test]
@@ -689,6 +843,10 @@ mod tests {
             later.state.reason().is_some_and(|r| r.contains("unbound")),
             "{:?}",
             later.state
+        );
+        assert!(
+            later.state.unschedulable(),
+            "a settled verdict is a typed decision"
         );
     }
 

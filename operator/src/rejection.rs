@@ -11,8 +11,9 @@
 
 use jiff::Timestamp;
 
+use crate::condition::{self, condition_is_true, set_condition};
 use crate::crd::TrainingJobStatus;
-use crate::plan::{EventKind, JobEvent, condition, condition_is_true, set_condition};
+use crate::events::{EventKind, JobEvent};
 
 /// The longest server message kept in the condition (the Event note is cut at 1 kB anyway).
 const MAX_MESSAGE: usize = 1024;

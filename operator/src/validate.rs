@@ -10,7 +10,8 @@ use crate::crd::{
     AccessMode, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER, MAX_GRACE_SECONDS,
     MAX_MIN_MEMORY_GIB, MAX_RESTARTS, MAX_WORKERS, TrainingJob, TrainingJobSpec,
 };
-use crate::placement::Version;
+use crate::trainer;
+use trainyard_api::Version;
 
 /// Why a TrainingJob cannot run as written (shown in its InvalidSpec condition).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -171,8 +172,35 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
         .ok_or_else(|| InvalidSpec::new("metadata.uid", "must be set"))?;
     let spec = job.spec.clone();
 
+    check_name(&name, &spec)?;
+    let trainer_index = check_template(&spec)?;
+    let (min_cuda, min_compute) = gpu_minimums(&spec)?;
+    let (claim_name, creates_claim, access_modes) = checkpoint(&name, &spec)?;
+
+    let owner = job.controller_owner_ref(&()).ok_or_else(|| {
+        InvalidSpec::new("metadata", "name and uid are needed for owner references")
+    })?;
+
+    Ok(ValidJob {
+        name,
+        namespace,
+        uid,
+        generation: meta.generation,
+        spec,
+        trainer_index,
+        min_cuda,
+        min_compute,
+        claim_name,
+        creates_claim,
+        access_modes,
+        owner,
+    })
+}
+
+/// The job's name (it names the Service and, with the rank, each pod) and the spec's bounds.
+fn check_name(name: &str, spec: &TrainingJobSpec) -> Result<(), InvalidSpec> {
     // The job name is the Service name and the pods' subdomain, and `<job>-worker-<rank>` their hostname.
-    if !is_dns1035_label(&name) {
+    if !is_dns1035_label(name) {
         return Err(InvalidSpec::new(
             "metadata.name",
             format!(
@@ -180,8 +208,8 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
             ),
         ));
     }
-    check_bounds(&spec)?;
-    let longest = pod_name(&name, spec.workers - 1);
+    check_bounds(spec)?;
+    let longest = pod_name(name, spec.workers - 1);
     if longest.len() > 63 {
         return Err(InvalidSpec::new(
             "metadata.name",
@@ -190,6 +218,11 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// The pod template: its trainer container (the index) and the GPU resource it requests.
+fn check_template(spec: &TrainingJobSpec) -> Result<usize, InvalidSpec> {
     let containers = spec
         .template
         .spec
@@ -202,16 +235,18 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
             "the template has no containers; add one (named \"trainer\", or the first is the trainer)",
         ));
     }
-    let trainer_index = containers
-        .iter()
-        .position(|c| c.name == "trainer")
-        .unwrap_or(0);
+    let trainer_index = trainer::trainer_index(containers).unwrap_or(0);
     if spec.gpus_per_worker > 0 && spec.gpu.resource_name.trim().is_empty() {
         return Err(InvalidSpec::new(
             "spec.gpu.resourceName",
             "must not be empty when gpusPerWorker > 0",
         ));
     }
+    Ok(trainer_index)
+}
+
+/// `spec.gpu.minCudaVersion` and `spec.gpu.minComputeCapability`.
+fn gpu_minimums(spec: &TrainingJobSpec) -> Result<(Option<Version>, Option<Version>), InvalidSpec> {
     let parse = |field: &str, v: &Option<String>| -> Result<Option<Version>, InvalidSpec> {
         v.as_deref()
             .map(|s| {
@@ -226,6 +261,14 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
         "spec.gpu.minComputeCapability",
         &spec.gpu.min_compute_capability,
     )?;
+    Ok((min_cuda, min_compute))
+}
+
+/// The checkpoint claim: its name, whether the job creates it, and its access modes.
+fn checkpoint(
+    name: &str,
+    spec: &TrainingJobSpec,
+) -> Result<(String, bool, Vec<String>), InvalidSpec> {
     if !spec.checkpoint.mount_path.starts_with('/') {
         return Err(InvalidSpec::new(
             "spec.checkpoint.mountPath",
@@ -251,25 +294,7 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
     .into_iter()
     .map(|m| m.as_str().to_owned())
     .collect();
-
-    let owner = job.controller_owner_ref(&()).ok_or_else(|| {
-        InvalidSpec::new("metadata", "name and uid are needed for owner references")
-    })?;
-
-    Ok(ValidJob {
-        name,
-        namespace,
-        uid,
-        generation: meta.generation,
-        spec,
-        trainer_index,
-        min_cuda,
-        min_compute,
-        claim_name,
-        creates_claim,
-        access_modes,
-        owner,
-    })
+    Ok((claim_name, creates_claim, access_modes))
 }
 
 #[cfg(test)]

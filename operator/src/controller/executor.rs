@@ -585,6 +585,7 @@ mod tests {
             requeue_at: None,
             restart: None,
             creates_attempt: None,
+            decided_by: plan::PhaseName::Running,
         }
     }
 

@@ -34,6 +34,7 @@ mod executor;
 mod observe;
 mod reconcile;
 pub(crate) mod status_cache;
+pub mod status_write;
 mod triggers;
 mod wiring;
 

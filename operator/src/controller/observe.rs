@@ -16,7 +16,7 @@ use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_WORKERS, TrainingJobStatus};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::ownership::{self, ObjectKind};
-use crate::plan::{self, Observed};
+use crate::plan::Observed;
 use crate::validate::{ValidJob, pod_name};
 
 /// The caches a reconcile reads, and the client for the one read they cannot serve.
@@ -162,8 +162,8 @@ fn sibling_to_read(
 ) -> Option<String> {
     let mut present: Vec<(u32, &Arc<Pod>)> = pods
         .iter()
-        .filter(|p| plan::label_u32(p, LABEL_ATTEMPT) == Some(attempt))
-        .filter_map(|p| Some((plan::label_u32(p, LABEL_RANK)?, p)))
+        .filter(|p| crate::pods::label_u32(p, LABEL_ATTEMPT) == Some(attempt))
+        .filter_map(|p| Some((crate::pods::label_u32(p, LABEL_RANK)?, p)))
         .filter(|(rank, _)| *rank < workers)
         .collect();
     present.sort_by_key(|(rank, _)| *rank);

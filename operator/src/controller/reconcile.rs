@@ -12,10 +12,11 @@ use kube::{Resource, ResourceExt};
 
 use super::Context;
 use super::status_cache::Known;
+use super::status_write::StatusWrite;
 use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::job_memory::{StateSizes, error_key};
-use crate::plan::{self, Action as PlanAction, StatusWrite};
+use crate::plan::{self, Action as PlanAction};
 use crate::validate::{InvalidSpec, ValidJob, validate};
 
 /// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).

@@ -1,6 +1,6 @@
 //! The status cache: the status the operator wrote last, the per-worker detail it has decided
 //! but not written yet, and when a decided status is written ([`StatusCache::schedule`], the
-//! batching policy of [`plan::status_write`]).
+//! batching policy of [`status_write`]).
 //!
 //! Decisions read [`StatusCache::current`]: the job's status, or our own newer write while the
 //! TrainingJob cache trails it, with the unwritten worker detail laid over it. So a stale
@@ -12,11 +12,11 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::status_write::{StatusWrite, status_write};
 use crate::crd::{TrainingJob, TrainingJobStatus};
-use crate::plan::{self, StatusWrite};
 
 /// How long per-worker status detail may wait to be written with other changes
-/// ([`plan::status_write`]).
+/// ([`status_write`]).
 pub(crate) const WORKER_DETAIL_BATCH: Duration = Duration::from_secs(3);
 
 /// What one reconcile knows of a job's status.
@@ -60,14 +60,14 @@ impl StatusCache {
     }
 
     /// Whether `desired` is written now, deferred (kept here, to be written after the
-    /// returned wait), or unchanged ([`plan::status_write`] with [`WORKER_DETAIL_BATCH`]).
+    /// returned wait), or unchanged ([`status_write`] with [`WORKER_DETAIL_BATCH`]).
     pub(crate) fn schedule(
         &self,
         uid: &str,
         known: &Known,
         desired: &TrainingJobStatus,
     ) -> StatusWrite {
-        let write = plan::status_write(
+        let write = status_write(
             &known.written,
             desired,
             known.detail_waiting,

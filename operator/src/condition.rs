@@ -1,0 +1,62 @@
+//! The conditions of a TrainingJob's status: their types, and how one is set.
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::crd::JobCondition;
+
+/// Every worker runs.
+pub const RUNNING: &str = "Running";
+/// A gang restart is under way.
+pub const RESTARTING: &str = "Restarting";
+/// Every trainer exited 0.
+pub const SUCCEEDED: &str = "Succeeded";
+/// The job failed for good.
+pub const FAILED: &str = "Failed";
+/// No node can take the workers.
+pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// The spec cannot run as written.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+/// The API server rejected a write the job needs (see [`crate::rejection`]).
+pub const WRITE_REJECTED: &str = "WriteRejected";
+/// An object holding one of the job's names is not the job's (see [`crate::ownership`]).
+pub const NAME_CONFLICT: &str = "NameConflict";
+
+/// Sets a condition, moving lastTransitionTime only when the status flips.
+pub fn set_condition(
+    conditions: &mut Vec<JobCondition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+    generation: Option<i64>,
+) {
+    let status_str = if status { "True" } else { "False" };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status_str {
+                c.status = status_str.to_owned();
+                c.last_transition_time = Some(Time(now));
+            }
+            c.reason = reason.to_owned();
+            c.message = message.to_owned();
+            c.observed_generation = generation;
+        }
+        None => conditions.push(JobCondition {
+            type_: type_.to_owned(),
+            status: status_str.to_owned(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            last_transition_time: Some(Time(now)),
+            observed_generation: generation,
+        }),
+    }
+}
+
+/// Whether a condition is currently True.
+pub fn condition_is_true(conditions: &[JobCondition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}

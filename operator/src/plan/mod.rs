@@ -1,0 +1,274 @@
+//! The decision step: from a validated job, what the cluster looks like and the current
+//! status, compute the next status, the actions that move the cluster towards it, and the
+//! Events that describe the transition.
+//!
+//! [`decide`] builds one read-only `View` of the job (`view.rs`), then runs the phases of
+//! `phases::PHASES` in order, each adding to a `Round` (`round.rs`) and saying whether the
+//! round goes on; the phase that stops it is recorded in [`Plan::decided_by`].
+//!
+//! Everything that must not happen twice (counting a preemption, bumping the attempt) is a
+//! status transition, and every action is idempotent and derived again from status plus
+//! observation on the next round. The controller persists a status that deletes or restarts
+//! before acting on it, and sends creates together with the status write (the write order is
+//! stated once, in `controller/executor.rs`). So a crash between any two steps repeats
+//! actions, never decisions:
+//! - pods have deterministic names (`<job>-worker-<rank>`), so a repeated create cannot duplicate;
+//! - the next attempt's pods are created only after every older pod is gone;
+//! - only pods recorded in `status.workers` can "disappear", so a pod the cache has not seen
+//!   yet is never mistaken for a preempted one.
+
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, PersistentVolumeClaim, Pod, Service};
+
+use crate::config::OperatorConfig;
+use crate::crd::{JobCondition, Phase, RestartReason, TrainingJobStatus};
+use crate::ownership::Foreign;
+use crate::preemption::NodeView;
+use crate::validate::{InvalidSpec, ValidJob};
+
+pub use crate::condition::{self, condition_is_true, set_condition};
+pub use crate::events::{EventKind, JobEvent};
+
+mod phases;
+mod round;
+mod view;
+
+pub use phases::PhaseName;
+use round::Round;
+use view::View;
+
+/// Cap of the exponential failure backoff.
+pub const MAX_BACKOFF: SignedDuration = SignedDuration::from_secs(600);
+/// How often a job that waits on the cluster (missing claim, no GPU node) is looked at again.
+pub const CLUSTER_WAIT_RECHECK: SignedDuration = SignedDuration::from_secs(60);
+
+/// What the cluster looks like to one reconcile.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The job's pods (any attempt) owned by it.
+    pub pods: Vec<Arc<Pod>>,
+    /// Objects that hold one of the job's names (a pod's, the Service's, the created PVC's)
+    /// but are not the job's ([`crate::ownership::foreign`]).
+    pub foreign: Vec<Foreign>,
+    /// Every node.
+    pub nodes: Vec<Arc<Node>>,
+    /// The kubelets' Leases in `kube-node-lease` (empty when the operator may not read them).
+    pub node_leases: Vec<Arc<Lease>>,
+    /// Whether the checkpoint PVC exists: the job's own, or the `existingClaim` it mounts.
+    pub claim_exists: bool,
+    /// Whether the job's own rendezvous Service exists.
+    pub service_exists: bool,
+    /// The time of this reconcile.
+    pub now: Timestamp,
+}
+
+impl Observed {
+    fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .map(|n| n.as_ref())
+    }
+
+    fn node_view<'a>(&'a self, pod: &'a Pod) -> NodeView<'a> {
+        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            None => NodeView::Unscheduled,
+            Some(n) => match self.node(n) {
+                Some(node) => NodeView::Present(node),
+                None => NodeView::Missing(n),
+            },
+        }
+    }
+
+    fn node_refs(&self) -> Vec<&Node> {
+        self.nodes.iter().map(|n| n.as_ref()).collect()
+    }
+}
+
+/// Something the controller must do (in the write order of `controller/executor.rs`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Create the rendezvous Service (AlreadyExists means it is there: never adopted).
+    CreateService(Box<Service>),
+    /// Create the checkpoint PVC (AlreadyExists means it is there: never adopted).
+    CreatePvc(Box<PersistentVolumeClaim>),
+    /// Create a worker pod (AlreadyExists means a previous round did it).
+    CreatePod(Box<Pod>),
+    /// Delete a pod with its grace period, so the trainer gets SIGTERM and can checkpoint.
+    DeletePod {
+        /// Pod name.
+        name: String,
+        /// Precondition: only this incarnation.
+        uid: Option<String>,
+    },
+    /// Delete a pod with grace period 0: its containers have all stopped, or it is stuck
+    /// terminating on a lost node.
+    ForceDeletePod {
+        /// Pod name.
+        name: String,
+        /// Precondition: only this incarnation.
+        uid: Option<String>,
+    },
+}
+
+impl Action {
+    /// Whether the action deletes a pod.
+    pub fn deletes(&self) -> bool {
+        matches!(self, Self::DeletePod { .. } | Self::ForceDeletePod { .. })
+    }
+}
+
+/// The outcome of one decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The status to write (before the actions when they delete or restart; see the write
+    /// order in `controller/executor.rs`).
+    pub status: TrainingJobStatus,
+    /// What to do.
+    pub actions: Vec<Action>,
+    /// Events describing transitions.
+    pub events: Vec<JobEvent>,
+    /// Look again at this time even if nothing changes.
+    pub requeue_at: Option<Timestamp>,
+    /// A gang restart was decided in this round.
+    pub restart: Option<RestartReason>,
+    /// The first pods of this attempt are created in this round.
+    pub creates_attempt: Option<u32>,
+    /// The phase that ended the round.
+    pub decided_by: PhaseName,
+}
+
+/// Delay before the restart after the `failures`-th failure: base × 2^(failures-1), capped at 10 minutes.
+pub fn failure_backoff(base_seconds: u32, failures: u32) -> SignedDuration {
+    if base_seconds == 0 || failures == 0 {
+        return SignedDuration::ZERO;
+    }
+    let exp = failures.saturating_sub(1).min(20);
+    let secs = u64::from(base_seconds).saturating_mul(1u64 << exp);
+    SignedDuration::from_secs(i64::try_from(secs).unwrap_or(i64::MAX)).min(MAX_BACKOFF)
+}
+
+/// The status for a job whose spec cannot run: condition InvalidSpec, nothing else changes.
+pub fn invalid_status(
+    current: &TrainingJobStatus,
+    err: &InvalidSpec,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> (TrainingJobStatus, Vec<JobEvent>) {
+    let mut st = current.clone();
+    let events = write_invalid_spec(&mut st, &current.conditions, Some(err), generation, now);
+    (st, events)
+}
+
+/// The one writer of the condition `InvalidSpec`: True with the error (and a Warning Event
+/// when its message changes), or False once a job that was invalid is valid again.
+fn write_invalid_spec(
+    st: &mut TrainingJobStatus,
+    before: &[JobCondition],
+    err: Option<&InvalidSpec>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<JobEvent> {
+    let Some(err) = err else {
+        if condition_is_true(&st.conditions, condition::INVALID_SPEC) {
+            set_condition(
+                &mut st.conditions,
+                condition::INVALID_SPEC,
+                false,
+                "Valid",
+                "",
+                now,
+                generation,
+            );
+        }
+        return Vec::new();
+    };
+    let message = err.to_string();
+    let already = before
+        .iter()
+        .any(|c| c.type_ == condition::INVALID_SPEC && c.status == "True" && c.message == message);
+    set_condition(
+        &mut st.conditions,
+        condition::INVALID_SPEC,
+        true,
+        "InvalidSpec",
+        &message,
+        now,
+        generation,
+    );
+    st.observed_generation = generation;
+    st.phase.get_or_insert(Phase::Pending);
+    if already {
+        Vec::new()
+    } else {
+        vec![JobEvent::warning("InvalidSpec", message)]
+    }
+}
+
+/// Decides the next status and actions: runs the phases (`phases::PHASES`) in order over one view of the
+/// job until one of them ends the round.
+pub fn decide(
+    job: &ValidJob,
+    observed: &Observed,
+    current: &TrainingJobStatus,
+    config: &OperatorConfig,
+) -> Plan {
+    let view = View::new(job, observed, current, config);
+    let mut round = Round::new(&view);
+    for &(name, phase) in phases::PHASES {
+        if phase(&view, &mut round) == Flow::Stop {
+            return round.finish(&view, name);
+        }
+    }
+    unreachable!("the last phase always ends the round")
+}
+
+/// Whether the round goes on to the next phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// The next phase decides further.
+    Continue,
+    /// This phase ended the round.
+    Stop,
+}
+
+fn pod_name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+/// Whether a pod's containers have all stopped (it no longer holds its GPUs): its phase is
+/// final, or every container has terminated and the kubelet has not said so in the phase yet.
+/// A pod whose trainer exited while a sidecar (or a native sidecar init container) still runs
+/// is not finished.
+fn is_finished(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    let terminated = |c: &ContainerStatus| c.state.as_ref().is_some_and(|s| s.terminated.is_some());
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| statuses.iter().any(|s| s.name == c.name && terminated(s)))
+        && status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.ephemeral_container_statuses.iter().flatten())
+            .all(terminated)
+}
+
+#[cfg(test)]
+#[path = "../plan_tests.rs"]
+mod tests;

@@ -1,0 +1,508 @@
+//! The decisions of one round, in order. Each phase reads the [`View`] and adds to the
+//! [`Round`]; the first that returns [`Flow::Stop`] ends the round. [`PHASES`] is the only
+//! place that says in which order they decide.
+
+use jiff::SignedDuration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::round::Round;
+use super::view::{View, resumes_as_new_attempt};
+use super::{
+    Action, CLUSTER_WAIT_RECHECK, Flow, JobEvent, condition, condition_is_true, failure_backoff,
+};
+use crate::crd::{LastRestart, Phase, RestartReason};
+use crate::placement::{self, Placement};
+use crate::preemption::WorkerState;
+use crate::validate::InvalidSpec;
+use crate::{pods, pvc, service};
+
+mod restart;
+
+/// The name of a phase: which one decided a round ([`super::Plan::decided_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseName {
+    /// A Succeeded or Failed job: stop what still runs.
+    Terminal,
+    /// `spec.suspend`: no pods.
+    Suspend,
+    /// `spec.suspend` went back to false.
+    Resume,
+    /// `activeDeadlineSeconds`.
+    Deadline,
+    /// Classify the current attempt's workers.
+    Classify,
+    /// A preemption or failure: restart the whole gang, or fail past the budget.
+    GangRestart,
+    /// Every trainer exited 0.
+    Success,
+    /// Pods of an older attempt must be gone before new ones start.
+    DrainOldAttempt,
+    /// Objects of the job's names that are not its own.
+    ForeignObjects,
+    /// The claim the job mounts must exist.
+    ClusterPrerequisites,
+    /// The wait after a failure.
+    FailureBackoff,
+    /// Create the missing workers (and the Service and PVC).
+    Create,
+    /// Whether the workers can be placed.
+    Unschedulable,
+    /// Whether every worker runs.
+    Running,
+}
+
+/// One decision of a round.
+pub(crate) type PhaseFn = fn(&View<'_>, &mut Round) -> Flow;
+
+/// The decisions of a round, in the order they are taken.
+pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
+    (PhaseName::Terminal, terminal),
+    (PhaseName::Suspend, suspend),
+    (PhaseName::Resume, resume),
+    (PhaseName::Deadline, deadline),
+    (PhaseName::Classify, classify),
+    (PhaseName::GangRestart, restart::gang_restart),
+    (PhaseName::Success, success),
+    (PhaseName::DrainOldAttempt, drain_old_attempt),
+    (PhaseName::ForeignObjects, foreign_objects),
+    (PhaseName::ClusterPrerequisites, cluster_prerequisites),
+    (PhaseName::FailureBackoff, failure_backoff_wait),
+    (PhaseName::Create, create),
+    (PhaseName::Unschedulable, unschedulable),
+    (PhaseName::Running, running),
+];
+
+/// The phase the round started in.
+fn started_in(view: &View<'_>) -> Phase {
+    view.current.phase.unwrap_or(Phase::Pending)
+}
+
+/// Final phases: stop what still runs (after a failure, or a sidecar beside a trainer that
+/// succeeded) so that it gives its GPUs back; leave completed pods for their logs.
+fn terminal(view: &View<'_>, round: &mut Round) -> Flow {
+    if !started_in(view).is_terminal() {
+        return Flow::Continue;
+    }
+    round.remove_running_pods(view);
+    Flow::Stop
+}
+
+/// Suspend: no pods, and no deadline running (see [`resume`]).
+fn suspend(view: &View<'_>, round: &mut Round) -> Flow {
+    if !view.job.spec.suspend {
+        return Flow::Continue;
+    }
+    if started_in(view) != Phase::Suspended {
+        round.events.push(JobEvent::normal(
+            "Suspended",
+            "spec.suspend is true: deleting the workers",
+        ));
+    }
+    round.st.phase = Some(Phase::Suspended);
+    round.st.workers.clear();
+    round.condition(
+        view,
+        condition::RUNNING,
+        false,
+        "Suspended",
+        "spec.suspend is true",
+    );
+    round.remove_pods(view, view.observed.pods.iter());
+    Flow::Stop
+}
+
+/// `spec.suspend` went back to false. A job whose workers were created before (it has a
+/// `startTime`) continues as a new attempt with restart reason `Resume`: its pods get
+/// `RESUME_FROM` like every attempt after the first, so progress made before the suspend is
+/// kept, and pods still terminating from the suspend are older pods that must be gone before
+/// the new ones start. Like a Kubernetes Job, `startTime` (and with it
+/// `activeDeadlineSeconds`) restarts at the resume. A job that never ran starts as it would
+/// have. It fails when the attempt number is spent.
+fn resume(view: &View<'_>, round: &mut Round) -> Flow {
+    if started_in(view) != Phase::Suspended {
+        return Flow::Continue;
+    }
+    let st = &mut round.st;
+    st.phase = Some(Phase::Pending);
+    if !resumes_as_new_attempt(view.job, view.current) {
+        round.events.push(JobEvent::normal(
+            "Resumed",
+            "spec.suspend is false: creating the workers",
+        ));
+        return Flow::Continue;
+    }
+    let Some(next) = st.attempt.checked_add(1) else {
+        let message = restart::attempt_limit_message("spec.suspend set to false");
+        round.fail(view, restart::ATTEMPT_LIMIT_REACHED, &message);
+        return Flow::Stop;
+    };
+    st.attempt = next;
+    st.workers.clear();
+    st.start_time = Some(Time(view.now));
+    st.last_restart = Some(LastRestart {
+        time: Time(view.now),
+        reason: RestartReason::Resume,
+        detail: "spec.suspend set to false".to_owned(),
+    });
+    round.events.push(JobEvent::normal(
+        "Resumed",
+        format!(
+            "spec.suspend is false: recreating the workers as attempt {next} with RESUME_FROM set"
+        ),
+    ));
+    round.resumed = Some(RestartReason::Resume);
+    Flow::Continue
+}
+
+/// `activeDeadlineSeconds`, counted from `startTime`.
+fn deadline(view: &View<'_>, round: &mut Round) -> Flow {
+    let (Some(limit), Some(start)) = (
+        view.job.spec.active_deadline_seconds,
+        round.st.start_time.as_ref(),
+    ) else {
+        return Flow::Continue;
+    };
+    let deadline = start
+        .0
+        .saturating_add(SignedDuration::from_secs(limit))
+        .unwrap_or(start.0);
+    if view.now < deadline {
+        round.requeue(Some(deadline));
+        return Flow::Continue;
+    }
+    let message = format!("activeDeadlineSeconds ({limit}s) passed");
+    round.fail(view, "DeadlineExceeded", &message);
+    round.remove_running_pods(view);
+    Flow::Stop
+}
+
+/// The workers are classified in the view; a state that may change on its own (a node's
+/// grace period running out) is looked at again.
+fn classify(view: &View<'_>, round: &mut Round) -> Flow {
+    round.requeue(view.census.recheck_at);
+    Flow::Continue
+}
+
+/// Every trainer exited 0.
+fn success(view: &View<'_>, round: &mut Round) -> Flow {
+    let states = &view.census.states;
+    if view.workers == 0
+        || !(0..view.workers).all(|r| states.get(&r) == Some(&WorkerState::Succeeded))
+    {
+        return Flow::Continue;
+    }
+    round.st.phase = Some(Phase::Succeeded);
+    round.st.completion_time = Some(Time(view.now));
+    round.record_workers(view);
+    let exited = "every trainer exited 0";
+    round.condition(
+        view,
+        condition::SUCCEEDED,
+        true,
+        "AllWorkersSucceeded",
+        exited,
+    );
+    round.condition(view, condition::RUNNING, false, "Succeeded", exited);
+    round.condition(view, condition::RESTARTING, false, "Succeeded", "");
+    round.events.push(JobEvent::normal(
+        "Succeeded",
+        format!("{exited} (attempt {})", round.st.attempt),
+    ));
+    round.remove_running_pods(view);
+    Flow::Stop
+}
+
+/// Older pods first: nothing new may meet an old rank at rendezvous.
+fn drain_old_attempt(view: &View<'_>, round: &mut Round) -> Flow {
+    if view.census.old.is_empty() {
+        return Flow::Continue;
+    }
+    round.remove_pods(view, view.census.old.iter().copied());
+    round.record_workers(view);
+    // Watch events normally wake us; this is only the safety net.
+    let now = view.now;
+    round.requeue(Some(
+        now.saturating_add(SignedDuration::from_secs(10))
+            .unwrap_or(now),
+    ));
+    Flow::Stop
+}
+
+/// The condition `NameConflict`: True, with a Warning Event when its message changes, while
+/// objects of the job's names are someone else's; False once they are gone. New pods would
+/// use the objects of the job's names: none is created while one is someone else's.
+fn foreign_objects(view: &View<'_>, round: &mut Round) -> Flow {
+    report_name_conflicts(view, round);
+    if view.census.missing(view.workers).is_empty() || view.observed.foreign.is_empty() {
+        return Flow::Continue;
+    }
+    round.record_workers(view);
+    round.requeue(view.now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
+    Flow::Stop
+}
+
+fn report_name_conflicts(view: &View<'_>, round: &mut Round) {
+    let foreign = &view.observed.foreign;
+    if foreign.is_empty() {
+        if condition_is_true(&round.st.conditions, condition::NAME_CONFLICT) {
+            round.condition(view, condition::NAME_CONFLICT, false, "NamesFree", "");
+        }
+        return;
+    }
+    let objects: Vec<String> = foreign.iter().map(ToString::to_string).collect();
+    let message = format!(
+        "names this TrainingJob needs are held by objects that are not its own: {}; trainyard \
+         does not change, use or delete them, and creates no workers while they are there \
+         (delete or rename them, or rename the job; spec.checkpoint.existingClaim mounts a PVC \
+         of your own)",
+        objects.join(", ")
+    );
+    let already =
+        view.current.conditions.iter().any(|c| {
+            c.type_ == condition::NAME_CONFLICT && c.status == "True" && c.message == message
+        });
+    round.condition(view, condition::NAME_CONFLICT, true, "NameTaken", &message);
+    if !already {
+        round
+            .events
+            .push(JobEvent::warning("NameConflict", message));
+    }
+}
+
+/// The one check that depends on the cluster, not the spec alone: a claim the user names
+/// must exist. Nodes never make a spec invalid: a GPU pool scaled to zero (or to smaller
+/// nodes) grows only once pods are Pending, so those get created and the unschedulable phase
+/// says, in the Unschedulable condition, what no node offers yet.
+fn cluster_prerequisites(view: &View<'_>, round: &mut Round) -> Flow {
+    let job = view.job;
+    if view.census.missing(view.workers).is_empty()
+        || job.creates_claim
+        || view.observed.claim_exists
+    {
+        return Flow::Continue;
+    }
+    round.invalid = Some(InvalidSpec {
+        field: "spec.checkpoint.existingClaim".to_owned(),
+        message: format!(
+            "PersistentVolumeClaim {:?} does not exist in namespace {}",
+            job.claim_name, job.namespace
+        ),
+    });
+    round.record_workers(view);
+    round.requeue(view.now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
+    Flow::Stop
+}
+
+/// Failure backoff runs from the moment the restart was decided.
+fn failure_backoff_wait(view: &View<'_>, round: &mut Round) -> Flow {
+    let st = &round.st;
+    let Some(last) = st.last_restart.as_ref() else {
+        return Flow::Continue;
+    };
+    if view.census.missing(view.workers).is_empty()
+        || last.reason != RestartReason::Failure
+        || !view.census.current.is_empty()
+    {
+        return Flow::Continue;
+    }
+    let backoff = failure_backoff(view.job.spec.restart_policy.backoff_seconds, st.failures);
+    let ready_at = last.time.0.saturating_add(backoff).unwrap_or(last.time.0);
+    if view.now >= ready_at {
+        return Flow::Continue;
+    }
+    round.record_workers(view);
+    round.requeue(Some(ready_at));
+    Flow::Stop
+}
+
+/// Creates the missing workers: the first ones of an attempt where the placement picks,
+/// later ranks of a half-created attempt beside the first ones, never a new choice.
+fn create(view: &View<'_>, round: &mut Round) -> Flow {
+    let missing = view.census.missing(view.workers);
+    let node_refs = view.observed.node_refs();
+    let preemptions = round.st.preemptions;
+    if missing.is_empty() {
+        if view.census.any_unscheduled() {
+            round.placement = Some(placement::place(
+                view.job,
+                view.config,
+                &node_refs,
+                preemptions,
+            ));
+        }
+        return Flow::Continue;
+    }
+    let sibling = view.census.current.values().next();
+    let placement = match sibling {
+        Some(sibling) => placement_of(sibling, view, &node_refs, preemptions),
+        None => placement::place(view.job, view.config, &node_refs, preemptions),
+    };
+    if sibling.is_none() {
+        announce_attempt(view, round, &placement, missing.len());
+    }
+    if !view.observed.service_exists {
+        let service = service::desired_service(view.job);
+        round.actions.push(Action::CreateService(Box::new(service)));
+    }
+    if !view.observed.claim_exists
+        && let Some(claim) = pvc::desired_pvc(view.job)
+    {
+        round.actions.push(Action::CreatePvc(Box::new(claim)));
+    }
+    let st = &round.st;
+    let restart_reason = st
+        .last_restart
+        .as_ref()
+        .map(|l| l.reason)
+        .filter(|_| st.attempt > 0);
+    for &rank in &missing {
+        let mut pod = pods::desired_pod(view.job, rank, st.attempt, restart_reason, &placement);
+        if let (Some(spec), Some(sibling)) = (pod.spec.as_mut(), sibling) {
+            let sib = sibling.spec.as_ref();
+            spec.affinity = sib.and_then(|s| s.affinity.clone());
+            spec.tolerations = sib.and_then(|s| s.tolerations.clone());
+        }
+        round.actions.push(Action::CreatePod(Box::new(pod)));
+    }
+    if round.st.start_time.is_none() {
+        round.st.start_time = Some(Time(view.now));
+        if let Some(limit) = view.job.spec.active_deadline_seconds {
+            round.requeue(
+                view.now
+                    .saturating_add(SignedDuration::from_secs(limit))
+                    .ok(),
+            );
+        }
+    }
+    round.placement = Some(placement);
+    Flow::Continue
+}
+
+/// The first pods of an attempt: record the GPU chosen and say so.
+fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, count: usize) {
+    let st = &mut round.st;
+    st.selected_gpu = placement.selected.clone();
+    round.creates_attempt = Some(st.attempt);
+    let restart_reason = st
+        .last_restart
+        .as_ref()
+        .map(|l| l.reason)
+        .filter(|_| st.attempt > 0);
+    let what = match &placement.selected {
+        Some(s) if !s.product.is_empty() => {
+            format!(" on {}{}", s.product, if s.spot { " (spot)" } else { "" })
+        }
+        _ => String::new(),
+    };
+    // Retrying creates the API server rejected is not news: WriteRejected says so.
+    if condition_is_true(&view.current.conditions, condition::WRITE_REJECTED) {
+        return;
+    }
+    let after = restart_reason
+        .map(|r| format!(" after {}", r.as_str()))
+        .unwrap_or_default();
+    round.events.push(JobEvent::normal(
+        "CreatingWorkers",
+        format!(
+            "creating {count} worker(s) for attempt {}{what}{after}",
+            st.attempt
+        ),
+    ));
+}
+
+/// The placement a half-created attempt already uses (its first pod's).
+fn placement_of(
+    sibling: &k8s_openapi::api::core::v1::Pod,
+    view: &View<'_>,
+    node_refs: &[&k8s_openapi::api::core::v1::Node],
+    preemptions: u32,
+) -> Placement {
+    let mut p = placement::place(view.job, view.config, node_refs, preemptions);
+    let spec = sibling.spec.as_ref();
+    p.node_affinity = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.clone());
+    p.tolerations = spec.and_then(|s| s.tolerations.clone()).unwrap_or_default();
+    p
+}
+
+/// Unschedulable: our own view of the cluster first (it names what the cluster has), then
+/// the scheduler's verdict on the pods.
+fn unschedulable(view: &View<'_>, round: &mut Round) -> Flow {
+    let scheduler_says = view
+        .census
+        .states
+        .values()
+        .find(|s| s.unschedulable())
+        .and_then(|s| s.reason().map(str::to_owned));
+    let ours = round
+        .placement
+        .as_ref()
+        .and_then(|p| p.unschedulable.clone());
+    let (reason, message) = match (ours, scheduler_says) {
+        (Some(m), _) => {
+            round.requeue(view.now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
+            ("NoMatchingNode", m)
+        }
+        (None, Some(m)) => ("SchedulerUnschedulable", m),
+        (None, None) => {
+            if round
+                .st
+                .conditions
+                .iter()
+                .any(|c| c.type_ == condition::UNSCHEDULABLE)
+            {
+                round.condition(view, condition::UNSCHEDULABLE, false, "Schedulable", "");
+            }
+            return Flow::Continue;
+        }
+    };
+    if !condition_is_true(&round.st.conditions, condition::UNSCHEDULABLE) {
+        round
+            .events
+            .push(JobEvent::warning("Unschedulable", message.clone()));
+    }
+    round.condition(view, condition::UNSCHEDULABLE, true, reason, &message);
+    Flow::Continue
+}
+
+/// Running once every worker runs (or has succeeded); Pending until then. Always the last
+/// word of a round.
+fn running(view: &View<'_>, round: &mut Round) -> Flow {
+    round.record_workers(view);
+    let workers = view.workers;
+    let states = &view.census.states;
+    let all_running = view.census.missing(workers).is_empty()
+        && (0..workers).all(|r| {
+            matches!(
+                states.get(&r),
+                Some(WorkerState::Running { .. } | WorkerState::Succeeded)
+            )
+        });
+    if !all_running {
+        if round.st.phase != Some(Phase::Restarting) {
+            round.st.phase = Some(Phase::Pending);
+        }
+        return Flow::Stop;
+    }
+    let attempt = round.st.attempt;
+    if round.st.phase != Some(Phase::Running) {
+        round.events.push(JobEvent::normal(
+            "Running",
+            format!("all {workers} worker(s) of attempt {attempt} are running"),
+        ));
+    }
+    round.st.phase = Some(Phase::Running);
+    let message = format!("attempt {attempt}: {workers}/{workers} workers running");
+    round.condition(
+        view,
+        condition::RUNNING,
+        true,
+        "AllWorkersRunning",
+        &message,
+    );
+    if condition_is_true(&round.st.conditions, condition::RESTARTING) {
+        round.condition(view, condition::RESTARTING, false, "Restarted", &message);
+    }
+    Flow::Stop
+}

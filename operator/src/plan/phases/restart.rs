@@ -1,0 +1,225 @@
+//! The gang restart: a preempted or failed worker restarts the whole gang as the next
+//! attempt, counted against its budget; past the budget the job fails.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::super::round::Round;
+use super::super::view::View;
+use super::super::{Flow, JobEvent, condition, failure_backoff};
+use crate::crd::{LastRestart, Phase, RestartReason};
+use crate::lost_peer::{self, SilentPeer, Verdict};
+use crate::nodes;
+use crate::placement;
+use crate::preemption::{NodeView, WorkerState};
+
+/// Failed condition reason when `status.attempt` cannot count one more attempt.
+pub(super) const ATTEMPT_LIMIT_REACHED: &str = "AttemptLimitReached";
+
+pub(super) fn attempt_limit_message(detail: &str) -> String {
+    format!(
+        "attempt {} is the last one status.attempt can number; last: {detail}",
+        u32::MAX
+    )
+}
+
+/// Why the gang restarts, and the detail users read.
+struct Cause {
+    reason: RestartReason,
+    detail: String,
+}
+
+/// A preempted rank makes the others fail too (the collective breaks): preemption wins.
+/// Failures alone: was a peer's node lost under the ranks that still seem to run? Then it is
+/// a preemption too, or the round holds until that is known.
+fn cause(view: &View<'_>, round: &mut Round) -> Option<Cause> {
+    let problems: Vec<(u32, &WorkerState)> = view
+        .census
+        .states
+        .iter()
+        .filter(|(_, s)| matches!(s, WorkerState::Preempted(_) | WorkerState::Failed(_)))
+        .map(|(r, s)| (*r, s))
+        .collect();
+    let (&(first_rank, first_state), more) = problems.split_first()?;
+    let preempted = problems
+        .iter()
+        .any(|(_, s)| matches!(s, WorkerState::Preempted(_)));
+    let lost_peer = if preempted {
+        None
+    } else {
+        match judge_lost_peer(view) {
+            Verdict::Preemption(detail) => Some(detail),
+            Verdict::Hold(at) => {
+                round.requeue(Some(at));
+                return None;
+            }
+            Verdict::Failure => None,
+        }
+    };
+    let reason_of = |s: &WorkerState| s.reason().unwrap_or_default().to_owned();
+    let detail = match &lost_peer {
+        Some(lost) => format!(
+            "{lost}; worker {first_rank} failed with it: {}",
+            reason_of(first_state)
+        ),
+        None => problems
+            .iter()
+            .find(|(_, s)| !preempted || matches!(s, WorkerState::Preempted(_)))
+            .map(|(r, s)| format!("worker {r}: {}", reason_of(s)))
+            .unwrap_or_default(),
+    };
+    let detail = match more.len() {
+        0 => detail,
+        more => format!("{detail} (and {more} more)"),
+    };
+    let reason = if preempted || lost_peer.is_some() {
+        RestartReason::Preemption
+    } else {
+        RestartReason::Failure
+    };
+    Some(Cause { reason, detail })
+}
+
+/// Restarts the gang after a preemption or failure, or fails the job past its budget.
+pub(super) fn gang_restart(view: &View<'_>, round: &mut Round) -> Flow {
+    let Some(Cause { reason, detail }) = cause(view, round) else {
+        return Flow::Continue;
+    };
+    let policy = &view.job.spec.restart_policy;
+    let st = &mut round.st;
+    let preempted = reason == RestartReason::Preemption;
+    let (spent, budget, budget_name, counted, exceeded) = if preempted {
+        st.preemptions = st.preemptions.saturating_add(1);
+        let p = st.preemptions;
+        (
+            p,
+            policy.max_preemptions,
+            "maxPreemptions",
+            "preemptions",
+            "PreemptionBudgetExceeded",
+        )
+    } else {
+        st.failures = st.failures.saturating_add(1);
+        let f = st.failures;
+        (
+            f,
+            policy.max_failures,
+            "maxFailures",
+            "failures",
+            "FailureBudgetExceeded",
+        )
+    };
+    let event = if preempted {
+        "Preempted"
+    } else {
+        "WorkerFailed"
+    };
+    round.events.push(JobEvent::warning(event, detail.clone()));
+    let next_attempt = match round.st.attempt.checked_add(1) {
+        _ if spent > budget => Err((
+            exceeded,
+            format!("{spent} {counted} exceed {budget_name}={budget}; last: {detail}"),
+        )),
+        None => Err((ATTEMPT_LIMIT_REACHED, attempt_limit_message(&detail))),
+        Some(next) => Ok(next),
+    };
+    match next_attempt {
+        Ok(next) => restart(view, round, next, reason, &detail),
+        Err((why, message)) => {
+            round.fail(view, why, &message);
+            round.record_workers(view);
+            round.remove_running_pods(view);
+        }
+    }
+    Flow::Stop
+}
+
+/// Moves to attempt `next` and stops every pod, which is now from an older attempt.
+fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason, detail: &str) {
+    let now = view.now;
+    let st = &mut round.st;
+    st.attempt = next;
+    st.phase = Some(Phase::Restarting);
+    st.workers.clear();
+    st.last_restart = Some(LastRestart {
+        time: Time(now),
+        reason,
+        detail: detail.to_owned(),
+    });
+    let message = format!("attempt {next} after {}: {detail}", reason.as_str());
+    round.condition(view, condition::RESTARTING, true, reason.as_str(), &message);
+    round.condition(view, condition::RUNNING, false, reason.as_str(), &message);
+    let policy = &view.job.spec.restart_policy;
+    let wait = if reason == RestartReason::Failure {
+        let b = failure_backoff(policy.backoff_seconds, round.st.failures);
+        format!(", after a {}s backoff", b.as_secs())
+    } else {
+        String::new()
+    };
+    round.events.push(JobEvent::normal(
+        "Restarting",
+        format!("gang restart as attempt {next} with RESUME_FROM set{wait}"),
+    ));
+    let preemptions = round.st.preemptions;
+    let (mode, fell_back) = placement::spot_mode(view.job, preemptions);
+    let (_, fell_back_before) = placement::spot_mode(view.job, preemptions.saturating_sub(1));
+    if reason == RestartReason::Preemption && fell_back && !fell_back_before {
+        round.events.push(JobEvent::normal(
+            "SpotFallback",
+            format!(
+                "after {preemptions} preemptions later attempts run on on-demand nodes ({mode:?})"
+            ),
+        ));
+    }
+    // Every pod is now from an older attempt: stop them all, then wait for them to go.
+    round.remove_pods(view, view.observed.pods.iter());
+    round.restart = Some(reason);
+}
+
+/// The [`lost_peer`] rule for a round whose problems are failures only.
+fn judge_lost_peer(view: &View<'_>) -> Verdict {
+    let (observed, now) = (view.observed, view.now);
+    let (current_pods, states) = (&view.census.current, &view.census.states);
+    let failed: Vec<&Arc<Pod>> = states
+        .iter()
+        .filter(|(_, s)| matches!(s, WorkerState::Failed(_)))
+        .filter_map(|(r, _)| current_pods.get(r).copied())
+        .collect();
+    let failed_at = failed
+        .iter()
+        .map(|p| lost_peer::failed_at(p, now))
+        .min()
+        .unwrap_or(now);
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let failed_nodes: Vec<String> = failed.iter().filter_map(|p| node_of(p)).collect();
+    let peers: Vec<SilentPeer<'_>> = states
+        .iter()
+        .filter(|(_, s)| matches!(s, WorkerState::Running { .. } | WorkerState::Pending { .. }))
+        .filter_map(|(r, _)| current_pods.get(r).map(|p| (*r, p)))
+        .map(|(rank, pod)| {
+            let node = observed.node_view(pod);
+            let heartbeat = match node {
+                NodeView::Present(n) => {
+                    lost_peer::heartbeat(observed.node_leases.iter().map(|l| &**l), nodes::name(n))
+                }
+                _ => None,
+            };
+            SilentPeer {
+                rank,
+                node,
+                heartbeat,
+                beside_failure: node_of(pod).is_some_and(|n| failed_nodes.contains(&n)),
+            }
+        })
+        .collect();
+    let c = &view.classifier;
+    lost_peer::judge(
+        failed_at,
+        &peers,
+        &c.termination_taints,
+        c.lost_peer_window,
+        now,
+    )
+}

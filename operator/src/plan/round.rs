@@ -1,0 +1,215 @@
+//! The collector one decision fills: the next status, the actions, the Events, when to look
+//! again and whether a restart was decided. It finishes into the [`Plan`].
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::view::View;
+use super::{
+    Action, JobEvent, PhaseName, Plan, condition, condition_is_true, is_finished, pod_name,
+    set_condition, write_invalid_spec,
+};
+use crate::crd::{Phase, RestartReason, TrainingJobStatus, WorkerStatus};
+use crate::nodes;
+use crate::placement::Placement;
+use crate::preemption::{WorkerPhase, WorkerState, min_time};
+use crate::validate::InvalidSpec;
+
+/// What the phases of one round have decided so far.
+pub(crate) struct Round {
+    /// The next status.
+    pub st: TrainingJobStatus,
+    pub actions: Vec<Action>,
+    pub events: Vec<JobEvent>,
+    pub requeue_at: Option<Timestamp>,
+    /// A gang restart decided in this round.
+    pub restart: Option<RestartReason>,
+    /// A resume decided in this round: the controller persists it first, whatever else is.
+    pub resumed: Option<RestartReason>,
+    pub creates_attempt: Option<u32>,
+    /// The spec cannot run in this cluster as written (condition InvalidSpec).
+    pub invalid: Option<InvalidSpec>,
+    /// Where this round's pods go, once a phase has placed them.
+    pub placement: Option<Placement>,
+}
+
+impl Round {
+    pub fn new(view: &View<'_>) -> Self {
+        let mut st = view.current.clone();
+        st.observed_generation = view.generation;
+        st.phase = Some(st.phase.unwrap_or(Phase::Pending));
+        st.checkpoint_claim = Some(view.job.claim_name.clone());
+        Self {
+            st,
+            actions: Vec::new(),
+            events: Vec::new(),
+            requeue_at: None,
+            restart: None,
+            resumed: None,
+            creates_attempt: None,
+            invalid: None,
+            placement: None,
+        }
+    }
+
+    /// The plan, with `InvalidSpec` set or cleared.
+    pub fn finish(mut self, view: &View<'_>, decided_by: PhaseName) -> Plan {
+        self.events.extend(write_invalid_spec(
+            &mut self.st,
+            &view.current.conditions,
+            self.invalid.as_ref(),
+            view.generation,
+            view.now,
+        ));
+        Plan {
+            status: self.st,
+            actions: self.actions,
+            events: self.events,
+            requeue_at: self.requeue_at,
+            restart: self.restart.or(self.resumed),
+            creates_attempt: self.creates_attempt,
+            decided_by,
+        }
+    }
+
+    /// Looks again at `at` at the latest.
+    pub fn requeue(&mut self, at: Option<Timestamp>) {
+        self.requeue_at = min_time(self.requeue_at, at);
+    }
+
+    /// Sets a condition of the next status.
+    pub fn condition(
+        &mut self,
+        view: &View<'_>,
+        type_: &str,
+        status: bool,
+        reason: &str,
+        message: &str,
+    ) {
+        set_condition(
+            &mut self.st.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            view.now,
+            view.generation,
+        );
+    }
+
+    /// Deletes pods gracefully; removes at once those whose containers have all stopped (the
+    /// kubelet may keep such a pod's object for tens of seconds while it tears down volumes
+    /// or retries a failed kill, and the pod's name would block the next attempt while its
+    /// GPUs are already free: the kubelet does not count a pod in a final phase as holding
+    /// devices), and force-deletes those stuck terminating on a lost node.
+    pub fn remove_pods<'p>(&mut self, view: &View<'_>, pods_: impl Iterator<Item = &'p Arc<Pod>>) {
+        for pod in pods_ {
+            let name = pod_name(pod);
+            let uid = pod.metadata.uid.clone();
+            if is_finished(pod) {
+                self.actions.push(Action::ForceDeletePod { name, uid });
+                continue;
+            }
+            if pod.metadata.deletion_timestamp.is_none() {
+                self.actions.push(Action::DeletePod { name, uid });
+                continue;
+            }
+            let node_name = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            match force_delete_at(view, node_name) {
+                Some(at) if view.now >= at => {
+                    self.events.push(JobEvent::warning(
+                        "ForceDeleted",
+                        format!(
+                            "pod {name} was stuck terminating on lost node {}",
+                            node_name.unwrap_or("(none)")
+                        ),
+                    ));
+                    self.actions.push(Action::ForceDeletePod { name, uid });
+                }
+                Some(at) => self.requeue(Some(at)),
+                None => {}
+            }
+        }
+    }
+
+    /// Removes every pod of the job whose containers still run.
+    pub fn remove_running_pods(&mut self, view: &View<'_>) {
+        self.remove_pods(view, view.observed.pods.iter().filter(|p| !is_finished(p)));
+    }
+
+    /// The job failed for good.
+    pub fn fail(&mut self, view: &View<'_>, reason: &str, message: &str) {
+        self.st.phase = Some(Phase::Failed);
+        self.st.completion_time = Some(Time(view.now));
+        self.condition(view, condition::FAILED, true, reason, message);
+        self.condition(view, condition::RUNNING, false, reason, message);
+        if condition_is_true(&self.st.conditions, condition::RESTARTING) {
+            self.condition(view, condition::RESTARTING, false, reason, message);
+        }
+        self.events
+            .push(JobEvent::warning("Failed", format!("{reason}: {message}")));
+    }
+
+    /// status.workers: the current attempt's workers the operator has seen.
+    pub fn record_workers(&mut self, view: &View<'_>) {
+        let census = &view.census;
+        let mut workers: Vec<WorkerStatus> = census
+            .current
+            .iter()
+            .map(|(&rank, pod)| WorkerStatus {
+                rank,
+                pod: pod_name(pod),
+                node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                phase: census
+                    .states
+                    .get(&rank)
+                    .map_or(WorkerPhase::Pending, WorkerState::phase)
+                    .as_str()
+                    .to_owned(),
+                reason: census
+                    .states
+                    .get(&rank)
+                    .and_then(|s| s.reason())
+                    .map(str::to_owned),
+            })
+            .collect();
+        // A recorded worker whose pod is gone stays recorded until a restart clears the list,
+        // so that its disappearance is noticed again after a crash; a rank the spec does not
+        // have (status is input too) is dropped.
+        for w in &self.st.workers {
+            if WorkerPhase::parse(&w.phase) == Some(WorkerPhase::Succeeded)
+                && w.rank < view.workers
+                && !census.current.contains_key(&w.rank)
+            {
+                workers.push(w.clone());
+            }
+        }
+        workers.sort_by_key(|w| w.rank);
+        workers.dedup_by_key(|w| w.rank);
+        self.st.workers = workers;
+    }
+}
+
+/// When a pod already terminating is force-deleted: never on a Ready node; at once when no
+/// node or kubelet will ever confirm the deletion; after the not-ready timeout otherwise.
+fn force_delete_at(view: &View<'_>, node_name: Option<&str>) -> Option<Timestamp> {
+    let now = view.now;
+    match node_name.map(|n| view.observed.node(n)) {
+        None | Some(None) => Some(now),
+        Some(Some(node)) => match nodes::readiness(node) {
+            nodes::Readiness::Ready => None,
+            nodes::Readiness::NotReady { since } => {
+                let since = since.unwrap_or(now);
+                // No kubelet is there to deliver SIGTERM, so the grace period buys nothing.
+                Some(
+                    since
+                        .saturating_add(view.classifier.node_not_ready_timeout)
+                        .unwrap_or(since),
+                )
+            }
+        },
+    }
+}

@@ -1,0 +1,139 @@
+//! What one decision reads: the job, the cluster and the status it started from, built once
+//! and never changed by the phases; and the census of the attempt the round works on.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::Observed;
+use crate::config::OperatorConfig;
+use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus, WorkerStatus};
+use crate::pods::label_u32;
+use crate::preemption::{self, ClassifierConfig, WorkerPhase, WorkerState, min_time};
+use crate::validate::ValidJob;
+
+/// The inputs of one decision.
+pub(crate) struct View<'a> {
+    pub job: &'a ValidJob,
+    pub observed: &'a Observed,
+    /// The status the round started from.
+    pub current: &'a TrainingJobStatus,
+    pub config: &'a OperatorConfig,
+    pub classifier: ClassifierConfig,
+    pub now: Timestamp,
+    pub generation: Option<i64>,
+    /// Workers the spec asks for.
+    pub workers: u32,
+    /// The attempt this round works on and its workers.
+    pub census: Census<'a>,
+}
+
+impl<'a> View<'a> {
+    pub fn new(
+        job: &'a ValidJob,
+        observed: &'a Observed,
+        current: &'a TrainingJobStatus,
+        config: &'a OperatorConfig,
+    ) -> Self {
+        let mut view = Self {
+            job,
+            observed,
+            current,
+            config,
+            classifier: ClassifierConfig::from_config(config),
+            now: observed.now,
+            generation: job.generation,
+            workers: job.spec.workers,
+            census: Census::default(),
+        };
+        // A resume in this round starts the next attempt, with no worker recorded yet.
+        let (attempt, recorded) = if resumes_as_new_attempt(job, current) {
+            (current.attempt.saturating_add(1), &[][..])
+        } else {
+            (current.attempt, &current.workers[..])
+        };
+        view.census = Census::take(&view, attempt, recorded);
+        view
+    }
+}
+
+/// Whether this round resumes a suspended job that ran before, as a new attempt (see the
+/// resume phase).
+pub(crate) fn resumes_as_new_attempt(job: &ValidJob, current: &TrainingJobStatus) -> bool {
+    current.phase == Some(Phase::Suspended) && !job.spec.suspend && current.start_time.is_some()
+}
+
+/// The pods of the attempt a round works on, by rank, and how each worker stands. Built by
+/// the classify phase: a resume earlier in the round moves the attempt.
+#[derive(Default)]
+pub(crate) struct Census<'a> {
+    /// Pods of the current attempt, by rank.
+    pub current: BTreeMap<u32, &'a Arc<Pod>>,
+    /// Everything else: an older attempt, or a rank the spec no longer has. It must be gone
+    /// before new pods start.
+    pub old: Vec<&'a Arc<Pod>>,
+    /// Each current rank's state, including recorded workers whose pods are gone.
+    pub states: BTreeMap<u32, WorkerState>,
+    /// When a state may change without a watch event.
+    pub recheck_at: Option<Timestamp>,
+}
+
+impl<'a> Census<'a> {
+    /// Splits the pods by attempt `attempt` and classifies its workers; `recorded` is
+    /// `status.workers`.
+    fn take(view: &View<'a>, attempt: u32, recorded: &[WorkerStatus]) -> Self {
+        let observed = view.observed;
+        let mut current: BTreeMap<u32, &Arc<Pod>> = BTreeMap::new();
+        let mut old: Vec<&Arc<Pod>> = Vec::new();
+        for pod in &observed.pods {
+            match (label_u32(pod, LABEL_ATTEMPT), label_u32(pod, LABEL_RANK)) {
+                (Some(a), Some(r)) if a == attempt && r < view.workers => {
+                    current.insert(r, pod);
+                }
+                _ => old.push(pod),
+            }
+        }
+        let mut states: BTreeMap<u32, WorkerState> = BTreeMap::new();
+        let mut recheck_at = None;
+        for (&rank, pod) in &current {
+            let c = preemption::classify(pod, observed.node_view(pod), &view.classifier, view.now);
+            recheck_at = min_time(recheck_at, c.recheck_at);
+            states.insert(rank, c.state);
+        }
+        for w in recorded {
+            if w.rank < view.workers && !states.contains_key(&w.rank) {
+                let state = if WorkerPhase::parse(&w.phase) == Some(WorkerPhase::Succeeded) {
+                    WorkerState::Succeeded
+                } else {
+                    WorkerState::Preempted(format!(
+                        "pod {} disappeared without trainyard deleting it",
+                        w.pod
+                    ))
+                };
+                states.insert(w.rank, state);
+            }
+        }
+        Self {
+            current,
+            old,
+            states,
+            recheck_at,
+        }
+    }
+
+    /// Ranks the spec asks for that have no pod of this attempt.
+    pub fn missing(&self, workers: u32) -> Vec<u32> {
+        (0..workers)
+            .filter(|r| !self.current.contains_key(r))
+            .collect()
+    }
+
+    /// Whether a pod of this attempt waits for a node.
+    pub fn any_unscheduled(&self) -> bool {
+        self.current
+            .values()
+            .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+    }
+}
