@@ -368,14 +368,17 @@ pub struct TrainingJobStatus {
     /// whose workers had been created: every attempt after the first resumes from the
     /// checkpoint.
     #[serde(default)]
+    #[schemars(range(min = 0, max = u32::MAX))]
     pub attempt: u32,
 
     /// Restarts caused by preemption.
     #[serde(default)]
+    #[schemars(range(min = 0, max = u32::MAX))]
     pub preemptions: u32,
 
     /// Restarts caused by failures (and the final failure, if the budget ran out).
     #[serde(default)]
+    #[schemars(range(min = 0, max = u32::MAX))]
     pub failures: u32,
 
     /// The generation this status was computed from.
