@@ -105,6 +105,15 @@ impl Executor {
             self.count_restart(job, &uid, reason, decided.status.attempt);
         }
         let (actions, held_for) = self.hold_back_unobserved(&ns, decided.actions);
+        // A round whose pod creates were all held back repeats a round whose creates the
+        // watch does not show yet: that round announced the attempt and started its clock.
+        let creates = actions
+            .iter()
+            .any(|a| matches!(a, PlanAction::CreatePod(_)));
+        let (creates_attempt, announcement) = match creates {
+            true => (decided.creates_attempt, decided.announcement),
+            false => (None, None),
+        };
         let write = async {
             if write_status {
                 self.write_status(job, &decided.status).await
@@ -121,7 +130,11 @@ impl Executor {
                 wrote?;
                 acted
             };
-        self.publish(&reference, decided.events).await;
+        self.publish(
+            &reference,
+            decided.events.into_iter().chain(announcement).collect(),
+        )
+        .await;
         // A rejected write is shown on the job; the error below retries it with backoff.
         let (after, events) =
             rejection::after_writes(&decided.status, &writes, job.metadata.generation, now);
@@ -130,7 +143,7 @@ impl Executor {
         }
         self.publish(&reference, events).await;
         acted?;
-        self.observe_recovery(&uid, &decided.status, decided.creates_attempt, now);
+        self.observe_recovery(&uid, &decided.status, creates_attempt, now);
         Ok(held_for)
     }
 
@@ -585,6 +598,7 @@ mod tests {
             requeue_at: None,
             restart: None,
             creates_attempt: None,
+            announcement: None,
             decided_by: plan::PhaseName::Running,
         }
     }
@@ -769,6 +783,37 @@ mod tests {
         );
         assert_eq!(h.sent(), []);
         assert_eq!(h.queued_events(), []);
+    }
+
+    #[tokio::test]
+    async fn a_round_that_repeats_creates_the_watch_does_not_show_yet_announces_nothing() {
+        let mut h = Harness::new(accept);
+        let announcing = || {
+            let mut plan = round(vec![create_pod(0), create_pod(1)]);
+            plan.creates_attempt = Some(1);
+            plan.announcement = Some(JobEvent::normal(
+                "CreatingWorkers",
+                "creating 2 worker(s) for attempt 1",
+            ));
+            plan
+        };
+        h.carry_out(announcing(), false).await.expect("first round");
+        let first = h.queued_events();
+        assert_eq!(
+            first
+                .iter()
+                .filter(|e| e.reason == "CreatingWorkers")
+                .count(),
+            1,
+            "{first:?}"
+        );
+        // The pod watch has not shown the creates yet, so the next round decides them again.
+        h.carry_out(announcing(), false)
+            .await
+            .expect("second round");
+        let pod_creates = h.sent().iter().filter(|s| s.is("POST", PODS)).count();
+        assert_eq!(pod_creates, 2, "the repeated creates are held back");
+        assert_eq!(h.queued_events(), [], "the attempt is announced once");
     }
 
     #[tokio::test]

@@ -137,6 +137,10 @@ pub struct Plan {
     pub restart: Option<RestartReason>,
     /// The first pods of this attempt are created in this round.
     pub creates_attempt: Option<u32>,
+    /// The `CreatingWorkers` Event of those first pods: published only when a create of the
+    /// round goes out, so that a round that repeats creates the watch does not show yet (and
+    /// that the executor holds back) does not announce the attempt a second time.
+    pub announcement: Option<JobEvent>,
     /// The phase that ended the round.
     pub decided_by: PhaseName,
 }

@@ -401,7 +401,7 @@ fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, c
     let after = restart_reason
         .map(|r| format!(" after {}", r.as_str()))
         .unwrap_or_default();
-    round.events.push(JobEvent::normal(
+    round.announcement = Some(JobEvent::normal(
         "CreatingWorkers",
         format!(
             "creating {count} worker(s) for attempt {}{what}{after}",

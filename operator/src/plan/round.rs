@@ -30,6 +30,8 @@ pub(crate) struct Round {
     /// A resume decided in this round: the controller persists it first, whatever else is.
     pub resumed: Option<RestartReason>,
     pub creates_attempt: Option<u32>,
+    /// The `CreatingWorkers` Event ([`Plan::announcement`]).
+    pub announcement: Option<JobEvent>,
     /// The spec cannot run in this cluster as written (condition InvalidSpec).
     pub invalid: Option<InvalidSpec>,
     /// Where this round's pods go, once a phase has placed them.
@@ -50,7 +52,8 @@ impl Round {
             restart: None,
             resumed: None,
             creates_attempt: None,
-            invalid: None,
+            announcement: None,
+            invalid: view.job.rejected_edit.clone(),
             placement: None,
         }
     }
@@ -71,6 +74,7 @@ impl Round {
             requeue_at: self.requeue_at,
             restart: self.restart.or(self.resumed),
             creates_attempt: self.creates_attempt,
+            announcement: self.announcement,
             decided_by,
         }
     }
