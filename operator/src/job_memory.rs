@@ -13,7 +13,7 @@
 //! [`Expectations`] are keyed by the objects a job owns; they are forgotten with the job too.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -37,6 +37,10 @@ pub struct JobMemory {
     error_counts: Mutex<HashMap<String, u32>>,
     /// Malformed objects already reported, by uid → generation.
     reported_malformed: Mutex<HashMap<String, String>>,
+    /// The job object last seen valid, by uid: the job runs on as it while an edit does not
+    /// validate. The same allocation as the job cache's entry until the job changes, so it
+    /// costs a map entry per job, and one object per job whose spec was edited.
+    last_valid: Mutex<HashMap<String, Arc<DeserializeGuard<TrainingJob>>>>,
 }
 
 /// How many entries each per-job map holds (`trainyard_operator_state_entries`).
@@ -52,6 +56,8 @@ pub struct StateSizes {
     pub error_counts: usize,
     /// Malformed objects reported.
     pub reported_malformed: usize,
+    /// Jobs whose last valid object is remembered.
+    pub last_valid: usize,
     /// Writes the caches do not show yet.
     pub expectations: usize,
 }
@@ -66,18 +72,20 @@ impl StateSizes {
             detected: lock(&memory.detected).len(),
             error_counts: lock(&memory.error_counts).len(),
             reported_malformed: lock(&memory.reported_malformed).len(),
+            last_valid: lock(&memory.last_valid).len(),
             expectations: expectations.len(),
         }
     }
 
     /// Each map by its metric label.
-    pub fn by_map(&self) -> [(&'static str, usize); 6] {
+    pub fn by_map(&self) -> [(&'static str, usize); 7] {
         [
             ("written", self.written),
             ("deferred", self.deferred),
             ("detected", self.detected),
             ("error_counts", self.error_counts),
             ("reported_malformed", self.reported_malformed),
+            ("last_valid", self.last_valid),
             ("expectations", self.expectations),
         ]
     }
@@ -173,11 +181,29 @@ impl JobMemory {
         }
     }
 
+    /// `job` (with this uid) validated: the spec it runs on if a later edit does not.
+    pub fn remember_valid(&self, uid: &str, job: &Arc<DeserializeGuard<TrainingJob>>) {
+        let mut last = lock(&self.last_valid);
+        match last.get_mut(uid) {
+            Some(known) if Arc::ptr_eq(known, job) => {}
+            Some(known) => *known = job.clone(),
+            None => {
+                last.insert(uid.to_owned(), job.clone());
+            }
+        }
+    }
+
+    /// The job object last seen valid, if this operator saw one since it started.
+    pub fn last_valid(&self, uid: &str) -> Option<Arc<DeserializeGuard<TrainingJob>>> {
+        lock(&self.last_valid).get(uid).cloned()
+    }
+
     /// Forgets everything about one job.
     pub fn forget(&self, uid: &str, path: &str) {
         self.status.forget(uid);
         lock(&self.detected).remove(uid);
         lock(&self.reported_malformed).remove(uid);
+        lock(&self.last_valid).remove(uid);
         lock(&self.error_counts).remove(path);
     }
 
@@ -185,6 +211,7 @@ impl JobMemory {
         self.status.retain(|uid| live.uids.contains(uid));
         lock(&self.detected).retain(|uid, _| live.uids.contains(uid));
         lock(&self.reported_malformed).retain(|uid, _| live.uids.contains(uid));
+        lock(&self.last_valid).retain(|uid, _| live.uids.contains(uid));
         lock(&self.error_counts).retain(|path, _| live.paths.contains(path));
     }
 
@@ -196,6 +223,7 @@ impl JobMemory {
             lock(&self.detected).len(),
             lock(&self.error_counts).len(),
             lock(&self.reported_malformed).len(),
+            lock(&self.last_valid).len(),
         ]
         .into_iter()
         .max()
@@ -292,6 +320,7 @@ mod tests {
             "the cache trails our write"
         );
         memory.status.defer_detail(uid, &status);
+        memory.remember_valid(uid, &Arc::new(job.clone()));
         memory.restart_detected(uid, 1);
         memory.count_error(&error_key(ns, name));
         for rank in 0..2 {
@@ -339,6 +368,7 @@ mod tests {
                 detected: valid,
                 error_counts: valid,
                 reported_malformed: JOBS / 10,
+                last_valid: valid,
                 expectations: 4 * valid,
             }
         );
@@ -376,6 +406,7 @@ mod tests {
                 detected: 9,
                 error_counts: 9,
                 reported_malformed: 2,
+                last_valid: 9,
                 expectations: 4 * 9,
             }
         );

@@ -1473,7 +1473,7 @@ fn objects_of_the_jobs_names_that_are_not_its_own_block_new_workers_with_one_war
         .collect();
     assert_eq!(warnings.len(), 1);
     assert_eq!(warnings[0].kind, EventKind::Warning);
-    assert!(!plan.events.iter().any(|e| e.reason == "CreatingWorkers"));
+    assert_eq!(plan.announcement, None);
     assert_eq!(plan.status.start_time, None, "the job has not started");
     assert!(plan.requeue_at.is_some(), "looked at again");
 
@@ -1545,7 +1545,12 @@ fn running_workers_keep_running_beside_a_foreign_object_which_is_reported() {
 fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
     let mut w = World::new("workers: 1\n");
     let first = w.decide();
-    assert!(first.events.iter().any(|e| e.reason == "CreatingWorkers"));
+    assert!(
+        first
+            .announcement
+            .as_ref()
+            .is_some_and(|e| e.reason == "CreatingWorkers")
+    );
     // The controller recorded the rejection; the pod never appeared.
     w.status = first.status.clone();
     set_condition(
@@ -1560,13 +1565,66 @@ fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
     let retry = w.decide();
     assert_eq!(retry.decided_by, PhaseName::Running);
     assert_eq!(World::creates(&retry).len(), 1, "the create is retried");
-    assert!(
-        !retry.events.iter().any(|e| e.reason == "CreatingWorkers"),
-        "{:?}",
-        retry.events
-    );
+    assert_eq!(retry.announcement, None);
     assert!(
         condition_is_true(&retry.status.conditions, condition::WRITE_REJECTED),
         "only a write clears it"
     );
+}
+
+#[test]
+fn a_job_edited_into_an_invalid_spec_keeps_its_pods_managed_and_says_why() {
+    let mut w = World::new("workers: 2\n");
+    w.step();
+    w.run_all();
+    w.step();
+    // The user edits the spec into one that does not validate; the job runs on as last valid.
+    let edit = InvalidSpec {
+        field: "spec.template.spec.containers".to_owned(),
+        message: "must not be empty".to_owned(),
+    };
+    w.job = w.job.clone().with_rejected_edit(edit, Some(2));
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::Running);
+    assert_eq!(plan.status.phase, Some(Phase::Running), "the pods run on");
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    let invalid = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::INVALID_SPEC)
+        .expect("InvalidSpec");
+    assert_eq!(invalid.status, "True");
+    assert!(invalid.message.contains("must not be empty"), "{invalid:?}");
+    assert_eq!(plan.status.observed_generation, Some(2));
+    assert_eq!(
+        plan.events
+            .iter()
+            .filter(|e| e.reason == "InvalidSpec")
+            .count(),
+        1
+    );
+    // A preemption meanwhile is still counted, and the gang restarts on the last valid spec.
+    w.preempt("train-worker-1");
+    let restart = w.step();
+    assert_eq!(restart.decided_by, PhaseName::GangRestart);
+    assert_eq!(
+        (restart.status.preemptions, restart.status.failures),
+        (1, 0)
+    );
+    assert!(condition_is_true(
+        &restart.status.conditions,
+        condition::INVALID_SPEC
+    ));
+    assert!(
+        !restart.events.iter().any(|e| e.reason == "InvalidSpec"),
+        "the InvalidSpec Event is not repeated"
+    );
+    // Fixed: the condition clears.
+    w.job.rejected_edit = None;
+    let fixed = w.step();
+    assert!(!condition_is_true(
+        &fixed.status.conditions,
+        condition::INVALID_SPEC
+    ));
 }

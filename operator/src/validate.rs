@@ -59,9 +59,22 @@ pub struct ValidJob {
     pub access_modes: Vec<String>,
     /// Controller owner reference to the TrainingJob.
     pub owner: OwnerReference,
+    /// An edit of the spec that does not validate: the job runs on as this, its last valid
+    /// spec, and the condition `InvalidSpec` says why the edit was not applied
+    /// ([`ValidJob::with_rejected_edit`]).
+    pub rejected_edit: Option<InvalidSpec>,
 }
 
 impl ValidJob {
+    /// The job as last validly specified, with the edit that did not validate (`edit`) and
+    /// the generation that holds it: its pods keep being managed (preemptions, failures,
+    /// success, restarts) while the condition `InvalidSpec` asks for a fix.
+    pub fn with_rejected_edit(mut self, edit: InvalidSpec, generation: Option<i64>) -> Self {
+        self.rejected_edit = Some(edit);
+        self.generation = generation;
+        self
+    }
+
     /// Name of the pod of one rank: `<job>-worker-<rank>`.
     pub fn pod_name(&self, rank: u32) -> String {
         pod_name(&self.name, rank)
@@ -194,6 +207,7 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
         creates_claim,
         access_modes,
         owner,
+        rejected_edit: None,
     })
 }
 

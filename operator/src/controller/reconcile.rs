@@ -69,7 +69,7 @@ impl Context {
 }
 
 async fn reconcile_inner(
-    obj: &DeserializeGuard<TrainingJob>,
+    obj: &Arc<DeserializeGuard<TrainingJob>>,
     ctx: &Context,
 ) -> Result<Action, Error> {
     ctx.caches.ready().await?;
@@ -88,8 +88,14 @@ async fn reconcile_inner(
     let now = Timestamp::now();
 
     let valid = match validate(job) {
-        Ok(v) => v,
-        Err(e) => return Err(reject_invalid(ctx, job, &known, e, now).await),
+        Ok(v) => {
+            ctx.memory.remember_valid(&uid, obj);
+            v
+        }
+        Err(e) => match run_on_last_valid(ctx, &uid, e, job.metadata.generation) {
+            Ok(v) => v,
+            Err(e) => return Err(reject_invalid(ctx, job, &known, e, now).await),
+        },
     };
     let decided = observe_and_decide(ctx, &valid, &known.current, now).await?;
     let write = ctx.memory.status.schedule(&uid, &known, &decided.status);
@@ -107,6 +113,22 @@ async fn reconcile_inner(
         write_later,
         held_for,
     )))
+}
+
+/// A job edited into a spec that does not validate runs on as last validly specified (its
+/// pods keep being managed, and `InvalidSpec` asks for a fix); one this operator never saw
+/// valid waits for a valid spec. Gives the error back when there is no valid spec to run on.
+fn run_on_last_valid(
+    ctx: &Context,
+    uid: &str,
+    edit: InvalidSpec,
+    generation: Option<i64>,
+) -> Result<ValidJob, InvalidSpec> {
+    let last = ctx.memory.last_valid(uid);
+    match last.as_deref().map(|guard| guard.0.as_ref().map(validate)) {
+        Some(Ok(Ok(valid))) => Ok(valid.with_rejected_edit(edit, generation)),
+        _ => Err(edit),
+    }
 }
 
 /// Shows an invalid spec on the job (the `InvalidSpec` condition and its Event); the error
