@@ -1,5 +1,6 @@
-//! "major.minor" versions: CUDA versions and compute capabilities, as the CRD spells a minimum
-//! and as the device plugin reads them from the driver or its fake GPU file.
+//! Version strings: "major.minor" versions (CUDA versions and compute capabilities, as the CRD
+//! spells a minimum and as the device plugin reads them from the driver or its fake GPU file) and
+//! the dotted driver versions (`550.54.15`) the device plugin reads and labels nodes with.
 
 use std::fmt;
 use std::str::FromStr;
@@ -69,6 +70,34 @@ impl FromStr for Version {
     }
 }
 
+/// Whether `s` is decimal numbers joined by single dots (`550`, `550.54.15`): the shape of an
+/// NVIDIA driver version, whatever its number of parts. Digits only: no sign, no spaces.
+pub fn is_dotted_numbers(s: &str) -> bool {
+    s.split('.')
+        .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Major, minor and (if present) revision of a driver version like `550.54.15`, with
+/// surrounding whitespace allowed; `None` unless it is two or three dotted numbers that each
+/// fit a `u32`.
+pub fn parse_driver_version(version: &str) -> Option<(u32, u32, Option<u32>)> {
+    let version = version.trim();
+    if !is_dotted_numbers(version) {
+        return None;
+    }
+    let mut parts = version.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let rev = match parts.next() {
+        Some(rev) => Some(rev.parse().ok()?),
+        None => None,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((major, minor, rev))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,5 +154,27 @@ mod tests {
             .to_string(),
             "12.4"
         );
+    }
+
+    #[test]
+    fn driver_versions_are_dotted_numbers_of_any_length() {
+        for good in ["550", "550.54.15", "1.2.3.4", "0.0"] {
+            assert!(is_dotted_numbers(good), "{good}");
+        }
+        for bad in ["", ".", "550.", ".550", "550..54", "550.x", "+550.54", " 550.54", "5 50"] {
+            assert!(!is_dotted_numbers(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn driver_version_parsing() {
+        assert_eq!(parse_driver_version("550.54.15"), Some((550, 54, Some(15))));
+        assert_eq!(parse_driver_version("535.104"), Some((535, 104, None)));
+        assert_eq!(parse_driver_version(" 535.104\n"), Some((535, 104, None)));
+        assert_eq!(parse_driver_version("550"), None);
+        assert_eq!(parse_driver_version("550.x.1"), None);
+        assert_eq!(parse_driver_version("1.2.3.4"), None);
+        assert_eq!(parse_driver_version("+550.54"), None);
+        assert_eq!(parse_driver_version("99999999999.1"), None);
     }
 }

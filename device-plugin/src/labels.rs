@@ -25,6 +25,7 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 use trainyard_api::Version;
+use trainyard_api::version::parse_driver_version;
 use trainyard_api::gpu_labels::{
     LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR,
     LABEL_DRIVER_FULL, LABEL_DRIVER_MAJOR, LABEL_DRIVER_MINOR, LABEL_DRIVER_REV, LABEL_GPU_COUNT,
@@ -62,21 +63,6 @@ pub fn label_value(raw: &str) -> String {
     value
         .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
         .to_string()
-}
-
-/// Major, minor and (if present) revision of a driver version like `550.54.15`.
-pub fn parse_driver_version(version: &str) -> Option<(u32, u32, Option<u32>)> {
-    let mut parts = version.trim().split('.');
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    let rev = match parts.next() {
-        Some(rev) => Some(rev.parse().ok()?),
-        None => None,
-    };
-    if parts.next().is_some() {
-        return None;
-    }
-    Some((major, minor, rev))
 }
 
 /// The labels for a node with this inventory.
@@ -540,15 +526,6 @@ mod tests {
         let labels = node_labels(&inventory("550.54.15", "12.4", 0));
         assert_eq!(labels[LABEL_GPU_COUNT], "0");
         assert!(!labels.contains_key(LABEL_GPU_PRODUCT));
-    }
-
-    #[test]
-    fn driver_version_parsing() {
-        assert_eq!(parse_driver_version("550.54.15"), Some((550, 54, Some(15))));
-        assert_eq!(parse_driver_version("535.104"), Some((535, 104, None)));
-        assert_eq!(parse_driver_version("550"), None);
-        assert_eq!(parse_driver_version("550.x.1"), None);
-        assert_eq!(parse_driver_version("1.2.3.4"), None);
     }
 
     #[test]

@@ -274,6 +274,10 @@ fn pods_not_yet_in_the_cache_are_created_again_not_counted_as_preempted() {
         "creates are repeated (AlreadyExists is harmless)"
     );
     assert_eq!(replay.restart, None);
+    assert_eq!(
+        (first.decided_by, replay.decided_by),
+        (PhaseName::Running, PhaseName::Running)
+    );
 }
 
 #[test]
@@ -487,7 +491,9 @@ fn a_peer_node_marked_not_ready_decides_the_preemption_at_once() {
     let mut w =
         World::running_world("workers: 2\nrestartPolicy: {maxFailures: 0}\n").with_worker_1_on_n2();
     w.exit("train-worker-0", 1);
-    assert_eq!(w.step().restart, None);
+    let held = w.step();
+    assert_eq!(held.restart, None);
+    assert_eq!(held.decided_by, PhaseName::Running, "the verdict is held");
     w.advance(5);
     w.replace_node(
         node("n-2")
@@ -499,6 +505,7 @@ fn a_peer_node_marked_not_ready_decides_the_preemption_at_once() {
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
     assert_eq!((plan.status.failures, plan.status.preemptions), (0, 1));
+    assert_eq!(plan.decided_by, PhaseName::GangRestart);
 }
 
 #[test]
@@ -512,6 +519,7 @@ fn a_peer_node_that_renews_its_lease_after_the_failure_makes_it_a_failure() {
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Failure));
     assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
+    assert_eq!(plan.decided_by, PhaseName::GangRestart);
 }
 
 #[test]
@@ -521,11 +529,14 @@ fn without_leases_the_window_bounds_the_hold() {
     w.config.lost_peer_window_seconds = 30;
     w.exit("train-worker-0", 1);
     w.advance(29);
-    assert_eq!(w.step().restart, None);
+    let held = w.step();
+    assert_eq!(held.restart, None);
+    assert_eq!(held.decided_by, PhaseName::Running, "the verdict is held");
     w.advance(1);
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Failure));
     assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
+    assert_eq!(plan.decided_by, PhaseName::GangRestart);
 }
 
 #[test]
@@ -572,6 +583,7 @@ fn counters_at_their_limit_neither_wrap_nor_panic() {
     let plan = w.step();
     assert_eq!(plan.status.failures, u32::MAX);
     assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert_eq!(plan.decided_by, PhaseName::GangRestart);
 
     // The last attempt a uint32 can number: the next restart fails the job instead of
     // wrapping to attempt 0 (whose pods would look current again).
@@ -596,6 +608,7 @@ fn counters_at_their_limit_neither_wrap_nor_panic() {
     assert_eq!(failed.reason, "AttemptLimitReached");
     assert_eq!(World::deletes(&plan), 1, "the worker is stopped");
     assert_eq!(plan.restart, None);
+    assert_eq!(plan.decided_by, PhaseName::GangRestart);
 }
 
 #[test]
@@ -725,8 +738,10 @@ fn spot_fallback_kicks_in_after_enough_preemptions() {
     w.preempt("train-worker-0");
     let plan = w.step();
     assert!(plan.events.iter().any(|e| e.reason == "SpotFallback"));
+    assert_eq!(plan.decided_by, PhaseName::GangRestart);
     w.kubelet_removes_deleted();
     let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::Running);
     let pod = World::creates(&plan)[0];
     assert!(
         pod.spec
@@ -1349,6 +1364,7 @@ fn a_half_created_attempt_is_completed_with_the_first_pods_placement() {
         .push(Arc::new(node("n-2").gpus(8).product("NVIDIA-L4").build()));
     w.nodes[0] = Arc::new(node("n-1").gpus(8).product("NVIDIA-H100-80GB-HBM3").build());
     let plan = w.decide();
+    assert_eq!(plan.decided_by, PhaseName::Running);
     let created = World::creates(&plan);
     assert_eq!(created.len(), 1);
     assert_eq!(created[0].metadata.name.as_deref(), Some("train-worker-1"));
