@@ -25,12 +25,12 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 use trainyard_api::Version;
-use trainyard_api::version::parse_driver_version;
 use trainyard_api::gpu_labels::{
     LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR,
     LABEL_DRIVER_FULL, LABEL_DRIVER_MAJOR, LABEL_DRIVER_MINOR, LABEL_DRIVER_REV, LABEL_GPU_COUNT,
     LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
 };
+use trainyard_api::version::parse_driver_version;
 
 use crate::backend::Inventory;
 use crate::devices::StateReceiver;
