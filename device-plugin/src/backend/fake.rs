@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use trainyard_api::Version;
+use trainyard_api::version::is_dotted_numbers;
 
 use super::{
     BackendError, BackendEvent, ComputeCapability, DeviceError, DeviceErrorKind, DriverInfo,
@@ -153,232 +154,52 @@ impl FakeNode {
     }
 }
 
+/// A field of the fake file and what is wrong with it; [`validate`] adds the file's path.
+#[derive(Debug)]
+struct Invalid {
+    field: String,
+    problem: String,
+}
+
+impl Invalid {
+    fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A problem with field `name` of the GPU at position `pos` in the file.
+    fn gpu(pos: usize, name: &str, problem: impl Into<String>) -> Self {
+        Self::new(format!("gpus[{pos}].{name}"), problem)
+    }
+}
+
+/// NVLink counts by pair of UUIDs, the smaller UUID first: each pair once.
+type Links = BTreeMap<(String, String), u32>;
+
 fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
-    let invalid = |field: String, problem: String| BackendError::FakeFileInvalid {
+    fake_node(spec).map_err(|Invalid { field, problem }| BackendError::FakeFileInvalid {
         path: path.to_path_buf(),
         field,
         problem,
-    };
+    })
+}
 
-    let driver_version = spec
-        .driver_version
-        .unwrap_or_else(|| DEFAULT_DRIVER_VERSION.to_string());
-    if driver_version.is_empty()
-        || !driver_version
-            .split('.')
-            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
-    {
-        return Err(invalid(
-            "driverVersion".into(),
-            format!("expected dotted numbers like \"550.54.15\", got {driver_version:?}"),
-        ));
-    }
-    let cuda_version = spec
-        .cuda_version
-        .unwrap_or_else(|| DEFAULT_CUDA_VERSION.to_string());
-    cuda_version
-        .parse::<Version>()
-        .map_err(|e| invalid("cudaVersion".into(), e.to_string()))?;
-
-    let mut positions: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut indices: BTreeMap<u32, usize> = BTreeMap::new();
-    for (pos, gpu) in spec.gpus.iter().enumerate() {
-        let field = |name: &str| format!("gpus[{pos}].{name}");
-        if gpu.uuid.trim().is_empty() {
-            return Err(invalid(field("uuid"), "must not be empty".into()));
-        }
-        // The kubelet rejects device IDs longer than 63 characters.
-        if gpu.uuid.len() > 63 || !gpu.uuid.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(invalid(
-                field("uuid"),
-                format!(
-                    "{:?} must be at most 63 printable ASCII characters without spaces",
-                    gpu.uuid
-                ),
-            ));
-        }
-        if let Some(first) = positions.insert(&gpu.uuid, pos) {
-            return Err(invalid(
-                field("uuid"),
-                format!("duplicate uuid {} (also gpus[{first}])", gpu.uuid),
-            ));
-        }
-        let index = gpu.index.unwrap_or(pos as u32);
-        if let Some(first) = indices.insert(index, pos) {
-            return Err(invalid(
-                field("index"),
-                format!("duplicate index {index} (also gpus[{first}])"),
-            ));
-        }
-        if gpu.name.trim().is_empty() {
-            return Err(invalid(field("name"), "must not be empty".into()));
-        }
-        if gpu.memory_mib == 0 {
-            return Err(invalid(field("memoryMiB"), "must be greater than 0".into()));
-        }
-        if let Some(used) = gpu.memory_used_mib
-            && used > gpu.memory_mib
-        {
-            return Err(invalid(
-                field("memoryUsedMiB"),
-                format!("{used} exceeds memoryMiB {}", gpu.memory_mib),
-            ));
-        }
-        for (name, value) in [
-            ("utilizationPercent", gpu.utilization_percent),
-            ("memoryUtilizationPercent", gpu.memory_utilization_percent),
-        ] {
-            if let Some(v) = value
-                && !(0.0..=100.0).contains(&v)
-            {
-                return Err(invalid(field(name), format!("{v} is not within 0..=100")));
-            }
-        }
-        for (name, value) in [
-            ("temperatureC", gpu.temperature_c),
-            ("powerW", gpu.power_w),
-            ("powerLimitW", gpu.power_limit_w),
-            ("smClockMHz", gpu.sm_clock_m_hz),
-            ("memClockMHz", gpu.mem_clock_m_hz),
-        ] {
-            if let Some(v) = value
-                && !(v.is_finite() && v >= 0.0)
-            {
-                return Err(invalid(
-                    field(name),
-                    format!("{v} must be a non-negative number"),
-                ));
-            }
-        }
-        if let Some(delay) = gpu.probe_delay_seconds
-            && !(delay.is_finite() && (0.0..=MAX_PROBE_DELAY_SECONDS).contains(&delay))
-        {
-            return Err(invalid(
-                field("probeDelaySeconds"),
-                format!("{delay} is not within 0..={MAX_PROBE_DELAY_SECONDS}"),
-            ));
-        }
-        if let Some(numa) = gpu.numa_node
-            && numa < 0
-        {
-            return Err(invalid(field("numaNode"), format!("{numa} is negative")));
-        }
-        if let Some(cc) = &gpu.compute_capability {
-            cc.parse::<ComputeCapability>()
-                .map_err(|e| invalid(field("computeCapability"), e))?;
-        }
-    }
-
-    // Links are symmetric: a pair listed on one side only counts for both,
-    // a pair listed on both sides must agree.
-    let mut links: BTreeMap<(String, String), u32> = BTreeMap::new();
-    for (pos, gpu) in spec.gpus.iter().enumerate() {
-        for (peer, &count) in &gpu.nvlinks {
-            let field = format!("gpus[{pos}].nvlinks.{peer}");
-            if !positions.contains_key(peer.as_str()) {
-                return Err(invalid(field, format!("unknown nvlink peer {peer}")));
-            }
-            if *peer == gpu.uuid {
-                return Err(invalid(field, "a GPU cannot link to itself".into()));
-            }
-            if count == 0 {
-                return Err(invalid(
-                    field,
-                    "link count must be at least 1 (omit the peer instead)".into(),
-                ));
-            }
-            let key = if gpu.uuid < *peer {
-                (gpu.uuid.clone(), peer.clone())
-            } else {
-                (peer.clone(), gpu.uuid.clone())
-            };
-            if let Some(previous) = links.insert(key, count)
-                && previous != count
-            {
-                return Err(invalid(
-                    field,
-                    format!(
-                        "{count} links, but {peer} lists {previous} links back to {}",
-                        gpu.uuid
-                    ),
-                ));
-            }
-        }
-    }
-
+/// The checks run in this order and stop at the first problem, so a file with several
+/// problems always names the same one: the versions, then every GPU in file order, then the
+/// links between them, then what depends on the links.
+fn fake_node(spec: FileSpec) -> Result<FakeNode, Invalid> {
+    let driver_version = driver_version(spec.driver_version)?;
+    let cuda_version = cuda_version(spec.cuda_version)?;
+    let uuids = check_gpus(&spec.gpus)?;
+    let links = symmetric_links(&spec.gpus, &uuids)?;
     let mut gpus = Vec::with_capacity(spec.gpus.len());
     let mut states = BTreeMap::new();
     for (pos, gpu) in spec.gpus.into_iter().enumerate() {
-        let index = gpu.index.unwrap_or(pos as u32);
-        let nvlinks = links
-            .iter()
-            .filter_map(|((a, b), &count)| {
-                if *a == gpu.uuid {
-                    Some((b.clone(), count))
-                } else if *b == gpu.uuid {
-                    Some((a.clone(), count))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        let lanes = nvlinks_sum(&links, &gpu.uuid);
-        if gpu.nvlink_lanes_down > lanes {
-            return Err(invalid(
-                format!("gpus[{pos}].nvlinkLanesDown"),
-                format!(
-                    "{} exceeds the {lanes} NVLink lanes to its peers",
-                    gpu.nvlink_lanes_down
-                ),
-            ));
-        }
-        let compute_capability = match &gpu.compute_capability {
-            Some(cc) => cc
-                .parse()
-                .map_err(|e| invalid(format!("gpus[{pos}].computeCapability"), e))?,
-            None => DEFAULT_COMPUTE_CAPABILITY,
-        };
-        let telemetry = Telemetry {
-            utilization_percent: gpu.utilization_percent,
-            memory_utilization_percent: gpu.memory_utilization_percent,
-            memory_used_bytes: gpu.memory_used_mib.map(|m| m * MIB),
-            memory_total_bytes: Some(gpu.memory_mib * MIB),
-            temperature_celsius: gpu.temperature_c,
-            power_draw_watts: gpu.power_w,
-            power_limit_watts: gpu.power_limit_w,
-            sm_clock_mhz: gpu.sm_clock_m_hz,
-            memory_clock_mhz: gpu.mem_clock_m_hz,
-            throttle_reasons: Some(gpu.throttle_reasons),
-        };
-        states.insert(
-            gpu.uuid.clone(),
-            FakeGpuState {
-                healthy: gpu.healthy,
-                xid: gpu.xid.unwrap_or(DEFAULT_UNHEALTHY_XID),
-                error: gpu.error,
-                reset: FakeResetState {
-                    retired_pages_pending: gpu.retired_pages_pending,
-                    row_remap_pending: gpu.row_remap_pending,
-                    row_remap_failed: gpu.row_remap_failed,
-                    recovery_action: gpu.recovery_action.unwrap_or(RecoveryAction::None),
-                    nvlink_lanes: lanes,
-                    nvlink_lanes_down: gpu.nvlink_lanes_down,
-                },
-                telemetry,
-                probe_delay: Duration::from_secs_f64(gpu.probe_delay_seconds.unwrap_or(0.0)),
-            },
-        );
-        gpus.push(GpuInfo {
-            uuid: gpu.uuid,
-            index,
-            minor_number: index,
-            name: gpu.name,
-            memory_mib: gpu.memory_mib,
-            pci_bus_id: gpu.pci_bus_id,
-            numa_node: gpu.numa_node,
-            compute_capability,
-            nvlinks,
-        });
+        let (info, state) = fake_gpu(pos, gpu, &links)?;
+        states.insert(info.uuid.clone(), state);
+        gpus.push(info);
     }
     gpus.sort_by_key(|g| g.index);
     Ok(FakeNode {
@@ -394,8 +215,270 @@ fn validate(path: &Path, spec: FileSpec) -> Result<FakeNode, BackendError> {
     })
 }
 
+/// The file's driver version, or the default: dotted numbers, as NVML reports one.
+fn driver_version(given: Option<String>) -> Result<String, Invalid> {
+    let version = given.unwrap_or_else(|| DEFAULT_DRIVER_VERSION.to_string());
+    if !is_dotted_numbers(&version) {
+        return Err(Invalid::new(
+            "driverVersion",
+            format!("expected dotted numbers like \"550.54.15\", got {version:?}"),
+        ));
+    }
+    Ok(version)
+}
+
+/// The file's CUDA version, or the default: "major.minor".
+fn cuda_version(given: Option<String>) -> Result<String, Invalid> {
+    let version = given.unwrap_or_else(|| DEFAULT_CUDA_VERSION.to_string());
+    version
+        .parse::<Version>()
+        .map_err(|e| Invalid::new("cudaVersion", e.to_string()))?;
+    Ok(version)
+}
+
+/// Checks every GPU completely, in file order: its identity, then its values. Returns the
+/// UUIDs, which the links may name.
+fn check_gpus(gpus: &[GpuSpec]) -> Result<BTreeSet<&str>, Invalid> {
+    let mut positions: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut indices: BTreeMap<u32, usize> = BTreeMap::new();
+    for (pos, gpu) in gpus.iter().enumerate() {
+        check_uuid(&gpu.uuid).map_err(|problem| Invalid::gpu(pos, "uuid", problem))?;
+        if let Some(first) = positions.insert(&gpu.uuid, pos) {
+            return Err(Invalid::gpu(
+                pos,
+                "uuid",
+                format!("duplicate uuid {} (also gpus[{first}])", gpu.uuid),
+            ));
+        }
+        let index = gpu.index.unwrap_or(pos as u32);
+        if let Some(first) = indices.insert(index, pos) {
+            return Err(Invalid::gpu(
+                pos,
+                "index",
+                format!("duplicate index {index} (also gpus[{first}])"),
+            ));
+        }
+        check_gpu_values(pos, gpu)?;
+    }
+    Ok(positions.into_keys().collect())
+}
+
+/// A device ID the kubelet accepts.
+fn check_uuid(uuid: &str) -> Result<(), String> {
+    if uuid.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    // The kubelet rejects device IDs longer than 63 characters.
+    if uuid.len() > 63 || !uuid.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{uuid:?} must be at most 63 printable ASCII characters without spaces"
+        ));
+    }
+    Ok(())
+}
+
+/// One GPU's facts other than its identity and links.
+fn check_gpu_values(pos: usize, gpu: &GpuSpec) -> Result<(), Invalid> {
+    if gpu.name.trim().is_empty() {
+        return Err(Invalid::gpu(pos, "name", "must not be empty"));
+    }
+    if gpu.memory_mib == 0 {
+        return Err(Invalid::gpu(pos, "memoryMiB", "must be greater than 0"));
+    }
+    check_telemetry(pos, gpu)?;
+    if let Some(delay) = gpu.probe_delay_seconds
+        && !(delay.is_finite() && (0.0..=MAX_PROBE_DELAY_SECONDS).contains(&delay))
+    {
+        return Err(Invalid::gpu(
+            pos,
+            "probeDelaySeconds",
+            format!("{delay} is not within 0..={MAX_PROBE_DELAY_SECONDS}"),
+        ));
+    }
+    if let Some(numa) = gpu.numa_node
+        && numa < 0
+    {
+        return Err(Invalid::gpu(pos, "numaNode", format!("{numa} is negative")));
+    }
+    if let Some(cc) = &gpu.compute_capability {
+        cc.parse::<ComputeCapability>()
+            .map_err(|e| Invalid::gpu(pos, "computeCapability", e))?;
+    }
+    Ok(())
+}
+
+/// The telemetry the file reports for one GPU: memory in use, percentages and readings.
+fn check_telemetry(pos: usize, gpu: &GpuSpec) -> Result<(), Invalid> {
+    if let Some(used) = gpu.memory_used_mib
+        && used > gpu.memory_mib
+    {
+        return Err(Invalid::gpu(
+            pos,
+            "memoryUsedMiB",
+            format!("{used} exceeds memoryMiB {}", gpu.memory_mib),
+        ));
+    }
+    for (name, value) in [
+        ("utilizationPercent", gpu.utilization_percent),
+        ("memoryUtilizationPercent", gpu.memory_utilization_percent),
+    ] {
+        if let Some(v) = value
+            && !(0.0..=100.0).contains(&v)
+        {
+            return Err(Invalid::gpu(
+                pos,
+                name,
+                format!("{v} is not within 0..=100"),
+            ));
+        }
+    }
+    for (name, value) in [
+        ("temperatureC", gpu.temperature_c),
+        ("powerW", gpu.power_w),
+        ("powerLimitW", gpu.power_limit_w),
+        ("smClockMHz", gpu.sm_clock_m_hz),
+        ("memClockMHz", gpu.mem_clock_m_hz),
+    ] {
+        if let Some(v) = value
+            && !(v.is_finite() && v >= 0.0)
+        {
+            return Err(Invalid::gpu(
+                pos,
+                name,
+                format!("{v} must be a non-negative number"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The links of all GPUs, each pair once. Links are symmetric: a pair listed on one side only
+/// counts for both, a pair listed on both sides must agree.
+fn symmetric_links(gpus: &[GpuSpec], uuids: &BTreeSet<&str>) -> Result<Links, Invalid> {
+    let mut links = Links::new();
+    for (pos, gpu) in gpus.iter().enumerate() {
+        for (peer, &count) in &gpu.nvlinks {
+            let field = format!("gpus[{pos}].nvlinks.{peer}");
+            check_link(&gpu.uuid, peer, count, uuids)
+                .map_err(|problem| Invalid::new(field.clone(), problem))?;
+            let key = if gpu.uuid < *peer {
+                (gpu.uuid.clone(), peer.clone())
+            } else {
+                (peer.clone(), gpu.uuid.clone())
+            };
+            if let Some(previous) = links.insert(key, count)
+                && previous != count
+            {
+                return Err(Invalid::new(
+                    field,
+                    format!(
+                        "{count} links, but {peer} lists {previous} links back to {}",
+                        gpu.uuid
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(links)
+}
+
+/// One side's entry for a link from `uuid` to `peer`.
+fn check_link(uuid: &str, peer: &str, count: u32, uuids: &BTreeSet<&str>) -> Result<(), String> {
+    if !uuids.contains(peer) {
+        return Err(format!("unknown nvlink peer {peer}"));
+    }
+    if peer == uuid {
+        return Err("a GPU cannot link to itself".into());
+    }
+    if count == 0 {
+        return Err("link count must be at least 1 (omit the peer instead)".into());
+    }
+    Ok(())
+}
+
+/// What the plugin sees of one (checked) GPU, and what only the fake file knows of it.
+fn fake_gpu(pos: usize, gpu: GpuSpec, links: &Links) -> Result<(GpuInfo, FakeGpuState), Invalid> {
+    let index = gpu.index.unwrap_or(pos as u32);
+    let lanes = nvlinks_sum(links, &gpu.uuid);
+    if gpu.nvlink_lanes_down > lanes {
+        return Err(Invalid::gpu(
+            pos,
+            "nvlinkLanesDown",
+            format!(
+                "{} exceeds the {lanes} NVLink lanes to its peers",
+                gpu.nvlink_lanes_down
+            ),
+        ));
+    }
+    let compute_capability = match &gpu.compute_capability {
+        Some(cc) => cc
+            .parse()
+            .map_err(|e| Invalid::gpu(pos, "computeCapability", e))?,
+        None => DEFAULT_COMPUTE_CAPABILITY,
+    };
+    let state = fake_state(&gpu, lanes);
+    let info = GpuInfo {
+        nvlinks: peers(links, &gpu.uuid),
+        uuid: gpu.uuid,
+        index,
+        minor_number: index,
+        name: gpu.name,
+        memory_mib: gpu.memory_mib,
+        pci_bus_id: gpu.pci_bus_id,
+        numa_node: gpu.numa_node,
+        compute_capability,
+    };
+    Ok((info, state))
+}
+
+/// The facts of a GPU that only the fake file has; `lanes` are its NVLink lanes to all peers.
+fn fake_state(gpu: &GpuSpec, lanes: u32) -> FakeGpuState {
+    FakeGpuState {
+        healthy: gpu.healthy,
+        xid: gpu.xid.unwrap_or(DEFAULT_UNHEALTHY_XID),
+        error: gpu.error,
+        reset: FakeResetState {
+            retired_pages_pending: gpu.retired_pages_pending,
+            row_remap_pending: gpu.row_remap_pending,
+            row_remap_failed: gpu.row_remap_failed,
+            recovery_action: gpu.recovery_action.unwrap_or(RecoveryAction::None),
+            nvlink_lanes: lanes,
+            nvlink_lanes_down: gpu.nvlink_lanes_down,
+        },
+        telemetry: Telemetry {
+            utilization_percent: gpu.utilization_percent,
+            memory_utilization_percent: gpu.memory_utilization_percent,
+            memory_used_bytes: gpu.memory_used_mib.map(|m| m * MIB),
+            memory_total_bytes: Some(gpu.memory_mib * MIB),
+            temperature_celsius: gpu.temperature_c,
+            power_draw_watts: gpu.power_w,
+            power_limit_watts: gpu.power_limit_w,
+            sm_clock_mhz: gpu.sm_clock_m_hz,
+            memory_clock_mhz: gpu.mem_clock_m_hz,
+            throttle_reasons: Some(gpu.throttle_reasons.clone()),
+        },
+        probe_delay: Duration::from_secs_f64(gpu.probe_delay_seconds.unwrap_or(0.0)),
+    }
+}
+
+/// The peers of `uuid` and the link count to each.
+fn peers(links: &Links, uuid: &str) -> BTreeMap<String, u32> {
+    links
+        .iter()
+        .filter_map(|((a, b), &count)| {
+            if a == uuid {
+                Some((b.clone(), count))
+            } else if b == uuid {
+                Some((a.clone(), count))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 /// Lanes of `uuid`: the sum of its (symmetric) link counts.
-fn nvlinks_sum(links: &BTreeMap<(String, String), u32>, uuid: &str) -> u32 {
+fn nvlinks_sum(links: &Links, uuid: &str) -> u32 {
     links
         .iter()
         .filter(|((a, b), _)| a == uuid || b == uuid)
@@ -768,6 +851,27 @@ gpus:
             "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, computeCapability: \"8\"}\n",
         );
         assert_eq!(field, "gpus[0].computeCapability");
+    }
+
+    #[test]
+    fn a_file_with_several_problems_names_the_first_in_check_order() {
+        // GPU 0's own values are checked before GPU 1's identity, and every GPU before any link.
+        let (field, _) = invalid_field(
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, numaNode: -1, nvlinks: {GPU-z: 1}}\n  - {uuid: GPU-a, name: x, memoryMiB: 1}\n",
+        );
+        assert_eq!(field, "gpus[0].numaNode");
+        let (field, _) = invalid_field(
+            "gpus:\n  - {uuid: GPU-a, name: x, memoryMiB: 1, nvlinks: {GPU-z: 1}}\n  - {uuid: GPU-a, name: x, memoryMiB: 1}\n",
+        );
+        assert_eq!(field, "gpus[1].uuid");
+        // The versions come first of all, and a bad driver version reads as before.
+        let text = "driverVersion: \"550..1\"\ncudaVersion: twelve\ngpus:\n  - {uuid: '', name: x, memoryMiB: 1}\n";
+        let (field, problem) = invalid_field(text);
+        assert_eq!(field, "driverVersion");
+        assert_eq!(
+            problem,
+            r#"expected dotted numbers like "550.54.15", got "550..1""#
+        );
     }
 
     #[test]
