@@ -27,7 +27,6 @@ pub mod events;
 pub mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
-pub mod job_memory;
 pub mod leader;
 pub mod lost_peer;
 pub mod metrics;

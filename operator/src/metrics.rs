@@ -17,7 +17,40 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::error::Error;
-use crate::job_memory::StateSizes;
+
+/// How many entries each per-job map holds (`trainyard_operator_state_entries`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateSizes {
+    /// Statuses written that the cache may not show yet.
+    pub written: usize,
+    /// Worker detail waiting to be written.
+    pub deferred: usize,
+    /// Restarts decided whose next attempt is not created yet.
+    pub detected: usize,
+    /// Jobs whose last reconciles failed.
+    pub error_counts: usize,
+    /// Malformed objects reported.
+    pub reported_malformed: usize,
+    /// Jobs whose last valid object is remembered.
+    pub last_valid: usize,
+    /// Writes the caches do not show yet.
+    pub expectations: usize,
+}
+
+impl StateSizes {
+    /// Each map by its metric label.
+    pub fn by_map(&self) -> [(&'static str, usize); 7] {
+        [
+            ("written", self.written),
+            ("deferred", self.deferred),
+            ("detected", self.detected),
+            ("error_counts", self.error_counts),
+            ("reported_malformed", self.reported_malformed),
+            ("last_valid", self.last_valid),
+            ("expectations", self.expectations),
+        ]
+    }
+}
 
 /// Label set of the error counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::crd::{LABEL_ATTEMPT, WorkerStatus};
+use crate::events::EventKind;
 use crate::fixtures::{job_yaml, node, ts};
 use crate::validate::validate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -9,7 +9,7 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
-use crate::plan::{EventKind, JobEvent};
+use crate::events::{EventKind, JobEvent};
 
 /// Event batches (one per reconcile) waiting to be published.
 pub(super) const EVENT_QUEUE: usize = 1024;

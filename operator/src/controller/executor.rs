@@ -43,12 +43,14 @@ use tokio::sync::mpsc;
 
 use super::FIELD_MANAGER;
 use super::events::EventBatch;
+use super::job_memory::JobMemory;
+use crate::condition;
 use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
+use crate::events::{EventKind, JobEvent};
 use crate::expectations::{Expectations, Kind};
-use crate::job_memory::JobMemory;
 use crate::metrics::{Metrics, RestartLabels};
-use crate::plan::{self, Action as PlanAction, EventKind, JobEvent, condition};
+use crate::plan::{self, Action as PlanAction};
 use crate::rejection::{self, Writes};
 
 /// Writes what reconciles decide, in the order above, and queues their Events.

@@ -24,6 +24,7 @@ use kube::runtime::watcher;
 use crate::controller::status_cache::StatusCache;
 use crate::crd::TrainingJob;
 use crate::expectations::Expectations;
+use crate::metrics::StateSizes;
 
 /// The per-job maps of the controller.
 #[derive(Debug, Default)]
@@ -41,54 +42,6 @@ pub struct JobMemory {
     /// validate. The same allocation as the job cache's entry until the job changes, so it
     /// costs a map entry per job, and one object per job whose spec was edited.
     last_valid: Mutex<HashMap<String, Arc<DeserializeGuard<TrainingJob>>>>,
-}
-
-/// How many entries each per-job map holds (`trainyard_operator_state_entries`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StateSizes {
-    /// Statuses written that the cache may not show yet.
-    pub written: usize,
-    /// Worker detail waiting to be written.
-    pub deferred: usize,
-    /// Restarts decided whose next attempt is not created yet.
-    pub detected: usize,
-    /// Jobs whose last reconciles failed.
-    pub error_counts: usize,
-    /// Malformed objects reported.
-    pub reported_malformed: usize,
-    /// Jobs whose last valid object is remembered.
-    pub last_valid: usize,
-    /// Writes the caches do not show yet.
-    pub expectations: usize,
-}
-
-impl StateSizes {
-    /// The sizes of `memory` and `expectations` now.
-    pub fn of(memory: &JobMemory, expectations: &Expectations) -> Self {
-        let (written, deferred) = memory.status.sizes();
-        Self {
-            written,
-            deferred,
-            detected: lock(&memory.detected).len(),
-            error_counts: lock(&memory.error_counts).len(),
-            reported_malformed: lock(&memory.reported_malformed).len(),
-            last_valid: lock(&memory.last_valid).len(),
-            expectations: expectations.len(),
-        }
-    }
-
-    /// Each map by its metric label.
-    pub fn by_map(&self) -> [(&'static str, usize); 7] {
-        [
-            ("written", self.written),
-            ("deferred", self.deferred),
-            ("detected", self.detected),
-            ("error_counts", self.error_counts),
-            ("reported_malformed", self.reported_malformed),
-            ("last_valid", self.last_valid),
-            ("expectations", self.expectations),
-        ]
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -135,6 +88,20 @@ fn path(meta: &ObjectMeta) -> String {
 }
 
 impl JobMemory {
+    /// The sizes of `memory` and `expectations` now.
+    pub fn sizes(&self, expectations: &Expectations) -> StateSizes {
+        let (written, deferred) = self.status.sizes();
+        StateSizes {
+            written,
+            deferred,
+            detected: lock(&self.detected).len(),
+            error_counts: lock(&self.error_counts).len(),
+            reported_malformed: lock(&self.reported_malformed).len(),
+            last_valid: lock(&self.last_valid).len(),
+            expectations: expectations.len(),
+        }
+    }
+
     /// A restart into `attempt` was decided now.
     pub fn restart_detected(&self, uid: &str, attempt: u32) {
         lock(&self.detected).insert(uid.to_owned(), (attempt, Instant::now()));
@@ -358,7 +325,7 @@ mod tests {
     #[test]
     fn deleting_a_thousand_jobs_leaves_every_map_empty() {
         let (memory, expectations, store, mut writer) = world();
-        let before = StateSizes::of(&memory, &expectations);
+        let before = memory.sizes(&expectations);
         let valid = JOBS - JOBS / 10;
         assert_eq!(
             before,
@@ -377,10 +344,7 @@ mod tests {
             writer.apply_watcher_event(&event);
             memory.on_job_event(&expectations, &event, &store);
         }
-        assert_eq!(
-            StateSizes::of(&memory, &expectations),
-            StateSizes::default()
-        );
+        assert_eq!(memory.sizes(&expectations), StateSizes::default());
     }
 
     #[test]
@@ -399,7 +363,7 @@ mod tests {
             memory.on_job_event(&expectations, &event, &store);
         }
         assert_eq!(
-            StateSizes::of(&memory, &expectations),
+            memory.sizes(&expectations),
             StateSizes {
                 written: 9,
                 deferred: 9,
@@ -425,13 +389,10 @@ mod tests {
             memory.count_error(&error_key("ns-0", &format!("train-{i}")));
         }
         memory.sweep_if_outgrown(&store);
-        assert_eq!(StateSizes::of(&memory, &expectations).error_counts, 16);
+        assert_eq!(memory.sizes(&expectations).error_counts, 16);
         memory.count_error(&error_key("ns-0", "train-16"));
         memory.sweep_if_outgrown(&store);
-        assert_eq!(
-            StateSizes::of(&memory, &expectations),
-            StateSizes::default()
-        );
+        assert_eq!(memory.sizes(&expectations), StateSizes::default());
     }
 
     #[test]
@@ -443,7 +404,7 @@ mod tests {
         memory.forget_malformed("u");
         assert!(!memory.malformed_reported("u", "3"));
         assert_eq!(
-            StateSizes::of(&memory, &Expectations::new(Duration::from_secs(1))),
+            memory.sizes(&Expectations::new(Duration::from_secs(1))),
             StateSizes::default()
         );
     }

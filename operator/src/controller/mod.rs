@@ -25,12 +25,13 @@ use kube::{Api, Client};
 
 use crate::config::OperatorConfig;
 use crate::error::Error;
-use crate::job_memory::JobMemory;
 use crate::leader::{LeaderElection, Leadership};
 use crate::metrics::Metrics;
+use job_memory::JobMemory;
 
 mod events;
 mod executor;
+pub mod job_memory;
 mod observe;
 mod reconcile;
 pub(crate) mod status_cache;

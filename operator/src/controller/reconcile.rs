@@ -11,11 +11,11 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
+use super::job_memory::error_key;
 use super::status_cache::Known;
 use super::status_write::StatusWrite;
 use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
-use crate::job_memory::{StateSizes, error_key};
 use crate::plan::{self, Action as PlanAction};
 use crate::validate::{InvalidSpec, ValidJob, validate};
 
@@ -64,7 +64,7 @@ impl Context {
     /// Sets the `trainyard_operator_state_entries` gauges.
     fn export_state_sizes(&self) {
         self.metrics
-            .set_state_sizes(&StateSizes::of(&self.memory, self.executor.expectations()));
+            .set_state_sizes(&self.memory.sizes(self.executor.expectations()));
     }
 }
 

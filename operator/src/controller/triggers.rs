@@ -14,9 +14,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use crate::cached_pod::CachedPod;
+use crate::condition::{self, condition_is_true};
 use crate::crd::{LABEL_JOB, Phase, TrainingJob};
 use crate::ownership::ObjectKind;
-use crate::plan::{self, condition};
 
 /// A job to reconcile.
 pub(super) type JobRef = ObjectRef<DeserializeGuard<TrainingJob>>;
@@ -126,8 +126,8 @@ fn jobs_for_node(
             refs.push(ObjectRef::from_obj(j.as_ref()));
             continue;
         };
-        let waiting = plan::condition_is_true(&status.conditions, condition::UNSCHEDULABLE)
-            || plan::condition_is_true(&status.conditions, condition::INVALID_SPEC)
+        let waiting = condition_is_true(&status.conditions, condition::UNSCHEDULABLE)
+            || condition_is_true(&status.conditions, condition::INVALID_SPEC)
             || matches!(status.phase, None | Some(Phase::Pending));
         if waiting {
             refs.push(ObjectRef::from_obj(j.as_ref()));
@@ -153,7 +153,7 @@ fn job_in_conflict_over(
     let entry = jobs.get(&ObjectRef::new(job_name).within(ns))?;
     let status = entry.0.as_ref().ok()?.status.as_ref()?;
     let names_it = kind != ObjectKind::Claim || status.checkpoint_claim.as_deref() == Some(name);
-    (names_it && plan::condition_is_true(&status.conditions, condition::NAME_CONFLICT))
+    (names_it && condition_is_true(&status.conditions, condition::NAME_CONFLICT))
         .then(|| ObjectRef::from_obj(entry.as_ref()))
 }
 

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 
 use super::events::{EVENT_DRAIN, EVENT_QUEUE, publish_events};
 use super::executor::Executor;
+use super::job_memory::JobMemory;
 use super::observe::Caches;
 use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers};
@@ -30,7 +31,6 @@ use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_JOB, TrainingJob};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
-use crate::job_memory::{JobMemory, StateSizes};
 use crate::metrics::Metrics;
 
 /// How long a write is held back waiting for its watch event ([`Expectations`]).
@@ -199,7 +199,7 @@ fn watch_jobs(
         move |event: &watcher::Event<DeserializeGuard<TrainingJob>>| {
             memory.on_job_event(&expectations, event, &jobs);
             if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone) {
-                metrics.set_state_sizes(&StateSizes::of(&memory, &expectations));
+                metrics.set_state_sizes(&memory.sizes(&expectations));
             }
         }
     };

@@ -29,8 +29,8 @@ use crate::ownership::Foreign;
 use crate::preemption::NodeView;
 use crate::validate::{InvalidSpec, ValidJob};
 
-pub use crate::condition::{self, condition_is_true, set_condition};
-pub use crate::events::{EventKind, JobEvent};
+use crate::condition::{self, condition_is_true, set_condition};
+use crate::events::JobEvent;
 
 mod phases;
 mod round;
