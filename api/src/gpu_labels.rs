@@ -1,5 +1,12 @@
-//! GPU node labels, under GPU Feature Discovery's names: the device plugin writes them, the
-//! operator's placement reads them, so anything written for GFD schedules on them too.
+//! The names under which the device plugin hands GPU facts to others, all NVIDIA's own: the
+//! node labels, under GPU Feature Discovery's names (the operator's placement reads them, so
+//! anything written for GFD schedules on them too), and the environment variable through which
+//! Allocate tells the NVIDIA container toolkit which GPUs a container gets.
+
+/// The variable Allocate sets on a container to the UUIDs of its GPUs, comma-separated (the
+/// `envvar` device-list strategy); the NVIDIA container toolkit reads it. Not part of the
+/// trainer's contract in [`crate::env`]: the device plugin sets it, not the operator.
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// The domain every GPU label lives under.
 pub const LABEL_PREFIX: &str = "nvidia.com/";

@@ -14,13 +14,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use trainyard_api::gpu_labels::NVIDIA_VISIBLE_DEVICES;
+
 use crate::api::{self, device_plugin_server::DevicePlugin};
 use crate::config::DeviceListStrategy;
 use crate::devices::{DeviceState, StateReceiver};
 use crate::metrics::Metrics;
 
-/// The environment variable the NVIDIA container toolkit reads.
-pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
 /// CDI kind of our devices.
 pub const CDI_KIND: &str = "nvidia.com/gpu";
 /// Control devices every CUDA process needs besides its `/dev/nvidiaN`.
@@ -91,9 +91,10 @@ pub fn allocate(
         }
         let mut response = api::ContainerAllocateResponse::default();
         if options.strategy.envvar {
-            response
-                .envs
-                .insert(VISIBLE_DEVICES_ENV.to_string(), req.devices_ids.join(","));
+            response.envs.insert(
+                NVIDIA_VISIBLE_DEVICES.to_string(),
+                req.devices_ids.join(","),
+            );
         }
         if options.strategy.cdi {
             response.cdi_devices = req
@@ -385,10 +386,13 @@ mod tests {
         .unwrap();
         assert_eq!(r.container_responses.len(), 2);
         assert_eq!(
-            r.container_responses[0].envs[VISIBLE_DEVICES_ENV],
+            r.container_responses[0].envs[NVIDIA_VISIBLE_DEVICES],
             "GPU-03,GPU-01"
         );
-        assert_eq!(r.container_responses[1].envs[VISIBLE_DEVICES_ENV], "GPU-05");
+        assert_eq!(
+            r.container_responses[1].envs[NVIDIA_VISIBLE_DEVICES],
+            "GPU-05"
+        );
         assert!(r.container_responses[0].cdi_devices.is_empty());
         assert!(r.container_responses[0].devices.is_empty());
     }

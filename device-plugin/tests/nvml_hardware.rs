@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use trainyard_api::gpu_labels::NVIDIA_VISIBLE_DEVICES;
 use trainyard_device_plugin::api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
@@ -131,7 +132,7 @@ async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
         .into_inner();
     let envs = &response.container_responses[0].envs;
     println!("Allocate envs: {envs:?}");
-    assert_eq!(envs["NVIDIA_VISIBLE_DEVICES"], chosen[0]);
+    assert_eq!(envs[NVIDIA_VISIBLE_DEVICES], chosen[0]);
 
     let mut metrics = String::new();
     for _ in 0..30 {

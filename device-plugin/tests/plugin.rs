@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
-use trainyard_api::gpu_labels::{LABEL_CUDA_MAJOR, LABEL_GPU_PRODUCT};
+use trainyard_api::gpu_labels::{LABEL_CUDA_MAJOR, LABEL_GPU_PRODUCT, NVIDIA_VISIBLE_DEVICES};
 use trainyard_device_plugin::api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
@@ -60,7 +60,7 @@ async fn registers_streams_every_gpu_and_serves_allocate() {
         .unwrap()
         .into_inner();
     assert_eq!(
-        response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"],
+        response.container_responses[0].envs[NVIDIA_VISIBLE_DEVICES],
         format!("{},{}", uuid(2), uuid(5))
     );
     let unknown = client
@@ -543,7 +543,7 @@ async fn allocate_returns_cdi_names_and_device_specs_when_the_flags_ask() {
         .into_inner();
     let container = &response.container_responses[0];
     assert_eq!(
-        container.envs["NVIDIA_VISIBLE_DEVICES"],
+        container.envs[NVIDIA_VISIBLE_DEVICES],
         format!("{},{}", uuid(4), uuid(7))
     );
     let cdi: Vec<&str> = container
