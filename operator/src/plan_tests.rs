@@ -1645,3 +1645,19 @@ fn a_job_edited_into_an_invalid_spec_keeps_its_pods_managed_and_says_why() {
         condition::INVALID_SPEC
     ));
 }
+
+#[test]
+fn a_malformed_object_is_reported_through_the_invalid_spec_condition() {
+    let (c, event) = malformed_report("spec.workers: invalid type: string", Some(4), ts(T0));
+    assert_eq!(
+        (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+        (condition::INVALID_SPEC, "True", "MalformedObject")
+    );
+    assert_eq!(c.observed_generation, Some(4));
+    assert_eq!(c.last_transition_time, Some(Time(ts(T0))));
+    assert!(c.message.ends_with("spec.workers: invalid type: string"));
+    assert_eq!(
+        (event.kind, event.reason.as_str(), event.note.as_str()),
+        (EventKind::Warning, "InvalidSpec", c.message.as_str())
+    );
+}

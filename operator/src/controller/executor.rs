@@ -30,7 +30,6 @@ use std::time::Duration;
 use futures::{FutureExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
@@ -44,10 +43,9 @@ use tokio::sync::mpsc;
 use super::FIELD_MANAGER;
 use super::events::EventBatch;
 use super::job_memory::JobMemory;
-use crate::condition;
 use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
-use crate::events::{EventKind, JobEvent};
+use crate::events::JobEvent;
 use crate::expectations::{Expectations, Kind};
 use crate::metrics::{Metrics, RestartLabels};
 use crate::plan::{self, Action as PlanAction};
@@ -331,18 +329,12 @@ impl Executor {
         if self.memory.malformed_reported(&uid, &generation) {
             return Err(error);
         }
-        let message = format!(
-            "the object does not parse as a TrainingJob: {}",
-            invalid.error
-        );
+        let (condition, event) =
+            plan::malformed_report(&invalid.error, meta.generation, Timestamp::now());
         let resource = ApiResource::erase::<TrainingJob>(&());
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &ns, &resource);
         // A merge patch keeps whatever else the status holds; the object cannot be decoded to rebuild it.
-        let patch = json!({"status": {"conditions": [{
-            "type": condition::INVALID_SPEC, "status": "True", "reason": "MalformedObject",
-            "message": message, "lastTransitionTime": Time(Timestamp::now()),
-            "observedGeneration": meta.generation,
-        }]}});
+        let patch = json!({"status": {"conditions": [condition]}});
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
@@ -362,15 +354,7 @@ impl Executor {
             resource_version: Some(rv.clone()),
             field_path: None,
         };
-        self.publish(
-            &reference,
-            vec![JobEvent {
-                kind: EventKind::Warning,
-                reason: "InvalidSpec".to_owned(),
-                note: message,
-            }],
-        )
-        .await;
+        self.publish(&reference, vec![event]).await;
         self.memory.remember_malformed(&uid, &generation);
         Err(error)
     }
@@ -456,6 +440,8 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
+    use crate::condition;
+    use crate::events::EventKind;
     use crate::fixtures::job_yaml;
 
     /// One request as the API server would see it.

@@ -167,6 +167,29 @@ pub fn invalid_status(
     (st, events)
 }
 
+/// The report on an object that does not parse as a TrainingJob (so no status can be
+/// decided for it): the `InvalidSpec` condition with reason `MalformedObject`, and its
+/// Warning Event. The controller sends the condition alone, as a merge patch.
+pub fn malformed_report(
+    parse_error: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> (JobCondition, JobEvent) {
+    let message = format!("the object does not parse as a TrainingJob: {parse_error}");
+    let mut conditions = Vec::new();
+    set_condition(
+        &mut conditions,
+        condition::INVALID_SPEC,
+        true,
+        "MalformedObject",
+        &message,
+        now,
+        generation,
+    );
+    let condition = conditions.remove(0);
+    (condition, JobEvent::warning("InvalidSpec", message))
+}
+
 /// The one writer of the condition `InvalidSpec`: True with the error (and a Warning Event
 /// when its message changes), or False once a job that was invalid is valid again.
 fn write_invalid_spec(
