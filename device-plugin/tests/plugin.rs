@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
@@ -13,6 +13,10 @@ use trainyard_device_plugin::api::{
 };
 
 const START_LIMIT: Duration = Duration::from_secs(20);
+/// How long a test waits for a change to show: a bound on a hang, never a latency claim (on
+/// a loaded machine a verdict must not depend on speed). The benchmark in `make bench`
+/// measures how fast a change propagates.
+const HANG_LIMIT: Duration = Duration::from_secs(30);
 
 fn all_healthy(devices: &[trainyard_device_plugin::api::Device]) -> bool {
     devices.len() == 8 && devices.iter().all(|d| d.health == "Healthy")
@@ -95,7 +99,7 @@ async fn registers_streams_every_gpu_and_serves_allocate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_flip_in_the_fake_file_reaches_list_and_watch_within_two_seconds() {
+async fn health_flip_in_the_fake_file_reaches_list_and_watch() {
     let ws = Workspace::new(&example("fake-gpus-8.yaml"));
     let mut kubelet = FakeKubelet::start(&ws.dir).await;
     let plugin = Plugin::start(&ws.dir, &ws.fake_file, &["--health-recovery-seconds", "0"]);
@@ -103,7 +107,7 @@ async fn health_flip_in_the_fake_file_reaches_list_and_watch_within_two_seconds(
 
     ws.rewrite(|t| set_gpu_field(&t, 3, "healthy", "false"));
     let devices = kubelet
-        .wait_devices(Duration::from_secs(2), |d| {
+        .wait_devices(HANG_LIMIT, |d| {
             d.len() == 8 && d.iter().filter(|x| x.health == "Unhealthy").count() == 1
         })
         .await;
@@ -111,9 +115,7 @@ async fn health_flip_in_the_fake_file_reaches_list_and_watch_within_two_seconds(
 
     // With no quiet period the GPU recovers as soon as the file says so.
     ws.rewrite(|t| set_gpu_field(&t, 3, "healthy", "true"));
-    kubelet
-        .wait_devices(Duration::from_secs(2), all_healthy)
-        .await;
+    kubelet.wait_devices(HANG_LIMIT, all_healthy).await;
 
     // Removing a GPU (and the links to it) from the file removes it from the list.
     ws.rewrite(|t| {
@@ -124,9 +126,7 @@ async fn health_flip_in_the_fake_file_reaches_list_and_watch_within_two_seconds(
             .map(|l| format!("{l}\n"))
             .collect()
     });
-    kubelet
-        .wait_devices(Duration::from_secs(2), |d| d.len() == 7)
-        .await;
+    kubelet.wait_devices(HANG_LIMIT, |d| d.len() == 7).await;
     assert!(plugin.log_text().contains("GPU is now unhealthy"));
     drop(plugin);
     kubelet.stop().await;
@@ -229,7 +229,6 @@ async fn metrics_report_every_family_and_follow_file_changes() {
     });
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let interval_secs = 2;
     let plugin = Plugin::start(
         &ws.dir,
         &ws.fake_file,
@@ -237,7 +236,7 @@ async fn metrics_report_every_family_and_follow_file_changes() {
             "--metrics-addr",
             &addr,
             "--metrics-interval",
-            &format!("{interval_secs}s"),
+            "2s",
             // No API server is reachable: labelling must fail quietly.
             "--node-name",
             "node-a",
@@ -255,7 +254,7 @@ async fn metrics_report_every_family_and_follow_file_changes() {
     let mut kubelet = FakeKubelet::start(&ws.dir).await;
     kubelet.wait_devices(START_LIMIT, all_healthy).await;
     assert!(
-        wait_until(Duration::from_secs(5), || http_get(port, "/readyz")
+        wait_until(HANG_LIMIT, || http_get(port, "/readyz")
             .is_some_and(|(s, _)| s == 200))
         .await
     );
@@ -272,9 +271,7 @@ async fn metrics_report_every_family_and_follow_file_changes() {
     // GPU 1 goes bad with XID 48: counted and shown as health 0.
     ws.rewrite(|t| set_gpu_field(&t, 1, "healthy", "false"));
     kubelet
-        .wait_devices(Duration::from_secs(2), |d| {
-            d.len() == 8 && d[1].health == "Unhealthy"
-        })
+        .wait_devices(HANG_LIMIT, |d| d.len() == 8 && d[1].health == "Unhealthy")
         .await;
 
     let gpu0 = format!(
@@ -356,7 +353,7 @@ async fn metrics_report_every_family_and_follow_file_changes() {
         ),
     ];
     let all_match = |text: &str| expected.iter().all(|(k, v)| metric(text, k) == Some(*v));
-    let ok = wait_until(Duration::from_secs(interval_secs), || {
+    let ok = wait_until(HANG_LIMIT, || {
         text = http_get(port, "/metrics")
             .map(|(_, b)| b)
             .unwrap_or_default();
@@ -374,18 +371,17 @@ async fn metrics_report_every_family_and_follow_file_changes() {
     let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
     assert_eq!(families, 17, "every metric family is exported:\n{text}");
 
-    // A telemetry change in the file shows up within one interval.
+    // A telemetry change in the file shows up in a later scrape.
     ws.rewrite(|t| set_gpu_field(&t, 0, "utilizationPercent", "12"));
-    let changed_at = Instant::now();
     let key = format!("trainyard_gpu_utilization_percent{{{gpu0}}}");
-    let seen = wait_until(Duration::from_secs(interval_secs), || {
+    let seen = wait_until(HANG_LIMIT, || {
         http_get(port, "/metrics").is_some_and(|(_, b)| metric(&b, &key) == Some(12.0))
     })
     .await;
     assert!(
         seen,
-        "utilization change not scraped within {interval_secs}s ({:?})",
-        changed_at.elapsed()
+        "utilization change not scraped within {HANG_LIMIT:?}; log:\n{}",
+        plugin.log_text()
     );
     assert!(
         plugin.log_text().contains("cannot apply node labels"),

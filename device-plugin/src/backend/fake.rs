@@ -753,6 +753,9 @@ impl GpuBackend for FakeBackend {
 mod tests {
     use super::*;
 
+    /// How long a test waits for the watcher: a bound on a hang, not a latency claim.
+    const HANG_LIMIT: Duration = Duration::from_secs(30);
+
     fn parse(text: &str) -> Result<FakeNode, BackendError> {
         FakeNode::parse(Path::new("/etc/fake.yaml"), text)
     }
@@ -943,9 +946,7 @@ gpus:
             TWO.replace("utilizationPercent: 87", "utilizationPercent: 12"),
         )
         .unwrap();
-        let event = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap();
+        let event = tokio::time::timeout(HANG_LIMIT, rx.recv()).await.unwrap();
         assert_eq!(event, Some(BackendEvent::InventoryChanged));
         assert_eq!(
             backend.telemetry("GPU-b").unwrap().utilization_percent,
@@ -953,9 +954,7 @@ gpus:
         );
         shutdown.cancel();
         // The watcher task drops its sender when it stops.
-        let closed = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap();
+        let closed = tokio::time::timeout(HANG_LIMIT, rx.recv()).await.unwrap();
         assert_eq!(closed, None);
     }
 
