@@ -6,13 +6,14 @@
 //! `k8s_openapi` `Pod` costs about 2.2 kB inline plus 2.1 kB per container before any of its
 //! strings (heaptrack at 1,000 jobs: the pod cache was most of the operator's peak heap).
 //!
-//! Decisions take a `Pod` ([`CachedPod::to_pod`] builds it for the few pods of the job being
-//! reconciled). The one decision that needs a pod's placement reads the pod whole from the API
-//! server (see the controller's `sibling_to_read`).
+//! Decisions read this type, so the compiler keeps them to what the cache holds. The one
+//! thing a decision needs beyond it, the placement of a half-created attempt's first pod, the
+//! controller reads whole from the API server before deciding and hands over as
+//! [`crate::plan::Observed::sibling_placement`] (see the controller's `sibling_to_read`).
 
 use std::borrow::Cow;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::Deserialize;
@@ -88,26 +89,30 @@ impl CachedPod {
     pub fn node_name(&self) -> Option<&str> {
         self.spec.node_name.as_deref()
     }
+}
 
-    /// A `Pod` with what the cache holds, for the pure decision steps.
-    pub fn to_pod(&self) -> Pod {
-        Pod {
-            metadata: self.metadata.clone(),
-            spec: Some(PodSpec {
-                node_name: self.spec.node_name.clone(),
-                containers: self
-                    .spec
-                    .containers
+/// What the cache would hold of a whole pod (a pod read from the API server, or one a test
+/// builds).
+impl From<&Pod> for CachedPod {
+    fn from(pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        let mut cached = Self {
+            metadata: pod.metadata.clone(),
+            spec: CachedPodSpec {
+                node_name: spec.and_then(|s| s.node_name.clone()),
+                containers: spec
+                    .map(|s| s.containers.as_slice())
+                    .unwrap_or_default()
                     .iter()
-                    .map(|c| Container {
+                    .map(|c| CachedContainer {
                         name: c.name.clone(),
-                        ..Container::default()
                     })
                     .collect(),
-                ..PodSpec::default()
-            }),
-            status: self.status.clone(),
-        }
+            },
+            status: pod.status.clone(),
+        };
+        cached.strip();
+        cached
     }
 }
 
@@ -155,11 +160,11 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_pod_classifies_like_the_full_one() {
+    fn a_cached_pod_decoded_from_the_watch_is_the_whole_pods_projection() {
         let full: Pod = serde_json::from_value(full_pod()).expect("pod");
         let mut cached: CachedPod = serde_json::from_value(full_pod()).expect("cached pod");
         cached.strip();
-        let pod = cached.to_pod();
+        let projected = CachedPod::from(&full);
 
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": "n"},
@@ -171,31 +176,23 @@ mod tests {
         assert_eq!(
             format!(
                 "{:?}",
-                classify(&pod, NodeView::Present(&node), &config, now)
+                classify(&cached, NodeView::Present(&node), &config, now)
             ),
             format!(
                 "{:?}",
-                classify(&full, NodeView::Present(&node), &config, now)
+                classify(&projected, NodeView::Present(&node), &config, now)
             ),
         );
-        assert_eq!(trainer_container(&pod), Some("trainer"));
+        assert_eq!(trainer_container(&cached), Some("trainer"));
         assert_eq!(cached.node_name(), Some("n"));
-        assert_eq!(pod.status, full.status);
-        assert_eq!(pod.metadata.labels, full.metadata.labels);
+        assert_eq!(cached.status, full.status);
+        assert_eq!(cached.metadata, projected.metadata);
         assert_eq!(
-            pod.metadata.owner_references,
+            cached.metadata.owner_references,
             full.metadata.owner_references
         );
-        assert_eq!(pod.metadata.uid, full.metadata.uid);
         // What no decision reads is not kept.
-        let spec = pod.spec.as_ref().expect("spec");
-        assert!(spec.volumes.is_none() && spec.affinity.is_none() && spec.tolerations.is_none());
-        assert!(
-            spec.containers
-                .iter()
-                .all(|c| c.env.is_none() && c.command.is_none() && c.image.is_none())
-        );
-        assert!(pod.metadata.annotations.is_none() && pod.metadata.managed_fields.is_none());
+        assert!(cached.metadata.annotations.is_none() && cached.metadata.managed_fields.is_none());
     }
 
     #[test]
@@ -203,6 +200,6 @@ mod tests {
         let cached: CachedPod =
             serde_json::from_value(json!({"metadata": {"name": "p"}})).expect("cached pod");
         assert_eq!(cached.node_name(), None);
-        assert!(cached.to_pod().status.is_none());
+        assert!(cached.status.is_none());
     }
 }

@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 
+use crate::cached_pod::CachedPod;
 use crate::crd::{DEFAULT_GPU_RESOURCE, TrainingJob};
 use crate::nodes::{
     LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_PRODUCT,
@@ -36,14 +37,14 @@ pub fn job_yaml(spec_yaml: &str) -> TrainingJob {
 }
 
 /// A pod with one `trainer` container and the given status.
-pub fn pod_json(name: &str, status: &serde_json::Value) -> Pod {
+pub fn pod_json(name: &str, status: &serde_json::Value) -> CachedPod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
                      "creationTimestamp": "2026-01-01T00:00:00Z"},
         "spec": {"nodeName": "n-1", "containers": [{"name": "trainer", "image": "x"}]},
         "status": status,
     }))
-    .expect("Pod")
+    .expect("CachedPod")
 }
 
 /// Builder for fake nodes.

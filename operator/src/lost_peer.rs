@@ -23,9 +23,9 @@
 //! of 40 s by default), so a live node is told apart within about 10 s and a lost one within
 //! about half the duration; without Leases (no RBAC for them) the window decides.
 
+use crate::cached_pod::CachedPod;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 
 use crate::nodes::{self, Readiness};
 use crate::preemption::NodeView;
@@ -178,7 +178,7 @@ fn node_state(
 
 /// When a failed worker failed: its trainer's `finishedAt`, else the pod's Ready condition's
 /// last transition, else when it started. A stable time, so a held verdict cannot slide.
-pub fn failed_at(pod: &Pod, now: Timestamp) -> Timestamp {
+pub fn failed_at(pod: &CachedPod, now: Timestamp) -> Timestamp {
     let status = pod.status.as_ref();
     let finished = trainer_container(pod).and_then(|name| {
         status

@@ -43,7 +43,12 @@ impl World {
 
     fn observed(&self) -> Observed {
         Observed {
-            pods: self.pods.clone(),
+            pods: self
+                .pods
+                .iter()
+                .map(|p| Arc::new(CachedPod::from(p.as_ref())))
+                .collect(),
+            sibling_placement: self.sibling_placement(),
             foreign: Vec::new(),
             nodes: self.nodes.clone(),
             node_leases: self.leases.clone(),
@@ -51,6 +56,22 @@ impl World {
             service_exists: self.service_exists,
             now: self.now,
         }
+    }
+
+    /// What the controller reads whole for a half-created attempt (it reads it only when a
+    /// missing rank was not just created; here nothing is held back, so always).
+    fn sibling_placement(&self) -> Option<SiblingPlacement> {
+        let of_attempt = |p: &&Arc<Pod>| {
+            crate::pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(self.status.attempt)
+        };
+        let present: Vec<&Arc<Pod>> = self.pods.iter().filter(of_attempt).collect();
+        if present.is_empty() || present.len() >= self.job.spec.workers as usize {
+            return None;
+        }
+        let first = present
+            .iter()
+            .min_by_key(|p| crate::pods::label_u32(p.as_ref(), crate::crd::LABEL_RANK))?;
+        Some(SiblingPlacement::of(first))
     }
 
     fn decide(&self) -> Plan {
@@ -896,7 +917,7 @@ fn a_pod_is_finished_only_when_every_container_has_stopped() {
         ("no status yet", pod("Pending", json!([]), json!([])), false),
     ];
     for (case, pod, finished) in table {
-        assert_eq!(is_finished(&pod), finished, "{case}");
+        assert_eq!(is_finished(&CachedPod::from(&pod)), finished, "{case}");
     }
 }
 

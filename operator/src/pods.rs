@@ -253,8 +253,8 @@ fn equip_trainer(
 }
 
 /// A numeric label of a pod (`trainyard.dev/rank`, `trainyard.dev/attempt`).
-pub(crate) fn label_u32(pod: &Pod, key: &str) -> Option<u32> {
-    pod.metadata.labels.as_ref()?.get(key)?.parse().ok()
+pub(crate) fn label_u32(pod: &impl kube::Resource, key: &str) -> Option<u32> {
+    pod.meta().labels.as_ref()?.get(key)?.parse().ok()
 }
 
 #[cfg(test)]

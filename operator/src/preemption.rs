@@ -7,7 +7,9 @@
 use std::ops::ControlFlow;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, PodStatus};
+
+use crate::cached_pod::CachedPod;
 
 use crate::nodes::{self, Readiness};
 use crate::trainer::trainer_container;
@@ -194,7 +196,7 @@ pub enum NodeView<'a> {
 
 /// Classifies one worker pod.
 pub fn classify(
-    pod: &Pod,
+    pod: &CachedPod,
     node: NodeView<'_>,
     config: &ClassifierConfig,
     now: Timestamp,
@@ -273,7 +275,7 @@ pub fn classify(
 }
 
 /// The trainer container's status, once the kubelet reports it.
-fn trainer_status(pod: &Pod) -> Option<&ContainerStatus> {
+fn trainer_status(pod: &CachedPod) -> Option<&ContainerStatus> {
     let name = trainer_container(pod)?;
     pod.status
         .as_ref()?
@@ -381,7 +383,7 @@ fn node_rules(
 /// Rule 9: a container stuck waiting past the timeout fails the worker; otherwise the
 /// reason a container waits, and when its timeout runs out.
 fn waiting_rule(
-    pod: &Pod,
+    pod: &CachedPod,
     config: &ClassifierConfig,
     now: Timestamp,
     on_node: &str,
@@ -869,9 +871,7 @@ mod tests {
     fn trainer_is_the_container_named_trainer_else_the_first() {
         let mut p = pod_json("p", &running());
         assert_eq!(trainer_container(&p), Some("trainer"));
-        if let Some(spec) = p.spec.as_mut() {
-            spec.containers[0].name = "main".into();
-        }
+        p.spec.containers[0].name = "main".into();
         assert_eq!(trainer_container(&p), Some("main"));
     }
 }

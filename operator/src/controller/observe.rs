@@ -16,7 +16,7 @@ use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_WORKERS, TrainingJobStatus};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::ownership::{self, ObjectKind};
-use crate::plan::Observed;
+use crate::plan::{Observed, SiblingPlacement};
 use crate::validate::{ValidJob, pod_name};
 
 /// The caches a reconcile reads, and the client for the one read they cannot serve.
@@ -87,7 +87,7 @@ impl Caches {
             if let Some(pod) = self.pods.get(&ObjectRef::new(&name).within(ns))
                 && ownership::present(ObjectKind::Pod, Some(&pod.metadata), job, &mut foreign)
             {
-                pods.push(Arc::new(pod.to_pod()));
+                pods.push(pod);
             }
         }
         let service = self.services.get(&ObjectRef::new(&job.name).within(ns));
@@ -106,6 +106,7 @@ impl Caches {
         );
         Observed {
             pods,
+            sibling_placement: None,
             foreign,
             nodes: self.nodes.state(),
             node_leases: self.leases.state(),
@@ -115,37 +116,36 @@ impl Caches {
         }
     }
 
-    /// Replaces the cached (stripped) sibling a missing rank copies its placement from with the
-    /// whole pod read from the API server, when [`sibling_to_read`] says one is needed; says
-    /// whether it did.
-    pub(super) async fn read_sibling_whole(
+    /// Reads the placement a missing rank of the current attempt copies from its sibling
+    /// (the cache does not hold placement), when [`sibling_to_read`] says one is needed, into
+    /// [`Observed::sibling_placement`].
+    pub(super) async fn read_sibling_placement(
         &self,
         job: &ValidJob,
         attempt: u32,
         observed: &mut Observed,
-    ) -> Result<bool, Error> {
+    ) -> Result<(), Error> {
         let ns = job.namespace.as_str();
         let held = |rank| {
             self.expectations
                 .holds(Kind::Pod, ns, &pod_name(&job.name, rank))
                 .is_some()
         };
-        let Some(name) = sibling_to_read(&observed.pods, attempt, job.spec.workers, held) else {
-            return Ok(false);
+        let Some(cached) = sibling_to_read(&observed.pods, attempt, job.spec.workers, held) else {
+            return Ok(());
         };
+        let name = cached.name_any();
         let whole = Api::<Pod>::namespaced(self.client.clone(), ns)
             .get(&name)
             .await
             .map_err(Error::kube(format!(
                 "reading pod {ns}/{name} for its placement"
             )))?;
-        let cached = observed
-            .pods
-            .iter_mut()
-            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()) && p.uid() == whole.uid())
-            .ok_or_else(|| Error::StaleCache(format!("{ns}/{name}")))?;
-        *cached = Arc::new(whole);
-        Ok(true)
+        if whole.uid() != cached.uid() {
+            return Err(Error::StaleCache(format!("{ns}/{name}")));
+        }
+        observed.sibling_placement = Some(SiblingPlacement::of(&whole));
+        Ok(())
     }
 }
 
@@ -155,23 +155,23 @@ impl Caches {
 /// suffice. Normally every rank is created in one round and the rest of a round's missing
 /// ranks are still on their way into the cache.
 fn sibling_to_read(
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     attempt: u32,
     workers: u32,
     held: impl Fn(u32) -> bool,
-) -> Option<String> {
-    let mut present: Vec<(u32, &Arc<Pod>)> = pods
+) -> Option<&CachedPod> {
+    let mut present: Vec<(u32, &Arc<CachedPod>)> = pods
         .iter()
-        .filter(|p| crate::pods::label_u32(p, LABEL_ATTEMPT) == Some(attempt))
-        .filter_map(|p| Some((crate::pods::label_u32(p, LABEL_RANK)?, p)))
+        .filter(|p| crate::pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(attempt))
+        .filter_map(|p| Some((crate::pods::label_u32(p.as_ref(), LABEL_RANK)?, p)))
         .filter(|(rank, _)| *rank < workers)
         .collect();
     present.sort_by_key(|(rank, _)| *rank);
-    let (_, sibling) = present.first()?;
+    let &(_, sibling) = present.first()?;
     let unheld_gap = (0..workers)
         .filter(|r| present.iter().all(|(rank, _)| rank != r))
         .any(|r| !held(r));
-    unheld_gap.then(|| sibling.name_any())
+    unheld_gap.then_some(sibling.as_ref())
 }
 
 /// The ranks whose pods one reconcile looks up: every rank of the spec, then each recorded
@@ -194,7 +194,7 @@ mod tests {
     use crate::crd::WorkerStatus;
     use serde_json::json;
 
-    fn worker(rank: u32, attempt: u32) -> Arc<Pod> {
+    fn worker(rank: u32, attempt: u32) -> Arc<CachedPod> {
         Arc::new(
             serde_json::from_value(json!({"metadata": {
                 "name": format!("j-worker-{rank}"),
@@ -210,19 +210,32 @@ mod tests {
         let nothing_held = |_| false;
         // Ranks 0 and 2 of attempt 2 are missing: copy the lowest present rank of attempt 2.
         assert_eq!(
-            sibling_to_read(&pods, 2, 4, nothing_held).as_deref(),
+            sibling_to_read(&pods, 2, 4, nothing_held)
+                .map(|p| p.name_any())
+                .as_deref(),
             Some("j-worker-1")
         );
         // Both missing ranks were just created by this operator: the cache will show them.
-        assert_eq!(sibling_to_read(&pods, 2, 4, |r| r == 0 || r == 2), None);
         assert_eq!(
-            sibling_to_read(&pods, 2, 4, |r| r == 0).as_deref(),
+            sibling_to_read(&pods, 2, 4, |r| r == 0 || r == 2).map(|p| p.name_any()),
+            None
+        );
+        assert_eq!(
+            sibling_to_read(&pods, 2, 4, |r| r == 0)
+                .map(|p| p.name_any())
+                .as_deref(),
             Some("j-worker-1")
         );
         // Nothing of the attempt exists (a fresh attempt is placed from the job), or nothing is missing.
-        assert_eq!(sibling_to_read(&pods, 3, 4, nothing_held), None);
+        assert_eq!(
+            sibling_to_read(&pods, 3, 4, nothing_held).map(|p| p.name_any()),
+            None
+        );
         let all = [worker(0, 0), worker(1, 0)];
-        assert_eq!(sibling_to_read(&all, 0, 2, nothing_held), None);
+        assert_eq!(
+            sibling_to_read(&all, 0, 2, nothing_held).map(|p| p.name_any()),
+            None
+        );
     }
 
     #[test]

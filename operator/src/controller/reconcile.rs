@@ -16,7 +16,7 @@ use super::status_cache::Known;
 use super::status_write::StatusWrite;
 use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
-use crate::plan::{self, Action as PlanAction};
+use crate::plan;
 use crate::validate::{InvalidSpec, ValidJob, validate};
 
 /// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).
@@ -151,8 +151,8 @@ async fn reject_invalid(
     Error::InvalidSpec(invalid)
 }
 
-/// Observes the job in the caches and decides; decided again when pods to create copy a
-/// sibling's placement and need the sibling whole (rare: see `sibling_to_read`).
+/// Observes the job in the caches (with the placement of a half-created attempt's first pod
+/// when a missing rank must copy it: see `sibling_to_read`), then decides once.
 async fn observe_and_decide(
     ctx: &Context,
     valid: &ValidJob,
@@ -160,20 +160,10 @@ async fn observe_and_decide(
     now: Timestamp,
 ) -> Result<plan::Plan, Error> {
     let mut observed = ctx.caches.observe(valid, current, now);
-    let decided = plan::decide(valid, &observed, current, &ctx.config);
-    let creates = decided
-        .actions
-        .iter()
-        .any(|a| matches!(a, PlanAction::CreatePod(_)));
-    if creates
-        && ctx
-            .caches
-            .read_sibling_whole(valid, decided.status.attempt, &mut observed)
-            .await?
-    {
-        return Ok(plan::decide(valid, &observed, current, &ctx.config));
-    }
-    Ok(decided)
+    ctx.caches
+        .read_sibling_placement(valid, current.attempt, &mut observed)
+        .await?;
+    Ok(plan::decide(valid, &observed, current, &ctx.config))
 }
 
 /// When to look at the job again: at the time the plan asked for (at least half a second from

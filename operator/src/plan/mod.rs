@@ -21,7 +21,11 @@ use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ContainerStatus, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{
+    ContainerStatus, Node, NodeAffinity, PersistentVolumeClaim, Pod, Service, Toleration,
+};
+
+use crate::cached_pod::CachedPod;
 
 use crate::config::OperatorConfig;
 use crate::crd::{JobCondition, Phase, RestartReason, TrainingJobStatus};
@@ -48,8 +52,13 @@ pub const CLUSTER_WAIT_RECHECK: SignedDuration = SignedDuration::from_secs(60);
 /// What the cluster looks like to one reconcile.
 #[derive(Clone, Debug)]
 pub struct Observed {
-    /// The job's pods (any attempt) owned by it.
-    pub pods: Vec<Arc<Pod>>,
+    /// The job's pods (any attempt) owned by it, as the cache holds them.
+    pub pods: Vec<Arc<CachedPod>>,
+    /// Where the first pod of a half-created attempt was placed, read whole from the API
+    /// server because the cache does not hold placement. The controller supplies it before
+    /// deciding when some rank of the current attempt is missing and was not just created
+    /// (`sibling_to_read`); the missing ranks are then created beside that pod.
+    pub sibling_placement: Option<SiblingPlacement>,
     /// Objects that hold one of the job's names (a pod's, the Service's, the created PVC's)
     /// but are not the job's ([`crate::ownership::foreign`]).
     pub foreign: Vec<Foreign>,
@@ -73,8 +82,8 @@ impl Observed {
             .map(|n| n.as_ref())
     }
 
-    fn node_view<'a>(&'a self, pod: &'a Pod) -> NodeView<'a> {
-        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+    fn node_view<'a>(&'a self, pod: &'a CachedPod) -> NodeView<'a> {
+        match pod.node_name() {
             None => NodeView::Unscheduled,
             Some(n) => match self.node(n) {
                 Some(node) => NodeView::Present(node),
@@ -85,6 +94,28 @@ impl Observed {
 
     fn node_refs(&self) -> Vec<&Node> {
         self.nodes.iter().map(|n| n.as_ref()).collect()
+    }
+}
+
+/// The placement of a pod already created for the current attempt.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SiblingPlacement {
+    /// Its node affinity.
+    pub node_affinity: Option<NodeAffinity>,
+    /// Its tolerations.
+    pub tolerations: Vec<Toleration>,
+}
+
+impl SiblingPlacement {
+    /// The placement of a whole pod.
+    pub fn of(pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        Self {
+            node_affinity: spec
+                .and_then(|s| s.affinity.as_ref())
+                .and_then(|a| a.node_affinity.clone()),
+            tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
+        }
     }
 }
 
@@ -262,7 +293,7 @@ pub(crate) enum Flow {
     Stop,
 }
 
-fn pod_name(pod: &Pod) -> String {
+fn pod_name(pod: &CachedPod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
 }
 
@@ -270,7 +301,7 @@ fn pod_name(pod: &Pod) -> String {
 /// final, or every container has terminated and the kubelet has not said so in the phase yet.
 /// A pod whose trainer exited while a sidecar (or a native sidecar init container) still runs
 /// is not finished.
-fn is_finished(pod: &Pod) -> bool {
+fn is_finished(pod: &CachedPod) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };
@@ -279,11 +310,7 @@ fn is_finished(pod: &Pod) -> bool {
     }
     let terminated = |c: &ContainerStatus| c.state.as_ref().is_some_and(|s| s.terminated.is_some());
     let statuses = status.container_statuses.as_deref().unwrap_or_default();
-    let containers = pod
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default();
+    let containers = &pod.spec.containers;
     !containers.is_empty()
         && containers
             .iter()

@@ -332,12 +332,12 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
         }
         return Flow::Continue;
     }
-    let sibling = view.census.current.values().next();
-    let placement = match sibling {
-        Some(sibling) => placement_of(sibling, view, &node_refs, preemptions),
-        None => placement::place(view.job, view.config, &node_refs, preemptions),
+    let half_created = !view.census.current.is_empty();
+    let placement = match half_created {
+        true => placement_of(view, &node_refs, preemptions),
+        false => placement::place(view.job, view.config, &node_refs, preemptions),
     };
-    if sibling.is_none() {
+    if !half_created {
         announce_attempt(view, round, &placement, missing.len());
     }
     if !view.observed.service_exists {
@@ -356,12 +356,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
         .map(|l| l.reason)
         .filter(|_| st.attempt > 0);
     for &rank in &missing {
-        let mut pod = pods::desired_pod(view.job, rank, st.attempt, restart_reason, &placement);
-        if let (Some(spec), Some(sibling)) = (pod.spec.as_mut(), sibling) {
-            let sib = sibling.spec.as_ref();
-            spec.affinity = sib.and_then(|s| s.affinity.clone());
-            spec.tolerations = sib.and_then(|s| s.tolerations.clone());
-        }
+        let pod = pods::desired_pod(view.job, rank, st.attempt, restart_reason, &placement);
         round.actions.push(Action::CreatePod(Box::new(pod)));
     }
     if round.st.start_time.is_none() {
@@ -410,19 +405,19 @@ fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, c
     ));
 }
 
-/// The placement a half-created attempt already uses (its first pod's).
+/// The placement a half-created attempt already uses: its first pod's, which the controller
+/// supplies ([`super::Observed::sibling_placement`]) whenever a missing rank was not just
+/// created. Without it every missing rank is a create the watch does not show yet, which the
+/// controller holds back (it only repeats a create that went out), so none is placed anew.
 fn placement_of(
-    sibling: &k8s_openapi::api::core::v1::Pod,
     view: &View<'_>,
     node_refs: &[&k8s_openapi::api::core::v1::Node],
     preemptions: u32,
 ) -> Placement {
     let mut p = placement::place(view.job, view.config, node_refs, preemptions);
-    let spec = sibling.spec.as_ref();
-    p.node_affinity = spec
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.node_affinity.clone());
-    p.tolerations = spec.and_then(|s| s.tolerations.clone()).unwrap_or_default();
+    let sibling = view.observed.sibling_placement.clone().unwrap_or_default();
+    p.node_affinity = sibling.node_affinity;
+    p.tolerations = sibling.tolerations;
     p
 }
 

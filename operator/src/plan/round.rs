@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::cached_pod::CachedPod;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::view::View;
@@ -109,7 +109,11 @@ impl Round {
     /// or retries a failed kill, and the pod's name would block the next attempt while its
     /// GPUs are already free: the kubelet does not count a pod in a final phase as holding
     /// devices), and force-deletes those stuck terminating on a lost node.
-    pub fn remove_pods<'p>(&mut self, view: &View<'_>, pods_: impl Iterator<Item = &'p Arc<Pod>>) {
+    pub fn remove_pods<'p>(
+        &mut self,
+        view: &View<'_>,
+        pods_: impl Iterator<Item = &'p Arc<CachedPod>>,
+    ) {
         for pod in pods_ {
             let name = pod_name(pod);
             let uid = pod.metadata.uid.clone();
@@ -121,7 +125,7 @@ impl Round {
                 self.actions.push(Action::DeletePod { name, uid });
                 continue;
             }
-            let node_name = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            let node_name = pod.node_name();
             match force_delete_at(view, node_name) {
                 Some(at) if view.now >= at => {
                     self.events.push(JobEvent::warning(
@@ -166,7 +170,7 @@ impl Round {
             .map(|(&rank, pod)| WorkerStatus {
                 rank,
                 pod: pod_name(pod),
-                node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                node: pod.spec.node_name.clone(),
                 phase: census
                     .states
                     .get(&rank)

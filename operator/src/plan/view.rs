@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::cached_pod::CachedPod;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 
 use super::Observed;
 use crate::config::OperatorConfig;
@@ -70,10 +70,10 @@ pub(crate) fn resumes_as_new_attempt(job: &ValidJob, current: &TrainingJobStatus
 #[derive(Default)]
 pub(crate) struct Census<'a> {
     /// Pods of the current attempt, by rank.
-    pub current: BTreeMap<u32, &'a Arc<Pod>>,
+    pub current: BTreeMap<u32, &'a Arc<CachedPod>>,
     /// Everything else: an older attempt, or a rank the spec no longer has. It must be gone
     /// before new pods start.
-    pub old: Vec<&'a Arc<Pod>>,
+    pub old: Vec<&'a Arc<CachedPod>>,
     /// Each current rank's state, including recorded workers whose pods are gone.
     pub states: BTreeMap<u32, WorkerState>,
     /// When a state may change without a watch event.
@@ -85,10 +85,13 @@ impl<'a> Census<'a> {
     /// `status.workers`.
     fn take(view: &View<'a>, attempt: u32, recorded: &[WorkerStatus]) -> Self {
         let observed = view.observed;
-        let mut current: BTreeMap<u32, &Arc<Pod>> = BTreeMap::new();
-        let mut old: Vec<&Arc<Pod>> = Vec::new();
+        let mut current: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
+        let mut old: Vec<&Arc<CachedPod>> = Vec::new();
         for pod in &observed.pods {
-            match (label_u32(pod, LABEL_ATTEMPT), label_u32(pod, LABEL_RANK)) {
+            match (
+                label_u32(pod.as_ref(), LABEL_ATTEMPT),
+                label_u32(pod.as_ref(), LABEL_RANK),
+            ) {
                 (Some(a), Some(r)) if a == attempt && r < view.workers => {
                     current.insert(r, pod);
                 }
@@ -132,8 +135,6 @@ impl<'a> Census<'a> {
 
     /// Whether a pod of this attempt waits for a node.
     pub fn any_unscheduled(&self) -> bool {
-        self.current
-            .values()
-            .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+        self.current.values().any(|p| p.node_name().is_none())
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::cached_pod::CachedPod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::super::round::Round;
@@ -182,7 +182,7 @@ fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason,
 fn judge_lost_peer(view: &View<'_>) -> Verdict {
     let (observed, now) = (view.observed, view.now);
     let (current_pods, states) = (&view.census.current, &view.census.states);
-    let failed: Vec<&Arc<Pod>> = states
+    let failed: Vec<&Arc<CachedPod>> = states
         .iter()
         .filter(|(_, s)| matches!(s, WorkerState::Failed(_)))
         .filter_map(|(r, _)| current_pods.get(r).copied())
@@ -192,7 +192,7 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
         .map(|p| lost_peer::failed_at(p, now))
         .min()
         .unwrap_or(now);
-    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let node_of = |p: &CachedPod| p.spec.node_name.clone();
     let failed_nodes: Vec<String> = failed.iter().filter_map(|p| node_of(p)).collect();
     let peers: Vec<SilentPeer<'_>> = states
         .iter()
