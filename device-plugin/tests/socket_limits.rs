@@ -1,7 +1,8 @@
 //! The plugin socket's bounds, against the real tonic server wired as the
 //! kubelet module wires it: clients that break a limit are closed, silent
-//! ones are dropped, connections over the limit are refused, and a
-//! well-behaved client is served throughout.
+//! ones are dropped, connections over the limit are refused, the memory a
+//! hostile client can make the plugin hold stays bounded, and a well-behaved
+//! client is served throughout.
 
 mod common;
 
@@ -20,7 +21,9 @@ use trainyard_device_plugin::backend::{DriverInfo, Inventory};
 use trainyard_device_plugin::devices::DeviceState;
 use trainyard_device_plugin::metrics::Metrics;
 use trainyard_device_plugin::service::{AllocateOptions, DevicePluginService, StreamTracker};
-use trainyard_device_plugin::uds_authority::{FIRST_FRAME_TIMEOUT, Gate, Limits};
+use trainyard_device_plugin::uds_authority::{
+    FIRST_FRAME_TIMEOUT, Gate, Limits, MAX_CONNECTIONS, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE,
+};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Far longer than any test waits for: nothing here finishes by timing out.
@@ -84,6 +87,8 @@ fn serve(dir: &Path, gate: Gate, stop: &CancellationToken) {
     let stop = stop.clone();
     tokio::spawn(
         tonic::transport::Server::builder()
+            .max_frame_size(MAX_FRAME_PAYLOAD as u32)
+            .http2_max_header_list_size(MAX_HEADER_LIST_SIZE as u32)
             .add_service(DevicePluginServer::new(service))
             .serve_with_incoming_shutdown(gate.incoming(listener), stop.cancelled_owned()),
     );
@@ -211,6 +216,99 @@ async fn a_client_that_connects_and_sends_nothing_is_dropped_after_the_first_fra
     closed_by_plugin(&mut silent).await;
     closed_by_plugin(&mut preface_only).await;
     wait_open(&gate, 0).await;
+    served(root.path()).await;
+    stop.cancel();
+}
+
+/// A field (KiB) of this process's `/proc/self/status`, e.g. `VmRSS` or `VmHWM`.
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// Size of the indexed header value in the hostile block.
+const ENTRY: usize = 4_000;
+/// References to it: the block still fits one 16 KiB frame and the header-list cap.
+const REFS: usize = 12_000;
+/// Hostile connections per round, 64 times the connection limit: all open at once, under a
+/// soft limit of 1,024 open files.
+const HOSTILE_CONNECTIONS: usize = 64 * MAX_CONNECTIONS;
+const ROUNDS: usize = 4;
+/// How much the peak resident set (`VmHWM`) of this process (plugin server, hostile clients
+/// and the other tests of this file) may grow during the attack: 8 MiB. The socket's own bound
+/// for all connections is about 2 MiB (`MAX_BUFFERED_PER_CONNECTION` × `MAX_CONNECTIONS`); the
+/// rest is room for the HTTP/2 server, the runtime and the allocator. Measured on the 2-core
+/// development machine: about 0.5 MiB with the caps; 95 MiB with the header-list cap lifted
+/// (one block alone decodes to 48 MB) and 21 MiB with the connection cap lifted.
+const PEAK_GROWTH_BOUND_KIB: u64 = 8 * 1024;
+
+/// One header indexed into the HPACK table, then [`REFS`] references to it: about 16 KB on
+/// the wire that decodes, uncapped, to `REFS` × 4 KB.
+fn amplifying_block() -> Vec<u8> {
+    let value = vec![b'x'; ENTRY];
+    let mut block = loona_hpack::Encoder::new().encode([(&b"x-big"[..], &value[..])]);
+    block.extend(std::iter::repeat_n(0x80 | 62, REFS));
+    block
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_header_blocks_on_many_connections_keep_memory_bounded_and_a_client_served() {
+    let root = tempfile::tempdir().unwrap();
+    let stop = CancellationToken::new();
+    // Default limits but for the first-frame timeout: the verdict never depends on how fast
+    // this machine opens 512 connections.
+    let gate = Gate::new(Limits {
+        first_frame_timeout: LIMIT,
+        ..Limits::default()
+    });
+    serve(root.path(), gate.clone(), &stop);
+    // The server's own first allocations happen before the baseline.
+    served(root.path()).await;
+    wait_open(&gate, 0).await;
+
+    let block = amplifying_block();
+    assert!(block.len() <= MAX_FRAME_PAYLOAD, "{}", block.len());
+    // What the caps prevent: decoded without them, one block alone is over the bound.
+    let uncapped_kib = ((REFS + 1) * (b"x-big".len() + ENTRY + 32) / 1024) as u64;
+    assert!(uncapped_kib > PEAK_GROWTH_BOUND_KIB, "{uncapped_kib} KiB");
+    let mut bytes = hello();
+    bytes.extend(headers(&block));
+
+    let rss_before = status_kib("VmRSS");
+    for _ in 0..ROUNDS {
+        let mut hostile = Vec::new();
+        for _ in 0..HOSTILE_CONNECTIONS {
+            hostile.push(connect(root.path()).await);
+        }
+        // The first MAX_CONNECTIONS are admitted and wait for their preface; the rest are
+        // refused.
+        wait_open(&gate, MAX_CONNECTIONS).await;
+        for conn in &mut hostile {
+            // A refused connection is closed already: its write fails, as it should.
+            let _ = conn.write_all(&bytes).await;
+        }
+        for conn in &mut hostile {
+            closed_by_plugin(conn).await;
+        }
+        wait_open(&gate, 0).await;
+    }
+    let peak_growth = status_kib("VmHWM").saturating_sub(rss_before);
+    eprintln!(
+        "{ROUNDS} rounds of {HOSTILE_CONNECTIONS} connections, each block {} bytes decoding \
+         uncapped to {uncapped_kib} KiB: RSS before {rss_before} KiB, peak growth \
+         {peak_growth} KiB, RSS after {} KiB",
+        block.len(),
+        status_kib("VmRSS")
+    );
+    assert!(
+        peak_growth < PEAK_GROWTH_BOUND_KIB,
+        "peak RSS grew by {peak_growth} KiB, over the {PEAK_GROWTH_BOUND_KIB} KiB bound"
+    );
+    // The plugin still serves a well-behaved client.
     served(root.path()).await;
     stop.cancel();
 }
