@@ -257,6 +257,7 @@ impl OperatorConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trainyard_api::spot::{EKS_CAPACITY_TYPE, KARPENTER_CAPACITY_TYPE};
 
     #[test]
     fn default_yaml_file_equals_built_in_defaults() {
@@ -326,9 +327,9 @@ mod tests {
     fn spot_nodes_are_recognised_by_any_provider_label() {
         let c = OperatorConfig::default();
         let labels = |k: &str, v: &str| BTreeMap::from([(k.to_owned(), v.to_owned())]);
-        assert!(c.is_spot(&labels("karpenter.sh/capacity-type", "spot")));
-        assert!(c.is_spot(&labels("eks.amazonaws.com/capacityType", "SPOT")));
-        assert!(!c.is_spot(&labels("karpenter.sh/capacity-type", "on-demand")));
+        assert!(c.is_spot(&labels(KARPENTER_CAPACITY_TYPE, "spot")));
+        assert!(c.is_spot(&labels(EKS_CAPACITY_TYPE, "SPOT")));
+        assert!(!c.is_spot(&labels(KARPENTER_CAPACITY_TYPE, "on-demand")));
         assert!(!c.is_spot(&BTreeMap::new()));
     }
 }

@@ -463,6 +463,9 @@ mod tests {
         LABEL_GPU_PRODUCT,
     };
     use crate::validate::validate;
+    use trainyard_api::spot::{
+        AKS_SCALESET_PRIORITY, EKS_CAPACITY_TYPE, GKE_SPOT, KARPENTER_CAPACITY_TYPE,
+    };
 
     fn job(yaml: &str) -> ValidJob {
         validate(&job_yaml(yaml)).expect("valid")
@@ -690,7 +693,7 @@ mod tests {
         let t = terms(&p);
         assert_eq!(t.len(), 5 * 2);
         assert!(t.iter().any(|term| term.contains(&expr(
-            "karpenter.sh/capacity-type",
+            KARPENTER_CAPACITY_TYPE,
             "In",
             &["spot"]
         ))));
@@ -713,13 +716,7 @@ mod tests {
             .expect("preferred");
         assert_eq!(preferred.len(), 5);
         let keys: Vec<_> = p.tolerations.iter().filter_map(|t| t.key.clone()).collect();
-        assert_eq!(
-            keys,
-            [
-                "kubernetes.azure.com/scalesetpriority",
-                "cloud.google.com/gke-spot"
-            ]
-        );
+        assert_eq!(keys, [AKS_SCALESET_PRIORITY, GKE_SPOT]);
     }
 
     #[test]
@@ -733,7 +730,7 @@ mod tests {
         );
         let t = terms(&p);
         assert_eq!(t.len(), 1);
-        assert!(t[0].contains(&expr("eks.amazonaws.com/capacityType", "NotIn", &["SPOT"])));
+        assert!(t[0].contains(&expr(EKS_CAPACITY_TYPE, "NotIn", &["SPOT"])));
         assert!(p.tolerations.is_empty());
     }
 
@@ -753,7 +750,7 @@ mod tests {
             selected.reason
         );
         assert!(after.tolerations.is_empty());
-        assert!(terms(&after)[0].contains(&expr("karpenter.sh/capacity-type", "NotIn", &["spot"])));
+        assert!(terms(&after)[0].contains(&expr(KARPENTER_CAPACITY_TYPE, "NotIn", &["spot"])));
     }
 
     #[test]

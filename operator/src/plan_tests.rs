@@ -785,7 +785,7 @@ fn spot_fallback_kicks_in_after_enough_preemptions() {
             .match_expressions
             .iter()
             .flatten()
-            .any(|e| e.operator == "NotIn" && e.key == "karpenter.sh/capacity-type")
+            .any(|e| e.operator == "NotIn" && e.key == trainyard_api::spot::KARPENTER_CAPACITY_TYPE)
     );
     let gpu = plan.status.selected_gpu.expect("gpu");
     assert!(!gpu.spot);

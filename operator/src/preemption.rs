@@ -491,6 +491,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{node, pod_json, ts};
     use serde_json::json;
+    use trainyard_api::spot::KARPENTER_DISRUPTED;
 
     fn config() -> ClassifierConfig {
         ClassifierConfig::from_config(&crate::config::OperatorConfig::default())
@@ -716,7 +717,7 @@ mod tests {
             });
         }
         rows.push(Row {
-            node: Some(node("n-1").taint("karpenter.sh/disrupted").build()),
+            node: Some(node("n-1").taint(KARPENTER_DISRUPTED).build()),
             ..row(
                 "running pod on a tainted node keeps running until it ends",
                 running(),

@@ -198,7 +198,7 @@ mod tests {
         Arc::new(
             serde_json::from_value(json!({"metadata": {
                 "name": format!("j-worker-{rank}"),
-                "labels": {"trainyard.dev/rank": rank.to_string(), "trainyard.dev/attempt": attempt.to_string()},
+                "labels": {LABEL_RANK: rank.to_string(), LABEL_ATTEMPT: attempt.to_string()},
             }}))
             .expect("pod"),
         )
