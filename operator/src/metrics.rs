@@ -66,6 +66,23 @@ pub struct RestartLabels {
     pub reason: String,
 }
 
+/// Label set of the progress report counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportLabels {
+    /// How the report was answered: `accepted`, `unauthenticated`, `forbidden`, `invalid`,
+    /// `too_large`, `overloaded` or `unknown_job`.
+    pub outcome: String,
+}
+
+/// Label set of a per-job gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    /// The job's namespace.
+    pub namespace: String,
+    /// The job's name.
+    pub job: String,
+}
+
 /// Label set of the controller state gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -90,6 +107,13 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Entries of the controller's per-job maps; they return to 0 once the jobs are deleted.
     pub state_entries: Family<StateLabels, Gauge>,
+    /// Progress reports from trainers, by how they were answered.
+    pub progress_reports: Family<ReportLabels, Counter>,
+    /// Steps lost per gang restart after a preemption: the step the trainers had reported
+    /// before it, minus the step the next attempt resumed from.
+    pub steps_lost: Histogram,
+    /// Training steps per second of each job that reports progress.
+    pub steps_per_second: Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     ready: AtomicBool,
 }
 
@@ -148,6 +172,27 @@ impl Metrics {
             "Entries the controller keeps per job, by map; back to 0 once the jobs are deleted",
             state_entries.clone(),
         );
+        let progress_reports = Family::<ReportLabels, Counter>::default();
+        registry.register(
+            "trainyard_operator_progress_reports",
+            "Progress reports from trainers, by outcome",
+            progress_reports.clone(),
+        );
+        let steps_lost = Histogram::new([
+            0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+        ]);
+        registry.register(
+            "trainyard_operator_steps_lost_per_preemption",
+            "Training steps lost per preemption: the step reported before it minus the step resumed from",
+            steps_lost.clone(),
+        );
+        let steps_per_second =
+            Family::<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "trainyard_operator_job_steps_per_second",
+            "Training steps per second of each job that reports progress",
+            steps_per_second.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -157,6 +202,9 @@ impl Metrics {
             preemption_recovery,
             leader,
             state_entries,
+            progress_reports,
+            steps_lost,
+            steps_per_second,
             ready: AtomicBool::new(false),
         }
     }
@@ -179,6 +227,15 @@ impl Metrics {
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Counts a progress report by how it was answered.
+    pub fn count_report(&self, outcome: &str) {
+        self.progress_reports
+            .get_or_create(&ReportLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     /// Marks the process ready (`/readyz` answers 200).
