@@ -44,6 +44,12 @@ pub const MAX_BACKOFF_SECONDS: u32 = 600;
 pub const MAX_GRACE_SECONDS: i64 = 86_400;
 /// Longest `spec.activeDeadlineSeconds` (365 days).
 pub const MAX_DEADLINE_SECONDS: i64 = 31_536_000;
+/// Shortest `spec.restartPolicy.progressTimeoutSeconds`: trainers report every few seconds.
+pub const MIN_PROGRESS_TIMEOUT_SECONDS: u32 = 10;
+/// Longest `spec.restartPolicy.progressTimeoutSeconds` (one day).
+pub const MAX_PROGRESS_TIMEOUT_SECONDS: u32 = 86_400;
+/// Largest step a trainer may report (the schema's bound on `status.progress`).
+pub const MAX_STEP: u64 = i64::MAX as u64;
 
 /// Desired state of a distributed training job.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -332,6 +338,17 @@ pub struct RestartPolicySpec {
     #[serde(default = "default_backoff_seconds")]
     #[schemars(range(min = 0, max = MAX_BACKOFF_SECONDS))]
     pub backoff_seconds: u32,
+
+    /// Restart the gang (reason `Hang`) when a job that reports progress stops advancing for
+    /// this long while its workers run. Unset: never (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_PROGRESS_TIMEOUT_SECONDS, max = MAX_PROGRESS_TIMEOUT_SECONDS))]
+    pub progress_timeout_seconds: Option<u32>,
+
+    /// Restarts caused by hangs before the job fails.
+    #[serde(default = "default_max_hangs")]
+    #[schemars(range(min = 0, max = MAX_RESTARTS))]
+    pub max_hangs: u32,
 }
 
 impl Default for RestartPolicySpec {
@@ -340,6 +357,8 @@ impl Default for RestartPolicySpec {
             max_preemptions: default_max_preemptions(),
             max_failures: default_max_failures(),
             backoff_seconds: default_backoff_seconds(),
+            progress_timeout_seconds: None,
+            max_hangs: default_max_hangs(),
         }
     }
 }
@@ -354,6 +373,10 @@ fn default_max_failures() -> u32 {
 
 fn default_backoff_seconds() -> u32 {
     10
+}
+
+fn default_max_hangs() -> u32 {
+    3
 }
 
 /// Observed state of a TrainingJob.
@@ -380,6 +403,16 @@ pub struct TrainingJobStatus {
     #[serde(default)]
     #[schemars(range(min = 0, max = u32::MAX))]
     pub failures: u32,
+
+    /// Restarts caused by hangs (progress stopped advancing; and the final one, if the budget
+    /// ran out).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = u32::MAX))]
+    pub hangs: u32,
+
+    /// What the trainers report of their progress (only for trainers that report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ProgressStatus>,
 
     /// The generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -413,6 +446,38 @@ pub struct TrainingJobStatus {
     /// When the job succeeded or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+}
+
+/// The trainers' progress, from their reports (`TRAINYARD_PROGRESS_URL`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressStatus {
+    /// The attempt the figures below belong to.
+    #[schemars(range(min = 0, max = u32::MAX))]
+    pub attempt: u32,
+    /// The highest step any worker of the attempt has reported.
+    #[schemars(range(min = 0, max = MAX_STEP))]
+    pub step: u64,
+    /// The step of the latest checkpoint a worker reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_STEP))]
+    pub checkpoint_step: Option<u64>,
+    /// When that checkpoint was first reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_time: Option<Time>,
+    /// The step the attempt resumed from, as its trainer reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_STEP))]
+    pub resumed_from: Option<u64>,
+    /// Steps the restart before this attempt lost: the step reported before it, minus
+    /// `resumedFrom`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_STEP))]
+    pub steps_lost: Option<u64>,
+    /// When the operator asked the trainers for a checkpoint (a termination notice on a
+    /// worker's node), if it did in this attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_requested_time: Option<Time>,
 }
 
 /// Job phase.
@@ -537,6 +602,10 @@ pub enum RestartReason {
     /// `spec.suspend` went back to false after the job's workers had been created: counted
     /// against no budget, no backoff. The new attempt resumes from the checkpoint.
     Resume,
+    /// The trainers' reported progress stopped advancing for
+    /// `restartPolicy.progressTimeoutSeconds` while they ran: counted against `maxHangs`, no
+    /// backoff.
+    Hang,
 }
 
 impl RestartReason {
@@ -546,6 +615,7 @@ impl RestartReason {
             RestartReason::Preemption => "Preemption",
             RestartReason::Failure => "Failure",
             RestartReason::Resume => "Resume",
+            RestartReason::Hang => "Hang",
         }
     }
 }

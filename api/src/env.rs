@@ -35,6 +35,12 @@ pub const PET_NPROC_PER_NODE: &str = "PET_NPROC_PER_NODE";
 pub const PET_MASTER_ADDR: &str = "PET_MASTER_ADDR";
 /// torchrun's name for [`MASTER_PORT`].
 pub const PET_MASTER_PORT: &str = "PET_MASTER_PORT";
+/// Where the trainer reports its progress (POST, JSON); set only when the operator serves
+/// the progress channel. docs/env-contract.md has the protocol.
+pub const TRAINYARD_PROGRESS_URL: &str = "TRAINYARD_PROGRESS_URL";
+/// The file holding the token a progress report carries (`Authorization: Bearer`): the
+/// pod's service-account token for the operator's audience, rotated by the kubelet.
+pub const TRAINYARD_PROGRESS_TOKEN_FILE: &str = "TRAINYARD_PROGRESS_TOKEN_FILE";
 /// PyTorch's CUDA allocator settings (a default the template may override).
 pub const PYTORCH_CUDA_ALLOC_CONF: &str = "PYTORCH_CUDA_ALLOC_CONF";
 /// NCCL's async error handling (a default the template may override).
@@ -70,6 +76,8 @@ mod tests {
             PET_MASTER_PORT,
             PYTORCH_CUDA_ALLOC_CONF,
             TORCH_NCCL_ASYNC_ERROR_HANDLING,
+            TRAINYARD_PROGRESS_URL,
+            TRAINYARD_PROGRESS_TOKEN_FILE,
         ];
         for name in names {
             assert!(
