@@ -124,8 +124,8 @@ if [[ -f $STATE/ip_forward.orig ]]; then
     iptables -t "$table" -F 2>/dev/null && iptables -t "$table" -X 2>/dev/null
   done
 fi
-# containerd's cgroup parent, once its containers' cgroups are gone.
-rmdir /sys/fs/cgroup/*/k8s.io 2>/dev/null
+# containerd's cgroup parent, once its containers' cgroups are gone (every v1 hierarchy, or v2's).
+for h in $(cgroup_hierarchies); do rmdir "$h/k8s.io" 2>/dev/null; done
 
 if [[ -n ${TRAINYARD_E2E_LOGS_TO:-} ]]; then
   # Keep the component and pod logs for after the state is gone (CI artefacts).
@@ -183,9 +183,16 @@ done < <(findmnt -rn -o TARGET | grep -E "^($STATE|${KUBELET_ROOT}/pods)(/|$)")
 if ((!host_had_kube_chains)) && iptables-save 2>/dev/null | grep -q '^:KUBE-'; then
   leftovers+=("iptables KUBE-* chains")
 fi
-for cg in /sys/fs/cgroup/*/"$NODE2_CGROUP"; do
-  [[ -d $cg ]] && leftovers+=("cgroup $cg")
+# Node 2's cgroup in every hierarchy (cgroup v1) or the unified tree (v2), and, on v2 where a
+# freeze is per cgroup, any of containerd's container cgroups still frozen.
+for h in $(cgroup_hierarchies); do
+  [[ -d $h/$NODE2_CGROUP ]] && leftovers+=("cgroup $h/$NODE2_CGROUP")
 done
+if ((CGROUP_V2)); then
+  for cg in /sys/fs/cgroup/k8s.io/*/; do
+    grep -qx 'frozen 1' "$cg/cgroup.events" 2>/dev/null && leftovers+=("frozen cgroup ${cg%/}")
+  done
+fi
 if ((${#leftovers[@]})); then
   echo "down: LEFT BEHIND (${#leftovers[@]}):" >&2
   printf '  %s\n' "${leftovers[@]}" >&2

@@ -31,6 +31,27 @@ NODE2_NAME=${TRAINYARD_NODE2_NAME:-trainyard-node-2}
 NODE2_NETNS=ty-node2
 NODE2_DIR=$STATE/node2
 NODE2_CGROUP=trainyard-node2
+# The cgroup hierarchy: unified cgroup v2 (/sys/fs/cgroup is cgroup2fs, as on Debian 12) or v1
+# (a tmpfs of per-controller hierarchies, a "hybrid" one with an empty v2 tree beside them).
+# Node 2's own cgroup is /sys/fs/cgroup/$NODE2_CGROUP on v2, in the freezer hierarchy on v1.
+if [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == cgroup2fs ]]; then
+  CGROUP_V2=1
+  CGROUP_FS=/sys/fs/cgroup
+else
+  CGROUP_V2=0
+  CGROUP_FS=/sys/fs/cgroup/freezer
+fi
+NODE2_CGROUP_DIR=$CGROUP_FS/$NODE2_CGROUP
+# cgroup_hierarchies: every hierarchy root a cgroup of the harness may sit in (runc makes a
+# container's cgroup in each v1 controller's hierarchy; v2 has the one).
+cgroup_hierarchies() {
+  if ((CGROUP_V2)); then
+    echo /sys/fs/cgroup
+  else
+    local h
+    for h in /sys/fs/cgroup/*/; do echo "${h%/}"; done
+  fi
+}
 NODE2_MNTNS=$STATE/ns/node2-mnt
 NODE2_KUBELET_ROOT=$NODE2_DIR/kubelet
 NODE2_CONTAINERD_SOCK=$NODE2_DIR/containerd/containerd.sock

@@ -5,7 +5,8 @@
 #   node2.sh start   create what is missing and start the node (idempotent); waits for Ready
 #   node2.sh lose    lose the node the way a reclaimed spot VM disappears: its kubelet,
 #                    containerd, kube-proxy, shims and containers are all killed at once
-#                    (SIGKILL, frozen first so that nothing runs in between); the Node object
+#                    (SIGKILL, frozen first so that nothing runs in between; the cgroup v1
+#                    freezer, or cgroup.freeze and cgroup.kill on cgroup v2); the Node object
 #                    and the namespaces stay, as the VM's address would. `start` brings it back.
 #   node2.sh stop    lose it, then remove its mounts, namespaces, veth, routes and cgroups
 #                    (down.sh calls this)
@@ -17,7 +18,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
 
 PRIVATE=$NODE2_DIR/private
-FREEZER=/sys/fs/cgroup/freezer/$NODE2_CGROUP
+# The node's own cgroup (env.sh: the v1 freezer hierarchy or the v2 tree).
+NODE_CG=$NODE2_CGROUP_DIR
 N2PIDS=$PIDS/node2
 mkdir -p "$N2PIDS" "$LOGS"
 
@@ -31,7 +33,7 @@ start_in_node() {
   local name=$1; shift
   if alive "$name"; then log "$name already running (pid $(cat "$N2PIDS/$name.pid"))"; return; fi
   setsid nsenter --net="/run/netns/$NODE2_NETNS" --mount="$NODE2_MNTNS" -- \
-    bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$FREEZER/system" "$@" \
+    bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$NODE_CG/system" "$@" \
     >>"$LOGS/node2-$name.log" 2>&1 </dev/null &
   echo $! >"$N2PIDS/$name.pid"
   log "started $name (pid $!)"
@@ -77,7 +79,7 @@ make_namespaces() {
     done
     log "mount namespace $NODE2_MNTNS: private ${NODE2_PRIVATE_DIRS[*]}"
   fi
-  mkdir -p "$FREEZER/system"
+  mkdir -p "$NODE_CG/system"
 }
 
 # ---------- PKI and kubeconfigs (the CA is up.sh's) ----------
@@ -142,46 +144,84 @@ start_node() {
   log "$NODE2_NAME Ready"
 }
 
-# The node's freezer cgroups: its own subtree (kubelet, containerd, kube-proxy and the shims
-# containerd forks) and the one runc made for each container of its containerd (the kubelet
-# hands containerd no cgroup parent without QoS cgroups, so those sit under /k8s.io/<id>).
+# The node's cgroups: its own subtree (kubelet, containerd, kube-proxy and the shims containerd
+# forks) and the one runc made for each container of its containerd (the kubelet hands
+# containerd no cgroup parent without QoS cgroups, so those sit under /k8s.io/<id>, beside
+# node 1's; see docs/e2e.md). On v1 these are the freezer hierarchy's, on v2 the one tree's.
 node_cgroups() {
-  [[ -d $FREEZER ]] && find "$FREEZER" -mindepth 1 -type d
+  [[ -d $NODE_CG ]] && find "$NODE_CG" -mindepth 1 -type d
   if [[ -S $NODE2_CONTAINERD_SOCK ]]; then
     local id
     for id in $(timeout 5 /usr/bin/ctr --address "$NODE2_CONTAINERD_SOCK" -n k8s.io tasks ls -q 2>/dev/null); do
-      [[ -d /sys/fs/cgroup/freezer/k8s.io/$id ]] && echo "/sys/fs/cgroup/freezer/k8s.io/$id"
+      [[ -d $CGROUP_FS/k8s.io/$id ]] && echo "$CGROUP_FS/k8s.io/$id"
     done
   fi
   return 0
 }
 
-pids_of() { # pids_of CGROUP...
+pids_of() { # pids_of CGROUP...: the processes of exactly these cgroups (v2: not descendants)
   local cg
   for cg in "$@"; do cat "$cg/cgroup.procs" 2>/dev/null; done | sort -un
 }
 
+freeze() { # freeze CGROUP...
+  local cg
+  for cg in "$@"; do
+    # A container's cgroup may go between listing and freezing.
+    { if ((CGROUP_V2)); then echo 1 >"$cg/cgroup.freeze"; else echo FROZEN >"$cg/freezer.state"; fi; } 2>/dev/null || true
+  done
+  ((CGROUP_V2)) || return 0
+  # A v2 freeze completes asynchronously: cgroup.events says `frozen 1` once it has.
+  local deadline=$((SECONDS + 2))
+  for cg in "$@"; do
+    until grep -qx 'frozen 1' "$cg/cgroup.events" 2>/dev/null || ! [[ -d $cg ]] || ((SECONDS > deadline)); do
+      sleep 0.05
+    done
+  done
+}
+
+thaw() { # thaw CGROUP...: killed processes exit once thawed (v1) or at once (v2)
+  local cg
+  for cg in "$@"; do
+    { if ((CGROUP_V2)); then echo 0 >"$cg/cgroup.freeze"; else echo THAWED >"$cg/freezer.state"; fi; } 2>/dev/null || true
+  done
+  return 0
+}
+
 lose_node() {
-  local cgroups pids n=0 cg
+  local cgroups pids n cg
   mapfile -t cgroups < <(node_cgroups)
   ((${#cgroups[@]})) || { log "not running"; return 0; }
   # Freeze first, so that no process of the node notices and reacts before all are gone.
-  for cg in "${cgroups[@]}"; do echo FROZEN >"$cg/freezer.state" 2>/dev/null; done
+  freeze "${cgroups[@]}"
   mapfile -t pids < <(pids_of "${cgroups[@]}")
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null && n=$((n + 1)); done
-  for cg in "${cgroups[@]}"; do echo THAWED >"$cg/freezer.state" 2>/dev/null; done
+  n=${#pids[@]}
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  if ((CGROUP_V2)); then
+    # cgroup.kill (Linux 5.14+) also takes any process the list above missed.
+    for cg in "${cgroups[@]}"; do { [[ -f $cg/cgroup.kill ]] && echo 1 >"$cg/cgroup.kill"; } 2>/dev/null || true; done
+  fi
+  thaw "${cgroups[@]}"
   local deadline=$((SECONDS + 20))
   while [[ -n $(pids_of "${cgroups[@]}") ]] && ((SECONDS < deadline)); do sleep 0.2; done
+  local left
+  left=$(pids_of "${cgroups[@]}" | wc -l)
   rm -f "$N2PIDS"/*.pid
+  if ((left)); then
+    log "lose: $left process(es) of the node still alive after SIGKILL" >&2
+    return 1
+  fi
   log "lost: killed $n process(es) at once"
 }
 
 stop_node() {
   # The containers' cgroups: nobody is left to remove them once their shims are killed.
-  local ids
+  local ids h
   mapfile -t ids < <(node_cgroups | grep -o '/k8s\.io/[0-9a-f]*$')
-  lose_node
-  for id in "${ids[@]}"; do rmdir /sys/fs/cgroup/*"$id" 2>/dev/null; done
+  lose_node || true # what is left, down.sh names
+  for id in "${ids[@]}"; do
+    for h in $(cgroup_hierarchies); do rmdir "$h$id" 2>/dev/null || true; done
+  done
   # The namespaces die with their last process; drop the files that keep them.
   if findmnt -rn "$NODE2_MNTNS" >/dev/null; then umount "$NODE2_MNTNS" && log "removed mount namespace"; fi
   if findmnt -rn "$(dirname "$NODE2_MNTNS")" >/dev/null; then umount "$(dirname "$NODE2_MNTNS")"; fi
@@ -189,10 +229,11 @@ stop_node() {
   ip route del "$NODE2_POD_SUBNET" 2>/dev/null || true
   ip link delete "$NODE2_VETH_HOST" 2>/dev/null || true
   # The node's cgroups in every hierarchy, deepest first (runc removes its containers' own).
-  for h in /sys/fs/cgroup/*/; do
-    [[ -d $h$NODE2_CGROUP ]] || continue
-    find "$h$NODE2_CGROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  for h in $(cgroup_hierarchies); do
+    [[ -d $h/$NODE2_CGROUP ]] || continue
+    find "$h/$NODE2_CGROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
+  return 0
 }
 
 case ${1:-} in
