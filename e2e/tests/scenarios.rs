@@ -538,6 +538,64 @@ async fn plugin_restart_count(client: &Client) -> Result<i32> {
         .unwrap_or(0))
 }
 
+/// The device plugin pod of one node, and how often it has registered with a kubelet.
+#[derive(Debug, Clone, PartialEq)]
+struct PluginRegistrations {
+    pod_uid: String,
+    /// Container restarts: a restarted plugin starts its counters at 0 again.
+    restarts: i32,
+    /// `trainyard_device_plugin_registrations_total{result="success"}` from its `/metrics`.
+    succeeded: u64,
+}
+
+/// Reads the registration counter of `node`'s device plugin through the API server's pod
+/// proxy (the port the pod names `metrics`).
+async fn plugin_registrations(client: &Client, node: &str) -> Result<PluginRegistrations> {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
+    let pod = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|p| p.name_any().contains("device-plugin") && node_of(p) == node)
+        .with_context(|| format!("no device plugin pod on {node}"))?;
+    let port = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.ports.as_ref())
+        .and_then(|ports| ports.iter().find(|p| p.name.as_deref() == Some("metrics")))
+        .map(|p| p.container_port)
+        .context("the plugin pod names no metrics port")?;
+    let path = format!(
+        "/api/v1/namespaces/{RELEASE_NS}/pods/{}:{port}/proxy/metrics",
+        pod.name_any()
+    );
+    let text = client
+        .request_text(http::Request::get(&path).body(Vec::new())?)
+        .await
+        .with_context(|| format!("GET {path}"))?;
+    let succeeded = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"trainyard_device_plugin_registrations_total{result="success"} "#)
+        })
+        .map(|n| n.trim().parse::<u64>())
+        .transpose()?
+        .unwrap_or(0);
+    let restarts = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+        .unwrap_or(0);
+    Ok(PluginRegistrations {
+        pod_uid: pod.uid().unwrap_or_default(),
+        restarts,
+        succeeded,
+    })
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn spot_require_lands_on_spot_node_then_falls_back_to_on_demand() -> Result<()> {
@@ -1015,13 +1073,38 @@ async fn no_restart_stall(client: &Client, ns: &str, timeline: &PodTimeline) -> 
 
 /// Events of the namespace whose reason is `reason`, as "object: message".
 async fn events(client: &Client, ns: &str, reason: &str) -> Result<Vec<String>> {
+    events_where(client, ns, reason, |_| true).await
+}
+
+/// Events whose reason is `reason` about this very TrainingJob (its UID: the namespace is
+/// shared, and keeps Events of earlier jobs, also of one with the same name, for an hour).
+async fn job_events(client: &Client, ns: &str, job: &str, reason: &str) -> Result<Vec<String>> {
+    let uid = tj_api(client, ns)
+        .get(job)
+        .await?
+        .uid()
+        .context("the job has no UID")?;
+    events_where(client, ns, reason, |o| {
+        o.kind.as_deref() == Some("TrainingJob")
+            && o.name.as_deref() == Some(job)
+            && o.uid.as_deref() == Some(uid.as_str())
+    })
+    .await
+}
+
+async fn events_where(
+    client: &Client,
+    ns: &str,
+    reason: &str,
+    about: impl Fn(&k8s_openapi::api::core::v1::ObjectReference) -> bool,
+) -> Result<Vec<String>> {
     let list = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await?;
     Ok(list
         .items
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| e.reason.as_deref() == Some(reason) && about(&e.involved_object))
         .map(|e| {
             format!(
                 "{}: {}",
@@ -1181,8 +1264,12 @@ async fn spot_node_loss_falls_back_to_on_demand_after_one_preemption() -> Result
         assert_eq!(st["preemptions"], 1, "status: {st}");
         assert_eq!(st["failures"], 0, "status: {st}");
         assert_eq!(st["selectedGpu"]["spot"], false, "status: {st}");
-        let fallback = events(&client, &ns.name, "SpotFallback").await?;
-        assert!(!fallback.is_empty(), "a SpotFallback event");
+        let fallback = job_events(&client, &ns.name, name, "SpotFallback").await?;
+        assert!(
+            !fallback.is_empty(),
+            "a SpotFallback Event about {name}; in the namespace: {:?}",
+            events(&client, &ns.name, "SpotFallback").await?
+        );
         Ok(())
     })
     .await;
@@ -1192,7 +1279,8 @@ async fn spot_node_loss_falls_back_to_on_demand_after_one_preemption() -> Result
 
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
-async fn kubelet_restart_on_the_surviving_node_loses_and_double_counts_nothing() -> Result<()> {
+async fn kubelet_restart_on_the_surviving_node_re_registers_its_plugin_and_loses_nothing()
+-> Result<()> {
     let (_guard, client) = installed().await?;
     let ns = Jobs::new(&client);
     let res = with_spot_node(&client, || async {
@@ -1206,12 +1294,33 @@ async fn kubelet_restart_on_the_surviving_node_loses_and_double_counts_nothing()
         let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
         let uids: BTreeSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
         let before = job_status(&client, &ns.name, name).await?;
+        let node = node_name();
+        let plugin_before = plugin_registrations(&client, &node).await?;
 
         // The on-demand node's kubelet restarts: its plugin re-registers, the job goes on.
         trainyard_e2e::restart_kubelet()?;
-        let node = node_name();
+        // The same plugin process (same pod, no container restart) counts one more successful
+        // registration: only a new Register call with the new kubelet moves that counter.
+        let plugin_after = wait_for(
+            "node 1's device plugin to register with the new kubelet",
+            Duration::from_secs(120),
+            || {
+                let (client, node) = (client.clone(), node.clone());
+                async move {
+                    let now = plugin_registrations(&client, &node).await?;
+                    Ok((now.succeeded > plugin_before.succeeded).then_some(now))
+                }
+            },
+        )
+        .await?;
+        assert_eq!(
+            (&plugin_after.pod_uid, plugin_after.restarts),
+            (&plugin_before.pod_uid, plugin_before.restarts),
+            "the plugin re-registered without being restarted: {plugin_before:?} -> {plugin_after:?}"
+        );
+        println!("node 1's plugin registrations: {plugin_before:?} -> {plugin_after:?}");
         wait_for(
-            "node 1 allocatable nvidia.com/gpu = 8 again (the plugin re-registered)",
+            "node 1 allocatable nvidia.com/gpu = 8 again",
             Duration::from_secs(120),
             || {
                 let (client, node) = (client.clone(), node.clone());
