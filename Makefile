@@ -24,7 +24,9 @@ demo: prereqs
 bench: prereqs
 	bash bench/run.sh
 
+## Rust itself is not installed here (see README): say so before anything else runs.
 prereqs:
+	@command -v $(CARGO) >/dev/null || { echo "prereqs: no $(CARGO): install a Rust toolchain (1.89+, e.g. with rustup) first" >&2; exit 1; }
 	bash e2e/cluster/install-prereqs.sh
 	rustup component add rustfmt clippy >/dev/null 2>&1 || true
 	test -x $(PY) || python3 -m venv $(VENV)

@@ -56,7 +56,7 @@ export GOCACHE=$CACHE/k8s-1.20.2/gocache
 export KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20
 targets=()
 for w in "${WHAT[@]}"; do targets+=("cmd/$w"); done
-echo "build-k8s: building ${WHAT[*]} (about 5 minutes on 2 cores)"
+echo "build-k8s: building ${WHAT[*]} (about 10 minutes on 2 cores)"
 (cd "$GOPATH/src/k8s.io/kubernetes" && make WHAT="${targets[*]}" GOFLAGS=-mod=vendor)
 for w in "${WHAT[@]}"; do
   install -m 0755 "$TREE/_output/local/bin/linux/$(go env GOARCH)/$w" "$BIN/$w"
