@@ -943,7 +943,7 @@ fn floor_pods(
             Ok((0..params.workers)
                 .map(|rank| {
                     let restart = (attempt > 0).then_some(RestartReason::Preemption);
-                    let mut pod = pods::desired_pod(&valid, rank, attempt, restart, &place);
+                    let mut pod = pods::desired_pod(&valid, rank, attempt, restart, &place, None);
                     pod.metadata.owner_references = None;
                     pod
                 })

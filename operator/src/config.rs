@@ -58,6 +58,19 @@ pub struct OperatorConfig {
     /// How long after a rank fails its verdict is held while a peer's node may have been lost
     /// ([`crate::lost_peer`]): a lost peer is a preemption, not a failure.
     pub lost_peer_window_seconds: u64,
+    /// The progress channel trainers report to, when the operator serves it (set from the
+    /// command line, `--progress-url`, never from the config file).
+    #[serde(skip)]
+    pub progress_channel: Option<ProgressChannel>,
+}
+
+/// Where trainers report their progress, and the audience of the token they report with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgressChannel {
+    /// The URL trainers POST to (`TRAINYARD_PROGRESS_URL`).
+    pub url: String,
+    /// The audience of the projected service-account token mounted for it.
+    pub audience: String,
 }
 
 /// One row of the price table.
@@ -122,6 +135,7 @@ impl Default for OperatorConfig {
             node_not_ready_timeout_seconds: 60,
             container_waiting_timeout_seconds: 300,
             lost_peer_window_seconds: 60,
+            progress_channel: None,
         }
     }
 }

@@ -23,6 +23,8 @@ struct World {
     now: Timestamp,
     /// The phase that decided each round [`World::step`] took, in order.
     decided: Vec<PhaseName>,
+    /// What the trainers reported through the progress channel.
+    progress: Option<ObservedProgress>,
 }
 
 impl World {
@@ -38,6 +40,7 @@ impl World {
             service_exists: false,
             now: ts(T0),
             decided: Vec::new(),
+            progress: None,
         }
     }
 
@@ -49,6 +52,7 @@ impl World {
                 .map(|p| Arc::new(CachedPod::from(p.as_ref())))
                 .collect(),
             sibling_placement: self.sibling_placement(),
+            progress: self.progress.clone(),
             foreign: Vec::new(),
             nodes: self.nodes.clone(),
             node_leases: self.leases.clone(),
@@ -1680,5 +1684,229 @@ fn a_malformed_object_is_reported_through_the_invalid_spec_condition() {
     assert_eq!(
         (event.kind, event.reason.as_str(), event.note.as_str()),
         (EventKind::Warning, "InvalidSpec", c.message.as_str())
+    );
+}
+
+/// What trainers of `attempt` report: each rank at `step`, advanced at `at`.
+fn reports(attempt: u32, ranks: &[(u32, u64)], at: Timestamp) -> ObservedProgress {
+    ObservedProgress {
+        attempt,
+        ranks: ranks
+            .iter()
+            .map(|&(rank, step)| RankProgress {
+                rank,
+                step,
+                advanced_at: at,
+            })
+            .collect(),
+        ..ObservedProgress::default()
+    }
+}
+
+#[test]
+fn a_job_whose_trainers_never_report_is_decided_as_without_the_channel() {
+    let mut w = World::running_world("workers: 2\nrestartPolicy: {progressTimeoutSeconds: 30}\n");
+    w.advance(3600);
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::Running);
+    assert_eq!(plan.status.progress, None);
+    assert_eq!((plan.restart, plan.checkpoint_request), (None, None));
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn reported_progress_is_recorded_with_the_steps_the_preemption_before_it_lost() {
+    let mut w = World::running_world("workers: 2\n");
+    let mut p = reports(0, &[(0, 40), (1, 39)], w.now);
+    p.checkpoint = Some((30, w.now));
+    w.progress = Some(p);
+    let plan = w.step();
+    let st = plan.status.progress.clone().expect("progress");
+    assert_eq!((st.attempt, st.step, st.checkpoint_step), (0, 40, Some(30)));
+    assert_eq!(plan.steps_lost, None);
+    assert!(plan.requeue_at.is_some(), "status.progress is refreshed");
+
+    // Preempted; the next attempt resumes from the checkpoint at 30: 10 steps lost.
+    w.preempt("train-worker-1");
+    w.step();
+    w.kubelet_removes_deleted();
+    w.step();
+    w.run_all();
+    let mut p = reports(1, &[(0, 31), (1, 31)], w.now);
+    p.resumed_from = Some(30);
+    p.previous_attempt_step = Some(40);
+    w.progress = Some(p);
+    let plan = w.step();
+    let st = plan.status.progress.clone().expect("progress");
+    assert_eq!(
+        (st.attempt, st.resumed_from, st.steps_lost),
+        (1, Some(30), Some(10))
+    );
+    assert_eq!(
+        plan.steps_lost,
+        Some(10),
+        "observed once, for the histogram"
+    );
+    let again = w.step();
+    assert_eq!(again.steps_lost, None);
+    assert_eq!(again.status.progress, plan.status.progress);
+}
+
+#[test]
+fn a_gang_whose_progress_stops_advancing_is_restarted_as_a_hang_naming_the_first_ranks() {
+    let mut w = World::running_world(
+        "workers: 2\nrestartPolicy: {progressTimeoutSeconds: 60, maxHangs: 1}\n",
+    );
+    let t0 = w.now;
+    let mut p = reports(0, &[(0, 20), (1, 19)], t0);
+    p.ranks[0].advanced_at = t0.saturating_add(SignedDuration::from_secs(5)).expect("t");
+    w.progress = Some(p);
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::Running);
+    let due = t0.saturating_add(SignedDuration::from_secs(65)).expect("t");
+    assert!(
+        plan.requeue_at.is_some_and(|at| at <= due),
+        "looked at again by the time the timeout runs out: {:?}",
+        plan.requeue_at
+    );
+    w.advance(64);
+    assert_eq!(w.step().restart, None, "not yet");
+    w.advance(1);
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::Hang);
+    assert_eq!(plan.restart, Some(RestartReason::Hang));
+    assert_eq!(
+        (
+            plan.status.hangs,
+            plan.status.preemptions,
+            plan.status.failures
+        ),
+        (1, 0, 0)
+    );
+    let hang = plan
+        .events
+        .iter()
+        .find(|e| e.reason == "Hang")
+        .expect("a Hang Event");
+    assert!(
+        hang.note.contains("ranks that stopped advancing first")
+            && hang.note.contains("1 (step 19)"),
+        "{}",
+        hang.note
+    );
+    assert!(!hang.note.contains("0 (step 20)"), "{}", hang.note);
+    assert_eq!(World::deletes(&plan), 2, "the whole gang restarts");
+
+    // The next hang exceeds maxHangs=1.
+    w.kubelet_removes_deleted();
+    w.step();
+    w.run_all();
+    w.step();
+    w.progress = Some(reports(1, &[(0, 21), (1, 21)], w.now));
+    w.step();
+    w.advance(61);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert_eq!(plan.status.hangs, 2);
+    assert!(
+        plan.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == condition::FAILED && c.reason == "HangBudgetExceeded")
+    );
+}
+
+#[test]
+fn a_hang_is_only_judged_while_every_worker_runs() {
+    let mut w = World::running_world("workers: 2\nrestartPolicy: {progressTimeoutSeconds: 30}\n");
+    w.progress = Some(reports(0, &[(0, 5), (1, 5)], w.now));
+    w.exit("train-worker-0", 0);
+    w.advance(100);
+    let plan = w.step();
+    assert_ne!(plan.restart, Some(RestartReason::Hang));
+    assert_eq!(plan.status.hangs, 0);
+}
+
+#[test]
+fn a_termination_notice_asks_for_a_checkpoint_then_restarts_the_gang_from_it() {
+    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+    w.step();
+    // The provider announces n-2's termination.
+    w.replace_node(
+        node("n-2")
+            .gpus(8)
+            .product("Tesla-T4")
+            .taint(trainyard_api::spot::KARPENTER_DISRUPTED)
+            .build(),
+    );
+    let plan = w.step();
+    assert_eq!(plan.checkpoint_request, Some(0));
+    assert_eq!(plan.restart, None, "the trainers save first");
+    let asked = plan
+        .events
+        .iter()
+        .find(|e| e.reason == "CheckpointRequested")
+        .expect("CheckpointRequested");
+    assert!(
+        asked.note.contains("node n-2") && asked.note.contains("step 42"),
+        "{}",
+        asked.note
+    );
+    let requested = plan
+        .status
+        .progress
+        .as_ref()
+        .and_then(|p| p.checkpoint_requested_time.clone())
+        .expect("requested time");
+
+    // Still waiting for the checkpoint: asked again, nothing announced twice.
+    w.progress.as_mut().expect("progress").checkpoint_requested = Some(42);
+    w.advance(1);
+    let waiting = w.step();
+    assert_eq!(waiting.checkpoint_request, Some(0));
+    assert!(
+        !waiting
+            .events
+            .iter()
+            .any(|e| e.reason == "CheckpointRequested")
+    );
+    assert_eq!(waiting.restart, None);
+
+    // Saved at step 43: the gang restarts from it, counted as a preemption.
+    let p = w.progress.as_mut().expect("progress");
+    p.checkpoint_requested = None;
+    p.checkpoint = Some((
+        43,
+        requested
+            .0
+            .saturating_add(SignedDuration::from_secs(1))
+            .expect("t"),
+    ));
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::TerminationNotice);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!((plan.status.preemptions, plan.status.failures), (1, 0));
+    let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
+    assert!(detail.contains("checkpoint at step 43"), "{detail}");
+}
+
+#[test]
+fn a_termination_notice_changes_nothing_for_trainers_that_do_not_report() {
+    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    w.replace_node(
+        node("n-2")
+            .gpus(8)
+            .product("Tesla-T4")
+            .taint(trainyard_api::spot::KARPENTER_DISRUPTED)
+            .build(),
+    );
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::Running);
+    assert_eq!((plan.checkpoint_request, plan.restart), (None, None));
+    assert!(
+        plan.events
+            .iter()
+            .all(|e| e.reason != "CheckpointRequested")
     );
 }

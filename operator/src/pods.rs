@@ -5,11 +5,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Container, EnvVar, NodeAffinity, NodeSelector, NodeSelectorTerm,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume, VolumeMount,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, ProjectedVolumeSource,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::config::ProgressChannel;
 use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, RestartReason};
 use crate::placement::Placement;
 use crate::validate::ValidJob;
@@ -21,6 +23,12 @@ pub const MASTER_PORT: u16 = 29500;
 pub const CHECKPOINT_VOLUME: &str = "trainyard-checkpoints";
 /// The checkpoint file name inside the checkpoint directory.
 pub const CHECKPOINT_FILE: &str = "latest.pt";
+/// Name of the volume holding the progress channel's token.
+pub const PROGRESS_TOKEN_VOLUME: &str = "trainyard-progress-token";
+/// Where the trainer finds that token's directory.
+pub const PROGRESS_TOKEN_DIR: &str = "/var/run/secrets/trainyard.dev/progress";
+/// Lifetime of the progress token; the kubelet rotates it well before it runs out.
+const PROGRESS_TOKEN_SECONDS: i64 = 3600;
 
 /// The environment the operator gives the trainer, in a stable order.
 pub fn trainer_env(
@@ -141,6 +149,7 @@ pub fn desired_pod(
     attempt: u32,
     restart: Option<RestartReason>,
     placement: &Placement,
+    progress: Option<&ProgressChannel>,
 ) -> Pod {
     let template = &job.spec.template;
     let name = job.pod_name(rank);
@@ -158,6 +167,9 @@ pub fn desired_pod(
     mount_checkpoint_claim(&mut spec, job);
     if let Some(trainer) = spec.containers.get_mut(job.trainer_index) {
         equip_trainer(trainer, job, rank, attempt, restart);
+    }
+    if let Some(channel) = progress {
+        connect_progress_channel(&mut spec, job.trainer_index, channel);
     }
 
     Pod {
@@ -205,6 +217,56 @@ fn mount_checkpoint_claim(spec: &mut PodSpec, job: &ValidJob) {
             read_only: None,
         }),
         ..Volume::default()
+    });
+}
+
+/// The progress channel (docs/env-contract.md): its URL, and a service-account token for the
+/// operator's audience, bound to this pod (the operator checks both with a TokenReview), in
+/// a projected volume the kubelet rotates. Values the user sets win.
+fn connect_progress_channel(spec: &mut PodSpec, trainer_index: usize, channel: &ProgressChannel) {
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    volumes.retain(|v| v.name != PROGRESS_TOKEN_VOLUME);
+    volumes.push(Volume {
+        name: PROGRESS_TOKEN_VOLUME.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    audience: Some(channel.audience.clone()),
+                    expiration_seconds: Some(PROGRESS_TOKEN_SECONDS),
+                    path: "token".to_owned(),
+                }),
+                ..VolumeProjection::default()
+            }]),
+            default_mode: None,
+        }),
+        ..Volume::default()
+    });
+    let Some(trainer) = spec.containers.get_mut(trainer_index) else {
+        return;
+    };
+    let env = trainer.env.get_or_insert_with(Vec::new);
+    for (k, v) in [
+        (env::TRAINYARD_PROGRESS_URL, channel.url.clone()),
+        (
+            env::TRAINYARD_PROGRESS_TOKEN_FILE,
+            format!("{PROGRESS_TOKEN_DIR}/token"),
+        ),
+    ] {
+        if !env.iter().any(|e| e.name == k) {
+            env.push(EnvVar {
+                name: k.to_owned(),
+                value: Some(v),
+                value_from: None,
+            });
+        }
+    }
+    let mounts = trainer.volume_mounts.get_or_insert_with(Vec::new);
+    mounts.retain(|m| m.name != PROGRESS_TOKEN_VOLUME);
+    mounts.push(VolumeMount {
+        name: PROGRESS_TOKEN_VOLUME.to_owned(),
+        mount_path: PROGRESS_TOKEN_DIR.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
     });
 }
 
@@ -280,7 +342,7 @@ mod tests {
         let job = validate(&job_yaml(yaml)).expect("valid");
         let n = node("n-1").gpus(8).product("NVIDIA-A100-SXM4-80GB").build();
         let placement = place(&job, &OperatorConfig::default(), &[&n], 0);
-        desired_pod(&job, rank, attempt, restart, &placement)
+        desired_pod(&job, rank, attempt, restart, &placement, None)
     }
 
     #[test]
@@ -481,5 +543,59 @@ mod tests {
                 "{keys:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_progress_channel_gives_the_trainer_its_url_and_a_pod_bound_token_of_the_audience() {
+        let job = validate(&job_yaml("workers: 2\n")).expect("valid");
+        let n = node("n-1").gpus(8).product("NVIDIA-A100-SXM4-80GB").build();
+        let placement = place(&job, &OperatorConfig::default(), &[&n], 0);
+        let channel = ProgressChannel {
+            url: "http://trainyard-progress.ops.svc.cluster.local:8082/v1/progress".to_owned(),
+            audience: "trainyard-progress".to_owned(),
+        };
+        let pod = desired_pod(&job, 1, 0, None, &placement, Some(&channel));
+        let env = env_of(&pod);
+        assert_eq!(env[env::TRAINYARD_PROGRESS_URL], channel.url);
+        assert_eq!(
+            env[env::TRAINYARD_PROGRESS_TOKEN_FILE],
+            format!("{PROGRESS_TOKEN_DIR}/token")
+        );
+        let spec = pod.spec.as_ref().expect("spec");
+        let volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == PROGRESS_TOKEN_VOLUME)
+            .expect("token volume");
+        let token = volume
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.as_ref())
+            .and_then(|s| s[0].service_account_token.clone())
+            .expect("service account token projection");
+        assert_eq!(token.audience.as_deref(), Some("trainyard-progress"));
+        assert_eq!(token.path, "token");
+        let mount = spec.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == PROGRESS_TOKEN_VOLUME)
+            .expect("mount");
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (PROGRESS_TOKEN_DIR, Some(true))
+        );
+
+        // Without the channel the pod is as before: no URL, no token.
+        let plain = desired_pod(&job, 1, 0, None, &placement, None);
+        assert!(!env_of(&plain).contains_key(env::TRAINYARD_PROGRESS_URL));
+        assert!(
+            plain
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_ref())
+                .is_none_or(|v| v.iter().all(|v| v.name != PROGRESS_TOKEN_VOLUME))
+        );
     }
 }

@@ -587,6 +587,8 @@ mod tests {
             restart: None,
             creates_attempt: None,
             announcement: None,
+            checkpoint_request: None,
+            steps_lost: None,
             decided_by: plan::PhaseName::Running,
         }
     }

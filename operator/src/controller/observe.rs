@@ -107,6 +107,7 @@ impl Caches {
         Observed {
             pods,
             sibling_placement: None,
+            progress: None,
             foreign,
             nodes: self.nodes.state(),
             node_leases: self.leases.state(),

@@ -70,8 +70,51 @@ pub struct Observed {
     pub claim_exists: bool,
     /// Whether the job's own rendezvous Service exists.
     pub service_exists: bool,
+    /// What the trainers have reported through the progress channel, if they report.
+    pub progress: Option<ObservedProgress>,
     /// The time of this reconcile.
     pub now: Timestamp,
+}
+
+/// What the trainers of one attempt have reported of their progress (the controller's
+/// progress store, `crate::progress`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ObservedProgress {
+    /// The attempt the reports belong to.
+    pub attempt: u32,
+    /// Each reporting rank: its step and when that step last advanced.
+    pub ranks: Vec<RankProgress>,
+    /// The latest checkpoint step reported, and when it first was.
+    pub checkpoint: Option<(u64, Timestamp)>,
+    /// The step the attempt resumed from.
+    pub resumed_from: Option<u64>,
+    /// The highest step reported in the attempt before this one.
+    pub previous_attempt_step: Option<u64>,
+    /// The step at which a checkpoint was requested, while the request is outstanding.
+    pub checkpoint_requested: Option<u64>,
+}
+
+/// One rank's reported progress.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankProgress {
+    /// The rank.
+    pub rank: u32,
+    /// Its latest reported step.
+    pub step: u64,
+    /// When its step last advanced (or first appeared).
+    pub advanced_at: Timestamp,
+}
+
+impl ObservedProgress {
+    /// The highest step any rank reported.
+    pub fn step(&self) -> u64 {
+        self.ranks.iter().map(|r| r.step).max().unwrap_or(0)
+    }
+
+    /// When the job's progress last advanced: the latest advance of any rank.
+    pub fn advanced_at(&self) -> Option<Timestamp> {
+        self.ranks.iter().map(|r| r.advanced_at).max()
+    }
 }
 
 impl Observed {
@@ -82,7 +125,7 @@ impl Observed {
             .map(|n| n.as_ref())
     }
 
-    fn node_view<'a>(&'a self, pod: &'a CachedPod) -> NodeView<'a> {
+    pub(crate) fn node_view<'a>(&'a self, pod: &'a CachedPod) -> NodeView<'a> {
         match pod.node_name() {
             None => NodeView::Unscheduled,
             Some(n) => match self.node(n) {
@@ -172,6 +215,12 @@ pub struct Plan {
     /// round goes out, so that a round that repeats creates the watch does not show yet (and
     /// that the executor holds back) does not announce the attempt a second time.
     pub announcement: Option<JobEvent>,
+    /// Ask the trainers of this attempt for a checkpoint (answered through the progress
+    /// channel).
+    pub checkpoint_request: Option<u32>,
+    /// Steps the last restart after a preemption lost, measured in this round (for the
+    /// `trainyard_operator_steps_lost_per_preemption` histogram).
+    pub steps_lost: Option<u64>,
     /// The phase that ended the round.
     pub decided_by: PhaseName,
 }

@@ -16,6 +16,7 @@ use crate::preemption::WorkerState;
 use crate::validate::InvalidSpec;
 use crate::{pods, pvc, service};
 
+mod progress;
 mod restart;
 
 /// The name of a phase: which one decided a round ([`super::Plan::decided_by`]).
@@ -31,8 +32,14 @@ pub enum PhaseName {
     Deadline,
     /// Classify the current attempt's workers.
     Classify,
+    /// Record what the trainers reported through the progress channel.
+    Progress,
     /// A preemption or failure: restart the whole gang, or fail past the budget.
     GangRestart,
+    /// The trainers' progress stopped advancing for `progressTimeoutSeconds`.
+    Hang,
+    /// A termination notice on a running worker's node: checkpoint, then restart from it.
+    TerminationNotice,
     /// Every trainer exited 0.
     Success,
     /// Pods of an older attempt must be gone before new ones start.
@@ -61,7 +68,10 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
     (PhaseName::Resume, resume),
     (PhaseName::Deadline, deadline),
     (PhaseName::Classify, classify),
+    (PhaseName::Progress, progress::record_progress),
     (PhaseName::GangRestart, restart::gang_restart),
+    (PhaseName::Hang, progress::hang),
+    (PhaseName::TerminationNotice, progress::termination_notice),
     (PhaseName::Success, success),
     (PhaseName::DrainOldAttempt, drain_old_attempt),
     (PhaseName::ForeignObjects, foreign_objects),
@@ -356,7 +366,14 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
         .map(|l| l.reason)
         .filter(|_| st.attempt > 0);
     for &rank in &missing {
-        let pod = pods::desired_pod(view.job, rank, st.attempt, restart_reason, &placement);
+        let pod = pods::desired_pod(
+            view.job,
+            rank,
+            st.attempt,
+            restart_reason,
+            &placement,
+            view.config.progress_channel.as_ref(),
+        );
         round.actions.push(Action::CreatePod(Box::new(pod)));
     }
     if round.st.start_time.is_none() {

@@ -32,6 +32,10 @@ pub(crate) struct Round {
     pub creates_attempt: Option<u32>,
     /// The `CreatingWorkers` Event ([`Plan::announcement`]).
     pub announcement: Option<JobEvent>,
+    /// [`Plan::checkpoint_request`].
+    pub checkpoint_request: Option<u32>,
+    /// [`Plan::steps_lost`].
+    pub steps_lost: Option<u64>,
     /// The spec cannot run in this cluster as written (condition InvalidSpec).
     pub invalid: Option<InvalidSpec>,
     /// Where this round's pods go, once a phase has placed them.
@@ -53,6 +57,8 @@ impl Round {
             resumed: None,
             creates_attempt: None,
             announcement: None,
+            checkpoint_request: None,
+            steps_lost: None,
             invalid: view.job.rejected_edit.clone(),
             placement: None,
         }
@@ -75,6 +81,8 @@ impl Round {
             restart: self.restart.or(self.resumed),
             creates_attempt: self.creates_attempt,
             announcement: self.announcement,
+            checkpoint_request: self.checkpoint_request,
+            steps_lost: self.steps_lost,
             decided_by,
         }
     }

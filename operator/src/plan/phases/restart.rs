@@ -26,9 +26,64 @@ pub(super) fn attempt_limit_message(detail: &str) -> String {
 }
 
 /// Why the gang restarts, and the detail users read.
-struct Cause {
-    reason: RestartReason,
-    detail: String,
+pub(super) struct Cause {
+    pub reason: RestartReason,
+    pub detail: String,
+}
+
+/// The budget a restart reason is counted against, once counted.
+struct Budget {
+    spent: u32,
+    limit: u32,
+    name: &'static str,
+    counted: &'static str,
+    exceeded: &'static str,
+    event: &'static str,
+}
+
+/// Counts one more restart for `reason` in the next status.
+fn count(round: &mut Round, view: &View<'_>, reason: RestartReason) -> Budget {
+    let policy = &view.job.spec.restart_policy;
+    let st = &mut round.st;
+    let (counter, limit, name, counted, exceeded, event) = match reason {
+        RestartReason::Preemption => (
+            &mut st.preemptions,
+            policy.max_preemptions,
+            "maxPreemptions",
+            "preemptions",
+            "PreemptionBudgetExceeded",
+            "Preempted",
+        ),
+        RestartReason::Failure => (
+            &mut st.failures,
+            policy.max_failures,
+            "maxFailures",
+            "failures",
+            "FailureBudgetExceeded",
+            "WorkerFailed",
+        ),
+        RestartReason::Hang => (
+            &mut st.hangs,
+            policy.max_hangs,
+            "maxHangs",
+            "hangs",
+            "HangBudgetExceeded",
+            "Hang",
+        ),
+        // A resume is not a gang restart of a running job (see the resume phase).
+        RestartReason::Resume => (&mut st.preemptions, u32::MAX, "", "", "", "Resumed"),
+    };
+    if reason != RestartReason::Resume {
+        *counter = counter.saturating_add(1);
+    }
+    Budget {
+        spent: *counter,
+        limit,
+        name,
+        counted,
+        exceeded,
+        event,
+    }
 }
 
 /// A preempted rank makes the others fail too (the collective breaks): preemption wins.
@@ -84,43 +139,29 @@ fn cause(view: &View<'_>, round: &mut Round) -> Option<Cause> {
 
 /// Restarts the gang after a preemption or failure, or fails the job past its budget.
 pub(super) fn gang_restart(view: &View<'_>, round: &mut Round) -> Flow {
-    let Some(Cause { reason, detail }) = cause(view, round) else {
-        return Flow::Continue;
-    };
-    let policy = &view.job.spec.restart_policy;
-    let st = &mut round.st;
-    let preempted = reason == RestartReason::Preemption;
-    let (spent, budget, budget_name, counted, exceeded) = if preempted {
-        st.preemptions = st.preemptions.saturating_add(1);
-        let p = st.preemptions;
-        (
-            p,
-            policy.max_preemptions,
-            "maxPreemptions",
-            "preemptions",
-            "PreemptionBudgetExceeded",
-        )
-    } else {
-        st.failures = st.failures.saturating_add(1);
-        let f = st.failures;
-        (
-            f,
-            policy.max_failures,
-            "maxFailures",
-            "failures",
-            "FailureBudgetExceeded",
-        )
-    };
-    let event = if preempted {
-        "Preempted"
-    } else {
-        "WorkerFailed"
-    };
+    match cause(view, round) {
+        Some(cause) => restart_for(view, round, cause),
+        None => Flow::Continue,
+    }
+}
+
+/// Counts a gang restart for `cause` against its budget and restarts the gang as the next
+/// attempt, or fails the job past the budget.
+pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> Flow {
+    let Cause { reason, detail } = cause;
+    let Budget {
+        spent,
+        limit,
+        name,
+        counted,
+        exceeded,
+        event,
+    } = count(round, view, reason);
     round.events.push(JobEvent::warning(event, detail.clone()));
     let next_attempt = match round.st.attempt.checked_add(1) {
-        _ if spent > budget => Err((
+        _ if spent > limit => Err((
             exceeded,
-            format!("{spent} {counted} exceed {budget_name}={budget}; last: {detail}"),
+            format!("{spent} {counted} exceed {name}={limit}; last: {detail}"),
         )),
         None => Err((ATTEMPT_LIMIT_REACHED, attempt_limit_message(&detail))),
         Some(next) => Ok(next),

@@ -1,0 +1,204 @@
+//! What the trainers report through the progress channel (`crate::progress`): recorded in
+//! `status.progress`; a gang whose progress stops advancing is restarted (reason `Hang`); a
+//! termination notice on a running worker's node asks the trainers for a checkpoint and, once
+//! it is saved, restarts the gang from it before the node goes. A job whose trainers never
+//! report is decided exactly as without the channel.
+
+use jiff::SignedDuration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::super::round::Round;
+use super::super::view::View;
+use super::super::{Flow, JobEvent, ObservedProgress};
+use super::restart::{self, Cause};
+use crate::crd::{ProgressStatus, RestartReason};
+use crate::nodes;
+use crate::preemption::{NodeView, WorkerState};
+
+/// How stale `status.progress` may get while the trainers report and nothing else happens.
+const PROGRESS_REFRESH: SignedDuration = SignedDuration::from_secs(60);
+
+/// The reports of the attempt this round works on.
+fn current<'v>(view: &'v View<'_>, round: &Round) -> Option<&'v ObservedProgress> {
+    view.observed
+        .progress
+        .as_ref()
+        .filter(|p| p.attempt == round.st.attempt && !p.ranks.is_empty())
+}
+
+/// Records the current attempt's reports in `status.progress`, and the steps the restart
+/// before it lost. Never stops the round.
+pub(in crate::plan) fn record_progress(view: &View<'_>, round: &mut Round) -> Flow {
+    let Some(p) = current(view, round) else {
+        return Flow::Continue;
+    };
+    let mut st = round
+        .st
+        .progress
+        .clone()
+        .filter(|s| s.attempt == p.attempt)
+        .unwrap_or(ProgressStatus {
+            attempt: p.attempt,
+            ..ProgressStatus::default()
+        });
+    st.step = p.step();
+    if let Some((step, at)) = p.checkpoint
+        && st.checkpoint_step != Some(step)
+    {
+        st.checkpoint_step = Some(step);
+        st.checkpoint_time = Some(Time(at));
+    }
+    if st.resumed_from.is_none()
+        && let Some(resumed) = p.resumed_from
+    {
+        st.resumed_from = Some(resumed);
+        if let Some(before) = p.previous_attempt_step {
+            let lost = before.saturating_sub(resumed);
+            st.steps_lost = Some(lost);
+            let after_preemption = round
+                .st
+                .last_restart
+                .as_ref()
+                .is_some_and(|l| l.reason == RestartReason::Preemption);
+            if after_preemption {
+                round.steps_lost = Some(lost);
+            }
+        }
+    }
+    round.st.progress = Some(st);
+    round.requeue(view.now.saturating_add(PROGRESS_REFRESH).ok());
+    Flow::Continue
+}
+
+/// Whether every worker of the attempt runs.
+fn all_running(view: &View<'_>) -> bool {
+    view.census.missing(view.workers).is_empty()
+        && (0..view.workers).all(|r| {
+            matches!(
+                view.census.states.get(&r),
+                Some(WorkerState::Running { .. })
+            )
+        })
+}
+
+/// `restartPolicy.progressTimeoutSeconds`: a gang that reported progress and has not
+/// advanced for that long while every worker runs is hung (a peer stuck in a collective, a
+/// deadlock): restart it, counted against `maxHangs`.
+pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
+    let Some(timeout) = view.job.spec.restart_policy.progress_timeout_seconds else {
+        return Flow::Continue;
+    };
+    let Some(p) = current(view, round) else {
+        return Flow::Continue;
+    };
+    let Some(advanced) = p.advanced_at() else {
+        return Flow::Continue;
+    };
+    if !all_running(view) {
+        return Flow::Continue;
+    }
+    let limit = SignedDuration::from_secs(i64::from(timeout));
+    let due = advanced.saturating_add(limit).unwrap_or(advanced);
+    if view.now < due {
+        round.requeue(Some(due));
+        return Flow::Continue;
+    }
+    let first = p
+        .ranks
+        .iter()
+        .map(|r| r.advanced_at)
+        .min()
+        .unwrap_or(advanced);
+    let stopped_first: Vec<String> = p
+        .ranks
+        .iter()
+        .filter(|r| r.advanced_at == first)
+        .map(|r| format!("{} (step {})", r.rank, r.step))
+        .collect();
+    let detail = format!(
+        "no progress for {timeout}s at step {}; ranks that stopped advancing first, at {first}: {}",
+        p.step(),
+        stopped_first.join(", ")
+    );
+    restart::restart_for(
+        view,
+        round,
+        Cause {
+            reason: RestartReason::Hang,
+            detail,
+        },
+    )
+}
+
+/// The first running worker whose node carries a termination taint, with the taint.
+fn noticed<'v>(view: &'v View<'_>) -> Option<(u32, &'v str, &'v str)> {
+    view.census.current.iter().find_map(|(&rank, pod)| {
+        if !matches!(
+            view.census.states.get(&rank),
+            Some(WorkerState::Running { .. })
+        ) {
+            return None;
+        }
+        let NodeView::Present(node) = view.observed.node_view(pod) else {
+            return None;
+        };
+        let taint = nodes::termination_taint(node, &view.classifier.termination_taints)?;
+        Some((rank, nodes::name(node), taint))
+    })
+}
+
+/// A termination notice (a taint of the provider table) on a running worker's node, for
+/// trainers that report progress: ask them for a checkpoint now (`CheckpointRequested`), and
+/// once a checkpoint taken after the request is reported, restart the gang from it as a
+/// preemption, before the node goes. Until then the job runs on: a trainer that does not
+/// checkpoint on request loses what it would have lost without the notice.
+pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) -> Flow {
+    let Some(p) = current(view, round) else {
+        return Flow::Continue;
+    };
+    let Some((rank, node, taint)) = noticed(view) else {
+        return Flow::Continue;
+    };
+    let attempt = round.st.attempt;
+    let requested = round
+        .st
+        .progress
+        .as_ref()
+        .and_then(|s| s.checkpoint_requested_time.clone());
+    let Some(requested) = requested else {
+        let step = p.step();
+        if let Some(st) = round.st.progress.as_mut() {
+            st.checkpoint_requested_time = Some(Time(view.now));
+        }
+        round.checkpoint_request = Some(attempt);
+        round.events.push(JobEvent::normal(
+            "CheckpointRequested",
+            format!(
+                "termination notice {taint} on node {node} (worker {rank}): asked the trainers \
+                 for a checkpoint at step {step}"
+            ),
+        ));
+        return Flow::Continue;
+    };
+    let saved = p
+        .checkpoint
+        .filter(|(_, at)| *at >= requested.0 && p.checkpoint_requested.is_none());
+    let Some((step, _)) = saved else {
+        // Asked again every round: the request lives in memory, which a restart of the
+        // operator loses, and asking again while it stands changes nothing.
+        round.checkpoint_request = Some(attempt);
+        return Flow::Continue;
+    };
+    let detail = format!(
+        "worker {rank}: termination notice {taint} on node {node}; the trainers saved a \
+         checkpoint at step {step} on request"
+    );
+    restart::restart_for(
+        view,
+        round,
+        Cause {
+            reason: RestartReason::Preemption,
+            detail,
+        },
+    )
+}
