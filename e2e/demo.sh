@@ -5,9 +5,11 @@
 #   2. examples/trainingjob.yaml: 2 workers x 2 GPUs, one worker lands on each node;
 #      beside it the same job pinned to on-demand capacity, never interrupted, for comparison;
 #   3. the spot node is lost the way a reclaimed VM disappears (node2.sh lose);
-#   4. the operator counts one preemption (not a failure), falls back to on-demand after
-#      fallbackToOnDemandAfter: 1, and the next attempt resumes from latest.pt;
-#   5. both jobs finish; the final weights' SHA-256 of both are printed and compared.
+#   4. the operator counts one preemption (not a failure): the job's status lines show it
+#      pass through Restarting; it falls back to on-demand after fallbackToOnDemandAfter: 1,
+#      and the next attempt resumes from latest.pt. Where each worker of both attempts ran
+#      is printed and checked: attempt 0 had one on the spot node, attempt 1 has none there;
+#   5. both jobs finish; the final weights' SHA-256 of both are printed and compared (last).
 # The cluster stays up afterwards, with the spot node back (make cluster-down stops it).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -92,20 +94,76 @@ wait_phase() { # wait_phase JOB PHASE SECONDS
   echo "demo: $1 did not reach $2" >&2; kubectl describe tj "$1" | tail -20; exit 1
 }
 
+# placement JOB ATTEMPT: "worker node" per pod of that attempt, by rank.
+placement() {
+  kubectl get pods -l "trainyard.dev/job=$1,trainyard.dev/attempt=$2" \
+    -o jsonpath='{range .items[*]}{.metadata.labels.trainyard\.dev/rank} {.metadata.name} {.spec.nodeName}{"\n"}{end}' |
+    sort -n | cut -d' ' -f2-
+}
+
 wait_running "$job" 0
 kubectl get pods -l "trainyard.dev/job=$job" -o wide
+# Recorded now: attempt 0's pods are deleted by the gang restart after the loss.
+placement0=$(placement "$job" 0)
+if ! grep -q " $NODE2_NAME\$" <<<"$placement0"; then
+  echo "demo: no worker of attempt 0 landed on the spot node $NODE2_NAME:" >&2
+  echo "$placement0" >&2; exit 1
+fi
 wait_log "$job-worker-0" "checkpoint saved at step" 300
 say "torchrun is training over gloo across both nodes; rank 0 so far:"
 log_of "$job-worker-0" | grep -vE '^\s*$' | tail -4
 
+# The job's status line, every change of it, from a watch (a poll could miss a short phase).
+tj_watch=$STATE/demo-tj-watch.txt
+kubectl get tj "$job" -w >"$tj_watch" 2>&1 &
+watch_pid=$!
+shown=0
+show_tj_changes() { # prints the watch's lines not shown yet, each with seconds since the loss
+  local lines i
+  mapfile -t lines <"$tj_watch"
+  for ((i = shown; i < ${#lines[@]}; i++)); do
+    # kubectl pads each watched line on its own: align the columns again.
+    ((i == 0)) && { printf '  %6s  %s\n' "" "$(columns "${lines[0]}")"; continue; }
+    [[ ${lines[i]} == "${lines[i - 1]}" ]] ||
+      printf '  %5ss  %s\n' "$((SECONDS - lost_at))" "$(columns "${lines[i]}")"
+  done
+  shown=${#lines[@]}
+}
+columns() { awk '{printf "%-20s %-11s %-8s %-5s %-8s %-12s %s", $1, $2, $3, $4, $5, $6, $7}' <<<"$1"; }
+running_pods() { # running_pods JOB ATTEMPT: how many of its pods run
+  kubectl get pods -l "trainyard.dev/job=$1,trainyard.dev/attempt=$2" \
+    -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Running$' || true
+}
+
 say "The spot node $NODE2_NAME disappears: kubelet, containerd and containers killed at once"
 bash "$HERE/cluster/node2.sh" lose
 lost_at=$SECONDS
-wait_running "$job" 1
+say "kubectl get tj $job -w, until attempt 1 runs (at most 300 s):"
+until [[ $(running_pods "$job" 1) == 2 ]]; do
+  show_tj_changes
+  if ((SECONDS - lost_at > 300)); then
+    kill "$watch_pid" 2>/dev/null
+    echo "demo: $job attempt 1 did not start within 300 s" >&2; kubectl get pods -o wide; exit 1
+  fi
+  sleep 1
+done
+sleep 2 # the watch's line for Running
+show_tj_changes
+kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null || true
+if ! awk 'NR > 1 && $2 == "Restarting" {found = 1} END {exit !found}' "$tj_watch"; then
+  echo "demo: the job never showed the Restarting phase:" >&2; cat "$tj_watch" >&2; exit 1
+fi
 say "Attempt 1 is running $((SECONDS - lost_at)) s after the node was lost:"
 kubectl get nodes -L "$SPOT_LABEL"
-kubectl get tj "$job"
 kubectl get pods -l "trainyard.dev/job=$job,trainyard.dev/attempt=1" -o wide
+placement1=$(placement "$job" 1)
+say "Where each worker ran"
+while read -r pod node; do echo "  attempt 0: $pod on $node"; done <<<"$placement0"
+while read -r pod node; do echo "  attempt 1: $pod on $node"; done <<<"$placement1"
+if [[ $(wc -l <<<"$placement1") != 2 ]] || grep -qv " $NODE_NAME\$" <<<"$placement1"; then
+  echo "demo: attempt 1 is not all on the on-demand node $NODE_NAME" >&2; exit 1
+fi
+echo "  checked: attempt 0 had a worker on the spot node; attempt 1 runs on the on-demand node only"
 wait_log "$job-worker-0" "resuming from step" 180
 log_of "$job-worker-0" | grep -E 'resuming from step' | tail -1
 say "What the operator recorded (kubectl describe tj $job):"
@@ -115,6 +173,13 @@ say "Waiting for both jobs to finish"
 wait_phase "$job" Succeeded 900
 wait_phase "$baseline" Succeeded 900
 kubectl get tj "$job" "$baseline"
+
+say "Bringing the spot node back"
+bash "$HERE/cluster/node2.sh" start
+echo
+echo "Demo done in $((SECONDS - start)) s. Explore with: KUBECONFIG=$KUBECONFIG_FILE $K8S_BIN/kubectl get tj,pods -o wide"
+echo "Lose the spot node by hand: bash e2e/cluster/node2.sh lose (and start). Stop everything: make cluster-down"
+
 digest() { log_of "$1-worker-0" | sed -n 's/.*final weights sha256 \([0-9a-f]*\).*/\1/p' | tail -1; }
 a=$(digest "$job"); b=$(digest "$baseline")
 say "Final weights"
@@ -125,10 +190,4 @@ if [[ -n $a && $a == "$b" ]]; then
 else
   echo "  NOT equal" >&2
 fi
-
-say "Bringing the spot node back"
-bash "$HERE/cluster/node2.sh" start
-echo
-echo "Demo done in $((SECONDS - start)) s. Explore with: KUBECONFIG=$KUBECONFIG_FILE $K8S_BIN/kubectl get tj,pods -o wide"
-echo "Lose the spot node by hand: bash e2e/cluster/node2.sh lose (and start). Stop everything: make cluster-down"
 [[ -n $a && $a == "$b" ]]
