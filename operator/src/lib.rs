@@ -36,6 +36,7 @@ pub mod placement;
 pub mod plan;
 pub mod pods;
 pub mod preemption;
+pub mod progress;
 pub mod pvc;
 pub mod rejection;
 pub mod service;

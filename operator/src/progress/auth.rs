@@ -1,0 +1,512 @@
+//! Who sent a report: the pod a projected service-account token is bound to, as a
+//! `TokenReview` for the operator's audience says.
+//!
+//! [`KubeTokenReviewer`] asks the API server and caches what it accepted under the token's
+//! SHA-256 (never the token itself) for at most [`DEFAULT_CACHE_TTL`], so ranks that report
+//! every few seconds cost one review per token lifetime slice, not one per report. Rejections
+//! are not cached: a rejected token costs a review each time, and the server's concurrency cap
+//! bounds how many run at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
+use kube::api::{Api, PostParams};
+
+/// The `extra` key a bound token's review names its pod under.
+pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+/// The `extra` key a bound token's review names its pod's uid under.
+pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+/// How a service account's username starts: `system:serviceaccount:<namespace>:<name>`.
+const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
+
+/// How long an accepted token is trusted without another review. The pod check that follows
+/// every report still sees a deleted pod at once; this bounds only how long a revoked or
+/// expired token of a pod that still exists keeps working.
+pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(5 * 60);
+/// How many accepted tokens are remembered; the oldest go first.
+pub const DEFAULT_CACHE_CAPACITY: usize = 10_000;
+
+/// The pod a token is bound to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The service account's (and so the pod's) namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod_name: String,
+    /// The pod's uid.
+    pub pod_uid: String,
+}
+
+/// Why a token was not accepted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// The token is invalid, expired, for another audience, or not a pod's: answered 401.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The review itself failed (the API server is unreachable, or refused the review):
+    /// answered 503, the trainer retries with its next report.
+    #[error("token review failed: {0}")]
+    Unavailable(String),
+}
+
+/// Reviews a bearer token.
+pub trait TokenReviewer: Send + Sync + 'static {
+    /// The pod `token` is bound to.
+    fn review(&self, token: String) -> BoxFuture<'static, Result<Identity, AuthError>>;
+}
+
+/// The identity a `TokenReview` status proves for `audience`.
+///
+/// Accepts only an authenticated service-account token whose review names `audience` (when
+/// the server lists audiences) and the pod it is bound to, by name and uid.
+pub fn identity_from_status(
+    status: &TokenReviewStatus,
+    audience: &str,
+) -> Result<Identity, AuthError> {
+    let reject = |why: &str| Err(AuthError::Unauthenticated(why.to_owned()));
+    if status.authenticated != Some(true) {
+        return match status.error.as_deref() {
+            Some(error) if !error.is_empty() => reject(&format!("invalid token: {error}")),
+            _ => reject("invalid token"),
+        };
+    }
+    if let Some(audiences) = &status.audiences
+        && !audiences.is_empty()
+        && !audiences.iter().any(|a| a == audience)
+    {
+        return reject(&format!("the token is not for the audience {audience}"));
+    }
+    let Some(user) = &status.user else {
+        return reject("the token review names no user");
+    };
+    let namespace = user
+        .username
+        .as_deref()
+        .and_then(|u| u.strip_prefix(SERVICE_ACCOUNT_PREFIX))
+        .and_then(|rest| rest.split_once(':'))
+        .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty())
+        .map(|(ns, _)| ns);
+    let Some(namespace) = namespace else {
+        return reject("the token is not a service account's");
+    };
+    let extra = |key: &str| -> Option<&str> {
+        match user.extra.as_ref()?.get(key)?.as_slice() {
+            [value] if !value.is_empty() => Some(value.as_str()),
+            _ => None,
+        }
+    };
+    let (Some(pod_name), Some(pod_uid)) = (extra(EXTRA_POD_NAME), extra(EXTRA_POD_UID)) else {
+        return reject("the token is not bound to a pod");
+    };
+    Ok(Identity {
+        namespace: namespace.to_owned(),
+        pod_name: pod_name.to_owned(),
+        pod_uid: pod_uid.to_owned(),
+    })
+}
+
+/// A token's cache key: its SHA-256.
+type TokenKey = [u8; 32];
+
+fn token_key(token: &str) -> TokenKey {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut key = [0; 32];
+    key.copy_from_slice(digest.as_ref());
+    key
+}
+
+/// Accepted tokens by their hash, oldest first, for a fixed time and up to a fixed count.
+#[derive(Debug)]
+pub(crate) struct TokenCache {
+    capacity: usize,
+    ttl: Duration,
+    entries: HashMap<TokenKey, (Identity, Instant)>,
+    /// Insertion order, for expiry and eviction; an element whose time differs from its entry's
+    /// is stale and skipped.
+    order: VecDeque<(TokenKey, Instant)>,
+}
+
+impl TokenCache {
+    pub(crate) fn new(capacity: usize, ttl: Duration) -> Self {
+        Self {
+            capacity,
+            ttl,
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    pub(crate) fn get(&self, key: &TokenKey, now: Instant) -> Option<Identity> {
+        let (identity, at) = self.entries.get(key)?;
+        (now.saturating_duration_since(*at) < self.ttl).then(|| identity.clone())
+    }
+
+    pub(crate) fn insert(&mut self, key: TokenKey, identity: Identity, now: Instant) {
+        if self.capacity == 0 {
+            return;
+        }
+        while let Some(&(_, at)) = self.order.front()
+            && now.saturating_duration_since(at) >= self.ttl
+        {
+            self.pop_oldest();
+        }
+        // A token inserted again leaves its older element in `order` stale: drop the stale ones
+        // once they could make up half of it.
+        self.entries.remove(&key);
+        if self.order.len() >= 2 * self.capacity {
+            let entries = &self.entries;
+            self.order
+                .retain(|(k, at)| entries.get(k).is_some_and(|(_, t)| t == at));
+        }
+        while self.entries.len() >= self.capacity {
+            self.pop_oldest();
+        }
+        self.entries.insert(key, (identity, now));
+        self.order.push_back((key, now));
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((key, at)) = self.order.pop_front()
+            && self.entries.get(&key).is_some_and(|(_, t)| *t == at)
+        {
+            self.entries.remove(&key);
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// Reviews tokens with the API server (`TokenReview`, create; the operator's ClusterRole needs
+/// it) for one audience, and caches what it accepted.
+#[derive(Clone)]
+pub struct KubeTokenReviewer {
+    client: kube::Client,
+    audience: Arc<str>,
+    cache: Arc<Mutex<TokenCache>>,
+}
+
+impl KubeTokenReviewer {
+    /// A reviewer for `audience` with the default cache.
+    pub fn new(client: kube::Client, audience: impl Into<String>) -> Self {
+        Self::with_cache(client, audience, DEFAULT_CACHE_CAPACITY, DEFAULT_CACHE_TTL)
+    }
+
+    /// A reviewer that remembers up to `capacity` accepted tokens for `ttl` each.
+    pub fn with_cache(
+        client: kube::Client,
+        audience: impl Into<String>,
+        capacity: usize,
+        ttl: Duration,
+    ) -> Self {
+        Self {
+            client,
+            audience: Arc::from(audience.into()),
+            cache: Arc::new(Mutex::new(TokenCache::new(capacity, ttl))),
+        }
+    }
+
+    /// How many accepted tokens are cached.
+    pub fn cached(&self) -> usize {
+        lock(&self.cache).len()
+    }
+}
+
+fn lock(cache: &Mutex<TokenCache>) -> MutexGuard<'_, TokenCache> {
+    // Every update leaves the cache whole; a panic elsewhere cannot tear it.
+    cache.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl TokenReviewer for KubeTokenReviewer {
+    fn review(&self, token: String) -> BoxFuture<'static, Result<Identity, AuthError>> {
+        let key = token_key(&token);
+        if let Some(identity) = lock(&self.cache).get(&key, Instant::now()) {
+            return futures::future::ready(Ok(identity)).boxed();
+        }
+        let api = Api::<TokenReview>::all(self.client.clone());
+        let audience = self.audience.clone();
+        let cache = self.cache.clone();
+        async move {
+            let review = TokenReview {
+                spec: TokenReviewSpec {
+                    token: Some(token),
+                    audiences: Some(vec![audience.to_string()]),
+                },
+                ..TokenReview::default()
+            };
+            let reviewed = api
+                .create(&PostParams::default(), &review)
+                .await
+                .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+            let identity = identity_from_status(&reviewed.status.unwrap_or_default(), &audience)?;
+            lock(&cache).insert(key, identity.clone(), Instant::now());
+            Ok(identity)
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use k8s_openapi::api::authentication::v1::UserInfo;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const AUDIENCE: &str = "trainyard-progress";
+
+    fn bound_status() -> TokenReviewStatus {
+        TokenReviewStatus {
+            authenticated: Some(true),
+            audiences: Some(vec![AUDIENCE.to_owned()]),
+            user: Some(UserInfo {
+                username: Some("system:serviceaccount:ml:trainer".to_owned()),
+                extra: Some(BTreeMap::from([
+                    (EXTRA_POD_NAME.to_owned(), vec!["train-worker-0".to_owned()]),
+                    (EXTRA_POD_UID.to_owned(), vec!["uid-0".to_owned()]),
+                ])),
+                ..UserInfo::default()
+            }),
+            error: None,
+        }
+    }
+
+    fn unauthenticated(status: &TokenReviewStatus) -> bool {
+        matches!(
+            identity_from_status(status, AUDIENCE),
+            Err(AuthError::Unauthenticated(_))
+        )
+    }
+
+    #[test]
+    fn a_bound_service_account_token_for_the_audience_names_its_pod() {
+        assert_eq!(
+            identity_from_status(&bound_status(), AUDIENCE),
+            Ok(Identity {
+                namespace: "ml".to_owned(),
+                pod_name: "train-worker-0".to_owned(),
+                pod_uid: "uid-0".to_owned(),
+            })
+        );
+        let mut no_audiences = bound_status();
+        no_audiences.audiences = None;
+        assert!(
+            identity_from_status(&no_audiences, AUDIENCE).is_ok(),
+            "a server that lists no audiences checked the one asked for"
+        );
+    }
+
+    #[test]
+    fn an_unauthenticated_token_is_refused() {
+        let mut status = bound_status();
+        status.authenticated = Some(false);
+        status.error = Some("token is expired".to_owned());
+        assert_eq!(
+            identity_from_status(&status, AUDIENCE),
+            Err(AuthError::Unauthenticated(
+                "invalid token: token is expired".to_owned()
+            ))
+        );
+        status.authenticated = None;
+        assert!(unauthenticated(&status));
+    }
+
+    #[test]
+    fn a_token_for_another_audience_is_refused() {
+        let mut status = bound_status();
+        status.audiences = Some(vec!["https://kubernetes.default.svc".to_owned()]);
+        assert!(unauthenticated(&status));
+    }
+
+    #[test]
+    fn a_token_not_bound_to_a_pod_is_refused() {
+        for key in [EXTRA_POD_NAME, EXTRA_POD_UID] {
+            let mut status = bound_status();
+            let user = status.user.as_mut().expect("user");
+            user.extra.as_mut().expect("extra").remove(key);
+            assert_eq!(
+                identity_from_status(&status, AUDIENCE),
+                Err(AuthError::Unauthenticated(
+                    "the token is not bound to a pod".to_owned()
+                )),
+                "without {key}"
+            );
+        }
+        let mut two_pods = bound_status();
+        two_pods.user.as_mut().expect("user").extra = Some(BTreeMap::from([
+            (
+                EXTRA_POD_NAME.to_owned(),
+                vec!["a".to_owned(), "b".to_owned()],
+            ),
+            (EXTRA_POD_UID.to_owned(), vec!["uid-0".to_owned()]),
+        ]));
+        assert!(unauthenticated(&two_pods));
+    }
+
+    #[test]
+    fn a_token_of_a_user_or_node_is_refused() {
+        for username in ["alice", "system:node:n-1", "system:serviceaccount:ml", ""] {
+            let mut status = bound_status();
+            status.user.as_mut().expect("user").username = Some(username.to_owned());
+            assert!(unauthenticated(&status), "{username}");
+        }
+    }
+
+    fn identity(n: usize) -> Identity {
+        Identity {
+            namespace: "ml".to_owned(),
+            pod_name: format!("p-{n}"),
+            pod_uid: format!("u-{n}"),
+        }
+    }
+
+    #[test]
+    fn the_token_cache_expires_entries_and_evicts_the_oldest_beyond_its_capacity() {
+        let start = Instant::now();
+        let ttl = Duration::from_secs(300);
+        let mut cache = TokenCache::new(3, ttl);
+        for n in 0..5 {
+            cache.insert(
+                token_key(&format!("t{n}")),
+                identity(n),
+                start + Duration::from_secs(n as u64),
+            );
+            assert!(cache.len() <= 3);
+        }
+        let now = start + Duration::from_secs(10);
+        assert_eq!(cache.get(&token_key("t0"), now), None, "evicted");
+        assert_eq!(cache.get(&token_key("t4"), now), Some(identity(4)));
+        assert_eq!(
+            cache.get(&token_key("t2"), start + Duration::from_secs(2) + ttl),
+            None,
+            "expired"
+        );
+        // Re-inserting keeps one entry per token.
+        for _ in 0..10 {
+            cache.insert(token_key("t4"), identity(4), now);
+        }
+        assert_eq!(cache.len(), 3);
+        assert!(cache.order.len() <= 6);
+        // Expired entries go before live ones are evicted.
+        let late = start + ttl + Duration::from_secs(3);
+        cache.insert(token_key("t9"), identity(9), late);
+        assert_eq!(cache.get(&token_key("t4"), late), Some(identity(4)));
+        assert_eq!(cache.get(&token_key("t9"), late), Some(identity(9)));
+        assert!(cache.entries.keys().all(|k| *k != token_key("t3")));
+    }
+
+    /// A client whose TokenReviews are answered by token: `good:<ns>:<pod>` is a bound token of
+    /// pod `<pod>` (uid `uid-<pod>`) in `<ns>`, anything else is refused. Counts the reviews
+    /// and keeps the last request body.
+    pub(crate) fn reviewing_client() -> (kube::Client, Arc<AtomicUsize>, Arc<Mutex<Value>>) {
+        let count = Arc::new(AtomicUsize::new(0));
+        let last = Arc::new(Mutex::new(Value::Null));
+        let (counter, recorder) = (count.clone(), last.clone());
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let (counter, recorder) = (counter.clone(), recorder.clone());
+            async move {
+                let (parts, body) = request.into_parts();
+                assert_eq!(parts.method, http::Method::POST);
+                assert_eq!(
+                    parts.uri.path(),
+                    "/apis/authentication.k8s.io/v1/tokenreviews"
+                );
+                let sent: Value =
+                    serde_json::from_slice(&body.collect_bytes().await?).unwrap_or(Value::Null);
+                counter.fetch_add(1, Ordering::SeqCst);
+                let token = sent["spec"]["token"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let status = match token.split(':').collect::<Vec<_>>().as_slice() {
+                    ["good", ns, pod] => json!({
+                        "authenticated": true,
+                        "audiences": sent["spec"]["audiences"].clone(),
+                        "user": {"username": format!("system:serviceaccount:{ns}:trainer"),
+                                 "extra": {EXTRA_POD_NAME: [pod], EXTRA_POD_UID: [format!("uid-{pod}")]}},
+                    }),
+                    _ => json!({"authenticated": false, "error": "invalid bearer token"}),
+                };
+                *recorder.lock().expect("last") = sent.clone();
+                let mut answer = sent;
+                answer["status"] = status;
+                let response = http::Response::builder()
+                    .status(201)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&answer).expect("json"),
+                    ))
+                    .expect("response");
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        (kube::Client::new(service, "default"), count, last)
+    }
+
+    #[tokio::test]
+    async fn a_review_names_the_audience_and_only_accepted_tokens_are_cached() {
+        let (client, reviews, last) = reviewing_client();
+        let reviewer = KubeTokenReviewer::new(client, AUDIENCE);
+
+        let good = "good:ml:train-worker-0".to_owned();
+        let first = reviewer.review(good.clone()).await;
+        assert_eq!(
+            first,
+            Ok(Identity {
+                namespace: "ml".to_owned(),
+                pod_name: "train-worker-0".to_owned(),
+                pod_uid: "uid-train-worker-0".to_owned(),
+            })
+        );
+        assert_eq!(
+            last.lock().expect("last")["spec"],
+            json!({"token": good, "audiences": [AUDIENCE]})
+        );
+        assert_eq!(reviewer.review(good.clone()).await, first);
+        assert_eq!(reviews.load(Ordering::SeqCst), 1, "the second was cached");
+        assert_eq!(reviewer.cached(), 1);
+
+        for _ in 0..2 {
+            assert!(matches!(
+                reviewer.review("forged".to_owned()).await,
+                Err(AuthError::Unauthenticated(_))
+            ));
+        }
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            3,
+            "rejections are not cached"
+        );
+        assert_eq!(reviewer.cached(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_review_is_unavailable_not_unauthenticated() {
+        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                              "code": 403, "reason": "Forbidden", "message": "no"});
+            Ok::<_, kube::Error>(
+                http::Response::builder()
+                    .status(403)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&body).expect("json"),
+                    ))
+                    .expect("response"),
+            )
+        });
+        let reviewer = KubeTokenReviewer::new(kube::Client::new(service, "default"), AUDIENCE);
+        assert!(matches!(
+            reviewer.review("good:ml:p".to_owned()).await,
+            Err(AuthError::Unavailable(_))
+        ));
+    }
+}

@@ -1,0 +1,63 @@
+//! The progress channel: trainers report their step, loss and checkpoints to the operator over
+//! HTTP, and the reconcile reads what they reported from an in-memory store.
+//!
+//! What it is for: the plan can tell a hung gang from a working one (a step that stops
+//! advancing), count the steps a preemption lost (the step reported before it minus the step
+//! the next attempt resumed from), and, when a worker's node gets a termination notice, ask the
+//! trainers for a checkpoint before the node goes and learn when it is saved.
+//!
+//! # The protocol
+//!
+//! The trainer finds the endpoint in `TRAINYARD_PROGRESS_URL` and its token in the file
+//! `TRAINYARD_PROGRESS_TOKEN_FILE` (re-read on every report: the kubelet rotates it), and sends
+//!
+//! ```text
+//! POST /v1/progress
+//! Authorization: Bearer <token>
+//! Content-Type: application/json
+//!
+//! {"job": "train", "rank": 0, "attempt": 2, "step": 1200, "loss": 1.73,
+//!  "checkpointStep": 1000, "resumedFrom": 800}
+//! ```
+//!
+//! `loss` (finite), `checkpointStep` (the latest checkpoint this rank knows is saved) and
+//! `resumedFrom` (the step this attempt loaded from `RESUME_FROM`) are optional; the steps are
+//! at most [`crate::crd::MAX_STEP`]; unknown fields are ignored. The answer is
+//! `200 {"checkpoint": bool}`: `true` asks the trainer to save a checkpoint at the next step
+//! boundary and report its `checkpointStep`. Errors answer `{"error": "..."}` with 400 (bad
+//! JSON or values), 401 (no, malformed or invalid token, or one for another audience), 403 (the
+//! token's pod is not that job's worker of that rank and attempt), 404, 405, 408 (a body that
+//! does not arrive), 413 (a body over 4 KiB), 415 (not JSON) or 503 (overloaded, or the token
+//! cannot be reviewed now). Every answer is counted in
+//! `trainyard_operator_progress_reports_total{outcome}`.
+//!
+//! # Security model
+//!
+//! The token is the pod's projected service-account token for the operator's audience. The
+//! operator reviews it with a `TokenReview` ([`auth::KubeTokenReviewer`]) that names that
+//! audience, so a token minted for anything else (the API server's default audience included)
+//! is refused, and it accepts only tokens bound to a pod: the review names the pod and its uid.
+//! The pod must then be in the operator's pod cache with that uid, be controlled by the
+//! `TrainingJob` its `trainyard.dev/job` label names, and carry the rank and attempt labels the
+//! report claims. So a pod can report only for its own job, rank and attempt, in its own
+//! namespace; a token that leaks out of a pod stops working once the pod is gone.
+//!
+//! # Bounds
+//!
+//! Requests are handled at most [`server::MAX_CONCURRENT_REPORTS`] at a time; the rest are
+//! answered 503 at once, so a flood holds no more than that many bodies (4 KiB each) and
+//! TokenReviews in flight. The store gets an entry only from a report that passed every check
+//! (at most one per job with worker pods, ranks at most the job's workers), and reviewed tokens
+//! are cached by their SHA-256, for five minutes, at most 10,000 of them: 1,000 ranks reporting
+//! every 5 s cost no TokenReviews in the steady state.
+//!
+//! Modules: [`store`] (pure, what the reconcile reads), [`auth`] (token reviews and their
+//! cache), [`server`] (the HTTP endpoint and the pod check).
+
+pub mod auth;
+pub mod server;
+pub mod store;
+
+pub use auth::{AuthError, Identity, KubeTokenReviewer, TokenReviewer};
+pub use server::{PodLookup, ProgressServer, WorkerIdentity, router, serve};
+pub use store::{JobProgress, ProgressStore, RankProgress, Recorded, Report};

@@ -1,0 +1,1104 @@
+//! The HTTP endpoint trainers report to: `POST /v1/progress` (the protocol is in the module
+//! docs of [`crate::progress`]).
+//!
+//! A report is checked in this order, each step answering its own status: the concurrency
+//! cap (503), the body size (413), the bearer token's shape (401), the content type (415), the
+//! JSON and its ranges (400), the token review (401, or 503 when the review cannot be made),
+//! and the pod the token is bound to, which must be that job's worker of that rank and attempt
+//! (403). Only then is the report recorded, and the job's reconcile woken when the store says
+//! the plan should look.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde::Deserialize;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::auth::{AuthError, TokenReviewer};
+use super::store::{ProgressStore, Report};
+use crate::cached_pod::CachedPod;
+use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP};
+use crate::error::Error;
+use crate::metrics::Metrics;
+
+/// The path reports are posted to.
+pub const PATH: &str = "/v1/progress";
+/// The largest body accepted; a report is about 150 bytes.
+pub const MAX_BODY_BYTES: usize = 4 * 1024;
+/// The largest bearer token accepted (a projected token is about 1 KiB).
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// How many reports are handled at once; more are answered 503 at once.
+pub const MAX_CONCURRENT_REPORTS: usize = 64;
+/// How long a body may take to arrive while it holds one of the permits.
+const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a token review may take while it holds one of the permits.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A worker pod, as its labels and owner say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerIdentity {
+    /// The pod's uid.
+    pub uid: String,
+    /// The job that controls it.
+    pub job: String,
+    /// Its rank.
+    pub rank: u32,
+    /// Its attempt.
+    pub attempt: u32,
+}
+
+/// Finds the worker a token's pod is.
+pub trait PodLookup: Send + Sync + 'static {
+    /// The worker `namespace/pod` is, or `None` when it is not a job's worker pod.
+    fn worker(&self, namespace: &str, pod: &str) -> Option<WorkerIdentity>;
+}
+
+/// The worker the pod `meta` describes: a pod with the job, rank and attempt labels that the
+/// `TrainingJob` its job label names controls. A label alone proves nothing (anyone who can
+/// create a pod can set it); the controller owner reference is the operator's.
+pub fn worker_identity(meta: &ObjectMeta) -> Option<WorkerIdentity> {
+    let labels = meta.labels.as_ref()?;
+    let job = labels.get(LABEL_JOB)?;
+    let controlled = meta.owner_references.as_deref()?.iter().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "TrainingJob"
+            && o.api_version.starts_with("trainyard.dev/")
+            && o.name == *job
+    });
+    if !controlled {
+        return None;
+    }
+    Some(WorkerIdentity {
+        uid: meta.uid.clone()?,
+        job: job.clone(),
+        rank: labels.get(LABEL_RANK)?.parse().ok()?,
+        attempt: labels.get(LABEL_ATTEMPT)?.parse().ok()?,
+    })
+}
+
+impl PodLookup for Store<CachedPod> {
+    fn worker(&self, namespace: &str, pod: &str) -> Option<WorkerIdentity> {
+        let pod = self.get(&ObjectRef::new(pod).within(namespace))?;
+        worker_identity(&pod.metadata)
+    }
+}
+
+/// What the endpoint needs.
+pub struct ProgressServer {
+    /// Where reports go.
+    pub store: Arc<ProgressStore>,
+    /// Who sent them.
+    pub reviewer: Arc<dyn TokenReviewer>,
+    /// Which worker that is.
+    pub pods: Arc<dyn PodLookup>,
+    /// `trainyard_operator_progress_reports_total`.
+    pub metrics: Arc<Metrics>,
+    /// `(namespace, job)` to reconcile now. Sent with `try_send`: when the queue is full the
+    /// wake is dropped, and the job's next change or periodic reconcile reads the store anyway.
+    pub wake: mpsc::Sender<(String, String)>,
+}
+
+/// How a report was answered: the label of `trainyard_operator_progress_reports_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Accepted,
+    Unauthenticated,
+    Forbidden,
+    Invalid,
+    TooLarge,
+    Overloaded,
+    UnknownJob,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Unauthenticated => "unauthenticated",
+            Outcome::Forbidden => "forbidden",
+            Outcome::Invalid => "invalid",
+            Outcome::TooLarge => "too_large",
+            Outcome::Overloaded => "overloaded",
+            Outcome::UnknownJob => "unknown_job",
+        }
+    }
+}
+
+/// A report not accepted.
+#[derive(Debug)]
+struct Rejection {
+    status: StatusCode,
+    outcome: Outcome,
+    message: String,
+}
+
+impl Rejection {
+    fn new(status: StatusCode, outcome: Outcome, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            outcome,
+            message: message.into(),
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, Outcome::Invalid, message)
+    }
+
+    fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, Outcome::Forbidden, message)
+    }
+
+    fn overloaded(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::Overloaded,
+            message,
+        )
+    }
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response {
+    json_response(status, &serde_json::json!({ "error": message }))
+}
+
+/// The report as posted.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReportBody {
+    job: String,
+    rank: u32,
+    attempt: u32,
+    step: u64,
+    #[serde(default)]
+    loss: Option<f64>,
+    #[serde(default)]
+    checkpoint_step: Option<u64>,
+    #[serde(default)]
+    resumed_from: Option<u64>,
+}
+
+impl ReportBody {
+    fn parse(bytes: &[u8]) -> Result<(String, Report), Rejection> {
+        let body: ReportBody = serde_json::from_slice(bytes)
+            .map_err(|e| Rejection::invalid(format!("invalid report: {e}")))?;
+        if body.job.is_empty() {
+            return Err(Rejection::invalid("job is empty"));
+        }
+        for (field, value) in [
+            ("step", Some(body.step)),
+            ("checkpointStep", body.checkpoint_step),
+            ("resumedFrom", body.resumed_from),
+        ] {
+            if value.is_some_and(|v| v > MAX_STEP) {
+                return Err(Rejection::invalid(format!(
+                    "{field} is over the maximum {MAX_STEP}"
+                )));
+            }
+        }
+        if body.loss.is_some_and(|l| !l.is_finite()) {
+            return Err(Rejection::invalid("loss is not finite"));
+        }
+        Ok((
+            body.job,
+            Report {
+                rank: body.rank,
+                attempt: body.attempt,
+                step: body.step,
+                loss: body.loss,
+                checkpoint_step: body.checkpoint_step,
+                resumed_from: body.resumed_from,
+            },
+        ))
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`, if it is one of a sane size.
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer")
+        && !token.is_empty()
+        && token.len() <= MAX_TOKEN_BYTES
+        && !token.contains(' '))
+    .then(|| token.to_owned())
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+struct Shared {
+    server: Arc<ProgressServer>,
+    permits: Semaphore,
+}
+
+/// Checks and records one report; the answer is whether to checkpoint.
+async fn handle(shared: &Shared, request: Request) -> Result<bool, Rejection> {
+    let Ok(_permit) = shared.permits.try_acquire() else {
+        return Err(Rejection::overloaded("overloaded"));
+    };
+    let server = &shared.server;
+    let token = bearer(request.headers());
+    let json = is_json(request.headers());
+
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(request, &())).await {
+        Err(_) => {
+            return Err(Rejection::new(
+                StatusCode::REQUEST_TIMEOUT,
+                Outcome::Invalid,
+                "the body did not arrive in time",
+            ));
+        }
+        Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(Rejection::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Outcome::TooLarge,
+                format!("the body is over {MAX_BODY_BYTES} bytes"),
+            ));
+        }
+        Ok(Err(rejection)) => return Err(Rejection::invalid(rejection.body_text())),
+        Ok(Ok(bytes)) => bytes,
+    };
+    let Some(token) = token else {
+        return Err(Rejection::new(
+            StatusCode::UNAUTHORIZED,
+            Outcome::Unauthenticated,
+            "Authorization: Bearer <token> is missing or malformed",
+        ));
+    };
+    if !json {
+        return Err(Rejection::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Outcome::Invalid,
+            "Content-Type is not application/json",
+        ));
+    }
+    let (job, report) = ReportBody::parse(&bytes)?;
+
+    let identity = match tokio::time::timeout(REVIEW_TIMEOUT, server.reviewer.review(token)).await {
+        Err(_) => return Err(Rejection::overloaded("the token review timed out")),
+        Ok(Err(AuthError::Unavailable(why))) => {
+            tracing::warn!(%why, "progress report: token review failed");
+            return Err(Rejection::overloaded("the token cannot be reviewed now"));
+        }
+        Ok(Err(AuthError::Unauthenticated(why))) => {
+            return Err(Rejection::new(
+                StatusCode::UNAUTHORIZED,
+                Outcome::Unauthenticated,
+                why,
+            ));
+        }
+        Ok(Ok(identity)) => identity,
+    };
+
+    let pod = format!("{}/{}", identity.namespace, identity.pod_name);
+    let Some(worker) = server.pods.worker(&identity.namespace, &identity.pod_name) else {
+        return Err(Rejection::new(
+            StatusCode::FORBIDDEN,
+            Outcome::UnknownJob,
+            format!("pod {pod} is not a worker of any TrainingJob"),
+        ));
+    };
+    if worker.uid != identity.pod_uid {
+        return Err(Rejection::forbidden(format!(
+            "pod {pod} is not the pod the token was issued to"
+        )));
+    }
+    if worker.job != job {
+        return Err(Rejection::forbidden(format!(
+            "pod {pod} is a worker of job {}, not {job}",
+            worker.job
+        )));
+    }
+    if worker.rank != report.rank {
+        return Err(Rejection::forbidden(format!(
+            "pod {pod} is rank {}, not rank {}",
+            worker.rank, report.rank
+        )));
+    }
+    if worker.attempt != report.attempt {
+        return Err(Rejection::forbidden(format!(
+            "pod {pod} runs attempt {}, not attempt {}",
+            worker.attempt, report.attempt
+        )));
+    }
+
+    let recorded = server
+        .store
+        .record(&identity.namespace, &job, &report, jiff::Timestamp::now());
+    if recorded.wake {
+        // Full: dropped; the reconcile that is due reads the store anyway.
+        let _ = server.wake.try_send((identity.namespace, job));
+    }
+    Ok(recorded.checkpoint)
+}
+
+async fn report(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let (outcome, response) = match handle(&shared, request).await {
+        Ok(checkpoint) => (
+            Outcome::Accepted,
+            json_response(
+                StatusCode::OK,
+                &serde_json::json!({ "checkpoint": checkpoint }),
+            ),
+        ),
+        Err(rejection) => {
+            tracing::debug!(
+                outcome = rejection.outcome.label(),
+                message = %rejection.message,
+                "progress report refused"
+            );
+            (
+                rejection.outcome,
+                error_response(rejection.status, &rejection.message),
+            )
+        }
+    };
+    shared.server.metrics.count_report(outcome.label());
+    response
+}
+
+async fn not_found() -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "no such path; reports go to /v1/progress",
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    let mut response = error_response(StatusCode::METHOD_NOT_ALLOWED, "reports are POSTed");
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    response
+}
+
+/// The endpoint: `POST /v1/progress`, at most [`MAX_CONCURRENT_REPORTS`] at a time.
+pub fn router(server: Arc<ProgressServer>) -> Router {
+    router_with_permits(server, MAX_CONCURRENT_REPORTS)
+}
+
+fn router_with_permits(server: Arc<ProgressServer>, permits: usize) -> Router {
+    let shared = Arc::new(Shared {
+        server,
+        permits: Semaphore::new(permits),
+    });
+    Router::new()
+        .route(PATH, post(report))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(shared)
+}
+
+/// Binds the progress endpoint; the returned future serves until `shutdown` completes.
+pub async fn serve(
+    addr: SocketAddr,
+    server: Arc<ProgressServer>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), Error> {
+    // The error type has one variant for a listener that cannot bind; its address says which.
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::MetricsServer { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| Error::MetricsServer { addr, source })?;
+    let serving = axum::serve(listener, router(server)).with_graceful_shutdown(shutdown);
+    Ok((local, async move { serving.await }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::body::Body;
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+    use serde_json::{Value, json};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::progress::auth::tests::reviewing_client;
+    use crate::progress::auth::{Identity, KubeTokenReviewer};
+
+    /// Tokens `tok-<pod>` of pods in `ml`, each a worker `<job>-worker-<rank>` (uid
+    /// `uid-<pod>`) of attempt 1; `bad` is refused. While `gate` is closed, reviews wait.
+    #[derive(Default)]
+    struct FakeReviewer {
+        gate: Option<Arc<Semaphore>>,
+        waiting: Arc<AtomicUsize>,
+    }
+
+    impl TokenReviewer for FakeReviewer {
+        fn review(&self, token: String) -> BoxFuture<'static, Result<Identity, AuthError>> {
+            let gate = self.gate.clone();
+            let waiting = self.waiting.clone();
+            async move {
+                if let Some(gate) = gate {
+                    waiting.fetch_add(1, Ordering::SeqCst);
+                    let _open = gate.acquire().await.expect("gate");
+                }
+                match token.strip_prefix("tok-") {
+                    Some(pod) => Ok(Identity {
+                        namespace: "ml".to_owned(),
+                        pod_name: pod.to_owned(),
+                        pod_uid: format!("uid-{pod}"),
+                    }),
+                    None => Err(AuthError::Unauthenticated("invalid token".to_owned())),
+                }
+            }
+            .boxed()
+        }
+    }
+
+    /// Workers `<job>-worker-<rank>` of attempt 1 in `ml`, for the jobs and ranks listed.
+    struct FakePods(HashMap<String, WorkerIdentity>);
+
+    impl FakePods {
+        fn of(jobs: &[(&str, u32)]) -> Self {
+            let mut pods = HashMap::new();
+            for &(job, workers) in jobs {
+                for rank in 0..workers {
+                    let name = format!("{job}-worker-{rank}");
+                    pods.insert(
+                        name.clone(),
+                        WorkerIdentity {
+                            uid: format!("uid-{name}"),
+                            job: job.to_owned(),
+                            rank,
+                            attempt: 1,
+                        },
+                    );
+                }
+            }
+            Self(pods)
+        }
+    }
+
+    impl PodLookup for FakePods {
+        fn worker(&self, namespace: &str, pod: &str) -> Option<WorkerIdentity> {
+            (namespace == "ml").then(|| self.0.get(pod).cloned())?
+        }
+    }
+
+    struct Harness {
+        router: Router,
+        server: Arc<ProgressServer>,
+        woken: mpsc::Receiver<(String, String)>,
+    }
+
+    fn harness_with(reviewer: Arc<dyn TokenReviewer>, pods: FakePods, permits: usize) -> Harness {
+        let (wake, woken) = mpsc::channel(16);
+        let server = Arc::new(ProgressServer {
+            store: Arc::new(ProgressStore::default()),
+            reviewer,
+            pods: Arc::new(pods),
+            metrics: Arc::new(Metrics::new()),
+            wake,
+        });
+        Harness {
+            router: router_with_permits(server.clone(), permits),
+            server,
+            woken,
+        }
+    }
+
+    fn harness() -> Harness {
+        harness_with(
+            Arc::new(FakeReviewer::default()),
+            FakePods::of(&[("train", 2), ("other", 1)]),
+            MAX_CONCURRENT_REPORTS,
+        )
+    }
+
+    fn request(token: Option<&str>, body: impl Into<Body>) -> Request {
+        let mut builder = Request::builder()
+            .method("POST")
+            .uri(PATH)
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(token) = token {
+            builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        builder.body(body.into()).expect("request")
+    }
+
+    async fn send(router: &Router, request: Request) -> (StatusCode, Value) {
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    async fn post(router: &Router, token: &str, body: Value) -> (StatusCode, Value) {
+        send(router, request(Some(token), body.to_string())).await
+    }
+
+    fn good(rank: u32, step: u64) -> Value {
+        json!({"job": "train", "rank": rank, "attempt": 1, "step": step})
+    }
+
+    fn counted(server: &ProgressServer, outcome: &str) -> bool {
+        let line = format!("trainyard_operator_progress_reports_total{{outcome=\"{outcome}\"}} 1");
+        server.metrics.render().lines().any(|l| l == line)
+    }
+
+    #[tokio::test]
+    async fn a_good_report_is_recorded_and_answered_without_a_checkpoint() {
+        let mut h = harness();
+        let body = json!({"job": "train", "rank": 1, "attempt": 1, "step": 42, "loss": 2.5,
+                          "checkpointStep": 40, "resumedFrom": 0, "someFutureField": [1]});
+        let (status, answer) = post(&h.router, "tok-train-worker-1", body).await;
+        assert_eq!(
+            (status, answer),
+            (StatusCode::OK, json!({"checkpoint": false}))
+        );
+        let p = h.server.store.snapshot("ml", "train").expect("recorded");
+        assert_eq!((p.attempt, p.step()), (1, Some(42)));
+        assert_eq!(p.ranks[&1].loss, Some(2.5));
+        assert_eq!((p.checkpoint_step, p.resumed_from), (Some(40), Some(0)));
+        assert!(counted(&h.server, "accepted"));
+        assert_eq!(
+            h.woken.try_recv(),
+            Ok(("ml".to_owned(), "train".to_owned()))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_plain_step_advance_does_not_wake_the_reconcile() {
+        let mut h = harness();
+        post(&h.router, "tok-train-worker-0", good(0, 1)).await;
+        assert!(h.woken.try_recv().is_ok(), "the attempt's first report");
+        post(&h.router, "tok-train-worker-0", good(0, 2)).await;
+        assert!(h.woken.try_recv().is_err());
+        post(&h.router, "tok-train-worker-1", good(1, 2)).await;
+        assert!(h.woken.try_recv().is_ok(), "a rank's first report");
+        let saved =
+            json!({"job": "train", "rank": 1, "attempt": 1, "step": 3, "checkpointStep": 3});
+        post(&h.router, "tok-train-worker-1", saved).await;
+        assert!(h.woken.try_recv().is_ok(), "a newer checkpoint");
+    }
+
+    #[tokio::test]
+    async fn a_full_wake_queue_drops_the_wake_and_still_accepts() {
+        let (wake, _woken) = mpsc::channel(1);
+        let h = harness();
+        let server = Arc::new(ProgressServer {
+            store: h.server.store.clone(),
+            reviewer: h.server.reviewer.clone(),
+            pods: h.server.pods.clone(),
+            metrics: h.server.metrics.clone(),
+            wake,
+        });
+        let router = router(server);
+        for rank in 0..2 {
+            let (status, _) =
+                post(&router, &format!("tok-train-worker-{rank}"), good(rank, 1)).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_requested_checkpoint_is_asked_for_until_it_is_reported_saved() {
+        let h = harness();
+        post(&h.router, "tok-train-worker-0", good(0, 100)).await;
+        h.server.store.request_checkpoint("ml", "train", 1);
+        let ask = (StatusCode::OK, json!({"checkpoint": true}));
+        assert_eq!(
+            post(&h.router, "tok-train-worker-0", good(0, 101)).await,
+            ask
+        );
+        assert_eq!(
+            post(&h.router, "tok-train-worker-1", good(1, 101)).await,
+            ask
+        );
+        let early =
+            json!({"job": "train", "rank": 0, "attempt": 1, "step": 102, "checkpointStep": 99});
+        assert_eq!(post(&h.router, "tok-train-worker-0", early).await, ask);
+        let saved =
+            json!({"job": "train", "rank": 0, "attempt": 1, "step": 103, "checkpointStep": 102});
+        let done = (StatusCode::OK, json!({"checkpoint": false}));
+        assert_eq!(post(&h.router, "tok-train-worker-0", saved).await, done);
+        assert_eq!(
+            post(&h.router, "tok-train-worker-1", good(1, 104)).await,
+            done
+        );
+        let p = h.server.store.snapshot("ml", "train").expect("recorded");
+        assert_eq!(
+            (p.checkpoint_requested, p.checkpoint_step),
+            (None, Some(102))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_report_of_a_new_attempt_keeps_the_previous_attempts_step() {
+        let mut pods = FakePods::of(&[("train", 1)]);
+        let h0 = harness();
+        post(&h0.router, "tok-train-worker-0", good(0, 500)).await;
+        // The same store, now the pod of attempt 2 (a new pod of the same name).
+        pods.0.insert(
+            "train-worker-0".to_owned(),
+            WorkerIdentity {
+                uid: "uid-train-worker-0".to_owned(),
+                job: "train".to_owned(),
+                rank: 0,
+                attempt: 2,
+            },
+        );
+        let server = Arc::new(ProgressServer {
+            store: h0.server.store.clone(),
+            reviewer: h0.server.reviewer.clone(),
+            pods: Arc::new(pods),
+            metrics: h0.server.metrics.clone(),
+            wake: h0.server.wake.clone(),
+        });
+        let router = router(server.clone());
+        let resumed =
+            json!({"job": "train", "rank": 0, "attempt": 2, "step": 450, "resumedFrom": 450});
+        assert_eq!(
+            post(&router, "tok-train-worker-0", resumed).await.0,
+            StatusCode::OK
+        );
+        let p = server.store.snapshot("ml", "train").expect("recorded");
+        assert_eq!(
+            (p.attempt, p.previous_attempt_step, p.resumed_from),
+            (2, Some(500), Some(450))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_malformed_bearer_token_is_unauthenticated() {
+        let h = harness();
+        let (status, answer) = send(&h.router, request(None, good(0, 1).to_string())).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(answer["error"].as_str().expect("error").contains("Bearer"));
+        for value in ["Basic abc", "Bearer", "Bearer ", "tok-train-worker-0"] {
+            let mut req = request(None, good(0, 1).to_string());
+            req.headers_mut()
+                .insert(header::AUTHORIZATION, HeaderValue::from_static(value));
+            assert_eq!(
+                send(&h.router, req).await.0,
+                StatusCode::UNAUTHORIZED,
+                "{value}"
+            );
+        }
+        let huge = format!("tok-{}", "x".repeat(MAX_TOKEN_BYTES));
+        assert_eq!(
+            post(&h.router, &huge, good(0, 1)).await.0,
+            StatusCode::UNAUTHORIZED
+        );
+        assert!(h.server.store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_invalid_token_or_one_for_another_audience_is_unauthenticated() {
+        let h = harness();
+        let (status, answer) = post(&h.router, "bad", good(0, 1)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(answer, json!({"error": "invalid token"}));
+        assert!(counted(&h.server, "unauthenticated"));
+        assert!(h.server.store.is_empty());
+
+        // The real reviewer: a token the API server refuses for the audience.
+        let (client, _, _) = reviewing_client();
+        let h = harness_with(
+            Arc::new(KubeTokenReviewer::new(client, "trainyard-progress")),
+            FakePods::of(&[("train", 1)]),
+            MAX_CONCURRENT_REPORTS,
+        );
+        assert_eq!(
+            post(&h.router, "a-token-for-the-api-server", good(0, 1))
+                .await
+                .0,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+
+    #[tokio::test]
+    async fn a_token_of_another_jobs_pod_is_forbidden() {
+        let h = harness();
+        let (status, answer) = post(&h.router, "tok-other-worker-0", good(0, 1)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert_eq!(
+            answer,
+            json!({"error": "pod ml/other-worker-0 is a worker of job other, not train"})
+        );
+        assert!(counted(&h.server, "forbidden"));
+        assert!(h.server.store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_token_of_a_pod_that_is_no_worker_is_forbidden_as_unknown_job() {
+        let h = harness();
+        let (status, _) = post(&h.router, "tok-some-web-server", good(0, 1)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(counted(&h.server, "unknown_job"));
+        assert!(h.server.store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_rank_other_than_the_pods_own_is_forbidden() {
+        let h = harness();
+        for rank in [1, 2, 7] {
+            let (status, _) = post(&h.router, "tok-train-worker-0", good(rank, 1)).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "rank {rank}");
+        }
+        assert!(h.server.store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_attempt_other_than_the_pods_own_is_forbidden() {
+        let h = harness();
+        for attempt in [0, 2] {
+            let body = json!({"job": "train", "rank": 0, "attempt": attempt, "step": 1});
+            let (status, answer) = post(&h.router, "tok-train-worker-0", body).await;
+            assert_eq!(status, StatusCode::FORBIDDEN);
+            assert!(
+                answer["error"].as_str().expect("error").contains("attempt"),
+                "{answer}"
+            );
+        }
+        assert!(h.server.store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_replaced_pods_token_is_forbidden() {
+        let reviewer = Arc::new(FakeReviewer::default());
+        let mut pods = FakePods::of(&[("train", 1)]);
+        pods.0.get_mut("train-worker-0").expect("pod").uid = "uid-of-the-new-pod".to_owned();
+        let h = harness_with(reviewer, pods, MAX_CONCURRENT_REPORTS);
+        assert_eq!(
+            post(&h.router, "tok-train-worker-0", good(0, 1)).await.0,
+            StatusCode::FORBIDDEN
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_over_4_kib_is_too_large() {
+        let h = harness();
+        let mut body = good(0, 1);
+        body["padding"] = json!("x".repeat(MAX_BODY_BYTES));
+        let (status, answer) = post(&h.router, "tok-train-worker-0", body).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(answer["error"].is_string());
+        // Without a length up front (chunked) as well.
+        let chunks = futures::stream::iter(
+            (0..5).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 1024]))),
+        );
+        let req = request(Some("tok-train-worker-0"), Body::from_stream(chunks));
+        assert_eq!(send(&h.router, req).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(counted_n(&h.server, "too_large", 2));
+        assert!(h.server.store.is_empty());
+    }
+
+    fn counted_n(server: &ProgressServer, outcome: &str, n: u32) -> bool {
+        let line =
+            format!("trainyard_operator_progress_reports_total{{outcome=\"{outcome}\"}} {n}");
+        server.metrics.render().lines().any(|l| l == line)
+    }
+
+    #[tokio::test]
+    async fn bad_json_and_out_of_range_values_are_invalid() {
+        let h = harness();
+        let cases: Vec<(String, &str)> = vec![
+            ("{".to_owned(), "invalid report"),
+            (json!({"job": "train", "rank": 0, "attempt": 1}).to_string(), "step"),
+            (
+                json!({"job": "train", "rank": -1, "attempt": 1, "step": 1}).to_string(),
+                "invalid report",
+            ),
+            (
+                json!({"job": "train", "rank": 0, "attempt": 1, "step": MAX_STEP + 1}).to_string(),
+                "step",
+            ),
+            (
+                json!({"job": "train", "rank": 0, "attempt": 1, "step": 1, "checkpointStep": u64::MAX}).to_string(),
+                "checkpointStep",
+            ),
+            (
+                json!({"job": "train", "rank": 0, "attempt": 1, "step": 1, "resumedFrom": MAX_STEP + 1}).to_string(),
+                "resumedFrom",
+            ),
+            (
+                r#"{"job": "train", "rank": 0, "attempt": 1, "step": 1, "loss": NaN}"#.to_owned(),
+                "invalid report",
+            ),
+            (
+                r#"{"job": "train", "rank": 0, "attempt": 1, "step": 1, "loss": 1e999}"#.to_owned(),
+                "invalid report",
+            ),
+            (
+                json!({"job": "", "rank": 0, "attempt": 1, "step": 1}).to_string(),
+                "job",
+            ),
+        ];
+        for (body, names) in &cases {
+            let (status, answer) =
+                send(&h.router, request(Some("tok-train-worker-0"), body.clone())).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+            let error = answer["error"].as_str().expect("error");
+            assert!(error.contains(names), "{body}: {error}");
+        }
+        let mut text = request(Some("tok-train-worker-0"), good(0, 1).to_string());
+        text.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert_eq!(
+            send(&h.router, text).await.0,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
+        assert!(counted_n(&h.server, "invalid", cases.len() as u32 + 1));
+        assert!(h.server.store.is_empty());
+    }
+
+    #[test]
+    fn an_overflowing_loss_is_invalid() {
+        for loss in ["-1e309", "1e400"] {
+            let body = format!(r#"{{"job":"j","rank":0,"attempt":0,"step":1,"loss":{loss}}}"#);
+            assert!(ReportBody::parse(body.as_bytes()).is_err(), "{loss}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unknown_path_is_404_and_another_method_405() {
+        let h = harness();
+        let mut req = request(Some("tok-train-worker-0"), good(0, 1).to_string());
+        *req.uri_mut() = "/v1/other".parse().expect("uri");
+        let (status, answer) = send(&h.router, req).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(answer["error"].is_string());
+        let mut req = request(Some("tok-train-worker-0"), "");
+        *req.method_mut() = axum::http::Method::GET;
+        let response = h.router.clone().oneshot(req).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(response.headers()[header::ALLOW], "POST");
+    }
+
+    #[tokio::test]
+    async fn reports_beyond_the_concurrency_cap_are_overloaded() {
+        let gate = Arc::new(Semaphore::new(0));
+        let reviewer = Arc::new(FakeReviewer {
+            gate: Some(gate.clone()),
+            waiting: Arc::new(AtomicUsize::new(0)),
+        });
+        let waiting = reviewer.waiting.clone();
+        let h = harness_with(reviewer, FakePods::of(&[("train", 4)]), 3);
+        let held: Vec<_> = (0..3)
+            .map(|rank| {
+                let router = h.router.clone();
+                tokio::spawn(async move {
+                    post(&router, &format!("tok-train-worker-{rank}"), good(rank, 1)).await
+                })
+            })
+            .collect();
+        while waiting.load(Ordering::SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+        let (status, answer) = post(&h.router, "tok-train-worker-3", good(3, 1)).await;
+        assert_eq!(
+            (status, answer),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "overloaded"})
+            )
+        );
+        assert!(counted(&h.server, "overloaded"));
+
+        gate.add_permits(3);
+        for task in held {
+            assert_eq!(task.await.expect("join").0, StatusCode::OK);
+        }
+        assert_eq!(
+            post(&h.router, "tok-train-worker-3", good(3, 1)).await.0,
+            StatusCode::OK,
+            "the permits came back"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_token_review_that_cannot_be_made_is_503() {
+        struct Down;
+        impl TokenReviewer for Down {
+            fn review(&self, _: String) -> BoxFuture<'static, Result<Identity, AuthError>> {
+                futures::future::ready(Err(AuthError::Unavailable("connection refused".into())))
+                    .boxed()
+            }
+        }
+        let h = harness_with(Arc::new(Down), FakePods::of(&[("train", 1)]), 4);
+        assert_eq!(
+            post(&h.router, "tok-train-worker-0", good(0, 1)).await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+
+    #[tokio::test]
+    async fn a_thousand_ranks_of_two_jobs_keep_two_entries_and_a_bounded_token_cache() {
+        const RANKS: u32 = 1_000;
+        let pods = FakePods::of(&[("a", RANKS), ("b", RANKS)]);
+        let (client, reviews, _) = reviewing_client();
+        let reviewer = Arc::new(KubeTokenReviewer::new(client, "trainyard-progress"));
+        let h = harness_with(reviewer.clone(), pods, MAX_CONCURRENT_REPORTS);
+        for round in 0..2u64 {
+            for job in ["a", "b"] {
+                for rank in 0..RANKS {
+                    let token = format!("good:ml:{job}-worker-{rank}");
+                    let body = json!({"job": job, "rank": rank, "attempt": 1, "step": round});
+                    assert_eq!(post(&h.router, &token, body).await.0, StatusCode::OK);
+                }
+            }
+        }
+        assert_eq!(h.server.store.len(), 2);
+        assert_eq!(
+            h.server.store.snapshot("ml", "a").expect("a").ranks.len(),
+            RANKS as usize
+        );
+        assert_eq!(reviewer.cached(), 2 * RANKS as usize);
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            2 * RANKS as usize,
+            "the second round was served from the cache"
+        );
+
+        // A cache smaller than the ranks stays at its bound.
+        let (client, _, _) = reviewing_client();
+        let small = Arc::new(KubeTokenReviewer::with_cache(
+            client,
+            "trainyard-progress",
+            300,
+            Duration::from_secs(300),
+        ));
+        let h = harness_with(small.clone(), FakePods::of(&[("a", RANKS)]), 8);
+        for rank in 0..RANKS {
+            let token = format!("good:ml:a-worker-{rank}");
+            let body = json!({"job": "a", "rank": rank, "attempt": 1, "step": 1});
+            assert_eq!(post(&h.router, &token, body).await.0, StatusCode::OK);
+            assert!(small.cached() <= 300);
+        }
+        assert_eq!(h.server.store.len(), 1);
+    }
+
+    #[test]
+    fn a_worker_is_a_pod_the_job_controls_with_rank_and_attempt_labels() {
+        use kube::runtime::reflector;
+        use kube::runtime::watcher;
+
+        let pod = |name: &str, labels: Value, owner: Value| -> CachedPod {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                             "labels": labels, "ownerReferences": owner},
+            }))
+            .expect("pod")
+        };
+        let labels = json!({LABEL_JOB: "train", LABEL_RANK: "1", LABEL_ATTEMPT: "3"});
+        let owner = |kind: &str, name: &str| {
+            json!([{"apiVersion": "trainyard.dev/v1alpha1", "kind": kind, "name": name,
+                    "uid": "job-uid", "controller": true}])
+        };
+        let (store, mut writer) = reflector::store::<CachedPod>();
+        for p in [
+            pod(
+                "train-worker-1",
+                labels.clone(),
+                owner("TrainingJob", "train"),
+            ),
+            pod("labelled-only", labels.clone(), json!([])),
+            pod(
+                "owned-by-another",
+                labels.clone(),
+                owner("TrainingJob", "other"),
+            ),
+            pod("a-job-pod", labels.clone(), owner("Job", "train")),
+            pod(
+                "no-rank",
+                json!({LABEL_JOB: "train", LABEL_ATTEMPT: "3"}),
+                owner("TrainingJob", "train"),
+            ),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(p));
+        }
+        assert_eq!(
+            store.worker("ml", "train-worker-1"),
+            Some(WorkerIdentity {
+                uid: "uid-train-worker-1".to_owned(),
+                job: "train".to_owned(),
+                rank: 1,
+                attempt: 3,
+            })
+        );
+        for name in [
+            "labelled-only",
+            "owned-by-another",
+            "a-job-pod",
+            "no-rank",
+            "absent",
+        ] {
+            assert_eq!(store.worker("ml", name), None, "{name}");
+        }
+        assert_eq!(store.worker("other-ns", "train-worker-1"), None);
+    }
+
+    #[tokio::test]
+    async fn serve_answers_reports_over_tcp_and_stops_on_shutdown() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let h = harness();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr, serving) = serve(
+            "127.0.0.1:0".parse().expect("addr"),
+            h.server.clone(),
+            async {
+                let _ = rx.await;
+            },
+        )
+        .await
+        .expect("bind");
+        let serving = tokio::spawn(serving);
+        let body = good(0, 7).to_string();
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(
+            format!(
+                "POST {PATH} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer tok-train-worker-0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(out.ends_with(r#"{"checkpoint":false}"#), "{out}");
+        let _ = tx.send(());
+        serving.await.expect("join").expect("stops cleanly");
+    }
+}

@@ -1,0 +1,603 @@
+//! What the trainers reported, per job: pure, no I/O.
+//!
+//! The server records a report only after it has checked the token and the pod, so an entry
+//! exists only for a job with a worker pod that reported, and its ranks are that job's ranks.
+//! The controller forgets a job when the job is deleted ([`ProgressStore::forget`],
+//! [`ProgressStore::retain`]).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+
+use jiff::{SignedDuration, Timestamp};
+
+/// One rank's report, as the server checked it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// The worker's rank.
+    pub rank: u32,
+    /// The attempt it runs in.
+    pub attempt: u32,
+    /// The step it is at.
+    pub step: u64,
+    /// Its latest loss, finite.
+    pub loss: Option<f64>,
+    /// The step of the latest checkpoint it knows is saved.
+    pub checkpoint_step: Option<u64>,
+    /// The step this attempt resumed from.
+    pub resumed_from: Option<u64>,
+}
+
+/// One rank's progress in the current attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankProgress {
+    /// The step it reported last.
+    pub step: u64,
+    /// The loss it reported last, if it ever did in this attempt.
+    pub loss: Option<f64>,
+    /// When it reported last.
+    pub reported_at: Timestamp,
+    /// When its step last increased (or its first report).
+    pub advanced_at: Timestamp,
+}
+
+/// A job's progress in its latest reporting attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobProgress {
+    /// The attempt the figures belong to: the highest one that reported.
+    pub attempt: u32,
+    /// Each rank that reported in this attempt.
+    pub ranks: BTreeMap<u32, RankProgress>,
+    /// The highest `checkpointStep` reported in this attempt.
+    pub checkpoint_step: Option<u64>,
+    /// When that checkpoint step was first reported.
+    pub checkpoint_at: Option<Timestamp>,
+    /// The highest `resumedFrom` reported in this attempt.
+    pub resumed_from: Option<u64>,
+    /// The highest step reported in the attempt that reported before this one.
+    pub previous_attempt_step: Option<u64>,
+    /// The highest step known when a checkpoint was requested in this attempt, while no
+    /// checkpoint at or past it has been reported. Once one is, this is `None` again and
+    /// `checkpoint_step` is at least that step; a request is made at most once per attempt.
+    pub checkpoint_requested: Option<u64>,
+    /// Steps per second of the job's highest step over its recent reports (about the last
+    /// 16 seconds or more); `None` until two reports some time apart.
+    pub steps_per_second: Option<f64>,
+}
+
+impl JobProgress {
+    fn new(attempt: u32) -> Self {
+        Self {
+            attempt,
+            ranks: BTreeMap::new(),
+            checkpoint_step: None,
+            checkpoint_at: None,
+            resumed_from: None,
+            previous_attempt_step: None,
+            checkpoint_requested: None,
+            steps_per_second: None,
+        }
+    }
+
+    /// The highest step any rank reported in this attempt.
+    pub fn step(&self) -> Option<u64> {
+        self.ranks.values().map(|r| r.step).max()
+    }
+
+    /// When any rank's step last advanced: the hang check compares it with now.
+    pub fn advanced_at(&self) -> Option<Timestamp> {
+        self.ranks.values().map(|r| r.advanced_at).max()
+    }
+}
+
+/// What recording a report decided.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// Answer `{"checkpoint": true}`: a requested checkpoint is not saved yet.
+    pub checkpoint: bool,
+    /// Reconcile the job now: the report changed something the plan decides on (a new attempt,
+    /// a rank's first report, a newer checkpoint, the step resumed from). A plain step
+    /// advance does not, so reports do not cost a reconcile each.
+    pub wake: bool,
+}
+
+/// Samples of a job's highest step at least this far apart feed `steps_per_second`.
+const SAMPLE_SPACING: SignedDuration = SignedDuration::from_secs(1);
+/// How many samples the rate spans.
+const MAX_SAMPLES: usize = 16;
+
+/// The recent history of a job's highest step.
+#[derive(Debug, Default)]
+struct Rate {
+    /// `(when, highest step)`, oldest first, at least [`SAMPLE_SPACING`] apart.
+    samples: VecDeque<(Timestamp, u64)>,
+}
+
+impl Rate {
+    /// Adds the highest step at `now` and returns the rate from the oldest sample to it.
+    fn observe(&mut self, now: Timestamp, step: u64) -> Option<f64> {
+        if self.samples.back().is_some_and(|&(_, last)| step < last) {
+            // The highest step went back (a rank restarted from a checkpoint): start over.
+            self.samples.clear();
+        }
+        let (first_at, first_step) = *self.samples.front().unwrap_or(&(now, step));
+        match self.samples.back() {
+            Some(&(last_at, _)) if now.duration_since(last_at) < SAMPLE_SPACING => {}
+            _ => {
+                if self.samples.len() == MAX_SAMPLES {
+                    self.samples.pop_front();
+                }
+                self.samples.push_back((now, step));
+            }
+        }
+        let seconds = now.duration_since(first_at).as_secs_f64();
+        (seconds > 0.0).then(|| (step - first_step) as f64 / seconds)
+    }
+}
+
+/// A job's entry.
+#[derive(Debug)]
+struct Entry {
+    progress: JobProgress,
+    /// The step a checkpoint was requested at in this attempt, outstanding or satisfied.
+    requested_at: Option<u64>,
+    rate: Rate,
+}
+
+impl Entry {
+    fn new(attempt: u32) -> Self {
+        Self {
+            progress: JobProgress::new(attempt),
+            requested_at: None,
+            rate: Rate::default(),
+        }
+    }
+
+    /// Applies a report of this entry's attempt; true when the plan should look now.
+    fn apply(&mut self, report: &Report, now: Timestamp) -> bool {
+        let p = &mut self.progress;
+        let mut wake = false;
+        match p.ranks.get_mut(&report.rank) {
+            None => {
+                p.ranks.insert(
+                    report.rank,
+                    RankProgress {
+                        step: report.step,
+                        loss: report.loss,
+                        reported_at: now,
+                        advanced_at: now,
+                    },
+                );
+                wake = true;
+            }
+            Some(rank) => {
+                if report.step > rank.step {
+                    rank.advanced_at = now;
+                }
+                rank.step = report.step;
+                rank.loss = report.loss.or(rank.loss);
+                rank.reported_at = now;
+            }
+        }
+        if let Some(step) = report.checkpoint_step
+            && p.checkpoint_step.is_none_or(|known| step > known)
+        {
+            p.checkpoint_step = Some(step);
+            p.checkpoint_at = Some(now);
+            wake = true;
+        }
+        if let Some(step) = report.resumed_from
+            && p.resumed_from.is_none_or(|known| step > known)
+        {
+            p.resumed_from = Some(step);
+            wake = true;
+        }
+        if let Some(requested) = p.checkpoint_requested
+            && p.checkpoint_step.is_some_and(|saved| saved >= requested)
+        {
+            p.checkpoint_requested = None;
+        }
+        if let Some(step) = p.step() {
+            p.steps_per_second = self.rate.observe(now, step);
+        }
+        wake
+    }
+}
+
+/// The progress of every job that reported, keyed by namespace and name.
+#[derive(Debug, Default)]
+pub struct ProgressStore {
+    jobs: Mutex<HashMap<(String, String), Entry>>,
+}
+
+impl ProgressStore {
+    fn jobs(&self) -> MutexGuard<'_, HashMap<(String, String), Entry>> {
+        // Every update leaves an entry whole, so a panic elsewhere cannot leave it torn.
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a checked report of `namespace/job` received at `now`.
+    ///
+    /// A report of a later attempt than the entry's starts the entry over for that attempt,
+    /// keeping the old attempt's highest step as `previous_attempt_step`; a report of an
+    /// earlier attempt is ignored.
+    pub fn record(&self, namespace: &str, job: &str, report: &Report, now: Timestamp) -> Recorded {
+        let mut jobs = self.jobs();
+        let key = (namespace.to_owned(), job.to_owned());
+        let (entry, new_attempt) = match jobs.get_mut(&key) {
+            Some(entry) if report.attempt < entry.progress.attempt => {
+                return Recorded::default();
+            }
+            Some(entry) if report.attempt > entry.progress.attempt => {
+                let previous = entry.progress.step();
+                *entry = Entry::new(report.attempt);
+                entry.progress.previous_attempt_step = previous;
+                (entry, true)
+            }
+            Some(entry) => (entry, false),
+            None => (
+                jobs.entry(key)
+                    .or_insert_with(|| Entry::new(report.attempt)),
+                true,
+            ),
+        };
+        let changed = entry.apply(report, now);
+        Recorded {
+            checkpoint: entry.progress.checkpoint_requested.is_some(),
+            wake: new_attempt || changed,
+        }
+    }
+
+    /// The progress of `namespace/job`, if it reported.
+    pub fn snapshot(&self, namespace: &str, job: &str) -> Option<JobProgress> {
+        self.jobs()
+            .get(&(namespace.to_owned(), job.to_owned()))
+            .map(|e| e.progress.clone())
+    }
+
+    /// Asks the trainers of `attempt` for a checkpoint at or past the highest step known now;
+    /// their next reports are answered `{"checkpoint": true}` until one reports it saved.
+    ///
+    /// Once per attempt: calling it again (every reconcile while a termination notice stands)
+    /// changes nothing, also after the checkpoint was saved. It does nothing for an attempt
+    /// that has not reported yet (its first report wakes the reconcile, which asks again) or
+    /// that a later attempt replaced.
+    pub fn request_checkpoint(&self, namespace: &str, job: &str, attempt: u32) {
+        let mut jobs = self.jobs();
+        let Some(entry) = jobs.get_mut(&(namespace.to_owned(), job.to_owned())) else {
+            return;
+        };
+        if entry.progress.attempt != attempt || entry.requested_at.is_some() {
+            return;
+        }
+        let step = entry.progress.step().unwrap_or(0);
+        entry.requested_at = Some(step);
+        if entry
+            .progress
+            .checkpoint_step
+            .is_none_or(|saved| saved < step)
+        {
+            entry.progress.checkpoint_requested = Some(step);
+        }
+    }
+
+    /// Drops what `namespace/job` reported.
+    pub fn forget(&self, namespace: &str, job: &str) {
+        self.jobs().remove(&(namespace.to_owned(), job.to_owned()));
+    }
+
+    /// Keeps only the jobs `keep(namespace, job)` accepts.
+    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
+        self.jobs().retain(|(ns, job), _| keep(ns, job));
+    }
+
+    /// How many jobs have an entry.
+    pub fn len(&self) -> usize {
+        self.jobs().len()
+    }
+
+    /// Whether no job has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.jobs().is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + seconds).expect("timestamp")
+    }
+
+    fn report(rank: u32, attempt: u32, step: u64) -> Report {
+        Report {
+            rank,
+            attempt,
+            step,
+            loss: None,
+            checkpoint_step: None,
+            resumed_from: None,
+        }
+    }
+
+    const WAKE: Recorded = Recorded {
+        checkpoint: false,
+        wake: true,
+    };
+    const QUIET: Recorded = Recorded {
+        checkpoint: false,
+        wake: false,
+    };
+
+    #[test]
+    fn a_report_is_kept_per_rank_and_a_step_advance_does_not_wake() {
+        let store = ProgressStore::default();
+        assert_eq!(store.record("ns", "j", &report(0, 0, 10), at(0)), WAKE);
+        assert_eq!(
+            store.record("ns", "j", &report(1, 0, 9), at(1)),
+            WAKE,
+            "a rank's first report wakes"
+        );
+        let advance = Report {
+            loss: Some(1.5),
+            ..report(0, 0, 11)
+        };
+        assert_eq!(store.record("ns", "j", &advance, at(5)), QUIET);
+        assert_eq!(store.record("ns", "j", &report(1, 0, 9), at(6)), QUIET);
+
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!(p.attempt, 0);
+        assert_eq!(p.step(), Some(11));
+        assert_eq!(
+            p.ranks[&0],
+            RankProgress {
+                step: 11,
+                loss: Some(1.5),
+                reported_at: at(5),
+                advanced_at: at(5)
+            }
+        );
+        assert_eq!(
+            (p.ranks[&1].reported_at, p.ranks[&1].advanced_at),
+            (at(6), at(1)),
+            "a step that did not increase is not an advance"
+        );
+        assert_eq!(p.advanced_at(), Some(at(5)));
+        assert_eq!(store.snapshot("ns", "other"), None);
+        assert_eq!(store.snapshot("other", "j"), None);
+    }
+
+    #[test]
+    fn a_newer_checkpoint_and_the_first_resumed_from_wake_the_same_ones_do_not() {
+        let store = ProgressStore::default();
+        let resumed = Report {
+            resumed_from: Some(100),
+            ..report(0, 1, 100)
+        };
+        assert_eq!(store.record("ns", "j", &resumed, at(0)), WAKE);
+        assert_eq!(store.record("ns", "j", &resumed, at(1)), QUIET);
+        let saved = Report {
+            checkpoint_step: Some(150),
+            ..report(0, 1, 160)
+        };
+        assert_eq!(store.record("ns", "j", &saved, at(2)), WAKE);
+        assert_eq!(store.record("ns", "j", &saved, at(3)), QUIET);
+        let older = Report {
+            checkpoint_step: Some(120),
+            ..report(1, 1, 160)
+        };
+        store.record("ns", "j", &older, at(4));
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!(
+            (p.checkpoint_step, p.checkpoint_at, p.resumed_from),
+            (Some(150), Some(at(2)), Some(100)),
+            "the highest checkpoint and when it first appeared"
+        );
+    }
+
+    #[test]
+    fn a_later_attempt_starts_over_keeping_the_previous_attempts_step() {
+        let store = ProgressStore::default();
+        store.record("ns", "j", &report(0, 0, 480), at(0));
+        store.record("ns", "j", &report(1, 0, 500), at(0));
+        let saved = Report {
+            checkpoint_step: Some(400),
+            ..report(0, 0, 480)
+        };
+        store.record("ns", "j", &saved, at(1));
+        store.request_checkpoint("ns", "j", 0);
+
+        let resumed = Report {
+            resumed_from: Some(400),
+            ..report(1, 1, 400)
+        };
+        assert_eq!(store.record("ns", "j", &resumed, at(10)), WAKE);
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!(p.attempt, 1);
+        assert_eq!(p.previous_attempt_step, Some(500));
+        assert_eq!(p.resumed_from, Some(400));
+        assert_eq!(p.ranks.keys().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            (p.checkpoint_step, p.checkpoint_at, p.checkpoint_requested),
+            (None, None, None),
+            "checkpoints and requests belong to their attempt"
+        );
+        assert_eq!(p.steps_per_second, None);
+
+        assert_eq!(
+            store.record("ns", "j", &report(0, 0, 510), at(11)),
+            QUIET,
+            "a report of an earlier attempt is ignored"
+        );
+        assert_eq!(store.snapshot("ns", "j"), Some(p));
+    }
+
+    #[test]
+    fn a_checkpoint_is_asked_for_until_one_at_or_past_the_request_step_is_reported() {
+        let store = ProgressStore::default();
+        let saved = Report {
+            checkpoint_step: Some(100),
+            ..report(0, 3, 180)
+        };
+        store.record("ns", "j", &saved, at(0));
+        store.record("ns", "j", &report(1, 3, 200), at(0));
+        store.request_checkpoint("ns", "j", 2);
+        store.request_checkpoint("ns", "j", 4);
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .checkpoint_requested,
+            None,
+            "a request for another attempt is not this attempt's"
+        );
+
+        store.request_checkpoint("ns", "j", 3);
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .checkpoint_requested,
+            Some(200),
+            "the highest step known at the request"
+        );
+        let asked = Recorded {
+            checkpoint: true,
+            wake: false,
+        };
+        assert_eq!(store.record("ns", "j", &saved, at(5)), asked);
+        let short = Report {
+            checkpoint_step: Some(150),
+            ..report(1, 3, 205)
+        };
+        assert_eq!(
+            store.record("ns", "j", &short, at(6)),
+            Recorded {
+                checkpoint: true,
+                wake: true
+            },
+            "a checkpoint before the request step does not satisfy it"
+        );
+        // Asked again while outstanding: nothing changes, the step stays.
+        store.record("ns", "j", &report(0, 3, 300), at(7));
+        store.request_checkpoint("ns", "j", 3);
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .checkpoint_requested,
+            Some(200)
+        );
+
+        let done = Report {
+            checkpoint_step: Some(206),
+            ..report(0, 3, 300)
+        };
+        assert_eq!(store.record("ns", "j", &done, at(8)), WAKE);
+        assert_eq!(store.record("ns", "j", &report(1, 3, 301), at(9)), QUIET);
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!(
+            (p.checkpoint_requested, p.checkpoint_step),
+            (None, Some(206))
+        );
+
+        store.request_checkpoint("ns", "j", 3);
+        assert_eq!(
+            store.record("ns", "j", &report(1, 3, 302), at(10)),
+            QUIET,
+            "once per attempt: a satisfied request is not made again"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_already_at_the_highest_step_satisfies_a_request_at_once() {
+        let store = ProgressStore::default();
+        let saved = Report {
+            checkpoint_step: Some(50),
+            ..report(0, 0, 50)
+        };
+        store.record("ns", "j", &saved, at(0));
+        store.request_checkpoint("ns", "j", 0);
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .checkpoint_requested,
+            None
+        );
+        assert_eq!(store.record("ns", "j", &report(0, 0, 51), at(1)), QUIET);
+    }
+
+    #[test]
+    fn a_request_before_any_report_makes_no_entry() {
+        let store = ProgressStore::default();
+        store.request_checkpoint("ns", "j", 0);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn steps_per_second_follow_the_highest_step_once_two_reports_are_apart() {
+        let store = ProgressStore::default();
+        store.record("ns", "j", &report(0, 0, 100), at(0));
+        store.record("ns", "j", &report(1, 0, 90), at(0));
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .steps_per_second,
+            None
+        );
+        store.record("ns", "j", &report(0, 0, 150), at(10));
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .steps_per_second,
+            Some(5.0)
+        );
+        // A slower rank does not pull the job's rate down.
+        store.record("ns", "j", &report(1, 0, 95), at(10));
+        store.record("ns", "j", &report(0, 0, 200), at(20));
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .steps_per_second,
+            Some(5.0)
+        );
+        // Over a long run the rate spans the recent samples only.
+        for i in 3..40 {
+            store.record(
+                "ns",
+                "j",
+                &report(0, 0, 200 + (i - 2) * 20),
+                at(i as i64 * 10),
+            );
+        }
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .steps_per_second,
+            Some(2.0)
+        );
+    }
+
+    #[test]
+    fn forget_and_retain_drop_entries() {
+        let store = ProgressStore::default();
+        for job in ["a", "b", "c"] {
+            store.record("ns", job, &report(0, 0, 1), at(0));
+        }
+        store.record("other", "a", &report(0, 0, 1), at(0));
+        assert_eq!(store.len(), 4);
+        store.forget("ns", "a");
+        assert_eq!(store.snapshot("ns", "a"), None);
+        assert!(store.snapshot("other", "a").is_some());
+        store.retain(|ns, job| ns == "ns" && job != "c");
+        assert_eq!(store.len(), 1);
+        assert!(store.snapshot("ns", "b").is_some());
+        store.retain(|_, _| false);
+        assert!(store.is_empty());
+    }
+}
