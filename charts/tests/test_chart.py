@@ -25,6 +25,10 @@ RELEASE = "trainyard"
 NAMESPACE = "trainyard-system"
 FAKE_GPUS_PATH = "/etc/trainyard/fake-gpus.yaml"
 FAKE_UUID = "GPU-11111111-2222-3333-4444-{:012d}"
+# The progress channel's Service and Endpoints (the release's full name).
+PROGRESS = f"{RELEASE}-progress"
+PROGRESS_URL = f"http://{PROGRESS}.{NAMESPACE}.svc.cluster.local:8082/v1/progress"
+PROGRESS_OFF = {"operator": {"progress": {"enabled": False}}}
 
 # Helm's lint severities (helm_python.lint messages).
 SEVERITY_WARNING = 2
@@ -144,16 +148,32 @@ def test_chart_metadata_declares_v2_api_min_kube_version_and_app_version(chart: 
     assert meta["appVersion"] == "0.1.0"
 
 
+# The one lint warning the chart accepts. The operator's progress channel is
+# specified as a v1 Endpoints object the leader writes (EndpointSlice v1 needs
+# Kubernetes 1.21; the chart supports 1.20). Kubernetes 1.33 deprecated the
+# Endpoints API (a warning; GA core/v1 APIs are not removed), and Helm's lint
+# says so for its default Kubernetes version. Anything else still fails.
+ENDPOINTS_DEPRECATION = (
+    "templates/operator-progress.yaml",
+    "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice",
+)
+
+
 @pytest.mark.parametrize(
     "values",
-    [{}, ALL_TOGGLES_ON, {"operator": {"watchNamespace": "ml"}}],
-    ids=["defaults", "all-toggles-on", "single-namespace"],
+    [{}, ALL_TOGGLES_ON, {"operator": {"watchNamespace": "ml"}}, {"operator": {"progress": {"enabled": False}}}],
+    ids=["defaults", "all-toggles-on", "single-namespace", "progress-off"],
 )
 @pytest.mark.parametrize("kube_version", [None, "v1.20.2"], ids=["default-kube", "kube-1.20"])
 def test_lint_reports_no_warnings_or_errors(values: dict[str, Any], kube_version: str | None) -> None:
     report = helm_python.lint(CHART_DIR, values, strict=True, kube_version=kube_version)
-    problems = [m for m in report["messages"] if m["severity"] >= SEVERITY_WARNING]
-    assert report["errors"] == [] and problems == [], report
+    problems = [
+        m
+        for m in report["messages"]
+        if m["severity"] >= SEVERITY_WARNING and (m["path"], m["error"]) != ENDPOINTS_DEPRECATION
+    ]
+    errors = [e for e in report["errors"] if e != ENDPOINTS_DEPRECATION[1]]
+    assert errors == [] and problems == [], report
 
 
 # --- operator Deployment ----------------------------------------------------
@@ -181,7 +201,7 @@ def test_operator_runs_the_binary_from_the_image(chart: Any) -> None:
 def test_operator_probes_hit_healthz_and_readyz_on_the_metrics_port(chart: Any) -> None:
     c = container(operator_deployment(render(chart)))
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"metrics": 8080}
+    assert ports == {"metrics": 8080, "progress": 8082}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
@@ -342,9 +362,19 @@ def test_no_role_reads_secrets_or_config_maps(chart: Any) -> None:
         assert ("", "configmaps") not in granted
 
 
-def test_operator_rbac_grants_exactly_the_contract(chart: Any) -> None:
-    objects = render(chart)
+@pytest.mark.parametrize(
+    "values", [{}, {"operator": {"watchNamespace": "ml"}}], ids=["cluster-wide", "single-namespace"]
+)
+def test_operator_rbac_grants_exactly_the_contract(chart: Any, values: dict[str, Any]) -> None:
+    objects = render(chart, values)
     assert operator_grants(objects) == OPERATOR_RBAC
+
+
+def test_operator_rbac_without_the_progress_channel_grants_no_token_reviews_or_endpoints(chart: Any) -> None:
+    objects = render(chart, {"operator": {"progress": {"enabled": False}}})
+    assert operator_grants(objects) == OPERATOR_RBAC_WITHOUT_PROGRESS
+    assert not [r for r in all_roles(objects) if r["metadata"]["name"].endswith("-progress")]
+    assert not [b for b in of_kind(objects, "RoleBinding") if b["metadata"]["name"].endswith("-progress")]
 
 
 # Exactly the calls operator/src makes; docs/operator.md ("RBAC") lists each one.
@@ -363,6 +393,18 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     # Node heartbeats (list, watch) and the leader Lease (create, get, patch).
     ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get"},
+    # Progress channel: each report's token is checked with a TokenReview.
+    ("authentication.k8s.io", "tokenreviews"): {"create"},
+    # Progress channel: the leader points the progress Endpoints (one object,
+    # created by the chart) at its own pod IP.
+    ("", "endpoints"): {"get", "patch", "update"},
+}
+
+# With operator.progress.enabled=false: no TokenReviews, no Endpoints.
+OPERATOR_RBAC_WITHOUT_PROGRESS = {
+    key: verbs
+    for key, verbs in OPERATOR_RBAC.items()
+    if key not in {("authentication.k8s.io", "tokenreviews"), ("", "endpoints")}
 }
 
 
@@ -652,12 +694,15 @@ def test_network_policies_admit_only_the_configured_peers_to_the_metrics_ports(c
         assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": port}], "from": peers}]
 
 
-def test_network_policies_without_peers_admit_no_one(chart: Any) -> None:
+def test_network_policies_without_peers_admit_no_one_to_the_metrics_port(chart: Any) -> None:
     objects = render(chart, {"networkPolicy": {"enabled": True}, "devicePlugin": {"enabled": False}})
-    [policy] = of_kind(objects, "NetworkPolicy")
-    assert policy["metadata"]["name"] == f"{RELEASE}-operator-metrics"
+    policies = {p["metadata"]["name"]: p for p in of_kind(objects, "NetworkPolicy")}
+    assert set(policies) == {f"{RELEASE}-operator-metrics", f"{RELEASE}-operator-progress"}
     # An empty `from` would admit every source; no rule admits none.
-    assert policy["spec"]["ingress"] == []
+    assert policies[f"{RELEASE}-operator-metrics"]["spec"]["ingress"] == []
+    # The progress policy opens the progress port only, never the metrics port.
+    [rule] = policies[f"{RELEASE}-operator-progress"]["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8082}]
 
 
 def test_every_binding_names_a_rendered_role_and_service_account(chart: Any) -> None:
@@ -830,7 +875,8 @@ def test_services_select_their_pods_on_a_named_metrics_port(chart: Any) -> None:
         f"{RELEASE}-operator-metrics": operator_deployment(objects),
         f"{RELEASE}-device-plugin-metrics": device_plugin_daemonset(objects),
     }
-    services = of_kind(objects, "Service")
+    # The progress Service has no selector (the leader writes its Endpoints).
+    services = [s for s in of_kind(objects, "Service") if s["metadata"]["name"] != PROGRESS]
     assert {s["metadata"]["name"] for s in services} == set(workloads)
     for service in services:
         workload = workloads[service["metadata"]["name"]]
@@ -887,6 +933,151 @@ def test_each_component_can_be_disabled_alone(chart: Any, disabled: str, kept: s
     assert len(of_kind(objects, "ServiceMonitor")) == 1
 
 
+# --- progress channel -------------------------------------------------------
+
+
+def flags_of(c: dict[str, Any]) -> dict[str, str]:
+    """`--name=value` arguments by name."""
+    return dict(a[2:].split("=", 1) for a in c["args"] if a.startswith("--") and "=" in a)
+
+
+def test_operator_serves_the_progress_channel_by_default(chart: Any) -> None:
+    c = container(operator_deployment(render(chart)))
+    flags = flags_of(c)
+    assert flags["progress-addr"] == "0.0.0.0:8082"
+    assert flags["progress-url"] == PROGRESS_URL
+    assert flags["progress-audience"] == "trainyard-progress"
+    assert flags["progress-endpoints"] == PROGRESS
+    assert {"name": "progress", "containerPort": 8082, "protocol": "TCP"} in c["ports"]
+
+
+def test_operator_gets_its_pod_ip_for_the_progress_endpoints(chart: Any) -> None:
+    env = env_of(container(operator_deployment(render(chart))))
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # The Endpoints object lives in the operator's namespace.
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+def test_progress_port_audience_and_cluster_domain_follow_values(chart: Any) -> None:
+    values = {
+        "clusterDomain": "corp.example",
+        "operator": {"progress": {"port": 9443, "audience": "https://trainyard.example/progress"}},
+    }
+    objects = render(chart, values, namespace="ops")
+    c = container(operator_deployment(objects))
+    flags = flags_of(c)
+    assert flags["progress-addr"] == "0.0.0.0:9443"
+    assert flags["progress-url"] == f"http://{PROGRESS}.ops.svc.corp.example:9443/v1/progress"
+    assert flags["progress-audience"] == "https://trainyard.example/progress"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}["progress"] == 9443
+    service = one(objects, "Service", PROGRESS)
+    assert service["spec"]["ports"] == [{"name": "progress", "port": 9443, "targetPort": 9443, "protocol": "TCP"}]
+
+
+def test_progress_url_names_the_progress_service_by_its_cluster_dns_name(chart: Any) -> None:
+    objects = render(chart)
+    url = flags_of(container(operator_deployment(objects)))["progress-url"]
+    service = one(objects, "Service", PROGRESS)
+    host, port = re.fullmatch(r"http://([^/:]+):(\d+)/v1/progress", url).groups()
+    assert host == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
+    assert int(port) == service["spec"]["ports"][0]["port"]
+
+
+def test_progress_service_has_no_selector_and_the_chart_creates_its_endpoints(chart: Any) -> None:
+    objects = render(chart)
+    service = one(objects, "Service", PROGRESS)
+    assert service["metadata"]["namespace"] == NAMESPACE
+    # A selector would spread reports over standby replicas, which do not serve the port.
+    assert "selector" not in service["spec"]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [{"name": "progress", "port": 8082, "targetPort": 8082, "protocol": "TCP"}]
+    endpoints = one(objects, "Endpoints", PROGRESS)
+    assert endpoints["metadata"]["namespace"] == NAMESPACE
+    assert endpoints["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    # The object the operator is told to write is this one.
+    assert flags_of(container(operator_deployment(objects)))["progress-endpoints"] == endpoints["metadata"]["name"]
+
+
+def test_progress_endpoints_leave_subsets_to_the_leader(chart: Any) -> None:
+    """No `subsets` key, not even `subsets: []`: Helm 3's three-way merge resets
+    every field a chart renders to its rendered value on `helm upgrade` (and
+    Helm 4's server-side apply would own it), which would wipe the leader's
+    address. A field the chart never renders is left as the leader wrote it."""
+    endpoints = one(render(chart), "Endpoints", PROGRESS)
+    assert set(endpoints) == {"apiVersion", "kind", "metadata"}
+
+
+def test_progress_endpoints_rbac_is_get_patch_update_on_that_one_object(chart: Any) -> None:
+    objects = render(chart, {"operator": {"watchNamespace": "ml"}})
+    endpoint_roles = [r for r in all_roles(objects) if ("", "endpoints") in rules_by_resource(r)]
+    assert [(r["kind"], r["metadata"]["name"]) for r in endpoint_roles] == [("Role", f"{RELEASE}-operator-progress")]
+    role = endpoint_roles[0]
+    # The operator's own namespace, not the watched one.
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["endpoints"], "resourceNames": [PROGRESS], "verbs": ["get", "patch", "update"]}
+    ]
+    binding = one(objects, "RoleBinding", f"{RELEASE}-operator-progress")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-operator", "namespace": NAMESPACE}]
+
+
+def test_token_reviews_are_create_only_in_the_operators_cluster_role(chart: Any) -> None:
+    objects = render(chart)
+    holders = [r["metadata"]["name"] for r in all_roles(objects) if "tokenreviews" in json.dumps(r["rules"])]
+    assert holders == [f"{RELEASE}-operator-cluster"]
+    cluster_role = one(objects, "ClusterRole", f"{RELEASE}-operator-cluster")
+    assert rules_by_resource(cluster_role)[("authentication.k8s.io", "tokenreviews")] == {"create"}
+
+
+def test_progress_channel_off_renders_no_flags_env_port_service_or_endpoints(chart: Any) -> None:
+    objects = render(chart, {**PROGRESS_OFF, "networkPolicy": {"enabled": True}})
+    c = container(operator_deployment(objects))
+    assert not [a for a in c["args"] if a.startswith("--progress")]
+    assert "POD_IP" not in env_of(c)
+    assert [p["name"] for p in c["ports"]] == ["metrics"]
+    assert not [o for o in objects if o["metadata"]["name"] == PROGRESS]
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-progress")]
+    assert "tokenreviews" not in json.dumps(all_roles(objects))
+    assert "progress" not in render_notes(chart, PROGRESS_OFF)
+
+
+def test_progress_channel_needs_the_operator(chart: Any) -> None:
+    objects = render(chart, {"operator": {"enabled": False}, "networkPolicy": {"enabled": True}})
+    assert not [o for o in objects if "progress" in o["metadata"]["name"]]
+
+
+def test_progress_and_metrics_on_one_port_are_refused(chart: Any) -> None:
+    with pytest.raises(helm_python.HelmRenderError, match="must differ"):
+        render(chart, {"operator": {"progress": {"port": 8080}}})
+    render(chart, {"operator": {"progress": {"enabled": False, "port": 8080}}})
+
+
+def test_progress_network_policy_admits_pods_of_every_namespace_to_the_progress_port_only(chart: Any) -> None:
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    objects = render(chart, {"networkPolicy": {"enabled": True, "metricsFrom": peers}})
+    policy = one(objects, "NetworkPolicy", f"{RELEASE}-operator-progress")
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert policy["spec"]["podSelector"]["matchLabels"] == operator_deployment(objects)["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # An empty namespaceSelector: every pod of every namespace (trainers run in
+    # any); no ipBlock, so nothing from outside the cluster.
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8082}], "from": [{"namespaceSelector": {}}]}]
+    # The metrics rule is unchanged alongside it.
+    metrics = one(objects, "NetworkPolicy", f"{RELEASE}-operator-metrics")
+    assert metrics["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}], "from": peers}]
+    off = render(chart, {**PROGRESS_OFF, "networkPolicy": {"enabled": True, "metricsFrom": peers}})
+    assert {p["metadata"]["name"] for p in of_kind(off, "NetworkPolicy")} == {
+        f"{RELEASE}-operator-metrics",
+        f"{RELEASE}-device-plugin-metrics",
+    }
+
+
+def test_notes_give_the_progress_url(chart: Any) -> None:
+    assert PROGRESS_URL in render_notes(chart)
+
+
 # --- metrics: ServiceMonitor and Grafana dashboard -------------------------
 
 
@@ -908,6 +1099,7 @@ def test_service_monitors_scrape_the_operator_and_device_plugin_services(chart: 
             s for s in services if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
         ]
         assert len(selected) == 1, monitor["metadata"]["name"]
+        assert selected[0]["metadata"]["name"] != PROGRESS, "the progress port has no /metrics"
         service_ports = {p["name"] for p in selected[0]["spec"]["ports"]}
         for endpoint in monitor["spec"]["endpoints"]:
             assert endpoint["port"] in service_ports
@@ -944,6 +1136,9 @@ EXPECTED_METRICS = {
     "trainyard_operator_restarts_total",
     "trainyard_operator_reconcile_errors_total",
     "trainyard_operator_preemption_recovery_seconds",
+    "trainyard_operator_steps_lost_per_preemption",
+    "trainyard_operator_job_steps_per_second",
+    "trainyard_operator_progress_reports_total",
 }
 
 
@@ -998,6 +1193,62 @@ def test_dashboard_panels_have_unique_ids_and_fit_the_grid(chart: Any) -> None:
         assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
 
 
+def dashboard_panel(dashboard: dict[str, Any], title: str) -> dict[str, Any]:
+    [panel] = [p for p in dashboard["panels"] if p["title"] == title]
+    return panel
+
+
+def resolved_exprs(dashboard: dict[str, Any], panel: dict[str, Any]) -> list[str]:
+    """The panel's queries with the metric-name constants substituted."""
+    constants = {v["name"]: v["query"] for v in dashboard["templating"]["list"] if v["type"] == "constant"}
+    return [re.sub(r"\$\{(m_\w+)\}", lambda m: constants[m.group(1)], t["expr"]) for t in panel["targets"]]
+
+
+def test_dashboard_shows_steps_lost_per_preemption_as_median_p99_and_mean(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    panel = dashboard_panel(dashboard, "Steps lost per preemption")
+    m = "trainyard_operator_steps_lost_per_preemption"
+    assert resolved_exprs(dashboard, panel) == [
+        f"histogram_quantile(0.5, sum by (le) (rate({m}_bucket[$__rate_interval])))",
+        f"histogram_quantile(0.99, sum by (le) (rate({m}_bucket[$__rate_interval])))",
+        f"sum(rate({m}_sum[$__rate_interval])) / sum(rate({m}_count[$__rate_interval]))",
+    ]
+    assert [t["legendFormat"] for t in panel["targets"]] == ["p50", "p99", "mean"]
+
+
+def test_dashboard_shows_training_steps_per_second_by_job_from_the_leader(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    panel = dashboard_panel(dashboard, "Training steps per second by job")
+    [expr] = resolved_exprs(dashboard, panel)
+    # The metric's own namespace/job labels arrive as exported_* next to the
+    # scrape target's; a former leader's stale gauge is dropped.
+    assert expr == (
+        "max by (exported_namespace, exported_job) "
+        "(trainyard_operator_job_steps_per_second and on (instance) (trainyard_operator_leader == 1))"
+    )
+    assert panel["targets"][0]["legendFormat"] == "{{exported_namespace}}/{{exported_job}}"
+
+
+def test_dashboard_shows_progress_reports_by_outcome(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    panel = dashboard_panel(dashboard, "Progress reports by outcome")
+    assert resolved_exprs(dashboard, panel) == [
+        "sum by (outcome) (rate(trainyard_operator_progress_reports_total[5m]))"
+    ]
+    assert panel["targets"][0]["legendFormat"] == "{{outcome}}"
+
+
+def test_dashboard_panels_do_not_overlap(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    cells: dict[tuple[int, int], str] = {}
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = panel["title"]
+
+
 # --- values.schema.json -----------------------------------------------------
 
 A_FAKE_GPU = {"uuid": "GPU-1", "name": "NVIDIA T4", "memoryMiB": 15360}
@@ -1026,6 +1277,12 @@ A_FAKE_GPU = {"uuid": "GPU-1", "name": "NVIDIA T4", "memoryMiB": 15360}
             "/devicePlugin/fakeGpus/config/gpus/0/probeDelaySeconds",
         ),
         ({"operatr": {"replicas": 1}}, "operatr"),
+        ({"operator": {"progress": {"enabled": "yes"}}}, "/operator/progress/enabled"),
+        ({"operator": {"progress": {"port": 0}}}, "/operator/progress/port"),
+        ({"operator": {"progress": {"audience": ""}}}, "/operator/progress/audience"),
+        ({"operator": {"progress": {"url": "http://x"}}}, "url"),
+        ({"clusterDomain": "cluster.local."}, "/clusterDomain"),
+        ({"clusterDomain": ""}, "/clusterDomain"),
         # The operator and the plugin reject unknown keys in their files; so does the chart.
         ({"operator": {"config": {"price": []}}}, "price"),
         ({"devicePlugin": {"fakeGpus": {"config": {"gpus": [{**A_FAKE_GPU, "vram": 1}]}}}}, "vram"),

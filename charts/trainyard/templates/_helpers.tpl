@@ -99,6 +99,31 @@ releases in one namespace never fight over one Lease.
 {{- end }}
 
 {{/*
+Name of the progress Service and of the Endpoints object behind it, which the
+leader points at itself (--progress-endpoints). The release's full name, like
+the Lease: one per release.
+*/}}
+{{- define "trainyard.operator.progressName" -}}
+{{- printf "%s-progress" (include "trainyard.fullname" .) }}
+{{- end }}
+
+{{/*
+The URL trainers POST progress reports to (--progress-url): the progress
+Service's fully qualified cluster DNS name, so it resolves from any namespace
+whatever the pod's DNS search path.
+*/}}
+{{- define "trainyard.operator.progressURL" -}}
+{{- printf "http://%s.%s.svc.%s:%d/v1/progress" (include "trainyard.operator.progressName" .) .Release.Namespace (default "cluster.local" .Values.clusterDomain) (int .Values.operator.progress.port) }}
+{{- end }}
+
+{{/*
+Whether the operator serves the progress channel.
+*/}}
+{{- define "trainyard.operator.progressEnabled" -}}
+{{- if and .Values.operator.enabled .Values.operator.progress.enabled }}true{{- end }}
+{{- end }}
+
+{{/*
 Whether the device plugin serves fake GPUs.
 */}}
 {{- define "trainyard.devicePlugin.fakeGpusEnabled" -}}
@@ -118,6 +143,9 @@ Fail early on value combinations the schema cannot express.
 {{- define "trainyard.validate" -}}
 {{- if and .Values.operator.enabled (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) }}
 {{- fail "operator.replicas > 1 needs operator.leaderElection.enabled=true: two replicas without a Lease would both reconcile every TrainingJob" }}
+{{- end }}
+{{- if and (include "trainyard.operator.progressEnabled" .) (eq (int .Values.operator.progress.port) (int .Values.operator.metrics.port)) }}
+{{- fail "operator.progress.port and operator.metrics.port must differ: the operator serves both, on separate listeners" }}
 {{- end }}
 {{- if and .Values.devicePlugin.fakeGpus.file .Values.devicePlugin.fakeGpus.hostDirectory }}
 {{- fail "devicePlugin.fakeGpus.file and devicePlugin.fakeGpus.hostDirectory are exclusive: the file comes either from a ConfigMap or from the node" }}
