@@ -43,4 +43,4 @@ pub mod service;
 pub mod trainer;
 pub mod validate;
 
-pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, RunConfig, run};
+pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, run};

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
-use trainyard_operator::config::OperatorConfig;
+use trainyard_operator::config::{OperatorConfig, ProgressChannel};
 use trainyard_operator::leader::LeaderElection;
-use trainyard_operator::{DEFAULT_MAX_CONCURRENT_RECONCILES, RunConfig, crdgen, run};
+use trainyard_operator::{
+    DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, crdgen, run,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -24,7 +26,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Reconcile TrainingJobs (kubeconfig or in-cluster config).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the TrainingJob CRD as YAML.
     Crd,
 }
@@ -68,6 +70,28 @@ struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, env = "TRAINYARD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+    /// Serve the progress channel trainers report to (POST /v1/progress) on this address while
+    /// leading; unset: no channel, and worker pods get no progress URL or token.
+    #[arg(long, env = "TRAINYARD_PROGRESS_ADDR", requires = "progress_url")]
+    progress_addr: Option<SocketAddr>,
+    /// The URL trainers reach that address at (TRAINYARD_PROGRESS_URL in their environment),
+    /// e.g. http://trainyard-progress.trainyard-system.svc.cluster.local:8082/v1/progress.
+    #[arg(long, env = "TRAINYARD_PROGRESS_URL", requires = "progress_addr")]
+    progress_url: Option<String>,
+    /// Audience of the service-account token worker pods report with.
+    #[arg(
+        long,
+        env = "TRAINYARD_PROGRESS_AUDIENCE",
+        default_value = "trainyard-progress"
+    )]
+    progress_audience: String,
+    /// Endpoints object (in the pod's namespace) the leader points at its own pod IP, behind
+    /// the progress Service.
+    #[arg(long, env = "TRAINYARD_PROGRESS_ENDPOINTS")]
+    progress_endpoints: Option<String>,
+    /// This replica's pod IP (the downward API's status.podIP).
+    #[arg(long, env = "POD_IP")]
+    pod_ip: Option<String>,
 }
 
 fn hostname() -> String {
@@ -122,7 +146,7 @@ async fn shutdown_signal() {
 
 async fn run_command(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
-    let operator = match &args.config {
+    let mut operator = match &args.config {
         Some(path) => OperatorConfig::load(path)?,
         None => OperatorConfig::default(),
     };
@@ -145,7 +169,31 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         lease_duration_seconds: args.lease_duration_seconds,
         renew_grace_seconds: (args.lease_duration_seconds / 3).max(1),
     });
+    let own_namespace = args
+        .lease_namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let progress = match (args.progress_addr, args.progress_url) {
+        (Some(addr), Some(url)) => {
+            operator.progress_channel = Some(ProgressChannel {
+                url,
+                audience: args.progress_audience.clone(),
+            });
+            Some(ProgressServing {
+                addr,
+                audience: args.progress_audience.clone(),
+                endpoints: args
+                    .progress_endpoints
+                    .filter(|e| !e.is_empty())
+                    .map(|name| (own_namespace.clone(), name)),
+                pod_ip: args.pod_ip.filter(|ip| !ip.is_empty()),
+            })
+        }
+        _ => None,
+    };
     let config = RunConfig {
+        progress,
         namespace: args.namespace.filter(|n| !n.is_empty()),
         operator,
         metrics_addr: Some(args.metrics_addr),
@@ -168,6 +216,6 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", crdgen::crd_yaml().context("rendering the CRD")?);
             Ok(())
         }
-        Command::Run(args) => run_command(args).await,
+        Command::Run(args) => run_command(*args).await,
     }
 }

@@ -1876,13 +1876,8 @@ fn a_termination_notice_asks_for_a_checkpoint_then_restarts_the_gang_from_it() {
     // Saved at step 43: the gang restarts from it, counted as a preemption.
     let p = w.progress.as_mut().expect("progress");
     p.checkpoint_requested = None;
-    p.checkpoint = Some((
-        43,
-        requested
-            .0
-            .saturating_add(SignedDuration::from_secs(1))
-            .expect("t"),
-    ));
+    p.checkpoint = Some((43, requested.0));
+    p.checkpoint_saved_on_request = Some(43);
     let plan = w.step();
     assert_eq!(plan.decided_by, PhaseName::TerminationNotice);
     assert_eq!(plan.restart, Some(RestartReason::Preemption));

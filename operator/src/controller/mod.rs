@@ -29,10 +29,13 @@ use crate::leader::{LeaderElection, Leadership};
 use crate::metrics::Metrics;
 use job_memory::JobMemory;
 
+use crate::progress::store::ProgressStore;
+
 mod events;
 mod executor;
 pub mod job_memory;
 mod observe;
+mod progress;
 mod reconcile;
 pub(crate) mod status_cache;
 pub mod status_write;
@@ -57,11 +60,27 @@ pub struct RunConfig {
     pub leader_election: Option<LeaderElection>,
     /// Name of this replica in Events (`reportingInstance`).
     pub instance: String,
+    /// Serve the progress channel (`crate::progress`); None: trainers get no progress URL.
+    pub progress: Option<ProgressServing>,
     /// Reconciles in flight at once. Unbounded, a burst of jobs puts
     /// thousands of requests in front of the API server at the same time:
     /// every reconcile gets slower and the operator's memory grows with the
     /// queue (measured: 1,637 requests waiting and 268 MiB at 1,000 jobs).
     pub max_concurrent_reconciles: u16,
+}
+
+/// How the leader serves the progress channel.
+#[derive(Clone, Debug)]
+pub struct ProgressServing {
+    /// Where to listen.
+    pub addr: SocketAddr,
+    /// The audience of the tokens trainers report with (checked with a TokenReview).
+    pub audience: String,
+    /// The Endpoints object (namespace, name) that the progress Service routes by: the leader
+    /// points it at `pod_ip` while it leads, so that only the leader receives reports.
+    pub endpoints: Option<(String, String)>,
+    /// This replica's pod IP.
+    pub pod_ip: Option<String>,
 }
 
 /// Default for [`RunConfig::max_concurrent_reconciles`].
@@ -78,6 +97,8 @@ struct Context {
     /// job goes.
     memory: Arc<JobMemory>,
     metrics: Arc<Metrics>,
+    /// What the trainers report through the progress channel (empty without it).
+    progress: Arc<ProgressStore>,
 }
 
 /// Runs the operator until `shutdown` completes (or leadership is lost, which is an error so

@@ -100,10 +100,12 @@ async fn reconcile_inner(
     let decided = observe_and_decide(ctx, &valid, &known.current, now).await?;
     let write = ctx.memory.status.schedule(&uid, &known, &decided.status);
     let requeue_at = decided.requeue_at;
+    let follow_up = super::progress::FollowUp::of(&decided);
     let held_for = ctx
         .executor
         .carry_out(job, decided, write == StatusWrite::Now, now)
         .await?;
+    ctx.follow_progress(&valid, follow_up);
     let write_later = match write {
         StatusWrite::Later(after) => Some(after),
         StatusWrite::Now | StatusWrite::Unchanged => None,
@@ -160,6 +162,7 @@ async fn observe_and_decide(
     now: Timestamp,
 ) -> Result<plan::Plan, Error> {
     let mut observed = ctx.caches.observe(valid, current, now);
+    observed.progress = ctx.observe_progress(valid);
     ctx.caches
         .read_sibling_placement(valid, current.attempt, &mut observed)
         .await?;

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt, TryStreamExt, future};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
 use kube::core::PartialObjectMeta;
@@ -32,6 +32,7 @@ use crate::crd::{LABEL_JOB, TrainingJob};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::metrics::Metrics;
+use crate::progress::store::ProgressStore;
 
 /// How long a write is held back waiting for its watch event ([`Expectations`]).
 const EXPECTATION_TTL: Duration = Duration::from_secs(15);
@@ -187,6 +188,7 @@ fn watch_jobs(
     memory: &Arc<JobMemory>,
     expectations: &Arc<Expectations>,
     metrics: &Arc<Metrics>,
+    progress: &Arc<ProgressStore>,
 ) -> (
     Store<DeserializeGuard<TrainingJob>>,
     impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
@@ -195,9 +197,20 @@ fn watch_jobs(
     let (store, writer) = reflector::store();
     let forget = {
         let (memory, expectations, jobs) = (memory.clone(), expectations.clone(), store.clone());
-        let metrics = metrics.clone();
+        let (metrics, progress) = (metrics.clone(), progress.clone());
         move |event: &watcher::Event<DeserializeGuard<TrainingJob>>| {
             memory.on_job_event(&expectations, event, &jobs);
+            match event {
+                watcher::Event::Delete(job) => {
+                    let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
+                    super::progress::forget_job(&progress, &metrics, &ns, &name);
+                }
+                watcher::Event::InitDone => progress.retain(|ns, name| {
+                    jobs.get(&reflector::ObjectRef::new(name).within(ns))
+                        .is_some()
+                }),
+                _ => {}
+            }
             if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone) {
                 metrics.set_state_sizes(&memory.sizes(&expectations));
             }
@@ -229,7 +242,8 @@ pub(super) async fn run_controller(
     let (claims, claim_events) =
         watch_metadata::<PersistentVolumeClaim>(&client, ns, &expectations, Kind::Claim);
     let memory = Arc::new(JobMemory::default());
-    let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics);
+    let progress = Arc::new(ProgressStore::default());
+    let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
     let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
         ControllerConfig::default()
             .debounce(Duration::from_millis(50))
@@ -238,6 +252,20 @@ pub(super) async fn run_controller(
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
     let claim_triggers = claim_triggers(claim_events, jobs.clone());
     let service_triggers = service_triggers(svc_events, jobs.clone());
+    let (wake, progress_triggers) = super::progress::wake_channel();
+    let stop = stop.shared();
+    if let Some(serving) = &config.progress {
+        super::progress::serve(
+            client.clone(),
+            serving,
+            progress.clone(),
+            pods.clone(),
+            metrics.clone(),
+            wake,
+            stop.clone(),
+        )
+        .await?;
+    }
 
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
@@ -260,6 +288,7 @@ pub(super) async fn run_controller(
         executor,
         memory,
         metrics: metrics.clone(),
+        progress,
     });
 
     metrics.set_ready(true);
@@ -272,6 +301,7 @@ pub(super) async fn run_controller(
         .reconcile_on(node_triggers)
         .reconcile_on(claim_triggers)
         .reconcile_on(service_triggers)
+        .reconcile_on(progress_triggers)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {

@@ -92,6 +92,8 @@ pub struct ObservedProgress {
     pub previous_attempt_step: Option<u64>,
     /// The step at which a checkpoint was requested, while the request is outstanding.
     pub checkpoint_requested: Option<u64>,
+    /// The checkpoint step that answered this attempt's checkpoint request, once one did.
+    pub checkpoint_saved_on_request: Option<u64>,
 }
 
 /// One rank's reported progress.

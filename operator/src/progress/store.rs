@@ -59,6 +59,9 @@ pub struct JobProgress {
     /// checkpoint at or past it has been reported. Once one is, this is `None` again and
     /// `checkpoint_step` is at least that step; a request is made at most once per attempt.
     pub checkpoint_requested: Option<u64>,
+    /// The checkpoint step that answered this attempt's checkpoint request, once one did
+    /// (at or past the step the request was made at; possibly a checkpoint saved just before).
+    pub checkpoint_saved_on_request: Option<u64>,
     /// Steps per second of the job's highest step over its recent reports (about the last
     /// 16 seconds or more); `None` until two reports some time apart.
     pub steps_per_second: Option<f64>,
@@ -74,6 +77,7 @@ impl JobProgress {
             resumed_from: None,
             previous_attempt_step: None,
             checkpoint_requested: None,
+            checkpoint_saved_on_request: None,
             steps_per_second: None,
         }
     }
@@ -192,9 +196,10 @@ impl Entry {
             wake = true;
         }
         if let Some(requested) = p.checkpoint_requested
-            && p.checkpoint_step.is_some_and(|saved| saved >= requested)
+            && let Some(saved) = p.checkpoint_step.filter(|&saved| saved >= requested)
         {
             p.checkpoint_requested = None;
+            p.checkpoint_saved_on_request = Some(saved);
         }
         if let Some(step) = p.step() {
             p.steps_per_second = self.rate.observe(now, step);
@@ -271,12 +276,13 @@ impl ProgressStore {
         }
         let step = entry.progress.step().unwrap_or(0);
         entry.requested_at = Some(step);
-        if entry
+        match entry
             .progress
             .checkpoint_step
-            .is_none_or(|saved| saved < step)
+            .filter(|&saved| saved >= step)
         {
-            entry.progress.checkpoint_requested = Some(step);
+            Some(saved) => entry.progress.checkpoint_saved_on_request = Some(saved),
+            None => entry.progress.checkpoint_requested = Some(step),
         }
     }
 
@@ -497,8 +503,12 @@ mod tests {
         assert_eq!(store.record("ns", "j", &report(1, 3, 301), at(9)), QUIET);
         let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!(
-            (p.checkpoint_requested, p.checkpoint_step),
-            (None, Some(206))
+            (
+                p.checkpoint_requested,
+                p.checkpoint_step,
+                p.checkpoint_saved_on_request
+            ),
+            (None, Some(206), Some(206))
         );
 
         store.request_checkpoint("ns", "j", 3);
@@ -518,12 +528,11 @@ mod tests {
         };
         store.record("ns", "j", &saved, at(0));
         store.request_checkpoint("ns", "j", 0);
+        let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!(
-            store
-                .snapshot("ns", "j")
-                .expect("reported")
-                .checkpoint_requested,
-            None
+            (p.checkpoint_requested, p.checkpoint_saved_on_request),
+            (None, Some(50)),
+            "answered by the checkpoint already saved"
         );
         assert_eq!(store.record("ns", "j", &report(0, 0, 51), at(1)), QUIET);
     }

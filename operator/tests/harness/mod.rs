@@ -249,6 +249,7 @@ impl TestEnv {
     ) -> Operator {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let run = RunConfig {
+            progress: None,
             namespace: Some(self.ns.clone()),
             operator: config,
             metrics_addr,

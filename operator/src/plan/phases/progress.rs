@@ -17,6 +17,9 @@ use crate::preemption::{NodeView, WorkerState};
 
 /// How stale `status.progress` may get while the trainers report and nothing else happens.
 const PROGRESS_REFRESH: SignedDuration = SignedDuration::from_secs(60);
+/// How often a checkpoint asked for on a termination notice is looked for (a report of it
+/// wakes the job at once; one saved before the request does not).
+const NOTICE_RECHECK: SignedDuration = SignedDuration::from_secs(2);
 
 /// The reports of the attempt this round works on.
 fn current<'v>(view: &'v View<'_>, round: &Round) -> Option<&'v ObservedProgress> {
@@ -149,7 +152,7 @@ fn noticed<'v>(view: &'v View<'_>) -> Option<(u32, &'v str, &'v str)> {
 
 /// A termination notice (a taint of the provider table) on a running worker's node, for
 /// trainers that report progress: ask them for a checkpoint now (`CheckpointRequested`), and
-/// once a checkpoint taken after the request is reported, restart the gang from it as a
+/// once a checkpoint at or past the step of the request is reported, restart the gang from it as a
 /// preemption, before the node goes. Until then the job runs on: a trainer that does not
 /// checkpoint on request loses what it would have lost without the notice.
 pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) -> Flow {
@@ -164,8 +167,8 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
         .st
         .progress
         .as_ref()
-        .and_then(|s| s.checkpoint_requested_time.clone());
-    let Some(requested) = requested else {
+        .is_some_and(|s| s.checkpoint_requested_time.is_some());
+    if !requested {
         let step = p.step();
         if let Some(st) = round.st.progress.as_mut() {
             st.checkpoint_requested_time = Some(Time(view.now));
@@ -178,15 +181,14 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
                  for a checkpoint at step {step}"
             ),
         ));
+        round.requeue(view.now.saturating_add(NOTICE_RECHECK).ok());
         return Flow::Continue;
-    };
-    let saved = p
-        .checkpoint
-        .filter(|(_, at)| *at >= requested.0 && p.checkpoint_requested.is_none());
-    let Some((step, _)) = saved else {
+    }
+    let Some(step) = p.checkpoint_saved_on_request else {
         // Asked again every round: the request lives in memory, which a restart of the
         // operator loses, and asking again while it stands changes nothing.
         round.checkpoint_request = Some(attempt);
+        round.requeue(view.now.saturating_add(NOTICE_RECHECK).ok());
         return Flow::Continue;
     };
     let detail = format!(
