@@ -18,6 +18,12 @@ PET_MASTER_PORT, which torchrun reads as its flags. What this script relies on
 - A peer that vanishes (its node was reclaimed) breaks the collective within seconds; rank 0
   then saves the last step that completed on every rank and exits non-zero. The operator
   counts that as a preemption when the peer's node is gone (docs/trainingjob.md).
+- TRAINYARD_PROGRESS_URL and TRAINYARD_PROGRESS_TOKEN_FILE: set when the operator serves the
+  progress channel. Each worker then POSTs its completed step (and loss, latest checkpoint,
+  step resumed from) every PROGRESS_EVERY_SECONDS from a background thread, and a reply
+  {"checkpoint": true} makes the ranks agree (an all_reduce at the next step boundary) to
+  save right away. Unset: no reports, no extra collective. A report never waits on training
+  and training never waits on a report (docs/env-contract.md#progress-reports).
 
 The training itself is small and deterministic: fixed seeds, the batch of every rank derived
 from the global step, one thread, gloo on the CPU. The final weights therefore depend only
@@ -28,16 +34,29 @@ ends with exactly the weights of an uninterrupted run, which rank 0 proves by pr
 Tuning (env): TOTAL_STEPS (default 200), CHECKPOINT_EVERY (10), STEP_SECONDS (0: extra
 sleep per step, to make a short job last long enough to be preempted),
 COLLECTIVE_TIMEOUT_SECONDS (120: a collective that sees no peer for this long fails instead
-of hanging for torch's default of 30 minutes).
+of hanging for torch's default of 30 minutes), PROGRESS_EVERY_SECONDS (5, at least 1: the
+progress report interval).
+
+Hang test hook (env, for the operator's hang detection): HANG_AT_STEP (unset: never),
+HANG_RANK (1: a global rank) and HANG_SECONDS (3600). In attempt 0 only, rank HANG_RANK
+sleeps HANG_SECONDS at the start of step HANG_AT_STEP, before the step's collectives: its
+peers block in the collective and no rank's reported step advances, while the reports keep
+coming. Like a real hang it does not answer SIGTERM, so its pod ends at the grace period.
+The peers' collective fails after COLLECTIVE_TIMEOUT_SECONDS (a Failure, not a Hang): set
+restartPolicy.progressTimeoutSeconds well below it. The next attempt runs normally.
 """
 
 import datetime
 import hashlib
 import io
+import json
+import math
 import os
 import signal
 import sys
+import threading
 import time
+import urllib.request
 
 import torch
 import torch.distributed as dist
@@ -60,14 +79,14 @@ def env_int(name, default, minimum=0):
     return value
 
 
-def env_float(name, default):
+def env_float(name, default, minimum=0):
     raw = os.environ.get(name, str(default))
     try:
         value = float(raw)
     except ValueError:
         sys.exit(f"train.py: {name}={raw!r} is not a number")
-    if value < 0:
-        sys.exit(f"train.py: {name}={value} must not be negative")
+    if not math.isfinite(value) or value < minimum:
+        sys.exit(f"train.py: {name}={value} must be a number of at least {minimum}")
     return value
 
 
@@ -77,6 +96,13 @@ STEP_SECONDS = env_float("STEP_SECONDS", 0)
 COLLECTIVE_TIMEOUT = env_int("COLLECTIVE_TIMEOUT_SECONDS", 120, minimum=1)
 CHECKPOINT_PATH = os.environ.get("CHECKPOINT_PATH", "/mnt/checkpoints/latest.pt")
 RESUME_FROM = os.environ.get("RESUME_FROM", "")
+PROGRESS_URL = os.environ.get("TRAINYARD_PROGRESS_URL", "")
+PROGRESS_TOKEN_FILE = os.environ.get("TRAINYARD_PROGRESS_TOKEN_FILE", "")
+PROGRESS_EVERY = env_float("PROGRESS_EVERY_SECONDS", 5, minimum=1)
+ATTEMPT = os.environ.get("TRAINYARD_ATTEMPT", "0")
+HANG_AT_STEP = env_int("HANG_AT_STEP", -1, minimum=0) if os.environ.get("HANG_AT_STEP") else None
+HANG_RANK = env_int("HANG_RANK", 1)
+HANG_SECONDS = env_float("HANG_SECONDS", 3600)
 
 stop_requested = False
 
@@ -89,6 +115,162 @@ def on_sigterm(signum, frame):
 
 def log(rank, message):
     print(f"[rank {rank}] {message}", flush=True)
+
+
+class ProgressReporter:
+    """The trainer's side of the progress channel (docs/env-contract.md#progress-reports).
+
+    The training loop hands over what it has completed; a daemon thread POSTs it every
+    PROGRESS_EVERY seconds, and at once when woken (the first report, a checkpoint). The
+    thread only ever sends what the loop handed over, so a rank stuck in a collective keeps
+    reporting the same step: the operator sees reports without progress, a hang. Any error is
+    logged at most once a minute and otherwise ignored.
+    """
+
+    TIMEOUT = 2  # seconds; the protocol's bound on one report
+    QUIET = 60  # seconds between two logged errors
+
+    def __init__(self, url, token_file, rank, log_rank):
+        self.url = url
+        self.token_file = token_file
+        self.log_rank = log_rank
+        self.identity = {
+            "job": os.environ.get("TRAINYARD_JOB", ""),
+            "rank": rank,
+            "attempt": int(ATTEMPT),
+        }
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stopping = False
+        self.progress = {"step": 0}
+        self.checkpoint_requested = False
+        self.errors = 0
+        self.last_error_log = None
+        self.accepted_once = False
+        # In-cluster traffic: an HTTP(S)_PROXY meant for the outside world must not take it.
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.thread = threading.Thread(target=self.run, name="progress", daemon=True)
+
+    def start(self, step, resumed_from):
+        """The first report, right away: `step` and, on a resume, the step loaded."""
+        with self.lock:
+            self.progress = {"step": step}
+            if resumed_from is not None:
+                # Every rank loaded it: a checkpoint every rank knows is durable.
+                self.progress["resumedFrom"] = resumed_from
+                self.progress["checkpointStep"] = resumed_from
+        self.thread.start()
+        self.wake.set()
+
+    def completed(self, step, loss):
+        """Called by the training loop once `step` steps are done on this rank."""
+        with self.lock:
+            self.progress["step"] = step
+            if math.isfinite(loss):
+                self.progress["loss"] = loss
+            else:
+                self.progress.pop("loss", None)
+
+    def checkpointed(self, step):
+        """A checkpoint of `step` is durably saved: report it at once."""
+        with self.lock:
+            self.progress["checkpointStep"] = step
+        self.wake.set()
+
+    def take_checkpoint_request(self):
+        with self.lock:
+            requested, self.checkpoint_requested = self.checkpoint_requested, False
+        return requested
+
+    def close(self):
+        """One last report of the final figures, bounded by the report timeout."""
+        self.stopping = True
+        self.wake.set()
+        if self.thread.is_alive():
+            self.thread.join(self.TIMEOUT + 1)
+
+    def run(self):
+        while True:
+            self.wake.wait(PROGRESS_EVERY)
+            self.wake.clear()
+            last = self.stopping  # read before the report, so that it sends the final figures
+            self.report()
+            if last:
+                return
+
+    def report(self):
+        with self.lock:
+            body = dict(self.identity, **self.progress)
+        try:
+            with open(self.token_file) as f:  # re-read each time: the kubelet rotates it
+                token = f.read().strip()
+            request = urllib.request.Request(
+                self.url,
+                data=json.dumps(body, allow_nan=False).encode(),
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/json",
+                },
+                method="POST",
+            )
+            with self.opener.open(request, timeout=self.TIMEOUT) as response:
+                reply = json.loads(response.read(4096) or b"{}")
+        except Exception as err:  # refused, timed out, 4xx, 5xx, a bad reply: never fatal
+            self.failed(err)
+            return
+        if not self.accepted_once:
+            self.accepted_once = True
+            log(self.log_rank, f"progress reports accepted by {self.url}")
+        if isinstance(reply, dict) and reply.get("checkpoint") is True:
+            with self.lock:
+                self.checkpoint_requested = True
+
+    def failed(self, err):
+        self.errors += 1
+        now = time.monotonic()
+        if self.last_error_log is None or now - self.last_error_log >= self.QUIET:
+            more = f" ({self.errors} failures since the last such line)" if self.errors > 1 else ""
+            log(self.log_rank, f"progress report failed: {err}{more}")
+            self.last_error_log = now
+            self.errors = 0
+
+
+class NoProgressReporter:
+    """Reports nothing and never asks for a checkpoint: TRAINYARD_PROGRESS_URL is unset, or
+    another process of this worker pod reports for it."""
+
+    def start(self, step, resumed_from):
+        pass
+
+    def completed(self, step, loss):
+        pass
+
+    def checkpointed(self, step):
+        pass
+
+    def take_checkpoint_request(self):
+        return False
+
+    def close(self):
+        pass
+
+
+def checkpoint_requested_by_any_rank(progress, distributed):
+    """Whether any rank's reply asked for a checkpoint. Every rank calls it at every step
+    boundary, so they all run the same collective: none can wait on a peer that skipped it."""
+    requested = progress.take_checkpoint_request()
+    if not distributed:
+        return requested
+    flag = torch.tensor([1 if requested else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def hang_if_asked(rank, step):
+    """The hang test hook (module docstring): a sleep where a collective would hang."""
+    if HANG_AT_STEP == step and HANG_RANK == rank and ATTEMPT == "0":
+        log(rank, f"HANG_AT_STEP: hanging for {HANG_SECONDS:g} s at step {step}")
+        time.sleep(HANG_SECONDS)
 
 
 def model_and_optimizer():
@@ -166,8 +348,9 @@ def main():
 
     model, optimizer = model_and_optimizer()
     step = 0
+    resumed_from = None
     if RESUME_FROM and os.path.exists(RESUME_FROM):
-        step = load(model, optimizer, RESUME_FROM, world)
+        step = resumed_from = load(model, optimizer, RESUME_FROM, world)
         log(rank, f"resuming from step {step} ({RESUME_FROM})")
     else:
         if RESUME_FROM:
@@ -177,8 +360,14 @@ def main():
         rank,
         f"world size {world}, node rank {os.environ.get('GROUP_RANK', '0')}, "
         f"master {os.environ.get('MASTER_ADDR', '-')}:{os.environ.get('MASTER_PORT', '-')}, "
-        f"attempt {os.environ.get('TRAINYARD_ATTEMPT', '0')}",
+        f"attempt {ATTEMPT}",
     )
+    if PROGRESS_URL and os.environ.get("LOCAL_RANK", "0") == "0":
+        # One report stream per worker pod: the rank in a report is the pod's node rank.
+        node_rank = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0")))
+        progress = ProgressReporter(PROGRESS_URL, PROGRESS_TOKEN_FILE, node_rank, rank)
+    else:
+        progress = NoProgressReporter()
     ddp = DistributedDataParallel(model) if distributed else model
     if distributed:
         # DDP regroups its gradient buckets after the first backward pass, and the ring
@@ -196,33 +385,54 @@ def main():
             save(model, optimizer, step, CHECKPOINT_PATH)
             saved = step
             log(rank, f"{reason} at step {step}")
+            progress.checkpointed(step)
 
-    while step < TOTAL_STEPS:
-        if stop_requested:
-            checkpoint("SIGTERM: checkpoint saved")
-            log(rank, f"SIGTERM at step {step}: exiting")
-            return 143
-        x, target = batch(step, rank)
-        try:
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(x), target)
-            loss.backward()  # DDP averages the gradients of all ranks here
-        except RuntimeError as err:
-            # A peer vanished mid-collective. The parameters still hold the last step that
-            # completed on every rank: keep it, then fail so the operator restarts the gang.
-            checkpoint("peer lost: checkpoint saved")
-            log(rank, f"collective failed at step {step}: {err}")
-            return 143 if stop_requested else 1
-        optimizer.step()
-        step += 1
-        if step % CHECKPOINT_EVERY == 0:
-            checkpoint("checkpoint saved")
-        if step % 10 == 0 or step == TOTAL_STEPS:
-            log(rank, f"step {step}/{TOTAL_STEPS} loss {loss.item():.6f}")
-        if STEP_SECONDS:
-            time.sleep(STEP_SECONDS)
+    def peer_lost(err):
+        # A peer vanished mid-collective. The parameters still hold the last step that
+        # completed on every rank: keep it, then fail so the operator restarts the gang.
+        checkpoint("peer lost: checkpoint saved")
+        log(rank, f"collective failed at step {step}: {err}")
+        return 143 if stop_requested else 1
 
-    checkpoint("checkpoint saved")
+    progress.start(step, resumed_from)
+    try:
+        while step < TOTAL_STEPS:
+            if stop_requested:
+                checkpoint("SIGTERM: checkpoint saved")
+                log(rank, f"SIGTERM at step {step}: exiting")
+                return 143
+            hang_if_asked(rank, step)
+            if PROGRESS_URL:  # set on every worker or on none, so every rank agrees or none
+                try:
+                    requested = checkpoint_requested_by_any_rank(progress, distributed)
+                except RuntimeError as err:
+                    return peer_lost(err)
+                if requested:
+                    # Like a periodic save: the weights do not depend on when they are saved.
+                    log(rank, f"checkpoint requested at step {step}")
+                    checkpoint("checkpoint saved")
+                    if rank == 0 and saved > 0:
+                        progress.checkpointed(saved)  # reported even if it already existed
+            x, target = batch(step, rank)
+            try:
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(ddp(x), target)
+                loss.backward()  # DDP averages the gradients of all ranks here
+            except RuntimeError as err:
+                return peer_lost(err)
+            optimizer.step()
+            step += 1
+            progress.completed(step, loss.item())
+            if step % CHECKPOINT_EVERY == 0:
+                checkpoint("checkpoint saved")
+            if step % 10 == 0 or step == TOTAL_STEPS:
+                log(rank, f"step {step}/{TOTAL_STEPS} loss {loss.item():.6f}")
+            if STEP_SECONDS:
+                time.sleep(STEP_SECONDS)
+
+        checkpoint("checkpoint saved")
+    finally:
+        progress.close()
     if rank == 0:
         digest = weights_digest(model)
         with open(os.path.join(os.path.dirname(CHECKPOINT_PATH) or ".", "final.sha256"), "w") as f:
