@@ -1126,8 +1126,17 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         // Rank 0 (torchrun's rendezvous store) on the spot node: losing it makes the surviving
         // agent on node 1 exit non-zero within seconds, before node 2 is NotReady, which is the
         // case the lost-peer rule must count as a preemption.
+        // Checkpoints every 20 steps and progress reports every second, so that the steps
+        // lost since the last checkpoint show in the operator's metric.
         let name = place_rank0_on(&client, &ns.name, &spot, &on_demand, || {
-            torch_job("ddp", 2, steps, "0.5", json!({"policy": "Prefer"}))
+            let mut job = torch_job("ddp", 2, steps, "0.5", json!({"policy": "Prefer"}));
+            let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
+            if let Some(env) = env.as_array_mut() {
+                env.retain(|e| e["name"] != "CHECKPOINT_EVERY");
+                env.push(json!({"name": "CHECKPOINT_EVERY", "value": "20"}));
+                env.push(json!({"name": "PROGRESS_EVERY_SECONDS", "value": "1"}));
+            }
+            job
         })
         .await?;
         let name = name.as_str();
@@ -1144,6 +1153,9 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
             }
         })
         .await?;
+        let (lost_count, lost_sum) = steps_lost_metric(&client).await?;
+        // Ten more steps, reported, that no checkpoint holds.
+        tokio::time::sleep(Duration::from_secs(5)).await;
         node2("lose")?;
 
         let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
@@ -1202,6 +1214,17 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         .await?;
         assert_eq!(st["preemptions"], 1, "status: {st}");
         assert_eq!(st["failures"], 0, "status: {st}");
+        // Without a notice the steps since the last periodic checkpoint are lost, and the
+        // operator's metric says how many.
+        let lost = st["progress"]["stepsLost"].as_u64().unwrap_or_default();
+        assert!(lost > 0, "steps lost without a notice: {st}");
+        let (count, sum) = steps_lost_metric(&client).await?;
+        assert_eq!(count, lost_count + 1, "one preemption observed");
+        assert_eq!(
+            sum - lost_sum,
+            lost as f64,
+            "the metric counts the same steps"
+        );
         wait_phase(
             &client,
             &ns.name,
@@ -1412,6 +1435,178 @@ async fn pods_on_both_nodes_resolve_cluster_names_and_reach_cluster_ip_services(
         Ok(())
     })
     .await;
+    ns.cleanup().await?;
+    res
+}
+
+/// `trainyard_operator_steps_lost_per_preemption` summed over the operator's replicas (only
+/// the leader observes it): `(count, sum)`, through the API server's pod proxy.
+async fn steps_lost_metric(client: &Client) -> Result<(u64, f64)> {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let mut total = (0, 0.0);
+    for pod in pods.iter().filter(|p| {
+        p.name_any().contains("operator")
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    }) {
+        let path = format!(
+            "/api/v1/namespaces/{RELEASE_NS}/pods/{}:8080/proxy/metrics",
+            pod.name_any()
+        );
+        let text = client
+            .request_text(http::Request::get(&path).body(Vec::new())?)
+            .await
+            .with_context(|| format!("GET {path}"))?;
+        let value = |name: &str| -> Result<f64> {
+            Ok(text
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|n| n.trim().parse::<f64>())
+                .transpose()?
+                .unwrap_or(0.0))
+        };
+        total.0 += value("trainyard_operator_steps_lost_per_preemption_count ")? as u64;
+        total.1 += value("trainyard_operator_steps_lost_per_preemption_sum ")?;
+    }
+    Ok(total)
+}
+
+/// Waits until the job's trainers have reported progress in `attempt` (status.progress).
+async fn reported_progress(client: &Client, ns: &str, job: &str, attempt: u32) -> Result<Value> {
+    wait_for(
+        &format!("{job} to report progress in attempt {attempt}"),
+        Duration::from_secs(180),
+        || async move {
+            let st = job_status(client, ns, job).await?;
+            let p = st["progress"].clone();
+            Ok((p["attempt"] == attempt && p["step"].as_u64().is_some_and(|s| s > 0)).then_some(p))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let spot = node2_name();
+    let res = with_spot_node(&client, || async {
+        let on_demand = node_name();
+        let name = place_rank0_on(&client, &ns.name, &spot, &on_demand, || {
+            torch_job("notice", 2, 80, "0.5", json!({"policy": "Prefer"}))
+        })
+        .await?;
+        let name = name.as_str();
+        running_pods(&client, &ns.name, name, 0, 2).await?;
+        reported_progress(&client, &ns.name, name, 0).await?;
+        let (count_before, sum_before) = steps_lost_metric(&client).await?;
+
+        // The provider announces the spot node's termination (Karpenter's taint).
+        kubectl(
+            &[
+                "taint",
+                "node",
+                &spot,
+                "karpenter.sh/disrupted=:NoSchedule",
+                "--overwrite",
+            ],
+            "",
+        )?;
+        let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+        for p in &new_pods {
+            assert_eq!(
+                node_of(p),
+                on_demand,
+                "the new attempt avoids the noticed node"
+            );
+        }
+        let st = job_status(&client, &ns.name, name).await?;
+        assert_eq!(
+            (&st["preemptions"], &st["failures"]),
+            (&json!(1), &json!(0)),
+            "status: {st}"
+        );
+        assert_eq!(st["lastRestart"]["reason"], "Preemption", "status: {st}");
+        let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("termination notice karpenter.sh/disrupted")
+                && detail.contains("saved a checkpoint at step"),
+            "status: {st}"
+        );
+        let asked = job_events(&client, &ns.name, name, "CheckpointRequested").await?;
+        assert_eq!(asked.len(), 1, "{asked:?}");
+
+        let p = reported_progress(&client, &ns.name, name, 1).await?;
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        assert_eq!(st["preemptions"], 1, "status: {st}");
+        let resumed = st["progress"]["resumedFrom"].as_u64().unwrap_or_default();
+        assert!(resumed > 0, "resumed from a checkpoint: {p} / {st}");
+        assert_eq!(st["progress"]["stepsLost"], 0, "status: {st}");
+        let (count, sum) = steps_lost_metric(&client).await?;
+        assert_eq!(count, count_before + 1, "one preemption observed");
+        assert_eq!(sum, sum_before, "and it lost no steps");
+        Ok(())
+    })
+    .await;
+    let untainted = kubectl(&["taint", "node", &spot, "karpenter.sh/disrupted-"], "");
+    ns.cleanup().await?;
+    res.and(untainted.map(|_| ()))
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res =
+        async {
+            let name = "hung";
+            let mut job = torch_job(name, 2, 40, "0.2", json!({"policy": "Never"}));
+            job["spec"]["restartPolicy"]["progressTimeoutSeconds"] = json!(20);
+            let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
+            let env = env.as_array_mut().context("env")?;
+            env.push(json!({"name": "HANG_AT_STEP", "value": "12"}));
+            env.push(json!({"name": "HANG_RANK", "value": "1"}));
+            create_job(&client, &ns.name, job).await?;
+            running_pods(&client, &ns.name, name, 0, 2).await?;
+            // Rank 1 sleeps inside step 12 in attempt 0; rank 0 waits in the collective.
+            running_pods(&client, &ns.name, name, 1, 2).await?;
+            let st = job_status(&client, &ns.name, name).await?;
+            assert_eq!(st["lastRestart"]["reason"], "Hang", "status: {st}");
+            assert_eq!(
+                (&st["hangs"], &st["preemptions"], &st["failures"]),
+                (&json!(1), &json!(0), &json!(0)),
+                "status: {st}"
+            );
+            let hang = job_events(&client, &ns.name, name, "Hang").await?;
+            assert!(
+                hang.iter()
+                    .any(|m| m.contains("no progress for 20s")
+                        && m.contains("stopped advancing first")),
+                "{hang:?}"
+            );
+            let st = wait_phase(
+                &client,
+                &ns.name,
+                name,
+                "Succeeded",
+                Duration::from_secs(300),
+            )
+            .await?;
+            assert_eq!(st["hangs"], 1, "status: {st}");
+            Ok(())
+        }
+        .await;
     ns.cleanup().await?;
     res
 }
