@@ -1568,45 +1568,44 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
 async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> Result<()> {
     let (_guard, client) = installed().await?;
     let ns = Jobs::new(&client);
-    let res =
-        async {
-            let name = "hung";
-            let mut job = torch_job(name, 2, 40, "0.2", json!({"policy": "Never"}));
-            job["spec"]["restartPolicy"]["progressTimeoutSeconds"] = json!(20);
-            let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
-            let env = env.as_array_mut().context("env")?;
-            env.push(json!({"name": "HANG_AT_STEP", "value": "12"}));
-            env.push(json!({"name": "HANG_RANK", "value": "1"}));
-            create_job(&client, &ns.name, job).await?;
-            running_pods(&client, &ns.name, name, 0, 2).await?;
-            // Rank 1 sleeps inside step 12 in attempt 0; rank 0 waits in the collective.
-            running_pods(&client, &ns.name, name, 1, 2).await?;
-            let st = job_status(&client, &ns.name, name).await?;
-            assert_eq!(st["lastRestart"]["reason"], "Hang", "status: {st}");
-            assert_eq!(
-                (&st["hangs"], &st["preemptions"], &st["failures"]),
-                (&json!(1), &json!(0), &json!(0)),
-                "status: {st}"
-            );
-            let hang = job_events(&client, &ns.name, name, "Hang").await?;
-            assert!(
+    let res = async {
+        let name = "hung";
+        let mut job = torch_job(name, 2, 40, "0.2", json!({"policy": "Never"}));
+        job["spec"]["restartPolicy"]["progressTimeoutSeconds"] = json!(20);
+        let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
+        let env = env.as_array_mut().context("env")?;
+        env.push(json!({"name": "HANG_AT_STEP", "value": "12"}));
+        env.push(json!({"name": "HANG_RANK", "value": "1"}));
+        create_job(&client, &ns.name, job).await?;
+        running_pods(&client, &ns.name, name, 0, 2).await?;
+        // Rank 1 sleeps inside step 12 in attempt 0; rank 0 waits in the collective.
+        running_pods(&client, &ns.name, name, 1, 2).await?;
+        let st = job_status(&client, &ns.name, name).await?;
+        assert_eq!(st["lastRestart"]["reason"], "Hang", "status: {st}");
+        assert_eq!(
+            (&st["hangs"], &st["preemptions"], &st["failures"]),
+            (&json!(1), &json!(0), &json!(0)),
+            "status: {st}"
+        );
+        let hang = job_events(&client, &ns.name, name, "Hang").await?;
+        assert!(
                 hang.iter()
                     .any(|m| m.contains("no progress for 20s")
                         && m.contains("stopped advancing first")),
                 "{hang:?}"
             );
-            let st = wait_phase(
-                &client,
-                &ns.name,
-                name,
-                "Succeeded",
-                Duration::from_secs(300),
-            )
-            .await?;
-            assert_eq!(st["hangs"], 1, "status: {st}");
-            Ok(())
-        }
-        .await;
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        assert_eq!(st["hangs"], 1, "status: {st}");
+        Ok(())
+    }
+    .await;
     ns.cleanup().await?;
     res
 }
