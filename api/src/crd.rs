@@ -48,8 +48,11 @@ pub const MAX_DEADLINE_SECONDS: i64 = 31_536_000;
 pub const MIN_PROGRESS_TIMEOUT_SECONDS: u32 = 10;
 /// Longest `spec.restartPolicy.progressTimeoutSeconds` (one day).
 pub const MAX_PROGRESS_TIMEOUT_SECONDS: u32 = 86_400;
-/// Largest step a trainer may report (the schema's bound on `status.progress`).
-pub const MAX_STEP: u64 = i64::MAX as u64;
+/// Largest step a trainer may report (the schema's bound on `status.progress`): 2^53 - 1, the
+/// largest integer a JSON number (and the schema's float `maximum`) holds exactly. A larger
+/// bound is rounded to 2^63 in the schema, which the API server reads back as a negative
+/// int64 and then rejects every value.
+pub const MAX_STEP: u64 = (1 << 53) - 1;
 
 /// Desired state of a distributed training job.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

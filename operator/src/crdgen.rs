@@ -85,6 +85,38 @@ mod tests {
         assert!(unbounded.is_empty(), "no maximum: {unbounded:?}");
     }
 
+    /// The API server reads a schema's `maximum` as a float and compares integers with it
+    /// as int64: a bound beyond 2^53 is rounded (i64::MAX becomes 2^63, read back as a negative
+    /// number), and then every value is rejected. Seen on the 1.20 API server.
+    #[test]
+    fn every_bound_in_the_schema_is_an_integer_a_json_number_holds_exactly() {
+        let json = serde_json::to_value(crd()).expect("json");
+        fn walk(v: &serde_json::Value, path: String, inexact: &mut Vec<String>) {
+            for key in ["maximum", "minimum"] {
+                if let Some(bound) = v.get(key).and_then(serde_json::Value::as_f64)
+                    && (bound.fract() != 0.0 || bound.abs() > 9_007_199_254_740_991.0)
+                {
+                    inexact.push(format!("{path}.{key} = {bound}"));
+                }
+            }
+            if let Some(props) = v["properties"].as_object() {
+                for (k, child) in props {
+                    walk(child, format!("{path}.{k}"), inexact);
+                }
+            }
+            if v.get("items").is_some() {
+                walk(&v["items"], format!("{path}[]"), inexact);
+            }
+        }
+        let mut inexact = Vec::new();
+        walk(
+            &json["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+            String::new(),
+            &mut inexact,
+        );
+        assert!(inexact.is_empty(), "bounds a JSON number cannot hold: {inexact:?}");
+    }
+
     #[test]
     fn yaml_round_trips_to_the_same_crd() {
         let yaml = crd_yaml().expect("renders");
