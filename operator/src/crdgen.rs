@@ -114,7 +114,10 @@ mod tests {
             String::new(),
             &mut inexact,
         );
-        assert!(inexact.is_empty(), "bounds a JSON number cannot hold: {inexact:?}");
+        assert!(
+            inexact.is_empty(),
+            "bounds a JSON number cannot hold: {inexact:?}"
+        );
     }
 
     #[test]
