@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make bench: builds the release binaries, runs the operator scale benchmark at the issue's
 # sizes and the device plugin's benchmark, and rewrites docs/benchmarks.md with the figures
-# (its hand-written analysis below the generated part is kept).
+# (its hand-written analysis below the generated part is kept). It also reruns the progress
+# channel's load test (in-process, no cluster) into target/bench/progress-load.md, whose table
+# is copied by hand into the section "Progress channel: 1,000 reporting ranks".
 #
 # The local cluster is started when it is not running, and then stopped again afterwards;
 # a running cluster is used and left as found. The benchmark's pods never run (they are
@@ -65,6 +67,15 @@ if [[ -f device-plugin/benches/grpc.rs ]]; then
   else
     dp=(--device-plugin-missing "cargo bench -p trainyard-device-plugin --bench grpc failed; see target/bench/device-plugin.log")
   fi
+fi
+
+# The progress channel at 1,000 reporting ranks: in-process, no cluster; before the operator
+# runs for the same reason as the device plugin (its CPU figures want a quiet machine).
+progress_load=(--ranks 1000 --jobs 250 --seconds 30 --interval-ms 5000)
+echo "bench: progress channel load test (progress-load ${progress_load[*]}); table in $OUT/progress-load.md"
+if ! "$BENCH" progress-load "${progress_load[@]}" --json "$OUT/progress-load.json" \
+    >"$OUT/progress-load.md" 2>"$OUT/progress-load.log"; then
+  echo "bench: the progress load test failed; see target/bench/progress-load.{md,log}" >&2
 fi
 
 reports=()

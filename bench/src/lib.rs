@@ -4,7 +4,8 @@
 //! created directly) and the operator (the real binary, [`operator_process`]) with one pod
 //! watch ([`pod_tracker`]), counts each client's API requests through a reverse proxy
 //! ([`proxy`]), preempts a burst of workers, and cleans everything up. [`report`] and [`doc`]
-//! turn the results into `docs/benchmarks.md`. The `trainyard-bench` binary and the ratio
+//! turn the results into `docs/benchmarks.md`. [`progress_load`] loads the operator's progress
+//! endpoint in-process with simulated reporting ranks (no cluster). The `trainyard-bench` binary and the ratio
 //! regression test in `tests/` both drive it.
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ pub mod error;
 pub mod fake_nodes;
 pub mod operator_process;
 pub mod pod_tracker;
+pub mod progress_load;
 pub mod proxy;
 pub mod report;
 pub mod scenario;

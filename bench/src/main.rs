@@ -1,4 +1,5 @@
 //! `trainyard-bench`: `operator` runs the operator scale benchmark against the local cluster;
+//! `progress-load` loads the operator's progress endpoint in-process with reporting ranks;
 //! `render-doc` writes docs/benchmarks.md from the reports.
 
 use std::path::{Path, PathBuf};
@@ -7,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use trainyard_bench::doc::{self, DocInputs, Machine};
+use trainyard_bench::progress_load::{self, ProgressLoadParams};
 use trainyard_bench::scenario::{self, OperatorBenchParams, OperatorBenchReport};
 
 #[derive(Parser, Debug)]
@@ -24,6 +26,8 @@ struct Cli {
 enum Command {
     /// M TrainingJobs × W workers on N fake GPU nodes: operator vs. floor, preemption recovery, cost.
     Operator(OperatorArgs),
+    /// R ranks of J jobs report progress to the operator's endpoint in-process, then a flood.
+    ProgressLoad(ProgressLoadArgs),
     /// Rewrite docs/benchmarks.md from operator reports (JSON) and the device plugin's table.
     RenderDoc(RenderDocArgs),
 }
@@ -67,6 +71,52 @@ struct OperatorArgs {
     /// Write the report as JSON here (also when the run stops early).
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ProgressLoadArgs {
+    /// Reporting ranks in all.
+    #[arg(long, default_value_t = 1000)]
+    ranks: u32,
+    /// Jobs the ranks belong to (ranks must be a multiple).
+    #[arg(long, default_value_t = 250)]
+    jobs: u32,
+    /// How long the ranks report, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    seconds: f64,
+    /// How often each rank reports, milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    interval_ms: u64,
+    /// Requests of the flood (oversized bodies, bad tokens).
+    #[arg(long, default_value_t = 5000)]
+    flood: u32,
+    /// Connections the flood sends over at once.
+    #[arg(long, default_value_t = 128)]
+    flood_connections: u32,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+async fn progress_load(args: ProgressLoadArgs) -> anyhow::Result<()> {
+    let params = ProgressLoadParams {
+        ranks: args.ranks,
+        jobs: args.jobs,
+        seconds: args.seconds,
+        interval_ms: args.interval_ms,
+        flood_requests: args.flood,
+        flood_connections: args.flood_connections,
+    };
+    let report = progress_load::run(&params).await?;
+    if let Some(path) = &args.json {
+        write(path, &serde_json::to_string_pretty(&report)?)?;
+    }
+    println!("{}", progress_load::markdown(&report));
+    let problems = report.problems();
+    if !problems.is_empty() {
+        bail!("the progress load test failed: {}", problems.join("; "));
+    }
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]
@@ -187,6 +237,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Operator(args) => operator(args).await,
+        Command::ProgressLoad(args) => progress_load(args).await,
         Command::RenderDoc(args) => render_doc(args),
     }
 }
