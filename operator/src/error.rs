@@ -45,9 +45,11 @@ pub enum Error {
     #[error("leader election: {0}")]
     LeaderElection(String),
 
-    /// The metrics server could not start.
-    #[error("metrics server on {addr}: {source}")]
-    MetricsServer {
+    /// An HTTP server (metrics, progress) could not start.
+    #[error("{what} server on {addr}: {source}")]
+    Listen {
+        /// Which server.
+        what: &'static str,
         /// The address.
         addr: std::net::SocketAddr,
         /// The I/O error.
@@ -88,7 +90,7 @@ impl Error {
             Error::StaleCache(_) => "stale_cache",
             Error::CrdNotEstablished(_) => "crd_not_established",
             Error::LeaderElection(_) => "leader_election",
-            Error::MetricsServer { .. } => "metrics_server",
+            Error::Listen { .. } => "listen",
             Error::Config(_) => "config",
             Error::Serialize { .. } => "serialize",
         }

@@ -286,19 +286,12 @@ pub async fn serve(
     ),
     Error,
 > {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::MetricsServer { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| Error::MetricsServer { addr, source })?;
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(metrics_);
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
-    Ok((local, async move { server.await }))
+    crate::listen::serve("metrics", addr, app, shutdown).await
 }
 
 #[cfg(test)]

@@ -422,15 +422,7 @@ pub async fn serve(
     server: Arc<ProgressServer>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), Error> {
-    // The error type has one variant for a listener that cannot bind; its address says which.
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::MetricsServer { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| Error::MetricsServer { addr, source })?;
-    let serving = axum::serve(listener, router(server)).with_graceful_shutdown(shutdown);
-    Ok((local, async move { serving.await }))
+    crate::listen::serve("progress", addr, router(server), shutdown).await
 }
 
 #[cfg(test)]
