@@ -163,8 +163,16 @@ async fn clients_that_break_the_header_limits_are_closed_while_a_well_behaved_cl
     closed_by_plugin(&mut amplifier).await;
     closed_by_plugin(&mut grower).await;
     served(root.path()).await;
-    // Only the well-behaved client's connection is still open, if any.
-    assert!(gate.open_connections() <= 1, "{}", gate.open_connections());
+    // Only the well-behaved client's connection is still open, if any. The clients of
+    // `served` have closed theirs, but the plugin notices a closed connection only when it
+    // next reads it: wait for the count rather than read it once (it read 2 on a loaded CI).
+    tokio::time::timeout(LIMIT, async {
+        while gate.open_connections() > 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} connections still open", gate.open_connections()));
     stop.cancel();
 }
 
