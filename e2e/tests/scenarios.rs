@@ -714,7 +714,10 @@ async fn reapplying_manifests_changes_nothing_and_deleting_the_job_cleans_up() -
     let (_guard, client) = installed().await?;
     let ns = Jobs::new(&client);
     let name = "gitops";
-    let manifest = serde_json::to_string(&job_manifest(name, 2, 1, "sleep 600", json!({})))?;
+    // `sleep` as the container's PID 1 ignores SIGTERM, so deleting the job takes the whole
+    // grace period: 60 s by default, as long as the wait below (it timed out on a loaded CI).
+    let spec = json!({"terminationGracePeriodSeconds": 5});
+    let manifest = serde_json::to_string(&job_manifest(name, 2, 1, "sleep 600", spec))?;
     kubectl(&["apply", "-n", &ns.name, "-f", "-"], &manifest)?;
     let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
