@@ -24,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// M TrainingJobs × W workers on N fake GPU nodes: operator vs. floor, preemption recovery, cost.
+    /// M TrainingJobs × W workers on N fake GPU nodes: operator vs. both floors, preemption recovery, cost.
     Operator(OperatorArgs),
     /// R ranks of J jobs report progress to the operator's endpoint in-process, then a flood.
     ProgressLoad(ProgressLoadArgs),
@@ -49,7 +49,7 @@ struct OperatorArgs {
     /// Workers preempted at once, one per job (default: min(100, jobs); 0 skips).
     #[arg(long)]
     preempt: Option<u32>,
-    /// Jobs in flight at once, for the floor's creates and for applying TrainingJobs.
+    /// Jobs in flight at once, for both floors' writes and for applying TrainingJobs.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// The operator binary (default: trainyard-operator next to this binary).

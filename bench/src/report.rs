@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::proxy::RequestCounts;
-use crate::scenario::OperatorBenchReport;
+use crate::scenario::{OperatorBenchReport, Throughput};
 
 /// operator / floor ratio target.
 pub const RATIO_TARGET: f64 = 1.3;
@@ -13,6 +13,8 @@ pub const RATIO_TARGET: f64 = 1.3;
 pub const RECOVERY_P99_TARGET: f64 = 2.0;
 /// Simultaneous preemptions the recovery target is stated for.
 pub const RECOVERY_AT: u32 = 100;
+/// Preemption → new pods p99 target, as a multiple of the restart floor's p99 in the same run.
+pub const RECOVERY_FLOOR_FACTOR: f64 = 1.5;
 /// Peak RSS target, MiB, at this many jobs.
 pub const RSS_TARGET_MIB: f64 = 64.0;
 /// Jobs the RSS target is stated for.
@@ -25,25 +27,78 @@ pub struct TargetCheck {
     pub target: String,
     /// What was measured.
     pub measured: String,
-    /// Met, missed, or None when this run's size is not the one the target is for.
+    /// Met, missed, or None (see `unjudged` for why).
     pub met: Option<bool>,
+    /// Why `met` is None.
+    #[serde(default)]
+    pub unjudged: Unjudged,
 }
 
-/// The issue's targets checked against a run.
-pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
-    let mut out = Vec::new();
-    for (what, ratio) in [
-        ("created", r.created_ratio()),
-        ("scheduled", r.scheduled_ratio()),
-    ] {
-        out.push(TargetCheck {
-            target: format!("operator / floor ≤ {RATIO_TARGET} (pods {what})"),
-            measured: ratio
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or_else(|| "not measured".to_owned()),
-            met: ratio.map(|x| x <= RATIO_TARGET),
-        });
+/// Why a row has no verdict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Unjudged {
+    /// This run's size is not the one the target is stated for.
+    #[default]
+    OtherSize,
+    /// The run did not measure what the target needs (an older report, or a run that stopped
+    /// early).
+    NotMeasured,
+    /// A figure shown next to the targets that is no target itself.
+    Context,
+}
+
+impl TargetCheck {
+    /// What the report's verdict column says.
+    pub fn verdict(&self) -> &'static str {
+        match (self.met, self.unjudged) {
+            (Some(true), _) => "met",
+            (Some(false), _) => "**missed**",
+            (None, Unjudged::OtherSize) => "n/a at this size",
+            (None, Unjudged::NotMeasured) => "not measured",
+            (None, Unjudged::Context) => "context, no target",
+        }
     }
+}
+
+const NOT_MEASURED: &str = "not measured";
+
+/// An operator / floor ratio against [`RATIO_TARGET`]; a context row is not judged.
+fn ratio_check(target: String, ratio: Option<f64>, context: bool) -> TargetCheck {
+    TargetCheck {
+        target,
+        measured: ratio
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| NOT_MEASURED.to_owned()),
+        met: ratio.filter(|_| !context).map(|x| x <= RATIO_TARGET),
+        unjudged: if context {
+            Unjudged::Context
+        } else {
+            Unjudged::NotMeasured
+        },
+    }
+}
+
+/// The performance issue's targets checked against a run, with context rows (met: None).
+pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
+    let mut out = vec![
+        ratio_check(
+            format!("operator / fair floor ≤ {RATIO_TARGET} (pods created)"),
+            r.fair_created_ratio(),
+            false,
+        ),
+        ratio_check(
+            format!("operator / floor ≤ {RATIO_TARGET} (pods scheduled)"),
+            r.scheduled_ratio(),
+            false,
+        ),
+        ratio_check(
+            "operator / pods-only floor, pods created (context for the fair floor's target)"
+                .to_owned(),
+            r.created_ratio(),
+            true,
+        ),
+        recovery_against_floor(r),
+    ];
     let at_size = r.preempt >= RECOVERY_AT;
     out.push(TargetCheck {
         target: format!("preemption → new pods p99 ≤ {RECOVERY_P99_TARGET} s at {RECOVERY_AT} simultaneous preemptions"),
@@ -51,23 +106,14 @@ pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
             .recovery
             .as_ref()
             .map(|x| format!("{:.2} s at {}", x.p99_seconds, x.preempted))
-            .unwrap_or_else(|| "not measured".to_owned()),
+            .unwrap_or_else(|| NOT_MEASURED.to_owned()),
         met: r.recovery.as_ref().filter(|_| at_size).map(|x| x.p99_seconds <= RECOVERY_P99_TARGET),
+        unjudged: if at_size && r.recovery.is_none() {
+            Unjudged::NotMeasured
+        } else {
+            Unjudged::OtherSize
+        },
     });
-    if let (Some(op), Some(floor)) = (&r.recovery, &r.floor_recovery) {
-        out.push(TargetCheck {
-            target:
-                "preemption → new pods p99: operator / restart floor (context for the 2 s target)"
-                    .to_owned(),
-            measured: format!(
-                "{:.2} s / {:.2} s = {:.2}",
-                op.p99_seconds,
-                floor.p99_seconds,
-                op.p99_seconds / floor.p99_seconds.max(f64::EPSILON)
-            ),
-            met: None,
-        });
-    }
     let rss = r
         .usage
         .as_ref()
@@ -76,19 +122,43 @@ pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
         target: format!("operator RSS ≤ {RSS_TARGET_MIB} MiB at {RSS_AT_JOBS} jobs"),
         measured: rss
             .map(|x| format!("{x:.1} MiB at {} jobs", r.jobs))
-            .unwrap_or_else(|| "not measured".to_owned()),
+            .unwrap_or_else(|| NOT_MEASURED.to_owned()),
         met: rss
             .filter(|_| r.jobs >= RSS_AT_JOBS)
             .map(|x| x <= RSS_TARGET_MIB),
+        unjudged: if r.jobs >= RSS_AT_JOBS && rss.is_none() {
+            Unjudged::NotMeasured
+        } else {
+            Unjudged::OtherSize
+        },
     });
     out
 }
 
-fn verdict(met: Option<bool>) -> &'static str {
-    match met {
-        Some(true) => "met",
-        Some(false) => "**missed**",
-        None => "n/a at this size",
+/// Preemption → new pods p99 against the restart floor's p99 of the same run, at every size.
+fn recovery_against_floor(r: &OperatorBenchReport) -> TargetCheck {
+    let target = format!("preemption → new pods p99 ≤ {RECOVERY_FLOOR_FACTOR} × restart floor");
+    let (measured, met) = match (&r.recovery, &r.floor_recovery) {
+        (Some(op), Some(floor)) => (
+            format!(
+                "{:.2} s / {:.2} s = {:.2}",
+                op.p99_seconds,
+                floor.p99_seconds,
+                op.p99_seconds / floor.p99_seconds.max(f64::EPSILON)
+            ),
+            Some(op.p99_seconds <= RECOVERY_FLOOR_FACTOR * floor.p99_seconds),
+        ),
+        (Some(op), None) => (
+            format!("{:.2} s; restart floor {NOT_MEASURED}", op.p99_seconds),
+            None,
+        ),
+        (None, _) => (NOT_MEASURED.to_owned(), None),
+    };
+    TargetCheck {
+        target,
+        measured,
+        met,
+        unjudged: Unjudged::NotMeasured,
     }
 }
 
@@ -168,12 +238,116 @@ fn cpu_table(out: &mut String, r: &OperatorBenchReport) {
     out.push('\n');
 }
 
+/// One figure of a create phase.
+type Measure = fn(&Throughput) -> f64;
+
+/// One run of the create phase, as a column of the throughput table.
+struct Column<'a> {
+    run: Option<&'a Throughput>,
+    /// What an empty cell says.
+    missing: &'static str,
+}
+
+impl Column<'_> {
+    fn get(&self, measure: Measure) -> Option<f64> {
+        self.run.map(measure)
+    }
+
+    fn cell(&self, value: Option<f64>, show: impl Fn(f64) -> String) -> String {
+        value.map(show).unwrap_or_else(|| self.missing.to_owned())
+    }
+}
+
+/// operator / floor, or "—".
+fn ratio_cell(floor: Option<f64>, operator: Option<f64>) -> String {
+    match (floor, operator) {
+        (Some(f), Some(o)) if f > 0.0 => format!("{:.2}", o / f),
+        _ => "—".to_owned(),
+    }
+}
+
+/// Both floors and the operator, measure by measure, with the operator's ratio to each floor.
+fn throughput_table(out: &mut String, r: &OperatorBenchReport) {
+    let floor = Column {
+        run: r.floor.as_ref(),
+        missing: "—",
+    };
+    let fair = Column {
+        run: r.fair_floor.as_ref(),
+        // Reports from before the fair floor existed.
+        missing: NOT_MEASURED,
+    };
+    let operator = Column {
+        run: r.operator.as_ref(),
+        missing: "—",
+    };
+    let _ = writeln!(
+        out,
+        "| measure | pods-only floor (direct pod creates) | fair floor (TrainingJob, Service, pods, status write) | operator (TrainingJobs) | operator / pods-only floor | operator / fair floor |\n|---|---:|---:|---:|---:|---:|"
+    );
+    let row = |out: &mut String, label: &str, measure: Measure, show: fn(f64) -> String| {
+        let (f, ff, o) = (floor.get(measure), fair.get(measure), operator.get(measure));
+        let _ = writeln!(
+            out,
+            "| {label} | {} | {} | {} | {} | {} |",
+            floor.cell(f, show),
+            fair.cell(ff, show),
+            operator.cell(o, show),
+            ratio_cell(f, o),
+            ratio_cell(ff, o),
+        );
+    };
+    let times: [(&str, Measure); 4] = [
+        (
+            "first request → the benchmark's own requests answered (pods-only floor: pods; fair floor: every write; operator: TrainingJobs)",
+            |t| t.inputs_done_seconds,
+        ),
+        ("first request → half the pods created", |t| {
+            t.half_created_seconds
+        }),
+        ("first request → every pod created", |t| t.created_seconds),
+        ("first request → every pod scheduled", |t| {
+            t.scheduled_seconds
+        }),
+    ];
+    for (label, measure) in times {
+        let recorded = [&floor, &fair, &operator]
+            .iter()
+            .any(|c| c.get(measure).unwrap_or_default() != 0.0);
+        if !recorded {
+            // A report from before the measure existed.
+            continue;
+        }
+        row(out, label, measure, s);
+    }
+    row(
+        out,
+        "most requests waiting for the API server at once",
+        |t| t.peak_in_flight as f64,
+        |n| format!("{n:.0}"),
+    );
+    let jobs = f64::from(r.jobs.max(1));
+    let per_job = |n: f64| format!("{n:.0} ({:.2})", n / jobs);
+    let f = floor.get(|t| t.requests.total() as f64);
+    let ff = fair.get(|t| t.requests.total() as f64);
+    let o = operator.get(|t| t.requests.total() as f64);
+    let _ = writeln!(
+        out,
+        "| API requests of the client (per job) | {} | {} | {} | {} | {} |\n",
+        floor.cell(f, per_job),
+        fair.cell(ff, per_job),
+        operator.cell(o, per_job),
+        ratio_cell(f, o),
+        ratio_cell(ff, o),
+    );
+}
+
 /// The run as a markdown section.
 pub fn markdown(r: &OperatorBenchReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "### {}\n\n{} GPU per worker, {} pods; {} workers of {} jobs preempted at once; {} jobs in flight while applying (floor: the same). Run `{}`.\n",
+        "### {}\n\n{} GPU per worker, {} pods; {} workers of {} jobs preempted at once; {} jobs in flight while applying (both floors: the same). Run `{}`.\n",
         title(r),
         r.gpus_per_worker,
         u64::from(r.jobs) * u64::from(r.workers),
@@ -195,68 +369,7 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         let _ = writeln!(out, "> warning: {w}\n");
     }
 
-    let _ = writeln!(
-        out,
-        "| measure | floor (direct pod creates) | operator (TrainingJobs) | operator / floor |\n|---|---:|---:|---:|"
-    );
-    let cell = |t: Option<f64>| t.map(s).unwrap_or_else(|| "—".to_owned());
-    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(f), Some(o)) if f > 0.0 => format!("{:.2}", o / f),
-        _ => "—".to_owned(),
-    };
-    let f = r.floor.as_ref();
-    let o = r.operator.as_ref();
-    for (label, get) in [
-        (
-            "first request → the benchmark's own creates answered (floor: pods; operator: TrainingJobs)",
-            (|t: &crate::scenario::Throughput| t.inputs_done_seconds)
-                as fn(&crate::scenario::Throughput) -> f64,
-        ),
-        ("first request → half the pods created", |t| {
-            t.half_created_seconds
-        }),
-        ("first request → every pod created", |t| t.created_seconds),
-        ("first request → every pod scheduled", |t| {
-            t.scheduled_seconds
-        }),
-    ] {
-        let (a, b) = (f.map(get), o.map(get));
-        if a.unwrap_or_default() == 0.0 && b.unwrap_or_default() == 0.0 {
-            // Not recorded (a report from before the measure existed).
-            continue;
-        }
-        let _ = writeln!(
-            out,
-            "| {label} | {} | {} | {} |",
-            cell(a),
-            cell(b),
-            ratio(a, b)
-        );
-    }
-    let req = |t: Option<&crate::scenario::Throughput>| t.map(|t| t.requests.total() as f64);
-    let peak = |t: Option<&crate::scenario::Throughput>| t.map(|t| t.peak_in_flight as f64);
-    let _ = writeln!(
-        out,
-        "| most requests waiting for the API server at once | {} | {} | {} |",
-        peak(f)
-            .map(|n| format!("{n:.0}"))
-            .unwrap_or_else(|| "—".to_owned()),
-        peak(o)
-            .map(|n| format!("{n:.0}"))
-            .unwrap_or_else(|| "—".to_owned()),
-        ratio(peak(f), peak(o)),
-    );
-    let _ = writeln!(
-        out,
-        "| API requests of the client (per job) | {} | {} | {} |\n",
-        req(f)
-            .map(|n| format!("{n:.0} ({:.2})", n / f64::from(r.jobs)))
-            .unwrap_or_else(|| "—".to_owned()),
-        req(o)
-            .map(|n| format!("{n:.0} ({:.2})", n / f64::from(r.jobs)))
-            .unwrap_or_else(|| "—".to_owned()),
-        ratio(req(f), req(o)),
-    );
+    throughput_table(&mut out, r);
 
     if let Some(rec) = &r.recovery {
         let _ = writeln!(
@@ -334,23 +447,13 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         out,
         "<details><summary>API requests by verb and resource (counting proxy)</summary>\n"
     );
-    if let Some(f) = f {
-        counts_table(
-            &mut out,
-            "floor, creating",
-            &f.requests,
-            f64::from(r.jobs),
-            "job",
-        );
-    }
-    if let Some(o) = o {
-        counts_table(
-            &mut out,
-            "operator, creating",
-            &o.requests,
-            f64::from(r.jobs),
-            "job",
-        );
+    for (label, run) in [
+        ("pods-only floor, creating", &r.floor),
+        ("fair floor, creating", &r.fair_floor),
+        ("operator, creating", &r.operator),
+    ] {
+        let Some(run) = run else { continue };
+        counts_table(&mut out, label, &run.requests, f64::from(r.jobs), "job");
     }
     if let Some(q) = &r.requests {
         counts_table(&mut out, "operator, start-up", &q.startup, 1.0, "run");
@@ -377,13 +480,7 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
 
     let _ = writeln!(out, "| target | measured | verdict |\n|---|---|---|");
     for t in targets(r) {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} |",
-            t.target,
-            t.measured,
-            verdict(t.met)
-        );
+        let _ = writeln!(out, "| {} | {} | {} |", t.target, t.measured, t.verdict());
     }
     out.push('\n');
     out
@@ -392,45 +489,203 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::Throughput;
+    use crate::scenario::{OperatorUsage, Recovery};
 
-    fn report(floor: f64, operator: f64, jobs: u32) -> OperatorBenchReport {
+    fn timed(seconds: f64) -> Throughput {
+        Throughput {
+            created_seconds: seconds,
+            scheduled_seconds: seconds,
+            ..Throughput::default()
+        }
+    }
+
+    /// A run with the pods-only floor, the fair floor and the operator timed.
+    fn report(floor: f64, fair: f64, operator: f64, jobs: u32) -> OperatorBenchReport {
         OperatorBenchReport {
             jobs,
             workers: 4,
             nodes: jobs / 2,
-            floor: Some(Throughput {
-                created_seconds: floor,
-                scheduled_seconds: floor,
-                ..Throughput::default()
-            }),
-            operator: Some(Throughput {
-                created_seconds: operator,
-                scheduled_seconds: operator,
-                ..Throughput::default()
-            }),
+            floor: Some(timed(floor)),
+            fair_floor: Some(timed(fair)),
+            operator: Some(timed(operator)),
             ..OperatorBenchReport::default()
         }
     }
 
+    fn recovery(preempted: u32, p99: f64) -> Recovery {
+        Recovery {
+            preempted,
+            p99_seconds: p99,
+            ..Recovery::default()
+        }
+    }
+
+    fn check<'a>(checks: &'a [TargetCheck], starts: &str) -> &'a TargetCheck {
+        checks
+            .iter()
+            .find(|t| t.target.starts_with(starts))
+            .unwrap_or_else(|| panic!("a target row starting with {starts:?}"))
+    }
+
+    const FAIR: &str = "operator / fair floor ≤ 1.3 (pods created)";
+    const SCHEDULED: &str = "operator / floor ≤ 1.3 (pods scheduled)";
+    const PODS_ONLY: &str = "operator / pods-only floor, pods created";
+    const VS_RESTART_FLOOR: &str = "preemption → new pods p99 ≤ 1.5 × restart floor";
+    const RECOVERY_2S: &str = "preemption → new pods p99 ≤ 2 s at 100";
+    const RSS: &str = "operator RSS ≤ 64 MiB at 1000 jobs";
+
     #[test]
-    fn ratio_target_is_met_at_or_below_1_3_and_missed_above() {
-        assert_eq!(targets(&report(10.0, 13.0, 100))[0].met, Some(true));
-        assert_eq!(targets(&report(10.0, 13.5, 100))[0].met, Some(false));
+    fn the_fair_floor_target_is_met_at_or_below_1_3_and_missed_above() {
+        let met = targets(&report(5.0, 10.0, 13.0, 100));
+        assert_eq!(check(&met, FAIR).met, Some(true));
+        assert_eq!(check(&met, FAIR).measured, "1.30");
+        let missed = targets(&report(5.0, 10.0, 13.5, 100));
+        assert_eq!(check(&missed, FAIR).met, Some(false));
+        assert_eq!(check(&missed, FAIR).verdict(), "**missed**");
+    }
+
+    #[test]
+    fn the_pods_only_created_ratio_is_context_and_never_judged() {
+        let t = targets(&report(5.0, 10.0, 13.0, 100));
+        let pods_only = check(&t, PODS_ONLY);
+        assert_eq!(pods_only.measured, "2.60");
+        assert_eq!(pods_only.met, None);
+        assert_eq!(pods_only.verdict(), "context, no target");
+    }
+
+    #[test]
+    fn the_scheduled_target_stays_against_the_pods_only_floor() {
+        let mut r = report(10.0, 20.0, 13.0, 100);
+        r.operator = Some(Throughput {
+            scheduled_seconds: 12.0,
+            ..timed(13.0)
+        });
+        assert_eq!(check(&targets(&r), SCHEDULED).measured, "1.20");
+        assert_eq!(check(&targets(&r), SCHEDULED).met, Some(true));
+    }
+
+    #[test]
+    fn recovery_is_judged_against_1_5_times_the_restart_floor_at_every_size() {
+        let mut r = report(1.0, 1.0, 1.0, 10);
+        r.preempt = 2;
+        r.floor_recovery = Some(recovery(2, 2.0));
+        r.recovery = Some(recovery(2, 3.0));
+        let met = targets(&r);
+        assert_eq!(
+            check(&met, VS_RESTART_FLOOR).met,
+            Some(true),
+            "3.0 ≤ 1.5 × 2.0"
+        );
+        assert_eq!(
+            check(&met, VS_RESTART_FLOOR).measured,
+            "3.00 s / 2.00 s = 1.50"
+        );
+        assert_eq!(check(&met, RECOVERY_2S).met, None, "2 preemptions, not 100");
+        r.recovery = Some(recovery(2, 3.1));
+        assert_eq!(
+            check(&targets(&r), VS_RESTART_FLOOR).met,
+            Some(false),
+            "3.1 > 1.5 × 2.0"
+        );
+    }
+
+    #[test]
+    fn recovery_without_a_restart_floor_is_not_judged() {
+        let mut r = report(1.0, 1.0, 1.0, 10);
+        r.recovery = Some(recovery(2, 3.0));
+        let t = targets(&r);
+        assert_eq!(check(&t, VS_RESTART_FLOOR).met, None);
+        assert_eq!(check(&t, VS_RESTART_FLOOR).verdict(), "not measured");
     }
 
     #[test]
     fn size_bound_targets_are_not_judged_at_other_sizes() {
-        let t = targets(&report(1.0, 1.0, 100));
-        assert_eq!(t[2].met, None, "no preemption phase");
-        assert_eq!(t[3].met, None, "no usage measured");
+        let mut r = report(1.0, 1.0, 1.0, 100);
+        r.usage = Some(OperatorUsage::default());
+        r.preempt = 10;
+        r.recovery = Some(recovery(10, 0.5));
+        let t = targets(&r);
+        assert_eq!(check(&t, RECOVERY_2S).met, None, "10 preemptions, not 100");
+        assert_eq!(check(&t, RECOVERY_2S).verdict(), "n/a at this size");
+        assert_eq!(check(&t, RSS).met, None, "100 jobs, not 1000");
+        assert_eq!(check(&t, RSS).verdict(), "n/a at this size");
     }
 
     #[test]
-    fn markdown_names_the_size_and_the_ratio() {
-        let md = markdown(&report(2.0, 3.0, 100));
+    fn markdown_shows_both_floors_and_the_ratio_to_each() {
+        let md = markdown(&report(2.0, 2.5, 3.0, 100));
         assert!(md.contains("### 100 jobs × 4 workers on 50 nodes"));
-        assert!(md.contains("| 1.50 |"));
-        assert!(md.contains("**missed**"));
+        assert!(
+            md.contains(
+                "| first request → every pod created | 2.00 s | 2.50 s | 3.00 s | 1.50 | 1.20 |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains(&format!("| {FAIR} | 1.20 | met |")), "{md}");
+        assert!(md.contains("| 1.50 | context, no target |"), "{md}");
+    }
+
+    #[test]
+    fn the_fair_floor_requests_per_job_are_shown() {
+        let mut r = report(2.0, 2.5, 3.0, 10);
+        let mut fair = timed(2.5);
+        fair.requests = RequestCounts(
+            [
+                ("create trainingjobs".to_owned(), 10),
+                ("create services".to_owned(), 10),
+                ("create pods".to_owned(), 40),
+                ("apply trainingjobs/status".to_owned(), 10),
+            ]
+            .into(),
+        );
+        r.fair_floor = Some(fair);
+        let md = markdown(&r);
+        assert!(
+            md.contains(
+                "| API requests of the client (per job) | 0 (0.00) | 70 (7.00) | 0 (0.00) |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| fair floor, creating | requests | per job |"),
+            "{md}"
+        );
+    }
+
+    /// A report written before the fair floor existed (no `fair_floor` and none of the other
+    /// later fields).
+    const OLD_REPORT: &str = r#"{
+        "jobs": 100, "workers": 4, "nodes": 50, "gpus_per_worker": 1, "preempt": 100,
+        "concurrency": 16, "run_id": "abc123",
+        "floor": {"pods": 400, "created_seconds": 2.0, "half_created_seconds": 1.0,
+                  "scheduled_seconds": 3.0, "requests": {"create pods": 400}},
+        "operator": {"pods": 400, "created_seconds": 4.0, "half_created_seconds": 2.0,
+                     "scheduled_seconds": 3.6, "requests": {"create pods": 400}},
+        "recovery": {"preempted": 100, "p50_seconds": 1.0, "p99_seconds": 1.8,
+                     "max_seconds": 1.9, "operator_histogram_mean_seconds": null},
+        "usage": null, "requests": null, "operator_metrics": {}, "warnings": [],
+        "error": null
+    }"#;
+
+    #[test]
+    fn an_old_report_without_the_fair_floor_renders_it_as_not_measured() {
+        let r: OperatorBenchReport = serde_json::from_str(OLD_REPORT).expect("old JSON parses");
+        assert!(r.fair_floor.is_none());
+        let t = targets(&r);
+        assert_eq!(check(&t, FAIR).measured, "not measured");
+        assert_eq!(check(&t, FAIR).met, None);
+        assert_eq!(check(&t, PODS_ONLY).measured, "2.00");
+        assert_eq!(check(&t, RECOVERY_2S).met, Some(true));
+        let md = markdown(&r);
+        assert!(
+            md.contains(&format!("| {FAIR} | not measured | not measured |")),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| first request → every pod created | 2.00 s | not measured | 4.00 s | 2.00 | — |"
+            ),
+            "{md}"
+        );
     }
 }

@@ -1,5 +1,7 @@
-//! The operator scale benchmark: fake GPU nodes, the floor (the same pods created directly),
-//! the operator creating them from TrainingJobs, and a burst of preemptions.
+//! The operator scale benchmark: fake GPU nodes, the pods-only floor (the same pods created
+//! directly), the fair floor (the TrainingJobs and everything a controller must write for them,
+//! written directly), the operator creating the pods from TrainingJobs, and a burst of
+//! preemptions.
 //!
 //! Everything runs against the real API server, scheduler and controllers of the cluster; only
 //! the kubelets are missing, and the benchmark plays their part where the operator depends on
@@ -12,14 +14,17 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, future, stream};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, Config, Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use trainyard_operator::config::OperatorConfig;
-use trainyard_operator::crd::{Phase, RestartReason, TrainingJob};
-use trainyard_operator::{placement, pods, validate};
+use trainyard_operator::crd::{Phase, RestartReason, TrainingJob, TrainingJobStatus};
+use trainyard_operator::{placement, pods, service, validate};
 
 use crate::cpu_profile::{CpuProfile, CpuSampler};
 use crate::error::{Error, Result};
@@ -33,6 +38,8 @@ use crate::stats::percentile;
 /// the local cluster's hostPath provisioner cannot give each job a ReadWriteMany claim, and an
 /// unbound claim would keep every pod unschedulable.
 pub const CHECKPOINT_CLAIM: &str = "bench-checkpoints";
+/// Field manager of the fair floor's status writes.
+const FAIR_FIELD_MANAGER: &str = "trainyard-bench-fair";
 /// Image of the trainer container (never pulled: no kubelet runs these pods).
 const TRAINER_IMAGE: &str = "docker.io/trainyard/trainer:dev";
 
@@ -49,7 +56,7 @@ pub struct OperatorBenchParams {
     pub gpus_per_worker: u32,
     /// Workers preempted at once, each of a different job (K); 0 skips the preemption phase.
     pub preempt: u32,
-    /// Jobs in flight at once, for the floor's pod creation and for applying the TrainingJobs.
+    /// Jobs in flight at once, for both floors' writes and for applying the TrainingJobs.
     pub concurrency: usize,
     /// The `trainyard-operator` binary.
     pub operator_bin: PathBuf,
@@ -124,8 +131,8 @@ pub struct Throughput {
     /// The most of the client's requests waiting for the API server at once.
     #[serde(default)]
     pub peak_in_flight: usize,
-    /// Seconds until the benchmark's own requests were answered: the floor's pod creates, or
-    /// the TrainingJob creates the operator works from.
+    /// Seconds until the benchmark's own requests were answered: the floor's pod creates, the
+    /// fair floor's every write, or the TrainingJob creates the operator works from.
     #[serde(default)]
     pub inputs_done_seconds: f64,
 }
@@ -205,12 +212,16 @@ pub struct OperatorBenchReport {
     pub gpus_per_worker: u32,
     /// Workers preempted at once.
     pub preempt: u32,
-    /// Jobs in flight at once (floor and TrainingJob apply).
+    /// Jobs in flight at once (both floors and TrainingJob apply).
     pub concurrency: usize,
     /// The run id labelling everything the run created.
     pub run_id: String,
-    /// The floor: the same pods created directly.
+    /// The pods-only floor: the same pods created directly.
     pub floor: Option<Throughput>,
+    /// The fair floor: per job the TrainingJob, its Service, its pods and one status write,
+    /// made directly (None in reports from before it was measured).
+    #[serde(default)]
+    pub fair_floor: Option<Throughput>,
     /// The operator creating the pods from TrainingJobs.
     pub operator: Option<Throughput>,
     /// Preemption recovery.
@@ -222,8 +233,8 @@ pub struct OperatorBenchReport {
     pub usage: Option<OperatorUsage>,
     /// Operator API requests outside the create phase (that one is in `operator.requests`).
     pub requests: Option<OperatorRequests>,
-    /// CPU seconds per process while each phase's clock ran ("floor", "operator",
-    /// "preemption").
+    /// CPU seconds per process while each phase's clock ran ("floor", "fair floor",
+    /// "operator", "preemption").
     #[serde(default)]
     pub cpu: BTreeMap<String, CpuProfile>,
     /// Selected operator metrics at the end of the run.
@@ -238,13 +249,19 @@ pub struct OperatorBenchReport {
 }
 
 impl OperatorBenchReport {
-    /// operator / floor, time to every pod created.
+    /// operator / pods-only floor, time to every pod created.
     pub fn created_ratio(&self) -> Option<f64> {
         let (f, o) = (self.floor.as_ref()?, self.operator.as_ref()?);
         (f.created_seconds > 0.0).then(|| o.created_seconds / f.created_seconds)
     }
 
-    /// operator / floor, time to every pod scheduled.
+    /// operator / fair floor, time to every pod created.
+    pub fn fair_created_ratio(&self) -> Option<f64> {
+        let (f, o) = (self.fair_floor.as_ref()?, self.operator.as_ref()?);
+        (f.created_seconds > 0.0).then(|| o.created_seconds / f.created_seconds)
+    }
+
+    /// operator / pods-only floor, time to every pod scheduled.
     pub fn scheduled_ratio(&self) -> Option<f64> {
         let (f, o) = (self.floor.as_ref()?, self.operator.as_ref()?);
         (f.scheduled_seconds > 0.0).then(|| o.scheduled_seconds / f.scheduled_seconds)
@@ -343,14 +360,13 @@ async fn phases(
     tracing::info!(run = %run, nodes = params.nodes, "creating fake GPU nodes");
     created.nodes = Some(FakeNodes::create(client, &run, params.nodes).await?);
     let floor_ns = format!("tybench-{run}-floor");
+    let fair_ns = format!("tybench-{run}-fair");
     let op_ns = format!("tybench-{run}-operator");
-    for ns in [&floor_ns, &op_ns] {
+    for ns in [&floor_ns, &fair_ns, &op_ns] {
         create_namespace(client, ns, &run).await?;
         created.namespaces.push(ns.clone());
-        let pv = format!(
-            "tybench-{run}-{}",
-            if ns == &floor_ns { "floor" } else { "operator" }
-        );
+        // Each namespace's volume is named after it.
+        let pv = ns.clone();
         checkpoint_volume(client, ns, &pv, &run).await?;
         created.volumes.push(pv);
     }
@@ -447,43 +463,22 @@ async fn phases(
             );
             report.floor_recovery = Some(floor_recovery);
         }
-        // Free the GPUs for the operator's pods. One DeleteCollection of thousands of pods can
-        // outlast the API server's etcd deadline on a busy machine: it is repeated until it
-        // goes through (what it deleted before failing stays deleted).
-        let floor_api = Api::<Pod>::namespaced(client.clone(), &floor_ns);
-        let force = DeleteParams {
-            grace_period_seconds: Some(0),
-            ..DeleteParams::default()
-        };
-        let mut tries = 0;
-        while let Err(e) = floor_api
-            .delete_collection(&force, &ListParams::default())
-            .await
-        {
-            tries += 1;
-            if tries >= 5 {
-                return Err(Error::kube(format!(
-                    "deleting the floor's pods in {floor_ns} ({tries} tries)"
-                ))(e));
-            }
-            tracing::warn!(error = %e, "deleting the floor's pods; trying again");
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-        tracker
-            .wait_until(
-                "the floor's pods to be deleted",
-                params.phase_timeout,
-                |pods| {
-                    let left = pods.filter(|p| !p.deleted).count();
-                    if left == 0 {
-                        Ok(())
-                    } else {
-                        Err(format!("{left} left"))
-                    }
-                },
-            )
-            .await?;
+        // Free the GPUs for the fair floor's pods.
+        delete_pods(client, &tracker, &floor_ns, "floor", params.phase_timeout).await?;
     }
+
+    // ---- The fair floor: what a correct controller must write at least, written directly.
+    let fair_jobs = fair_floor_jobs(&fair_ns, &run, &all_nodes, params)?;
+    fair_floor(
+        client,
+        upstream.clone(),
+        &fair_ns,
+        fair_jobs,
+        params,
+        &sampler,
+        report,
+    )
+    .await?;
 
     // ---- The operator.
     let proxy = CountingProxy::start(upstream).await?;
@@ -916,10 +911,12 @@ pub fn training_job(
     })
 }
 
-/// The pods the operator creates for the jobs (attempt 0), in the floor's namespace and
-/// without owner references, grouped by job.
+/// The uid the floors' jobs are validated with before they exist (the builders need one; the
+/// owner references that carry it are removed or replaced).
+const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
+
 /// The pods the operator would create for `attempt` of each job (attempts after 0 as restarts
-/// after a preemption), without owner references.
+/// after a preemption), in namespace `ns` and without owner references, grouped by job.
 fn floor_pods(
     jobs: &[TrainingJob],
     ns: &str,
@@ -934,7 +931,7 @@ fn floor_pods(
             let mut job = job.clone();
             job.metadata.namespace = Some(ns.to_owned());
             // Any uid: the floor pods lose their owner reference below.
-            job.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_owned());
+            job.metadata.uid = Some(PLACEHOLDER_UID.to_owned());
             let valid = validate::validate(&job).map_err(|e| Error::Build {
                 what: format!("the floor's pods of {}", job.name_any()),
                 message: e.to_string(),
@@ -950,6 +947,239 @@ fn floor_pods(
                 .collect())
         })
         .collect()
+}
+
+/// One job of the fair floor: the TrainingJob the benchmark creates, and what a correct
+/// controller must write for it at least (its Service and pods, built by the operator's own
+/// builders, and one status write).
+struct FairJob {
+    job: TrainingJob,
+    /// Without owner reference until the job exists.
+    service: Service,
+    /// Without owner references until the job exists.
+    pods: Vec<Pod>,
+}
+
+/// The fair floor's jobs in namespace `ns`: the same TrainingJobs as the operator's, with the
+/// Service and attempt-0 pods the operator would create for them.
+fn fair_floor_jobs(
+    ns: &str,
+    run: &str,
+    nodes: &[Node],
+    params: &OperatorBenchParams,
+) -> Result<Vec<FairJob>> {
+    let jobs: Vec<TrainingJob> = (0..params.jobs)
+        .map(|i| training_job(&format!("job-{i:05}"), ns, run, params))
+        .collect::<Result<_>>()?;
+    let pods = floor_pods(&jobs, ns, nodes, params, 0)?;
+    jobs.into_iter()
+        .zip(pods)
+        .map(|(job, pods)| {
+            let mut placeholder = job.clone();
+            placeholder.metadata.uid = Some(PLACEHOLDER_UID.to_owned());
+            let valid = validate::validate(&placeholder).map_err(|e| Error::Build {
+                what: format!("the fair floor's Service of {}", job.name_any()),
+                message: e.to_string(),
+            })?;
+            let mut service = service::desired_service(&valid);
+            service.metadata.owner_references = None;
+            Ok(FairJob { job, service, pods })
+        })
+        .collect()
+}
+
+/// Makes the created job the controller owner of its Service and pods, as the operator's are
+/// (an owner reference to a uid that does not exist would have the garbage collector delete
+/// them).
+fn set_owner(service: &mut Service, pods: &mut [Pod], owner: &OwnerReference) {
+    service.metadata.owner_references = Some(vec![owner.clone()]);
+    for pod in pods {
+        pod.metadata.owner_references = Some(vec![owner.clone()]);
+    }
+}
+
+/// The fair floor's one status write: a server-side apply of the least status a controller
+/// writes for a new job (Pending, attempt 0, the generation it saw).
+fn fair_status_patch(job: &TrainingJob) -> Result<serde_json::Value> {
+    let status = TrainingJobStatus {
+        phase: Some(Phase::Pending),
+        attempt: 0,
+        observed_generation: job.metadata.generation,
+        ..TrainingJobStatus::default()
+    };
+    let status = serde_json::to_value(&status).map_err(|e| Error::Build {
+        what: format!("the status of TrainingJob {}", job.name_any()),
+        message: e.to_string(),
+    })?;
+    Ok(json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "status": status,
+    }))
+}
+
+/// The fair floor's client, through its counting proxy.
+#[derive(Clone)]
+struct FairApis {
+    jobs: Api<TrainingJob>,
+    services: Api<Service>,
+    pods: Api<Pod>,
+}
+
+/// One job of the fair floor: the TrainingJob created, then at once its Service, its pods
+/// and its status write.
+async fn write_fair_job(apis: FairApis, ns: &str, fair: FairJob) -> Result<()> {
+    let FairJob {
+        job,
+        mut service,
+        mut pods,
+    } = fair;
+    let name = job.name_any();
+    let created = apis
+        .jobs
+        .create(&PostParams::default(), &job)
+        .await
+        .map_err(Error::kube(format!(
+            "fair floor: creating TrainingJob {ns}/{name}"
+        )))?;
+    let owner = created
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::Build {
+            what: format!("an owner reference to TrainingJob {ns}/{name}"),
+            message: "the created job has no name or uid".to_owned(),
+        })?;
+    set_owner(&mut service, &mut pods, &owner);
+    let status = fair_status_patch(&created)?;
+    let create_service = async {
+        apis.services
+            .create(&PostParams::default(), &service)
+            .await
+            .map(|_| ())
+            .map_err(Error::kube(format!(
+                "fair floor: creating Service {ns}/{name}"
+            )))
+    };
+    let write_status = async {
+        apis.jobs
+            .patch_status(
+                &name,
+                &PatchParams::apply(FAIR_FIELD_MANAGER).force(),
+                &Patch::Apply(&status),
+            )
+            .await
+            .map(|_| ())
+            .map_err(Error::kube(format!(
+                "fair floor: writing the status of TrainingJob {ns}/{name}"
+            )))
+    };
+    let (service, pods, status) =
+        future::join3(create_service, create_pods(&apis.pods, &pods), write_status).await;
+    service.and(pods).and(status)
+}
+
+/// The fair floor: per job, the benchmark's TrainingJob create and what a correct controller
+/// must write at least for it (Service, pods, one status write), all made directly by a
+/// minimal client through a counting proxy with `concurrency` jobs in flight. Timed by a pod
+/// watch from the first request, like the other runs; its pods are then deleted, so that the
+/// operator finds the fake nodes' GPUs free.
+async fn fair_floor(
+    client: &Client,
+    upstream: Client,
+    ns: &str,
+    jobs: Vec<FairJob>,
+    params: &OperatorBenchParams,
+    sampler: &CpuSampler,
+    report: &mut OperatorBenchReport,
+) -> Result<()> {
+    let expected = jobs.iter().map(|j| j.pods.len()).sum::<usize>() as u64;
+    let proxy = CountingProxy::start(upstream).await?;
+    let fair_client = proxy.client(ns)?;
+    let apis = FairApis {
+        jobs: Api::namespaced(fair_client.clone(), ns),
+        services: Api::namespaced(fair_client.clone(), ns),
+        pods: Api::namespaced(fair_client, ns),
+    };
+    let tracker = PodTracker::start(client, ns, true).await?;
+    tracing::info!(
+        pods = expected,
+        "fair floor: creating TrainingJobs, Services, pods and status directly"
+    );
+    let cpu0 = sampler.sample();
+    let t0 = Instant::now();
+    let results: Vec<Result<()>> = stream::iter(jobs)
+        .map(|job| write_fair_job(apis.clone(), ns, job))
+        .buffer_unordered(params.concurrency)
+        .collect()
+        .await;
+    let inputs_done = t0.elapsed().as_secs_f64();
+    results.into_iter().collect::<Result<()>>()?;
+    let mut fair = wait_created_scheduled(
+        &tracker,
+        t0,
+        expected,
+        "fair floor",
+        params.phase_timeout,
+        |_| true,
+    )
+    .await?;
+    report.cpu.insert(
+        "fair floor".to_owned(),
+        sampler.between(&cpu0, &sampler.sample()),
+    );
+    fair.requests = proxy.counts();
+    fair.peak_in_flight = proxy.take_peak_in_flight();
+    fair.inputs_done_seconds = inputs_done;
+    tracing::info!(
+        created = fair.created_seconds,
+        scheduled = fair.scheduled_seconds,
+        "fair floor done"
+    );
+    report.fair_floor = Some(fair);
+    // Free the GPUs for the operator's pods.
+    delete_pods(client, &tracker, ns, "fair floor", params.phase_timeout).await
+}
+
+/// Force-deletes every pod of a floor's namespace and waits until the watch saw them gone.
+/// One DeleteCollection of thousands of pods can outlast the API server's etcd deadline on a
+/// busy machine: it is repeated until it goes through (what it deleted before failing stays
+/// deleted).
+async fn delete_pods(
+    client: &Client,
+    tracker: &PodTracker,
+    ns: &str,
+    who: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let mut tries = 0;
+    while let Err(e) = api.delete_collection(&force, &ListParams::default()).await {
+        tries += 1;
+        if tries >= 5 {
+            return Err(Error::kube(format!(
+                "deleting the {who}'s pods in {ns} ({tries} tries)"
+            ))(e));
+        }
+        tracing::warn!(error = %e, who, "deleting a floor's pods; trying again");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tracker
+        .wait_until(
+            &format!("the {who}'s pods to be deleted"),
+            timeout,
+            |pods| {
+                let left = pods.filter(|p| !p.deleted).count();
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} left"))
+                }
+            },
+        )
+        .await
 }
 
 async fn wait_created_scheduled(
@@ -1264,5 +1494,85 @@ async fn clean_up(client: &Client, mut created: Created, report: &mut OperatorBe
     }
     if let Some(nodes) = created.nodes.take() {
         nodes.delete().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(jobs: u32, workers: u32) -> OperatorBenchParams {
+        OperatorBenchParams {
+            jobs,
+            workers,
+            nodes: 4,
+            gpus_per_worker: 1,
+            preempt: 0,
+            concurrency: 16,
+            operator_bin: PathBuf::from("trainyard-operator"),
+            phase_timeout: Duration::from_secs(60),
+            work_dir: PathBuf::from("target/bench"),
+            leader_elect: false,
+            perf_record: None,
+        }
+    }
+
+    #[test]
+    fn the_fair_floor_builds_each_job_its_service_and_pods_in_its_namespace() {
+        let jobs = fair_floor_jobs("tybench-x-fair", "x", &[], &params(3, 2)).expect("built");
+        assert_eq!(jobs.len(), 3);
+        for (i, fair) in jobs.iter().enumerate() {
+            let name = format!("job-{i:05}");
+            assert_eq!(fair.job.name_any(), name);
+            assert_eq!(fair.job.namespace().as_deref(), Some("tybench-x-fair"));
+            assert_eq!(fair.service.name_any(), name);
+            assert_eq!(fair.service.namespace().as_deref(), Some("tybench-x-fair"));
+            assert_eq!(fair.pods.len(), 2);
+            assert!(
+                fair.pods
+                    .iter()
+                    .all(|p| p.namespace().as_deref() == Some("tybench-x-fair"))
+            );
+            // No owner yet: the job's uid is only known once it is created.
+            assert!(fair.service.metadata.owner_references.is_none());
+            assert!(
+                fair.pods
+                    .iter()
+                    .all(|p| p.metadata.owner_references.is_none())
+            );
+        }
+    }
+
+    #[test]
+    fn the_created_job_owns_the_fair_floors_service_and_pods() {
+        let mut fair = fair_floor_jobs("ns", "x", &[], &params(1, 2))
+            .expect("built")
+            .remove(0);
+        let mut created = fair.job.clone();
+        created.metadata.uid = Some("6c1f2e6a-0000-4000-8000-000000000001".to_owned());
+        let owner = created.controller_owner_ref(&()).expect("name and uid");
+        set_owner(&mut fair.service, &mut fair.pods, &owner);
+        assert_eq!(
+            fair.service.metadata.owner_references,
+            Some(vec![owner.clone()])
+        );
+        for pod in &fair.pods {
+            assert_eq!(pod.metadata.owner_references, Some(vec![owner.clone()]));
+        }
+    }
+
+    #[test]
+    fn the_fair_floors_status_write_is_an_apply_of_a_pending_first_attempt() {
+        let mut job = training_job("job-00000", "ns", "x", &params(1, 2)).expect("built");
+        job.metadata.generation = Some(1);
+        let patch = fair_status_patch(&job).expect("built");
+        assert_eq!(patch["apiVersion"], "trainyard.dev/v1alpha1");
+        assert_eq!(patch["kind"], "TrainingJob");
+        assert_eq!(patch["status"]["phase"], "Pending");
+        assert_eq!(patch["status"]["attempt"], 0);
+        assert_eq!(patch["status"]["observedGeneration"], 1);
+        let status: TrainingJobStatus =
+            serde_json::from_value(patch["status"].clone()).expect("a valid status");
+        assert_eq!(status.phase, Some(Phase::Pending));
     }
 }
