@@ -12,12 +12,15 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::status_write::{StatusWrite, status_write};
+use super::status_write::{DetailBatch, StatusWrite, status_write};
 use crate::crd::{TrainingJob, TrainingJobStatus};
 
 /// How long per-worker status detail may wait to be written with other changes
 /// ([`status_write`]).
-pub(crate) const WORKER_DETAIL_BATCH: Duration = Duration::from_secs(3);
+pub(crate) const WORKER_DETAIL_BATCH: DetailBatch = DetailBatch {
+    running: Duration::from_secs(3),
+    before_running: Duration::from_secs(300),
+};
 
 /// What one reconcile knows of a job's status.
 #[derive(Clone, Debug, PartialEq)]
@@ -190,7 +193,10 @@ mod tests {
         // Only per-worker detail changed: kept, and what the next reconcile decides on.
         let detail = with_worker(&known.written, "Pending");
         let write = cache.schedule("uid-1", &known, &detail);
-        assert_eq!(write, StatusWrite::Later(WORKER_DETAIL_BATCH));
+        assert_eq!(
+            write,
+            StatusWrite::Later(WORKER_DETAIL_BATCH.before_running)
+        );
         let next = cache.current(&job);
         assert_eq!(next.current, detail);
         assert_eq!(next.written, known.written);

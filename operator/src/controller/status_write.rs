@@ -1,7 +1,20 @@
 //! When a decided status is written: an I/O batching policy of the controller's status
 //! writes.
 
-use crate::crd::TrainingJobStatus;
+use std::time::Duration;
+
+use crate::crd::{Phase, TrainingJobStatus};
+
+/// How long per-worker detail may wait to be written with other changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DetailBatch {
+    /// While the job is Running: detail there is news (a worker finished).
+    pub running: Duration,
+    /// Before it runs: the detail of pods being created and scheduled, which the write that
+    /// makes the job Running carries anyway. Only a job that stays Pending this long shows
+    /// its workers before that.
+    pub before_running: Duration,
+}
 
 /// When to write a decided status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,14 +35,17 @@ pub enum StatusWrite {
 /// per-worker detail that moves with every pod event (a pod seen, bound to a node, started):
 /// one write per worker per step would be most of the operator's API traffic (measured 4.3–4.8
 /// status writes per job while creating, and as many again while going Running), so such detail
-/// waits up to `batch`, counted from the first unwritten change (`pending_for`), and goes out in
-/// one write. The controller decides on the unwritten detail meanwhile, so a worker it has seen
-/// and that disappears is still a preemption.
+/// waits, counted from the first unwritten change (`pending_for`), and goes out in one write:
+/// before the job runs until the transition to Running carries it (one status write when the
+/// pods are created, one when they run; measured 2.8 per job going Running at 1,000 jobs with
+/// a 3 s batch), or [`DetailBatch::before_running`] at the latest; once it runs, within
+/// [`DetailBatch::running`]. The controller decides on the unwritten detail meanwhile, so a
+/// worker it has seen and that disappears is still a preemption.
 pub fn status_write(
     written: &TrainingJobStatus,
     desired: &TrainingJobStatus,
-    pending_for: Option<std::time::Duration>,
-    batch: std::time::Duration,
+    pending_for: Option<Duration>,
+    batch: DetailBatch,
 ) -> StatusWrite {
     if desired == written {
         return StatusWrite::Unchanged;
@@ -44,6 +60,10 @@ pub fn status_write(
     if !decisions_equal {
         return StatusWrite::Now;
     }
+    let batch = match desired.phase {
+        Some(Phase::Running) => batch.running,
+        _ => batch.before_running,
+    };
     match pending_for {
         Some(waited) if waited >= batch => StatusWrite::Now,
         Some(waited) => StatusWrite::Later(batch - waited),
@@ -55,9 +75,13 @@ pub fn status_write(
 mod tests {
     use super::*;
     use crate::crd::{Phase, TrainingJobStatus, WorkerStatus};
-    use std::time::Duration;
 
-    const BATCH: Duration = Duration::from_secs(3);
+    const RUNNING: Duration = Duration::from_secs(3);
+    const BEFORE: Duration = Duration::from_secs(300);
+    const BATCH: DetailBatch = DetailBatch {
+        running: RUNNING,
+        before_running: BEFORE,
+    };
 
     fn worker(rank: u32, node: Option<&str>, phase: &str) -> WorkerStatus {
         WorkerStatus {
@@ -85,27 +109,51 @@ mod tests {
         );
     }
 
+    fn running() -> TrainingJobStatus {
+        TrainingJobStatus {
+            phase: Some(Phase::Running),
+            workers: vec![worker(0, Some("n1"), "Running")],
+            ..TrainingJobStatus::default()
+        }
+    }
+
     #[test]
-    fn worker_detail_alone_waits_for_the_batch_counted_from_its_first_change() {
+    fn detail_of_a_running_job_waits_for_the_batch_counted_from_its_first_change() {
+        let mut finished = running();
+        finished.workers[0].phase = "Succeeded".to_owned();
+        assert_eq!(
+            status_write(&running(), &finished, None, BATCH),
+            StatusWrite::Later(RUNNING)
+        );
+        assert_eq!(
+            status_write(&running(), &finished, Some(Duration::from_secs(1)), BATCH),
+            StatusWrite::Later(Duration::from_secs(2))
+        );
+        assert_eq!(
+            status_write(&running(), &finished, Some(RUNNING), BATCH),
+            StatusWrite::Now
+        );
+    }
+
+    #[test]
+    fn detail_before_the_job_runs_waits_for_the_transition_that_carries_it() {
         let mut scheduled = pending();
         scheduled.workers[0].node = Some("n1".to_owned());
         assert_eq!(
             status_write(&pending(), &scheduled, None, BATCH),
-            StatusWrite::Later(BATCH)
-        );
-        assert_eq!(
-            status_write(&pending(), &scheduled, Some(Duration::from_secs(1)), BATCH),
-            StatusWrite::Later(Duration::from_secs(2))
-        );
-        assert_eq!(
-            status_write(&pending(), &scheduled, Some(BATCH), BATCH),
-            StatusWrite::Now
+            StatusWrite::Later(BEFORE)
         );
         let mut more = scheduled.clone();
         more.workers.push(worker(1, None, "Pending"));
+        // Past the running batch: still held, the job does not run yet.
         assert_eq!(
-            status_write(&pending(), &more, Some(Duration::from_secs(1)), BATCH),
-            StatusWrite::Later(Duration::from_secs(2))
+            status_write(&pending(), &more, Some(Duration::from_secs(10)), BATCH),
+            StatusWrite::Later(BEFORE - Duration::from_secs(10))
+        );
+        // A job that stays Pending shows its workers at last.
+        assert_eq!(
+            status_write(&pending(), &more, Some(BEFORE), BATCH),
+            StatusWrite::Now
         );
     }
 

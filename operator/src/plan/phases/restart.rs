@@ -157,7 +157,6 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
         exceeded,
         event,
     } = count(round, view, reason);
-    round.events.push(JobEvent::warning(event, detail.clone()));
     let next_attempt = match round.st.attempt.checked_add(1) {
         _ if spent > limit => Err((
             exceeded,
@@ -167,8 +166,9 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
         Some(next) => Ok(next),
     };
     match next_attempt {
-        Ok(next) => restart(view, round, next, reason, &detail),
+        Ok(next) => restart(view, round, next, reason, event, &detail),
         Err((why, message)) => {
+            round.events.push(JobEvent::warning(event, detail.clone()));
             round.fail(view, why, &message);
             round.record_workers(view);
             round.remove_running_pods(view);
@@ -177,8 +177,16 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
     Flow::Stop
 }
 
-/// Moves to attempt `next` and stops every pod, which is now from an older attempt.
-fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason, detail: &str) {
+/// Moves to attempt `next` and stops every pod, which is now from an older attempt. One Event
+/// says why and what follows (reason `event`: Preempted, WorkerFailed, Hang, Resumed).
+fn restart(
+    view: &View<'_>,
+    round: &mut Round,
+    next: u32,
+    reason: RestartReason,
+    event: &str,
+    detail: &str,
+) {
     let now = view.now;
     let st = &mut round.st;
     st.attempt = next;
@@ -199,9 +207,9 @@ fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason,
     } else {
         String::new()
     };
-    round.events.push(JobEvent::normal(
-        "Restarting",
-        format!("gang restart as attempt {next} with RESUME_FROM set{wait}"),
+    round.events.push(JobEvent::warning(
+        event,
+        format!("{detail}; gang restart as attempt {next} with RESUME_FROM set{wait}"),
     ));
     let preemptions = round.st.preemptions;
     let (mode, fell_back) = placement::spot_mode(view.job, preemptions);
