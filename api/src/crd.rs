@@ -20,6 +20,10 @@ pub const LABEL_JOB: &str = "trainyard.dev/job";
 pub const LABEL_RANK: &str = "trainyard.dev/rank";
 /// Label carrying the 0-based attempt on pods.
 pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
+/// Label carrying the owning job's uid on pods: with [`LABEL_ATTEMPT`], it selects one
+/// attempt of one incarnation of a job (a job deleted and created again under the same name
+/// has another uid), which lets the operator remove an attempt's pods with one request.
+pub const LABEL_JOB_UID: &str = "trainyard.dev/job-uid";
 /// The extended resource name GPUs are requested under unless `spec.gpu.resourceName` says otherwise.
 pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
 

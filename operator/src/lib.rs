@@ -43,5 +43,6 @@ pub mod rejection;
 pub mod service;
 pub mod trainer;
 pub mod validate;
+pub mod write_limit;
 
-pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, run};
+pub use controller::{DEFAULT_MAX_CONCURRENT_WRITES, ProgressServing, RunConfig, run};

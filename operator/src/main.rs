@@ -8,9 +8,8 @@ use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use trainyard_operator::config::{OperatorConfig, ProgressChannel};
 use trainyard_operator::leader::LeaderElection;
-use trainyard_operator::{
-    DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, crdgen, run,
-};
+use trainyard_operator::write_limit::LimitConfig;
+use trainyard_operator::{DEFAULT_MAX_CONCURRENT_WRITES, ProgressServing, RunConfig, crdgen, run};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,10 +62,20 @@ struct RunArgs {
     /// Seconds the Lease stays valid without renewal.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
-    /// Reconciles in flight at once (0: unbounded). Bounds the load a burst of
-    /// jobs puts on the API server and the operator's memory.
-    #[arg(long, env = "TRAINYARD_MAX_CONCURRENT_RECONCILES", default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES)]
-    max_concurrent_reconciles: u16,
+    /// Most write rounds in flight at once: the ceiling of the adaptive bound, which follows
+    /// the API server's latency and 429s (docs/operator.md). Bounds the operator's memory.
+    #[arg(
+        long,
+        alias = "max-concurrent-reconciles",
+        env = "TRAINYARD_MAX_CONCURRENT_WRITES",
+        default_value_t = DEFAULT_MAX_CONCURRENT_WRITES,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    max_concurrent_writes: u16,
+    /// Mean write latency, in milliseconds, above which the bound on write rounds shrinks.
+    #[arg(long, env = "TRAINYARD_WRITE_LATENCY_TARGET_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    write_latency_target_ms: u64,
     /// Log format.
     #[arg(long, value_enum, env = "TRAINYARD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -199,7 +208,10 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         metrics_addr: Some(args.metrics_addr),
         leader_election,
         instance: identity,
-        max_concurrent_reconciles: args.max_concurrent_reconciles,
+        write_limit: LimitConfig {
+            latency_target: std::time::Duration::from_millis(args.write_latency_target_ms),
+            ..LimitConfig::up_to(usize::from(args.max_concurrent_writes))
+        },
     };
     run(client, config, shutdown_signal()).await?;
     Ok(())

@@ -90,6 +90,23 @@ pub struct StateLabels {
     pub map: String,
 }
 
+/// Label set of the write-gate gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UrgencyLabels {
+    /// `urgent` (restarts, creates, deletes) or `routine` (status only).
+    pub urgency: String,
+}
+
+/// Registers `metric` under `name` and gives it back: metrics are handles, the clone shares
+/// the value the registry encodes.
+fn registered<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 /// The operator's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -114,6 +131,10 @@ pub struct Metrics {
     pub steps_lost: Histogram,
     /// Training steps per second of each job that reports progress.
     pub steps_per_second: Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Write rounds allowed in flight at once (the adaptive bound).
+    pub write_limit: Gauge,
+    /// Reconciles waiting for a write slot, by urgency.
+    pub write_rounds_waiting: Family<UrgencyLabels, Gauge>,
     ready: AtomicBool,
 }
 
@@ -126,75 +147,85 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric.
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let reconciles = Counter::default();
-        registry.register(
+        let mut r = Registry::default();
+        let reconciles = registered(
+            &mut r,
             "trainyard_operator_reconciles",
             "Reconciles started",
-            reconciles.clone(),
+            Counter::default(),
         );
-        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
-        registry.register(
+        let reconcile_errors = registered(
+            &mut r,
             "trainyard_operator_reconcile_errors",
             "Reconcile errors by kind",
-            reconcile_errors.clone(),
+            Family::<ErrorLabels, Counter>::default(),
         );
-        let reconcile_duration =
-            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]);
-        registry.register(
+        let reconcile_duration = registered(
+            &mut r,
             "trainyard_operator_reconcile_duration_seconds",
             "Time spent in one reconcile",
-            reconcile_duration.clone(),
+            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
         );
-        let restarts = Family::<RestartLabels, Counter>::default();
-        registry.register(
+        let restarts = registered(
+            &mut r,
             "trainyard_operator_restarts",
             "Gang restarts by reason (Preemption, Failure)",
-            restarts.clone(),
+            Family::<RestartLabels, Counter>::default(),
         );
-        let preemption_recovery = Histogram::new([
-            0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-        ]);
-        registry.register(
+        let preemption_recovery = registered(
+            &mut r,
             "trainyard_operator_preemption_recovery_seconds",
             "Seconds from a preemption being detected to the next attempt's pods being created",
-            preemption_recovery.clone(),
+            Histogram::new([
+                0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+            ]),
         );
-        let leader = Gauge::default();
-        registry.register(
+        let leader = registered(
+            &mut r,
             "trainyard_operator_leader",
             "1 while this replica reconciles (holds the leader Lease)",
-            leader.clone(),
+            Gauge::default(),
         );
-        let state_entries = Family::<StateLabels, Gauge>::default();
-        registry.register(
+        let state_entries = registered(
+            &mut r,
             "trainyard_operator_state_entries",
             "Entries the controller keeps per job, by map; back to 0 once the jobs are deleted",
-            state_entries.clone(),
+            Family::<StateLabels, Gauge>::default(),
         );
-        let progress_reports = Family::<ReportLabels, Counter>::default();
-        registry.register(
+        let progress_reports = registered(
+            &mut r,
             "trainyard_operator_progress_reports",
             "Progress reports from trainers, by outcome",
-            progress_reports.clone(),
+            Family::<ReportLabels, Counter>::default(),
         );
-        let steps_lost = Histogram::new([
-            0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
-        ]);
-        registry.register(
+        let steps_lost = registered(
+            &mut r,
             "trainyard_operator_steps_lost_per_preemption",
             "Training steps lost per preemption: the step reported before it minus the step resumed from",
-            steps_lost.clone(),
+            Histogram::new([
+                0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+            ]),
         );
-        let steps_per_second =
-            Family::<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
+        let steps_per_second = registered(
+            &mut r,
             "trainyard_operator_job_steps_per_second",
             "Training steps per second of each job that reports progress",
-            steps_per_second.clone(),
+            Family::<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
+        );
+        let write_limit = registered(
+            &mut r,
+            "trainyard_operator_write_limit",
+            "Write rounds allowed in flight at once; follows the API server's latency and 429s",
+            Gauge::default(),
+        );
+        let write_rounds_waiting = registered(
+            &mut r,
+            "trainyard_operator_write_rounds_waiting",
+            "Reconciles waiting for a write slot, by urgency (urgent: restarts and creates)",
+            Family::<UrgencyLabels, Gauge>::default(),
         );
         Self {
-            registry,
+            registry: r,
             reconciles,
             reconcile_errors,
             reconcile_duration,
@@ -205,8 +236,19 @@ impl Metrics {
             progress_reports,
             steps_lost,
             steps_per_second,
+            write_limit,
+            write_rounds_waiting,
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// The gauge of rounds waiting for a write slot at `urgency`.
+    pub fn write_rounds_waiting(&self, urgency: &str) -> Gauge {
+        self.write_rounds_waiting
+            .get_or_create(&UrgencyLabels {
+                urgency: urgency.to_owned(),
+            })
+            .clone()
     }
 
     /// Counts an error by kind.

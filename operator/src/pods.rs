@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::config::ProgressChannel;
-use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, RestartReason};
+use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_JOB_UID, LABEL_RANK, RestartReason};
 use crate::placement::Placement;
 use crate::validate::ValidJob;
 use trainyard_api::env;
@@ -81,10 +81,12 @@ pub fn trainer_env(
     env
 }
 
-/// Labels every pod of the job carries (selector of the Service, index of the operator).
-pub fn pod_labels(job: &str, rank: u32, attempt: u32) -> BTreeMap<String, String> {
+/// Labels every pod of the job carries (selector of the Service, index of the operator, and
+/// the selector that removes one attempt's pods).
+pub fn pod_labels(job: &str, uid: &str, rank: u32, attempt: u32) -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_JOB.to_owned(), job.to_owned()),
+        (LABEL_JOB_UID.to_owned(), uid.to_owned()),
         (LABEL_RANK.to_owned(), rank.to_string()),
         (LABEL_ATTEMPT.to_owned(), attempt.to_string()),
     ])
@@ -155,7 +157,7 @@ pub fn desired_pod(
     let name = job.pod_name(rank);
     let tmeta = template.metadata.clone().unwrap_or_default();
     let mut labels = tmeta.labels.unwrap_or_default();
-    labels.extend(pod_labels(&job.name, rank, attempt));
+    labels.extend(pod_labels(&job.name, &job.uid, rank, attempt));
 
     let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
     spec.hostname = Some(name.clone());
@@ -353,6 +355,10 @@ mod tests {
         assert_eq!(labels[LABEL_JOB], "train");
         assert_eq!(labels[LABEL_RANK], "1");
         assert_eq!(labels[LABEL_ATTEMPT], "3");
+        assert_eq!(
+            labels[LABEL_JOB_UID],
+            job_yaml("workers: 2\n").metadata.uid.expect("uid")
+        );
         assert_eq!(labels["app"], "from-template");
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.hostname.as_deref(), Some("train-worker-1"));

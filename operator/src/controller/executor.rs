@@ -31,7 +31,8 @@ use futures::{FutureExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
 };
 use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
 use kube::runtime::controller::Action;
@@ -42,8 +43,9 @@ use tokio::sync::mpsc;
 
 use super::FIELD_MANAGER;
 use super::events::EventBatch;
+use super::gate::WriteGate;
 use super::job_memory::JobMemory;
-use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
+use crate::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::events::JobEvent;
 use crate::expectations::{Expectations, Kind};
@@ -54,6 +56,8 @@ use crate::rejection::{self, Writes};
 /// Writes what reconciles decide, in the order above, and queues their Events.
 pub(super) struct Executor {
     client: Client,
+    /// Learns the bound on write rounds from each write's latency and 429s.
+    gate: Arc<WriteGate>,
     /// Writes the caches do not show yet, and that must not be repeated meanwhile.
     expectations: Arc<Expectations>,
     /// Events go to a publisher task ([`super::events`]).
@@ -68,6 +72,7 @@ pub(super) struct Executor {
 impl Executor {
     pub(super) fn new(
         client: Client,
+        gate: Arc<WriteGate>,
         expectations: Arc<Expectations>,
         events: mpsc::Sender<EventBatch>,
         metrics: Arc<Metrics>,
@@ -76,6 +81,7 @@ impl Executor {
     ) -> Self {
         Self {
             client,
+            gate,
             expectations,
             events,
             metrics,
@@ -124,9 +130,9 @@ impl Executor {
         let (writes, acted) =
             if decided.restart.is_some() || actions.iter().any(PlanAction::deletes) {
                 write.await?;
-                self.execute(&ns, actions).await
+                self.execute(&ns, &uid, actions).await
             } else {
-                let (wrote, acted) = future::join(write, self.execute(&ns, actions)).await;
+                let (wrote, acted) = future::join(write, self.execute(&ns, &uid, actions)).await;
                 wrote?;
                 acted
             };
@@ -201,12 +207,12 @@ impl Executor {
             "kind": TrainingJob::kind(&()),
             "status": status,
         });
-        let written = api
-            .patch_status(
+        let written = self
+            .timed(api.patch_status(
                 &name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
-            )
+            ))
             .await
             .map_err(Error::kube(format!(
                 "writing status of TrainingJob {ns}/{name}"
@@ -260,43 +266,89 @@ impl Executor {
         (kept, held)
     }
 
+    /// Awaits one API request, and tells the write gate how long it took and whether it was
+    /// throttled.
+    async fn timed<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        let started = std::time::Instant::now();
+        let result = request.await;
+        let throttled = matches!(&result, Err(kube::Error::Api(s)) if s.code == 429);
+        self.gate.sample(started.elapsed(), throttled);
+        result
+    }
+
+    /// [`Self::timed`] for an action's request, whose error is already ours.
+    async fn timed_op<T>(&self, op: future::BoxFuture<'_, Result<T, Error>>) -> Result<T, Error> {
+        let started = std::time::Instant::now();
+        let result = op.await;
+        let throttled = matches!(
+            &result,
+            Err(Error::Kube { source: kube::Error::Api(s), .. }) if s.code == 429
+        );
+        self.gate.sample(started.elapsed(), throttled);
+        result
+    }
+
     /// Carries out the actions; says what the API server accepted and rejected, and the first
-    /// error.
-    async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> (Writes, Result<(), Error>) {
+    /// error. Graceful deletes of two or more pods of one attempt go out as one DeleteCollection
+    /// selected by the job's uid and that attempt ([`attempt_groups`]).
+    async fn execute(
+        &self,
+        ns: &str,
+        job_uid: &str,
+        actions: Vec<PlanAction>,
+    ) -> (Writes, Result<(), Error>) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let (groups, actions) = attempt_groups(actions);
         let mut ops = Vec::new();
-        let mut targets = Vec::new();
+        for (attempt, names) in groups {
+            for name in &names {
+                self.expectations.expect(Kind::Pod, ns, name);
+            }
+            let request = delete_attempt(pods.clone(), ns, job_uid, attempt, names.clone());
+            ops.push((Kind::Pod, names, self.timed_op(request.boxed())));
+        }
         for action in actions {
             // Expected before the write goes out, so that its watch event cannot arrive first
             // and leave the expectation waiting for an event that already came.
             let (kind, name) = action_target(&action);
             self.expectations.expect(kind, ns, name);
-            targets.push((kind, name.to_owned()));
+            let target = name.to_owned();
             let client = self.client.clone();
-            match action {
-                PlanAction::CreateService(svc) => ops.push(create(client, ns, *svc).boxed()),
-                PlanAction::CreatePvc(claim) => ops.push(create(client, ns, *claim).boxed()),
-                PlanAction::CreatePod(pod) => ops.push(create(client, ns, *pod).boxed()),
-                PlanAction::DeletePod { name, uid } => {
-                    ops.push(delete_pod(pods.clone(), ns, name, uid, None).boxed());
+            let op = match action {
+                PlanAction::CreateService(svc) => create(client, ns, *svc).boxed(),
+                PlanAction::CreatePvc(claim) => create(client, ns, *claim).boxed(),
+                PlanAction::CreatePod(pod) => create(client, ns, *pod).boxed(),
+                PlanAction::DeletePod { name, uid, .. } => {
+                    delete_pod(pods.clone(), ns, name, uid, None).boxed()
                 }
                 PlanAction::ForceDeletePod { name, uid } => {
                     // The plan says why (a lost node has its own Warning Event; a pod whose
                     // containers have stopped needs no grace period).
                     tracing::info!(pod = %name, namespace = ns, "deleting a pod without a grace period");
-                    ops.push(delete_pod(pods.clone(), ns, name, uid, Some(0)).boxed());
+                    delete_pod(pods.clone(), ns, name, uid, Some(0)).boxed()
                 }
-            }
+            };
+            let written = {
+                let target = target.clone();
+                op.map(move |r| r.map(|wrote| if wrote { vec![target] } else { vec![] }))
+            };
+            ops.push((kind, vec![target], self.timed_op(written.boxed())));
         }
+        let (targets, requests): (Vec<_>, Vec<_>) =
+            ops.into_iter().map(|(k, n, r)| ((k, n), r)).unzip();
         let mut writes = Writes::default();
         let mut result = Ok(());
-        for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
-            // Nothing was written (already there, already gone, or failed): no event will come.
-            if !matches!(r, Ok(true)) {
-                self.expectations.observed(kind, ns, &name);
+        for (r, (kind, names)) in future::join_all(requests).await.into_iter().zip(targets) {
+            // What was not written (already there, already gone, or failed) sends no event.
+            let written: &[String] = r.as_deref().unwrap_or_default();
+            for name in names.iter().filter(|n| !written.contains(n)) {
+                self.expectations.observed(kind, ns, name);
             }
             match &r {
-                Ok(true) => writes.accepted += 1,
+                Ok(written) if !written.is_empty() => writes.accepted += 1,
                 Err(Error::Kube { action, source }) => {
                     writes.rejected.extend(rejection::rejection(action, source));
                 }
@@ -404,6 +456,69 @@ where
     }
 }
 
+/// Splits graceful deletes of two or more pods of one attempt off the actions, by attempt.
+fn attempt_groups(actions: Vec<PlanAction>) -> (Vec<(u32, Vec<String>)>, Vec<PlanAction>) {
+    let mut by_attempt: std::collections::BTreeMap<u32, usize> = Default::default();
+    for action in &actions {
+        if let PlanAction::DeletePod {
+            attempt: Some(a), ..
+        } = action
+        {
+            *by_attempt.entry(*a).or_default() += 1;
+        }
+    }
+    let mut groups: Vec<(u32, Vec<String>)> = by_attempt
+        .into_iter()
+        .filter(|&(_, n)| n >= 2)
+        .map(|(a, _)| (a, Vec::new()))
+        .collect();
+    let rest = actions
+        .into_iter()
+        .filter_map(|action| match action {
+            PlanAction::DeletePod {
+                name,
+                attempt: Some(a),
+                ..
+            } if groups.iter().any(|(g, _)| *g == a) => {
+                if let Some((_, names)) = groups.iter_mut().find(|(g, _)| *g == a) {
+                    names.push(name);
+                }
+                None
+            }
+            other => Some(other),
+        })
+        .collect();
+    (groups, rest)
+}
+
+/// Deletes every pod of one attempt of one incarnation of a job, with their grace period, in
+/// one request: the selector names the job's uid and the attempt, so no pod of another attempt
+/// (the same names are reused) or of a job created again under the same name can match, the
+/// guarantee the per-pod deletes get from their uid precondition. Gives back the names deleted.
+async fn delete_attempt(
+    pods: Api<Pod>,
+    ns: &str,
+    job_uid: &str,
+    attempt: u32,
+    names: Vec<String>,
+) -> Result<Vec<String>, Error> {
+    let selector = format!("{LABEL_JOB_UID}={job_uid},{LABEL_ATTEMPT}={attempt}");
+    let deleted = pods
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&selector),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "deleting the pods of attempt {attempt} in {ns} ({selector})"
+        )))?;
+    Ok(match deleted {
+        either::Either::Left(list) => list.items.into_iter().map(|p| p.name_any()).collect(),
+        // No list in the answer: the watch shows what went.
+        either::Either::Right(_) => names,
+    })
+}
+
 /// Deletes a pod (this incarnation only, when `uid` is given); true once it was deleted.
 async fn delete_pod(
     pods: Api<Pod>,
@@ -449,6 +564,8 @@ mod tests {
     struct Sent {
         method: String,
         path: String,
+        /// The query, percent-decoded.
+        query: String,
         /// The body, when it is JSON.
         body: Value,
     }
@@ -487,6 +604,12 @@ mod tests {
                 (200, written)
             }
             "POST" => (201, sent.body.clone()),
+            "DELETE" if sent.path == PODS => (
+                200,
+                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                       "items": [{"metadata": {"name": "train-worker-0", "namespace": "ml"}},
+                                 {"metadata": {"name": "train-worker-1", "namespace": "ml"}}]}),
+            ),
             _ => {
                 let name = sent.path.rsplit('/').next().unwrap_or_default();
                 (
@@ -510,6 +633,15 @@ mod tests {
                 let sent = Sent {
                     method: parts.method.to_string(),
                     path: parts.uri.path().to_owned(),
+                    query: parts
+                        .uri
+                        .query()
+                        .map(|q| {
+                            q.replace("%3D", "=")
+                                .replace("%2C", ",")
+                                .replace("%2F", "/")
+                        })
+                        .unwrap_or_default(),
                     body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
                 };
                 log.lock().expect("log").push(sent.clone());
@@ -537,11 +669,14 @@ mod tests {
         fn new(script: Script) -> Self {
             let (client, log) = recorded_client(script);
             let (events_tx, events) = mpsc::channel(16);
+            let metrics = Arc::new(Metrics::new());
+            let gate = WriteGate::new(crate::write_limit::LimitConfig::up_to(16), metrics.clone());
             let executor = Executor::new(
                 client,
+                gate,
                 Arc::new(Expectations::new(Duration::from_secs(15))),
                 events_tx,
-                Arc::new(Metrics::new()),
+                metrics,
                 Arc::new(JobMemory::default()),
                 reflector::store().0,
             );
@@ -604,6 +739,7 @@ mod tests {
         PlanAction::DeletePod {
             name: format!("train-worker-{rank}"),
             uid: Some(format!("uid-{rank}")),
+            attempt: None,
         }
     }
 
@@ -630,6 +766,78 @@ mod tests {
                 "/api/v1/namespaces/ml/pods/train-worker-1"
             ]
         );
+    }
+
+    fn delete_in_attempt(rank: u32, attempt: u32) -> PlanAction {
+        PlanAction::DeletePod {
+            name: format!("train-worker-{rank}"),
+            uid: Some(format!("uid-{rank}")),
+            attempt: Some(attempt),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_attempts_pods_go_with_one_request_selected_by_job_uid_and_attempt() {
+        let h = Harness::new(accept);
+        let mut plan = round(vec![
+            delete_in_attempt(0, 2),
+            delete_in_attempt(1, 2),
+            // Alone in its attempt, or without the labels: deleted by name with its uid.
+            delete_in_attempt(2, 1),
+            delete_pod(3),
+        ]);
+        plan.restart = Some(RestartReason::Preemption);
+        h.carry_out(plan, true).await.expect("round");
+        let sent = h.sent();
+        assert_eq!(sent.len(), 4, "{sent:#?}");
+        assert!(sent[0].is("PATCH", STATUS), "{sent:#?}");
+        let uid = job().metadata.uid.expect("uid");
+        let collection: Vec<&Sent> = sent.iter().filter(|s| s.is("DELETE", PODS)).collect();
+        assert_eq!(collection.len(), 1, "{sent:#?}");
+        assert!(
+            collection[0].query.contains(&format!(
+                "labelSelector=trainyard.dev/job-uid={uid},trainyard.dev/attempt=2"
+            )),
+            "{:?}",
+            collection[0].query
+        );
+        let mut by_name: Vec<&str> = sent
+            .iter()
+            .filter(|s| s.method == "DELETE" && s.path != PODS)
+            .map(|s| s.path.as_str())
+            .collect();
+        by_name.sort_unstable();
+        assert_eq!(
+            by_name,
+            [
+                format!("{PODS}/train-worker-2"),
+                format!("{PODS}/train-worker-3")
+            ]
+        );
+        // Every pod the collection deleted waits for its watch event; the others do not.
+        let ex = h.executor.expectations();
+        assert!(ex.holds(Kind::Pod, "ml", "train-worker-0").is_some());
+        assert!(ex.holds(Kind::Pod, "ml", "train-worker-1").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_pod_the_collection_did_not_delete_is_not_waited_for() {
+        fn only_worker_0(sent: &Sent) -> (u16, Value) {
+            match (sent.method.as_str(), sent.path == PODS) {
+                ("DELETE", true) => (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                           "items": [{"metadata": {"name": "train-worker-0", "namespace": "ml"}}]}),
+                ),
+                _ => accept(sent),
+            }
+        }
+        let h = Harness::new(only_worker_0);
+        let plan = round(vec![delete_in_attempt(0, 0), delete_in_attempt(1, 0)]);
+        h.carry_out(plan, true).await.expect("round");
+        let ex = h.executor.expectations();
+        assert!(ex.holds(Kind::Pod, "ml", "train-worker-0").is_some());
+        assert!(ex.holds(Kind::Pod, "ml", "train-worker-1").is_none());
     }
 
     #[tokio::test]

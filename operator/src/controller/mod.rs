@@ -33,6 +33,7 @@ use crate::progress::store::ProgressStore;
 
 mod events;
 mod executor;
+mod gate;
 pub mod job_memory;
 mod observe;
 mod progress;
@@ -62,11 +63,11 @@ pub struct RunConfig {
     pub instance: String,
     /// Serve the progress channel (`crate::progress`); None: trainers get no progress URL.
     pub progress: Option<ProgressServing>,
-    /// Reconciles in flight at once. Unbounded, a burst of jobs puts
-    /// thousands of requests in front of the API server at the same time:
-    /// every reconcile gets slower and the operator's memory grows with the
-    /// queue (measured: 1,637 requests waiting and 268 MiB at 1,000 jobs).
-    pub max_concurrent_reconciles: u16,
+    /// The bound on write rounds in flight ([`crate::write_limit`]). Unbounded, a burst of
+    /// jobs puts thousands of requests in front of the API server at the same time: every
+    /// write gets slower and the operator's memory grows with the queue (measured: 1,637
+    /// requests waiting and 268 MiB at 1,000 jobs).
+    pub write_limit: crate::write_limit::LimitConfig,
 }
 
 /// How the leader serves the progress channel.
@@ -83,8 +84,8 @@ pub struct ProgressServing {
     pub pod_ip: Option<String>,
 }
 
-/// Default for [`RunConfig::max_concurrent_reconciles`].
-pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 16;
+/// Default ceiling of [`RunConfig::write_limit`].
+pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 128;
 
 /// What every reconcile shares.
 struct Context {
@@ -93,6 +94,8 @@ struct Context {
     caches: observe::Caches,
     /// What a reconcile writes, and the Events it publishes.
     executor: executor::Executor,
+    /// Where rounds with writes wait for a slot, urgent ones first.
+    gate: Arc<gate::WriteGate>,
     /// What is kept per job between reconciles (the status cache among it), forgotten when the
     /// job goes.
     memory: Arc<JobMemory>,

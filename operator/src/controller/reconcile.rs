@@ -11,6 +11,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
+use super::gate::{Permit, Urgency};
 use super::job_memory::error_key;
 use super::status_cache::Known;
 use super::status_write::StatusWrite;
@@ -85,8 +86,6 @@ async fn reconcile_inner(
     // It may have been malformed before, and reported.
     ctx.memory.forget_malformed(&uid);
     let known = ctx.memory.status.current(job);
-    let now = Timestamp::now();
-
     let valid = match validate(job) {
         Ok(v) => {
             ctx.memory.remember_valid(&uid, obj);
@@ -94,17 +93,24 @@ async fn reconcile_inner(
         }
         Err(e) => match run_on_last_valid(ctx, &uid, e, job.metadata.generation) {
             Ok(v) => v,
-            Err(e) => return Err(reject_invalid(ctx, job, &known, e, now).await),
+            Err(e) => return Err(reject_invalid(ctx, job, &known, e, Timestamp::now()).await),
         },
     };
-    let decided = observe_and_decide(ctx, &valid, &known.current, now).await?;
-    let write = ctx.memory.status.schedule(&uid, &known, &decided.status);
+    let Round {
+        plan: decided,
+        write,
+        now,
+        permit,
+    } = decide_with_slot(ctx, job, &valid, known).await?;
     let requeue_at = decided.requeue_at;
     let follow_up = super::progress::FollowUp::of(&decided);
-    let held_for = ctx
-        .executor
-        .carry_out(job, decided, write == StatusWrite::Now, now)
-        .await?;
+    // Boxed: a reconcile waiting at the gate then holds a pointer, not the executor's state.
+    let held_for = Box::pin(
+        ctx.executor
+            .carry_out(job, decided, write == StatusWrite::Now, now),
+    )
+    .await?;
+    drop(permit);
     ctx.follow_progress(&valid, follow_up);
     let write_later = match write {
         StatusWrite::Later(after) => Some(after),
@@ -151,6 +157,71 @@ async fn reject_invalid(
     }
     ctx.executor.publish(&job.object_ref(&()), events).await;
     Error::InvalidSpec(invalid)
+}
+
+/// One decided round, and the write slot it holds when it writes.
+struct Round {
+    plan: plan::Plan,
+    write: StatusWrite,
+    now: Timestamp,
+    permit: Option<Permit>,
+}
+
+impl Round {
+    /// Whether carrying the round out sends anything to the API server (Events aside: they
+    /// go to the publisher's queue).
+    fn writes(&self) -> bool {
+        self.write == StatusWrite::Now || !self.plan.actions.is_empty()
+    }
+}
+
+/// Decides the round and, when it writes, takes a write slot for it ([`super::gate`]): at
+/// once when one is free; else after waiting behind the rounds ahead of it, and then decided
+/// again on what the caches show by then (the wait may be long, and the first decision stale).
+async fn decide_with_slot(
+    ctx: &Context,
+    job: &TrainingJob,
+    valid: &ValidJob,
+    known: Known,
+) -> Result<Round, Error> {
+    let round = decide(ctx, job, valid, &known).await?;
+    if !round.writes() {
+        return Ok(round);
+    }
+    let urgency = Urgency::of(&round.plan);
+    if let Some(permit) = ctx.gate.try_enter(urgency) {
+        return Ok(Round {
+            permit: Some(permit),
+            ..round
+        });
+    }
+    drop(round);
+    let permit = ctx.gate.enter(urgency).await;
+    let known = ctx.memory.status.current(job);
+    let round = decide(ctx, job, valid, &known).await?;
+    Ok(Round {
+        permit: Some(permit),
+        ..round
+    })
+}
+
+/// Observes and decides now, and schedules the decided status ([`super::status_cache`]).
+async fn decide(
+    ctx: &Context,
+    job: &TrainingJob,
+    valid: &ValidJob,
+    known: &Known,
+) -> Result<Round, Error> {
+    let now = Timestamp::now();
+    let plan = observe_and_decide(ctx, valid, &known.current, now).await?;
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let write = ctx.memory.status.schedule(uid, known, &plan.status);
+    Ok(Round {
+        plan,
+        write,
+        now,
+        permit: None,
+    })
 }
 
 /// Observes the job in the caches (with the placement of a half-created attempt's first pod

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 
 use super::events::{EVENT_DRAIN, EVENT_QUEUE, publish_events};
 use super::executor::Executor;
+use super::gate::WriteGate;
 use super::job_memory::JobMemory;
 use super::observe::Caches;
 use super::reconcile::{error_policy, reconcile};
@@ -244,11 +245,10 @@ pub(super) async fn run_controller(
     let memory = Arc::new(JobMemory::default());
     let progress = Arc::new(ProgressStore::default());
     let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
-    let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
-        ControllerConfig::default()
-            .debounce(Duration::from_millis(50))
-            .concurrency(config.max_concurrent_reconciles),
-    );
+    // Every triggered job is decided at once (decisions read caches only); the writes they
+    // decide queue at the write gate, restarts and creates first (`gate`).
+    let controller = Controller::for_stream(job_stream, jobs.clone())
+        .with_config(ControllerConfig::default().debounce(Duration::from_millis(50)));
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
     let claim_triggers = claim_triggers(claim_events, jobs.clone());
     let service_triggers = service_triggers(svc_events, jobs.clone());
@@ -273,8 +273,10 @@ pub(super) async fn run_controller(
     };
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
     let publisher = tokio::spawn(publish_events(client.clone(), reporter, events_rx));
+    let gate = WriteGate::new(config.write_limit, metrics.clone());
     let executor = Executor::new(
         client.clone(),
+        gate.clone(),
         expectations.clone(),
         events_tx,
         metrics.clone(),
@@ -286,6 +288,7 @@ pub(super) async fn run_controller(
         config: config.operator.clone(),
         caches,
         executor,
+        gate,
         memory,
         metrics: metrics.clone(),
         progress,

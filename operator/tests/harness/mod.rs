@@ -255,7 +255,9 @@ impl TestEnv {
             metrics_addr,
             leader_election,
             instance: format!("test-{}", self.ns),
-            max_concurrent_reconciles: trainyard_operator::DEFAULT_MAX_CONCURRENT_RECONCILES,
+            write_limit: trainyard_operator::write_limit::LimitConfig::up_to(usize::from(
+                trainyard_operator::DEFAULT_MAX_CONCURRENT_WRITES,
+            )),
         };
         let task = tokio::spawn(trainyard_operator::run(
             self.client.clone(),

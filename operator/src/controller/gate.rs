@@ -1,0 +1,310 @@
+//! The write gate: a reconcile that has decided writes waits here for a slot, restarts and
+//! creates ahead of status-only writes, and the number of slots follows the API server
+//! ([`AdaptiveLimit`]).
+//!
+//! kube-runtime's scheduler has no priorities: with a constant bound on reconciles, a burst
+//! of preemptions among 1,000 jobs waited behind thousands of reconciles that only recorded
+//! pod detail. Here every triggered job is decided at once (decisions read caches only and
+//! cost no request), and only the writes queue, by [`Urgency`].
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::metrics::Metrics;
+use crate::plan::Plan;
+use crate::write_limit::{AdaptiveLimit, Change, LimitConfig};
+
+/// Which writes go first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Urgency {
+    /// GPUs wait on it: a restart, pods to create or delete, a Service or PVC to create.
+    Urgent = 0,
+    /// A status write alone (a transition recorded, detail that waited its batch).
+    Routine = 1,
+}
+
+impl Urgency {
+    /// The urgency of a plan's writes.
+    pub(super) fn of(plan: &Plan) -> Self {
+        if plan.restart.is_some() || !plan.actions.is_empty() {
+            Self::Urgent
+        } else {
+            Self::Routine
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Urgent => "urgent",
+            Self::Routine => "routine",
+        }
+    }
+}
+
+struct Inner {
+    limit: AdaptiveLimit,
+    in_flight: usize,
+    /// Waiting rounds, by [`Urgency`] (urgent first).
+    waiting: [VecDeque<oneshot::Sender<()>>; 2],
+}
+
+/// The slots write rounds take, and the rounds waiting for one.
+pub(super) struct WriteGate {
+    inner: Mutex<Inner>,
+    metrics: Arc<Metrics>,
+}
+
+/// A slot: held while a round writes, given back when dropped.
+pub(super) struct Permit {
+    gate: Arc<WriteGate>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.gate.release();
+    }
+}
+
+/// A round waiting for a slot. Dropped after a slot was handed to it but before it took it,
+/// it gives the slot back.
+struct Waiter {
+    rx: Option<oneshot::Receiver<()>>,
+    gate: Arc<WriteGate>,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if rx.try_recv().is_ok() {
+                self.gate.release();
+            }
+        }
+    }
+}
+
+impl WriteGate {
+    pub(super) fn new(config: LimitConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+        let limit = AdaptiveLimit::new(config);
+        metrics.write_limit.set(gauge(limit.limit()));
+        Arc::new(Self {
+            inner: Mutex::new(Inner {
+                limit,
+                in_flight: 0,
+                waiting: [VecDeque::new(), VecDeque::new()],
+            }),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every update below leaves the counts consistent before anything can panic.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot now, if one is free and no round of this urgency or a higher one waits.
+    pub(super) fn try_enter(self: &Arc<Self>, urgency: Urgency) -> Option<Permit> {
+        let mut inner = self.lock();
+        let ahead = inner.waiting[..=urgency as usize]
+            .iter()
+            .any(|q| !q.is_empty());
+        if ahead || inner.in_flight >= inner.limit.limit() {
+            return None;
+        }
+        inner.in_flight += 1;
+        Some(Permit { gate: self.clone() })
+    }
+
+    /// Waits for a slot, behind every round of the same or a higher urgency.
+    pub(super) async fn enter(self: &Arc<Self>, urgency: Urgency) -> Permit {
+        if let Some(permit) = self.try_enter(urgency) {
+            return permit;
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut inner = self.lock();
+            inner.waiting[urgency as usize].push_back(tx);
+            inner.limit.saturated();
+            self.export_waiting(&inner);
+        }
+        // A slot freed between try_enter and the push must not be missed.
+        self.dispatch();
+        let mut waiter = Waiter {
+            rx: Some(rx),
+            gate: self.clone(),
+        };
+        let handed = match waiter.rx.as_mut() {
+            Some(rx) => rx.await.is_ok(),
+            None => false,
+        };
+        waiter.rx = None;
+        if !handed {
+            // The gate is gone (never while a round holds it): go on without a slot's count.
+            tracing::debug!("write gate dropped a waiting round");
+            let mut inner = self.lock();
+            inner.in_flight += 1;
+        }
+        Permit { gate: self.clone() }
+    }
+
+    /// One answered write: the limit learns from it.
+    pub(super) fn sample(&self, latency: Duration, throttled: bool) {
+        let change = {
+            let mut inner = self.lock();
+            let change = inner.limit.sample(latency, throttled);
+            if change != Change::Kept {
+                self.metrics.write_limit.set(gauge(inner.limit.limit()));
+            }
+            change
+        };
+        match change {
+            Change::Raised(_) => self.dispatch(),
+            Change::Lowered(limit) => {
+                tracing::debug!(limit, throttled, ?latency, "write limit lowered");
+            }
+            Change::Kept => {}
+        }
+    }
+
+    fn release(&self) {
+        {
+            let mut inner = self.lock();
+            inner.in_flight = inner.in_flight.saturating_sub(1);
+        }
+        self.dispatch();
+    }
+
+    /// Hands free slots to waiting rounds, urgent first.
+    fn dispatch(&self) {
+        let mut inner = self.lock();
+        while inner.in_flight < inner.limit.limit() {
+            let Some(tx) = inner.waiting.iter_mut().find_map(VecDeque::pop_front) else {
+                break;
+            };
+            // A waiter that is gone (its reconcile was cancelled) takes no slot.
+            if tx.send(()).is_ok() {
+                inner.in_flight += 1;
+            }
+        }
+        self.export_waiting(&inner);
+    }
+
+    fn export_waiting(&self, inner: &Inner) {
+        for urgency in [Urgency::Urgent, Urgency::Routine] {
+            self.metrics
+                .write_rounds_waiting(urgency.as_str())
+                .set(gauge(inner.waiting[urgency as usize].len()));
+        }
+    }
+
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize, [usize; 2]) {
+        let inner = self.lock();
+        (
+            inner.limit.limit(),
+            inner.in_flight,
+            [inner.waiting[0].len(), inner.waiting[1].len()],
+        )
+    }
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    fn gate(initial: usize) -> Arc<WriteGate> {
+        WriteGate::new(
+            LimitConfig {
+                min: 1,
+                max: 8,
+                initial,
+                latency_target: Duration::from_secs(1),
+            },
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    #[tokio::test]
+    async fn urgent_rounds_take_freed_slots_before_routine_rounds_that_waited_longer() {
+        let g = gate(1);
+        let held = g.enter(Urgency::Routine).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (name, urgency) in [
+            ("routine-1", Urgency::Routine),
+            ("routine-2", Urgency::Routine),
+            ("urgent", Urgency::Urgent),
+        ] {
+            let (g, order) = (g.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = g.enter(urgency).await;
+                order.lock().expect("order").push(name);
+            }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(g.counts(), (1, 1, [1, 2]));
+        drop(held);
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(
+            *order.lock().expect("order"),
+            vec!["urgent", "routine-1", "routine-2"]
+        );
+        assert_eq!(g.counts().1, 0, "every slot given back");
+    }
+
+    #[tokio::test]
+    async fn a_round_never_jumps_the_queue_of_its_own_urgency() {
+        let g = gate(1);
+        let held = g.enter(Urgency::Urgent).await;
+        let mut waiting = Box::pin(g.enter(Urgency::Urgent));
+        assert!((&mut waiting).now_or_never().is_none());
+        drop(held);
+        // The slot went to the waiter: a newcomer does not get it.
+        assert!(g.try_enter(Urgency::Urgent).is_none());
+        let permit = waiting.await;
+        assert_eq!(g.counts(), (1, 1, [0, 0]));
+        drop(permit);
+        assert!(g.try_enter(Urgency::Routine).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_waiter_gives_back_the_slot_it_was_handed() {
+        let g = gate(1);
+        let held = g.enter(Urgency::Urgent).await;
+        let mut waiting = Box::pin(g.enter(Urgency::Routine));
+        assert!((&mut waiting).now_or_never().is_none());
+        drop(held); // hands the slot to the waiter, which never takes it
+        drop(waiting);
+        assert_eq!(g.counts(), (1, 0, [0, 0]));
+        // And one cancelled before any slot came is skipped.
+        let held = g.enter(Urgency::Urgent).await;
+        let mut gone = Box::pin(g.enter(Urgency::Urgent));
+        assert!((&mut gone).now_or_never().is_none());
+        drop(gone);
+        drop(held);
+        assert_eq!(g.counts(), (1, 0, [0, 0]));
+    }
+
+    #[tokio::test]
+    async fn a_raised_limit_lets_waiting_rounds_in_at_once() {
+        let g = gate(1);
+        let _held = g.enter(Urgency::Urgent).await;
+        let mut waiting = Box::pin(g.enter(Urgency::Routine));
+        assert!((&mut waiting).now_or_never().is_none());
+        for _ in 0..8 {
+            g.sample(Duration::from_millis(1), false);
+        }
+        assert_eq!(g.counts().0, 2);
+        assert!((&mut waiting).now_or_never().is_some());
+    }
+}

@@ -1,0 +1,246 @@
+//! How many write rounds may be in flight at once: a bound that follows the API server.
+//!
+//! A constant bound is wrong both ways: at 1,000 jobs on a busy API server a burst of
+//! restarts waited behind 16 slots while the server could answer more, and an unbounded
+//! operator once put 1,637 requests in front of it at once (268 MiB). [`AdaptiveLimit`]
+//! learns the bound from the operator's own writes, additive increase and multiplicative
+//! decrease (AIMD) over windows of answered writes:
+//!
+//! - a write throttled with 429 halves the bound at once;
+//! - a window whose mean latency exceeds the target cuts it by a quarter: the server is
+//!   queueing our writes, and more of them in flight would only wait longer;
+//! - a window in which writes had to wait for a slot, answered within the target, raises it
+//!   (by a quarter while the mean is under half the target, by one otherwise). A window in
+//!   which no write waited leaves it alone, so that a quiet period does not inflate a bound
+//!   that was never tried.
+//!
+//! Pure: the clock is the caller's ([`super::controller`]'s write gate feeds it).
+
+use std::time::Duration;
+
+/// Fewest samples that close a window (a window is as long as the bound, at least this).
+const MIN_WINDOW: u32 = 8;
+
+/// The bounds the limit moves within.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitConfig {
+    /// Never fewer write rounds in flight than this.
+    pub min: usize,
+    /// Never more than this (the memory bound).
+    pub max: usize,
+    /// Where the limit starts.
+    pub initial: usize,
+    /// Mean write latency above which the server is taken to be queueing our writes.
+    pub latency_target: Duration,
+}
+
+impl LimitConfig {
+    /// A config with `max` as the ceiling and the defaults for the rest.
+    pub fn up_to(max: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            min: DEFAULT_MIN.min(max),
+            max,
+            initial: DEFAULT_INITIAL.min(max),
+            latency_target: DEFAULT_LATENCY_TARGET,
+        }
+    }
+}
+
+/// Default floor of the limit.
+pub const DEFAULT_MIN: usize = 4;
+/// Where the limit starts by default (the constant bound it replaces).
+pub const DEFAULT_INITIAL: usize = 16;
+/// Default latency target: about one second of our writes queued at the API server.
+pub const DEFAULT_LATENCY_TARGET: Duration = Duration::from_secs(1);
+
+/// The samples of the window being filled.
+#[derive(Clone, Copy, Debug, Default)]
+struct Window {
+    samples: u32,
+    total: Duration,
+    /// A write round waited for a slot while this window filled.
+    saturated: bool,
+}
+
+/// The current bound on write rounds in flight, and what it learns from.
+#[derive(Clone, Debug)]
+pub struct AdaptiveLimit {
+    config: LimitConfig,
+    limit: usize,
+    window: Window,
+}
+
+/// What a closed window did to the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Raised to this.
+    Raised(usize),
+    /// Lowered to this.
+    Lowered(usize),
+    /// Left as it was.
+    Kept,
+}
+
+impl AdaptiveLimit {
+    /// A limit at `config.initial`, clamped into `[min, max]`.
+    pub fn new(config: LimitConfig) -> Self {
+        let max = config.max.max(1);
+        let min = config.min.clamp(1, max);
+        let config = LimitConfig {
+            min,
+            max,
+            initial: config.initial.clamp(min, max),
+            ..config
+        };
+        Self {
+            limit: config.initial,
+            config,
+            window: Window::default(),
+        }
+    }
+
+    /// Write rounds allowed in flight now.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The bounds it moves within.
+    pub fn config(&self) -> &LimitConfig {
+        &self.config
+    }
+
+    /// A write round had to wait for a slot.
+    pub fn saturated(&mut self) {
+        self.window.saturated = true;
+    }
+
+    /// One answered write: how long it took, and whether the server throttled it (429).
+    pub fn sample(&mut self, latency: Duration, throttled: bool) -> Change {
+        if throttled {
+            self.window = Window::default();
+            return self.set((self.limit / 2).max(self.config.min));
+        }
+        let w = &mut self.window;
+        w.samples += 1;
+        w.total = w.total.saturating_add(latency);
+        let size = u32::try_from(self.limit)
+            .unwrap_or(u32::MAX)
+            .max(MIN_WINDOW);
+        if w.samples < size {
+            return Change::Kept;
+        }
+        let window = std::mem::take(&mut self.window);
+        let mean = window.total / window.samples;
+        let target = self.config.latency_target;
+        let next = if mean > target {
+            self.limit - self.limit / 4
+        } else if !window.saturated {
+            self.limit
+        } else if mean < target / 2 {
+            self.limit + (self.limit / 4).max(1)
+        } else {
+            self.limit + 1
+        };
+        self.set(next.clamp(self.config.min, self.config.max))
+    }
+
+    fn set(&mut self, next: usize) -> Change {
+        let before = self.limit;
+        self.limit = next;
+        match next.cmp(&before) {
+            std::cmp::Ordering::Greater => Change::Raised(next),
+            std::cmp::Ordering::Less => Change::Lowered(next),
+            std::cmp::Ordering::Equal => Change::Kept,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn config() -> LimitConfig {
+        LimitConfig {
+            min: 4,
+            max: 64,
+            initial: 16,
+            latency_target: 1000 * MS,
+        }
+    }
+
+    /// Feeds one whole window of `latency` samples, saturated or not; the last change.
+    fn window(limit: &mut AdaptiveLimit, latency: Duration, saturated: bool) -> Change {
+        let size = limit.limit().max(MIN_WINDOW as usize);
+        let mut last = Change::Kept;
+        for _ in 0..size {
+            if saturated {
+                limit.saturated();
+            }
+            last = limit.sample(latency, false);
+        }
+        last
+    }
+
+    #[test]
+    fn fast_answers_while_rounds_wait_raise_the_limit_by_a_quarter_then_by_one() {
+        let mut l = AdaptiveLimit::new(config());
+        assert_eq!(window(&mut l, 100 * MS, true), Change::Raised(20));
+        assert_eq!(window(&mut l, 100 * MS, true), Change::Raised(25));
+        // Within the target but over half of it: one more.
+        assert_eq!(window(&mut l, 700 * MS, true), Change::Raised(26));
+    }
+
+    #[test]
+    fn nothing_waiting_means_nothing_learned() {
+        let mut l = AdaptiveLimit::new(config());
+        assert_eq!(window(&mut l, MS, false), Change::Kept);
+        assert_eq!(l.limit(), 16);
+    }
+
+    #[test]
+    fn slow_answers_cut_the_limit_by_a_quarter_down_to_the_floor() {
+        let mut l = AdaptiveLimit::new(config());
+        assert_eq!(window(&mut l, 1500 * MS, true), Change::Lowered(12));
+        assert_eq!(window(&mut l, 1500 * MS, false), Change::Lowered(9));
+        for _ in 0..10 {
+            window(&mut l, 5000 * MS, true);
+        }
+        assert_eq!(l.limit(), 4);
+    }
+
+    #[test]
+    fn a_throttled_write_halves_the_limit_at_once_and_starts_a_new_window() {
+        let mut l = AdaptiveLimit::new(config());
+        for _ in 0..15 {
+            l.saturated();
+            assert_eq!(l.sample(10 * MS, false), Change::Kept);
+        }
+        assert_eq!(l.sample(10 * MS, true), Change::Lowered(8));
+        // The fifteen fast samples before the 429 are forgotten: a window of 8 starts anew.
+        for _ in 0..7 {
+            assert_eq!(l.sample(10 * MS, false), Change::Kept);
+        }
+        l.saturated();
+        assert_eq!(l.sample(10 * MS, false), Change::Raised(10));
+    }
+
+    #[test]
+    fn the_limit_stays_within_its_bounds_and_bad_configs_are_clamped() {
+        let mut l = AdaptiveLimit::new(config());
+        for _ in 0..40 {
+            window(&mut l, MS, true);
+        }
+        assert_eq!(l.limit(), 64);
+        let l = AdaptiveLimit::new(LimitConfig {
+            min: 0,
+            max: 0,
+            initial: 99,
+            latency_target: MS,
+        });
+        assert_eq!((l.limit(), l.config().min, l.config().max), (1, 1, 1));
+        assert_eq!(LimitConfig::up_to(2).initial, 2);
+    }
+}
