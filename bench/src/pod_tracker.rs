@@ -1,5 +1,5 @@
-//! Watches the pods of one namespace and notes when each was first seen and first seen
-//! scheduled, so that the floor and the operator are timed by the same observer.
+//! Watches the pods of one namespace and notes when each was first seen, first seen scheduled
+//! and seen deleted, so that the floor and the operator are timed by the same observer.
 //!
 //! The fake nodes have no kubelet, so the tracker can also play the kubelet's part in pod
 //! deletion: a pod that gets a deletionTimestamp is deleted at once with grace period 0 (the
@@ -37,8 +37,8 @@ pub struct PodRecord {
     pub seen: Instant,
     /// When the watch first reported it with spec.nodeName set.
     pub scheduled: Option<Instant>,
-    /// Whether the watch reported its deletion.
-    pub deleted: bool,
+    /// When the watch reported its deletion.
+    pub deleted: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -89,7 +89,7 @@ impl PodTracker {
                             watcher::Event::Delete(p) => {
                                 observe(&mut st, &p, now, false);
                                 if let Some(r) = p.uid().and_then(|u| st.pods.get_mut(&u)) {
-                                    r.deleted = true;
+                                    r.deleted.get_or_insert(now);
                                 }
                             }
                             watcher::Event::InitDone => st.synced = true,
@@ -180,7 +180,7 @@ fn observe(
         attempt: pod.labels().get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
         seen: now,
         scheduled: None,
-        deleted: false,
+        deleted: None,
     });
     if scheduled && record.scheduled.is_none() {
         record.scheduled = Some(now);

@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::proxy::RequestCounts;
-use crate::scenario::{OperatorBenchReport, Throughput};
+use crate::recovery_stages::{RecoveryStages, StageSeconds};
+use crate::scenario::{OperatorBenchReport, Recovery, Throughput};
 
 /// operator / floor ratio target.
 pub const RATIO_TARGET: f64 = 1.3;
@@ -342,6 +343,95 @@ fn throughput_table(out: &mut String, r: &OperatorBenchReport) {
     );
 }
 
+/// One stage of the recovery, as a row of the stages table.
+struct StageRow {
+    label: &'static str,
+    holds: &'static str,
+    get: fn(&RecoveryStages) -> Option<StageSeconds>,
+    /// Whether the restart floor has the stage (it decides nothing).
+    in_floor: bool,
+}
+
+const STAGE_ROWS: [StageRow; 4] = [
+    StageRow {
+        label: "1. preemption → restart decided (the operator's `gang restart` log line)",
+        holds: "watch lag + queueing + decision",
+        get: |s| s.preempted_to_decided,
+        in_floor: false,
+    },
+    StageRow {
+        label: "2. restart decided → last pod of the old attempt gone",
+        holds: "the status write + the delete requests + the grace period the bench finishes at once + watch lag",
+        get: |s| s.decided_to_old_gone,
+        in_floor: false,
+    },
+    StageRow {
+        label: "1 + 2. preemption → last pod of the old attempt gone",
+        holds: "both of the above (the restart floor: the preemption and delete requests + watch lag)",
+        get: |s| s.preempted_to_old_gone,
+        in_floor: true,
+    },
+    StageRow {
+        label: "3. old attempt gone → every pod of the next attempt created",
+        holds: "queueing at the operator + the create requests + watch lag (the restart floor: the create requests + watch lag)",
+        get: |s| s.old_gone_to_created,
+        in_floor: true,
+    },
+];
+
+/// p50, p99 and "jobs of preempted" of one stage of one side, or why they are missing.
+fn stage_cells(side: Option<&Recovery>, row: &StageRow, applies: bool) -> [String; 3] {
+    let dash = || ["—".to_owned(), "—".to_owned(), "—".to_owned()];
+    if !applies {
+        return dash();
+    }
+    let Some(rec) = side else {
+        return dash();
+    };
+    let Some(stages) = &rec.stages else {
+        // A report from before the stages were measured.
+        return [
+            NOT_MEASURED.to_owned(),
+            NOT_MEASURED.to_owned(),
+            "—".to_owned(),
+        ];
+    };
+    match (row.get)(stages) {
+        Some(st) => [
+            s(st.p50_seconds),
+            s(st.p99_seconds),
+            format!("{} of {}", st.jobs, rec.preempted),
+        ],
+        None => [
+            "—".to_owned(),
+            "—".to_owned(),
+            format!("0 of {}", rec.preempted),
+        ],
+    }
+}
+
+/// Where each job's recovery goes, stage by stage, the operator beside the restart floor.
+/// Nothing for reports from before the stages were measured.
+fn stages_table(out: &mut String, op: &Recovery, floor: Option<&Recovery>) {
+    if op.stages.is_none() && floor.and_then(|f| f.stages.as_ref()).is_none() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Where each job's recovery goes, stage by stage: p50 and p99 over the jobs each stage could be measured for (\"jobs\"). Stage 1 ends at the operator's `gang restart` log line (an operator that does not log it leaves stages 1 and 2 out); the pod watch ends stages 2 and 3. The restart floor decides nothing: it has stages 1 + 2 only together.\n\n| stage | what it holds | operator p50 | operator p99 | jobs | restart floor p50 | restart floor p99 | jobs |\n|---|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for row in &STAGE_ROWS {
+        let [op50, op99, opn] = stage_cells(Some(op), row, true);
+        let [f50, f99, fnn] = stage_cells(floor, row, row.in_floor);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {op50} | {op99} | {opn} | {f50} | {f99} | {fnn} |",
+            row.label, row.holds
+        );
+    }
+    out.push('\n');
+}
+
 /// The run as a markdown section.
 pub fn markdown(r: &OperatorBenchReport) -> String {
     let mut out = String::new();
@@ -398,6 +488,7 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
                 rec.p99_seconds / floor.p99_seconds.max(f64::EPSILON),
             );
         }
+        stages_table(&mut out, rec, r.floor_recovery.as_ref());
     }
 
     if let Some(u) = &r.usage {
@@ -489,6 +580,7 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recovery_stages::{RecoveryStages, StageSeconds};
     use crate::scenario::{OperatorUsage, Recovery};
 
     fn timed(seconds: f64) -> Throughput {
@@ -652,6 +744,92 @@ mod tests {
         );
     }
 
+    fn stage(jobs: u32, p50: f64, p99: f64) -> Option<StageSeconds> {
+        Some(StageSeconds {
+            jobs,
+            p50_seconds: p50,
+            p99_seconds: p99,
+        })
+    }
+
+    /// A run whose operator logged 9 of its 10 decisions, beside a restart floor.
+    fn staged_report() -> OperatorBenchReport {
+        let mut r = report(1.0, 1.0, 1.0, 10);
+        r.preempt = 10;
+        r.recovery = Some(Recovery {
+            stages: Some(RecoveryStages {
+                preempted_to_decided: stage(9, 0.1, 0.3),
+                decided_to_old_gone: stage(9, 0.4, 0.6),
+                preempted_to_old_gone: stage(10, 0.5, 0.9),
+                old_gone_to_created: stage(10, 0.2, 0.25),
+            }),
+            ..recovery(10, 1.2)
+        });
+        r.floor_recovery = Some(Recovery {
+            stages: Some(RecoveryStages {
+                preempted_to_old_gone: stage(10, 0.05, 0.08),
+                old_gone_to_created: stage(10, 0.03, 0.04),
+                ..RecoveryStages::default()
+            }),
+            ..recovery(10, 0.2)
+        });
+        r
+    }
+
+    #[test]
+    fn markdown_splits_the_recovery_into_stages_beside_the_restart_floor() {
+        let md = markdown(&staged_report());
+        assert!(
+            md.contains("| 1. preemption → restart decided (the operator's `gang restart` log line) | watch lag + queueing + decision | 0.10 s | 0.30 s | 9 of 10 | — | — | — |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 2. restart decided → last pod of the old attempt gone | the status write + the delete requests + the grace period the bench finishes at once + watch lag | 0.40 s | 0.60 s | 9 of 10 | — | — | — |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 0.50 s | 0.90 s | 10 of 10 | 0.05 s | 0.08 s | 10 of 10 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 3. old attempt gone → every pod of the next attempt created | queueing at the operator + the create requests + watch lag"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 0.20 s | 0.25 s | 10 of 10 | 0.03 s | 0.04 s | 10 of 10 |"),
+            "{md}"
+        );
+        // The table follows the recovery paragraphs.
+        let para = md.find("**Preemption recovery**").expect("paragraph");
+        let table = md.find("| stage | what it holds |").expect("table");
+        assert!(para < table, "{md}");
+    }
+
+    #[test]
+    fn a_stage_no_job_could_be_measured_for_says_so() {
+        let mut r = staged_report();
+        if let Some(s) = r.recovery.as_mut().and_then(|x| x.stages.as_mut()) {
+            s.preempted_to_decided = None;
+            s.decided_to_old_gone = None;
+        }
+        let md = markdown(&r);
+        assert!(
+            md.contains("watch lag + queueing + decision | — | — | 0 of 10 | — | — | — |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn the_stages_survive_a_json_round_trip() {
+        let r = staged_report();
+        let json = serde_json::to_string(&r).expect("serialises");
+        let back: OperatorBenchReport = serde_json::from_str(&json).expect("parses");
+        assert_eq!(
+            back.recovery.and_then(|x| x.stages),
+            r.recovery.and_then(|x| x.stages)
+        );
+    }
+
     /// A report written before the fair floor existed (no `fair_floor` and none of the other
     /// later fields).
     const OLD_REPORT: &str = r#"{
@@ -671,6 +849,7 @@ mod tests {
     fn an_old_report_without_the_fair_floor_renders_it_as_not_measured() {
         let r: OperatorBenchReport = serde_json::from_str(OLD_REPORT).expect("old JSON parses");
         assert!(r.fair_floor.is_none());
+        assert!(r.recovery.as_ref().is_some_and(|x| x.stages.is_none()));
         let t = targets(&r);
         assert_eq!(check(&t, FAIR).measured, "not measured");
         assert_eq!(check(&t, FAIR).met, None);
@@ -687,5 +866,6 @@ mod tests {
             ),
             "{md}"
         );
+        assert!(!md.contains("| stage | what it holds |"), "{md}");
     }
 }

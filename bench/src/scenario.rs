@@ -32,6 +32,7 @@ use crate::fake_nodes::{FakeNodes, GPU_PRODUCT, GPUS_PER_NODE, LABEL_RUN, TAINT_
 use crate::operator_process::{OperatorProcess, ProcessUsage, metric_value};
 use crate::pod_tracker::{PodRecord, PodTracker};
 use crate::proxy::{CountingProxy, RequestCounts};
+use crate::recovery_stages::{self, ClockPair, NEXT_ATTEMPT, RecoveryStages};
 use crate::stats::percentile;
 
 /// The PVC every benchmark job mounts as its checkpoint volume (`spec.checkpoint.existingClaim`):
@@ -151,6 +152,9 @@ pub struct Recovery {
     /// The operator's own view (`trainyard_operator_preemption_recovery_seconds` mean):
     /// from its detection, not from the preemption.
     pub operator_histogram_mean_seconds: Option<f64>,
+    /// Where the seconds went, stage by stage (None in reports from before it was measured).
+    #[serde(default)]
+    pub stages: Option<RecoveryStages>,
 }
 
 impl Recovery {
@@ -167,6 +171,7 @@ impl Recovery {
             p99_seconds: percentile(&seconds, 99.0),
             max_seconds: seconds.last().copied().unwrap_or_default(),
             operator_histogram_mean_seconds,
+            stages: None,
         }
     }
 }
@@ -445,7 +450,9 @@ async fn phases(
                     "the restart floor's pods to be scheduled",
                     params.phase_timeout,
                     |pods| {
-                        let left = pods.filter(|p| !p.deleted && p.scheduled.is_none()).count();
+                        let left = pods
+                            .filter(|p| p.deleted.is_none() && p.scheduled.is_none())
+                            .count();
                         if left == 0 {
                             Ok(())
                         } else {
@@ -454,8 +461,16 @@ async fn phases(
                     },
                 )
                 .await?;
-            let floor_recovery =
+            let mut floor_recovery =
                 Recovery::from_seconds(params.preempt, recovered.into_values().collect(), None);
+            // The floor decides nothing: no decision instants, no log.
+            floor_recovery.stages =
+                Some(RecoveryStages::from_timelines(&recovery_stages::timelines(
+                    &tracker.records(),
+                    &restarted,
+                    &HashMap::new(),
+                    params.workers,
+                )));
             tracing::info!(
                 p50 = floor_recovery.p50_seconds,
                 p99 = floor_recovery.p99_seconds,
@@ -577,7 +592,7 @@ async fn phases(
         let pods: Vec<String> = tracker
             .records()
             .into_iter()
-            .filter(|p| !p.deleted)
+            .filter(|p| p.deleted.is_none())
             .map(|p| p.name)
             .collect();
         report_running(client, &op_ns, pods, params.concurrency).await?;
@@ -590,6 +605,8 @@ async fn phases(
         // ---- K workers of K jobs preempted at once.
         tracing::info!(preempt = params.preempt, "preempting workers");
         let cpu0 = sampler.sample();
+        // The operator's log lines carry wall-clock times; this pair converts them.
+        let clock = ClockPair::now();
         let preempted = preempt(client, &op_ns, params).await?;
         let recovered =
             wait_recovered(&tracker, &preempted, params.workers, params.phase_timeout).await?;
@@ -612,8 +629,17 @@ async fn phases(
             (Some(sum), Some(count)) if count > 0.0 => Some(sum / count),
             _ => None,
         };
-        let recovery =
+        let mut recovery =
             Recovery::from_seconds(params.preempt, recovered.into_values().collect(), hist_mean);
+        recovery.stages = Some(operator_stages(
+            &tracker.records(),
+            &preempted,
+            &log,
+            &op_ns,
+            clock,
+            params.workers,
+            &mut report.warnings,
+        ));
         tracing::info!(
             p50 = recovery.p50_seconds,
             p99 = recovery.p99_seconds,
@@ -1171,7 +1197,7 @@ async fn delete_pods(
             &format!("the {who}'s pods to be deleted"),
             timeout,
             |pods| {
-                let left = pods.filter(|p| !p.deleted).count();
+                let left = pods.filter(|p| p.deleted.is_none()).count();
                 if left == 0 {
                     Ok(())
                 } else {
@@ -1397,6 +1423,34 @@ async fn restart_directly(
     future::join_all(burst).await.into_iter().collect()
 }
 
+/// The operator's recovery stages: the pod watch's records and the restart decisions in its
+/// log. A log that cannot be read leaves the decision out (with a warning), never the run.
+fn operator_stages(
+    records: &[PodRecord],
+    preempted: &HashMap<String, Instant>,
+    log: &std::path::Path,
+    ns: &str,
+    clock: ClockPair,
+    workers: u32,
+    warnings: &mut Vec<String>,
+) -> RecoveryStages {
+    let decided = match std::fs::read(log) {
+        Ok(bytes) => {
+            recovery_stages::decisions(&String::from_utf8_lossy(&bytes), ns, NEXT_ATTEMPT, clock)
+        }
+        Err(e) => {
+            warnings.push(format!(
+                "reading the operator's log {} for its restart decisions: {e}; the recovery breakdown leaves out the stages that need them",
+                log.display()
+            ));
+            HashMap::new()
+        }
+    };
+    RecoveryStages::from_timelines(&recovery_stages::timelines(
+        records, preempted, &decided, workers,
+    ))
+}
+
 /// Seconds from each job's preemption to every pod of its attempt 1 seen created.
 async fn wait_recovered(
     tracker: &PodTracker,
@@ -1415,7 +1469,7 @@ async fn wait_recovered(
                     let Some(job) = p.job.as_ref().filter(|j| jobs.contains(j)) else {
                         continue;
                     };
-                    if p.attempt != Some(1) {
+                    if p.attempt != Some(NEXT_ATTEMPT) {
                         continue;
                     }
                     let e = latest.entry(job.as_str()).or_insert((0, p.seen));
