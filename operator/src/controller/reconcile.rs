@@ -195,7 +195,8 @@ async fn decide_with_slot(
             ..round
         });
     }
-    drop(round);
+    // Nothing of the first decision is kept while waiting: the memory of waiting reconciles.
+    drop((round, known));
     let permit = ctx.gate.enter(urgency).await;
     let known = ctx.memory.status.current(job);
     let round = decide(ctx, job, valid, &known).await?;
@@ -235,7 +236,7 @@ async fn observe_and_decide(
     let mut observed = ctx.caches.observe(valid, current, now);
     observed.progress = ctx.observe_progress(valid);
     ctx.caches
-        .read_sibling_placement(valid, current.attempt, &mut observed)
+        .read_sibling_placement(valid, current, &mut observed)
         .await?;
     Ok(plan::decide(valid, &observed, current, &ctx.config))
 }
