@@ -1,7 +1,9 @@
 //! The Event publisher: a task of its own, so that a reconcile never waits for Events (they are
-//! API writes too) before it frees its slot.
+//! API writes too) before it frees its slot. Each batch takes a routine slot at the write gate,
+//! so that in a burst Events wait behind the writes that restart and create pods.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -9,6 +11,7 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
+use super::gate::{Urgency, WriteGate};
 use crate::events::{EventKind, JobEvent};
 
 /// Event batches (one per reconcile) waiting to be published.
@@ -30,13 +33,16 @@ pub(super) type EventBatch = (ObjectReference, Vec<JobEvent>);
 pub(super) async fn publish_events(
     client: Client,
     reporter: Reporter,
+    gate: Arc<WriteGate>,
     mut batches: mpsc::Receiver<EventBatch>,
 ) {
     let batches = stream::poll_fn(move |cx| batches.poll_recv(cx));
     batches
         .for_each_concurrent(EVENT_PUBLISHERS, |(reference, events)| {
             let recorder = Recorder::new(client.clone(), reporter.clone());
+            let gate = gate.clone();
             async move {
+                let _slot = gate.enter(Urgency::Routine).await;
                 for e in events {
                     let event = Event {
                         type_: match e.kind {
@@ -48,7 +54,11 @@ pub(super) async fn publish_events(
                         action: "Reconcile".to_owned(),
                         secondary: None,
                     };
-                    if let Err(err) = recorder.publish(&event, &reference).await {
+                    let started = Instant::now();
+                    let result = recorder.publish(&event, &reference).await;
+                    let throttled = matches!(&result, Err(kube::Error::Api(s)) if s.code == 429);
+                    gate.sample(started.elapsed(), throttled);
+                    if let Err(err) = result {
                         tracing::warn!(error = %err, reason = %e.reason, "publishing an Event");
                     }
                 }

@@ -85,7 +85,7 @@ pub struct ProgressServing {
 }
 
 /// Default ceiling of [`RunConfig::write_limit`].
-pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 128;
+pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 32;
 
 /// What every reconcile shares.
 struct Context {

@@ -226,6 +226,12 @@ fn watch_jobs(
     (store, stream)
 }
 
+/// Reconciles in flight for a ceiling of `max_writes` write rounds: four deciding or waiting
+/// for each that may write.
+fn reconciles_in_flight(max_writes: usize) -> u16 {
+    u16::try_from(max_writes.saturating_mul(4)).unwrap_or(u16::MAX)
+}
+
 /// Builds the watches and the Controller and runs it until `stop` completes.
 pub(super) async fn run_controller(
     client: Client,
@@ -245,10 +251,15 @@ pub(super) async fn run_controller(
     let memory = Arc::new(JobMemory::default());
     let progress = Arc::new(ProgressStore::default());
     let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
-    // Every triggered job is decided at once (decisions read caches only); the writes they
-    // decide queue at the write gate, restarts and creates first (`gate`).
-    let controller = Controller::for_stream(job_stream, jobs.clone())
-        .with_config(ControllerConfig::default().debounce(Duration::from_millis(50)));
+    // Triggered jobs are decided at once (decisions read caches only), up to a few times as many
+    // as may write; the writes they decide queue at the write gate, restarts and creates first
+    // (`gate`). The bound keeps the memory of reconciles waiting there in check: each holds its
+    // job's validated spec (an unbounded controller held all 1,000 at once: 72 MiB).
+    let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
+        ControllerConfig::default()
+            .debounce(Duration::from_millis(50))
+            .concurrency(reconciles_in_flight(config.write_limit.max)),
+    );
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
     let claim_triggers = claim_triggers(claim_events, jobs.clone());
     let service_triggers = service_triggers(svc_events, jobs.clone());
@@ -271,9 +282,14 @@ pub(super) async fn run_controller(
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(config.instance.clone()),
     };
-    let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
-    let publisher = tokio::spawn(publish_events(client.clone(), reporter, events_rx));
     let gate = WriteGate::new(config.write_limit, metrics.clone());
+    let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
+    let publisher = tokio::spawn(publish_events(
+        client.clone(),
+        reporter,
+        gate.clone(),
+        events_rx,
+    ));
     let executor = Executor::new(
         client.clone(),
         gate.clone(),
