@@ -603,6 +603,13 @@ async fn phases(
         requests.running = Some(after_running.since(&before));
 
         // ---- K workers of K jobs preempted at once.
+        let before_burst = operator.metrics().await.unwrap_or_default();
+        if let Some(limit) = metric_value(&before_burst, "trainyard_operator_write_limit") {
+            report.operator_metrics.insert(
+                "trainyard_operator_write_limit before the burst".to_owned(),
+                limit,
+            );
+        }
         tracing::info!(preempt = params.preempt, "preempting workers");
         let cpu0 = sampler.sample();
         // The operator's log lines carry wall-clock times; this pair converts them.
@@ -665,6 +672,7 @@ async fn phases(
         "trainyard_operator_restarts_total",
         "trainyard_operator_preemption_recovery_seconds_sum",
         "trainyard_operator_preemption_recovery_seconds_count",
+        "trainyard_operator_write_limit",
     ] {
         if let Some(v) = metric_value(&metrics, name) {
             report.operator_metrics.insert(name.to_owned(), v);

@@ -128,4 +128,29 @@ async fn operator_requests_status_writes_and_reconciles_per_job_stay_bounded() {
         "{reconciles:.2} reconciles per job (bound {})",
         BOUNDS.reconciles
     );
+
+    // A gang restart removes the old attempt with one request (a DeleteCollection, or one
+    // delete when a single pod is left), writes its status once, publishes one Event for the
+    // restart and one for the next attempt's creates, and reads no pod whole: a preempted
+    // rank is a restart, not a rank to place like its siblings.
+    let deletes = preemption.get("deletecollection", "pods") + preemption.get("delete", "pods");
+    assert!(
+        deletes <= u64::from(PREEMPT),
+        "{deletes} pod deletes for {PREEMPT} restarts: {preemption:?}"
+    );
+    assert_eq!(
+        preemption.get("get", "pods"),
+        0,
+        "pods read whole during the restarts: {preemption:?}"
+    );
+    let restart_status_writes = status_writes(preemption);
+    assert!(
+        restart_status_writes <= u64::from(PREEMPT),
+        "{restart_status_writes} status writes for {PREEMPT} restarts: {preemption:?}"
+    );
+    let events = preemption.get("create", "events");
+    assert!(
+        events <= u64::from(2 * PREEMPT),
+        "{events} Events for {PREEMPT} restarts: {preemption:?}"
+    );
 }
