@@ -73,7 +73,7 @@ struct RunArgs {
     )]
     max_concurrent_writes: u16,
     /// Mean write latency, in milliseconds, above which the bound on write rounds shrinks.
-    #[arg(long, env = "TRAINYARD_WRITE_LATENCY_TARGET_MS", default_value_t = 1000,
+    #[arg(long, env = "TRAINYARD_WRITE_LATENCY_TARGET_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..))]
     write_latency_target_ms: u64,
     /// Log format.
