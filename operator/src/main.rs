@@ -62,7 +62,7 @@ struct RunArgs {
     /// Seconds the Lease stays valid without renewal.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
-    /// Most write rounds in flight at once: the ceiling of the adaptive bound, which follows
+    /// Most write requests in flight at once: the ceiling of the adaptive bound, which follows
     /// the API server's latency and 429s (docs/operator.md). Bounds the operator's memory.
     #[arg(
         long,

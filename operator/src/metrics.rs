@@ -131,7 +131,7 @@ pub struct Metrics {
     pub steps_lost: Histogram,
     /// Training steps per second of each job that reports progress.
     pub steps_per_second: Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    /// Write rounds allowed in flight at once (the adaptive bound).
+    /// Write requests allowed in flight at once (the adaptive bound).
     pub write_limit: Gauge,
     /// Reconciles waiting for a write slot, by urgency.
     pub write_rounds_waiting: Family<UrgencyLabels, Gauge>,
@@ -215,7 +215,7 @@ impl Metrics {
         let write_limit = registered(
             &mut r,
             "trainyard_operator_write_limit",
-            "Write rounds allowed in flight at once; follows the API server's latency and 429s",
+            "Write requests allowed in flight at once; follows the API server's latency and 429s",
             Gauge::default(),
         );
         let write_rounds_waiting = registered(

@@ -1,4 +1,4 @@
-//! How many write rounds may be in flight at once: a bound that follows the API server.
+//! How many write requests may be in flight at once: a bound that follows the API server.
 //!
 //! A constant bound is wrong both ways: at 1,000 jobs on a busy API server a burst of
 //! restarts waited behind 16 slots while the server could answer more, and an unbounded
@@ -48,9 +48,10 @@ impl LimitConfig {
 }
 
 /// Default floor of the limit.
-pub const DEFAULT_MIN: usize = 4;
-/// Where the limit starts by default (the constant bound it replaces).
-pub const DEFAULT_INITIAL: usize = 16;
+pub const DEFAULT_MIN: usize = 8;
+/// Where the limit starts by default: about what the constant bound it replaces (16
+/// reconciles of up to six requests) allowed.
+pub const DEFAULT_INITIAL: usize = 96;
 /// Default latency target. A backstop: the API server's own word on overload is a 429 (API
 /// Priority and Fairness), and on a busy control plane writes answered in a second or two
 /// are saturation, not overload; shrinking then only slows restarts (docs/benchmarks.md).

@@ -42,7 +42,7 @@ pub(super) async fn publish_events(
             let recorder = Recorder::new(client.clone(), reporter.clone());
             let gate = gate.clone();
             async move {
-                let _slot = gate.enter(Urgency::Routine).await;
+                let _slot = gate.enter(Urgency::Routine, 1).await;
                 for e in events {
                     let event = Event {
                         type_: match e.kind {

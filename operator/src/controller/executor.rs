@@ -456,6 +456,33 @@ where
     }
 }
 
+/// How many requests a round has in flight at most, in the write order above: the status
+/// write first and then the actions when it deletes or restarts, all together otherwise (a
+/// DeleteCollection counts once). What the round takes at the write gate.
+pub(super) fn requests_at_once(plan: &plan::Plan, write_status: bool) -> usize {
+    let mut per_attempt: std::collections::BTreeMap<u32, usize> = Default::default();
+    let mut single = 0;
+    for action in &plan.actions {
+        match action {
+            PlanAction::DeletePod {
+                attempt: Some(a), ..
+            } => *per_attempt.entry(*a).or_default() += 1,
+            _ => single += 1,
+        }
+    }
+    let actions = single
+        + per_attempt
+            .values()
+            .map(|&n| if n >= 2 { 1 } else { n })
+            .sum::<usize>();
+    let status = usize::from(write_status);
+    if plan.restart.is_some() || plan.actions.iter().any(PlanAction::deletes) {
+        actions.max(status)
+    } else {
+        actions + status
+    }
+}
+
 /// Splits graceful deletes of two or more pods of one attempt off the actions, by attempt.
 fn attempt_groups(actions: Vec<PlanAction>) -> (Vec<(u32, Vec<String>)>, Vec<PlanAction>) {
     let mut by_attempt: std::collections::BTreeMap<u32, usize> = Default::default();
@@ -818,6 +845,24 @@ mod tests {
         let ex = h.executor.expectations();
         assert!(ex.holds(Kind::Pod, "ml", "train-worker-0").is_some());
         assert!(ex.holds(Kind::Pod, "ml", "train-worker-1").is_some());
+    }
+
+    #[test]
+    fn a_round_takes_a_slot_per_request_it_has_in_flight_at_once() {
+        // Creating a job: two pods and the status, all together.
+        assert_eq!(
+            requests_at_once(&round(vec![create_pod(0), create_pod(1)]), true),
+            3
+        );
+        // A restart: the status, then one DeleteCollection and a delete by name.
+        let mut restart = round(vec![
+            delete_in_attempt(0, 2),
+            delete_in_attempt(1, 2),
+            delete_pod(3),
+        ]);
+        restart.restart = Some(RestartReason::Preemption);
+        assert_eq!(requests_at_once(&restart, true), 2);
+        assert_eq!(requests_at_once(&round(vec![]), true), 1);
     }
 
     #[tokio::test]

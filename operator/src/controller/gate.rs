@@ -1,6 +1,13 @@
-//! The write gate: a reconcile that has decided writes waits here for a slot, restarts and
-//! creates ahead of status-only writes, and the number of slots follows the API server
-//! ([`AdaptiveLimit`]).
+//! The write gate: a reconcile that has decided writes waits here for slots, one per request
+//! it will have in flight at once, restarts and creates ahead of status-only writes; the number
+//! of slots follows the API server ([`AdaptiveLimit`]).
+//!
+//! Slots count requests, not rounds: a restart round has one request in flight at a time (its
+//! status write, then one DeleteCollection), a round creating a job has six (four pods, the
+//! Service, the status), and memory follows the requests in flight (about 35 kB each: the
+//! concurrency sweep in docs/benchmarks.md, 10 MiB more peak RSS for about 290 more requests).
+//! So a burst of restarts runs about as wide as the API server lets it while a burst of creates
+//! stays within the memory target.
 //!
 //! kube-runtime's scheduler has no priorities: with a constant bound on reconciles, a burst
 //! of preemptions among 1,000 jobs waited behind thousands of reconciles that only recorded
@@ -46,9 +53,11 @@ impl Urgency {
 
 struct Inner {
     limit: AdaptiveLimit,
+    /// Slots taken.
     in_flight: usize,
-    /// Waiting rounds, by [`Urgency`] (urgent first).
-    waiting: [VecDeque<oneshot::Sender<()>>; 2],
+    /// Waiting rounds and the slots each takes, by [`Urgency`] (urgent first).
+    /// A waiter is sent the slots it was granted.
+    waiting: [VecDeque<(usize, oneshot::Sender<usize>)>; 2],
 }
 
 /// The slots write rounds take, and the rounds waiting for one.
@@ -57,21 +66,22 @@ pub(super) struct WriteGate {
     metrics: Arc<Metrics>,
 }
 
-/// A slot: held while a round writes, given back when dropped.
+/// Slots: held while a round writes, given back when dropped.
 pub(super) struct Permit {
     gate: Arc<WriteGate>,
+    slots: usize,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.gate.release();
+        self.gate.release(self.slots);
     }
 }
 
-/// A round waiting for a slot. Dropped after a slot was handed to it but before it took it,
-/// it gives the slot back.
+/// A round waiting for slots. Dropped after they were handed to it but before it took them,
+/// it gives them back.
 struct Waiter {
-    rx: Option<oneshot::Receiver<()>>,
+    rx: Option<oneshot::Receiver<usize>>,
     gate: Arc<WriteGate>,
 }
 
@@ -79,8 +89,8 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
             rx.close();
-            if rx.try_recv().is_ok() {
-                self.gate.release();
+            if let Ok(granted) = rx.try_recv() {
+                self.gate.release(granted);
             }
         }
     }
@@ -105,49 +115,59 @@ impl WriteGate {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A slot now, if one is free and no round of this urgency or a higher one waits.
-    pub(super) fn try_enter(self: &Arc<Self>, urgency: Urgency) -> Option<Permit> {
+    /// `wanted` slots now (as many as the limit at most), if they are free and no round of
+    /// this urgency or a higher one waits.
+    pub(super) fn try_enter(self: &Arc<Self>, urgency: Urgency, wanted: usize) -> Option<Permit> {
         let mut inner = self.lock();
+        let slots = wanted.clamp(1, inner.limit.limit());
         let ahead = inner.waiting[..=urgency as usize]
             .iter()
             .any(|q| !q.is_empty());
-        if ahead || inner.in_flight >= inner.limit.limit() {
+        if ahead || inner.in_flight + slots > inner.limit.limit() {
             return None;
         }
-        inner.in_flight += 1;
-        Some(Permit { gate: self.clone() })
+        inner.in_flight += slots;
+        Some(Permit {
+            gate: self.clone(),
+            slots,
+        })
     }
 
-    /// Waits for a slot, behind every round of the same or a higher urgency.
-    pub(super) async fn enter(self: &Arc<Self>, urgency: Urgency) -> Permit {
-        if let Some(permit) = self.try_enter(urgency) {
+    /// Waits for `wanted` slots (as many as the limit at most), behind every round of the
+    /// same or a higher urgency.
+    pub(super) async fn enter(self: &Arc<Self>, urgency: Urgency, wanted: usize) -> Permit {
+        if let Some(permit) = self.try_enter(urgency, wanted) {
             return permit;
         }
         let (tx, rx) = oneshot::channel();
         {
             let mut inner = self.lock();
-            inner.waiting[urgency as usize].push_back(tx);
+            inner.waiting[urgency as usize].push_back((wanted.max(1), tx));
             inner.limit.saturated();
             self.export_waiting(&inner);
         }
-        // A slot freed between try_enter and the push must not be missed.
+        // Slots freed between try_enter and the push must not be missed.
         self.dispatch();
         let mut waiter = Waiter {
             rx: Some(rx),
             gate: self.clone(),
         };
-        let handed = match waiter.rx.as_mut() {
-            Some(rx) => rx.await.is_ok(),
-            None => false,
+        let granted = match waiter.rx.as_mut() {
+            Some(rx) => rx.await.ok(),
+            None => None,
         };
         waiter.rx = None;
-        if !handed {
-            // The gate is gone (never while a round holds it): go on without a slot's count.
+        let slots = granted.unwrap_or_else(|| {
+            // The gate dropped the sender (never while a round holds it): go on, counted.
             tracing::debug!("write gate dropped a waiting round");
             let mut inner = self.lock();
             inner.in_flight += 1;
+            1
+        });
+        Permit {
+            gate: self.clone(),
+            slots,
         }
-        Permit { gate: self.clone() }
     }
 
     /// One answered write: the limit learns from it.
@@ -169,24 +189,38 @@ impl WriteGate {
         }
     }
 
-    fn release(&self) {
+    fn release(&self, slots: usize) {
         {
             let mut inner = self.lock();
-            inner.in_flight = inner.in_flight.saturating_sub(1);
+            inner.in_flight = inner.in_flight.saturating_sub(slots);
         }
         self.dispatch();
     }
 
-    /// Hands free slots to waiting rounds, urgent first.
+    /// Hands free slots to waiting rounds in order, urgent first. The first waiting round
+    /// waits until its slots are free (a round wanting more slots than the limit has takes the
+    /// whole limit), so that a wide round is not starved by narrow ones behind it.
     fn dispatch(&self) {
         let mut inner = self.lock();
-        while inner.in_flight < inner.limit.limit() {
-            let Some(tx) = inner.waiting.iter_mut().find_map(VecDeque::pop_front) else {
+        loop {
+            let limit = inner.limit.limit();
+            let free = limit.saturating_sub(inner.in_flight);
+            let Some(queue) = inner.waiting.iter_mut().find(|q| !q.is_empty()) else {
+                break;
+            };
+            let Some(&(wanted, _)) = queue.front() else {
+                break;
+            };
+            let slots = wanted.min(limit);
+            if slots > free {
+                break;
+            }
+            let Some((_, tx)) = queue.pop_front() else {
                 break;
             };
             // A waiter that is gone (its reconcile was cancelled) takes no slot.
-            if tx.send(()).is_ok() {
-                inner.in_flight += 1;
+            if tx.send(slots).is_ok() {
+                inner.in_flight += slots;
             }
         }
         self.export_waiting(&inner);
@@ -235,7 +269,7 @@ mod tests {
     #[tokio::test]
     async fn urgent_rounds_take_freed_slots_before_routine_rounds_that_waited_longer() {
         let g = gate(1);
-        let held = g.enter(Urgency::Routine).await;
+        let held = g.enter(Urgency::Routine, 1).await;
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (name, urgency) in [
@@ -245,7 +279,7 @@ mod tests {
         ] {
             let (g, order) = (g.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let _permit = g.enter(urgency).await;
+                let _permit = g.enter(urgency, 1).await;
                 order.lock().expect("order").push(name);
             }));
             tokio::task::yield_now().await;
@@ -265,30 +299,30 @@ mod tests {
     #[tokio::test]
     async fn a_round_never_jumps_the_queue_of_its_own_urgency() {
         let g = gate(1);
-        let held = g.enter(Urgency::Urgent).await;
-        let mut waiting = Box::pin(g.enter(Urgency::Urgent));
+        let held = g.enter(Urgency::Urgent, 1).await;
+        let mut waiting = Box::pin(g.enter(Urgency::Urgent, 1));
         assert!((&mut waiting).now_or_never().is_none());
         drop(held);
         // The slot went to the waiter: a newcomer does not get it.
-        assert!(g.try_enter(Urgency::Urgent).is_none());
+        assert!(g.try_enter(Urgency::Urgent, 1).is_none());
         let permit = waiting.await;
         assert_eq!(g.counts(), (1, 1, [0, 0]));
         drop(permit);
-        assert!(g.try_enter(Urgency::Routine).is_some());
+        assert!(g.try_enter(Urgency::Routine, 1).is_some());
     }
 
     #[tokio::test]
     async fn a_cancelled_waiter_gives_back_the_slot_it_was_handed() {
         let g = gate(1);
-        let held = g.enter(Urgency::Urgent).await;
-        let mut waiting = Box::pin(g.enter(Urgency::Routine));
+        let held = g.enter(Urgency::Urgent, 1).await;
+        let mut waiting = Box::pin(g.enter(Urgency::Routine, 1));
         assert!((&mut waiting).now_or_never().is_none());
         drop(held); // hands the slot to the waiter, which never takes it
         drop(waiting);
         assert_eq!(g.counts(), (1, 0, [0, 0]));
         // And one cancelled before any slot came is skipped.
-        let held = g.enter(Urgency::Urgent).await;
-        let mut gone = Box::pin(g.enter(Urgency::Urgent));
+        let held = g.enter(Urgency::Urgent, 1).await;
+        let mut gone = Box::pin(g.enter(Urgency::Urgent, 1));
         assert!((&mut gone).now_or_never().is_none());
         drop(gone);
         drop(held);
@@ -296,10 +330,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn slots_count_requests_and_a_wide_round_is_not_starved_by_narrow_ones() {
+        let g = gate(6);
+        let narrow = g.enter(Urgency::Urgent, 2).await;
+        // Six requests wanted, four free: it waits, and the narrow round behind it too.
+        let mut wide = Box::pin(g.enter(Urgency::Urgent, 6));
+        assert!((&mut wide).now_or_never().is_none());
+        assert!(g.try_enter(Urgency::Urgent, 1).is_none());
+        drop(narrow);
+        let wide = (&mut wide)
+            .now_or_never()
+            .expect("the wide round goes first");
+        assert_eq!(g.counts(), (6, 6, [0, 0]));
+        drop(wide);
+        // More than the limit: takes the whole limit, and gives back what it took.
+        let huge = g.enter(Urgency::Routine, 100).await;
+        assert_eq!(g.counts(), (6, 6, [0, 0]));
+        drop(huge);
+        assert_eq!(g.counts(), (6, 0, [0, 0]));
+    }
+
+    #[tokio::test]
     async fn a_raised_limit_lets_waiting_rounds_in_at_once() {
         let g = gate(1);
-        let _held = g.enter(Urgency::Urgent).await;
-        let mut waiting = Box::pin(g.enter(Urgency::Routine));
+        let _held = g.enter(Urgency::Urgent, 1).await;
+        let mut waiting = Box::pin(g.enter(Urgency::Routine, 1));
         assert!((&mut waiting).now_or_never().is_none());
         for _ in 0..8 {
             g.sample(Duration::from_millis(1), false);

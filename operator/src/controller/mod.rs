@@ -63,7 +63,7 @@ pub struct RunConfig {
     pub instance: String,
     /// Serve the progress channel (`crate::progress`); None: trainers get no progress URL.
     pub progress: Option<ProgressServing>,
-    /// The bound on write rounds in flight ([`crate::write_limit`]). Unbounded, a burst of
+    /// The bound on write requests in flight ([`crate::write_limit`]). Unbounded, a burst of
     /// jobs puts thousands of requests in front of the API server at the same time: every
     /// write gets slower and the operator's memory grows with the queue (measured: 1,637
     /// requests waiting and 268 MiB at 1,000 jobs).
@@ -85,7 +85,7 @@ pub struct ProgressServing {
 }
 
 /// Default ceiling of [`RunConfig::write_limit`].
-pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 32;
+pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 192;
 
 /// What every reconcile shares.
 struct Context {

@@ -11,6 +11,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
+use super::executor::requests_at_once;
 use super::gate::{Permit, Urgency};
 use super::job_memory::error_key;
 use super::status_cache::Known;
@@ -189,7 +190,8 @@ async fn decide_with_slot(
         return Ok(round);
     }
     let urgency = Urgency::of(&round.plan);
-    if let Some(permit) = ctx.gate.try_enter(urgency) {
+    let wanted = requests_at_once(&round.plan, round.write == StatusWrite::Now);
+    if let Some(permit) = ctx.gate.try_enter(urgency, wanted) {
         return Ok(Round {
             permit: Some(permit),
             ..round
@@ -197,7 +199,7 @@ async fn decide_with_slot(
     }
     // Nothing of the first decision is kept while waiting: the memory of waiting reconciles.
     drop((round, known));
-    let permit = ctx.gate.enter(urgency).await;
+    let permit = ctx.gate.enter(urgency, wanted).await;
     let known = ctx.memory.status.current(job);
     let round = decide(ctx, job, valid, &known).await?;
     Ok(Round {

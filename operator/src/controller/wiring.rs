@@ -226,10 +226,11 @@ fn watch_jobs(
     (store, stream)
 }
 
-/// Reconciles in flight for a ceiling of `max_writes` write rounds: four deciding or waiting
-/// for each that may write.
+/// Reconciles in flight for a ceiling of `max_writes` write requests: one each, so that a
+/// burst of restarts (two requests a round, one at a time) is never held in kube-runtime's
+/// queue while the gate has room.
 fn reconciles_in_flight(max_writes: usize) -> u16 {
-    u16::try_from(max_writes.saturating_mul(4)).unwrap_or(u16::MAX)
+    u16::try_from(max_writes).unwrap_or(u16::MAX)
 }
 
 /// Builds the watches and the Controller and runs it until `stop` completes.
@@ -251,10 +252,10 @@ pub(super) async fn run_controller(
     let memory = Arc::new(JobMemory::default());
     let progress = Arc::new(ProgressStore::default());
     let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
-    // Triggered jobs are decided at once (decisions read caches only), up to a few times as many
-    // as may write; the writes they decide queue at the write gate, restarts and creates first
-    // (`gate`). The bound keeps the memory of reconciles waiting there in check: each holds its
-    // job's validated spec (an unbounded controller held all 1,000 at once: 72 MiB).
+    // Triggered jobs are decided at once (decisions read caches only), as many as write
+    // requests may be in flight; the writes they decide queue at the write gate, restarts and
+    // creates first (`gate`). The bound keeps the memory of reconciles waiting there in check:
+    // each holds its job's validated spec.
     let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
         ControllerConfig::default()
             .debounce(Duration::from_millis(50))
