@@ -31,7 +31,8 @@ use futures::{FutureExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
 };
 use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
 use kube::runtime::controller::Action;
@@ -306,7 +307,7 @@ impl Executor {
             for name in &names {
                 self.expectations.expect(Kind::Pod, ns, name);
             }
-            let request = delete_attempt(self.client.clone(), ns, job_uid, attempt, names.clone());
+            let request = delete_attempt(pods.clone(), ns, job_uid, attempt, names.clone());
             ops.push((Kind::Pod, names, self.timed_op(request.boxed())));
         }
         for action in actions {
@@ -521,38 +522,23 @@ fn attempt_groups(actions: Vec<PlanAction>) -> (Vec<(u32, Vec<String>)>, Vec<Pla
 /// one request: the selector names the job's uid and the attempt, so no pod of another attempt
 /// (the same names are reused) or of a job created again under the same name can match, the
 /// guarantee the per-pod deletes get from their uid precondition. Gives back the names deleted.
-///
-/// The API server lists what a DeleteCollection deletes; without a resourceVersion that list
-/// is read from etcd, every pod of the namespace decoded to filter by the selector (4,000 pods
-/// at 1,000 jobs, per restart). `resourceVersion=0` lets the watch cache serve it: it may trail
-/// by a moment, which only matters for a pod created in that moment, and such a pod is still
-/// in the operator's cache for the next round to delete by name.
 async fn delete_attempt(
-    client: Client,
+    pods: Api<Pod>,
     ns: &str,
     job_uid: &str,
     attempt: u32,
     names: Vec<String>,
 ) -> Result<Vec<String>, Error> {
     let selector = format!("{LABEL_JOB_UID}={job_uid},{LABEL_ATTEMPT}={attempt}");
-    let action = || format!("deleting the pods of attempt {attempt} in {ns} ({selector})");
-    let query = form_urlencoded::Serializer::new(String::new())
-        .append_pair("labelSelector", &selector)
-        .append_pair("resourceVersion", "0")
-        .finish();
-    let mut request = http::Request::delete(format!("{}?{query}", Pod::url_path(&(), Some(ns))))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Vec::new())
-        .map_err(|e| {
-            Error::kube(action())(kube::Error::BuildRequest(
-                kube::core::request::Error::BuildRequest(e),
-            ))
-        })?;
-    request.extensions_mut().insert("delete_collection");
-    let deleted = client
-        .request_status::<kube::core::ObjectList<Pod>>(request)
+    let deleted = pods
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&selector),
+        )
         .await
-        .map_err(Error::kube(action()))?;
+        .map_err(Error::kube(format!(
+            "deleting the pods of attempt {attempt} in {ns} ({selector})"
+        )))?;
     Ok(match deleted {
         either::Either::Left(list) => list.items.into_iter().map(|p| p.name_any()).collect(),
         // No list in the answer: the watch shows what went.
@@ -839,12 +825,6 @@ mod tests {
             collection[0].query.contains(&format!(
                 "labelSelector=trainyard.dev/job-uid={uid},trainyard.dev/attempt=2"
             )),
-            "{:?}",
-            collection[0].query
-        );
-        // Listed from the watch cache, not from etcd.
-        assert!(
-            collection[0].query.contains("resourceVersion=0"),
             "{:?}",
             collection[0].query
         );
