@@ -22,7 +22,7 @@ pub const LABEL_RANK: &str = "trainyard.dev/rank";
 pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
 /// Label carrying the owning job's uid on pods: with [`LABEL_ATTEMPT`], it selects one
 /// attempt of one incarnation of a job (a job deleted and created again under the same name
-/// has another uid), which lets the operator remove an attempt's pods with one request.
+/// has another uid), e.g. `kubectl get pods -l trainyard.dev/job-uid=<uid>,trainyard.dev/attempt=2`.
 pub const LABEL_JOB_UID: &str = "trainyard.dev/job-uid";
 /// The extended resource name GPUs are requested under unless `spec.gpu.resourceName` says otherwise.
 pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";

@@ -129,14 +129,14 @@ async fn operator_requests_status_writes_and_reconciles_per_job_stay_bounded() {
         BOUNDS.reconciles
     );
 
-    // A gang restart removes the old attempt with one request (a DeleteCollection, or one
-    // delete when a single pod is left), writes its status once, publishes one Event for the
-    // restart and one for the next attempt's creates, and reads no pod whole: a preempted
-    // rank is a restart, not a rank to place like its siblings.
-    let deletes = preemption.get("deletecollection", "pods") + preemption.get("delete", "pods");
+    // A gang restart deletes each of the old attempt's pods once (the preempted one may be
+    // gone already), writes its status once, publishes one Event for the restart and one for
+    // the next attempt's creates, and reads no pod whole: a preempted rank is a restart, not a
+    // rank to place like its siblings.
+    let deletes = preemption.get("delete", "pods");
     assert!(
-        deletes <= u64::from(PREEMPT),
-        "{deletes} pod deletes for {PREEMPT} restarts: {preemption:?}"
+        deletes <= u64::from(PREEMPT * WORKERS),
+        "{deletes} pod deletes for {PREEMPT} restarts of {WORKERS} workers: {preemption:?}"
     );
     assert_eq!(
         preemption.get("get", "pods"),

@@ -384,7 +384,7 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     # Status by server-side apply (and a merge patch for malformed objects).
     ("trainyard.dev", "trainingjobs/status"): {"patch"},
     # Created (never patched), deleted, one read for a sibling's placement.
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "deletecollection"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},
     # Server-side applied (create the first time), watched; never deleted.
     ("", "services"): {"list", "watch", "create"},
     ("", "persistentvolumeclaims"): {"list", "watch", "create"},

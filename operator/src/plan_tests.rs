@@ -850,7 +850,6 @@ fn success_deletes_pods_whose_sidecar_still_runs_and_keeps_completed_ones() {
         [Action::DeletePod {
             name: "train-worker-1".into(),
             uid: Some("train-worker-1-0".into()),
-            attempt: Some(0),
         }],
         "only the pod that still runs is stopped; the completed one stays for its logs"
     );

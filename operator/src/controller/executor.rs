@@ -31,8 +31,7 @@ use futures::{FutureExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-    Preconditions,
+    ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
 use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
 use kube::runtime::controller::Action;
@@ -45,7 +44,7 @@ use super::FIELD_MANAGER;
 use super::events::EventBatch;
 use super::gate::WriteGate;
 use super::job_memory::JobMemory;
-use crate::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, RestartReason, TrainingJob, TrainingJobStatus};
+use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::events::JobEvent;
 use crate::expectations::{Expectations, Kind};
@@ -130,9 +129,9 @@ impl Executor {
         let (writes, acted) =
             if decided.restart.is_some() || actions.iter().any(PlanAction::deletes) {
                 write.await?;
-                self.execute(&ns, &uid, actions).await
+                self.execute(&ns, actions).await
             } else {
-                let (wrote, acted) = future::join(write, self.execute(&ns, &uid, actions)).await;
+                let (wrote, acted) = future::join(write, self.execute(&ns, actions)).await;
                 wrote?;
                 acted
             };
@@ -292,24 +291,16 @@ impl Executor {
     }
 
     /// Carries out the actions; says what the API server accepted and rejected, and the first
-    /// error. Graceful deletes of two or more pods of one attempt go out as one DeleteCollection
-    /// selected by the job's uid and that attempt ([`attempt_groups`]).
-    async fn execute(
-        &self,
-        ns: &str,
-        job_uid: &str,
-        actions: Vec<PlanAction>,
-    ) -> (Writes, Result<(), Error>) {
+    /// error.
+    ///
+    /// Pods are deleted one by one, each with its uid precondition. One DeleteCollection per
+    /// old attempt (by job uid and attempt labels) was tried and dropped: a 1.20 API server
+    /// reads the list it deletes from etcd, every pod of the namespace decoded to filter by the
+    /// selector, once per restart; and `resourceVersion=0`, which would let the watch cache
+    /// serve it, is also read as a delete precondition and fails every delete with 409.
+    async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> (Writes, Result<(), Error>) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let (groups, actions) = attempt_groups(actions);
         let mut ops = Vec::new();
-        for (attempt, names) in groups {
-            for name in &names {
-                self.expectations.expect(Kind::Pod, ns, name);
-            }
-            let request = delete_attempt(pods.clone(), ns, job_uid, attempt, names.clone());
-            ops.push((Kind::Pod, names, self.timed_op(request.boxed())));
-        }
         for action in actions {
             // Expected before the write goes out, so that its watch event cannot arrive first
             // and leave the expectation waiting for an event that already came.
@@ -321,7 +312,7 @@ impl Executor {
                 PlanAction::CreateService(svc) => create(client, ns, *svc).boxed(),
                 PlanAction::CreatePvc(claim) => create(client, ns, *claim).boxed(),
                 PlanAction::CreatePod(pod) => create(client, ns, *pod).boxed(),
-                PlanAction::DeletePod { name, uid, .. } => {
+                PlanAction::DeletePod { name, uid } => {
                     delete_pod(pods.clone(), ns, name, uid, None).boxed()
                 }
                 PlanAction::ForceDeletePod { name, uid } => {
@@ -457,93 +448,16 @@ where
 }
 
 /// How many requests a round has in flight at most, in the write order above: the status
-/// write first and then the actions when it deletes or restarts, all together otherwise (a
-/// DeleteCollection counts once). What the round takes at the write gate.
+/// write first and then the actions when it deletes or restarts, all together otherwise.
+/// What the round takes at the write gate.
 pub(super) fn requests_at_once(plan: &plan::Plan, write_status: bool) -> usize {
-    let mut per_attempt: std::collections::BTreeMap<u32, usize> = Default::default();
-    let mut single = 0;
-    for action in &plan.actions {
-        match action {
-            PlanAction::DeletePod {
-                attempt: Some(a), ..
-            } => *per_attempt.entry(*a).or_default() += 1,
-            _ => single += 1,
-        }
-    }
-    let actions = single
-        + per_attempt
-            .values()
-            .map(|&n| if n >= 2 { 1 } else { n })
-            .sum::<usize>();
+    let actions = plan.actions.len();
     let status = usize::from(write_status);
     if plan.restart.is_some() || plan.actions.iter().any(PlanAction::deletes) {
         actions.max(status)
     } else {
         actions + status
     }
-}
-
-/// Splits graceful deletes of two or more pods of one attempt off the actions, by attempt.
-fn attempt_groups(actions: Vec<PlanAction>) -> (Vec<(u32, Vec<String>)>, Vec<PlanAction>) {
-    let mut by_attempt: std::collections::BTreeMap<u32, usize> = Default::default();
-    for action in &actions {
-        if let PlanAction::DeletePod {
-            attempt: Some(a), ..
-        } = action
-        {
-            *by_attempt.entry(*a).or_default() += 1;
-        }
-    }
-    let mut groups: Vec<(u32, Vec<String>)> = by_attempt
-        .into_iter()
-        .filter(|&(_, n)| n >= 2)
-        .map(|(a, _)| (a, Vec::new()))
-        .collect();
-    let rest = actions
-        .into_iter()
-        .filter_map(|action| match action {
-            PlanAction::DeletePod {
-                name,
-                attempt: Some(a),
-                ..
-            } if groups.iter().any(|(g, _)| *g == a) => {
-                if let Some((_, names)) = groups.iter_mut().find(|(g, _)| *g == a) {
-                    names.push(name);
-                }
-                None
-            }
-            other => Some(other),
-        })
-        .collect();
-    (groups, rest)
-}
-
-/// Deletes every pod of one attempt of one incarnation of a job, with their grace period, in
-/// one request: the selector names the job's uid and the attempt, so no pod of another attempt
-/// (the same names are reused) or of a job created again under the same name can match, the
-/// guarantee the per-pod deletes get from their uid precondition. Gives back the names deleted.
-async fn delete_attempt(
-    pods: Api<Pod>,
-    ns: &str,
-    job_uid: &str,
-    attempt: u32,
-    names: Vec<String>,
-) -> Result<Vec<String>, Error> {
-    let selector = format!("{LABEL_JOB_UID}={job_uid},{LABEL_ATTEMPT}={attempt}");
-    let deleted = pods
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels(&selector),
-        )
-        .await
-        .map_err(Error::kube(format!(
-            "deleting the pods of attempt {attempt} in {ns} ({selector})"
-        )))?;
-    Ok(match deleted {
-        either::Either::Left(list) => list.items.into_iter().map(|p| p.name_any()).collect(),
-        // No list in the answer: the watch shows what went.
-        either::Either::Right(_) => names,
-    })
 }
 
 /// Deletes a pod (this incarnation only, when `uid` is given); true once it was deleted.
@@ -591,8 +505,6 @@ mod tests {
     struct Sent {
         method: String,
         path: String,
-        /// The query, percent-decoded.
-        query: String,
         /// The body, when it is JSON.
         body: Value,
     }
@@ -631,12 +543,6 @@ mod tests {
                 (200, written)
             }
             "POST" => (201, sent.body.clone()),
-            "DELETE" if sent.path == PODS => (
-                200,
-                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
-                       "items": [{"metadata": {"name": "train-worker-0", "namespace": "ml"}},
-                                 {"metadata": {"name": "train-worker-1", "namespace": "ml"}}]}),
-            ),
             _ => {
                 let name = sent.path.rsplit('/').next().unwrap_or_default();
                 (
@@ -660,15 +566,6 @@ mod tests {
                 let sent = Sent {
                     method: parts.method.to_string(),
                     path: parts.uri.path().to_owned(),
-                    query: parts
-                        .uri
-                        .query()
-                        .map(|q| {
-                            q.replace("%3D", "=")
-                                .replace("%2C", ",")
-                                .replace("%2F", "/")
-                        })
-                        .unwrap_or_default(),
                     body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
                 };
                 log.lock().expect("log").push(sent.clone());
@@ -766,7 +663,6 @@ mod tests {
         PlanAction::DeletePod {
             name: format!("train-worker-{rank}"),
             uid: Some(format!("uid-{rank}")),
-            attempt: None,
         }
     }
 
@@ -795,58 +691,6 @@ mod tests {
         );
     }
 
-    fn delete_in_attempt(rank: u32, attempt: u32) -> PlanAction {
-        PlanAction::DeletePod {
-            name: format!("train-worker-{rank}"),
-            uid: Some(format!("uid-{rank}")),
-            attempt: Some(attempt),
-        }
-    }
-
-    #[tokio::test]
-    async fn an_attempts_pods_go_with_one_request_selected_by_job_uid_and_attempt() {
-        let h = Harness::new(accept);
-        let mut plan = round(vec![
-            delete_in_attempt(0, 2),
-            delete_in_attempt(1, 2),
-            // Alone in its attempt, or without the labels: deleted by name with its uid.
-            delete_in_attempt(2, 1),
-            delete_pod(3),
-        ]);
-        plan.restart = Some(RestartReason::Preemption);
-        h.carry_out(plan, true).await.expect("round");
-        let sent = h.sent();
-        assert_eq!(sent.len(), 4, "{sent:#?}");
-        assert!(sent[0].is("PATCH", STATUS), "{sent:#?}");
-        let uid = job().metadata.uid.expect("uid");
-        let collection: Vec<&Sent> = sent.iter().filter(|s| s.is("DELETE", PODS)).collect();
-        assert_eq!(collection.len(), 1, "{sent:#?}");
-        assert!(
-            collection[0].query.contains(&format!(
-                "labelSelector=trainyard.dev/job-uid={uid},trainyard.dev/attempt=2"
-            )),
-            "{:?}",
-            collection[0].query
-        );
-        let mut by_name: Vec<&str> = sent
-            .iter()
-            .filter(|s| s.method == "DELETE" && s.path != PODS)
-            .map(|s| s.path.as_str())
-            .collect();
-        by_name.sort_unstable();
-        assert_eq!(
-            by_name,
-            [
-                format!("{PODS}/train-worker-2"),
-                format!("{PODS}/train-worker-3")
-            ]
-        );
-        // Every pod the collection deleted waits for its watch event; the others do not.
-        let ex = h.executor.expectations();
-        assert!(ex.holds(Kind::Pod, "ml", "train-worker-0").is_some());
-        assert!(ex.holds(Kind::Pod, "ml", "train-worker-1").is_some());
-    }
-
     #[test]
     fn a_round_takes_a_slot_per_request_it_has_in_flight_at_once() {
         // Creating a job: two pods and the status, all together.
@@ -854,35 +698,11 @@ mod tests {
             requests_at_once(&round(vec![create_pod(0), create_pod(1)]), true),
             3
         );
-        // A restart: the status, then one DeleteCollection and a delete by name.
-        let mut restart = round(vec![
-            delete_in_attempt(0, 2),
-            delete_in_attempt(1, 2),
-            delete_pod(3),
-        ]);
+        // A restart: the status, then the deletes together.
+        let mut restart = round(vec![delete_pod(0), delete_pod(1), delete_pod(3)]);
         restart.restart = Some(RestartReason::Preemption);
-        assert_eq!(requests_at_once(&restart, true), 2);
+        assert_eq!(requests_at_once(&restart, true), 3);
         assert_eq!(requests_at_once(&round(vec![]), true), 1);
-    }
-
-    #[tokio::test]
-    async fn a_pod_the_collection_did_not_delete_is_not_waited_for() {
-        fn only_worker_0(sent: &Sent) -> (u16, Value) {
-            match (sent.method.as_str(), sent.path == PODS) {
-                ("DELETE", true) => (
-                    200,
-                    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
-                           "items": [{"metadata": {"name": "train-worker-0", "namespace": "ml"}}]}),
-                ),
-                _ => accept(sent),
-            }
-        }
-        let h = Harness::new(only_worker_0);
-        let plan = round(vec![delete_in_attempt(0, 0), delete_in_attempt(1, 0)]);
-        h.carry_out(plan, true).await.expect("round");
-        let ex = h.executor.expectations();
-        assert!(ex.holds(Kind::Pod, "ml", "train-worker-0").is_some());
-        assert!(ex.holds(Kind::Pod, "ml", "train-worker-1").is_none());
     }
 
     #[tokio::test]

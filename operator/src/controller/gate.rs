@@ -2,8 +2,8 @@
 //! it will have in flight at once, restarts and creates ahead of status-only writes; the number
 //! of slots follows the API server ([`AdaptiveLimit`]).
 //!
-//! Slots count requests, not rounds: a restart round has one request in flight at a time (its
-//! status write, then one DeleteCollection), a round creating a job has six (four pods, the
+//! Slots count requests, not rounds: a restart round of a 4-worker job has three in flight at
+//! most (its status write alone, then the deletes), a round creating a job has six (four pods, the
 //! Service, the status), and memory follows the requests in flight (about 35 kB each: the
 //! concurrency sweep in docs/benchmarks.md, 10 MiB more peak RSS for about 290 more requests).
 //! So a burst of restarts runs about as wide as the API server lets it while a burst of creates

@@ -179,10 +179,6 @@ pub enum Action {
         name: String,
         /// Precondition: only this incarnation.
         uid: Option<String>,
-        /// The attempt of this job whose selector (job uid and attempt labels) the pod
-        /// matches; None when it does not carry them (created by an older operator). The
-        /// executor removes two or more pods of one attempt with one request.
-        attempt: Option<u32>,
     },
     /// Delete a pod with grace period 0: its containers have all stopped, or it is stuck
     /// terminating on a lost node.

@@ -12,9 +12,7 @@ use super::{
     Action, JobEvent, PhaseName, Plan, condition, condition_is_true, is_finished, pod_name,
     set_condition, write_invalid_spec,
 };
-use crate::crd::{
-    LABEL_ATTEMPT, LABEL_JOB_UID, Phase, RestartReason, TrainingJobStatus, WorkerStatus,
-};
+use crate::crd::{Phase, RestartReason, TrainingJobStatus, WorkerStatus};
 use crate::nodes;
 use crate::placement::Placement;
 use crate::preemption::{WorkerPhase, WorkerState, min_time};
@@ -132,8 +130,7 @@ impl Round {
                 continue;
             }
             if pod.metadata.deletion_timestamp.is_none() {
-                let attempt = selectable_attempt(pod, &view.job.uid);
-                self.actions.push(Action::DeletePod { name, uid, attempt });
+                self.actions.push(Action::DeletePod { name, uid });
                 continue;
             }
             let node_name = pod.node_name();
@@ -212,16 +209,6 @@ impl Round {
     }
 }
 
-/// The attempt a pod of this job is selected by, when it carries the job's uid and attempt
-/// labels ([`Action::DeletePod::attempt`]).
-fn selectable_attempt(pod: &CachedPod, job_uid: &str) -> Option<u32> {
-    let labels = pod.metadata.labels.as_ref()?;
-    if labels.get(LABEL_JOB_UID).map(String::as_str) != Some(job_uid) {
-        return None;
-    }
-    labels.get(LABEL_ATTEMPT)?.parse().ok()
-}
-
 /// When a pod already terminating is force-deleted: never on a Ready node; at once when no
 /// node or kubelet will ever confirm the deletion; after the not-ready timeout otherwise.
 fn force_delete_at(view: &View<'_>, node_name: Option<&str>) -> Option<Timestamp> {
@@ -240,30 +227,5 @@ fn force_delete_at(view: &View<'_>, node_name: Option<&str>) -> Option<Timestamp
                 )
             }
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn pod(labels: serde_json::Value) -> CachedPod {
-        serde_json::from_value(json!({"metadata": {"name": "p", "labels": labels}})).expect("pod")
-    }
-
-    #[test]
-    fn only_a_pod_labelled_with_this_jobs_uid_and_an_attempt_is_selectable() {
-        let ours = pod(json!({LABEL_JOB_UID: "u1", LABEL_ATTEMPT: "3"}));
-        assert_eq!(selectable_attempt(&ours, "u1"), Some(3));
-        // A job created again under the same name has another uid.
-        assert_eq!(selectable_attempt(&ours, "u2"), None);
-        // Created by an operator that did not label the uid.
-        assert_eq!(
-            selectable_attempt(&pod(json!({LABEL_ATTEMPT: "3"})), "u1"),
-            None
-        );
-        let garbled = pod(json!({LABEL_JOB_UID: "u1", LABEL_ATTEMPT: "x"}));
-        assert_eq!(selectable_attempt(&garbled, "u1"), None);
     }
 }
