@@ -84,8 +84,10 @@ pub struct ProgressServing {
     pub pod_ip: Option<String>,
 }
 
-/// Default ceiling of [`RunConfig::write_limit`].
-pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 192;
+/// Default ceiling of [`RunConfig::write_limit`]. A sweep of the 100-job burst on the 2-CPU
+/// bench machine (docs/benchmarks.md): 48 requests in flight recovered at 1.53x the restart
+/// floor, 96 at 2.26x, 192 at 2.41x; wider only made the API server slower for everyone.
+pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 48;
 
 /// What every reconcile shares.
 struct Context {
