@@ -84,9 +84,10 @@ pub struct ProgressServing {
     pub pod_ip: Option<String>,
 }
 
-/// Default ceiling of [`RunConfig::write_limit`]. A sweep of the 100-job burst on the 2-CPU
-/// bench machine (docs/benchmarks.md): 48 requests in flight recovered at 1.53x the restart
-/// floor, 96 at 2.26x, 192 at 2.41x; wider only made the API server slower for everyone.
+/// Default ceiling of [`RunConfig::write_limit`]. On the 2-CPU bench machine
+/// (docs/benchmarks.md) a 100-job burst recovered at 1.53x its restart floor with 48
+/// requests in flight, 2.26x with 96, 2.41x with 192; at 1,000 jobs 192 did better (1.38x
+/// against 2.09x) but peaked at 64.5 MiB against 56.1. No ceiling met every target there.
 pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 48;
 
 /// What every reconcile shares.
