@@ -3,7 +3,7 @@
 //! so that in a burst Events wait behind the writes that restart and create pods.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -54,11 +54,7 @@ pub(super) async fn publish_events(
                         action: "Reconcile".to_owned(),
                         secondary: None,
                     };
-                    let started = Instant::now();
-                    let result = recorder.publish(&event, &reference).await;
-                    let throttled = matches!(&result, Err(kube::Error::Api(s)) if s.code == 429);
-                    gate.sample(started.elapsed(), throttled);
-                    if let Err(err) = result {
+                    if let Err(err) = gate.timed(recorder.publish(&event, &reference)).await {
                         tracing::warn!(error = %err, reason = %e.reason, "publishing an Event");
                     }
                 }

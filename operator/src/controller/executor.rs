@@ -207,6 +207,7 @@ impl Executor {
             "status": status,
         });
         let written = self
+            .gate
             .timed(api.patch_status(
                 &name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
@@ -265,31 +266,6 @@ impl Executor {
         (kept, held)
     }
 
-    /// Awaits one API request, and tells the write gate how long it took and whether it was
-    /// throttled.
-    async fn timed<T>(
-        &self,
-        request: impl std::future::Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, kube::Error> {
-        let started = std::time::Instant::now();
-        let result = request.await;
-        let throttled = matches!(&result, Err(kube::Error::Api(s)) if s.code == 429);
-        self.gate.sample(started.elapsed(), throttled);
-        result
-    }
-
-    /// [`Self::timed`] for an action's request, whose error is already ours.
-    async fn timed_op<T>(&self, op: future::BoxFuture<'_, Result<T, Error>>) -> Result<T, Error> {
-        let started = std::time::Instant::now();
-        let result = op.await;
-        let throttled = matches!(
-            &result,
-            Err(Error::Kube { source: kube::Error::Api(s), .. }) if s.code == 429
-        );
-        self.gate.sample(started.elapsed(), throttled);
-        result
-    }
-
     /// Carries out the actions; says what the API server accepted and rejected, and the first
     /// error.
     ///
@@ -301,12 +277,13 @@ impl Executor {
     async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> (Writes, Result<(), Error>) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let mut ops = Vec::new();
+        let mut targets = Vec::new();
         for action in actions {
             // Expected before the write goes out, so that its watch event cannot arrive first
             // and leave the expectation waiting for an event that already came.
             let (kind, name) = action_target(&action);
             self.expectations.expect(kind, ns, name);
-            let target = name.to_owned();
+            targets.push((kind, name.to_owned()));
             let client = self.client.clone();
             let op = match action {
                 PlanAction::CreateService(svc) => create(client, ns, *svc).boxed(),
@@ -322,24 +299,17 @@ impl Executor {
                     delete_pod(pods.clone(), ns, name, uid, Some(0)).boxed()
                 }
             };
-            let written = {
-                let target = target.clone();
-                op.map(move |r| r.map(|wrote| if wrote { vec![target] } else { vec![] }))
-            };
-            ops.push((kind, vec![target], self.timed_op(written.boxed())));
+            ops.push(self.gate.timed(op));
         }
-        let (targets, requests): (Vec<_>, Vec<_>) =
-            ops.into_iter().map(|(k, n, r)| ((k, n), r)).unzip();
         let mut writes = Writes::default();
         let mut result = Ok(());
-        for (r, (kind, names)) in future::join_all(requests).await.into_iter().zip(targets) {
-            // What was not written (already there, already gone, or failed) sends no event.
-            let written: &[String] = r.as_deref().unwrap_or_default();
-            for name in names.iter().filter(|n| !written.contains(n)) {
-                self.expectations.observed(kind, ns, name);
+        for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
+            // Nothing was written (already there, already gone, or failed): no event will come.
+            if !matches!(r, Ok(true)) {
+                self.expectations.observed(kind, ns, &name);
             }
             match &r {
-                Ok(written) if !written.is_empty() => writes.accepted += 1,
+                Ok(true) => writes.accepted += 1,
                 Err(Error::Kube { action, source }) => {
                     writes.rejected.extend(rejection::rejection(action, source));
                 }

@@ -170,6 +170,19 @@ impl WriteGate {
         }
     }
 
+    /// Awaits one write request and lets the limit learn from it: how long it took, and
+    /// whether the server throttled it (429).
+    pub(super) async fn timed<T, E: Throttled>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let started = std::time::Instant::now();
+        let result = request.await;
+        let throttled = result.as_ref().err().is_some_and(Throttled::throttled);
+        self.sample(started.elapsed(), throttled);
+        result
+    }
+
     /// One answered write: the limit learns from it.
     pub(super) fn sample(&self, latency: Duration, throttled: bool) {
         let change = {
@@ -242,6 +255,23 @@ impl WriteGate {
             inner.in_flight,
             [inner.waiting[0].len(), inner.waiting[1].len()],
         )
+    }
+}
+
+/// An error that says whether the API server throttled the request (429).
+pub(super) trait Throttled {
+    fn throttled(&self) -> bool;
+}
+
+impl Throttled for kube::Error {
+    fn throttled(&self) -> bool {
+        matches!(self, kube::Error::Api(s) if s.code == 429)
+    }
+}
+
+impl Throttled for crate::error::Error {
+    fn throttled(&self) -> bool {
+        matches!(self, crate::error::Error::Kube { source, .. } if source.throttled())
     }
 }
 
@@ -348,6 +378,20 @@ mod tests {
         assert_eq!(g.counts(), (6, 6, [0, 0]));
         drop(huge);
         assert_eq!(g.counts(), (6, 0, [0, 0]));
+    }
+
+    #[tokio::test]
+    async fn a_throttled_request_halves_the_limit_through_timed() {
+        let g = gate(8);
+        let throttled = kube::Error::Api(Box::new(
+            kube::core::Status::failure("slow down", "TooManyRequests").with_code(429),
+        ));
+        let r: Result<(), kube::Error> = g.timed(async { Err(throttled) }).await;
+        assert!(r.is_err());
+        assert_eq!(g.counts().0, 4);
+        let ok: Result<(), kube::Error> = g.timed(async { Ok(()) }).await;
+        assert!(ok.is_ok());
+        assert_eq!(g.counts().0, 4, "one fast answer closes no window");
     }
 
     #[tokio::test]
