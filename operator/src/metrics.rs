@@ -144,86 +144,123 @@ impl Default for Metrics {
     }
 }
 
+/// Registers the reconcile counter, error counter and duration histogram.
+fn register_reconcile_metrics(
+    r: &mut Registry,
+) -> (Counter, Family<ErrorLabels, Counter>, Histogram) {
+    let reconciles = registered(
+        r,
+        "trainyard_operator_reconciles",
+        "Reconciles started",
+        Counter::default(),
+    );
+    let reconcile_errors = registered(
+        r,
+        "trainyard_operator_reconcile_errors",
+        "Reconcile errors by kind",
+        Family::<ErrorLabels, Counter>::default(),
+    );
+    let reconcile_duration = registered(
+        r,
+        "trainyard_operator_reconcile_duration_seconds",
+        "Time spent in one reconcile",
+        Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
+    );
+    (reconciles, reconcile_errors, reconcile_duration)
+}
+
+/// Registers the restart counter and the preemption recovery histogram.
+fn register_restart_metrics(r: &mut Registry) -> (Family<RestartLabels, Counter>, Histogram) {
+    let restarts = registered(
+        r,
+        "trainyard_operator_restarts",
+        "Gang restarts by reason (Preemption, Failure)",
+        Family::<RestartLabels, Counter>::default(),
+    );
+    let preemption_recovery = registered(
+        r,
+        "trainyard_operator_preemption_recovery_seconds",
+        "Seconds from a preemption being detected to the next attempt's pods being created",
+        Histogram::new([
+            0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+        ]),
+    );
+    (restarts, preemption_recovery)
+}
+
+/// Registers the leader gauge and the per-map state gauges.
+fn register_controller_metrics(r: &mut Registry) -> (Gauge, Family<StateLabels, Gauge>) {
+    let leader = registered(
+        r,
+        "trainyard_operator_leader",
+        "1 while this replica reconciles (holds the leader Lease)",
+        Gauge::default(),
+    );
+    let state_entries = registered(
+        r,
+        "trainyard_operator_state_entries",
+        "Entries the controller keeps per job, by map; back to 0 once the jobs are deleted",
+        Family::<StateLabels, Gauge>::default(),
+    );
+    (leader, state_entries)
+}
+
+/// The per-job step rate gauges ([`Metrics::steps_per_second`]).
+type StepRateGauges = Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+
+/// Registers the progress report counter, the steps-lost histogram and the step rate gauges.
+fn register_progress_metrics(
+    r: &mut Registry,
+) -> (Family<ReportLabels, Counter>, Histogram, StepRateGauges) {
+    let progress_reports = registered(
+        r,
+        "trainyard_operator_progress_reports",
+        "Progress reports from trainers, by outcome",
+        Family::<ReportLabels, Counter>::default(),
+    );
+    let steps_lost = registered(
+        r,
+        "trainyard_operator_steps_lost_per_preemption",
+        "Training steps lost per preemption: the step reported before it minus the step resumed from",
+        Histogram::new([
+            0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+        ]),
+    );
+    let steps_per_second = registered(
+        r,
+        "trainyard_operator_job_steps_per_second",
+        "Training steps per second of each job that reports progress",
+        StepRateGauges::default(),
+    );
+    (progress_reports, steps_lost, steps_per_second)
+}
+
+/// Registers the write limit gauge and the gauges of rounds waiting for a write slot.
+fn register_write_gate_metrics(r: &mut Registry) -> (Gauge, Family<UrgencyLabels, Gauge>) {
+    let write_limit = registered(
+        r,
+        "trainyard_operator_write_limit",
+        "Write requests allowed in flight at once; follows the API server's latency and 429s",
+        Gauge::default(),
+    );
+    let write_rounds_waiting = registered(
+        r,
+        "trainyard_operator_write_rounds_waiting",
+        "Reconciles waiting for a write slot, by urgency (urgent: restarts and creates)",
+        Family::<UrgencyLabels, Gauge>::default(),
+    );
+    (write_limit, write_rounds_waiting)
+}
+
 impl Metrics {
     /// Registers every metric.
     pub fn new() -> Self {
         let mut r = Registry::default();
-        let reconciles = registered(
-            &mut r,
-            "trainyard_operator_reconciles",
-            "Reconciles started",
-            Counter::default(),
-        );
-        let reconcile_errors = registered(
-            &mut r,
-            "trainyard_operator_reconcile_errors",
-            "Reconcile errors by kind",
-            Family::<ErrorLabels, Counter>::default(),
-        );
-        let reconcile_duration = registered(
-            &mut r,
-            "trainyard_operator_reconcile_duration_seconds",
-            "Time spent in one reconcile",
-            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
-        );
-        let restarts = registered(
-            &mut r,
-            "trainyard_operator_restarts",
-            "Gang restarts by reason (Preemption, Failure)",
-            Family::<RestartLabels, Counter>::default(),
-        );
-        let preemption_recovery = registered(
-            &mut r,
-            "trainyard_operator_preemption_recovery_seconds",
-            "Seconds from a preemption being detected to the next attempt's pods being created",
-            Histogram::new([
-                0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-            ]),
-        );
-        let leader = registered(
-            &mut r,
-            "trainyard_operator_leader",
-            "1 while this replica reconciles (holds the leader Lease)",
-            Gauge::default(),
-        );
-        let state_entries = registered(
-            &mut r,
-            "trainyard_operator_state_entries",
-            "Entries the controller keeps per job, by map; back to 0 once the jobs are deleted",
-            Family::<StateLabels, Gauge>::default(),
-        );
-        let progress_reports = registered(
-            &mut r,
-            "trainyard_operator_progress_reports",
-            "Progress reports from trainers, by outcome",
-            Family::<ReportLabels, Counter>::default(),
-        );
-        let steps_lost = registered(
-            &mut r,
-            "trainyard_operator_steps_lost_per_preemption",
-            "Training steps lost per preemption: the step reported before it minus the step resumed from",
-            Histogram::new([
-                0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
-            ]),
-        );
-        let steps_per_second = registered(
-            &mut r,
-            "trainyard_operator_job_steps_per_second",
-            "Training steps per second of each job that reports progress",
-            Family::<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
-        );
-        let write_limit = registered(
-            &mut r,
-            "trainyard_operator_write_limit",
-            "Write requests allowed in flight at once; follows the API server's latency and 429s",
-            Gauge::default(),
-        );
-        let write_rounds_waiting = registered(
-            &mut r,
-            "trainyard_operator_write_rounds_waiting",
-            "Reconciles waiting for a write slot, by urgency (urgent: restarts and creates)",
-            Family::<UrgencyLabels, Gauge>::default(),
-        );
+        let (reconciles, reconcile_errors, reconcile_duration) = register_reconcile_metrics(&mut r);
+        let (restarts, preemption_recovery) = register_restart_metrics(&mut r);
+        let (leader, state_entries) = register_controller_metrics(&mut r);
+        let (progress_reports, steps_lost, steps_per_second) = register_progress_metrics(&mut r);
+        let (write_limit, write_rounds_waiting) = register_write_gate_metrics(&mut r);
         Self {
             registry: r,
             reconciles,

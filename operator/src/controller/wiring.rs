@@ -233,52 +233,32 @@ fn reconciles_in_flight(max_writes: usize) -> u16 {
     u16::try_from(max_writes).unwrap_or(u16::MAX)
 }
 
-/// Builds the watches and the Controller and runs it until `stop` completes.
-pub(super) async fn run_controller(
-    client: Client,
-    config: &RunConfig,
-    metrics: Arc<Metrics>,
-    stop: impl Future<Output = ()> + Send + Sync + 'static,
-) -> Result<(), Error> {
-    let ns = config.namespace.as_deref();
-    let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
-    let (pods, pod_stream) = watch_pods(&client, ns, &expectations);
-    let (nodes, node_events) = watch_nodes(&client);
-    let (leases, lease_task) = watch_node_leases(&client);
-    let (services, svc_events) =
-        watch_metadata::<Service>(&client, ns, &expectations, Kind::Service);
-    let (claims, claim_events) =
-        watch_metadata::<PersistentVolumeClaim>(&client, ns, &expectations, Kind::Claim);
-    let memory = Arc::new(JobMemory::default());
-    let progress = Arc::new(ProgressStore::default());
-    let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
+/// The Controller over the TrainingJob watch, with as many reconciles in flight as writes.
+fn job_controller(
+    job_stream: impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
+    max_writes: usize,
+) -> Controller<DeserializeGuard<TrainingJob>> {
     // Triggered jobs are decided at once (decisions read caches only), as many as write
     // requests may be in flight; the writes they decide queue at the write gate, restarts and
     // creates first (`gate`). The bound keeps the memory of reconciles waiting there in check:
     // each holds its job's validated spec.
-    let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
+    Controller::for_stream(job_stream, jobs).with_config(
         ControllerConfig::default()
             .debounce(Duration::from_millis(50))
-            .concurrency(reconciles_in_flight(config.write_limit.max)),
-    );
-    let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
-    let claim_triggers = claim_triggers(claim_events, jobs.clone());
-    let service_triggers = service_triggers(svc_events, jobs.clone());
-    let (wake, progress_triggers) = super::progress::wake_channel();
-    let stop = stop.shared();
-    if let Some(serving) = &config.progress {
-        super::progress::serve(
-            client.clone(),
-            serving,
-            progress.clone(),
-            pods.clone(),
-            metrics.clone(),
-            wake,
-            stop.clone(),
-        )
-        .await?;
-    }
+            .concurrency(reconciles_in_flight(max_writes)),
+    )
+}
 
+/// Starts the write side: the write gate, the Events publisher task and the executor.
+fn start_writes(
+    client: &Client,
+    config: &RunConfig,
+    metrics: &Arc<Metrics>,
+    expectations: &Arc<Expectations>,
+    memory: &Arc<JobMemory>,
+    jobs: &Store<DeserializeGuard<TrainingJob>>,
+) -> (Arc<WriteGate>, Executor, JoinHandle<()>) {
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(config.instance.clone()),
@@ -300,29 +280,24 @@ pub(super) async fn run_controller(
         memory.clone(),
         jobs.clone(),
     );
-    let caches = Caches::new(client, expectations, pods, nodes, leases, services, claims);
-    let ctx = Arc::new(Context {
-        config: config.operator.clone(),
-        caches,
-        executor,
-        gate,
-        memory,
-        metrics: metrics.clone(),
-        progress,
-    });
+    (gate, executor, publisher)
+}
 
-    metrics.set_ready(true);
+/// Marks the operator ready and runs the Controller until it stops, then ends the Lease watch
+/// and drains the Events.
+async fn run_until_stopped(
+    controller: Controller<DeserializeGuard<TrainingJob>>,
+    ctx: Arc<Context>,
+    ns: Option<&str>,
+    lease_task: JoinHandle<()>,
+    publisher: JoinHandle<()>,
+) {
+    ctx.metrics.set_ready(true);
     tracing::info!(
         namespace = ns.unwrap_or("(all)"),
         "reconciling TrainingJobs"
     );
     controller
-        .owns_stream(pod_stream)
-        .reconcile_on(node_triggers)
-        .reconcile_on(claim_triggers)
-        .reconcile_on(service_triggers)
-        .reconcile_on(progress_triggers)
-        .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
             if let Err(e) = res {
@@ -338,6 +313,67 @@ pub(super) async fn run_controller(
         tracing::warn!("stopping with Events not yet published");
     }
     tracing::info!("controller stopped");
+}
+
+/// Builds the watches and the Controller and runs it until `stop` completes.
+pub(super) async fn run_controller(
+    client: Client,
+    config: &RunConfig,
+    metrics: Arc<Metrics>,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), Error> {
+    let ns = config.namespace.as_deref();
+    let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
+    let (pods, pod_stream) = watch_pods(&client, ns, &expectations);
+    let (nodes, node_events) = watch_nodes(&client);
+    let (leases, lease_task) = watch_node_leases(&client);
+    let (services, svc_events) =
+        watch_metadata::<Service>(&client, ns, &expectations, Kind::Service);
+    let (claims, claim_events) =
+        watch_metadata::<PersistentVolumeClaim>(&client, ns, &expectations, Kind::Claim);
+    let memory = Arc::new(JobMemory::default());
+    let progress = Arc::new(ProgressStore::default());
+    let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
+    let controller = job_controller(job_stream, jobs.clone(), config.write_limit.max);
+    let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
+    let claim_triggers = claim_triggers(claim_events, jobs.clone());
+    let service_triggers = service_triggers(svc_events, jobs.clone());
+    let (wake, progress_triggers) = super::progress::wake_channel();
+    let stop = stop.shared();
+    if let Some(serving) = &config.progress {
+        super::progress::serve(
+            client.clone(),
+            serving,
+            progress.clone(),
+            pods.clone(),
+            metrics.clone(),
+            wake,
+            stop.clone(),
+        )
+        .await?;
+    }
+
+    let (gate, executor, publisher) =
+        start_writes(&client, config, &metrics, &expectations, &memory, &jobs);
+    let caches = Caches::new(client, expectations, pods, nodes, leases, services, claims);
+    let ctx = Arc::new(Context {
+        config: config.operator.clone(),
+        caches,
+        executor,
+        gate,
+        memory,
+        metrics,
+        progress,
+    });
+
+    let controller = controller
+        .owns_stream(pod_stream)
+        .reconcile_on(node_triggers)
+        .reconcile_on(claim_triggers)
+        .reconcile_on(service_triggers)
+        .reconcile_on(progress_triggers)
+        .graceful_shutdown_on(stop);
+    run_until_stopped(controller, ctx, ns, lease_task, publisher).await;
     Ok(())
 }
 

@@ -24,7 +24,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
 
-use super::auth::{AuthError, TokenReviewer};
+use super::auth::{AuthError, Identity, TokenReviewer};
 use super::store::{ProgressStore, Report};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP};
@@ -257,67 +257,52 @@ struct Shared {
     permits: Semaphore,
 }
 
-/// Checks and records one report; the answer is whether to checkpoint.
-async fn handle(shared: &Shared, request: Request) -> Result<bool, Rejection> {
-    let Ok(_permit) = shared.permits.try_acquire() else {
-        return Err(Rejection::overloaded("overloaded"));
-    };
-    let server = &shared.server;
-    let token = bearer(request.headers());
-    let json = is_json(request.headers());
-
-    let bytes = match tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(request, &())).await {
-        Err(_) => {
-            return Err(Rejection::new(
-                StatusCode::REQUEST_TIMEOUT,
-                Outcome::Invalid,
-                "the body did not arrive in time",
-            ));
-        }
+/// Reads the body within [`BODY_TIMEOUT`], refusing one that is late, too large or unreadable.
+async fn read_body(request: Request) -> Result<Bytes, Rejection> {
+    match tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(request, &())).await {
+        Err(_) => Err(Rejection::new(
+            StatusCode::REQUEST_TIMEOUT,
+            Outcome::Invalid,
+            "the body did not arrive in time",
+        )),
         Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return Err(Rejection::new(
+            Err(Rejection::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Outcome::TooLarge,
                 format!("the body is over {MAX_BODY_BYTES} bytes"),
-            ));
+            ))
         }
-        Ok(Err(rejection)) => return Err(Rejection::invalid(rejection.body_text())),
-        Ok(Ok(bytes)) => bytes,
-    };
-    let Some(token) = token else {
-        return Err(Rejection::new(
-            StatusCode::UNAUTHORIZED,
-            Outcome::Unauthenticated,
-            "Authorization: Bearer <token> is missing or malformed",
-        ));
-    };
-    if !json {
-        return Err(Rejection::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Outcome::Invalid,
-            "Content-Type is not application/json",
-        ));
+        Ok(Err(rejection)) => Err(Rejection::invalid(rejection.body_text())),
+        Ok(Ok(bytes)) => Ok(bytes),
     }
-    let (job, report) = ReportBody::parse(&bytes)?;
+}
 
-    let identity = match tokio::time::timeout(REVIEW_TIMEOUT, server.reviewer.review(token)).await {
-        Err(_) => return Err(Rejection::overloaded("the token review timed out")),
+/// Reviews `token` within [`REVIEW_TIMEOUT`]: the pod it was issued to.
+async fn review(reviewer: &dyn TokenReviewer, token: String) -> Result<Identity, Rejection> {
+    match tokio::time::timeout(REVIEW_TIMEOUT, reviewer.review(token)).await {
+        Err(_) => Err(Rejection::overloaded("the token review timed out")),
         Ok(Err(AuthError::Unavailable(why))) => {
             tracing::warn!(%why, "progress report: token review failed");
-            return Err(Rejection::overloaded("the token cannot be reviewed now"));
+            Err(Rejection::overloaded("the token cannot be reviewed now"))
         }
-        Ok(Err(AuthError::Unauthenticated(why))) => {
-            return Err(Rejection::new(
-                StatusCode::UNAUTHORIZED,
-                Outcome::Unauthenticated,
-                why,
-            ));
-        }
-        Ok(Ok(identity)) => identity,
-    };
+        Ok(Err(AuthError::Unauthenticated(why))) => Err(Rejection::new(
+            StatusCode::UNAUTHORIZED,
+            Outcome::Unauthenticated,
+            why,
+        )),
+        Ok(Ok(identity)) => Ok(identity),
+    }
+}
 
+/// Checks that the token's pod is `job`'s worker of the report's rank and attempt.
+fn check_worker(
+    pods: &dyn PodLookup,
+    identity: &Identity,
+    job: &str,
+    report: &Report,
+) -> Result<(), Rejection> {
     let pod = format!("{}/{}", identity.namespace, identity.pod_name);
-    let Some(worker) = server.pods.worker(&identity.namespace, &identity.pod_name) else {
+    let Some(worker) = pods.worker(&identity.namespace, &identity.pod_name) else {
         return Err(Rejection::new(
             StatusCode::FORBIDDEN,
             Outcome::UnknownJob,
@@ -347,15 +332,50 @@ async fn handle(shared: &Shared, request: Request) -> Result<bool, Rejection> {
             worker.attempt, report.attempt
         )));
     }
+    Ok(())
+}
 
+/// Records the report and wakes the job's reconcile when the store says so; whether to checkpoint.
+fn record(server: &ProgressServer, namespace: String, job: String, report: &Report) -> bool {
     let recorded = server
         .store
-        .record(&identity.namespace, &job, &report, jiff::Timestamp::now());
+        .record(&namespace, &job, report, jiff::Timestamp::now());
     if recorded.wake {
         // Full: dropped; the reconcile that is due reads the store anyway.
-        let _ = server.wake.try_send((identity.namespace, job));
+        let _ = server.wake.try_send((namespace, job));
     }
-    Ok(recorded.checkpoint)
+    recorded.checkpoint
+}
+
+/// Checks and records one report; the answer is whether to checkpoint.
+async fn handle(shared: &Shared, request: Request) -> Result<bool, Rejection> {
+    let Ok(_permit) = shared.permits.try_acquire() else {
+        return Err(Rejection::overloaded("overloaded"));
+    };
+    let server = &shared.server;
+    let token = bearer(request.headers());
+    let json = is_json(request.headers());
+
+    let bytes = read_body(request).await?;
+    let Some(token) = token else {
+        return Err(Rejection::new(
+            StatusCode::UNAUTHORIZED,
+            Outcome::Unauthenticated,
+            "Authorization: Bearer <token> is missing or malformed",
+        ));
+    };
+    if !json {
+        return Err(Rejection::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Outcome::Invalid,
+            "Content-Type is not application/json",
+        ));
+    }
+    let (job, report) = ReportBody::parse(&bytes)?;
+
+    let identity = review(server.reviewer.as_ref(), token).await?;
+    check_worker(server.pods.as_ref(), &identity, &job, &report)?;
+    Ok(record(server, identity.namespace, job, &report))
 }
 
 async fn report(State(shared): State<Arc<Shared>>, request: Request) -> Response {
