@@ -246,7 +246,7 @@ fn register_write_gate_metrics(r: &mut Registry) -> (Gauge, Family<UrgencyLabels
     let write_rounds_waiting = registered(
         r,
         "trainyard_operator_write_rounds_waiting",
-        "Reconciles waiting for a write slot, by urgency (urgent: restarts and creates)",
+        "Write rounds waiting for a slot, by urgency (urgent: restarts and creates; routine: status writes and Events, with the jobs parked until a slot is free)",
         Family::<UrgencyLabels, Gauge>::default(),
     );
     (write_limit, write_rounds_waiting)

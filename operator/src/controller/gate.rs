@@ -12,13 +12,21 @@
 //! kube-runtime's scheduler has no priorities: with a constant bound on reconciles, a burst
 //! of preemptions among 1,000 jobs waited behind thousands of reconciles that only recorded
 //! pod detail. Here every triggered job is decided at once (decisions read caches only and
-//! cost no request), and only the writes queue, by [`Urgency`].
+//! cost no request), and only the writes queue, by [`Urgency`]. A reconcile whose round only
+//! writes status does not queue at all when the gate is full: its job is parked
+//! ([`WriteGate::enter_or_park`]) and woken on [`WriteGate::wakes`] once slots are free and no
+//! urgent round waits. So the reconciles in flight (bounded by kube-runtime) are never all
+//! held by status writes while a preempted job waits to be decided.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use futures::Stream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::triggers::JobRef;
 
 use crate::metrics::Metrics;
 use crate::plan::Plan;
@@ -58,12 +66,25 @@ struct Inner {
     /// Waiting rounds and the slots each takes, by [`Urgency`] (urgent first).
     /// A waiter is sent the slots it was granted.
     waiting: [VecDeque<(usize, oneshot::Sender<usize>)>; 2],
+    /// Jobs whose status-only round found the gate full, in the order they came, once each.
+    parked: VecDeque<JobRef>,
+    parked_set: HashSet<JobRef>,
+    /// Parked jobs woken and not back yet, with when: each counts as a slot taken, so that
+    /// free slots wake as many jobs as they can serve, not every parked job at once.
+    woken: HashMap<JobRef, Instant>,
 }
+
+/// A woken job that has not come back within this is taken to be gone (deleted, or its
+/// reconcile cancelled): its reservation lapses.
+const WOKEN_LAPSES: Duration = Duration::from_secs(5);
 
 /// The slots write rounds take, and the rounds waiting for one.
 pub(super) struct WriteGate {
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
+    wake: mpsc::UnboundedSender<JobRef>,
+    /// The receiving end of `wake`, until [`WriteGate::wakes`] takes it.
+    wakes: Mutex<Option<mpsc::UnboundedReceiver<JobRef>>>,
 }
 
 /// Slots: held while a round writes, given back when dropped.
@@ -100,14 +121,50 @@ impl WriteGate {
     pub(super) fn new(config: LimitConfig, metrics: Arc<Metrics>) -> Arc<Self> {
         let limit = AdaptiveLimit::new(config);
         metrics.write_limit.set(gauge(limit.limit()));
+        let (wake, wakes) = mpsc::unbounded_channel();
         Arc::new(Self {
             inner: Mutex::new(Inner {
                 limit,
                 in_flight: 0,
                 waiting: [VecDeque::new(), VecDeque::new()],
+                parked: VecDeque::new(),
+                parked_set: HashSet::new(),
+                woken: HashMap::new(),
             }),
             metrics,
+            wake,
+            wakes: Mutex::new(Some(wakes)),
         })
+    }
+
+    /// The parked jobs to reconcile again, as slots free up (for `Controller::reconcile_on`).
+    /// Empty after the first call.
+    pub(super) fn wakes(&self) -> impl Stream<Item = JobRef> + Send + 'static {
+        let mut rx = self.wakes.lock().unwrap_or_else(|e| e.into_inner()).take();
+        futures::stream::poll_fn(move |cx| match rx.as_mut() {
+            Some(rx) => rx.poll_recv(cx),
+            None => std::task::Poll::Ready(None),
+        })
+    }
+
+    /// `wanted` slots now for a round that only writes status, as [`Self::try_enter`] would
+    /// give them; else `job` is parked (once, however often it comes) and sent on
+    /// [`Self::wakes`] when slots are free and no urgent round waits.
+    pub(super) fn enter_or_park(self: &Arc<Self>, job: &JobRef, wanted: usize) -> Option<Permit> {
+        self.lock().woken.remove(job);
+        if let Some(permit) = self.try_enter(Urgency::Routine, wanted) {
+            return Some(permit);
+        }
+        {
+            let mut inner = self.lock();
+            if inner.parked_set.insert(job.clone()) {
+                inner.parked.push_back(job.clone());
+            }
+            inner.limit.saturated();
+        }
+        // Slots freed between try_enter and parking must not be missed.
+        self.dispatch();
+        None
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -123,7 +180,11 @@ impl WriteGate {
         let ahead = inner.waiting[..=urgency as usize]
             .iter()
             .any(|q| !q.is_empty());
-        if ahead || inner.in_flight + slots > inner.limit.limit() {
+        let reserved = match urgency {
+            Urgency::Urgent => 0,
+            Urgency::Routine => inner.woken.len(),
+        };
+        if ahead || inner.in_flight + reserved + slots > inner.limit.limit() {
             return None;
         }
         inner.in_flight += slots;
@@ -236,14 +297,41 @@ impl WriteGate {
                 inner.in_flight += slots;
             }
         }
+        self.wake_parked(&mut inner);
         self.export_waiting(&inner);
+    }
+
+    /// Wakes parked jobs, one per slot no waiting round and no woken job has claimed.
+    fn wake_parked(&self, inner: &mut Inner) {
+        if inner.parked.is_empty() || inner.waiting.iter().any(|q| !q.is_empty()) {
+            return;
+        }
+        inner.woken.retain(|_, at| at.elapsed() < WOKEN_LAPSES);
+        let mut free = inner
+            .limit
+            .limit()
+            .saturating_sub(inner.in_flight + inner.woken.len());
+        while free > 0 {
+            let Some(job) = inner.parked.pop_front() else {
+                break;
+            };
+            inner.parked_set.remove(&job);
+            if self.wake.send(job.clone()).is_ok() {
+                inner.woken.insert(job, Instant::now());
+                free -= 1;
+            }
+        }
     }
 
     fn export_waiting(&self, inner: &Inner) {
         for urgency in [Urgency::Urgent, Urgency::Routine] {
+            let parked = match urgency {
+                Urgency::Urgent => 0,
+                Urgency::Routine => inner.parked.len(),
+            };
             self.metrics
                 .write_rounds_waiting(urgency.as_str())
-                .set(gauge(inner.waiting[urgency as usize].len()));
+                .set(gauge(inner.waiting[urgency as usize].len() + parked));
         }
     }
 
@@ -392,6 +480,79 @@ mod tests {
         let ok: Result<(), kube::Error> = g.timed(async { Ok(()) }).await;
         assert!(ok.is_ok());
         assert_eq!(g.counts().0, 4, "one fast answer closes no window");
+    }
+
+    fn job(name: &str) -> JobRef {
+        JobRef::new(name).within("ns")
+    }
+
+    #[tokio::test]
+    async fn a_status_only_round_at_a_full_gate_parks_its_job_once_and_is_woken_by_a_free_slot() {
+        let g = gate(1);
+        let mut wakes = Box::pin(g.wakes());
+        let held = g.enter(Urgency::Urgent, 1).await;
+        assert!(g.enter_or_park(&job("a"), 1).is_none());
+        assert!(g.enter_or_park(&job("a"), 1).is_none(), "parked once");
+        assert!(g.enter_or_park(&job("b"), 1).is_none());
+        assert!(
+            futures::StreamExt::next(&mut wakes)
+                .now_or_never()
+                .is_none()
+        );
+        drop(held);
+        // One slot: one job woken, in the order they parked, and the slot kept for it.
+        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
+        assert_eq!(woken, Some(Some(job("a"))));
+        assert!(
+            futures::StreamExt::next(&mut wakes)
+                .now_or_never()
+                .is_none()
+        );
+        assert!(g.try_enter(Urgency::Routine, 1).is_none(), "reserved for a");
+        let permit = g.enter_or_park(&job("a"), 1).expect("the woken job enters");
+        drop(permit);
+        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
+        assert_eq!(woken, Some(Some(job("b"))));
+    }
+
+    #[tokio::test]
+    async fn urgent_rounds_take_a_freed_slot_before_a_parked_job_is_woken() {
+        let g = gate(1);
+        let mut wakes = Box::pin(g.wakes());
+        let held = g.enter(Urgency::Urgent, 1).await;
+        assert!(g.enter_or_park(&job("a"), 1).is_none());
+        let mut urgent = Box::pin(g.enter(Urgency::Urgent, 1));
+        assert!((&mut urgent).now_or_never().is_none());
+        drop(held);
+        let urgent = (&mut urgent)
+            .now_or_never()
+            .expect("the urgent round first");
+        assert!(
+            futures::StreamExt::next(&mut wakes)
+                .now_or_never()
+                .is_none()
+        );
+        drop(urgent);
+        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
+        assert_eq!(woken, Some(Some(job("a"))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_woken_job_that_never_comes_back_gives_up_its_slot_after_a_while() {
+        let g = gate(1);
+        let mut wakes = Box::pin(g.wakes());
+        let held = g.enter(Urgency::Urgent, 1).await;
+        assert!(g.enter_or_park(&job("gone"), 1).is_none());
+        assert!(g.enter_or_park(&job("b"), 1).is_none());
+        drop(held);
+        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
+        assert_eq!(woken, Some(Some(job("gone"))));
+        assert!(g.try_enter(Urgency::Routine, 1).is_none());
+        tokio::time::advance(WOKEN_LAPSES + Duration::from_millis(1)).await;
+        // The next look at the gate lets the reservation lapse and wakes the next job.
+        assert!(g.enter_or_park(&job("c"), 1).is_none());
+        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
+        assert_eq!(woken, Some(Some(job("b"))));
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
@@ -16,6 +17,7 @@ use super::gate::{Permit, Urgency};
 use super::job_memory::error_key;
 use super::status_cache::Known;
 use super::status_write::StatusWrite;
+use super::triggers::JobRef;
 use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::plan;
@@ -102,8 +104,13 @@ async fn reconcile_inner(
         write,
         now,
         permit,
+        parked,
     } = decide_with_slot(ctx, job, &valid, known).await?;
     let requeue_at = decided.requeue_at;
+    if parked {
+        // The gate wakes the job when a slot is free; the plan's own time stands as well.
+        return Ok(Action::requeue(requeue_after(requeue_at, None, None)));
+    }
     let follow_up = super::progress::FollowUp::of(&decided);
     // Boxed: a reconcile waiting at the gate then holds a pointer, not the executor's state.
     let held_for = Box::pin(
@@ -166,6 +173,9 @@ struct Round {
     write: StatusWrite,
     now: Timestamp,
     permit: Option<Permit>,
+    /// A status-only round that found the gate full: nothing is carried out, the job is
+    /// reconciled again when a slot is free.
+    parked: bool,
 }
 
 impl Round {
@@ -191,6 +201,21 @@ async fn decide_with_slot(
     }
     let urgency = Urgency::of(&round.plan);
     let wanted = requests_at_once(&round.plan, round.write == StatusWrite::Now);
+    if urgency == Urgency::Routine {
+        // A status-only round does not hold a reconcile while it waits: parked, its job is
+        // reconciled again (and decided afresh) when a slot is free.
+        let permit = ctx.gate.enter_or_park(&job_ref(job), wanted);
+        return Ok(match permit {
+            Some(permit) => Round {
+                permit: Some(permit),
+                ..round
+            },
+            None => Round {
+                parked: true,
+                ..round
+            },
+        });
+    }
     if let Some(permit) = ctx.gate.try_enter(urgency, wanted) {
         return Ok(Round {
             permit: Some(permit),
@@ -224,7 +249,17 @@ async fn decide(
         write,
         now,
         permit: None,
+        parked: false,
     })
+}
+
+/// The reference the Controller schedules `job` by.
+fn job_ref(job: &TrainingJob) -> JobRef {
+    let r = ObjectRef::new(&job.name_any());
+    match job.namespace() {
+        Some(ns) => r.within(&ns),
+        None => r,
+    }
 }
 
 /// Observes the job in the caches (with the placement of a half-created attempt's first pod

@@ -241,7 +241,8 @@ fn job_controller(
 ) -> Controller<DeserializeGuard<TrainingJob>> {
     // Triggered jobs are decided at once (decisions read caches only), as many as write
     // requests may be in flight; the writes they decide queue at the write gate, restarts and
-    // creates first (`gate`). The bound keeps the memory of reconciles waiting there in check:
+    // creates first (`gate`); a round that only writes status parks its job there instead of
+    // holding a reconcile. The bound keeps the memory of reconciles waiting there in check:
     // each holds its job's validated spec.
     Controller::for_stream(job_stream, jobs).with_config(
         ControllerConfig::default()
@@ -355,6 +356,7 @@ pub(super) async fn run_controller(
 
     let (gate, executor, publisher) =
         start_writes(&client, config, &metrics, &expectations, &memory, &jobs);
+    let parked_wakes = gate.wakes();
     let caches = Caches::new(client, expectations, pods, nodes, leases, services, claims);
     let ctx = Arc::new(Context {
         config: config.operator.clone(),
@@ -372,6 +374,7 @@ pub(super) async fn run_controller(
         .reconcile_on(claim_triggers)
         .reconcile_on(service_triggers)
         .reconcile_on(progress_triggers)
+        .reconcile_on(parked_wakes)
         .graceful_shutdown_on(stop);
     run_until_stopped(controller, ctx, ns, lease_task, publisher).await;
     Ok(())
