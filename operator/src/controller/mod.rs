@@ -84,11 +84,12 @@ pub struct ProgressServing {
     pub pod_ip: Option<String>,
 }
 
-/// Default ceiling of [`RunConfig::write_limit`]. On the 2-CPU bench machine
-/// (docs/benchmarks.md) a 100-job burst recovered at 1.53x its restart floor with 48
-/// requests in flight, 2.26x with 96, 2.41x with 192; at 1,000 jobs 192 did better (1.38x
-/// against 2.09x) but peaked at 64.5 MiB against 56.1. No ceiling met every target there.
-pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 48;
+/// Default ceiling of [`RunConfig::write_limit`]: the widest that kept the operator under
+/// 64 MiB at 1,000 jobs on the 2-CPU bench machine (docs/benchmarks.md, with status-only
+/// rounds parked): 62.5 MiB at 96 against 64.6 at 192, and every pod created in 1.17x the
+/// fair floor (1.47x at 48, where creates of six requests ran eight jobs wide). The
+/// 100-job burst did not follow the ceiling beyond run-to-run noise (1.34x-2.41x at 48-192).
+pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 96;
 
 /// What every reconcile shares.
 struct Context {
