@@ -135,6 +135,8 @@ pub struct Metrics {
     pub write_limit: Gauge,
     /// Reconciles waiting for a write slot, by urgency.
     pub write_rounds_waiting: Family<UrgencyLabels, Gauge>,
+    /// Status-only rounds that found the write gate full and parked their job.
+    pub status_rounds_parked: Counter,
     ready: AtomicBool,
 }
 
@@ -235,8 +237,9 @@ fn register_progress_metrics(
     (progress_reports, steps_lost, steps_per_second)
 }
 
-/// Registers the write limit gauge and the gauges of rounds waiting for a write slot.
-fn register_write_gate_metrics(r: &mut Registry) -> (Gauge, Family<UrgencyLabels, Gauge>) {
+/// Registers the write limit gauge, the gauges of rounds waiting for a write slot and the
+/// count of parked status-only rounds.
+fn register_write_gate_metrics(r: &mut Registry) -> (Gauge, Family<UrgencyLabels, Gauge>, Counter) {
     let write_limit = registered(
         r,
         "trainyard_operator_write_limit",
@@ -249,7 +252,13 @@ fn register_write_gate_metrics(r: &mut Registry) -> (Gauge, Family<UrgencyLabels
         "Write rounds waiting for a slot, by urgency (urgent: restarts and creates; routine: status writes and Events, with the jobs parked until a slot is free)",
         Family::<UrgencyLabels, Gauge>::default(),
     );
-    (write_limit, write_rounds_waiting)
+    let status_rounds_parked = registered(
+        r,
+        "trainyard_operator_status_rounds_parked",
+        "Status-only rounds that found every write slot taken and parked their job until one was free",
+        Counter::default(),
+    );
+    (write_limit, write_rounds_waiting, status_rounds_parked)
 }
 
 impl Metrics {
@@ -260,7 +269,8 @@ impl Metrics {
         let (restarts, preemption_recovery) = register_restart_metrics(&mut r);
         let (leader, state_entries) = register_controller_metrics(&mut r);
         let (progress_reports, steps_lost, steps_per_second) = register_progress_metrics(&mut r);
-        let (write_limit, write_rounds_waiting) = register_write_gate_metrics(&mut r);
+        let (write_limit, write_rounds_waiting, status_rounds_parked) =
+            register_write_gate_metrics(&mut r);
         Self {
             registry: r,
             reconciles,
@@ -274,6 +284,7 @@ impl Metrics {
             steps_lost,
             steps_per_second,
             write_limit,
+            status_rounds_parked,
             write_rounds_waiting,
             ready: AtomicBool::new(false),
         }

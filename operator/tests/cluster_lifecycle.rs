@@ -2,7 +2,7 @@
 
 mod harness;
 
-use harness::{TestEnv, WAIT, condition, env, fast_config, wait_for};
+use harness::{TestEnv, WAIT, condition, env, fast_config, sample, scrape, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use kube::Api;
 use kube::api::DeleteParams;
@@ -268,6 +268,52 @@ async fn deleting_the_job_removes_pods_and_service_and_follows_retain_on_delete(
         .expect("retained PVC still there");
     assert!(kept.metadata.deletion_timestamp.is_none());
 
+    op.stop().await;
+    t.cleanup().await;
+}
+
+/// One write slot: each create round takes it whole, and the Events publisher takes it for
+/// every batch, so status-only rounds (a job's pods went Running) find it taken and park
+/// their job. Every parked job must be woken and record Running with its worker's detail:
+/// a lost wake would leave it until the 300 s resync, far past the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn with_one_write_slot_parked_status_rounds_are_woken_and_every_job_records_running() {
+    const JOBS: usize = 16;
+    let t = TestEnv::new("ty-narrow").await;
+    t.add_node("n", &[], JOBS as u32).await;
+    let (op, addr) = t.start_operator_with_write_ceiling(fast_config(), 1);
+    for i in 0..JOBS {
+        t.create_job(
+            &format!("j{i}"),
+            json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"}}),
+        )
+        .await;
+    }
+    t.wait_running(0, JOBS).await;
+    for i in 0..JOBS {
+        t.wait_job(
+            &format!("j{i}"),
+            "phase Running with its worker's detail",
+            |j| {
+                j.status.as_ref().is_some_and(|s| {
+                    s.phase.map(|p| p.as_str()) == Some("Running") && s.workers.len() == 1
+                })
+            },
+        )
+        .await;
+    }
+    let parked = sample(
+        &scrape(addr).await,
+        "trainyard_operator_status_rounds_parked_total",
+    );
+    eprintln!("status-only rounds parked: {parked:?}");
+    // Without a parked round the test would prove nothing about waking; four to eleven of
+    // the sixteen jobs parked in quiet runs.
+    assert!(
+        parked.is_some_and(|n| n >= 1.0),
+        "no status-only round parked ({parked:?}): the test did not exercise the wake"
+    );
     op.stop().await;
     t.cleanup().await;
 }

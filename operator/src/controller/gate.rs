@@ -162,6 +162,7 @@ impl WriteGate {
             }
             inner.limit.saturated();
         }
+        self.metrics.status_rounds_parked.inc();
         // Slots freed between try_enter and parking must not be missed.
         self.dispatch();
         None
@@ -486,6 +487,11 @@ mod tests {
         JobRef::new(name).within("ns")
     }
 
+    /// The job woken now, if any.
+    fn woken(wakes: &mut (impl Stream<Item = JobRef> + Unpin)) -> Option<JobRef> {
+        futures::StreamExt::next(wakes).now_or_never().flatten()
+    }
+
     #[tokio::test]
     async fn a_status_only_round_at_a_full_gate_parks_its_job_once_and_is_woken_by_a_free_slot() {
         let g = gate(1);
@@ -494,25 +500,15 @@ mod tests {
         assert!(g.enter_or_park(&job("a"), 1).is_none());
         assert!(g.enter_or_park(&job("a"), 1).is_none(), "parked once");
         assert!(g.enter_or_park(&job("b"), 1).is_none());
-        assert!(
-            futures::StreamExt::next(&mut wakes)
-                .now_or_never()
-                .is_none()
-        );
+        assert_eq!(woken(&mut wakes), None);
         drop(held);
         // One slot: one job woken, in the order they parked, and the slot kept for it.
-        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
-        assert_eq!(woken, Some(Some(job("a"))));
-        assert!(
-            futures::StreamExt::next(&mut wakes)
-                .now_or_never()
-                .is_none()
-        );
+        assert_eq!(woken(&mut wakes), Some(job("a")));
+        assert_eq!(woken(&mut wakes), None);
         assert!(g.try_enter(Urgency::Routine, 1).is_none(), "reserved for a");
         let permit = g.enter_or_park(&job("a"), 1).expect("the woken job enters");
         drop(permit);
-        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
-        assert_eq!(woken, Some(Some(job("b"))));
+        assert_eq!(woken(&mut wakes), Some(job("b")));
     }
 
     #[tokio::test]
@@ -527,14 +523,9 @@ mod tests {
         let urgent = (&mut urgent)
             .now_or_never()
             .expect("the urgent round first");
-        assert!(
-            futures::StreamExt::next(&mut wakes)
-                .now_or_never()
-                .is_none()
-        );
+        assert_eq!(woken(&mut wakes), None);
         drop(urgent);
-        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
-        assert_eq!(woken, Some(Some(job("a"))));
+        assert_eq!(woken(&mut wakes), Some(job("a")));
     }
 
     #[tokio::test(start_paused = true)]
@@ -545,14 +536,12 @@ mod tests {
         assert!(g.enter_or_park(&job("gone"), 1).is_none());
         assert!(g.enter_or_park(&job("b"), 1).is_none());
         drop(held);
-        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
-        assert_eq!(woken, Some(Some(job("gone"))));
+        assert_eq!(woken(&mut wakes), Some(job("gone")));
         assert!(g.try_enter(Urgency::Routine, 1).is_none());
         tokio::time::advance(WOKEN_LAPSES + Duration::from_millis(1)).await;
         // The next look at the gate lets the reservation lapse and wakes the next job.
         assert!(g.enter_or_park(&job("c"), 1).is_none());
-        let woken = futures::StreamExt::next(&mut wakes).now_or_never();
-        assert_eq!(woken, Some(Some(job("b"))));
+        assert_eq!(woken(&mut wakes), Some(job("b")));
     }
 
     #[tokio::test]

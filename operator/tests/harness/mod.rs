@@ -99,6 +99,9 @@ fn init_logs() {
         .try_init();
 }
 
+/// The operator's default write ceiling.
+const DEFAULT_CEILING: usize = trainyard_operator::DEFAULT_MAX_CONCURRENT_WRITES as usize;
+
 pub async fn client() -> Client {
     Client::try_default()
         .await
@@ -213,7 +216,7 @@ impl TestEnv {
 
     /// Starts the operator in-process, watching only this namespace.
     pub fn start_operator(&self, config: OperatorConfig) -> Operator {
-        self.start_operator_with(config, None, None)
+        self.start_operator_with(config, None, None, DEFAULT_CEILING)
     }
 
     /// Starts the operator in-process serving `/metrics` on a free local port, which it returns.
@@ -221,11 +224,24 @@ impl TestEnv {
         &self,
         config: OperatorConfig,
     ) -> (Operator, std::net::SocketAddr) {
+        self.start_operator_with_write_ceiling(config, DEFAULT_CEILING)
+    }
+
+    /// As [`Self::start_operator_serving_metrics`], with at most `ceiling` write requests in
+    /// flight.
+    pub fn start_operator_with_write_ceiling(
+        &self,
+        config: OperatorConfig,
+        ceiling: usize,
+    ) -> (Operator, std::net::SocketAddr) {
         // The port is free now; the operator binds it again at once.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free local port");
-        (self.start_operator_with(config, None, Some(addr)), addr)
+        (
+            self.start_operator_with(config, None, Some(addr), ceiling),
+            addr,
+        )
     }
 
     /// Starts a replica that reconciles only while it holds the Lease `trainyard-operator`
@@ -238,7 +254,7 @@ impl TestEnv {
             lease_duration_seconds: 6,
             renew_grace_seconds: 2,
         };
-        self.start_operator_with(fast_config(), Some(election), None)
+        self.start_operator_with(fast_config(), Some(election), None, DEFAULT_CEILING)
     }
 
     fn start_operator_with(
@@ -246,6 +262,7 @@ impl TestEnv {
         config: OperatorConfig,
         leader_election: Option<trainyard_operator::leader::LeaderElection>,
         metrics_addr: Option<std::net::SocketAddr>,
+        write_ceiling: usize,
     ) -> Operator {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let run = RunConfig {
@@ -255,9 +272,7 @@ impl TestEnv {
             metrics_addr,
             leader_election,
             instance: format!("test-{}", self.ns),
-            write_limit: trainyard_operator::write_limit::LimitConfig::up_to(usize::from(
-                trainyard_operator::DEFAULT_MAX_CONCURRENT_WRITES,
-            )),
+            write_limit: trainyard_operator::write_limit::LimitConfig::up_to(write_ceiling),
         };
         let task = tokio::spawn(trainyard_operator::run(
             self.client.clone(),
