@@ -564,7 +564,8 @@ mod tests {
             let (client, log) = recorded_client(script);
             let (events_tx, events) = mpsc::channel(16);
             let metrics = Arc::new(Metrics::new());
-            let gate = WriteGate::new(crate::write_limit::LimitConfig::up_to(16), metrics.clone());
+            let (gate, _wakes) =
+                WriteGate::new(crate::write_limit::LimitConfig::up_to(16), metrics.clone());
             let executor = Executor::new(
                 client,
                 gate,

@@ -14,7 +14,7 @@
 //! pod detail. Here every triggered job is decided at once (decisions read caches only and
 //! cost no request), and only the writes queue, by [`Urgency`]. A reconcile whose round only
 //! writes status does not queue at all when the gate is full: its job is parked
-//! ([`WriteGate::enter_or_park`]) and woken on [`WriteGate::wakes`] once slots are free and no
+//! ([`WriteGate::enter_or_park`]) and woken on the stream [`WriteGate::new`] returns once slots are free and no
 //! urgent round waits. So the reconciles in flight (bounded by kube-runtime) are never all
 //! held by status writes while a preempted job waits to be decided.
 
@@ -82,9 +82,8 @@ const WOKEN_LAPSES: Duration = Duration::from_secs(5);
 pub(super) struct WriteGate {
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
+    /// Where parked jobs are woken: the stream [`WriteGate::new`] returns.
     wake: mpsc::UnboundedSender<JobRef>,
-    /// The receiving end of `wake`, until [`WriteGate::wakes`] takes it.
-    wakes: Mutex<Option<mpsc::UnboundedReceiver<JobRef>>>,
 }
 
 /// Slots: held while a round writes, given back when dropped.
@@ -118,11 +117,16 @@ impl Drop for Waiter {
 }
 
 impl WriteGate {
-    pub(super) fn new(config: LimitConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// The gate, and the stream of parked jobs to reconcile again as slots free up (for
+    /// `Controller::reconcile_on`).
+    pub(super) fn new(
+        config: LimitConfig,
+        metrics: Arc<Metrics>,
+    ) -> (Arc<Self>, impl Stream<Item = JobRef> + Send + 'static) {
         let limit = AdaptiveLimit::new(config);
         metrics.write_limit.set(gauge(limit.limit()));
-        let (wake, wakes) = mpsc::unbounded_channel();
-        Arc::new(Self {
+        let (wake, mut wakes) = mpsc::unbounded_channel();
+        let gate = Arc::new(Self {
             inner: Mutex::new(Inner {
                 limit,
                 in_flight: 0,
@@ -133,23 +137,16 @@ impl WriteGate {
             }),
             metrics,
             wake,
-            wakes: Mutex::new(Some(wakes)),
-        })
-    }
-
-    /// The parked jobs to reconcile again, as slots free up (for `Controller::reconcile_on`).
-    /// Empty after the first call.
-    pub(super) fn wakes(&self) -> impl Stream<Item = JobRef> + Send + 'static {
-        let mut rx = self.wakes.lock().unwrap_or_else(|e| e.into_inner()).take();
-        futures::stream::poll_fn(move |cx| match rx.as_mut() {
-            Some(rx) => rx.poll_recv(cx),
-            None => std::task::Poll::Ready(None),
-        })
+        });
+        (
+            gate,
+            futures::stream::poll_fn(move |cx| wakes.poll_recv(cx)),
+        )
     }
 
     /// `wanted` slots now for a round that only writes status, as [`Self::try_enter`] would
     /// give them; else `job` is parked (once, however often it comes) and sent on
-    /// [`Self::wakes`] when slots are free and no urgent round waits.
+    /// the wake stream when slots are free and no urgent round waits.
     pub(super) fn enter_or_park(self: &Arc<Self>, job: &JobRef, wanted: usize) -> Option<Permit> {
         self.lock().woken.remove(job);
         if let Some(permit) = self.try_enter(Urgency::Routine, wanted) {
@@ -373,8 +370,11 @@ mod tests {
     use super::*;
     use futures::FutureExt;
 
-    fn gate(initial: usize) -> Arc<WriteGate> {
-        WriteGate::new(
+    /// The parked jobs a test gate wakes.
+    type Wakes = std::pin::Pin<Box<dyn Stream<Item = JobRef> + Send>>;
+
+    fn gate(initial: usize) -> (Arc<WriteGate>, Wakes) {
+        let (gate, wakes) = WriteGate::new(
             LimitConfig {
                 min: 1,
                 max: 8,
@@ -382,12 +382,13 @@ mod tests {
                 latency_target: Duration::from_secs(1),
             },
             Arc::new(Metrics::new()),
-        )
+        );
+        (gate, Box::pin(wakes))
     }
 
     #[tokio::test]
     async fn urgent_rounds_take_freed_slots_before_routine_rounds_that_waited_longer() {
-        let g = gate(1);
+        let (g, _wakes) = gate(1);
         let held = g.enter(Urgency::Routine, 1).await;
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
@@ -417,7 +418,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_round_never_jumps_the_queue_of_its_own_urgency() {
-        let g = gate(1);
+        let (g, _wakes) = gate(1);
         let held = g.enter(Urgency::Urgent, 1).await;
         let mut waiting = Box::pin(g.enter(Urgency::Urgent, 1));
         assert!((&mut waiting).now_or_never().is_none());
@@ -432,7 +433,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancelled_waiter_gives_back_the_slot_it_was_handed() {
-        let g = gate(1);
+        let (g, _wakes) = gate(1);
         let held = g.enter(Urgency::Urgent, 1).await;
         let mut waiting = Box::pin(g.enter(Urgency::Routine, 1));
         assert!((&mut waiting).now_or_never().is_none());
@@ -450,7 +451,7 @@ mod tests {
 
     #[tokio::test]
     async fn slots_count_requests_and_a_wide_round_is_not_starved_by_narrow_ones() {
-        let g = gate(6);
+        let (g, _wakes) = gate(6);
         let narrow = g.enter(Urgency::Urgent, 2).await;
         // Six requests wanted, four free: it waits, and the narrow round behind it too.
         let mut wide = Box::pin(g.enter(Urgency::Urgent, 6));
@@ -471,7 +472,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_throttled_request_halves_the_limit_through_timed() {
-        let g = gate(8);
+        let (g, _wakes) = gate(8);
         let throttled = kube::Error::Api(Box::new(
             kube::core::Status::failure("slow down", "TooManyRequests").with_code(429),
         ));
@@ -494,8 +495,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_status_only_round_at_a_full_gate_parks_its_job_once_and_is_woken_by_a_free_slot() {
-        let g = gate(1);
-        let mut wakes = Box::pin(g.wakes());
+        let (g, mut wakes) = gate(1);
         let held = g.enter(Urgency::Urgent, 1).await;
         assert!(g.enter_or_park(&job("a"), 1).is_none());
         assert!(g.enter_or_park(&job("a"), 1).is_none(), "parked once");
@@ -513,8 +513,7 @@ mod tests {
 
     #[tokio::test]
     async fn urgent_rounds_take_a_freed_slot_before_a_parked_job_is_woken() {
-        let g = gate(1);
-        let mut wakes = Box::pin(g.wakes());
+        let (g, mut wakes) = gate(1);
         let held = g.enter(Urgency::Urgent, 1).await;
         assert!(g.enter_or_park(&job("a"), 1).is_none());
         let mut urgent = Box::pin(g.enter(Urgency::Urgent, 1));
@@ -530,8 +529,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_woken_job_that_never_comes_back_gives_up_its_slot_after_a_while() {
-        let g = gate(1);
-        let mut wakes = Box::pin(g.wakes());
+        let (g, mut wakes) = gate(1);
         let held = g.enter(Urgency::Urgent, 1).await;
         assert!(g.enter_or_park(&job("gone"), 1).is_none());
         assert!(g.enter_or_park(&job("b"), 1).is_none());
@@ -546,7 +544,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_raised_limit_lets_waiting_rounds_in_at_once() {
-        let g = gate(1);
+        let (g, _wakes) = gate(1);
         let _held = g.enter(Urgency::Urgent, 1).await;
         let mut waiting = Box::pin(g.enter(Urgency::Routine, 1));
         assert!((&mut waiting).now_or_never().is_none());

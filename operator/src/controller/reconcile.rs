@@ -17,7 +17,6 @@ use super::gate::{Permit, Urgency};
 use super::job_memory::error_key;
 use super::status_cache::Known;
 use super::status_write::StatusWrite;
-use super::triggers::JobRef;
 use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::plan;
@@ -105,7 +104,7 @@ async fn reconcile_inner(
         now,
         permit,
         parked,
-    } = decide_with_slot(ctx, job, &valid, known).await?;
+    } = decide_with_slot(ctx, obj, job, &valid, known).await?;
     let requeue_at = decided.requeue_at;
     if parked {
         // The gate wakes the job when a slot is free; the plan's own time stands as well.
@@ -191,6 +190,7 @@ impl Round {
 /// again on what the caches show by then (the wait may be long, and the first decision stale).
 async fn decide_with_slot(
     ctx: &Context,
+    obj: &DeserializeGuard<TrainingJob>,
     job: &TrainingJob,
     valid: &ValidJob,
     known: Known,
@@ -204,7 +204,7 @@ async fn decide_with_slot(
     if urgency == Urgency::Routine {
         // A status-only round does not hold a reconcile while it waits: parked, its job is
         // reconciled again (and decided afresh) when a slot is free.
-        let permit = ctx.gate.enter_or_park(&job_ref(job), wanted);
+        let permit = ctx.gate.enter_or_park(&ObjectRef::from_obj(obj), wanted);
         return Ok(match permit {
             Some(permit) => Round {
                 permit: Some(permit),
@@ -251,15 +251,6 @@ async fn decide(
         permit: None,
         parked: false,
     })
-}
-
-/// The reference the Controller schedules `job` by.
-fn job_ref(job: &TrainingJob) -> JobRef {
-    let r = ObjectRef::new(&job.name_any());
-    match job.namespace() {
-        Some(ns) => r.within(&ns),
-        None => r,
-    }
 }
 
 /// Observes the job in the caches (with the placement of a half-created attempt's first pod

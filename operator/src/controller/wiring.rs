@@ -26,7 +26,7 @@ use super::gate::WriteGate;
 use super::job_memory::JobMemory;
 use super::observe::Caches;
 use super::reconcile::{error_policy, reconcile};
-use super::triggers::{claim_triggers, node_triggers, service_triggers};
+use super::triggers::{JobRef, claim_triggers, node_triggers, service_triggers};
 use super::{Context, FIELD_MANAGER, RunConfig};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_JOB, TrainingJob};
@@ -251,7 +251,8 @@ fn job_controller(
     )
 }
 
-/// Starts the write side: the write gate, the Events publisher task and the executor.
+/// Starts the write side: the write gate (with the stream of parked jobs it wakes), the
+/// Events publisher task and the executor.
 fn start_writes(
     client: &Client,
     config: &RunConfig,
@@ -259,12 +260,17 @@ fn start_writes(
     expectations: &Arc<Expectations>,
     memory: &Arc<JobMemory>,
     jobs: &Store<DeserializeGuard<TrainingJob>>,
-) -> (Arc<WriteGate>, Executor, JoinHandle<()>) {
+) -> (
+    Arc<WriteGate>,
+    impl Stream<Item = JobRef> + Send + 'static,
+    Executor,
+    JoinHandle<()>,
+) {
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(config.instance.clone()),
     };
-    let gate = WriteGate::new(config.write_limit, metrics.clone());
+    let (gate, parked_wakes) = WriteGate::new(config.write_limit, metrics.clone());
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
     let publisher = tokio::spawn(publish_events(
         client.clone(),
@@ -281,7 +287,7 @@ fn start_writes(
         memory.clone(),
         jobs.clone(),
     );
-    (gate, executor, publisher)
+    (gate, parked_wakes, executor, publisher)
 }
 
 /// Marks the operator ready and runs the Controller until it stops, then ends the Lease watch
@@ -354,9 +360,8 @@ pub(super) async fn run_controller(
         .await?;
     }
 
-    let (gate, executor, publisher) =
+    let (gate, parked_wakes, executor, publisher) =
         start_writes(&client, config, &metrics, &expectations, &memory, &jobs);
-    let parked_wakes = gate.wakes();
     let caches = Caches::new(client, expectations, pods, nodes, leases, services, claims);
     let ctx = Arc::new(Context {
         config: config.operator.clone(),
