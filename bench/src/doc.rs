@@ -109,6 +109,12 @@ operator then deletes gracefully are finished at once by the benchmark (no kubel
 issue excludes grace periods). Per job: preemption → every pod of the next attempt seen \
 created. The restart floor makes the same restarts directly, before the operator runs, with no \
 controller in the loop; the operator's p99 is judged against 1.5 × its p99.
+- **Repeated within the run** (`--rounds`, 3 in `make bench`): the fair floor runs three times \
+(its TrainingJobs and Services removed between runs), and the burst comes in three rounds, for \
+the operator and the restart floor alike: each round restarts the same K jobs once more, \
+preempting a different rank, once every job is Running again. The targets are judged on the \
+median run of each (by time to every pod created, by p99), and every run is listed: one run of \
+a floor moved by ±30% between runs of the same code, and a verdict should not follow its luck.
 - **Cost**: VmHWM and utime+stime of the operator process from /proc; CPU seconds of every \
 control-plane process, the operator and the benchmark while each clock ran (the profile of where \
 the 2 CPUs went); the operator's own metrics; `perf record` of the operator on request \

@@ -52,6 +52,10 @@ struct OperatorArgs {
     /// Jobs in flight at once, for both floors' writes and for applying TrainingJobs.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// Runs of the fair floor and rounds of the preemption burst (operator and restart floor);
+    /// the targets are judged on the median of each.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
     /// The operator binary (default: trainyard-operator next to this binary).
     #[arg(long, env = "TRAINYARD_BENCH_OPERATOR")]
     operator_bin: Option<PathBuf>,
@@ -157,6 +161,7 @@ async fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         gpus_per_worker: args.gpus_per_worker,
         preempt: args.preempt.unwrap_or_else(|| args.jobs.min(100)),
         concurrency: args.concurrency,
+        rounds: args.rounds,
         operator_bin: match args.operator_bin {
             Some(p) => p,
             None => default_operator_bin()?,

@@ -21,10 +21,9 @@ use crate::stats::percentile;
 
 /// The message of the operator's log line for each gang restart it decides.
 const GANG_RESTART: &str = "gang restart";
-/// The attempt every benchmark job runs when it is preempted.
-const OLD_ATTEMPT: u32 = 0;
-/// The attempt its restart creates.
-pub const NEXT_ATTEMPT: u32 = 1;
+/// The attempt a job's first restart creates (each round of the burst restarts the same jobs
+/// once more: round `r`, counted from 0, creates attempt `r + 1`).
+pub const FIRST_RESTART: u32 = 1;
 
 /// One `gang restart` line of the operator's log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,8 +192,8 @@ pub struct JobTimeline {
     pub created: Option<Instant>,
 }
 
-/// Each preempted job's timeline from the pod watch's records (attempt 0 the old attempt,
-/// attempt 1 the next) and the decisions found in the operator's log. A job's old attempt
+/// Each preempted job's timeline from the pod watch's records (`next - 1` the old attempt,
+/// `next` the one its restart creates) and the decisions found in the operator's log. A job's old attempt
 /// counts as gone only when at least `workers` of its pods were seen and every one of them was
 /// seen deleted; its next attempt as created once `workers` of its pods were seen.
 pub fn timelines(
@@ -202,7 +201,9 @@ pub fn timelines(
     preempted: &HashMap<String, Instant>,
     decided: &HashMap<String, Instant>,
     workers: u32,
+    next: u32,
 ) -> Vec<JobTimeline> {
+    let old_attempt = next.saturating_sub(1);
     #[derive(Default)]
     struct Attempts {
         old: u32,
@@ -218,14 +219,14 @@ pub fn timelines(
         };
         let a = by_job.entry(job).or_default();
         match r.attempt {
-            Some(OLD_ATTEMPT) => {
+            Some(n) if n == old_attempt => {
                 a.old += 1;
                 match r.deleted {
                     Some(at) => a.old_gone = a.old_gone.max(Some(at)),
                     None => a.old_left = true,
                 }
             }
-            Some(NEXT_ATTEMPT) => {
+            Some(n) if n == next => {
                 a.new += 1;
                 a.created = a.created.max(Some(r.seen));
             }
@@ -522,7 +523,7 @@ mod tests {
         let decided: HashMap<String, Instant> = [("a", at(100)), ("b", at(300))]
             .map(|(j, t)| (j.to_owned(), t))
             .into();
-        let lines = timelines(&records, &preempted, &decided, 2);
+        let lines = timelines(&records, &preempted, &decided, 2, FIRST_RESTART);
         assert_eq!(lines.len(), 3);
         let stages = RecoveryStages::from_timelines(&lines);
         let close = |s: Option<StageSeconds>, jobs: u32, p50: f64, p99: f64| {
@@ -560,14 +561,45 @@ mod tests {
             [("a", at(0)), ("b", at(0)), ("never-seen", at(0))]
                 .map(|(j, t)| (j.to_owned(), t))
                 .into();
-        let stages =
-            RecoveryStages::from_timelines(&timelines(&records, &preempted, &HashMap::new(), 2));
+        let stages = RecoveryStages::from_timelines(&timelines(
+            &records,
+            &preempted,
+            &HashMap::new(),
+            2,
+            FIRST_RESTART,
+        ));
         assert_eq!(stages.preempted_to_decided, None);
         assert_eq!(stages.decided_to_old_gone, None);
         let gone = stages.preempted_to_old_gone.expect("b measured");
         assert_eq!(gone.jobs, 1);
         assert!((gone.p50_seconds - 0.06).abs() < 1e-9);
         assert_eq!(stages.old_gone_to_created, None);
+    }
+
+    #[test]
+    fn a_later_round_times_its_own_attempts_and_ignores_the_earlier_ones() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Round 1 of job a: attempt 0 went long ago, attempt 1 is the old one, 2 the next.
+        let records = [
+            record("a", 0, at(0), Some(at(9000))),
+            record("a", 0, at(0), Some(at(9000))),
+            record("a", 1, at(100), Some(at(10_300))),
+            record("a", 1, at(100), Some(at(10_400))),
+            record("a", 2, at(10_600), None),
+            record("a", 2, at(10_700), None),
+        ];
+        let preempted: HashMap<String, Instant> = [("a".to_owned(), at(10_000))].into();
+        let lines = timelines(&records, &preempted, &HashMap::new(), 2, FIRST_RESTART + 1);
+        assert_eq!(
+            lines,
+            vec![JobTimeline {
+                preempted: at(10_000),
+                decided: None,
+                old_gone: Some(at(10_400)),
+                created: Some(at(10_700)),
+            }]
+        );
     }
 
     #[test]

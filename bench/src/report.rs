@@ -432,6 +432,49 @@ fn stages_table(out: &mut String, op: &Recovery, floor: Option<&Recovery>) {
     out.push('\n');
 }
 
+/// Every run of the repeated phases, and which one the targets are judged on (the median).
+fn repeated(out: &mut String, r: &OperatorBenchReport) {
+    let list = |xs: Vec<f64>| xs.iter().map(|x| s(*x)).collect::<Vec<_>>().join(", ");
+    if r.fair_floor_runs.len() > 1
+        && let Some(median) = &r.fair_floor
+    {
+        let _ = writeln!(
+            out,
+            "**Fair floor, {} runs in this run**, every pod created after {}: judged on the median run, {}.\n",
+            r.fair_floor_runs.len(),
+            list(
+                r.fair_floor_runs
+                    .iter()
+                    .map(|f| f.created_seconds)
+                    .collect()
+            ),
+            s(median.created_seconds),
+        );
+    }
+    if r.recovery_rounds.len() > 1 || r.floor_recovery_rounds.len() > 1 {
+        let _ = writeln!(
+            out,
+            "**Preemption burst, {} rounds in this run** (each restarts the same jobs once more, a different rank preempted each round; the restart floor likewise): p99 per round, operator {}; restart floor {}. Judged on the median round of each: {} / {}.\n",
+            r.recovery_rounds.len().max(r.floor_recovery_rounds.len()),
+            list(r.recovery_rounds.iter().map(|x| x.p99_seconds).collect()),
+            list(
+                r.floor_recovery_rounds
+                    .iter()
+                    .map(|x| x.p99_seconds)
+                    .collect()
+            ),
+            r.recovery
+                .as_ref()
+                .map(|x| s(x.p99_seconds))
+                .unwrap_or_else(|| NOT_MEASURED.to_owned()),
+            r.floor_recovery
+                .as_ref()
+                .map(|x| s(x.p99_seconds))
+                .unwrap_or_else(|| NOT_MEASURED.to_owned()),
+        );
+    }
+}
+
 /// The run as a markdown section.
 pub fn markdown(r: &OperatorBenchReport) -> String {
     let mut out = String::new();
@@ -490,6 +533,7 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         }
         stages_table(&mut out, rec, r.floor_recovery.as_ref());
     }
+    repeated(&mut out, r);
 
     if let Some(u) = &r.usage {
         let peak = u.last.peak_rss_mib.max(u.created.peak_rss_mib);
@@ -625,6 +669,29 @@ mod tests {
     const VS_RESTART_FLOOR: &str = "preemption → new pods p99 ≤ 1.5 × restart floor";
     const RECOVERY_2S: &str = "preemption → new pods p99 ≤ 2 s at 100";
     const RSS: &str = "operator RSS ≤ 64 MiB at 1000 jobs";
+
+    #[test]
+    fn repeated_runs_are_all_listed_with_the_median_they_are_judged_on() {
+        let mut r = report(5.0, 10.0, 13.0, 100);
+        r.fair_floor_runs = vec![timed(12.0), timed(10.0), timed(30.0)];
+        r.fair_floor = Some(timed(12.0));
+        r.recovery_rounds = vec![recovery(100, 3.0), recovery(100, 2.5), recovery(100, 9.0)];
+        r.floor_recovery_rounds = vec![recovery(100, 2.0), recovery(100, 2.2), recovery(100, 1.9)];
+        r.recovery = Some(recovery(100, 3.0));
+        r.floor_recovery = Some(recovery(100, 2.0));
+        let md = markdown(&r);
+        assert!(
+            md.contains("**Fair floor, 3 runs in this run**, every pod created after 12.00 s, 10.00 s, 30.00 s: judged on the median run, 12.00 s."),
+            "{md}"
+        );
+        assert!(
+            md.contains("p99 per round, operator 3.00 s, 2.50 s, 9.00 s; restart floor 2.00 s, 2.20 s, 1.90 s. Judged on the median round of each: 3.00 s / 2.00 s."),
+            "{md}"
+        );
+        // One run of each (reports from before the rounds): nothing about repetition.
+        let once = markdown(&report(5.0, 10.0, 13.0, 100));
+        assert!(!once.contains("runs in this run") && !once.contains("rounds in this run"));
+    }
 
     #[test]
     fn the_fair_floor_target_is_met_at_or_below_1_3_and_missed_above() {

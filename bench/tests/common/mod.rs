@@ -30,6 +30,8 @@ pub fn small_run(jobs: u32, preempt: u32, work_dir: &str) -> OperatorBenchParams
         gpus_per_worker: 1,
         preempt,
         concurrency: 16,
+        // One of each: the count guards divide by the jobs of one burst.
+        rounds: 1,
         operator_bin: operator_binary(),
         phase_timeout: Duration::from_secs(120),
         work_dir: trainyard_e2e::repo_root().join(work_dir),
