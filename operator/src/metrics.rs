@@ -93,7 +93,8 @@ pub struct StateLabels {
 /// Label set of the write-gate gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UrgencyLabels {
-    /// `urgent` (restarts, creates, deletes) or `routine` (status only).
+    /// `continuing` (the deletes and creates of a round whose status is written), `urgent`
+    /// (restarts, creates, deletes) or `routine` (status only).
     pub urgency: String,
 }
 
@@ -249,7 +250,7 @@ fn register_write_gate_metrics(r: &mut Registry) -> (Gauge, Family<UrgencyLabels
     let write_rounds_waiting = registered(
         r,
         "trainyard_operator_write_rounds_waiting",
-        "Write rounds waiting for a slot, by urgency (urgent: restarts and creates; routine: status writes and Events, with the jobs parked until a slot is free)",
+        "Write rounds waiting for a slot, by urgency (continuing: the deletes and creates of restarts whose status is written; urgent: restarts and creates; routine: status writes and Events, with the jobs parked until a slot is free)",
         Family::<UrgencyLabels, Gauge>::default(),
     );
     let status_rounds_parked = registered(

@@ -12,7 +12,11 @@
 //! 2. When the round decides a restart or deletes a pod (a restart, a failure, a suspend), the
 //!    decided status is written first, and the deletes and creates are sent only once that
 //!    write has succeeded; if it fails, nothing else is sent. Deleted workers must never look
-//!    like preempted ones after a crash.
+//!    like preempted ones after a crash. Such a round enters the write gate with one slot, for
+//!    its status write alone ([`slots_to_enter`]); once that write has succeeded it widens to
+//!    a slot per action ([`Permit::widen`]), ahead of every round that has written nothing
+//!    yet. The plan stands while it waits: the deletes are uid-preconditioned, so a pod
+//!    replaced meanwhile is not deleted.
 //! 3. Otherwise the status write and the creates are sent together (concurrently): a create is
 //!    idempotent by name and derived again from status plus observation on every round, so
 //!    persisting first would only cost a round trip.
@@ -42,7 +46,7 @@ use tokio::sync::mpsc;
 
 use super::FIELD_MANAGER;
 use super::events::EventBatch;
-use super::gate::WriteGate;
+use super::gate::{Permit, WriteGate};
 use super::job_memory::JobMemory;
 use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
@@ -95,13 +99,15 @@ impl Executor {
     }
 
     /// Carries out one round of `job`: `decided`, with its status written when `write_status`
-    /// (see the module's write order). Returns how long a held-back action waits at most.
+    /// (see the module's write order), under `permit`, the round's slots at the write gate
+    /// (given back when it returns). Returns how long a held-back action waits at most.
     pub(super) async fn carry_out(
         &self,
         job: &TrainingJob,
         decided: plan::Plan,
         write_status: bool,
         now: Timestamp,
+        permit: Option<Permit>,
     ) -> Result<Option<Duration>, Error> {
         let ns = job.namespace().unwrap_or_default();
         let uid = job.metadata.uid.clone().unwrap_or_default();
@@ -126,15 +132,17 @@ impl Executor {
                 Ok(())
             }
         };
-        let (writes, acted) =
-            if decided.restart.is_some() || actions.iter().any(PlanAction::deletes) {
-                write.await?;
-                self.execute(&ns, actions).await
-            } else {
-                let (wrote, acted) = future::join(write, self.execute(&ns, actions)).await;
-                wrote?;
-                acted
-            };
+        // Held to the end of the round: a rejected write is recorded under it too.
+        let (writes, acted, _permit) = if ordered(decided.restart.is_some(), &actions) {
+            write.await?;
+            let permit = widen(permit, actions.len()).await;
+            let (writes, acted) = self.execute(&ns, actions).await;
+            (writes, acted, permit)
+        } else {
+            let (wrote, (writes, acted)) = future::join(write, self.execute(&ns, actions)).await;
+            wrote?;
+            (writes, acted, permit)
+        };
         self.publish(
             &reference,
             decided.events.into_iter().chain(announcement).collect(),
@@ -417,16 +425,32 @@ where
     }
 }
 
-/// How many requests a round has in flight at most, in the write order above: the status
-/// write first and then the actions when it deletes or restarts, all together otherwise.
-/// What the round takes at the write gate.
-pub(super) fn requests_at_once(plan: &plan::Plan, write_status: bool) -> usize {
+/// Whether a round writes its status before its actions (the write order above): it
+/// restarts the gang or deletes a pod.
+fn ordered(restarts: bool, actions: &[PlanAction]) -> bool {
+    restarts || actions.iter().any(PlanAction::deletes)
+}
+
+/// The slots a round enters the write gate with: one per request of its first phase. A round
+/// that writes its status before its actions has that write alone in flight, and widens to its
+/// actions after ([`widen`]); one with no status to write sends its actions at once. Any other
+/// sends its status write and its actions together.
+pub(super) fn slots_to_enter(plan: &plan::Plan, write_status: bool) -> usize {
     let actions = plan.actions.len();
     let status = usize::from(write_status);
-    if plan.restart.is_some() || plan.actions.iter().any(PlanAction::deletes) {
-        actions.max(status)
-    } else {
-        actions + status
+    match ordered(plan.restart.is_some(), &plan.actions) {
+        true if write_status => status,
+        true => actions,
+        false => actions + status,
+    }
+}
+
+/// The slots for an ordered round's actions, once its status is written. A round carried
+/// out without a permit (it writes nothing) has none to widen.
+async fn widen(permit: Option<Permit>, actions: usize) -> Option<Permit> {
+    match permit {
+        Some(permit) => Some(permit.widen(actions).await),
+        None => None,
     }
 }
 
@@ -465,6 +489,7 @@ mod tests {
     use kube::runtime::reflector;
     use serde_json::Value;
 
+    use super::super::gate::Urgency;
     use super::*;
     use crate::condition;
     use crate::events::EventKind;
@@ -477,6 +502,8 @@ mod tests {
         path: String,
         /// The body, when it is JSON.
         body: Value,
+        /// The write gate's slots taken when the request arrived.
+        slots_taken: usize,
     }
 
     impl Sent {
@@ -524,12 +551,14 @@ mod tests {
         }
     }
 
-    /// A client whose requests are recorded in the returned log and answered by `script`.
-    fn recorded_client(script: Script) -> (Client, Arc<Mutex<Vec<Sent>>>) {
+    /// A client whose requests are recorded in the returned log, with the slots `gate` has
+    /// taken at each, and answered by `script`.
+    fn recorded_client(script: Script, gate: Arc<WriteGate>) -> (Client, Arc<Mutex<Vec<Sent>>>) {
         let log = Arc::new(Mutex::new(Vec::new()));
         let recorder = log.clone();
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
             let log = recorder.clone();
+            let slots_taken = gate.counts().1;
             async move {
                 let (parts, body) = request.into_parts();
                 let bytes = body.collect_bytes().await?;
@@ -537,6 +566,7 @@ mod tests {
                     method: parts.method.to_string(),
                     path: parts.uri.path().to_owned(),
                     body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                    slots_taken,
                 };
                 log.lock().expect("log").push(sent.clone());
                 let (code, answer) = script(&sent);
@@ -555,20 +585,26 @@ mod tests {
 
     struct Harness {
         executor: Executor,
+        gate: Arc<WriteGate>,
         log: Arc<Mutex<Vec<Sent>>>,
         events: mpsc::Receiver<EventBatch>,
     }
 
+    /// The harness's write gate has this many slots.
+    const SLOTS: usize = 16;
+
     impl Harness {
         fn new(script: Script) -> Self {
-            let (client, log) = recorded_client(script);
             let (events_tx, events) = mpsc::channel(16);
             let metrics = Arc::new(Metrics::new());
-            let (gate, _wakes) =
-                WriteGate::new(crate::write_limit::LimitConfig::up_to(16), metrics.clone());
+            let (gate, _wakes) = WriteGate::new(
+                crate::write_limit::LimitConfig::up_to(SLOTS),
+                metrics.clone(),
+            );
+            let (client, log) = recorded_client(script, gate.clone());
             let executor = Executor::new(
                 client,
-                gate,
+                gate.clone(),
                 Arc::new(Expectations::new(Duration::from_secs(15))),
                 events_tx,
                 metrics,
@@ -577,6 +613,7 @@ mod tests {
             );
             Self {
                 executor,
+                gate,
                 log,
                 events,
             }
@@ -594,13 +631,16 @@ mod tests {
             all
         }
 
+        /// Carries `plan` out as a reconcile does: under the slots of its first phase.
         async fn carry_out(
             &self,
             plan: plan::Plan,
             write_status: bool,
         ) -> Result<Option<Duration>, Error> {
+            let wanted = slots_to_enter(&plan, write_status);
+            let permit = self.gate.enter(Urgency::of(&plan), wanted).await;
             self.executor
-                .carry_out(&job(), plan, write_status, Timestamp::now())
+                .carry_out(&job(), plan, write_status, Timestamp::now(), Some(permit))
                 .await
         }
     }
@@ -663,17 +703,76 @@ mod tests {
     }
 
     #[test]
-    fn a_round_takes_a_slot_per_request_it_has_in_flight_at_once() {
+    fn a_round_enters_the_gate_with_a_slot_per_request_of_its_first_phase() {
         // Creating a job: two pods and the status, all together.
         assert_eq!(
-            requests_at_once(&round(vec![create_pod(0), create_pod(1)]), true),
+            slots_to_enter(&round(vec![create_pod(0), create_pod(1)]), true),
             3
         );
-        // A restart: the status, then the deletes together.
+        // A restart: the status write alone; the deletes widen the round after it.
         let mut restart = round(vec![delete_pod(0), delete_pod(1), delete_pod(3)]);
         restart.restart = Some(RestartReason::Preemption);
-        assert_eq!(requests_at_once(&restart, true), 3);
-        assert_eq!(requests_at_once(&round(vec![]), true), 1);
+        assert_eq!(slots_to_enter(&restart, true), 1);
+        // With no status to write, the deletes are its first phase.
+        assert_eq!(slots_to_enter(&restart, false), 3);
+        // Deletes without a restart (a failure, a suspend) are ordered too.
+        assert_eq!(
+            slots_to_enter(&round(vec![delete_pod(0), create_pod(1)]), true),
+            1
+        );
+        assert_eq!(slots_to_enter(&round(vec![]), true), 1);
+    }
+
+    fn restart_of_three() -> plan::Plan {
+        let mut restart = round(vec![delete_pod(0), delete_pod(1), delete_pod(2)]);
+        restart.restart = Some(RestartReason::Preemption);
+        restart
+    }
+
+    #[tokio::test]
+    async fn a_restart_round_holds_one_slot_for_its_status_write_and_a_slot_per_delete_after_it() {
+        let h = Harness::new(accept);
+        h.carry_out(restart_of_three(), true).await.expect("round");
+        let sent = h.sent();
+        assert_eq!(sent.len(), 4, "{sent:#?}");
+        assert!(sent[0].is("PATCH", STATUS), "{sent:#?}");
+        assert_eq!(sent[0].slots_taken, 1, "the status write alone");
+        for delete in &sent[1..] {
+            assert_eq!(delete.method, "DELETE", "{sent:#?}");
+            assert_eq!(delete.slots_taken, 3, "{sent:#?}");
+        }
+        assert_eq!(h.gate.counts().1, 0, "every slot given back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_round_waits_for_its_deletes_slots_without_holding_one_after_its_status_write()
+     {
+        let h = Harness::new(accept);
+        // Others hold all but two slots: the status write gets one, the deletes need three.
+        let others = h.gate.enter(Urgency::Urgent, SLOTS - 2).await;
+        let mut restart = std::pin::pin!(h.carry_out(restart_of_three(), true));
+        tokio::select! {
+            _ = &mut restart => panic!("the deletes had no slots"),
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1, "only the status write: {sent:#?}");
+        assert!(sent[0].is("PATCH", STATUS));
+        assert_eq!(sent[0].slots_taken, SLOTS - 1);
+        // Its slot given back, it waits ahead of every urgent round.
+        assert_eq!(h.gate.counts(), (SLOTS, SLOTS - 2, [1, 0, 0]));
+        assert!(h.gate.try_enter(Urgency::Urgent, 1).is_none());
+        drop(others);
+        restart.await.expect("round");
+        let sent = h.sent();
+        assert_eq!(sent.len(), 4, "{sent:#?}");
+        assert!(
+            sent[1..]
+                .iter()
+                .all(|s| s.method == "DELETE" && s.slots_taken == 3),
+            "{sent:#?}"
+        );
+        assert_eq!(h.gate.counts().1, 0, "every slot given back");
     }
 
     #[tokio::test]

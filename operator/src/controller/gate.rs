@@ -2,12 +2,18 @@
 //! it will have in flight at once, restarts and creates ahead of status-only writes; the number
 //! of slots follows the API server ([`AdaptiveLimit`]).
 //!
-//! Slots count requests, not rounds: a restart round of a 4-worker job has three in flight at
-//! most (its status write alone, then the deletes), a round creating a job has six (four pods, the
+//! Slots count requests, not rounds: a round creating a job has six in flight (four pods, the
 //! Service, the status), and memory follows the requests in flight (about 35 kB each: the
 //! concurrency sweep in docs/benchmarks.md, 10 MiB more peak RSS for about 290 more requests).
-//! So a burst of restarts runs about as wide as the API server lets it while a burst of creates
-//! stays within the memory target.
+//! A round that writes its status before its deletes (see the write order in
+//! [`super::executor`]) takes a slot per phase: a restart of a 4-worker job takes one for its
+//! status write, then gives it back and waits for three for its deletes ([`Permit::widen`]),
+//! ahead of every round that has written nothing yet ([`Urgency::Continuing`]). So a burst of
+//! restarts writes as many statuses at once as there are slots, restarts already started
+//! finish before new ones begin, and a burst of creates stays within the memory target.
+//!
+//! A round never holds slots while it waits for more: were every slot held by a round waiting
+//! to widen, none would ever be freed.
 //!
 //! kube-runtime's scheduler has no priorities: with a constant bound on reconciles, a burst
 //! of preemptions among 1,000 jobs waited behind thousands of reconciles that only recorded
@@ -35,11 +41,17 @@ use crate::write_limit::{AdaptiveLimit, Change, LimitConfig};
 /// Which writes go first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Urgency {
+    /// The rest of a round whose status is written already: the deletes and creates of a
+    /// restart. Started restarts finish before new ones begin.
+    Continuing = 0,
     /// GPUs wait on it: a restart, pods to create or delete, a Service or PVC to create.
-    Urgent = 0,
+    Urgent = 1,
     /// A status write alone (a transition recorded, detail that waited its batch).
-    Routine = 1,
+    Routine = 2,
 }
+
+/// How many urgencies there are: the gate keeps a queue for each.
+const URGENCIES: usize = 3;
 
 impl Urgency {
     /// The urgency of a plan's writes.
@@ -53,6 +65,7 @@ impl Urgency {
 
     fn as_str(self) -> &'static str {
         match self {
+            Self::Continuing => "continuing",
             Self::Urgent => "urgent",
             Self::Routine => "routine",
         }
@@ -63,9 +76,9 @@ struct Inner {
     limit: AdaptiveLimit,
     /// Slots taken.
     in_flight: usize,
-    /// Waiting rounds and the slots each takes, by [`Urgency`] (urgent first).
+    /// Waiting rounds and the slots each takes, by [`Urgency`] (continuing first).
     /// A waiter is sent the slots it was granted.
-    waiting: [VecDeque<(usize, oneshot::Sender<usize>)>; 2],
+    waiting: [VecDeque<(usize, oneshot::Sender<usize>)>; URGENCIES],
     /// Jobs whose status-only round found the gate full, in the order they came, once each.
     parked: VecDeque<JobRef>,
     parked_set: HashSet<JobRef>,
@@ -95,6 +108,25 @@ pub(super) struct Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.gate.release(self.slots);
+    }
+}
+
+impl Permit {
+    /// `wanted` slots for the round's next phase, kept as they are when the permit holds
+    /// them already (or the whole limit). Otherwise the slots held are given back first and
+    /// the round waits, at [`Urgency::Continuing`], without holding any: a round that held
+    /// its slots while it waited for more would deadlock with every other such round.
+    pub(super) async fn widen(mut self, wanted: usize) -> Permit {
+        if wanted.min(self.gate.limit()) <= self.slots {
+            return self;
+        }
+        let held = std::mem::take(&mut self.slots);
+        let gate = self.gate.clone();
+        // The emptied permit gives back nothing: `held` is given back by the entry below, in
+        // the same step as the round queues, so that no lower urgency takes the freed slots.
+        drop(self);
+        gate.enter_giving_back(held, Urgency::Continuing, wanted)
+            .await
     }
 }
 
@@ -130,7 +162,7 @@ impl WriteGate {
             inner: Mutex::new(Inner {
                 limit,
                 in_flight: 0,
-                waiting: [VecDeque::new(), VecDeque::new()],
+                waiting: std::array::from_fn(|_| VecDeque::new()),
                 parked: VecDeque::new(),
                 parked_set: HashSet::new(),
                 woken: HashMap::new(),
@@ -170,42 +202,69 @@ impl WriteGate {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The number of slots now.
+    fn limit(&self) -> usize {
+        self.lock().limit.limit()
+    }
+
     /// `wanted` slots now (as many as the limit at most), if they are free and no round of
     /// this urgency or a higher one waits.
     pub(super) fn try_enter(self: &Arc<Self>, urgency: Urgency, wanted: usize) -> Option<Permit> {
-        let mut inner = self.lock();
-        let slots = wanted.clamp(1, inner.limit.limit());
-        let ahead = inner.waiting[..=urgency as usize]
-            .iter()
-            .any(|q| !q.is_empty());
-        let reserved = match urgency {
-            Urgency::Urgent => 0,
-            Urgency::Routine => inner.woken.len(),
-        };
-        if ahead || inner.in_flight + reserved + slots > inner.limit.limit() {
-            return None;
-        }
-        inner.in_flight += slots;
+        let slots = Self::take_free(&mut self.lock(), urgency, wanted)?;
         Some(Permit {
             gate: self.clone(),
             slots,
         })
     }
 
+    /// Takes `wanted` slots (as many as the limit at most) and says how many, if they are
+    /// free and no round of this urgency or a higher one waits.
+    fn take_free(inner: &mut Inner, urgency: Urgency, wanted: usize) -> Option<usize> {
+        let slots = wanted.clamp(1, inner.limit.limit());
+        let ahead = inner.waiting[..=urgency as usize]
+            .iter()
+            .any(|q| !q.is_empty());
+        let reserved = match urgency {
+            Urgency::Continuing | Urgency::Urgent => 0,
+            Urgency::Routine => inner.woken.len(),
+        };
+        if ahead || inner.in_flight + reserved + slots > inner.limit.limit() {
+            return None;
+        }
+        inner.in_flight += slots;
+        Some(slots)
+    }
+
     /// Waits for `wanted` slots (as many as the limit at most), behind every round of the
     /// same or a higher urgency.
     pub(super) async fn enter(self: &Arc<Self>, urgency: Urgency, wanted: usize) -> Permit {
-        if let Some(permit) = self.try_enter(urgency, wanted) {
-            return permit;
-        }
+        self.enter_giving_back(0, urgency, wanted).await
+    }
+
+    /// Gives back `held` slots and waits for `wanted` as [`Self::enter`] does, in one step
+    /// under the lock: the slots given back go to the rounds ahead, not around the queue.
+    async fn enter_giving_back(
+        self: &Arc<Self>,
+        held: usize,
+        urgency: Urgency,
+        wanted: usize,
+    ) -> Permit {
         let (tx, rx) = oneshot::channel();
         {
             let mut inner = self.lock();
+            inner.in_flight = inner.in_flight.saturating_sub(held);
+            if let Some(slots) = Self::take_free(&mut inner, urgency, wanted) {
+                drop(inner);
+                return Permit {
+                    gate: self.clone(),
+                    slots,
+                };
+            }
             inner.waiting[urgency as usize].push_back((wanted.max(1), tx));
             inner.limit.saturated();
             self.export_waiting(&inner);
         }
-        // Slots freed between try_enter and the push must not be missed.
+        // The slots given back may serve the rounds ahead of this one.
         self.dispatch();
         let mut waiter = Waiter {
             rx: Some(rx),
@@ -269,7 +328,7 @@ impl WriteGate {
         self.dispatch();
     }
 
-    /// Hands free slots to waiting rounds in order, urgent first. The first waiting round
+    /// Hands free slots to waiting rounds in order of [`Urgency`]. The first waiting round
     /// waits until its slots are free (a round wanting more slots than the limit has takes the
     /// whole limit), so that a wide round is not starved by narrow ones behind it.
     fn dispatch(&self) {
@@ -322,9 +381,9 @@ impl WriteGate {
     }
 
     fn export_waiting(&self, inner: &Inner) {
-        for urgency in [Urgency::Urgent, Urgency::Routine] {
+        for urgency in [Urgency::Continuing, Urgency::Urgent, Urgency::Routine] {
             let parked = match urgency {
-                Urgency::Urgent => 0,
+                Urgency::Continuing | Urgency::Urgent => 0,
                 Urgency::Routine => inner.parked.len(),
             };
             self.metrics
@@ -333,13 +392,14 @@ impl WriteGate {
         }
     }
 
+    /// The limit, the slots taken and the rounds waiting by urgency.
     #[cfg(test)]
-    fn counts(&self) -> (usize, usize, [usize; 2]) {
+    pub(super) fn counts(&self) -> (usize, usize, [usize; URGENCIES]) {
         let inner = self.lock();
         (
             inner.limit.limit(),
             inner.in_flight,
-            [inner.waiting[0].len(), inner.waiting[1].len()],
+            inner.waiting.each_ref().map(VecDeque::len),
         )
     }
 }
@@ -404,7 +464,7 @@ mod tests {
             }));
             tokio::task::yield_now().await;
         }
-        assert_eq!(g.counts(), (1, 1, [1, 2]));
+        assert_eq!(g.counts(), (1, 1, [0, 1, 2]));
         drop(held);
         for t in tasks {
             t.await.expect("task");
@@ -417,6 +477,101 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_continuing_round_takes_freed_slots_before_urgent_rounds_that_waited_longer() {
+        let (g, _wakes) = gate(1);
+        let held = g.enter(Urgency::Urgent, 1).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (name, urgency) in [
+            ("urgent-1", Urgency::Urgent),
+            ("urgent-2", Urgency::Urgent),
+            ("continuing", Urgency::Continuing),
+        ] {
+            let (g, order) = (g.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = g.enter(urgency, 1).await;
+                order.lock().expect("order").push(name);
+            }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(g.counts(), (1, 1, [1, 2, 0]));
+        // A newcomer at urgent waits behind the continuing round too.
+        assert!(g.try_enter(Urgency::Urgent, 1).is_none());
+        drop(held);
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(
+            *order.lock().expect("order"),
+            vec!["continuing", "urgent-1", "urgent-2"]
+        );
+        assert_eq!(g.counts().1, 0, "every slot given back");
+    }
+
+    #[tokio::test]
+    async fn a_widening_round_gives_its_slot_back_first_and_no_urgent_round_takes_it_meanwhile() {
+        let (g, _wakes) = gate(3);
+        let status_write = g.enter(Urgency::Urgent, 1).await;
+        let other = g.enter(Urgency::Urgent, 2).await;
+        let mut urgent = Box::pin(g.enter(Urgency::Urgent, 1));
+        assert!((&mut urgent).now_or_never().is_none());
+        let mut deletes = Box::pin(status_write.widen(3));
+        assert!((&mut deletes).now_or_never().is_none());
+        // Its slot is given back while it waits, and kept for it, not for the urgent round.
+        assert_eq!(g.counts(), (3, 2, [1, 1, 0]));
+        assert!((&mut urgent).now_or_never().is_none());
+        drop(other);
+        let deletes = (&mut deletes)
+            .now_or_never()
+            .expect("the continuing round first");
+        assert_eq!(g.counts(), (3, 3, [0, 1, 0]));
+        assert!((&mut urgent).now_or_never().is_none());
+        drop(deletes);
+        assert!(urgent.now_or_never().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_permit_that_holds_enough_slots_is_kept_as_it_is_when_widened() {
+        let (g, _wakes) = gate(2);
+        let wide = g.enter(Urgency::Urgent, 2).await;
+        let mut waiting = Box::pin(g.enter(Urgency::Urgent, 1));
+        assert!((&mut waiting).now_or_never().is_none());
+        let wide = wide.widen(1).now_or_never().expect("kept");
+        // Never given back: the waiting round did not get a slot in between.
+        assert!((&mut waiting).now_or_never().is_none());
+        assert_eq!(g.counts(), (2, 2, [0, 1, 0]));
+        drop((wide, waiting));
+        // Wanting more than the limit: the whole limit is enough.
+        let (g, _wakes) = gate(1);
+        let one = g.enter(Urgency::Urgent, 1).await;
+        let one = one.widen(3).now_or_never().expect("the whole limit held");
+        assert_eq!(g.counts(), (1, 1, [0, 0, 0]));
+        drop(one);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rounds_that_widen_while_they_hold_every_slot_do_not_deadlock() {
+        let (g, _wakes) = gate(2);
+        let mut rounds = Vec::new();
+        for _ in 0..2 {
+            // Both status writes in flight: every slot held by a round that will widen.
+            let permit = g.enter(Urgency::Urgent, 1).await;
+            rounds.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let deletes = permit.widen(2).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(deletes);
+            }));
+        }
+        assert_eq!(g.counts(), (2, 2, [0, 0, 0]));
+        let done = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(rounds))
+            .await
+            .expect("both rounds finish");
+        assert!(done.iter().all(Result::is_ok));
+        assert_eq!(g.counts(), (2, 0, [0, 0, 0]));
+    }
+
+    #[tokio::test]
     async fn a_round_never_jumps_the_queue_of_its_own_urgency() {
         let (g, _wakes) = gate(1);
         let held = g.enter(Urgency::Urgent, 1).await;
@@ -426,7 +581,7 @@ mod tests {
         // The slot went to the waiter: a newcomer does not get it.
         assert!(g.try_enter(Urgency::Urgent, 1).is_none());
         let permit = waiting.await;
-        assert_eq!(g.counts(), (1, 1, [0, 0]));
+        assert_eq!(g.counts(), (1, 1, [0, 0, 0]));
         drop(permit);
         assert!(g.try_enter(Urgency::Routine, 1).is_some());
     }
@@ -439,14 +594,14 @@ mod tests {
         assert!((&mut waiting).now_or_never().is_none());
         drop(held); // hands the slot to the waiter, which never takes it
         drop(waiting);
-        assert_eq!(g.counts(), (1, 0, [0, 0]));
+        assert_eq!(g.counts(), (1, 0, [0, 0, 0]));
         // And one cancelled before any slot came is skipped.
         let held = g.enter(Urgency::Urgent, 1).await;
         let mut gone = Box::pin(g.enter(Urgency::Urgent, 1));
         assert!((&mut gone).now_or_never().is_none());
         drop(gone);
         drop(held);
-        assert_eq!(g.counts(), (1, 0, [0, 0]));
+        assert_eq!(g.counts(), (1, 0, [0, 0, 0]));
     }
 
     #[tokio::test]
@@ -461,13 +616,13 @@ mod tests {
         let wide = (&mut wide)
             .now_or_never()
             .expect("the wide round goes first");
-        assert_eq!(g.counts(), (6, 6, [0, 0]));
+        assert_eq!(g.counts(), (6, 6, [0, 0, 0]));
         drop(wide);
         // More than the limit: takes the whole limit, and gives back what it took.
         let huge = g.enter(Urgency::Routine, 100).await;
-        assert_eq!(g.counts(), (6, 6, [0, 0]));
+        assert_eq!(g.counts(), (6, 6, [0, 0, 0]));
         drop(huge);
-        assert_eq!(g.counts(), (6, 0, [0, 0]));
+        assert_eq!(g.counts(), (6, 0, [0, 0, 0]));
     }
 
     #[tokio::test]

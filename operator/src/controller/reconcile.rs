@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::executor::requests_at_once;
+use super::executor::slots_to_enter;
 use super::gate::{Permit, Urgency};
 use super::job_memory::error_key;
 use super::status_cache::Known;
@@ -112,12 +112,14 @@ async fn reconcile_inner(
     }
     let follow_up = super::progress::FollowUp::of(&decided);
     // Boxed: a reconcile waiting at the gate then holds a pointer, not the executor's state.
-    let held_for = Box::pin(
-        ctx.executor
-            .carry_out(job, decided, write == StatusWrite::Now, now),
-    )
-    .await?;
-    drop(permit);
+    // The executor gives the permit back when the round is done (it may widen it between the
+    // round's status write and its deletes).
+    let held_for =
+        Box::pin(
+            ctx.executor
+                .carry_out(job, decided, write == StatusWrite::Now, now, permit),
+        )
+        .await?;
     ctx.follow_progress(&valid, follow_up);
     let write_later = match write {
         StatusWrite::Later(after) => Some(after),
@@ -185,9 +187,11 @@ impl Round {
     }
 }
 
-/// Decides the round and, when it writes, takes a write slot for it ([`super::gate`]): at
-/// once when one is free; else after waiting behind the rounds ahead of it, and then decided
-/// again on what the caches show by then (the wait may be long, and the first decision stale).
+/// Decides the round and, when it writes, takes the write slots of its first phase
+/// ([`slots_to_enter`], [`super::gate`]): at once when they are free; else after waiting behind
+/// the rounds ahead of it, and then decided again on what the caches show by then (the wait may
+/// be long, and the first decision stale). Once its first phase is under way a round is not
+/// decided again: the executor widens its permit itself.
 async fn decide_with_slot(
     ctx: &Context,
     obj: &DeserializeGuard<TrainingJob>,
@@ -200,7 +204,7 @@ async fn decide_with_slot(
         return Ok(round);
     }
     let urgency = Urgency::of(&round.plan);
-    let wanted = requests_at_once(&round.plan, round.write == StatusWrite::Now);
+    let wanted = slots_to_enter(&round.plan, round.write == StatusWrite::Now);
     if urgency == Urgency::Routine {
         // A status-only round does not hold a reconcile while it waits: parked, its job is
         // reconciled again (and decided afresh) when a slot is free.
