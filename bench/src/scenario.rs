@@ -418,105 +418,134 @@ async fn phases(
     let jobs: Vec<TrainingJob> = (0..params.jobs)
         .map(|i| training_job(&format!("job-{i:05}"), &op_ns, &run, params))
         .collect::<Result<_>>()?;
-
-    // ---- The floor: the operator's own pods, built by its pure builders, created directly.
-    let all_nodes = Api::<Node>::all(client.clone())
+    let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
         .map_err(Error::kube("listing nodes"))?
         .items;
-    let floor_pods = floor_pods(&jobs, &floor_ns, &all_nodes, params, 0)?;
+    let ctx = RunContext {
+        client,
+        upstream: &upstream,
+        params,
+        sampler: &sampler,
+        run: &run,
+        nodes: &nodes,
+    };
+    pods_only_floor(&ctx, &floor_ns, &jobs, report).await?;
+    fair_floors(&ctx, &fair_nss, report).await?;
+    operator_phases(&ctx, &op_ns, jobs, report, created).await
+}
+
+/// What every phase of one run shares.
+struct RunContext<'a> {
+    /// The benchmark's own client (watches, cleanup, the kubelet's part).
+    client: &'a Client,
+    /// The API server, for the counting proxies of the floors and the operator.
+    upstream: &'a Client,
+    params: &'a OperatorBenchParams,
+    sampler: &'a CpuSampler,
+    run: &'a str,
+    /// Every node, fake ones included, for the builders' placement.
+    nodes: &'a [Node],
+}
+
+/// The pods-only floor: the operator's own pods, built by its pure builders, created directly;
+/// then the restart floor among them. Its pods are deleted at the end.
+async fn pods_only_floor(
+    ctx: &RunContext<'_>,
+    ns: &str,
+    jobs: &[TrainingJob],
+    report: &mut OperatorBenchReport,
+) -> Result<()> {
+    let (client, params, sampler) = (ctx.client, ctx.params, ctx.sampler);
+    let floor_pods = floor_pods(jobs, ns, ctx.nodes, params, 0)?;
     let expected = floor_pods.iter().map(Vec::len).sum::<usize>() as u64;
-    {
-        let proxy = CountingProxy::start(upstream.clone()).await?;
-        let floor_client = proxy.client(&floor_ns)?;
-        let tracker = PodTracker::start(client, &floor_ns, true).await?;
-        tracing::info!(pods = expected, "floor: creating the pods directly");
-        let api: Api<Pod> = Api::namespaced(floor_client, &floor_ns);
-        let cpu0 = sampler.sample();
-        let t0 = Instant::now();
-        let results: Vec<Result<()>> = stream::iter(floor_pods)
-            .map(|job_pods| {
-                let api = api.clone();
-                async move { create_pods(&api, &job_pods).await }
-            })
-            .buffer_unordered(params.concurrency)
-            .collect()
-            .await;
-        let inputs_done = t0.elapsed().as_secs_f64();
-        results.into_iter().collect::<Result<()>>()?;
-        let mut floor = wait_created_scheduled(
-            &tracker,
-            t0,
-            expected,
-            "floor",
-            params.phase_timeout,
-            |_| true,
-        )
-        .await?;
-        report.cpu.insert(
-            "floor".to_owned(),
-            sampler.between(&cpu0, &sampler.sample()),
-        );
-        floor.requests = proxy.counts();
-        floor.peak_in_flight = proxy.take_peak_in_flight();
-        floor.inputs_done_seconds = inputs_done;
-        tracing::info!(
-            created = floor.created_seconds,
-            scheduled = floor.scheduled_seconds,
-            "floor done"
-        );
-        report.floor = Some(floor);
+    let proxy = CountingProxy::start(ctx.upstream.clone()).await?;
+    let tracker = PodTracker::start(client, ns, true).await?;
+    tracing::info!(pods = expected, "floor: creating the pods directly");
+    let api: Api<Pod> = Api::namespaced(proxy.client(ns)?, ns);
+    let cpu0 = sampler.sample();
+    let t0 = Instant::now();
+    let results: Vec<Result<()>> = stream::iter(floor_pods)
+        .map(|job_pods| {
+            let api = api.clone();
+            async move { create_pods(&api, &job_pods).await }
+        })
+        .buffer_unordered(params.concurrency)
+        .collect()
+        .await;
+    let inputs_done = t0.elapsed().as_secs_f64();
+    results.into_iter().collect::<Result<()>>()?;
+    let mut floor = wait_created_scheduled(
+        &tracker,
+        t0,
+        expected,
+        "floor",
+        params.phase_timeout,
+        |_| true,
+    )
+    .await?;
+    report.cpu.insert(
+        "floor".to_owned(),
+        sampler.between(&cpu0, &sampler.sample()),
+    );
+    floor.requests = proxy.counts();
+    floor.peak_in_flight = proxy.take_peak_in_flight();
+    floor.inputs_done_seconds = inputs_done;
+    tracing::info!(
+        created = floor.created_seconds,
+        scheduled = floor.scheduled_seconds,
+        "floor done"
+    );
+    report.floor = Some(floor);
 
-        // The restart floor: the same K restarts made directly, no controller in the loop.
-        if params.preempt > 0 {
-            let rounds =
-                restart_floor(&api, &floor_ns, &tracker, &jobs, &all_nodes, params).await?;
-            report.floor_recovery = median_by(&rounds, |r| r.p99_seconds).cloned();
-            report.floor_recovery_rounds = rounds;
-        }
-        // Free the GPUs for the fair floor's pods.
-        delete_pods(client, &tracker, &floor_ns, "floor", params.phase_timeout).await?;
+    // The restart floor: the same K restarts made directly, no controller in the loop.
+    if params.preempt > 0 {
+        let rounds = restart_floor(&api, ns, &tracker, jobs, ctx.nodes, params).await?;
+        report.floor_recovery = median_by(&rounds, |r| r.p99_seconds).cloned();
+        report.floor_recovery_rounds = rounds;
     }
+    // Free the GPUs for the fair floor's pods.
+    delete_pods(client, &tracker, ns, "floor", params.phase_timeout).await
+}
 
-    // ---- The fair floor: what a correct controller must write at least, written directly.
-    // Repeated: it is the reference of a target, and one run of it moved by ±30% (52-97 s
-    // at 1,000 jobs) while the operator's own time did not.
-    for (index, fair_ns) in (0..).zip(&fair_nss) {
-        let fair_jobs = fair_floor_jobs(fair_ns, &run, &all_nodes, params)?;
+/// The fair floor, once per namespace in `nss`: what a correct controller must write at
+/// least, written directly. Repeated: it is the reference of a target, and one run of it moved
+/// by ±30% (52-97 s at 1,000 jobs) while the operator's own time did not. After the last run,
+/// among its jobs' Services, the restart floor the operator is judged against.
+async fn fair_floors(
+    ctx: &RunContext<'_>,
+    nss: &[String],
+    report: &mut OperatorBenchReport,
+) -> Result<()> {
+    let params = ctx.params;
+    for (index, ns) in (0..).zip(nss) {
+        let fair_jobs = fair_floor_jobs(ns, ctx.run, ctx.nodes, params)?;
         let fair = fair_floor(
-            client,
-            upstream.clone(),
-            fair_ns,
+            ctx.client,
+            ctx.upstream.clone(),
+            ns,
             fair_jobs,
             params,
-            &sampler,
+            ctx.sampler,
             (index, &mut report.cpu),
         )
         .await?;
-        // After the last run, among its jobs' Services: the restart floor the operator is
-        // judged against, in the same surroundings as the operator's restarts.
+        // In the same surroundings as the operator's restarts.
         if index + 1 == params.rounds && params.preempt > 0 {
             let jobs: Vec<TrainingJob> = (0..params.jobs)
-                .map(|i| training_job(&format!("job-{i:05}"), fair_ns, &run, params))
+                .map(|i| training_job(&format!("job-{i:05}"), ns, ctx.run, params))
                 .collect::<Result<_>>()?;
-            let rounds = restart_floor(
-                &fair.pods,
-                fair_ns,
-                &fair.tracker,
-                &jobs,
-                &all_nodes,
-                params,
-            )
-            .await?;
+            let rounds =
+                restart_floor(&fair.pods, ns, &fair.tracker, &jobs, ctx.nodes, params).await?;
             report.fair_floor_recovery = median_by(&rounds, |r| r.p99_seconds).cloned();
             report.fair_floor_recovery_rounds = rounds;
         }
         // Free the GPUs for the next run's or the operator's pods.
         delete_pods(
-            client,
+            ctx.client,
             &fair.tracker,
-            fair_ns,
+            ns,
             "fair floor",
             params.phase_timeout,
         )
@@ -524,24 +553,28 @@ async fn phases(
         report.fair_floor_runs.push(fair.throughput);
     }
     report.fair_floor = median_by(&report.fair_floor_runs, |f| f.created_seconds).cloned();
+    Ok(())
+}
 
-    // ---- The operator.
-    let proxy = CountingProxy::start(upstream).await?;
-    let kubeconfig = params.work_dir.join(format!("operator-{run}.kubeconfig"));
-    proxy.write_kubeconfig(&kubeconfig, &op_ns)?;
+/// The operator: started idle, then timed creating the pods of `jobs`, then every job
+/// Running and the preemption burst; its metrics, memory and requests throughout.
+async fn operator_phases(
+    ctx: &RunContext<'_>,
+    ns: &str,
+    jobs: Vec<TrainingJob>,
+    report: &mut OperatorBenchReport,
+    created: &mut Created,
+) -> Result<()> {
+    let (client, params, run) = (ctx.client, ctx.params, ctx.run);
+    let proxy = CountingProxy::start(ctx.upstream.clone()).await?;
     let log = params.work_dir.join(format!("operator-{run}.log"));
     let identity = format!("trainyard-bench-{run}");
-    let tracker = PodTracker::start(client, &op_ns, true).await?;
-    let operator = OperatorProcess::start(
-        &params.operator_bin,
-        &op_ns,
-        &kubeconfig,
-        &log,
-        params.leader_elect,
-        &identity,
-    )
-    .await?;
-    let sampler = sampler.with("trainyard-operator", operator.pid());
+    let tracker = PodTracker::start(client, ns, true).await?;
+    let operator = start_operator(ctx, &proxy, ns, &log, &identity).await?;
+    let sampler = ctx
+        .sampler
+        .clone()
+        .with("trainyard-operator", operator.pid());
     let perf = match &params.perf_record {
         Some(path) => Some(PerfRecord::start(operator.pid(), path)?),
         None => None,
@@ -558,9 +591,118 @@ async fn phases(
         rss_mib = idle.rss_mib,
         "operator: applying the TrainingJobs"
     );
-
-    let jobs_api: Api<TrainingJob> = Api::namespaced(client.clone(), &op_ns);
     let cpu0 = sampler.sample();
+    let outcome = apply_and_wait_created(client, ns, jobs, params, &tracker).await;
+    report.cpu.insert(
+        "operator".to_owned(),
+        sampler.between(&cpu0, &sampler.sample()),
+    );
+    operator.check_alive()?;
+    let mut op = outcome?;
+    op.requests = proxy.counts().since(&startup);
+    op.peak_in_flight = proxy.take_peak_in_flight();
+    let created_usage = operator.usage()?;
+    tracing::info!(
+        created = op.created_seconds,
+        scheduled = op.scheduled_seconds,
+        "operator done"
+    );
+    report.operator = Some(op);
+    let mut usage = OperatorUsage {
+        idle,
+        created: created_usage,
+        ..OperatorUsage::default()
+    };
+    let mut requests = OperatorRequests {
+        startup,
+        ..OperatorRequests::default()
+    };
+
+    if params.preempt > 0 {
+        let mut burst = Burst {
+            client,
+            ns,
+            params,
+            tracker: &tracker,
+            operator,
+            log: &log,
+            sampler: &sampler,
+        };
+        burst
+            .all_rounds(&proxy, report, &mut usage, &mut requests)
+            .await?;
+    }
+
+    if let Some(perf) = perf {
+        perf.stop().await;
+    }
+    if let Some(w) = foreign_events(client, ns, &identity).await? {
+        report.warnings.push(w);
+    }
+    record_metrics(operator, report).await;
+    if let Some(op) = created.operator.take() {
+        usage.last = op.stop().await?;
+    }
+    requests.total = proxy.counts();
+    report.usage = Some(usage);
+    report.requests = Some(requests);
+    Ok(())
+}
+
+/// The operator as a child process in namespace `ns`, talking to the API server through
+/// `proxy`, logging to `log`.
+async fn start_operator(
+    ctx: &RunContext<'_>,
+    proxy: &CountingProxy,
+    ns: &str,
+    log: &std::path::Path,
+    identity: &str,
+) -> Result<OperatorProcess> {
+    let params = ctx.params;
+    let kubeconfig = params
+        .work_dir
+        .join(format!("operator-{}.kubeconfig", ctx.run));
+    proxy.write_kubeconfig(&kubeconfig, ns)?;
+    OperatorProcess::start(
+        &params.operator_bin,
+        ns,
+        &kubeconfig,
+        log,
+        params.leader_elect,
+        identity,
+    )
+    .await
+}
+
+/// The operator's own metrics at the end of the run, those the report shows.
+async fn record_metrics(operator: &OperatorProcess, report: &mut OperatorBenchReport) {
+    let metrics = operator.metrics().await.unwrap_or_default();
+    for name in [
+        "trainyard_operator_reconciles_total",
+        "trainyard_operator_reconcile_errors_total",
+        "trainyard_operator_reconcile_duration_seconds_sum",
+        "trainyard_operator_reconcile_duration_seconds_count",
+        "trainyard_operator_restarts_total",
+        "trainyard_operator_preemption_recovery_seconds_sum",
+        "trainyard_operator_preemption_recovery_seconds_count",
+        "trainyard_operator_write_limit",
+    ] {
+        if let Some(v) = metric_value(&metrics, name) {
+            report.operator_metrics.insert(name.to_owned(), v);
+        }
+    }
+}
+
+/// The timed part of the operator's create phase: the TrainingJobs applied with
+/// `concurrency` in flight, then every attempt-0 pod seen created and scheduled.
+async fn apply_and_wait_created(
+    client: &Client,
+    ns: &str,
+    jobs: Vec<TrainingJob>,
+    params: &OperatorBenchParams,
+    tracker: &PodTracker,
+) -> Result<Throughput> {
+    let jobs_api: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
     let t0 = Instant::now();
     let results: Vec<Result<()>> = stream::iter(jobs)
         .map(|job| {
@@ -581,118 +723,17 @@ async fn phases(
     let inputs_done = t0.elapsed().as_secs_f64();
     results.into_iter().collect::<Result<()>>()?;
     let expected = u64::from(params.jobs) * u64::from(params.workers);
-    let outcome = wait_created_scheduled(
-        &tracker,
+    let mut op = wait_created_scheduled(
+        tracker,
         t0,
         expected,
         "operator",
         params.phase_timeout,
         |p| p.attempt == Some(0),
     )
-    .await;
-    report.cpu.insert(
-        "operator".to_owned(),
-        sampler.between(&cpu0, &sampler.sample()),
-    );
-    operator.check_alive()?;
-    let mut op = outcome?;
-    op.requests = proxy.counts().since(&startup);
-    op.peak_in_flight = proxy.take_peak_in_flight();
+    .await?;
     op.inputs_done_seconds = inputs_done;
-    let created_usage = operator.usage()?;
-    tracing::info!(
-        created = op.created_seconds,
-        scheduled = op.scheduled_seconds,
-        "operator done"
-    );
-    report.operator = Some(op);
-    let mut usage = OperatorUsage {
-        idle,
-        created: created_usage,
-        ..OperatorUsage::default()
-    };
-    let mut requests = OperatorRequests {
-        startup,
-        ..OperatorRequests::default()
-    };
-
-    if params.preempt > 0 {
-        // ---- Every job Running, as kubelets would report.
-        let before = proxy.counts();
-        let pods: Vec<String> = tracker
-            .records()
-            .into_iter()
-            .filter(|p| p.deleted.is_none())
-            .map(|p| p.name)
-            .collect();
-        report_running(client, &op_ns, pods, params.concurrency).await?;
-        wait_jobs_running(&jobs_api, params.jobs, params.phase_timeout).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        usage.running = Some(operator.usage()?);
-        let after_running = proxy.counts();
-        requests.running = Some(after_running.since(&before));
-
-        // ---- K workers of K jobs preempted at once, once per round.
-        let before_burst = operator.metrics().await.unwrap_or_default();
-        if let Some(limit) = metric_value(&before_burst, "trainyard_operator_write_limit") {
-            report.operator_metrics.insert(
-                "trainyard_operator_write_limit before the burst".to_owned(),
-                limit,
-            );
-        }
-        let mut burst = Burst {
-            client,
-            ns: &op_ns,
-            params,
-            tracker: &tracker,
-            operator,
-            log: &log,
-            sampler: &sampler,
-        };
-        for round in 0..params.rounds {
-            if round > 0 {
-                burst.back_to_running(round).await?;
-            }
-            let recovery = burst
-                .round(round, &mut report.cpu, &mut report.warnings)
-                .await?;
-            if round == 0 {
-                requests.preemption = Some(proxy.counts().since(&after_running));
-            }
-            report.recovery_rounds.push(recovery);
-        }
-        report.recovery = median_by(&report.recovery_rounds, |r| r.p99_seconds).cloned();
-        usage.recovered = Some(operator.usage()?);
-    }
-
-    if let Some(perf) = perf {
-        perf.stop().await;
-    }
-    if let Some(w) = foreign_events(client, &op_ns, &identity).await? {
-        report.warnings.push(w);
-    }
-    let metrics = operator.metrics().await.unwrap_or_default();
-    for name in [
-        "trainyard_operator_reconciles_total",
-        "trainyard_operator_reconcile_errors_total",
-        "trainyard_operator_reconcile_duration_seconds_sum",
-        "trainyard_operator_reconcile_duration_seconds_count",
-        "trainyard_operator_restarts_total",
-        "trainyard_operator_preemption_recovery_seconds_sum",
-        "trainyard_operator_preemption_recovery_seconds_count",
-        "trainyard_operator_write_limit",
-    ] {
-        if let Some(v) = metric_value(&metrics, name) {
-            report.operator_metrics.insert(name.to_owned(), v);
-        }
-    }
-    if let Some(op) = created.operator.take() {
-        usage.last = op.stop().await?;
-    }
-    requests.total = proxy.counts();
-    report.usage = Some(usage);
-    report.requests = Some(requests);
-    Ok(())
+    Ok(op)
 }
 
 /// The operator's preemption burst, repeated in rounds on the same jobs.
@@ -707,6 +748,56 @@ struct Burst<'a> {
 }
 
 impl Burst<'_> {
+    /// Every job Running (as kubelets would report), then every round of the burst; the
+    /// operator's memory and requests at each step.
+    async fn all_rounds(
+        &mut self,
+        proxy: &CountingProxy,
+        report: &mut OperatorBenchReport,
+        usage: &mut OperatorUsage,
+        requests: &mut OperatorRequests,
+    ) -> Result<()> {
+        let params = self.params;
+        let before = proxy.counts();
+        let pods: Vec<String> = self
+            .tracker
+            .records()
+            .into_iter()
+            .filter(|p| p.deleted.is_none())
+            .map(|p| p.name)
+            .collect();
+        report_running(self.client, self.ns, pods, params.concurrency).await?;
+        let jobs = Api::namespaced(self.client.clone(), self.ns);
+        wait_jobs_running(&jobs, params.jobs, params.phase_timeout).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        usage.running = Some(self.operator.usage()?);
+        let after_running = proxy.counts();
+        requests.running = Some(after_running.since(&before));
+
+        let before_burst = self.operator.metrics().await.unwrap_or_default();
+        if let Some(limit) = metric_value(&before_burst, "trainyard_operator_write_limit") {
+            report.operator_metrics.insert(
+                "trainyard_operator_write_limit before the burst".to_owned(),
+                limit,
+            );
+        }
+        for round in 0..params.rounds {
+            if round > 0 {
+                self.back_to_running(round).await?;
+            }
+            let recovery = self
+                .round(round, &mut report.cpu, &mut report.warnings)
+                .await?;
+            if round == 0 {
+                requests.preemption = Some(proxy.counts().since(&after_running));
+            }
+            report.recovery_rounds.push(recovery);
+        }
+        report.recovery = median_by(&report.recovery_rounds, |r| r.p99_seconds).cloned();
+        usage.recovered = Some(self.operator.usage()?);
+        Ok(())
+    }
+
     /// One round: K workers of the first K jobs preempted at once, timed until each job's next
     /// attempt is created, with its stages and the CPU it cost.
     async fn round(
