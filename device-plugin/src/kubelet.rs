@@ -188,13 +188,33 @@ fn watch_dir(dir: &Path, wake: &Arc<Notify>) -> Option<notify::RecommendedWatche
     Some(watcher)
 }
 
-/// Serves the device plugin and keeps it registered until `shutdown`.
+/// Serves the device plugin and keeps it registered until `shutdown`; then removes the socket
+/// it served on.
 pub async fn run(
     settings: KubeletSettings,
     state: StateReceiver,
     options: AllocateOptions,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
+) {
+    let mut bound = None;
+    serve_until_shutdown(&settings, &state, options, &metrics, &shutdown, &mut bound).await;
+    // Whichever way the loop saw the shutdown (cancelling it also ends the kubelet's stream,
+    // which can read as a lost registration first), the socket it bound last goes.
+    remove_own_socket(&settings.dir.join(&settings.socket_name), bound);
+    tracing::info!("stopped serving the device plugin");
+}
+
+/// The registration loop: binds our socket, serves on it, registers and holds the
+/// registration, and starts over when it is lost, until `shutdown`. `bound` is the identity
+/// of the socket it bound last.
+async fn serve_until_shutdown(
+    settings: &KubeletSettings,
+    state: &StateReceiver,
+    options: AllocateOptions,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+    bound: &mut Option<FileId>,
 ) {
     let kubelet_socket = settings.dir.join(KUBELET_SOCKET);
     let own_socket = settings.dir.join(&settings.socket_name);
@@ -211,7 +231,7 @@ pub async fn run(
             watcher = watch_dir(&settings.dir, &wake);
         }
         let Some(kubelet_id) = identity(&kubelet_socket) else {
-            if wait_for_kubelet_socket(&kubelet_socket, &mut waiting_logged, &wake, &shutdown).await
+            if wait_for_kubelet_socket(&kubelet_socket, &mut waiting_logged, &wake, shutdown).await
             {
                 return;
             }
@@ -219,7 +239,7 @@ pub async fn run(
         };
         waiting_logged = false;
 
-        let listener = match bind_own_socket(&own_socket, &mut backoff, &shutdown).await {
+        let listener = match bind_own_socket(&own_socket, &mut backoff, shutdown).await {
             Attempt::Done(listener) => listener,
             Attempt::Retry => continue,
             Attempt::Shutdown => return,
@@ -230,31 +250,27 @@ pub async fn run(
             own: &own_socket,
             own_id: identity(&own_socket),
         };
-        let mut serving = Serving::start(listener, &state, options, &metrics, &shutdown);
+        *bound = sockets.own_id;
+        let mut serving = Serving::start(listener, state, options, metrics, shutdown);
         tracing::info!(socket = %own_socket.display(), "serving the device plugin");
 
         let lost = match register_and_hold(
-            &settings,
+            settings,
             &sockets,
             &mut serving,
-            &metrics,
+            metrics,
             &mut backoff,
             &wake,
-            &shutdown,
+            shutdown,
         )
         .await
         {
             Attempt::Done(lost) => lost,
             Attempt::Retry => continue,
-            Attempt::Shutdown => {
-                remove_own_socket(&own_socket, sockets.own_id);
-                return;
-            }
+            Attempt::Shutdown => return,
         };
         serving.stop().await;
-        if lost == Lost::Shutdown {
-            remove_own_socket(&own_socket, sockets.own_id);
-            tracing::info!("stopped serving the device plugin");
+        if lost == Lost::Shutdown || shutdown.is_cancelled() {
             return;
         }
         tracing::warn!(
