@@ -432,7 +432,7 @@ async fn phases(
         nodes: &nodes,
     };
     pods_only_floor(&ctx, &floor_ns, &jobs, report).await?;
-    fair_floors(&ctx, &fair_nss, report).await?;
+    fair_floors(&ctx, &fair_nss, &jobs, report).await?;
     operator_phases(&ctx, &op_ns, jobs, report, created).await
 }
 
@@ -465,33 +465,17 @@ async fn pods_only_floor(
     tracing::info!(pods = expected, "floor: creating the pods directly");
     let api: Api<Pod> = Api::namespaced(proxy.client(ns)?, ns);
     let cpu0 = sampler.sample();
-    let t0 = Instant::now();
-    let results: Vec<Result<()>> = stream::iter(floor_pods)
-        .map(|job_pods| {
-            let api = api.clone();
-            async move { create_pods(&api, &job_pods).await }
-        })
-        .buffer_unordered(params.concurrency)
-        .collect()
-        .await;
-    let inputs_done = t0.elapsed().as_secs_f64();
-    results.into_iter().collect::<Result<()>>()?;
-    let mut floor = wait_created_scheduled(
-        &tracker,
-        t0,
-        expected,
-        "floor",
-        params.phase_timeout,
-        |_| true,
-    )
-    .await?;
+    let creates = floor_pods.into_iter().map(|job_pods| {
+        let api = api.clone();
+        async move { create_pods(&api, &job_pods).await }
+    });
+    let mut floor = timed_writes(&tracker, creates, expected, "floor", params, |_| true).await?;
     report.cpu.insert(
         "floor".to_owned(),
         sampler.between(&cpu0, &sampler.sample()),
     );
     floor.requests = proxy.counts();
     floor.peak_in_flight = proxy.take_peak_in_flight();
-    floor.inputs_done_seconds = inputs_done;
     tracing::info!(
         created = floor.created_seconds,
         scheduled = floor.scheduled_seconds,
@@ -512,10 +496,12 @@ async fn pods_only_floor(
 /// The fair floor, once per namespace in `nss`: what a correct controller must write at
 /// least, written directly. Repeated: it is the reference of a target, and one run of it moved
 /// by ±30% (52-97 s at 1,000 jobs) while the operator's own time did not. After the last run,
-/// among its jobs' Services, the restart floor the operator is judged against.
+/// among its jobs' Services, the restart floor the operator is judged against (its pods built
+/// from `jobs` in that namespace).
 async fn fair_floors(
     ctx: &RunContext<'_>,
     nss: &[String],
+    jobs: &[TrainingJob],
     report: &mut OperatorBenchReport,
 ) -> Result<()> {
     let params = ctx.params;
@@ -533,11 +519,8 @@ async fn fair_floors(
         .await?;
         // In the same surroundings as the operator's restarts.
         if index + 1 == params.rounds && params.preempt > 0 {
-            let jobs: Vec<TrainingJob> = (0..params.jobs)
-                .map(|i| training_job(&format!("job-{i:05}"), ns, ctx.run, params))
-                .collect::<Result<_>>()?;
             let rounds =
-                restart_floor(&fair.pods, ns, &fair.tracker, &jobs, ctx.nodes, params).await?;
+                restart_floor(&fair.pods, ns, &fair.tracker, jobs, ctx.nodes, params).await?;
             report.fair_floor_recovery = median_by(&rounds, |r| r.p99_seconds).cloned();
             report.fair_floor_recovery_rounds = rounds;
         }
@@ -702,38 +685,48 @@ async fn apply_and_wait_created(
     params: &OperatorBenchParams,
     tracker: &PodTracker,
 ) -> Result<Throughput> {
-    let jobs_api: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
+    let api: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
+    let creates = jobs.into_iter().map(|job| {
+        let api = api.clone();
+        async move {
+            api.create(&PostParams::default(), &job)
+                .await
+                .map(|_| ())
+                .map_err(Error::kube(format!(
+                    "creating TrainingJob {}",
+                    job.name_any()
+                )))
+        }
+    });
+    let expected = u64::from(params.jobs) * u64::from(params.workers);
+    timed_writes(tracker, creates, expected, "operator", params, |p| {
+        p.attempt == Some(0)
+    })
+    .await
+}
+
+/// One timed create phase, the same for both floors and the operator: `writes` sent with
+/// `concurrency` in flight from the clock's start, then `expected` pods (those `counts`
+/// takes) seen created and scheduled. `inputs_done_seconds` is when the writes were answered.
+async fn timed_writes(
+    tracker: &PodTracker,
+    writes: impl Iterator<Item = impl Future<Output = Result<()>>>,
+    expected: u64,
+    who: &str,
+    params: &OperatorBenchParams,
+    counts: impl Fn(&PodRecord) -> bool,
+) -> Result<Throughput> {
     let t0 = Instant::now();
-    let results: Vec<Result<()>> = stream::iter(jobs)
-        .map(|job| {
-            let api = jobs_api.clone();
-            async move {
-                api.create(&PostParams::default(), &job)
-                    .await
-                    .map(|_| ())
-                    .map_err(Error::kube(format!(
-                        "creating TrainingJob {}",
-                        job.name_any()
-                    )))
-            }
-        })
+    let results: Vec<Result<()>> = stream::iter(writes)
         .buffer_unordered(params.concurrency)
         .collect()
         .await;
     let inputs_done = t0.elapsed().as_secs_f64();
     results.into_iter().collect::<Result<()>>()?;
-    let expected = u64::from(params.jobs) * u64::from(params.workers);
-    let mut op = wait_created_scheduled(
-        tracker,
-        t0,
-        expected,
-        "operator",
-        params.phase_timeout,
-        |p| p.attempt == Some(0),
-    )
-    .await?;
-    op.inputs_done_seconds = inputs_done;
-    Ok(op)
+    let mut timed =
+        wait_created_scheduled(tracker, t0, expected, who, params.phase_timeout, counts).await?;
+    timed.inputs_done_seconds = inputs_done;
+    Ok(timed)
 }
 
 /// The operator's preemption burst, repeated in rounds on the same jobs.
@@ -759,17 +752,7 @@ impl Burst<'_> {
     ) -> Result<()> {
         let params = self.params;
         let before = proxy.counts();
-        let pods: Vec<String> = self
-            .tracker
-            .records()
-            .into_iter()
-            .filter(|p| p.deleted.is_none())
-            .map(|p| p.name)
-            .collect();
-        report_running(self.client, self.ns, pods, params.concurrency).await?;
-        let jobs = Api::namespaced(self.client.clone(), self.ns);
-        wait_jobs_running(&jobs, params.jobs, params.phase_timeout).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.running_again(|_| true).await?;
         usage.running = Some(self.operator.usage()?);
         let after_running = proxy.counts();
         requests.running = Some(after_running.since(&before));
@@ -783,7 +766,9 @@ impl Burst<'_> {
         }
         for round in 0..params.rounds {
             if round > 0 {
-                self.back_to_running(round).await?;
+                // The previous round's new pods Running, and every job Running again.
+                let previous = FIRST_RESTART + round - 1;
+                self.running_again(|p| p.attempt == Some(previous)).await?;
             }
             let recovery = self
                 .round(round, &mut report.cpu, &mut report.warnings)
@@ -833,7 +818,7 @@ impl Burst<'_> {
         )
         .await?;
         cpu.insert(
-            numbered("preemption", round, params.rounds),
+            numbered("preemption", "round", round, params.rounds),
             self.sampler.between(&cpu0, &self.sampler.sample()),
         );
         self.operator.check_alive()?;
@@ -890,30 +875,27 @@ impl Burst<'_> {
         ))
     }
 
-    /// Before round `round` (from 1): the previous round's new pods reported Running, as
-    /// kubelets would, and every job Running again.
-    async fn back_to_running(&self, round: u32) -> Result<()> {
-        let previous = FIRST_RESTART + round - 1;
+    /// The pods that are not deleted and that `which` takes reported Running, as kubelets
+    /// would, then every job Running; then a second for the status writes to settle.
+    async fn running_again(&self, which: impl Fn(&PodRecord) -> bool) -> Result<()> {
         let pods: Vec<String> = self
             .tracker
             .records()
             .into_iter()
-            .filter(|p| p.deleted.is_none() && p.attempt == Some(previous))
+            .filter(|p| p.deleted.is_none() && which(p))
             .map(|p| p.name)
             .collect();
         report_running(self.client, self.ns, pods, self.params.concurrency).await?;
         let jobs = Api::namespaced(self.client.clone(), self.ns);
         wait_jobs_running(&jobs, self.params.jobs, self.params.phase_timeout).await?;
-        // As before the first round: the status writes of jobs going Running settle.
         tokio::time::sleep(Duration::from_secs(1)).await;
         Ok(())
     }
 }
 
-/// A repeated phase's name: `what` alone when it runs once, else numbered from 1
+/// A repeated phase's name: `what` alone when it runs once, else numbered from 1 in `unit`s
 /// ("fair floor, run 2", "preemption, round 3").
-fn numbered(what: &str, index: u32, of: u32) -> String {
-    let unit = if what == "preemption" { "round" } else { "run" };
+fn numbered(what: &str, unit: &str, index: u32, of: u32) -> String {
     if of <= 1 {
         what.to_owned()
     } else {
@@ -1374,30 +1356,16 @@ async fn fair_floor(
         "fair floor: creating TrainingJobs, Services, pods and status directly"
     );
     let cpu0 = sampler.sample();
-    let t0 = Instant::now();
-    let results: Vec<Result<()>> = stream::iter(jobs)
-        .map(|job| write_fair_job(apis.clone(), ns, job))
-        .buffer_unordered(params.concurrency)
-        .collect()
-        .await;
-    let inputs_done = t0.elapsed().as_secs_f64();
-    results.into_iter().collect::<Result<()>>()?;
-    let mut fair = wait_created_scheduled(
-        &tracker,
-        t0,
-        expected,
-        "fair floor",
-        params.phase_timeout,
-        |_| true,
-    )
-    .await?;
+    let writes = jobs
+        .into_iter()
+        .map(|job| write_fair_job(apis.clone(), ns, job));
+    let mut fair = timed_writes(&tracker, writes, expected, "fair floor", params, |_| true).await?;
     cpu.insert(
-        numbered("fair floor", index, params.rounds),
+        numbered("fair floor", "run", index, params.rounds),
         sampler.between(&cpu0, &sampler.sample()),
     );
     fair.requests = proxy.counts();
     fair.peak_in_flight = proxy.take_peak_in_flight();
-    fair.inputs_done_seconds = inputs_done;
     tracing::info!(
         run = index + 1,
         created = fair.created_seconds,
