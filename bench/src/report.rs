@@ -446,6 +446,17 @@ fn stages_table(out: &mut String, op: &Recovery, floor: Option<&Recovery>) {
     out.push('\n');
 }
 
+/// A restart floor's figures and the operator's p99 against it.
+fn against_floor(op: &Recovery, floor: &Recovery) -> String {
+    format!(
+        "p50 **{}**, p99 **{}**, max {}. Operator / floor at p99: **{:.2}**.",
+        s(floor.p50_seconds),
+        s(floor.p99_seconds),
+        s(floor.max_seconds),
+        op.p99_seconds / floor.p99_seconds.max(f64::EPSILON),
+    )
+}
+
 /// Every run of the repeated phases, and which one the targets are judged on (the median).
 fn repeated(out: &mut String, r: &OperatorBenchReport) {
     let list = |xs: Vec<f64>| xs.iter().map(|x| s(*x)).collect::<Vec<_>>().join(", ");
@@ -543,22 +554,16 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         if let Some(floor) = &r.floor_recovery {
             let _ = writeln!(
                 out,
-                "**Restart floor**: the same {} restarts made directly by a minimal client, all at once (the preemption as above, the other workers deleted with grace period 0, the next attempt's pods created; no controller in the loop): p50 **{}**, p99 **{}**, max {}. Operator / floor at p99: **{:.2}**.\n",
+                "**Restart floor**: the same {} restarts made directly by a minimal client, all at once (the preemption as above, the other workers deleted with grace period 0, the next attempt's pods created; no controller in the loop): {}\n",
                 floor.preempted,
-                s(floor.p50_seconds),
-                s(floor.p99_seconds),
-                s(floor.max_seconds),
-                rec.p99_seconds / floor.p99_seconds.max(f64::EPSILON),
+                against_floor(rec, floor),
             );
         }
         if let Some(floor) = &r.fair_floor_recovery {
             let _ = writeln!(
                 out,
-                "**Restart floor among the jobs' Services** (the target's reference): the same restarts made the same way, in the last fair floor run's namespace, where every job has its TrainingJob and headless Service as the operator's jobs do (the controller-manager keeps each Service's endpoints, which costs the control plane CPU on every pod change; the pods-only floor has no Service): p50 **{}**, p99 **{}**, max {}. Operator / floor at p99: **{:.2}**.\n",
-                s(floor.p50_seconds),
-                s(floor.p99_seconds),
-                s(floor.max_seconds),
-                rec.p99_seconds / floor.p99_seconds.max(f64::EPSILON),
+                "**Restart floor among the jobs' Services** (the target's reference): the same restarts made the same way, in the last fair floor run's namespace, where every job has its TrainingJob and headless Service as the operator's jobs do (the controller-manager keeps each Service's endpoints, which costs the control plane CPU on every pod change; the pods-only floor has no Service): {}\n",
+                against_floor(rec, floor),
             );
         }
         stages_table(&mut out, rec, judged_restart_floor(r).map(|(f, _, _)| f));
