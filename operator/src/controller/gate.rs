@@ -446,31 +446,58 @@ mod tests {
         (gate, Box::pin(wakes))
     }
 
+    /// Rounds queued at a gate one after the other, each for one slot, recording the order
+    /// they are served in.
+    struct Queued {
+        order: Arc<Mutex<Vec<&'static str>>>,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+    }
+
+    impl Queued {
+        async fn one_slot_each(
+            g: &Arc<WriteGate>,
+            rounds: impl IntoIterator<Item = (&'static str, Urgency)>,
+        ) -> Self {
+            let order = Arc::new(Mutex::new(Vec::new()));
+            let mut tasks = Vec::new();
+            for (name, urgency) in rounds {
+                let (g, order) = (g.clone(), order.clone());
+                tasks.push(tokio::spawn(async move {
+                    let _permit = g.enter(urgency, 1).await;
+                    order.lock().expect("order").push(name);
+                }));
+                // Queued in this order.
+                tokio::task::yield_now().await;
+            }
+            Self { order, tasks }
+        }
+
+        /// The order they were served in, once every one was.
+        async fn served(self) -> Vec<&'static str> {
+            for t in self.tasks {
+                t.await.expect("task");
+            }
+            self.order.lock().expect("order").clone()
+        }
+    }
+
     #[tokio::test]
     async fn urgent_rounds_take_freed_slots_before_routine_rounds_that_waited_longer() {
         let (g, _wakes) = gate(1);
         let held = g.enter(Urgency::Routine, 1).await;
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for (name, urgency) in [
-            ("routine-1", Urgency::Routine),
-            ("routine-2", Urgency::Routine),
-            ("urgent", Urgency::Urgent),
-        ] {
-            let (g, order) = (g.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
-                let _permit = g.enter(urgency, 1).await;
-                order.lock().expect("order").push(name);
-            }));
-            tokio::task::yield_now().await;
-        }
+        let queued = Queued::one_slot_each(
+            &g,
+            [
+                ("routine-1", Urgency::Routine),
+                ("routine-2", Urgency::Routine),
+                ("urgent", Urgency::Urgent),
+            ],
+        )
+        .await;
         assert_eq!(g.counts(), (1, 1, [0, 1, 2]));
         drop(held);
-        for t in tasks {
-            t.await.expect("task");
-        }
         assert_eq!(
-            *order.lock().expect("order"),
+            queued.served().await,
             vec!["urgent", "routine-1", "routine-2"]
         );
         assert_eq!(g.counts().1, 0, "every slot given back");
@@ -480,29 +507,21 @@ mod tests {
     async fn a_continuing_round_takes_freed_slots_before_urgent_rounds_that_waited_longer() {
         let (g, _wakes) = gate(1);
         let held = g.enter(Urgency::Urgent, 1).await;
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for (name, urgency) in [
-            ("urgent-1", Urgency::Urgent),
-            ("urgent-2", Urgency::Urgent),
-            ("continuing", Urgency::Continuing),
-        ] {
-            let (g, order) = (g.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
-                let _permit = g.enter(urgency, 1).await;
-                order.lock().expect("order").push(name);
-            }));
-            tokio::task::yield_now().await;
-        }
+        let queued = Queued::one_slot_each(
+            &g,
+            [
+                ("urgent-1", Urgency::Urgent),
+                ("urgent-2", Urgency::Urgent),
+                ("continuing", Urgency::Continuing),
+            ],
+        )
+        .await;
         assert_eq!(g.counts(), (1, 1, [1, 2, 0]));
         // A newcomer at urgent waits behind the continuing round too.
         assert!(g.try_enter(Urgency::Urgent, 1).is_none());
         drop(held);
-        for t in tasks {
-            t.await.expect("task");
-        }
         assert_eq!(
-            *order.lock().expect("order"),
+            queued.served().await,
             vec!["continuing", "urgent-1", "urgent-2"]
         );
         assert_eq!(g.counts().1, 0, "every slot given back");
