@@ -45,4 +45,6 @@ pub mod trainer;
 pub mod validate;
 pub mod write_limit;
 
-pub use controller::{DEFAULT_MAX_CONCURRENT_WRITES, ProgressServing, RunConfig, run};
+pub use controller::{
+    DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, ProgressServing, RunConfig, run,
+};

@@ -9,7 +9,10 @@ use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use trainyard_operator::config::{OperatorConfig, ProgressChannel};
 use trainyard_operator::leader::LeaderElection;
 use trainyard_operator::write_limit::LimitConfig;
-use trainyard_operator::{DEFAULT_MAX_CONCURRENT_WRITES, ProgressServing, RunConfig, crdgen, run};
+use trainyard_operator::{
+    DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, ProgressServing, RunConfig, crdgen,
+    run,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -76,6 +79,11 @@ struct RunArgs {
     #[arg(long, env = "TRAINYARD_WRITE_LATENCY_TARGET_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..))]
     write_latency_target_ms: u64,
+    /// Resident memory, in MiB, that the bound on writes in flight keeps the operator within:
+    /// over it the bound shrinks, within its last eighth it grows no more (docs/operator.md).
+    /// 0: no budget. The chart sets it to the container's memory request.
+    #[arg(long, env = "TRAINYARD_MEMORY_BUDGET_MIB", default_value_t = DEFAULT_MEMORY_BUDGET_MIB)]
+    memory_budget_mib: u64,
     /// Log format.
     #[arg(long, value_enum, env = "TRAINYARD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -210,6 +218,8 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         instance: identity,
         write_limit: LimitConfig {
             latency_target: std::time::Duration::from_millis(args.write_latency_target_ms),
+            memory_budget: (args.memory_budget_mib > 0)
+                .then(|| args.memory_budget_mib.saturating_mul(1 << 20)),
             ..LimitConfig::up_to(usize::from(args.max_concurrent_writes))
         },
     };

@@ -14,7 +14,18 @@
 //!   which no write waited leaves it alone, so that a quiet period does not inflate a bound
 //!   that was never tried.
 //!
-//! Pure: the clock is the caller's ([`super::controller`]'s write gate feeds it).
+//! Within a memory budget ([`LimitConfig::memory_budget`]): every request in flight holds
+//! memory (about 35 kB: its connection's buffers, the body, the decoded answer), and a bound
+//! wide enough for a burst among 100 jobs costs more than an operator of 1,000 jobs can spare
+//! on top of its caches. So the resident set caps the limit: up to seven eighths of the budget
+//! the ceiling ([`LimitConfig::max`]) is the cap, over the last eighth the cap falls in
+//! proportion to the room left, down to the floor at the budget. A cap of the level, not of
+//! its growth: the allocator keeps what it freed, so the resident set rarely shrinks, and a
+//! limit cut at every window in which it grew a little (the caches grow as jobs come) fell
+//! to the floor at 1,000 jobs and stayed there.
+//!
+//! Pure: the clock and the memory reading are the caller's ([`super::controller`]'s write gate
+//! feeds them).
 
 use std::time::Duration;
 
@@ -32,6 +43,8 @@ pub struct LimitConfig {
     pub initial: usize,
     /// Mean write latency above which the server is taken to be queueing our writes.
     pub latency_target: Duration,
+    /// Resident set size, bytes, that the bound keeps the operator within (None: no budget).
+    pub memory_budget: Option<u64>,
 }
 
 impl LimitConfig {
@@ -43,6 +56,7 @@ impl LimitConfig {
             max,
             initial: DEFAULT_INITIAL.min(max),
             latency_target: DEFAULT_LATENCY_TARGET,
+            memory_budget: None,
         }
     }
 }
@@ -119,7 +133,19 @@ impl AdaptiveLimit {
     }
 
     /// One answered write: how long it took, and whether the server throttled it (429).
+    /// For a limit without a memory budget.
     pub fn sample(&mut self, latency: Duration, throttled: bool) -> Change {
+        self.sample_within(latency, throttled, || None)
+    }
+
+    /// One answered write, as [`Self::sample`]; `resident` reads the resident set size in
+    /// bytes, once per closed window and only when there is a memory budget.
+    pub fn sample_within(
+        &mut self,
+        latency: Duration,
+        throttled: bool,
+        resident: impl FnOnce() -> Option<u64>,
+    ) -> Change {
         if throttled {
             self.window = Window::default();
             return self.set((self.limit / 2).max(self.config.min));
@@ -136,6 +162,7 @@ impl AdaptiveLimit {
         let window = std::mem::take(&mut self.window);
         let mean = window.total / window.samples;
         let target = self.config.latency_target;
+        let ceiling = self.memory_cap(resident).unwrap_or(self.config.max);
         let next = if mean > target {
             self.limit - self.limit / 4
         } else if !window.saturated {
@@ -145,7 +172,24 @@ impl AdaptiveLimit {
         } else {
             self.limit + 1
         };
-        self.set(next.clamp(self.config.min, self.config.max))
+        self.set(next.clamp(self.config.min, ceiling))
+    }
+
+    /// The cap the memory budget puts on the limit now, within `[min, max]` (None: no budget,
+    /// or no reading): the ceiling up to seven eighths of the budget, then falling in
+    /// proportion to the room left, to the floor at the budget.
+    fn memory_cap(&self, resident: impl FnOnce() -> Option<u64>) -> Option<usize> {
+        let budget = self.config.memory_budget?;
+        let now = resident()?;
+        let taper = budget / 8;
+        let start = budget - taper;
+        let room = budget.saturating_sub(now).min(taper);
+        let (min, max) = (self.config.min, self.config.max);
+        if taper == 0 || now <= start {
+            return Some(max);
+        }
+        let cap = (max as u128 * u128::from(room) / u128::from(taper)) as usize;
+        Some(cap.clamp(min, max))
     }
 
     fn set(&mut self, next: usize) -> Change {
@@ -171,7 +215,33 @@ mod tests {
             max: 64,
             initial: 16,
             latency_target: 1000 * MS,
+            memory_budget: None,
         }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    /// [`config`] kept within a budget of 64 MiB.
+    fn budgeted_config() -> LimitConfig {
+        LimitConfig {
+            memory_budget: Some(64 * MIB),
+            ..config()
+        }
+    }
+
+    fn budgeted() -> AdaptiveLimit {
+        AdaptiveLimit::new(budgeted_config())
+    }
+
+    /// Feeds one whole saturated window of fast answers, the resident set reading `resident`.
+    fn fast_window_at(limit: &mut AdaptiveLimit, resident: u64) -> Change {
+        let size = limit.limit().max(MIN_WINDOW as usize);
+        let mut last = Change::Kept;
+        for _ in 0..size {
+            limit.saturated();
+            last = limit.sample_within(MS, false, || Some(resident));
+        }
+        last
     }
 
     /// Feeds one whole window of `latency` samples, saturated or not; the last change.
@@ -242,8 +312,92 @@ mod tests {
             max: 0,
             initial: 99,
             latency_target: MS,
+            memory_budget: None,
         });
         assert_eq!((l.limit(), l.config().min, l.config().max), (1, 1, 1));
         assert_eq!(LimitConfig::up_to(2).initial, 2);
+    }
+
+    #[test]
+    fn over_the_budgets_last_eighth_the_limit_is_capped_in_proportion_to_the_room_left() {
+        let mut l = AdaptiveLimit::new(LimitConfig {
+            initial: 64,
+            ..budgeted_config()
+        });
+        // 64 MiB less an eighth is 56 MiB: there the cap is still the ceiling (64).
+        assert_eq!(fast_window_at(&mut l, 56 * MIB), Change::Kept);
+        // 4 of the last 8 MiB left: half the ceiling.
+        assert_eq!(fast_window_at(&mut l, 60 * MIB), Change::Lowered(32));
+        // The level caps, not its growth: the same reading holds the limit where it is.
+        assert_eq!(fast_window_at(&mut l, 60 * MIB), Change::Kept);
+        assert_eq!(fast_window_at(&mut l, 63 * MIB), Change::Lowered(8));
+        assert_eq!(
+            fast_window_at(&mut l, 70 * MIB),
+            Change::Lowered(4),
+            "the floor"
+        );
+    }
+
+    #[test]
+    fn with_room_again_the_limit_rises_as_it_would_without_a_budget() {
+        let mut l = budgeted();
+        assert_eq!(fast_window_at(&mut l, 63 * MIB), Change::Lowered(8));
+        assert_eq!(fast_window_at(&mut l, 62 * MIB), Change::Raised(10));
+        assert_eq!(fast_window_at(&mut l, 62 * MIB), Change::Raised(12));
+        assert_eq!(fast_window_at(&mut l, 62 * MIB), Change::Raised(15));
+        assert_eq!(
+            fast_window_at(&mut l, 62 * MIB),
+            Change::Raised(16),
+            "capped at 16"
+        );
+        assert_eq!(fast_window_at(&mut l, 62 * MIB), Change::Kept);
+        assert_eq!(fast_window_at(&mut l, 40 * MIB), Change::Raised(20));
+    }
+
+    #[test]
+    fn slow_answers_cut_within_the_budget_as_they_do_without_one() {
+        let mut l = budgeted();
+        let mut last = Change::Kept;
+        for _ in 0..16 {
+            l.saturated();
+            last = l.sample_within(1500 * MS, false, || Some(MIB));
+        }
+        assert_eq!(last, Change::Lowered(12));
+    }
+
+    #[test]
+    fn the_resident_set_is_read_once_per_closed_window_and_only_under_a_budget() {
+        let reads = std::cell::Cell::new(0);
+        let read = || {
+            reads.set(reads.get() + 1);
+            Some(MIB)
+        };
+        let mut l = budgeted();
+        for _ in 0..15 {
+            l.saturated();
+            assert_eq!(l.sample_within(MS, false, read), Change::Kept);
+        }
+        assert_eq!(reads.get(), 0, "no window closed yet");
+        assert_eq!(l.sample_within(MS, false, read), Change::Raised(20));
+        assert_eq!(reads.get(), 1);
+
+        let mut unbudgeted = AdaptiveLimit::new(config());
+        for _ in 0..16 {
+            unbudgeted.saturated();
+            unbudgeted.sample_within(MS, false, read);
+        }
+        assert_eq!(unbudgeted.limit(), 20);
+        assert_eq!(reads.get(), 1, "without a budget memory is never read");
+    }
+
+    #[test]
+    fn an_unreadable_resident_set_leaves_the_limit_to_the_latency() {
+        let mut l = budgeted();
+        let mut last = Change::Kept;
+        for _ in 0..16 {
+            l.saturated();
+            last = l.sample_within(MS, false, || None);
+        }
+        assert_eq!(last, Change::Raised(20));
     }
 }

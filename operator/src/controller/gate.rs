@@ -301,21 +301,32 @@ impl WriteGate {
         result
     }
 
-    /// One answered write: the limit learns from it.
+    /// One answered write: the limit learns from it (and, when a window closes under a memory
+    /// budget, from the resident set).
     pub(super) fn sample(&self, latency: Duration, throttled: bool) {
-        let change = {
+        let mut resident = None;
+        let (change, budget) = {
             let mut inner = self.lock();
-            let change = inner.limit.sample(latency, throttled);
+            let change = inner.limit.sample_within(latency, throttled, || {
+                resident = resident_bytes();
+                resident
+            });
             if change != Change::Kept {
                 self.metrics.write_limit.set(gauge(inner.limit.limit()));
             }
-            change
+            (change, inner.limit.config().memory_budget)
         };
         match change {
             Change::Raised(_) => self.dispatch(),
-            Change::Lowered(limit) => {
-                tracing::debug!(limit, throttled, ?latency, "write limit lowered");
-            }
+            Change::Lowered(limit) => match resident.zip(budget).filter(|(r, b)| *r > b - b / 8) {
+                Some((resident, budget)) => tracing::info!(
+                    limit,
+                    resident_mib = resident >> 20,
+                    budget_mib = budget >> 20,
+                    "write limit lowered: the operator's memory is in its budget's last eighth"
+                ),
+                None => tracing::debug!(limit, throttled, ?latency, "write limit lowered"),
+            },
             Change::Kept => {}
         }
     }
@@ -421,6 +432,11 @@ impl Throttled for crate::error::Error {
     }
 }
 
+/// The operator's resident set size, bytes (None where the platform does not say).
+fn resident_bytes() -> Option<u64> {
+    memory_stats::memory_stats().and_then(|m| u64::try_from(m.physical_mem).ok())
+}
+
 fn gauge(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -440,6 +456,7 @@ mod tests {
                 max: 8,
                 initial,
                 latency_target: Duration::from_secs(1),
+                memory_budget: None,
             },
             Arc::new(Metrics::new()),
         );

@@ -84,12 +84,17 @@ pub struct ProgressServing {
     pub pod_ip: Option<String>,
 }
 
-/// Default ceiling of [`RunConfig::write_limit`]: the widest that kept the operator under
-/// 64 MiB at 1,000 jobs on the 2-CPU bench machine (docs/benchmarks.md, with status-only
-/// rounds parked): 62.5 MiB at 96 against 64.6 at 192, and every pod created in 1.17x the
-/// fair floor (1.47x at 48, where creates of six requests ran eight jobs wide). The
-/// 100-job burst did not follow the ceiling beyond run-to-run noise (1.34x-2.41x at 48-192).
-pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 96;
+/// Default ceiling of [`RunConfig::write_limit`]: the API server's own default bound on
+/// mutating requests in flight (`--max-mutating-requests-inflight`), beyond which more of ours
+/// would only queue there. How much of it the operator takes is decided by the latency, 429s
+/// and the memory budget ([`DEFAULT_MEMORY_BUDGET_MIB`]). The ceiling was 96 while it was
+/// the only memory bound (the widest that kept 1,000 jobs under 64 MiB); at 96 the 100-job
+/// burst waited for slots that the memory of 100 jobs could well afford (docs/benchmarks.md).
+pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 200;
+
+/// Default memory budget of the write bound, MiB: the chart's memory request for the operator
+/// (which the chart passes as the budget, so that the two move together).
+pub const DEFAULT_MEMORY_BUDGET_MIB: u64 = 64;
 
 /// What every reconcile shares.
 struct Context {
