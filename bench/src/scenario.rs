@@ -485,7 +485,8 @@ async fn pods_only_floor(
 
     // The restart floor: the same K restarts made directly, no controller in the loop.
     if params.preempt > 0 {
-        let rounds = restart_floor(&api, ns, &tracker, jobs, ctx.nodes, params).await?;
+        let cpu = (ctx.sampler, "restart floor", &mut report.cpu);
+        let rounds = restart_floor(&api, ns, &tracker, jobs, ctx.nodes, params, cpu).await?;
         report.floor_recovery = median_by(&rounds, |r| r.p99_seconds).cloned();
         report.floor_recovery_rounds = rounds;
     }
@@ -519,8 +520,9 @@ async fn fair_floors(
         .await?;
         // In the same surroundings as the operator's restarts.
         if index + 1 == params.rounds && params.preempt > 0 {
+            let cpu = (ctx.sampler, "restart floor among Services", &mut report.cpu);
             let rounds =
-                restart_floor(&fair.pods, ns, &fair.tracker, jobs, ctx.nodes, params).await?;
+                restart_floor(&fair.pods, ns, &fair.tracker, jobs, ctx.nodes, params, cpu).await?;
             report.fair_floor_recovery = median_by(&rounds, |r| r.p99_seconds).cloned();
             report.fair_floor_recovery_rounds = rounds;
         }
@@ -1608,9 +1610,18 @@ async fn create_pods(api: &Api<Pod>, pods: &[Pod]) -> Result<()> {
     future::join_all(creates).await.into_iter().collect()
 }
 
+/// Where a restart floor's rounds record the CPU they cost: the sampler, the phase's name, the
+/// report's table.
+type CpuRecord<'a> = (
+    &'a CpuSampler,
+    &'a str,
+    &'a mut BTreeMap<String, CpuProfile>,
+);
+
 /// The restart floor, once per round: the same K restarts made directly, no controller in the
 /// loop. Round `r` (from 0) restarts the jobs' attempt `FIRST_RESTART + r - 1` as
-/// `FIRST_RESTART + r`, preempting the rank the operator's round `r` preempts.
+/// `FIRST_RESTART + r`, preempting the rank the operator's round `r` preempts. Each round's
+/// CPU goes into `cpu`, as the operator's rounds' does, so that their costs can be compared.
 async fn restart_floor(
     api: &Api<Pod>,
     ns: &str,
@@ -1618,6 +1629,7 @@ async fn restart_floor(
     jobs: &[TrainingJob],
     nodes: &[Node],
     params: &OperatorBenchParams,
+    (sampler, phase, cpu): CpuRecord<'_>,
 ) -> Result<Vec<Recovery>> {
     let mut rounds = Vec::new();
     for round in 0..params.rounds {
@@ -1629,6 +1641,7 @@ async fn restart_floor(
             ns,
             "floor: restarting jobs directly"
         );
+        let cpu0 = sampler.sample();
         let restarted = restart_directly(api, ns, pods, params, round).await?;
         let recovered = wait_recovered(
             tracker,
@@ -1638,6 +1651,10 @@ async fn restart_floor(
             params.phase_timeout,
         )
         .await?;
+        cpu.insert(
+            numbered(phase, "round", round, params.rounds),
+            sampler.between(&cpu0, &sampler.sample()),
+        );
         // Let the scheduler bind them before they are deleted: binding pods that are gone
         // would still occupy it when the operator's pods arrive (seen: a scheduled ratio of
         // 1.74 instead of about 1.0 at 100 jobs).
