@@ -66,7 +66,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
     /// Most write requests in flight at once: the ceiling of the adaptive bound, which follows
-    /// the API server's latency and 429s (docs/operator.md). Bounds the operator's memory.
+    /// the API server's latency and 429s and the memory budget (docs/operator.md).
     #[arg(
         long,
         alias = "max-concurrent-reconciles",
@@ -80,8 +80,9 @@ struct RunArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     write_latency_target_ms: u64,
     /// Resident memory, in MiB, that the bound on writes in flight keeps the operator within:
-    /// over it the bound shrinks, within its last eighth it grows no more (docs/operator.md).
-    /// 0: no budget. The chart sets it to the container's memory request.
+    /// over seven eighths of it the bound is capped in proportion to the room left, down to
+    /// its floor at the budget (docs/operator.md). 0: no budget. The chart sets it to the
+    /// container's memory request.
     #[arg(long, env = "TRAINYARD_MEMORY_BUDGET_MIB", default_value_t = DEFAULT_MEMORY_BUDGET_MIB)]
     memory_budget_mib: u64,
     /// Log format.
