@@ -95,6 +95,8 @@ pub enum Change {
     Raised(usize),
     /// Lowered to this.
     Lowered(usize),
+    /// Lowered to this, the cap the memory budget leaves (below what the window alone made it).
+    Capped(usize),
     /// Left as it was.
     Kept,
 }
@@ -172,7 +174,10 @@ impl AdaptiveLimit {
         } else {
             self.limit + 1
         };
-        self.set(next.clamp(self.config.min, ceiling))
+        match self.set(next.clamp(self.config.min, ceiling)) {
+            Change::Lowered(to) if next > ceiling => Change::Capped(to),
+            change => change,
+        }
     }
 
     /// The cap the memory budget puts on the limit now, within `[min, max]` (None: no budget,
@@ -233,15 +238,25 @@ mod tests {
         AdaptiveLimit::new(budgeted_config())
     }
 
-    /// Feeds one whole saturated window of fast answers, the resident set reading `resident`.
-    fn fast_window_at(limit: &mut AdaptiveLimit, resident: u64) -> Change {
+    /// Feeds one whole saturated window of `latency` samples, the resident set reading
+    /// `resident`; the last change.
+    fn window_reading(
+        limit: &mut AdaptiveLimit,
+        latency: Duration,
+        resident: Option<u64>,
+    ) -> Change {
         let size = limit.limit().max(MIN_WINDOW as usize);
         let mut last = Change::Kept;
         for _ in 0..size {
             limit.saturated();
-            last = limit.sample_within(MS, false, || Some(resident));
+            last = limit.sample_within(latency, false, || resident);
         }
         last
+    }
+
+    /// One saturated window of fast answers, the resident set reading `resident`.
+    fn fast_window_at(limit: &mut AdaptiveLimit, resident: u64) -> Change {
+        window_reading(limit, MS, Some(resident))
     }
 
     /// Feeds one whole window of `latency` samples, saturated or not; the last change.
@@ -327,13 +342,13 @@ mod tests {
         // 64 MiB less an eighth is 56 MiB: there the cap is still the ceiling (64).
         assert_eq!(fast_window_at(&mut l, 56 * MIB), Change::Kept);
         // 4 of the last 8 MiB left: half the ceiling.
-        assert_eq!(fast_window_at(&mut l, 60 * MIB), Change::Lowered(32));
+        assert_eq!(fast_window_at(&mut l, 60 * MIB), Change::Capped(32));
         // The level caps, not its growth: the same reading holds the limit where it is.
         assert_eq!(fast_window_at(&mut l, 60 * MIB), Change::Kept);
-        assert_eq!(fast_window_at(&mut l, 63 * MIB), Change::Lowered(8));
+        assert_eq!(fast_window_at(&mut l, 63 * MIB), Change::Capped(8));
         assert_eq!(
             fast_window_at(&mut l, 70 * MIB),
-            Change::Lowered(4),
+            Change::Capped(4),
             "the floor"
         );
     }
@@ -341,7 +356,7 @@ mod tests {
     #[test]
     fn with_room_again_the_limit_rises_as_it_would_without_a_budget() {
         let mut l = budgeted();
-        assert_eq!(fast_window_at(&mut l, 63 * MIB), Change::Lowered(8));
+        assert_eq!(fast_window_at(&mut l, 63 * MIB), Change::Capped(8));
         assert_eq!(fast_window_at(&mut l, 62 * MIB), Change::Raised(10));
         assert_eq!(fast_window_at(&mut l, 62 * MIB), Change::Raised(12));
         assert_eq!(fast_window_at(&mut l, 62 * MIB), Change::Raised(15));
@@ -357,12 +372,15 @@ mod tests {
     #[test]
     fn slow_answers_cut_within_the_budget_as_they_do_without_one() {
         let mut l = budgeted();
-        let mut last = Change::Kept;
-        for _ in 0..16 {
-            l.saturated();
-            last = l.sample_within(1500 * MS, false, || Some(MIB));
-        }
-        assert_eq!(last, Change::Lowered(12));
+        assert_eq!(
+            window_reading(&mut l, 1500 * MS, Some(MIB)),
+            Change::Lowered(12)
+        );
+        // In the last eighth, a cut the latency made (below the cap of 56) is still its own.
+        assert_eq!(
+            window_reading(&mut l, 1500 * MS, Some(57 * MIB)),
+            Change::Lowered(9)
+        );
     }
 
     #[test]
@@ -393,11 +411,6 @@ mod tests {
     #[test]
     fn an_unreadable_resident_set_leaves_the_limit_to_the_latency() {
         let mut l = budgeted();
-        let mut last = Change::Kept;
-        for _ in 0..16 {
-            l.saturated();
-            last = l.sample_within(MS, false, || None);
-        }
-        assert_eq!(last, Change::Raised(20));
+        assert_eq!(window_reading(&mut l, MS, None), Change::Raised(20));
     }
 }

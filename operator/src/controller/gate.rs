@@ -318,15 +318,15 @@ impl WriteGate {
         };
         match change {
             Change::Raised(_) => self.dispatch(),
-            Change::Lowered(limit) => match resident.zip(budget).filter(|(r, b)| *r > b - b / 8) {
-                Some((resident, budget)) => tracing::info!(
-                    limit,
-                    resident_mib = resident >> 20,
-                    budget_mib = budget >> 20,
-                    "write limit lowered: the operator's memory is in its budget's last eighth"
-                ),
-                None => tracing::debug!(limit, throttled, ?latency, "write limit lowered"),
-            },
+            Change::Lowered(limit) => {
+                tracing::debug!(limit, throttled, ?latency, "write limit lowered");
+            }
+            Change::Capped(limit) => tracing::info!(
+                limit,
+                resident_mib = resident.map(|r| r >> 20),
+                budget_mib = budget.map(|b| b >> 20),
+                "write limit lowered: the operator's memory is in its budget's last eighth"
+            ),
             Change::Kept => {}
         }
     }
