@@ -385,6 +385,16 @@ impl PodTimeline {
         longest
     }
 
+    /// When the watch first showed a pod of `attempt` (its own clock: sub-second, unlike the
+    /// creation timestamp).
+    pub fn first_seen(&self, attempt: u32) -> Option<jiff::Timestamp> {
+        self.events()
+            .iter()
+            .filter(|e| e.attempt == Some(attempt))
+            .map(|e| e.seen)
+            .min()
+    }
+
     /// The earliest creation timestamp of a pod of `attempt`.
     pub fn first_created(&self, attempt: u32) -> Option<jiff::Timestamp> {
         self.events()

@@ -397,7 +397,7 @@ async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -
         detail.contains("DisruptionTarget"),
         "restart detail names the signal: {detail}"
     );
-    no_restart_stall(&client, &ns.name, &timeline).await?;
+    no_restart_stall(&timeline)?;
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rank0 = new_pods
@@ -1067,8 +1067,8 @@ async fn final_digest(client: &Client, ns: &str, job: &str, attempt: u32) -> Res
 /// A gang restart wastes no time between the attempts (issue: a 35 s stall): the stopped pods
 /// of attempt 0 leave the API server within 1 s of the watch showing them stopped (the kubelet
 /// alone may keep them for tens of seconds), and attempt 1 is created (pod creation timestamps,
-/// whole seconds, and the `CreatingWorkers` Event) within 1 s of the last of them leaving.
-async fn no_restart_stall(client: &Client, ns: &str, timeline: &PodTimeline) -> Result<()> {
+/// whole seconds, and the watch's first sight of it) within 1 s of the last of them leaving.
+fn no_restart_stall(timeline: &PodTimeline) -> Result<()> {
     let one_second = jiff::SignedDuration::from_secs(1);
     let (pod, stopped_to_gone) = timeline
         .longest_stopped_to_gone(0)
@@ -1077,25 +1077,12 @@ async fn no_restart_stall(client: &Client, ns: &str, timeline: &PodTimeline) -> 
     let created = timeline
         .first_created(1)
         .context("the watch saw no pod of attempt 1")?;
-    let creating = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("CreatingWorkers"))
-        .filter(|e| {
-            e.message
-                .as_deref()
-                .is_some_and(|m| m.contains("attempt 1"))
-        })
-        .filter_map(|e| e.event_time.map(|t| t.0))
-        // The namespace may hold Events of an earlier job of the same name.
-        .filter(|t| *t >= timeline.started)
-        .min()
-        .context("no CreatingWorkers Event for attempt 1")?;
+    let creating = timeline
+        .first_seen(1)
+        .context("the watch saw no pod of attempt 1")?;
     println!(
         "restart timeline: {pod} stopped→gone {stopped_to_gone:#}; last old pod gone {gone}, \
-         first new pod created {created}, CreatingWorkers at {creating}"
+         first new pod created {created}, seen at {creating}"
     );
     ensure!(
         stopped_to_gone <= one_second,
@@ -1104,7 +1091,7 @@ async fn no_restart_stall(client: &Client, ns: &str, timeline: &PodTimeline) -> 
     );
     ensure!(
         created.duration_since(gone) <= one_second && creating.duration_since(gone) <= one_second,
-        "attempt 1 created at {created} (Event {creating}), the last old pod left at {gone}"
+        "attempt 1 created at {created} (seen {creating}), the last old pod left at {gone}"
     );
     Ok(())
 }

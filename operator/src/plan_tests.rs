@@ -330,6 +330,31 @@ fn all_workers_running_makes_the_job_running_once() {
 }
 
 #[test]
+fn a_gang_restart_is_one_event_that_names_the_next_attempt() {
+    let mut w = World::running_world("workers: 2\ngpusPerWorker: 1\n");
+    w.preempt("train-worker-1");
+    let mut events = Vec::new();
+    let restart = w.step();
+    events.extend(restart.events.clone());
+    events.extend(restart.announcement.clone());
+    let waiting = w.step();
+    events.extend(waiting.events.clone());
+    events.extend(waiting.announcement.clone());
+    w.kubelet_removes_deleted();
+    let creating = w.step();
+    assert_eq!(World::creates(&creating).len(), 2, "attempt 1 is created");
+    assert_eq!(creating.creates_attempt, Some(1));
+    events.extend(creating.events.clone());
+    events.extend(creating.announcement.clone());
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].reason, "Preempted");
+    assert!(
+        events[0].note.contains("gang restart as attempt 1"),
+        "{events:?}"
+    );
+}
+
+#[test]
 fn preemption_restarts_the_whole_gang_with_resume_from() {
     let mut w = World::running_world("workers: 2\ngpusPerWorker: 1\n");
     w.preempt("train-worker-1");

@@ -390,33 +390,29 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
     Flow::Continue
 }
 
-/// The first pods of an attempt: record the GPU chosen and say so.
+/// The first pods of an attempt: record the GPU chosen, and announce the job's first attempt
+/// (a later one was announced by its restart's Event).
 fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, count: usize) {
     let st = &mut round.st;
     st.selected_gpu = placement.selected.clone();
     round.creates_attempt = Some(st.attempt);
-    let restart_reason = st
-        .last_restart
-        .as_ref()
-        .map(|l| l.reason)
-        .filter(|_| st.attempt > 0);
+    // One Event per restart: the restart's own Event (Preempted, WorkerFailed, Hang, Resumed)
+    // already said which attempt follows. Retrying creates the API server rejected is not news
+    // either: WriteRejected says so.
+    let follows_restart = st.attempt > 0 && st.last_restart.is_some();
+    if follows_restart || condition_is_true(&view.current.conditions, condition::WRITE_REJECTED) {
+        return;
+    }
     let what = match &placement.selected {
         Some(s) if !s.product.is_empty() => {
             format!(" on {}{}", s.product, if s.spot { " (spot)" } else { "" })
         }
         _ => String::new(),
     };
-    // Retrying creates the API server rejected is not news: WriteRejected says so.
-    if condition_is_true(&view.current.conditions, condition::WRITE_REJECTED) {
-        return;
-    }
-    let after = restart_reason
-        .map(|r| format!(" after {}", r.as_str()))
-        .unwrap_or_default();
     round.announcement = Some(JobEvent::normal(
         "CreatingWorkers",
         format!(
-            "creating {count} worker(s) for attempt {}{what}{after}",
+            "creating {count} worker(s) for attempt {}{what}",
             st.attempt
         ),
     ));
