@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use trainyard_operator::crd::{LABEL_ATTEMPT, LABEL_JOB};
 
@@ -29,6 +30,8 @@ const POLL: Duration = Duration::from_millis(25);
 pub struct PodRecord {
     /// metadata.name.
     pub name: String,
+    /// metadata.uid.
+    pub uid: String,
     /// `trainyard.dev/job`, if any.
     pub job: Option<String>,
     /// `trainyard.dev/attempt`, if any.
@@ -46,6 +49,8 @@ struct State {
     pods: HashMap<String, PodRecord>,
     synced: bool,
     force_deleting: HashSet<String>,
+    /// Who waits for the pod of each uid to be deleted ([`PodTracker::gone`]).
+    on_gone: HashMap<String, Vec<oneshot::Sender<()>>>,
 }
 
 /// A running tracker; stops when dropped.
@@ -88,8 +93,13 @@ impl PodTracker {
                             }
                             watcher::Event::Delete(p) => {
                                 observe(&mut st, &p, now, false);
-                                if let Some(r) = p.uid().and_then(|u| st.pods.get_mut(&u)) {
-                                    r.deleted.get_or_insert(now);
+                                if let Some(uid) = p.uid() {
+                                    if let Some(r) = st.pods.get_mut(&uid) {
+                                        r.deleted.get_or_insert(now);
+                                    }
+                                    for waiter in st.on_gone.remove(&uid).unwrap_or_default() {
+                                        let _ = waiter.send(());
+                                    }
                                 }
                             }
                             watcher::Event::InitDone => st.synced = true,
@@ -117,6 +127,35 @@ impl PodTracker {
     /// A copy of every record.
     pub fn records(&self) -> Vec<PodRecord> {
         lock(&self.state).pods.values().cloned().collect()
+    }
+
+    /// Waits until the watch saw the pods of `uids` deleted (a uid it never saw counts as
+    /// gone). Each waiter is woken by the deletion itself, not by polling: a burst of a
+    /// thousand restarts, each waiting for its old pods, costs no CPU while it waits.
+    pub async fn gone(&self, what: &str, uids: &[String], timeout: Duration) -> Result<()> {
+        let waits: Vec<oneshot::Receiver<()>> = {
+            let mut st = lock(&self.state);
+            let live: Vec<&String> = uids
+                .iter()
+                .filter(|u| st.pods.get(*u).is_some_and(|p| p.deleted.is_none()))
+                .collect();
+            live.into_iter()
+                .map(|uid| {
+                    let (tx, rx) = oneshot::channel();
+                    st.on_gone.entry(uid.clone()).or_default().push(tx);
+                    rx
+                })
+                .collect()
+        };
+        let left = waits.len();
+        tokio::time::timeout(timeout, futures::future::join_all(waits))
+            .await
+            .map(|_| ())
+            .map_err(|_| Error::Timeout {
+                what: what.to_owned(),
+                after: timeout,
+                progress: format!("{left} pod(s) were there when the wait began"),
+            })
     }
 
     /// Waits until `ready` returns Ok over the records; its Err is the progress shown on
@@ -176,6 +215,7 @@ fn observe(
         .is_some();
     let record = st.pods.entry(uid.clone()).or_insert_with(|| PodRecord {
         name: pod.name_any(),
+        uid: uid.clone(),
         job: pod.labels().get(LABEL_JOB).cloned(),
         attempt: pod.labels().get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
         seen: now,

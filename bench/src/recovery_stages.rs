@@ -487,6 +487,7 @@ mod tests {
     fn record(job: &str, attempt: u32, seen: Instant, deleted: Option<Instant>) -> PodRecord {
         PodRecord {
             name: format!("{job}-worker"),
+            uid: format!("{job}-{attempt}"),
             job: Some(job.to_owned()),
             attempt: Some(attempt),
             seen,

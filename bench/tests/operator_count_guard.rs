@@ -68,6 +68,12 @@ async fn operator_requests_status_writes_and_reconciles_per_job_stay_bounded() {
         "the benchmark run failed: {:?}",
         report.error
     );
+    // The graceful restart floor, the burst's reference in `make bench`, ran to the end: its
+    // rounds wait until every restarted job's next attempt is seen created.
+    assert!(
+        report.graceful_floor_recovery.is_some(),
+        "the graceful restart floor was measured"
+    );
     let creating = &report
         .operator
         .as_ref()
