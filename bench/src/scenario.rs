@@ -1300,8 +1300,16 @@ fn fair_status_patch(job: &TrainingJob) -> Result<serde_json::Value> {
         observed_generation: job.metadata.generation,
         ..TrainingJobStatus::default()
     };
-    let status = serde_json::to_value(&status).map_err(|e| Error::Build {
-        what: format!("the status of TrainingJob {}", job.name_any()),
+    status_apply(
+        &format!("the status of TrainingJob {}", job.name_any()),
+        &status,
+    )
+}
+
+/// The body of a server-side apply of a TrainingJob's `status`; `what` names it in errors.
+fn status_apply(what: &str, status: &TrainingJobStatus) -> Result<serde_json::Value> {
+    let status = serde_json::to_value(status).map_err(|e| Error::Build {
+        what: what.to_owned(),
         message: e.to_string(),
     })?;
     Ok(json!({
@@ -1943,15 +1951,7 @@ fn restart_status_patch(job: &str, attempt: u32) -> Result<serde_json::Value> {
         attempt,
         ..TrainingJobStatus::default()
     };
-    let status = serde_json::to_value(&status).map_err(|e| Error::Build {
-        what: format!("the restart status of TrainingJob {job}"),
-        message: e.to_string(),
-    })?;
-    Ok(json!({
-        "apiVersion": TrainingJob::api_version(&()),
-        "kind": TrainingJob::kind(&()),
-        "status": status,
-    }))
+    status_apply(&format!("the restart status of TrainingJob {job}"), &status)
 }
 
 /// Seconds from each job's preemption to every pod of its attempt `next` seen created.
