@@ -51,6 +51,72 @@ struct State {
     force_deleting: HashSet<String>,
     /// Who waits for the pod of each uid to be deleted ([`PodTracker::gone`]).
     on_gone: HashMap<String, Vec<oneshot::Sender<()>>>,
+    /// The uids a (re)list in progress returned.
+    relisted: Option<HashSet<String>>,
+}
+
+impl State {
+    /// Records one watch event seen at `now`; returns the pod to finish deleting, if any
+    /// ([`observe`]).
+    fn on_event(
+        &mut self,
+        ev: watcher::Event<Pod>,
+        now: Instant,
+        finish_deletions: bool,
+    ) -> Option<(String, String)> {
+        match ev {
+            watcher::Event::Apply(p) => observe(self, &p, now, finish_deletions),
+            watcher::Event::InitApply(p) => {
+                if let (Some(listed), Some(uid)) = (self.relisted.as_mut(), p.uid()) {
+                    listed.insert(uid);
+                }
+                observe(self, &p, now, finish_deletions)
+            }
+            watcher::Event::Delete(p) => {
+                observe(self, &p, now, false);
+                if let Some(uid) = p.uid() {
+                    self.gone(&uid, now);
+                }
+                None
+            }
+            watcher::Event::Init => {
+                self.relisted = Some(HashSet::new());
+                None
+            }
+            watcher::Event::InitDone => {
+                self.synced = true;
+                self.missing_from_relist(now);
+                None
+            }
+        }
+    }
+
+    /// The watch showed the pod of `uid` gone at `now`.
+    fn gone(&mut self, uid: &str, now: Instant) {
+        if let Some(r) = self.pods.get_mut(uid) {
+            r.deleted.get_or_insert(now);
+        }
+        for waiter in self.on_gone.remove(uid).unwrap_or_default() {
+            let _ = waiter.send(());
+        }
+    }
+
+    /// A relist (after the watch fell too far behind) is complete: a pod it did not return was
+    /// deleted meanwhile, though no Delete event said so.
+    fn missing_from_relist(&mut self, now: Instant) {
+        let Some(listed) = self.relisted.take() else {
+            return;
+        };
+        let missing: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(uid, r)| r.deleted.is_none() && !listed.contains(*uid))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in missing {
+            self.gone(&uid, now);
+        }
+    }
 }
 
 /// A running tracker; stops when dropped.
@@ -84,28 +150,7 @@ impl PodTracker {
                             continue;
                         }
                     };
-                    let mut to_delete = None;
-                    {
-                        let mut st = lock(&state);
-                        match ev {
-                            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-                                to_delete = observe(&mut st, &p, now, finish_deletions);
-                            }
-                            watcher::Event::Delete(p) => {
-                                observe(&mut st, &p, now, false);
-                                if let Some(uid) = p.uid() {
-                                    if let Some(r) = st.pods.get_mut(&uid) {
-                                        r.deleted.get_or_insert(now);
-                                    }
-                                    for waiter in st.on_gone.remove(&uid).unwrap_or_default() {
-                                        let _ = waiter.send(());
-                                    }
-                                }
-                            }
-                            watcher::Event::InitDone => st.synced = true,
-                            watcher::Event::Init => {}
-                        }
-                    }
+                    let to_delete = lock(&state).on_event(ev, now, finish_deletions);
                     if let Some((name, uid)) = to_delete {
                         let api = api.clone();
                         tokio::spawn(async move { force_delete(api, name, uid).await });
@@ -247,5 +292,60 @@ async fn force_delete(api: Api<Pod>, name: String, uid: String) {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
         Err(e) => tracing::warn!(pod = %name, error = %e, "force-deleting a pod on a fake node"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, uid: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.to_owned());
+        p.metadata.uid = Some(uid.to_owned());
+        p
+    }
+
+    #[test]
+    fn a_pod_a_relist_no_longer_returns_is_gone_and_its_waiters_are_woken() {
+        use watcher::Event::{Init, InitApply, InitDone};
+        let mut st = State::default();
+        let t0 = Instant::now();
+        for ev in [
+            Init,
+            InitApply(pod("a", "u-a")),
+            InitApply(pod("b", "u-b")),
+            InitDone,
+        ] {
+            assert_eq!(st.on_event(ev, t0, true), None);
+        }
+        assert!(st.synced);
+        assert_eq!(st.pods.len(), 2, "the first list leaves both there");
+        assert!(st.pods.values().all(|r| r.deleted.is_none()));
+        let (tx, mut rx) = oneshot::channel();
+        st.on_gone.entry("u-a".to_owned()).or_default().push(tx);
+        // The watch fell behind and listed again: only b is still there.
+        let t1 = t0 + Duration::from_secs(1);
+        for ev in [Init, InitApply(pod("b", "u-b")), InitDone] {
+            st.on_event(ev, t1, true);
+        }
+        assert_eq!(st.pods["u-a"].deleted, Some(t1));
+        assert_eq!(st.pods["u-b"].deleted, None);
+        assert_eq!(rx.try_recv(), Ok(()), "the waiter for a is woken");
+    }
+
+    #[test]
+    fn a_delete_event_wakes_who_waits_for_that_pod_only() {
+        let mut st = State::default();
+        let t0 = Instant::now();
+        st.on_event(watcher::Event::Apply(pod("a", "u-a")), t0, false);
+        st.on_event(watcher::Event::Apply(pod("b", "u-b")), t0, false);
+        let (tx_a, mut rx_a) = oneshot::channel();
+        let (tx_b, mut rx_b) = oneshot::channel();
+        st.on_gone.entry("u-a".to_owned()).or_default().push(tx_a);
+        st.on_gone.entry("u-b".to_owned()).or_default().push(tx_b);
+        st.on_event(watcher::Event::Delete(pod("a", "u-a")), t0, false);
+        assert_eq!(rx_a.try_recv(), Ok(()));
+        assert!(rx_b.try_recv().is_err(), "b is still there");
     }
 }
