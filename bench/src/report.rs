@@ -510,7 +510,7 @@ fn restart_floor_paragraphs(out: &mut String, r: &OperatorBenchReport, rec: &Rec
     if let Some(floor) = &r.graceful_floor_recovery {
         let _ = writeln!(
             out,
-            "**Graceful restart floor**{}: the same restarts among the same Services, made as any correct controller must make them and nothing more: the preemption; one status write (Restarting, the next attempt), before anything is stopped; the other workers deleted gracefully with their uid preconditions, so that their trainers can checkpoint (the benchmark finishes each deletion as a kubelet does once the containers stopped); the next attempt's pods, owned by the job, created once the watch shows the old ones gone, whose names they reuse. No Event, no decision: {}\n",
+            "**Graceful restart floor**{}: the same restarts among the same Services, made as any correct controller must make them and nothing more: the preemption; one status write (Restarting, the next attempt), before anything is stopped; the other workers deleted gracefully with their uid preconditions, so that their trainers can checkpoint (the benchmark finishes each deletion as a kubelet does once the containers stopped); the next attempt's pods, owned by the job, created once its own pod watch shows the old ones gone, whose names they reuse; it keeps a pod watch and a TrainingJob watch of its own, as the operator does. No Event, no decision: {}\n",
             reference(GRACEFUL_FLOOR),
             against_floor(rec, floor),
         );
