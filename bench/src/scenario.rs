@@ -1644,10 +1644,17 @@ async fn preempt_pod(api: &Api<Pod>, ns: &str, pod: &str) -> Result<()> {
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
     };
-    match api.delete(pod, &dp).await {
+    delete_pod(api, ns, pod, &dp).await
+}
+
+/// Deletes pod `ns/name` with `dp`. A pod already gone (404) is done, and so is one whose uid
+/// precondition no longer holds (409: the name holds another pod now, the one meant is gone).
+async fn delete_pod(api: &Api<Pod>, ns: &str, name: &str, dp: &DeleteParams) -> Result<()> {
+    match api.delete(name, dp).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::kube(format!("deleting pod {ns}/{pod}"))(e)),
+        Err(kube::Error::Api(s)) if s.code == 409 && dp.preconditions.is_some() => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
     }
 }
 
@@ -1834,13 +1841,7 @@ async fn restart_directly(
             };
             let deletes = pods.iter().map(|p| {
                 let (api, dp, name) = (api.clone(), dp.clone(), p.name_any());
-                async move {
-                    match api.delete(&name, &dp).await {
-                        Ok(_) => Ok(()),
-                        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                        Err(e) => Err(Error::kube(format!("floor: deleting pod {ns}/{name}"))(e)),
-                    }
-                }
+                async move { delete_pod(&api, ns, &name, &dp).await }
             });
             future::join_all(deletes)
                 .await
@@ -1915,15 +1916,7 @@ async fn restart_as_controller(
                         }),
                         ..DeleteParams::default()
                     };
-                    async move {
-                        match api.delete(name, &dp).await {
-                            Ok(_) => Ok(()),
-                            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-                            Err(e) => {
-                                Err(Error::kube(format!("floor: deleting pod {ns}/{name}"))(e))
-                            }
-                        }
-                    }
+                    async move { delete_pod(api, ns, name, &dp).await }
                 });
             future::join_all(deletes)
                 .await
