@@ -245,10 +245,23 @@ mod tests {
         latency: Duration,
         resident: Option<u64>,
     ) -> Change {
+        window_of(limit, latency, true, resident)
+    }
+
+    /// Feeds one whole window of `latency` samples, saturated or not, the resident set reading
+    /// `resident`; the last change.
+    fn window_of(
+        limit: &mut AdaptiveLimit,
+        latency: Duration,
+        saturated: bool,
+        resident: Option<u64>,
+    ) -> Change {
         let size = limit.limit().max(MIN_WINDOW as usize);
         let mut last = Change::Kept;
         for _ in 0..size {
-            limit.saturated();
+            if saturated {
+                limit.saturated();
+            }
             last = limit.sample_within(latency, false, || resident);
         }
         last
@@ -261,15 +274,7 @@ mod tests {
 
     /// Feeds one whole window of `latency` samples, saturated or not; the last change.
     fn window(limit: &mut AdaptiveLimit, latency: Duration, saturated: bool) -> Change {
-        let size = limit.limit().max(MIN_WINDOW as usize);
-        let mut last = Change::Kept;
-        for _ in 0..size {
-            if saturated {
-                limit.saturated();
-            }
-            last = limit.sample(latency, false);
-        }
-        last
+        window_of(limit, latency, saturated, None)
     }
 
     #[test]
