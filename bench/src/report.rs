@@ -149,21 +149,19 @@ fn restart_floors(r: &OperatorBenchReport) -> Vec<(&Recovery, &[Recovery], &'sta
         (
             &r.fair_floor_recovery,
             &r.fair_floor_recovery_rounds,
-            "restart floor among the jobs' Services",
+            SERVICES_FLOOR,
         ),
-        (
-            &r.floor_recovery,
-            &r.floor_recovery_rounds,
-            "pods-only restart floor",
-        ),
+        (&r.floor_recovery, &r.floor_recovery_rounds, PODS_ONLY_FLOOR),
     ]
     .into_iter()
     .filter_map(|(median, rounds, which)| Some((median.as_ref()?, rounds.as_slice(), which)))
     .collect()
 }
 
-/// What the report calls the graceful restart floor.
+/// What the report calls each restart floor.
 const GRACEFUL_FLOOR: &str = "graceful restart floor";
+const SERVICES_FLOOR: &str = "restart floor among the jobs' Services";
+const PODS_ONLY_FLOOR: &str = "pods-only restart floor";
 
 /// The restart floor the operator's burst is judged against ([`restart_floors`]' first).
 fn judged_restart_floor(r: &OperatorBenchReport) -> Option<(&Recovery, &[Recovery], &'static str)> {
@@ -489,21 +487,19 @@ fn restart_floor_paragraphs(out: &mut String, r: &OperatorBenchReport, rec: &Rec
         }
     };
     if let Some(floor) = &r.floor_recovery {
-        let which = "pods-only restart floor";
         let _ = writeln!(
             out,
             "**Restart floor, pods only**{}: the same {} restarts made directly by a minimal client, all at once (the preemption as above, the other workers deleted with grace period 0, the next attempt's pods created; no controller in the loop): {}\n",
-            reference(which),
+            reference(PODS_ONLY_FLOOR),
             floor.preempted,
             against_floor(rec, floor),
         );
     }
     if let Some(floor) = &r.fair_floor_recovery {
-        let which = "restart floor among the jobs' Services";
         let _ = writeln!(
             out,
             "**Restart floor among the jobs' Services**{}: the same restarts made the same way, in the last fair floor run's namespace, where every job has its TrainingJob and headless Service as the operator's jobs do (the controller-manager keeps each Service's endpoints, which costs the control plane CPU on every pod change; the pods-only floor has no Service): {}\n",
-            reference(which),
+            reference(SERVICES_FLOOR),
             against_floor(rec, floor),
         );
     }
