@@ -5,14 +5,21 @@
 pub const CHECKPOINT_DIR: &str = "CHECKPOINT_DIR";
 /// Where the trainer writes its checkpoint.
 pub const CHECKPOINT_PATH: &str = "CHECKPOINT_PATH";
-/// The checkpoint to resume from; set on every attempt after the first.
+/// The checkpoint to resume from; set on every attempt after the first, and on the first
+/// when the checkpoint claim was there before the job.
 pub const RESUME_FROM: &str = "RESUME_FROM";
 /// The job's name.
 pub const TRAINYARD_JOB: &str = "TRAINYARD_JOB";
 /// The 0-based attempt.
 pub const TRAINYARD_ATTEMPT: &str = "TRAINYARD_ATTEMPT";
-/// Why this attempt exists: `none` or a `RestartReason`.
+/// Why this attempt exists: [`REASON_NONE`], [`REASON_EXISTING_CLAIM`] or a `RestartReason`.
 pub const TRAINYARD_RESTART_REASON: &str = "TRAINYARD_RESTART_REASON";
+/// [`TRAINYARD_RESTART_REASON`] of a job's first attempt on a claim it created.
+pub const REASON_NONE: &str = "none";
+/// [`TRAINYARD_RESTART_REASON`] of a job's first attempt on a checkpoint claim that was there
+/// before the job (kept by `retainOnDelete` from an earlier job of the same name, or an
+/// `existingClaim`): [`RESUME_FROM`] is set.
+pub const REASON_EXISTING_CLAIM: &str = "ExistingClaim";
 /// Address of worker 0, the torch.distributed rendezvous.
 pub const MASTER_ADDR: &str = "MASTER_ADDR";
 /// Port of the rendezvous.

@@ -393,7 +393,8 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
     # Server-side applied (create the first time), watched; never deleted.
     ("", "services"): {"list", "watch", "create"},
-    ("", "persistentvolumeclaims"): {"list", "watch", "create"},
+    # Created; patched only for the owner reference retainOnDelete asks for.
+    ("", "persistentvolumeclaims"): {"list", "watch", "create", "patch"},
     ("", "nodes"): {"list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     # Node heartbeats (list, watch) and the leader Lease (create, get, patch).

@@ -1,11 +1,11 @@
 //! The restart state machine, driven round by round as the controller would.
 
 use super::*;
-use crate::crd::{LABEL_ATTEMPT, WorkerStatus};
+use crate::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, WorkerStatus};
 use crate::events::EventKind;
 use crate::fixtures::{job_yaml, node, ts};
 use crate::validate::validate;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde_json::json;
 use trainyard_api::env::{RESUME_FROM, TRAINYARD_ATTEMPT, TRAINYARD_RESTART_REASON};
 
@@ -18,7 +18,7 @@ struct World {
     pods: Vec<Arc<Pod>>,
     nodes: Vec<Arc<Node>>,
     leases: Vec<Arc<Lease>>,
-    claim_exists: bool,
+    claim: Option<ObservedClaim>,
     service_exists: bool,
     now: Timestamp,
     /// The phase that decided each round [`World::step`] took, in order.
@@ -36,7 +36,7 @@ impl World {
             pods: Vec::new(),
             nodes: vec![Arc::new(node("n-1").gpus(8).product("Tesla-T4").build())],
             leases: Vec::new(),
-            claim_exists: false,
+            claim: None,
             service_exists: false,
             now: ts(T0),
             decided: Vec::new(),
@@ -56,7 +56,7 @@ impl World {
             foreign: Vec::new(),
             nodes: self.nodes.clone(),
             node_leases: self.leases.clone(),
-            claim_exists: self.claim_exists,
+            claim: self.claim.clone(),
             service_exists: self.service_exists,
             now: self.now,
         }
@@ -91,7 +91,14 @@ impl World {
         for a in &plan.actions {
             match a {
                 Action::CreateService(_) => self.service_exists = true,
-                Action::CreatePvc(_) => self.claim_exists = true,
+                Action::CreatePvc(c) => {
+                    self.claim = Some(ObservedClaim::of(&c.metadata, &self.job));
+                }
+                Action::SetClaimOwners { owners, .. } => {
+                    if let Some(c) = self.claim.as_mut() {
+                        c.owners = owners.clone();
+                    }
+                }
                 Action::CreatePod(p) => {
                     let mut pod = (**p).clone();
                     let name = pod.metadata.name.clone().expect("name");
@@ -290,7 +297,7 @@ fn pods_not_yet_in_the_cache_are_created_again_not_counted_as_preempted() {
     let first = w.decide();
     let mut lagging = World::new("workers: 2\n");
     lagging.status = first.status.clone();
-    lagging.claim_exists = true;
+    lagging.claim = Some(ObservedClaim::default());
     lagging.service_exists = true;
     let replay = lagging.decide();
     assert_eq!(replay.status, first.status, "replay changes nothing");
@@ -1172,7 +1179,10 @@ fn missing_existing_claim_is_invalid_spec_without_pods_until_it_exists() {
         "the InvalidSpec event is not repeated"
     );
     assert_eq!(again.status, plan.status);
-    w.claim_exists = true;
+    w.claim = Some(ObservedClaim {
+        inherited: true,
+        ..ObservedClaim::default()
+    });
     let plan = w.step();
     assert_eq!(World::creates(&plan).len(), 1);
     assert!(!condition_is_true(
@@ -1929,4 +1939,148 @@ fn a_termination_notice_changes_nothing_for_trainers_that_do_not_report() {
             .iter()
             .all(|e| e.reason != "CheckpointRequested")
     );
+}
+
+/// The claim an earlier job of the same name (uid `uid-0`) created and `retainOnDelete` kept.
+fn retained_claim(w: &World) -> ObservedClaim {
+    let meta: ObjectMeta = serde_json::from_value(json!({
+        "name": "train-checkpoints",
+        "labels": {crate::crd::LABEL_JOB: "train", LABEL_JOB_UID: "uid-0"},
+        "resourceVersion": "7",
+    }))
+    .expect("meta");
+    ObservedClaim::of(&meta, &w.job)
+}
+
+#[test]
+fn a_job_applied_again_over_its_retained_claim_resumes_from_it() {
+    let mut w = World::new("workers: 2\n");
+    w.claim = Some(retained_claim(&w));
+    let plan = w.step();
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 2);
+    for pod in created {
+        assert_eq!(
+            env(pod, RESUME_FROM).as_deref(),
+            Some("/mnt/checkpoints/latest.pt"),
+            "attempt 0 continues from what the claim holds"
+        );
+        assert_eq!(env(pod, TRAINYARD_ATTEMPT).as_deref(), Some("0"));
+        assert_eq!(
+            env(pod, TRAINYARD_RESTART_REASON).as_deref(),
+            Some("ExistingClaim")
+        );
+    }
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePvc(_))),
+        "the claim is there"
+    );
+    assert!(
+        plan.announcement
+            .as_ref()
+            .is_some_and(|e| e.note.contains("resuming from its checkpoint")),
+        "{:?}",
+        plan.announcement
+    );
+}
+
+#[test]
+fn a_job_on_the_claim_it_created_itself_never_resumes_in_attempt_0() {
+    let mut w = World::new("workers: 2\n");
+    let first = w.step();
+    for pod in World::creates(&first) {
+        assert_eq!(env(pod, RESUME_FROM), None);
+    }
+    let claim = w.claim.clone().expect("created");
+    assert!(!claim.inherited, "its own uid is on it");
+    // A rank of attempt 0 created again later (its pod vanished before running) starts the
+    // same way as its siblings did.
+    w.pods
+        .retain(|p| p.metadata.name.as_deref() != Some("train-worker-1"));
+    w.status.workers.clear();
+    let again = w.step();
+    let created = World::creates(&again);
+    assert_eq!(created.len(), 1, "{:?}", again.actions);
+    assert_eq!(env(created[0], RESUME_FROM), None);
+}
+
+#[test]
+fn an_existing_claim_is_resumed_from_in_attempt_0() {
+    let mut w = World::new("workers: 1\ncheckpoint: {existingClaim: shared}\n");
+    let meta: ObjectMeta = serde_json::from_value(json!({"name": "shared"})).expect("meta");
+    w.claim = Some(ObservedClaim::of(&meta, &w.job));
+    let plan = w.step();
+    let created = World::creates(&plan);
+    assert_eq!(
+        env(created[0], RESUME_FROM).as_deref(),
+        Some("/mnt/checkpoints/latest.pt")
+    );
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::SetClaimOwners { .. })),
+        "the user's claim is never given an owner"
+    );
+}
+
+fn claim_owner_change(plan: &Plan) -> Option<&Vec<OwnerReference>> {
+    plan.actions.iter().find_map(|a| match a {
+        Action::SetClaimOwners { owners, .. } => Some(owners),
+        _ => None,
+    })
+}
+
+#[test]
+fn retain_on_delete_edited_later_moves_the_claims_owner_reference() {
+    let mut w = World::new("workers: 1\ncheckpoint: {retainOnDelete: true}\n");
+    let first = w.step();
+    assert_eq!(claim_owner_change(&first), None);
+    assert!(w.claim.as_ref().is_some_and(|c| c.owners.is_empty()));
+    // Edited to false: the claim gets the job's owner reference, once.
+    w.job = validate(&job_yaml(
+        "workers: 1\ncheckpoint: {retainOnDelete: false}\n",
+    ))
+    .expect("valid");
+    let plan = w.step();
+    let owners = claim_owner_change(&plan).expect("owner set");
+    assert_eq!(owners.len(), 1);
+    assert_eq!(owners[0].uid, "uid-1");
+    assert_eq!(
+        claim_owner_change(&w.step()),
+        None,
+        "nothing left to change"
+    );
+    // Finished jobs too: their delete is what keeps or removes the claim.
+    w.status.phase = Some(Phase::Succeeded);
+    w.job = validate(&job_yaml(
+        "workers: 1\ncheckpoint: {retainOnDelete: true}\n",
+    ))
+    .expect("valid");
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::Terminal);
+    assert_eq!(
+        claim_owner_change(&plan),
+        Some(&Vec::new()),
+        "owner removed"
+    );
+}
+
+#[test]
+fn a_job_that_does_not_retain_adopts_the_claim_an_earlier_job_kept() {
+    let mut w = World::new("workers: 1\ncheckpoint: {retainOnDelete: false}\n");
+    w.claim = Some(retained_claim(&w));
+    let plan = w.step();
+    let owners = claim_owner_change(&plan).expect("adopted");
+    assert_eq!(
+        owners.iter().map(|o| o.uid.as_str()).collect::<Vec<_>>(),
+        ["uid-1"]
+    );
+    assert!(matches!(
+        plan.actions.iter().find(|a| matches!(a, Action::SetClaimOwners { .. })),
+        Some(Action::SetClaimOwners { resource_version: Some(rv), .. }) if rv == "7"
+    ));
 }

@@ -30,12 +30,52 @@ pub const PROGRESS_TOKEN_DIR: &str = "/var/run/secrets/trainyard.dev/progress";
 /// Lifetime of the progress token; the kubelet rotates it well before it runs out.
 const PROGRESS_TOKEN_SECONDS: i64 = 3600;
 
+/// Why an attempt starts, as the trainer's environment tells it (`RESUME_FROM`,
+/// `TRAINYARD_RESTART_REASON`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptStart {
+    /// The job's first attempt, on a checkpoint claim the job created: nothing to resume.
+    Fresh,
+    /// The job's first attempt, on a claim that was there before the job (a job deleted and
+    /// applied again over the claim `retainOnDelete` kept, or an `existingClaim`): it resumes
+    /// from the checkpoint the claim may hold instead of overwriting it with step 0.
+    ExistingClaim,
+    /// A later attempt: a gang restart (for the reason given) or a resume after a suspend.
+    Later(Option<RestartReason>),
+}
+
+impl AttemptStart {
+    /// How attempt `attempt` starts, after the restart `last_restart` (the latest recorded),
+    /// on a claim that was there before the job (`claim_inherited`) or not.
+    pub fn of(attempt: u32, last_restart: Option<RestartReason>, claim_inherited: bool) -> Self {
+        match (attempt, claim_inherited) {
+            (0, false) => Self::Fresh,
+            (0, true) => Self::ExistingClaim,
+            _ => Self::Later(last_restart),
+        }
+    }
+
+    /// Whether the trainer gets `RESUME_FROM`: every start that may follow saved progress.
+    pub fn resumes(self) -> bool {
+        self != Self::Fresh
+    }
+
+    /// The value of `TRAINYARD_RESTART_REASON`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Fresh | Self::Later(None) => env::REASON_NONE,
+            Self::ExistingClaim => env::REASON_EXISTING_CLAIM,
+            Self::Later(Some(r)) => r.as_str(),
+        }
+    }
+}
+
 /// The environment the operator gives the trainer, in a stable order.
 pub fn trainer_env(
     job: &ValidJob,
     rank: u32,
     attempt: u32,
-    restart: Option<RestartReason>,
+    start: AttemptStart,
 ) -> Vec<(String, String)> {
     let dir = job.spec.checkpoint.mount_path.trim_end_matches('/');
     let dir = if dir.is_empty() { "/" } else { dir };
@@ -48,12 +88,10 @@ pub fn trainer_env(
         (env::CHECKPOINT_DIR.to_owned(), dir.to_owned()),
         (env::CHECKPOINT_PATH.to_owned(), checkpoint.clone()),
     ];
-    // Every attempt after the first follows pods that may have saved progress: a restart or a
-    // resume after a suspend (both start a new attempt).
-    if attempt > 0 {
+    if start.resumes() {
         env.push((env::RESUME_FROM.to_owned(), checkpoint));
     }
-    let reason = restart.map_or("none", RestartReason::as_str);
+    let reason = start.reason();
     env.extend(
         [
             (env::TRAINYARD_JOB, job.name.clone()),
@@ -149,7 +187,7 @@ pub fn desired_pod(
     job: &ValidJob,
     rank: u32,
     attempt: u32,
-    restart: Option<RestartReason>,
+    start: AttemptStart,
     placement: &Placement,
     progress: Option<&ProgressChannel>,
 ) -> Pod {
@@ -168,7 +206,7 @@ pub fn desired_pod(
     place(&mut spec, placement);
     mount_checkpoint_claim(&mut spec, job);
     if let Some(trainer) = spec.containers.get_mut(job.trainer_index) {
-        equip_trainer(trainer, job, rank, attempt, restart);
+        equip_trainer(trainer, job, rank, attempt, start);
     }
     if let Some(channel) = progress {
         connect_progress_channel(&mut spec, job.trainer_index, channel);
@@ -278,11 +316,11 @@ fn equip_trainer(
     job: &ValidJob,
     rank: u32,
     attempt: u32,
-    restart: Option<RestartReason>,
+    start: AttemptStart,
 ) {
     let env = trainer.env.get_or_insert_with(Vec::new);
     // Values the user sets win: ours only fill in what is missing.
-    for (k, v) in trainer_env(job, rank, attempt, restart) {
+    for (k, v) in trainer_env(job, rank, attempt, start) {
         if !env.iter().any(|e| e.name == k) {
             env.push(EnvVar {
                 name: k,
@@ -344,7 +382,8 @@ mod tests {
         let job = validate(&job_yaml(yaml)).expect("valid");
         let n = node("n-1").gpus(8).product("NVIDIA-A100-SXM4-80GB").build();
         let placement = place(&job, &OperatorConfig::default(), &[&n], 0);
-        desired_pod(&job, rank, attempt, restart, &placement, None)
+        let start = AttemptStart::of(attempt, restart, false);
+        desired_pod(&job, rank, attempt, start, &placement, None)
     }
 
     #[test]
@@ -412,6 +451,21 @@ mod tests {
         assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
         assert_eq!(env[env::TRAINYARD_ATTEMPT], "2");
         assert_eq!(env[env::TRAINYARD_RESTART_REASON], "Preemption");
+    }
+
+    #[test]
+    fn first_attempt_on_a_claim_that_was_there_resumes_from_it() {
+        let job = validate(&job_yaml("workers: 2\n")).expect("valid");
+        let start = AttemptStart::of(0, None, true);
+        let env: BTreeMap<_, _> = trainer_env(&job, 0, 0, start).into_iter().collect();
+        assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
+        assert_eq!(env[env::TRAINYARD_ATTEMPT], "0");
+        assert_eq!(env[env::TRAINYARD_RESTART_REASON], "ExistingClaim");
+        // A later attempt on such a claim says why it restarted.
+        let later = AttemptStart::of(1, Some(RestartReason::Hang), true);
+        let env: BTreeMap<_, _> = trainer_env(&job, 0, 1, later).into_iter().collect();
+        assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
+        assert_eq!(env[env::TRAINYARD_RESTART_REASON], "Hang");
     }
 
     #[test]
@@ -560,7 +614,7 @@ mod tests {
             url: "http://trainyard-progress.ops.svc.cluster.local:8082/v1/progress".to_owned(),
             audience: "trainyard-progress".to_owned(),
         };
-        let pod = desired_pod(&job, 1, 0, None, &placement, Some(&channel));
+        let pod = desired_pod(&job, 1, 0, AttemptStart::Fresh, &placement, Some(&channel));
         let env = env_of(&pod);
         assert_eq!(env[env::TRAINYARD_PROGRESS_URL], channel.url);
         assert_eq!(
@@ -594,7 +648,7 @@ mod tests {
         );
 
         // Without the channel the pod is as before: no URL, no token.
-        let plain = desired_pod(&job, 1, 0, None, &placement, None);
+        let plain = desired_pod(&job, 1, 0, AttemptStart::Fresh, &placement, None);
         assert!(!env_of(&plain).contains_key(env::TRAINYARD_PROGRESS_URL));
         assert!(
             plain

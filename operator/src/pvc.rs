@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::crd::LABEL_JOB;
+use crate::crd::{LABEL_JOB, LABEL_JOB_UID};
 use crate::validate::ValidJob;
 
 /// The PVC to create, or None when the job mounts an existing claim.
@@ -22,7 +22,12 @@ pub fn desired_pvc(job: &ValidJob) -> Option<PersistentVolumeClaim> {
         metadata: ObjectMeta {
             name: Some(job.claim_name.clone()),
             namespace: Some(job.namespace.clone()),
-            labels: Some(BTreeMap::from([(LABEL_JOB.to_owned(), job.name.clone())])),
+            // The uid says which job created the claim: a later job of the same name finds it
+            // inherited and resumes from it (`plan::ObservedClaim::inherited`).
+            labels: Some(BTreeMap::from([
+                (LABEL_JOB.to_owned(), job.name.clone()),
+                (LABEL_JOB_UID.to_owned(), job.uid.clone()),
+            ])),
             owner_references,
             ..ObjectMeta::default()
         },
@@ -83,6 +88,17 @@ mod tests {
         );
         let owned = pvc("checkpoint: {retainOnDelete: false}\n").expect("pvc");
         assert_eq!(owned.metadata.owner_references.expect("owner").len(), 1);
+    }
+
+    #[test]
+    fn created_pvc_names_the_job_and_the_uid_that_created_it() {
+        let p = pvc("workers: 2\n").expect("pvc");
+        let labels = p.metadata.labels.expect("labels");
+        assert_eq!(labels[LABEL_JOB], "train");
+        assert_eq!(
+            labels[LABEL_JOB_UID],
+            job_yaml("workers: 2\n").metadata.uid.expect("uid")
+        );
     }
 
     #[test]

@@ -33,7 +33,8 @@ use std::time::Duration;
 
 use futures::{FutureExt, future};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
@@ -297,6 +298,11 @@ impl Executor {
                 PlanAction::CreateService(svc) => create(client, ns, *svc).boxed(),
                 PlanAction::CreatePvc(claim) => create(client, ns, *claim).boxed(),
                 PlanAction::CreatePod(pod) => create(client, ns, *pod).boxed(),
+                PlanAction::SetClaimOwners {
+                    name,
+                    owners,
+                    resource_version,
+                } => set_claim_owners(client, ns, name, owners, resource_version).boxed(),
                 PlanAction::DeletePod { name, uid } => {
                     delete_pod(pods.clone(), ns, name, uid, None).boxed()
                 }
@@ -390,6 +396,7 @@ fn action_target(action: &PlanAction) -> (Kind, &str) {
         PlanAction::CreateService(svc) => (Kind::Service, name(&svc.metadata)),
         PlanAction::CreatePvc(claim) => (Kind::Claim, name(&claim.metadata)),
         PlanAction::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
+        PlanAction::SetClaimOwners { name, .. } => (Kind::Claim, name),
         PlanAction::DeletePod { name, .. } | PlanAction::ForceDeletePod { name, .. } => {
             (Kind::Pod, name)
         }
@@ -455,6 +462,36 @@ async fn widen(permit: Option<Permit>, actions: usize) -> Option<Permit> {
 }
 
 /// Deletes a pod (this incarnation only, when `uid` is given); true once it was deleted.
+/// Sets the checkpoint claim's owner references (`checkpoint.retainOnDelete` edited): a merge
+/// patch replaces the whole list, and the resourceVersion makes it fail (409, false) when the
+/// claim changed since the round observed it; the next round decides again from the watch.
+async fn set_claim_owners(
+    client: Client,
+    ns: &str,
+    name: String,
+    owners: Vec<OwnerReference>,
+    resource_version: Option<String>,
+) -> Result<bool, Error> {
+    let patch =
+        json!({"metadata": {"ownerReferences": owners, "resourceVersion": resource_version}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, ns);
+    match claims.patch(&name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => {
+            let kept = if owners.is_empty() { "kept" } else { "deleted" };
+            tracing::info!(claim = %name, namespace = ns, "the checkpoint claim is {kept} when its job is deleted");
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) => Err(Error::kube(format!(
+            "setting the owner of PersistentVolumeClaim {ns}/{name}"
+        ))(e)),
+    }
+}
+
 async fn delete_pod(
     pods: Api<Pod>,
     ns: &str,

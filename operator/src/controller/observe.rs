@@ -16,7 +16,7 @@ use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_WORKERS, TrainingJobStatus};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::ownership::{self, ObjectKind};
-use crate::plan::{Observed, SiblingPlacement};
+use crate::plan::{Observed, ObservedClaim, SiblingPlacement};
 use crate::validate::{ValidJob, pod_name};
 
 /// The caches a reconcile reads, and the client for the one read they cannot serve.
@@ -98,12 +98,9 @@ impl Caches {
             &mut foreign,
         );
         let claim = self.claims.get(&ObjectRef::new(&job.claim_name).within(ns));
-        let claim_exists = ownership::present(
-            ObjectKind::Claim,
-            claim.as_ref().map(|c| &c.metadata),
-            job,
-            &mut foreign,
-        );
+        let claim = claim
+            .filter(|c| ownership::present(ObjectKind::Claim, Some(&c.metadata), job, &mut foreign))
+            .map(|c| ObservedClaim::of(&c.metadata, job));
         Observed {
             pods,
             sibling_placement: None,
@@ -111,7 +108,7 @@ impl Caches {
             foreign,
             nodes: self.nodes.state(),
             node_leases: self.leases.state(),
-            claim_exists,
+            claim,
             service_exists,
             now,
         }

@@ -24,11 +24,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ContainerStatus, Node, NodeAffinity, PersistentVolumeClaim, Pod, Service, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::cached_pod::CachedPod;
 
 use crate::config::OperatorConfig;
-use crate::crd::{JobCondition, Phase, RestartReason, TrainingJobStatus};
+use crate::crd::{JobCondition, LABEL_JOB_UID, Phase, RestartReason, TrainingJobStatus};
 use crate::ownership::Foreign;
 use crate::preemption::NodeView;
 use crate::validate::{InvalidSpec, ValidJob};
@@ -66,14 +67,45 @@ pub struct Observed {
     pub nodes: Vec<Arc<Node>>,
     /// The kubelets' Leases in `kube-node-lease` (empty when the operator may not read them).
     pub node_leases: Vec<Arc<Lease>>,
-    /// Whether the checkpoint PVC exists: the job's own, or the `existingClaim` it mounts.
-    pub claim_exists: bool,
+    /// The checkpoint PVC, when it exists: the job's own, or the `existingClaim` it mounts.
+    pub claim: Option<ObservedClaim>,
     /// Whether the job's own rendezvous Service exists.
     pub service_exists: bool,
     /// What the trainers have reported through the progress channel, if they report.
     pub progress: Option<ObservedProgress>,
     /// The time of this reconcile.
     pub now: Timestamp,
+}
+
+/// The checkpoint claim as one reconcile sees it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ObservedClaim {
+    /// The claim was there before this job: one an earlier job of the same name kept
+    /// (`retainOnDelete`), or the `existingClaim` the job mounts. It may hold checkpoints the
+    /// job's first attempt must continue from, not overwrite.
+    pub inherited: bool,
+    /// Its owner references: the job's exactly when the job does not retain it.
+    pub owners: Vec<OwnerReference>,
+    /// Its resourceVersion, the precondition of an owner change.
+    pub resource_version: Option<String>,
+}
+
+impl ObservedClaim {
+    /// The claim `meta` describes, as the job `job` sees it. A claim the operator creates
+    /// carries the uid of the job that created it ([`crate::pvc::desired_pvc`]): any other
+    /// (another uid, or none) was there before this job, and so is every `existingClaim`.
+    pub fn of(meta: &ObjectMeta, job: &ValidJob) -> Self {
+        let created_by_job = meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_JOB_UID))
+            .is_some_and(|uid| *uid == job.uid);
+        Self {
+            inherited: !job.creates_claim || !created_by_job,
+            owners: meta.owner_references.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone(),
+        }
+    }
 }
 
 /// What the trainers of one attempt have reported of their progress (the controller's
@@ -171,6 +203,16 @@ pub enum Action {
     CreateService(Box<Service>),
     /// Create the checkpoint PVC (AlreadyExists means it is there: never adopted).
     CreatePvc(Box<PersistentVolumeClaim>),
+    /// Set the checkpoint claim's owner references (`retainOnDelete` edited), by a merge patch
+    /// that fails when the claim changed since it was observed.
+    SetClaimOwners {
+        /// Claim name.
+        name: String,
+        /// Every owner reference the claim is to have.
+        owners: Vec<OwnerReference>,
+        /// Precondition: the claim as observed.
+        resource_version: Option<String>,
+    },
     /// Create a worker pod (AlreadyExists means a previous round did it).
     CreatePod(Box<Pod>),
     /// Delete a pod with its grace period, so the trainer gets SIGTERM and can checkpoint.

@@ -22,6 +22,8 @@ mod restart;
 /// The name of a phase: which one decided a round ([`super::Plan::decided_by`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PhaseName {
+    /// `checkpoint.retainOnDelete`, also when edited: the claim's owner reference.
+    ClaimOwner,
     /// A Succeeded or Failed job: stop what still runs.
     Terminal,
     /// `spec.suspend`: no pods.
@@ -63,6 +65,7 @@ pub(crate) type PhaseFn = fn(&View<'_>, &mut Round) -> Flow;
 
 /// The decisions of a round, in the order they are taken.
 pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
+    (PhaseName::ClaimOwner, claim_owner),
     (PhaseName::Terminal, terminal),
     (PhaseName::Suspend, suspend),
     (PhaseName::Resume, resume),
@@ -85,6 +88,38 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
 /// The phase the round started in.
 fn started_in(view: &View<'_>) -> Phase {
     view.current.phase.unwrap_or(Phase::Pending)
+}
+
+/// `checkpoint.retainOnDelete` as the spec says now, also after an edit and in every phase
+/// (a finished job's claim is what its delete keeps or removes): the claim the operator
+/// manages carries the job's owner reference exactly when the job does not retain it, so the
+/// garbage collector deletes it with the job or leaves it. An `existingClaim` is the user's
+/// and never touched. Never stops the round.
+fn claim_owner(view: &View<'_>, round: &mut Round) -> Flow {
+    let job = view.job;
+    let Some(claim) = view.observed.claim.as_ref().filter(|_| job.creates_claim) else {
+        return Flow::Continue;
+    };
+    let owned = claim.owners.iter().any(|o| o.uid == job.uid);
+    let wanted = !job.spec.checkpoint.retain_on_delete;
+    if owned == wanted {
+        return Flow::Continue;
+    }
+    let mut owners: Vec<_> = claim
+        .owners
+        .iter()
+        .filter(|o| o.uid != job.uid)
+        .cloned()
+        .collect();
+    if wanted {
+        owners.push(job.owner.clone());
+    }
+    round.actions.push(Action::SetClaimOwners {
+        name: job.claim_name.clone(),
+        owners,
+        resource_version: claim.resource_version.clone(),
+    });
+    Flow::Continue
 }
 
 /// Final phases: stop what still runs (after a failure, or a sidecar beside a trainer that
@@ -287,7 +322,7 @@ fn cluster_prerequisites(view: &View<'_>, round: &mut Round) -> Flow {
     let job = view.job;
     if view.census.missing(view.workers).is_empty()
         || job.creates_claim
-        || view.observed.claim_exists
+        || view.observed.claim.is_some()
     {
         return Flow::Continue;
     }
@@ -354,23 +389,24 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
         let service = service::desired_service(view.job);
         round.actions.push(Action::CreateService(Box::new(service)));
     }
-    if !view.observed.claim_exists
+    let claim = view.observed.claim.as_ref();
+    if claim.is_none()
         && let Some(claim) = pvc::desired_pvc(view.job)
     {
         round.actions.push(Action::CreatePvc(Box::new(claim)));
     }
     let st = &round.st;
-    let restart_reason = st
-        .last_restart
-        .as_ref()
-        .map(|l| l.reason)
-        .filter(|_| st.attempt > 0);
+    let start = pods::AttemptStart::of(
+        st.attempt,
+        st.last_restart.as_ref().map(|l| l.reason),
+        claim.is_some_and(|c| c.inherited),
+    );
     for &rank in &missing {
         let pod = pods::desired_pod(
             view.job,
             rank,
             st.attempt,
-            restart_reason,
+            start,
             &placement,
             view.config.progress_channel.as_ref(),
         );
@@ -409,10 +445,17 @@ fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, c
         }
         _ => String::new(),
     };
+    let resumes = match view.observed.claim.as_ref() {
+        Some(c) if c.inherited && st.attempt == 0 => format!(
+            "; claim {} was there before the job: resuming from its checkpoint (RESUME_FROM set)",
+            view.job.claim_name
+        ),
+        _ => String::new(),
+    };
     round.announcement = Some(JobEvent::normal(
         "CreatingWorkers",
         format!(
-            "creating {count} worker(s) for attempt {}{what}",
+            "creating {count} worker(s) for attempt {}{what}{resumes}",
             st.attempt
         ),
     ));
