@@ -1634,3 +1634,89 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
     ns.cleanup().await?;
     res
 }
+
+/// The GitOps flow (delete the TrainingJob, apply it again) over the claim `retainOnDelete`
+/// kept: the new job's attempt 0 resumes from the checkpoint the deleted one saved on SIGTERM,
+/// and no checkpoint it saves is older than that.
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_job_deleted_and_applied_again_resumes_from_its_retained_checkpoint() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = async {
+        let name = "reapplied";
+        let job = torch_job(name, 2, 60, "0.3", json!({"policy": "Never"}));
+        create_job(&client, &ns.name, job.clone()).await?;
+        running_pods(&client, &ns.name, name, 0, 2).await?;
+        let saved = wait_for(
+            "a checkpoint at step 10 or later",
+            Duration::from_secs(180),
+            || async {
+                let st = job_status(&client, &ns.name, name).await?;
+                Ok(st["progress"]["checkpointStep"]
+                    .as_u64()
+                    .filter(|s| *s >= 10))
+            },
+        )
+        .await?;
+        tj_api(&client, &ns.name)
+            .delete(name, &kube::api::DeleteParams::background())
+            .await?;
+        wait_for(
+            "the deleted job's pods to be gone",
+            Duration::from_secs(120),
+            || async {
+                Ok(job_pods(&client, &ns.name, name)
+                    .await?
+                    .is_empty()
+                    .then_some(()))
+            },
+        )
+        .await?;
+        let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
+            .get_opt(&format!("{name}-checkpoints"))
+            .await?;
+        ensure!(
+            claim.is_some(),
+            "retainOnDelete (the default) kept the claim"
+        );
+
+        create_job(&client, &ns.name, job).await?;
+        let p = reported_progress(&client, &ns.name, name, 0).await?;
+        let resumed = p["resumedFrom"]
+            .as_u64()
+            .context("resumedFrom in the first reports")?;
+        ensure!(
+            resumed >= saved,
+            "attempt 0 of the job applied again resumed from step {resumed}, but step {saved} \
+             was saved before the delete: {p}"
+        );
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        ensure!(st["attempt"] == 0, "no restart needed: {st}");
+        let last = st["progress"]["checkpointStep"]
+            .as_u64()
+            .unwrap_or_default();
+        ensure!(
+            last >= resumed,
+            "latest.pt went back from {resumed} to {last}: {st}"
+        );
+        let events = job_events(&client, &ns.name, name, "CreatingWorkers").await?;
+        ensure!(
+            events
+                .iter()
+                .any(|m| m.contains("resuming from its checkpoint")),
+            "{events:?}"
+        );
+        Ok(())
+    }
+    .await;
+    ns.cleanup().await?;
+    res
+}

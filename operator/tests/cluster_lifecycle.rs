@@ -5,7 +5,7 @@ mod harness;
 use harness::{TestEnv, WAIT, condition, env, fast_config, sample, scrape, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use kube::Api;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use trainyard_api::crd::{DEFAULT_GPU_RESOURCE, LABEL_RANK};
 use trainyard_api::env::{
@@ -314,6 +314,94 @@ async fn with_one_write_slot_parked_status_rounds_are_woken_and_every_job_record
         parked.is_some_and(|n| n >= 1.0),
         "no status-only round parked ({parked:?}): the test did not exercise the wake"
     );
+    op.stop().await;
+    t.cleanup().await;
+}
+
+/// `retainOnDelete` edited after the claim exists decides what the delete keeps, and a job
+/// applied again over the claim its namesake kept starts attempt 0 resuming from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn edited_retain_on_delete_decides_what_the_delete_keeps_and_a_job_applied_again_resumes() {
+    let t = TestEnv::new("ty-retain").await;
+    t.add_node("n", &[], 4).await;
+    let op = t.start_operator(fast_config());
+    let job = |retain: bool| {
+        json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
+               "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"], "retainOnDelete": retain}})
+    };
+    t.create_job("flip", job(true)).await;
+    t.create_job("flop", job(false)).await;
+    t.wait_running(0, 2).await;
+    for pod in t.pods().await {
+        assert_eq!(
+            env(&pod, RESUME_FROM),
+            None,
+            "fresh claims: nothing to resume"
+        );
+    }
+    // The user changes their mind on both.
+    for (name, retain) in [("flip", false), ("flop", true)] {
+        let edit = json!({"spec": {"checkpoint": {"retainOnDelete": retain}}});
+        t.jobs()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&edit))
+            .await
+            .expect("edit retainOnDelete");
+    }
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(t.client.clone(), &t.ns);
+    let flip_uid = t.job("flip").await.metadata.uid.expect("uid");
+    wait_for("the claims' owners to follow the edits", WAIT, || {
+        let (pvcs, flip_uid) = (pvcs.clone(), flip_uid.clone());
+        async move {
+            let owners = |p: PersistentVolumeClaim| p.metadata.owner_references.unwrap_or_default();
+            let flip = owners(pvcs.get("flip-checkpoints").await.ok()?);
+            let flop = owners(pvcs.get("flop-checkpoints").await.ok()?);
+            (flip.len() == 1 && flip[0].uid == flip_uid && flop.is_empty()).then_some(())
+        }
+    })
+    .await;
+    for name in ["flip", "flop"] {
+        t.jobs()
+            .delete(name, &DeleteParams::background())
+            .await
+            .expect("delete job");
+    }
+    wait_for(
+        "the pods and the claim no longer retained to be garbage-collected",
+        WAIT,
+        || {
+            let pvcs = pvcs.clone();
+            let pods = t.pods_api();
+            async move {
+                let pods_gone = pods.list(&Default::default()).await.ok()?.items.is_empty();
+                let flip_gone = pvcs
+                    .get_opt("flip-checkpoints")
+                    .await
+                    .ok()?
+                    .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+                (pods_gone && flip_gone).then_some(())
+            }
+        },
+    )
+    .await;
+    let kept = pvcs
+        .get("flop-checkpoints")
+        .await
+        .expect("the claim retainOnDelete now keeps is still there");
+    assert!(kept.metadata.deletion_timestamp.is_none());
+
+    // Applied again from Git: attempt 0 continues from the kept claim.
+    t.create_job("flop", job(true)).await;
+    let pods = t.wait_running(0, 1).await;
+    assert_eq!(
+        env(&pods[0], RESUME_FROM).as_deref(),
+        Some("/mnt/checkpoints/latest.pt")
+    );
+    assert_eq!(
+        env(&pods[0], TRAINYARD_RESTART_REASON).as_deref(),
+        Some("ExistingClaim")
+    );
+
     op.stop().await;
     t.cleanup().await;
 }
