@@ -30,32 +30,24 @@ mod tests {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
     }
 
+    /// Every committed copy of the CRD is the generated one: a missing or stale copy fails.
     #[test]
-    fn committed_crd_is_up_to_date() {
+    fn every_committed_copy_of_the_crd_is_the_generated_one() {
         let want = crd_yaml().expect("CRD renders");
-        let path = repo_root().join("crds/trainingjob.yaml");
-        let have = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            have == want,
-            "{} is stale; regenerate it with: {REGENERATE}",
-            path.display()
-        );
-    }
-
-    #[test]
-    fn chart_crd_equals_the_committed_crd() {
-        let chart = repo_root().join("charts/trainyard/crds/trainingjob.yaml");
-        let Ok(chart_copy) = std::fs::read_to_string(&chart) else {
-            // The chart does not carry the CRD yet.
-            return;
-        };
-        let committed =
-            std::fs::read_to_string(repo_root().join("crds/trainingjob.yaml")).unwrap_or_default();
-        assert!(
-            chart_copy == committed,
-            "{} differs from crds/trainingjob.yaml; copy it: cp crds/trainingjob.yaml charts/trainyard/crds/trainingjob.yaml",
-            chart.display()
-        );
+        for copy in [
+            "crds/trainingjob.yaml",
+            "charts/trainyard/crds/trainingjob.yaml",
+        ] {
+            let path = repo_root().join(copy);
+            let have = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!("{}: {e}; regenerate it with: make crds", path.display())
+            });
+            assert!(
+                have == want,
+                "{} is stale; regenerate it with: make crds",
+                path.display()
+            );
+        }
     }
 
     /// A spec number without a maximum lets a typo (or 2^32 - 1) reach the operator: every
