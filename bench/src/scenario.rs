@@ -1233,7 +1233,8 @@ fn floor_pods(
             Ok((0..params.workers)
                 .map(|rank| {
                     let restart = (attempt > 0).then_some(RestartReason::Preemption);
-                    let mut pod = pods::desired_pod(&valid, rank, attempt, restart, &place, None);
+                    let start = pods::AttemptStart::of(attempt, restart, false);
+                    let mut pod = pods::desired_pod(&valid, rank, attempt, start, &place, None);
                     pod.metadata.owner_references = None;
                     pod
                 })
