@@ -101,6 +101,22 @@ placement() {
     sort -n | cut -d' ' -f2-
 }
 
+# The progress the operator records for both jobs (status.progress), sampled once a second
+# for the picture at the end (e2e/plot_progress.py), and the moments to mark on it.
+samples=$STATE/demo-progress.tsv marks=$STATE/demo-marks.tsv picture=$STATE/demo-preemption.png
+: >"$samples"; : >"$marks"
+(
+  while :; do
+    now=$(date +%s.%N)
+    kubectl get tj "$job" "$baseline" -o jsonpath='{range .items[*]}{.metadata.name} {.status.progress.attempt} {.status.progress.step}{"\n"}{end}' 2>/dev/null |
+      awk -v t="$now" 'NF == 3 {print t, $1, $2, $3}' >>"$samples" || true
+    sleep 1
+  done
+) &
+sampler_pid=$!
+trap 'kill "$sampler_pid" 2>/dev/null || true' EXIT
+mark() { echo "$(date +%s.%N) $*" >>"$marks"; } # mark LABEL: now, on the picture
+
 wait_running "$job" 0
 kubectl get pods -l "trainyard.dev/job=$job" -o wide
 # Recorded now: attempt 0's pods are deleted by the gang restart after the loss.
@@ -138,6 +154,7 @@ running_pods() { # running_pods JOB ATTEMPT: how many of its pods run
 say "The spot node $NODE2_NAME disappears: kubelet, containerd and containers killed at once"
 bash "$HERE/cluster/node2.sh" lose
 lost_at=$SECONDS
+mark "spot node lost"
 say "kubectl get tj $job -w, until attempt 1 runs (at most 300 s):"
 until [[ $(running_pods "$job" 1) == 2 ]]; do
   show_tj_changes
@@ -153,6 +170,9 @@ kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null || true
 if ! awk 'NR > 1 && $2 == "Restarting" {found = 1} END {exit !found}' "$tj_watch"; then
   echo "demo: the job never showed the Restarting phase:" >&2; cat "$tj_watch" >&2; exit 1
 fi
+mark "attempt 1 running"
+decided=$(kubectl get tj "$job" -o jsonpath='{.status.lastRestart.time}')
+[[ -n $decided ]] && echo "$(date -d "$decided" +%s) restart decided" >>"$marks"
 say "Attempt 1 is running $((SECONDS - lost_at)) s after the node was lost:"
 kubectl get nodes -L "$SPOT_LABEL"
 kubectl get pods -l "trainyard.dev/job=$job,trainyard.dev/attempt=1" -o wide
@@ -173,6 +193,10 @@ say "Waiting for both jobs to finish"
 wait_phase "$job" Succeeded 900
 wait_phase "$baseline" Succeeded 900
 kubectl get tj "$job" "$baseline"
+sleep 2 # the last status.progress
+kill "$sampler_pid" 2>/dev/null || true
+say "Training step over time, as the operator recorded it"
+python3 "$HERE/plot_progress.py" "$samples" "$marks" "$picture"
 
 say "Bringing the spot node back"
 bash "$HERE/cluster/node2.sh" start
