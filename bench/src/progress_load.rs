@@ -358,6 +358,7 @@ impl FakePods {
                 let worker = WorkerIdentity {
                     uid: format!("uid-{}", r.pod),
                     job: r.job.clone(),
+                    job_uid: format!("uid-job-{}", r.job),
                     rank: r.rank,
                     attempt: ATTEMPT,
                 };

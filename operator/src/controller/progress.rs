@@ -67,7 +67,11 @@ fn as_observed(p: JobProgress) -> ObservedProgress {
 impl Context {
     /// What the job's trainers have reported, and its step rate on the gauge.
     pub(super) fn observe_progress(&self, job: &ValidJob) -> Option<ObservedProgress> {
-        let progress = self.progress.snapshot(&job.namespace, &job.name)?;
+        // Reports of an earlier job of the same name are not this job's.
+        let progress = self
+            .progress
+            .snapshot(&job.namespace, &job.name)
+            .filter(|p| p.job_uid == job.uid)?;
         if let Some(rate) = progress.steps_per_second {
             self.metrics
                 .steps_per_second
@@ -97,9 +101,15 @@ fn job_labels(namespace: &str, job: &str) -> JobLabels {
     }
 }
 
-/// Forgets a deleted job's reports and its gauge.
-pub(super) fn forget_job(progress: &ProgressStore, metrics: &Metrics, namespace: &str, job: &str) {
-    progress.forget(namespace, job);
+/// Forgets a deleted job's reports (and its workers' late ones) and its gauge.
+pub(super) fn forget_job(
+    progress: &ProgressStore,
+    metrics: &Metrics,
+    namespace: &str,
+    job: &str,
+    uid: &str,
+) {
+    progress.forget(namespace, job, uid);
     metrics.steps_per_second.remove(&job_labels(namespace, job));
 }
 

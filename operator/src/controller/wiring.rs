@@ -204,7 +204,8 @@ fn watch_jobs(
             match event {
                 watcher::Event::Delete(job) => {
                     let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
-                    super::progress::forget_job(&progress, &metrics, &ns, &name);
+                    let uid = job.uid().unwrap_or_default();
+                    super::progress::forget_job(&progress, &metrics, &ns, &name, &uid);
                 }
                 watcher::Event::InitDone => progress.retain(|ns, name| {
                     jobs.get(&reflector::ObjectRef::new(name).within(ns))

@@ -51,6 +51,8 @@ pub struct WorkerIdentity {
     pub uid: String,
     /// The job that controls it.
     pub job: String,
+    /// That job's uid, from the pod's controller owner reference.
+    pub job_uid: String,
     /// Its rank.
     pub rank: u32,
     /// Its attempt.
@@ -69,18 +71,16 @@ pub trait PodLookup: Send + Sync + 'static {
 pub fn worker_identity(meta: &ObjectMeta) -> Option<WorkerIdentity> {
     let labels = meta.labels.as_ref()?;
     let job = labels.get(LABEL_JOB)?;
-    let controlled = meta.owner_references.as_deref()?.iter().any(|o| {
+    let controller = meta.owner_references.as_deref()?.iter().find(|o| {
         o.controller == Some(true)
             && o.kind == "TrainingJob"
             && o.api_version.starts_with("trainyard.dev/")
             && o.name == *job
-    });
-    if !controlled {
-        return None;
-    }
+    })?;
     Some(WorkerIdentity {
         uid: meta.uid.clone()?,
         job: job.clone(),
+        job_uid: controller.uid.clone(),
         rank: labels.get(LABEL_RANK)?.parse().ok()?,
         attempt: labels.get(LABEL_ATTEMPT)?.parse().ok()?,
     })
@@ -294,13 +294,14 @@ async fn review(reviewer: &dyn TokenReviewer, token: String) -> Result<Identity,
     }
 }
 
-/// Checks that the token's pod is `job`'s worker of the report's rank and attempt.
+/// Checks that the token's pod is `job`'s worker of the report's rank and attempt; the uid of
+/// the job it belongs to.
 fn check_worker(
     pods: &dyn PodLookup,
     identity: &Identity,
     job: &str,
     report: &Report,
-) -> Result<(), Rejection> {
+) -> Result<String, Rejection> {
     let pod = format!("{}/{}", identity.namespace, identity.pod_name);
     let Some(worker) = pods.worker(&identity.namespace, &identity.pod_name) else {
         return Err(Rejection::new(
@@ -332,14 +333,20 @@ fn check_worker(
             worker.attempt, report.attempt
         )));
     }
-    Ok(())
+    Ok(worker.job_uid)
 }
 
 /// Records the report and wakes the job's reconcile when the store says so; whether to checkpoint.
-fn record(server: &ProgressServer, namespace: String, job: String, report: &Report) -> bool {
+fn record(
+    server: &ProgressServer,
+    namespace: String,
+    job: String,
+    job_uid: &str,
+    report: &Report,
+) -> bool {
     let recorded = server
         .store
-        .record(&namespace, &job, report, jiff::Timestamp::now());
+        .record(&namespace, &job, job_uid, report, jiff::Timestamp::now());
     if recorded.wake {
         // Full: dropped; the reconcile that is due reads the store anyway.
         let _ = server.wake.try_send((namespace, job));
@@ -374,8 +381,8 @@ async fn handle(shared: &Shared, request: Request) -> Result<bool, Rejection> {
     let (job, report) = ReportBody::parse(&bytes)?;
 
     let identity = review(server.reviewer.as_ref(), token).await?;
-    check_worker(server.pods.as_ref(), &identity, &job, &report)?;
-    Ok(record(server, identity.namespace, job, &report))
+    let job_uid = check_worker(server.pods.as_ref(), &identity, &job, &report)?;
+    Ok(record(server, identity.namespace, job, &job_uid, &report))
 }
 
 async fn report(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -504,6 +511,7 @@ mod tests {
                         WorkerIdentity {
                             uid: format!("uid-{name}"),
                             job: job.to_owned(),
+                            job_uid: format!("uid-job-{job}"),
                             rank,
                             attempt: 1,
                         },
@@ -684,6 +692,7 @@ mod tests {
             WorkerIdentity {
                 uid: "uid-train-worker-0".to_owned(),
                 job: "train".to_owned(),
+                job_uid: "uid-job-train".to_owned(),
                 rank: 0,
                 attempt: 2,
             },
@@ -1063,6 +1072,7 @@ mod tests {
             Some(WorkerIdentity {
                 uid: "uid-train-worker-1".to_owned(),
                 job: "train".to_owned(),
+                job_uid: "job-uid".to_owned(),
                 rank: 1,
                 attempt: 3,
             })

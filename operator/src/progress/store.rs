@@ -43,6 +43,9 @@ pub struct RankProgress {
 /// A job's progress in its latest reporting attempt.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobProgress {
+    /// The uid of the job whose workers reported: a job deleted and applied again under the
+    /// same name is another job, and never reads its namesake's reports.
+    pub job_uid: String,
     /// The attempt the figures belong to: the highest one that reported.
     pub attempt: u32,
     /// Each rank that reported in this attempt.
@@ -68,8 +71,9 @@ pub struct JobProgress {
 }
 
 impl JobProgress {
-    fn new(attempt: u32) -> Self {
+    fn new(job_uid: &str, attempt: u32) -> Self {
         Self {
+            job_uid: job_uid.to_owned(),
             attempt,
             ranks: BTreeMap::new(),
             checkpoint_step: None,
@@ -148,9 +152,9 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(attempt: u32) -> Self {
+    fn new(job_uid: &str, attempt: u32) -> Self {
         Self {
-            progress: JobProgress::new(attempt),
+            progress: JobProgress::new(job_uid, attempt),
             requested_at: None,
             rate: Rate::default(),
         }
@@ -208,16 +212,27 @@ impl Entry {
     }
 }
 
-/// The progress of every job that reported, keyed by namespace and name.
+/// How many deleted jobs' uids the store remembers, to drop the reports their terminating
+/// workers still send.
+const RETIRED_UIDS: usize = 1024;
+
+/// The progress of every job that reported, keyed by namespace and name; an entry belongs to
+/// one job uid.
 #[derive(Debug, Default)]
 pub struct ProgressStore {
     jobs: Mutex<HashMap<(String, String), Entry>>,
+    /// Uids of deleted jobs, newest last: their workers' late reports are dropped.
+    retired: Mutex<VecDeque<String>>,
+}
+
+/// Every update leaves the data whole, so a panic elsewhere cannot leave it torn.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ProgressStore {
     fn jobs(&self) -> MutexGuard<'_, HashMap<(String, String), Entry>> {
-        // Every update leaves an entry whole, so a panic elsewhere cannot leave it torn.
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.jobs)
     }
 
     /// Records a checked report of `namespace/job` received at `now`.
@@ -225,23 +240,43 @@ impl ProgressStore {
     /// A report of a later attempt than the entry's starts the entry over for that attempt,
     /// keeping the old attempt's highest step as `previous_attempt_step`; a report of an
     /// earlier attempt is ignored.
-    pub fn record(&self, namespace: &str, job: &str, report: &Report, now: Timestamp) -> Recorded {
+    ///
+    /// `job_uid` is the uid of the job that controls the reporting pod. A report of a deleted
+    /// job ([`Self::forget`]) is dropped; one of another job of the same name starts the entry
+    /// over for that job.
+    pub fn record(
+        &self,
+        namespace: &str,
+        job: &str,
+        job_uid: &str,
+        report: &Report,
+        now: Timestamp,
+    ) -> Recorded {
+        if lock(&self.retired).iter().any(|u| u == job_uid) {
+            return Recorded::default();
+        }
         let mut jobs = self.jobs();
         let key = (namespace.to_owned(), job.to_owned());
+        if jobs
+            .get(&key)
+            .is_some_and(|e| e.progress.job_uid != job_uid)
+        {
+            jobs.remove(&key);
+        }
         let (entry, new_attempt) = match jobs.get_mut(&key) {
             Some(entry) if report.attempt < entry.progress.attempt => {
                 return Recorded::default();
             }
             Some(entry) if report.attempt > entry.progress.attempt => {
                 let previous = entry.progress.step();
-                *entry = Entry::new(report.attempt);
+                *entry = Entry::new(job_uid, report.attempt);
                 entry.progress.previous_attempt_step = previous;
                 (entry, true)
             }
             Some(entry) => (entry, false),
             None => (
                 jobs.entry(key)
-                    .or_insert_with(|| Entry::new(report.attempt)),
+                    .or_insert_with(|| Entry::new(job_uid, report.attempt)),
                 true,
             ),
         };
@@ -286,9 +321,17 @@ impl ProgressStore {
         }
     }
 
-    /// Drops what `namespace/job` reported.
-    pub fn forget(&self, namespace: &str, job: &str) {
+    /// Drops what `namespace/job` reported, and every later report of the job `job_uid` (the
+    /// job was deleted; its workers may report while they terminate).
+    pub fn forget(&self, namespace: &str, job: &str, job_uid: &str) {
         self.jobs().remove(&(namespace.to_owned(), job.to_owned()));
+        let mut retired = lock(&self.retired);
+        if !retired.iter().any(|u| u == job_uid) {
+            if retired.len() == RETIRED_UIDS {
+                retired.pop_front();
+            }
+            retired.push_back(job_uid.to_owned());
+        }
     }
 
     /// Keeps only the jobs `keep(namespace, job)` accepts.
@@ -338,9 +381,9 @@ mod tests {
     #[test]
     fn a_report_is_kept_per_rank_and_a_step_advance_does_not_wake() {
         let store = ProgressStore::default();
-        assert_eq!(store.record("ns", "j", &report(0, 0, 10), at(0)), WAKE);
+        assert_eq!(store.record("ns", "j", "u", &report(0, 0, 10), at(0)), WAKE);
         assert_eq!(
-            store.record("ns", "j", &report(1, 0, 9), at(1)),
+            store.record("ns", "j", "u", &report(1, 0, 9), at(1)),
             WAKE,
             "a rank's first report wakes"
         );
@@ -348,8 +391,8 @@ mod tests {
             loss: Some(1.5),
             ..report(0, 0, 11)
         };
-        assert_eq!(store.record("ns", "j", &advance, at(5)), QUIET);
-        assert_eq!(store.record("ns", "j", &report(1, 0, 9), at(6)), QUIET);
+        assert_eq!(store.record("ns", "j", "u", &advance, at(5)), QUIET);
+        assert_eq!(store.record("ns", "j", "u", &report(1, 0, 9), at(6)), QUIET);
 
         let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!(p.attempt, 0);
@@ -380,19 +423,19 @@ mod tests {
             resumed_from: Some(100),
             ..report(0, 1, 100)
         };
-        assert_eq!(store.record("ns", "j", &resumed, at(0)), WAKE);
-        assert_eq!(store.record("ns", "j", &resumed, at(1)), QUIET);
+        assert_eq!(store.record("ns", "j", "u", &resumed, at(0)), WAKE);
+        assert_eq!(store.record("ns", "j", "u", &resumed, at(1)), QUIET);
         let saved = Report {
             checkpoint_step: Some(150),
             ..report(0, 1, 160)
         };
-        assert_eq!(store.record("ns", "j", &saved, at(2)), WAKE);
-        assert_eq!(store.record("ns", "j", &saved, at(3)), QUIET);
+        assert_eq!(store.record("ns", "j", "u", &saved, at(2)), WAKE);
+        assert_eq!(store.record("ns", "j", "u", &saved, at(3)), QUIET);
         let older = Report {
             checkpoint_step: Some(120),
             ..report(1, 1, 160)
         };
-        store.record("ns", "j", &older, at(4));
+        store.record("ns", "j", "u", &older, at(4));
         let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!(
             (p.checkpoint_step, p.checkpoint_at, p.resumed_from),
@@ -404,20 +447,20 @@ mod tests {
     #[test]
     fn a_later_attempt_starts_over_keeping_the_previous_attempts_step() {
         let store = ProgressStore::default();
-        store.record("ns", "j", &report(0, 0, 480), at(0));
-        store.record("ns", "j", &report(1, 0, 500), at(0));
+        store.record("ns", "j", "u", &report(0, 0, 480), at(0));
+        store.record("ns", "j", "u", &report(1, 0, 500), at(0));
         let saved = Report {
             checkpoint_step: Some(400),
             ..report(0, 0, 480)
         };
-        store.record("ns", "j", &saved, at(1));
+        store.record("ns", "j", "u", &saved, at(1));
         store.request_checkpoint("ns", "j", 0);
 
         let resumed = Report {
             resumed_from: Some(400),
             ..report(1, 1, 400)
         };
-        assert_eq!(store.record("ns", "j", &resumed, at(10)), WAKE);
+        assert_eq!(store.record("ns", "j", "u", &resumed, at(10)), WAKE);
         let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!(p.attempt, 1);
         assert_eq!(p.previous_attempt_step, Some(500));
@@ -431,7 +474,7 @@ mod tests {
         assert_eq!(p.steps_per_second, None);
 
         assert_eq!(
-            store.record("ns", "j", &report(0, 0, 510), at(11)),
+            store.record("ns", "j", "u", &report(0, 0, 510), at(11)),
             QUIET,
             "a report of an earlier attempt is ignored"
         );
@@ -445,8 +488,8 @@ mod tests {
             checkpoint_step: Some(100),
             ..report(0, 3, 180)
         };
-        store.record("ns", "j", &saved, at(0));
-        store.record("ns", "j", &report(1, 3, 200), at(0));
+        store.record("ns", "j", "u", &saved, at(0));
+        store.record("ns", "j", "u", &report(1, 3, 200), at(0));
         store.request_checkpoint("ns", "j", 2);
         store.request_checkpoint("ns", "j", 4);
         assert_eq!(
@@ -471,13 +514,13 @@ mod tests {
             checkpoint: true,
             wake: false,
         };
-        assert_eq!(store.record("ns", "j", &saved, at(5)), asked);
+        assert_eq!(store.record("ns", "j", "u", &saved, at(5)), asked);
         let short = Report {
             checkpoint_step: Some(150),
             ..report(1, 3, 205)
         };
         assert_eq!(
-            store.record("ns", "j", &short, at(6)),
+            store.record("ns", "j", "u", &short, at(6)),
             Recorded {
                 checkpoint: true,
                 wake: true
@@ -485,7 +528,7 @@ mod tests {
             "a checkpoint before the request step does not satisfy it"
         );
         // Asked again while outstanding: nothing changes, the step stays.
-        store.record("ns", "j", &report(0, 3, 300), at(7));
+        store.record("ns", "j", "u", &report(0, 3, 300), at(7));
         store.request_checkpoint("ns", "j", 3);
         assert_eq!(
             store
@@ -499,8 +542,11 @@ mod tests {
             checkpoint_step: Some(206),
             ..report(0, 3, 300)
         };
-        assert_eq!(store.record("ns", "j", &done, at(8)), WAKE);
-        assert_eq!(store.record("ns", "j", &report(1, 3, 301), at(9)), QUIET);
+        assert_eq!(store.record("ns", "j", "u", &done, at(8)), WAKE);
+        assert_eq!(
+            store.record("ns", "j", "u", &report(1, 3, 301), at(9)),
+            QUIET
+        );
         let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!(
             (
@@ -513,7 +559,7 @@ mod tests {
 
         store.request_checkpoint("ns", "j", 3);
         assert_eq!(
-            store.record("ns", "j", &report(1, 3, 302), at(10)),
+            store.record("ns", "j", "u", &report(1, 3, 302), at(10)),
             QUIET,
             "once per attempt: a satisfied request is not made again"
         );
@@ -526,7 +572,7 @@ mod tests {
             checkpoint_step: Some(50),
             ..report(0, 0, 50)
         };
-        store.record("ns", "j", &saved, at(0));
+        store.record("ns", "j", "u", &saved, at(0));
         store.request_checkpoint("ns", "j", 0);
         let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!(
@@ -534,7 +580,10 @@ mod tests {
             (None, Some(50)),
             "answered by the checkpoint already saved"
         );
-        assert_eq!(store.record("ns", "j", &report(0, 0, 51), at(1)), QUIET);
+        assert_eq!(
+            store.record("ns", "j", "u", &report(0, 0, 51), at(1)),
+            QUIET
+        );
     }
 
     #[test]
@@ -547,8 +596,8 @@ mod tests {
     #[test]
     fn steps_per_second_follow_the_highest_step_once_two_reports_are_apart() {
         let store = ProgressStore::default();
-        store.record("ns", "j", &report(0, 0, 100), at(0));
-        store.record("ns", "j", &report(1, 0, 90), at(0));
+        store.record("ns", "j", "u", &report(0, 0, 100), at(0));
+        store.record("ns", "j", "u", &report(1, 0, 90), at(0));
         assert_eq!(
             store
                 .snapshot("ns", "j")
@@ -556,7 +605,7 @@ mod tests {
                 .steps_per_second,
             None
         );
-        store.record("ns", "j", &report(0, 0, 150), at(10));
+        store.record("ns", "j", "u", &report(0, 0, 150), at(10));
         assert_eq!(
             store
                 .snapshot("ns", "j")
@@ -565,8 +614,8 @@ mod tests {
             Some(5.0)
         );
         // A slower rank does not pull the job's rate down.
-        store.record("ns", "j", &report(1, 0, 95), at(10));
-        store.record("ns", "j", &report(0, 0, 200), at(20));
+        store.record("ns", "j", "u", &report(1, 0, 95), at(10));
+        store.record("ns", "j", "u", &report(0, 0, 200), at(20));
         assert_eq!(
             store
                 .snapshot("ns", "j")
@@ -579,6 +628,7 @@ mod tests {
             store.record(
                 "ns",
                 "j",
+                "u",
                 &report(0, 0, 200 + (i - 2) * 20),
                 at(i as i64 * 10),
             );
@@ -596,11 +646,11 @@ mod tests {
     fn forget_and_retain_drop_entries() {
         let store = ProgressStore::default();
         for job in ["a", "b", "c"] {
-            store.record("ns", job, &report(0, 0, 1), at(0));
+            store.record("ns", job, "u", &report(0, 0, 1), at(0));
         }
-        store.record("other", "a", &report(0, 0, 1), at(0));
+        store.record("other", "a", "u", &report(0, 0, 1), at(0));
         assert_eq!(store.len(), 4);
-        store.forget("ns", "a");
+        store.forget("ns", "a", "u");
         assert_eq!(store.snapshot("ns", "a"), None);
         assert!(store.snapshot("other", "a").is_some());
         store.retain(|ns, job| ns == "ns" && job != "c");
@@ -608,5 +658,32 @@ mod tests {
         assert!(store.snapshot("ns", "b").is_some());
         store.retain(|_, _| false);
         assert!(store.is_empty());
+    }
+
+    #[test]
+    fn a_job_applied_again_under_the_same_name_never_reads_its_namesakes_reports() {
+        let store = ProgressStore::default();
+        store.record("ns", "j", "old", &report(0, 0, 50), at(0));
+        // Applied again before the delete was seen: the new job's first report starts over.
+        assert_eq!(
+            store.record("ns", "j", "new", &report(0, 0, 0), at(1)),
+            WAKE
+        );
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!((p.job_uid.as_str(), p.step()), ("new", Some(0)));
+        // The delete of the old job seen: its terminating workers' reports are dropped.
+        store.forget("ns", "j", "old");
+        assert_eq!(
+            store.record("ns", "j", "old", &report(0, 0, 51), at(2)),
+            Recorded::default()
+        );
+        assert_eq!(
+            store.snapshot("ns", "j"),
+            None,
+            "forget dropped the name's entry"
+        );
+        store.record("ns", "j", "new", &report(0, 0, 1), at(3));
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!((p.job_uid.as_str(), p.step()), ("new", Some(1)));
     }
 }
