@@ -5,6 +5,10 @@ here are exactly what `helm install` does; no cluster is needed. Run with
 
     pip install -r charts/tests/requirements.txt
     pytest charts/tests
+
+(`make prereqs` installs them into ~/.cache/trainyard/venv). celpy (cel-python)
+is required, not optional: without it the file fails to import, so the
+ValidatingAdmissionPolicy's CEL is always evaluated, never skipped.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import copy
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import celpy
 import helm_python
 import pytest
 import yaml
@@ -563,34 +568,62 @@ def test_node_label_policy_names_a_custom_service_account(chart: Any) -> None:
     assert f"'system:serviceaccount:{NAMESPACE}:gpu-labeller'" in condition["expression"]
 
 
-def admission_verdict(spec: dict[str, Any], request: dict[str, Any], old: Any, new: Any) -> str:
-    """Evaluate a ValidatingAdmissionPolicy spec like the API server: 'not matched',
-    'allowed', or 'denied by rule N'. Dynamically typed (the API server also type-checks)."""
-    celpy = pytest.importorskip("celpy")
+class Admission(NamedTuple):
+    """What the API server answers a request the policy judges: `verdict` is 'not matched',
+    'allowed' or 'denied by rule N'; `message` is the denying rule's message."""
+
+    verdict: str
+    message: str = ""
+
+
+def cel_bool(expression: str, activation: dict[str, Any]) -> bool:
+    """Evaluates a CEL expression that must yield a bool. An evaluation error or another
+    type fails the test: the API server would deny the request (failurePolicy: Fail), but
+    for a reason no rule states, so it is a bug in the policy, not a verdict."""
+    result = cel_value(expression, activation)
+    assert isinstance(result, celpy.celtypes.BoolType), f"{expression!r} gave {result!r}, not a bool"
+    return bool(result)
+
+
+def cel_value(expression: str, activation: dict[str, Any]) -> Any:
     env = celpy.Environment()
-
-    def run(expression: str, activation: dict[str, Any]) -> Any:
+    try:
         return env.program(env.compile(expression)).evaluate(activation)
+    except celpy.CELEvalError as err:
+        pytest.fail(f"CEL evaluation error in {expression!r}: {err}")
 
-    activation = {
+
+def admission_verdict(spec: dict[str, Any], request: dict[str, Any], old: Any, new: Any) -> Admission:
+    """Evaluates a ValidatingAdmissionPolicy spec as the API server does: matchConditions,
+    then variables, then each validation in order, and the message (or messageExpression)
+    of the first one that is false. cel-python evaluates dynamically typed CEL: it does not
+    type-check against the Node schema or estimate cost, as the API server does when the
+    policy is created (docs/install.md, "What is tested on which server version")."""
+    activation: dict[str, Any] = {
         "request": celpy.json_to_cel(request),
         "object": celpy.json_to_cel(new),
         "oldObject": celpy.json_to_cel(old),
     }
-    if not all(run(c["expression"], activation) for c in spec.get("matchConditions", [])):
-        return "not matched"
+    if not all(cel_bool(c["expression"], activation) for c in spec.get("matchConditions", [])):
+        return Admission("not matched")
     variables: dict[str, Any] = {}
     for variable in spec.get("variables", []):
-        activation["variables"] = celpy.celtypes.MapType(
-            {celpy.celtypes.StringType(k): v for k, v in variables.items()}
-        )
-        variables[variable["name"]] = run(variable["expression"], activation)
-    activation["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
+        activation["variables"] = cel_map(variables)
+        variables[variable["name"]] = cel_value(variable["expression"], activation)
+    activation["variables"] = cel_map(variables)
     for i, validation in enumerate(spec["validations"]):
-        # An expression that errors denies too (failurePolicy: Fail).
-        if run(validation["expression"], activation) != celpy.celtypes.BoolType(True):
-            return f"denied by rule {i}"
-    return "allowed"
+        if cel_bool(validation["expression"], activation):
+            continue
+        message = validation.get("message", "")
+        if "messageExpression" in validation:
+            message = cel_value(validation["messageExpression"], activation)
+            assert isinstance(message, str), f"rule {i}: messageExpression gave {message!r}"
+        return Admission(f"denied by rule {i}", str(message))
+    return Admission("allowed")
+
+
+def cel_map(values: dict[str, Any]) -> Any:
+    return celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in values.items()})
 
 
 PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-device-plugin"
@@ -673,7 +706,30 @@ def test_node_label_policy_admits_only_nvidia_labels_of_the_plugins_own_node(
     spec = one(objects, "ValidatingAdmissionPolicy", NODE_POLICY)["spec"]
     extra = {"authentication.kubernetes.io/node-name": [claim]} if claim else {}
     request = {"operation": operation, "subResource": sub_resource, "userInfo": {"username": user, "extra": extra}}
-    assert admission_verdict(spec, request, old, new) == verdict
+    assert admission_verdict(spec, request, old, new).verdict == verdict
+
+
+@pytest.mark.parametrize(
+    "claim, old, new, message",
+    [
+        ("gpu-2", A_NODE, A_NODE, "the device plugin on gpu-2 may change only that Node, not gpu-1"),
+        (
+            None,
+            A_NODE,
+            A_NODE,
+            "the device plugin token carries no node-name claim (authentication.kubernetes.io/node-name); "
+            "it may not change any Node",
+        ),
+        ("gpu-1", A_NODE, relabeled({"team": "x"}), "the device plugin may change only nvidia.com/* labels"),
+    ],
+    ids=["other-node", "no-node-claim", "foreign-label"],
+)
+def test_node_label_policy_denials_say_why(chart: Any, claim: str | None, old: Any, new: Any, message: str) -> None:
+    objects = render_for_cluster(chart, api_versions=[VAP_API], kube_version="v1.30.0")
+    spec = one(objects, "ValidatingAdmissionPolicy", NODE_POLICY)["spec"]
+    extra = {"authentication.kubernetes.io/node-name": [claim]} if claim else {}
+    request = {"operation": "UPDATE", "subResource": "", "userInfo": {"username": PLUGIN_USER, "extra": extra}}
+    assert admission_verdict(spec, request, old, new).message == message
 
 
 def test_network_policies_render_only_when_enabled(chart: Any) -> None:
