@@ -10,8 +10,8 @@
 //! peers*: ranks of the same attempt whose pods still appear to run on a node.
 //! 1. If a silent peer's node is lost (the Node is gone, NotReady, tainted
 //!    `node.kubernetes.io/unreachable` or with a termination taint of the config, or its
-//!    kubelet's Lease has missed two renewals since the failure), the round is a
-//!    **preemption** caused by that node.
+//!    kubelet's Lease has missed two renewals since the failure while other kubelets renewed
+//!    theirs), the round is a **preemption** caused by that node.
 //! 2. If every silent peer's node has renewed its Lease after the failure or reported a
 //!    failed rank itself (its kubelet is alive, so its rank was not taken away), or there is
 //!    no silent peer, it is a **failure**.
@@ -22,6 +22,12 @@
 //! while it is held. A kubelet renews its Lease every quarter of the Lease's duration (10 s
 //! of 40 s by default), so a live node is told apart within about 10 s and a lost one within
 //! about half the duration; without Leases (no RBAC for them) the window decides.
+//!
+//! A missed renewal is read on the clock of the Leases themselves ([`lease_clock`]: the
+//! freshest renewal among every node's Lease), not on the operator's: a Lease watch that
+//! lags, or an operator clock that runs ahead, makes every node look equally stale, and a
+//! node is lost only when the others renewed and it did not. A renewal stamped later than the
+//! operator's clock (a node clock that runs ahead) counts as made now.
 
 use crate::cached_pod::CachedPod;
 use jiff::{SignedDuration, Timestamp};
@@ -61,6 +67,19 @@ pub fn heartbeat<'a>(leases: impl IntoIterator<Item = &'a Lease>, node: &str) ->
     })
 }
 
+/// The time Lease staleness is read on: the freshest renewal among `leases` (every node's
+/// Lease the operator sees), never later than `now`. None without a Lease.
+pub fn lease_clock<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    leases
+        .into_iter()
+        .filter_map(|l| Some(l.spec.as_ref()?.renew_time.as_ref()?.0))
+        .max()
+        .map(|freshest| freshest.min(now))
+}
+
 /// A rank whose pod still appears to run, with its node and that node's heartbeat.
 #[derive(Clone, Copy, Debug)]
 pub struct SilentPeer<'a> {
@@ -86,19 +105,34 @@ pub enum Verdict {
     Failure,
 }
 
-/// The rule above. `failed_at` is the earliest failure of the round ([`failed_at`]).
-pub fn judge(
-    failed_at: Timestamp,
-    peers: &[SilentPeer<'_>],
-    termination_taints: &[String],
-    window: SignedDuration,
-    now: Timestamp,
-) -> Verdict {
+/// What the judgement reads besides the peers.
+#[derive(Clone, Copy, Debug)]
+pub struct Judging<'a> {
+    /// The earliest failure of the round ([`failed_at`]).
+    pub failed_at: Timestamp,
+    /// Taints that announce a node's termination (the provider table of the config).
+    pub termination_taints: &'a [String],
+    /// `lostPeerWindowSeconds`: how long a verdict may be held.
+    pub window: SignedDuration,
+    /// The clock of the node Leases ([`lease_clock`]).
+    pub lease_clock: Option<Timestamp>,
+    /// The operator's clock.
+    pub now: Timestamp,
+}
+
+/// The rule above.
+pub fn judge(peers: &[SilentPeer<'_>], judging: &Judging<'_>) -> Verdict {
+    let Judging {
+        failed_at,
+        window,
+        now,
+        ..
+    } = *judging;
     let window_end = failed_at.saturating_add(window).unwrap_or(failed_at);
     let mut recheck = None;
     let mut all_alive = true;
     for peer in peers {
-        match node_state(peer, failed_at, termination_taints, now) {
+        match node_state(peer, judging) {
             NodeState::Lost(why) => {
                 return Verdict::Preemption(format!(
                     "worker {} lost with its node: {why}",
@@ -131,12 +165,13 @@ enum NodeState {
     Unknown(Option<Timestamp>),
 }
 
-fn node_state(
-    peer: &SilentPeer<'_>,
-    failed_at: Timestamp,
-    termination_taints: &[String],
-    now: Timestamp,
-) -> NodeState {
+fn node_state(peer: &SilentPeer<'_>, judging: &Judging<'_>) -> NodeState {
+    let Judging {
+        failed_at,
+        termination_taints,
+        now,
+        ..
+    } = *judging;
     let node = match peer.node {
         // Never placed: it was not part of a collective that a node loss broke.
         NodeView::Unscheduled => return NodeState::Alive,
@@ -159,21 +194,24 @@ fn node_state(
     let Some(hb) = peer.heartbeat else {
         return NodeState::Unknown(None);
     };
-    if hb.renewed >= failed_at.saturating_add(CLOCK_SLACK).unwrap_or(failed_at) {
+    let renewed = hb.renewed.min(now);
+    if renewed >= failed_at.saturating_add(CLOCK_SLACK).unwrap_or(failed_at) {
         return NodeState::Alive;
     }
-    // Two missed renewals (the kubelet renews every quarter of the duration).
-    let stale_at = hb
-        .renewed
-        .saturating_add(hb.duration / 2)
-        .unwrap_or(hb.renewed);
-    if now >= stale_at {
+    // Two missed renewals (the kubelet renews every quarter of the duration), read on the
+    // Leases' own clock: the others renewed since.
+    let clock = judging.lease_clock.unwrap_or(renewed).max(renewed);
+    let stale_at = renewed.saturating_add(hb.duration / 2).unwrap_or(renewed);
+    if clock >= stale_at {
         return NodeState::Lost(format!(
-            "node {name}'s Lease not renewed for {}s",
-            now.duration_since(hb.renewed).as_secs()
+            "node {name}'s Lease not renewed for {}s while other nodes renewed theirs",
+            clock.duration_since(renewed).as_secs()
         ));
     }
-    NodeState::Unknown(Some(stale_at))
+    // Stale once the Leases' clock reaches `stale_at`: as soon as now moves as far, if the
+    // others keep renewing.
+    let wait = stale_at.duration_since(clock);
+    NodeState::Unknown(Some(now.saturating_add(wait).unwrap_or(now)))
 }
 
 /// When a failed worker failed: its trainer's `finishedAt`, else the pod's Ready condition's
@@ -219,6 +257,21 @@ mod tests {
         })
     }
 
+    const TAINTS: &[String] = &[];
+
+    /// How the rule is judged at `now`, the other nodes' Leases renewed at `leases` (None: no
+    /// Lease seen).
+    fn judging(now: &str, leases: Option<&str>) -> Judging<'static> {
+        Judging {
+            failed_at: ts(FAILED),
+            termination_taints: TAINTS,
+            window: SignedDuration::from_secs(60),
+            lease_clock: leases.map(ts),
+            now: ts(now),
+        }
+    }
+
+    /// One silent peer, judged at `now` while the other kubelets renew their Leases on time.
     fn judge_one(node: NodeView<'_>, heartbeat: Option<Heartbeat>, now: &str) -> Verdict {
         let peers = [SilentPeer {
             rank: 1,
@@ -226,13 +279,12 @@ mod tests {
             heartbeat,
             beside_failure: false,
         }];
-        judge(
-            ts(FAILED),
-            &peers,
-            &[KARPENTER_DISRUPTED.to_owned()],
-            SignedDuration::from_secs(60),
-            ts(now),
-        )
+        let taints = [KARPENTER_DISRUPTED.to_owned()];
+        let judging = Judging {
+            termination_taints: &taints,
+            ..judging(now, Some(now))
+        };
+        judge(&peers, &judging)
     }
 
     fn ready(name: &str) -> Node {
@@ -355,13 +407,7 @@ mod tests {
 
     #[test]
     fn no_silent_peer_means_the_whole_gang_failed_on_its_own() {
-        let v = judge(
-            ts(FAILED),
-            &[],
-            &[],
-            SignedDuration::from_secs(60),
-            ts("2026-01-01T00:00:01Z"),
-        );
+        let v = judge(&[], &judging("2026-01-01T00:00:01Z", None));
         assert_eq!(v, Verdict::Failure);
     }
 
@@ -384,16 +430,98 @@ mod tests {
             },
         ];
         let v = judge(
-            ts(FAILED),
             &peers,
-            &[],
-            SignedDuration::from_secs(60),
-            ts("2026-01-01T00:00:06Z"),
+            &judging("2026-01-01T00:00:06Z", Some("2026-01-01T00:00:05Z")),
         );
         assert!(
             matches!(v, Verdict::Preemption(ref d) if d.contains("worker 2")),
             "{v:?}"
         );
+    }
+
+    /// Two silent peers on live nodes whose Leases were renewed at `a` and `b`, judged at `now`
+    /// with the freshest renewal the operator sees at `freshest`.
+    fn judge_two(a: &str, b: &str, freshest: &str, now: &str) -> Verdict {
+        let (n2, n3) = (ready("n2"), ready("n3"));
+        let peers = [
+            SilentPeer {
+                rank: 1,
+                node: NodeView::Present(&n2),
+                heartbeat: hb(a),
+                beside_failure: false,
+            },
+            SilentPeer {
+                rank: 2,
+                node: NodeView::Present(&n3),
+                heartbeat: hb(b),
+                beside_failure: false,
+            },
+        ];
+        let clock = lease_clock_of(&[a, b, freshest], now);
+        judge(&peers, &judging(now, clock.as_deref()))
+    }
+
+    /// [`lease_clock`] over Leases renewed at `renewals`, as RFC 3339.
+    fn lease_clock_of(renewals: &[&str], now: &str) -> Option<String> {
+        let leases: Vec<Lease> = renewals
+            .iter()
+            .enumerate()
+            .map(|(i, at)| {
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("node-{i}"), "namespace": "kube-node-lease"},
+                    "spec": {"leaseDurationSeconds": 40, "renewTime": at},
+                }))
+                .expect("lease")
+            })
+            .collect();
+        lease_clock(&leases, ts(now)).map(|t| t.to_string())
+    }
+
+    #[test]
+    fn every_lease_equally_stale_is_a_lagging_watch_and_the_failure_stays_a_failure() {
+        // The operator sees no renewal for 30 s on any node: its Lease watch lags (or its
+        // clock runs ahead), not every node lost at once.
+        let renewed = "2025-12-31T23:59:58Z";
+        let held = judge_two(renewed, renewed, renewed, "2026-01-01T00:00:30Z");
+        assert!(matches!(held, Verdict::Hold(_)), "{held:?}");
+        let after_window = judge_two(renewed, renewed, renewed, "2026-01-01T00:01:00Z");
+        assert_eq!(after_window, Verdict::Failure);
+    }
+
+    #[test]
+    fn one_lease_stale_among_fresh_ones_is_still_a_lost_node() {
+        let v = judge_two(
+            "2025-12-31T23:59:58Z",
+            "2026-01-01T00:00:01Z",
+            "2026-01-01T00:00:19Z",
+            "2026-01-01T00:00:30Z",
+        );
+        assert!(
+            matches!(v, Verdict::Preemption(ref d) if d.contains("worker 1") && d.contains("n2's Lease not renewed for 21s")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_renewal_stamped_in_the_future_counts_as_made_now() {
+        // A node clock 10 min ahead: its renewal does not make the others look stale.
+        assert_eq!(
+            lease_clock_of(
+                &["2026-01-01T00:10:00Z", "2026-01-01T00:00:28Z"],
+                "2026-01-01T00:00:30Z"
+            )
+            .as_deref(),
+            Some("2026-01-01T00:00:30Z")
+        );
+        // Judged on it, two peers that have not renewed since the failure would look 10 min
+        // stale 5 s after it.
+        let v = judge_two(
+            "2026-01-01T00:00:01Z",
+            "2026-01-01T00:00:01Z",
+            "2026-01-01T00:10:00Z",
+            "2026-01-01T00:00:05Z",
+        );
+        assert!(matches!(v, Verdict::Hold(_)), "{v:?}");
     }
 
     #[test]

@@ -531,8 +531,10 @@ fn a_rank_that_fails_because_its_peers_node_vanished_counts_one_preemption() {
         "looks again soon"
     );
     // n-2's Lease was renewed 1 s before the failure and never again: after two missed
-    // renewals (20 s of a 40 s Lease) the node counts as lost.
+    // renewals (20 s of a 40 s Lease) while n-1's kubelet renewed its own, the node counts
+    // as lost.
     w.advance(19);
+    w.heartbeat("n-1");
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
     assert_eq!((plan.status.failures, plan.status.preemptions), (0, 1));
@@ -2083,4 +2085,25 @@ fn a_job_that_does_not_retain_adopts_the_claim_an_earlier_job_kept() {
         plan.actions.iter().find(|a| matches!(a, Action::SetClaimOwners { .. })),
         Some(Action::SetClaimOwners { resource_version: Some(rv), .. }) if rv == "7"
     ));
+}
+
+#[test]
+fn a_failure_while_every_lease_looks_equally_stale_stays_a_failure() {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {maxFailures: 3}\n").with_worker_1_on_n2();
+    // Both kubelets renew at T0; then the operator's Lease watch lags and shows nothing newer.
+    w.heartbeat("n-1");
+    w.heartbeat("n-2");
+    w.advance(1);
+    w.exit("train-worker-0", 1);
+    // 26 s on the operator's clock: on it every Lease has missed two renewals.
+    w.advance(25);
+    let held = w.step();
+    assert_eq!(held.restart, None, "held: no node renewed while another did not");
+    assert_eq!((held.status.failures, held.status.preemptions), (0, 0));
+    // The window runs out: a failure of the job's own, with its backoff and budget.
+    w.advance(60);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Failure));
+    assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
 }

@@ -10,7 +10,7 @@ use super::super::round::Round;
 use super::super::view::View;
 use super::super::{Flow, JobEvent, condition, failure_backoff};
 use crate::crd::{LastRestart, Phase, RestartReason};
-use crate::lost_peer::{self, SilentPeer, Verdict};
+use crate::lost_peer::{self, Judging, SilentPeer, Verdict};
 use crate::nodes;
 use crate::placement;
 use crate::preemption::{NodeView, WorkerState};
@@ -264,11 +264,12 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
         })
         .collect();
     let c = &view.classifier;
-    lost_peer::judge(
+    let judging = Judging {
         failed_at,
-        &peers,
-        &c.termination_taints,
-        c.lost_peer_window,
+        termination_taints: &c.termination_taints,
+        window: c.lost_peer_window,
+        lease_clock: lost_peer::lease_clock(observed.node_leases.iter().map(|l| &**l), now),
         now,
-    )
+    };
+    lost_peer::judge(&peers, &judging)
 }
