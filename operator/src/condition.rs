@@ -21,6 +21,8 @@ pub const INVALID_SPEC: &str = "InvalidSpec";
 pub const WRITE_REJECTED: &str = "WriteRejected";
 /// An object holding one of the job's names is not the job's (see [`crate::ownership`]).
 pub const NAME_CONFLICT: &str = "NameConflict";
+/// The trainers' progress reports arrive (False: they stopped while every worker runs).
+pub const PROGRESS_CHANNEL: &str = "ProgressChannel";
 
 /// Sets a condition, moving lastTransitionTime only when the status flips.
 pub fn set_condition(

@@ -1724,7 +1724,7 @@ fn a_malformed_object_is_reported_through_the_invalid_spec_condition() {
     );
 }
 
-/// What trainers of `attempt` report: each rank at `step`, advanced at `at`.
+/// What trainers of `attempt` report: each rank at `step`, advanced and reported at `at`.
 fn reports(attempt: u32, ranks: &[(u32, u64)], at: Timestamp) -> ObservedProgress {
     ObservedProgress {
         attempt,
@@ -1734,6 +1734,7 @@ fn reports(attempt: u32, ranks: &[(u32, u64)], at: Timestamp) -> ObservedProgres
                 rank,
                 step,
                 advanced_at: at,
+                reported_at: at,
             })
             .collect(),
         ..ObservedProgress::default()
@@ -1806,9 +1807,12 @@ fn a_gang_whose_progress_stops_advancing_is_restarted_as_a_hang_naming_the_first
         "looked at again by the time the timeout runs out: {:?}",
         plan.requeue_at
     );
+    // The trainers keep reporting the same steps.
     w.advance(64);
+    still_reporting(&mut w);
     assert_eq!(w.step().restart, None, "not yet");
     w.advance(1);
+    still_reporting(&mut w);
     let plan = w.step();
     assert_eq!(plan.decided_by, PhaseName::Hang);
     assert_eq!(plan.restart, Some(RestartReason::Hang));
@@ -1842,6 +1846,7 @@ fn a_gang_whose_progress_stops_advancing_is_restarted_as_a_hang_naming_the_first
     w.progress = Some(reports(1, &[(0, 21), (1, 21)], w.now));
     w.step();
     w.advance(61);
+    still_reporting(&mut w);
     let plan = w.step();
     assert_eq!(plan.status.phase, Some(Phase::Failed));
     assert_eq!(plan.status.hangs, 2);
@@ -2106,4 +2111,79 @@ fn a_failure_while_every_lease_looks_equally_stale_stays_a_failure() {
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Failure));
     assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
+}
+
+/// Every rank that reported reports again now, at the step it was at.
+fn still_reporting(w: &mut World) {
+    let now = w.now;
+    for r in w.progress.iter_mut().flat_map(|p| p.ranks.iter_mut()) {
+        r.reported_at = now;
+    }
+}
+
+fn condition_of<'s>(status: &'s TrainingJobStatus, type_: &str) -> Option<&'s JobCondition> {
+    status.conditions.iter().find(|c| c.type_ == type_)
+}
+
+#[test]
+fn reports_that_stop_coming_are_a_channel_fault_not_a_hang() {
+    let mut w = World::running_world(
+        "workers: 2\nrestartPolicy: {progressTimeoutSeconds: 60, maxHangs: 1}\n",
+    );
+    // One report from each rank, then the token reviewer answers Unavailable: no report
+    // reaches the store any more, for far longer than the timeout.
+    w.progress = Some(reports(0, &[(0, 20), (1, 20)], w.now));
+    let mut events = w.step().events;
+    for _ in 0..10 {
+        w.advance(61);
+        let plan = w.step();
+        assert_eq!(plan.restart, None, "silence is no hang");
+        events.extend(plan.events);
+    }
+    assert_eq!(w.status.hangs, 0);
+    assert_eq!(w.status.phase, Some(Phase::Running));
+    let channel = condition_of(&w.status, condition::PROGRESS_CHANNEL).expect("condition");
+    assert_eq!(
+        (channel.status.as_str(), channel.reason.as_str()),
+        ("False", "ReportsStopped")
+    );
+    let stopped: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason == "ProgressReportsStopped")
+        .collect();
+    assert_eq!(stopped.len(), 1, "one Event: {events:?}");
+
+    // Reports arrive again, the trainers further on: the channel is back, and a step that
+    // then stops advancing for the timeout while they arrive is a hang.
+    w.progress = Some(reports(0, &[(0, 90), (1, 90)], w.now));
+    let plan = w.step();
+    let channel = condition_of(&plan.status, condition::PROGRESS_CHANNEL).expect("condition");
+    assert_eq!(
+        (channel.status.as_str(), channel.reason.as_str()),
+        ("True", "ReportsArriving")
+    );
+    assert_eq!(plan.restart, None);
+    w.advance(60);
+    still_reporting(&mut w);
+    assert_eq!(w.step().restart, Some(RestartReason::Hang));
+}
+
+#[test]
+fn an_operator_restart_that_empties_the_store_is_not_a_hang() {
+    let mut w = World::running_world(
+        "workers: 2\nrestartPolicy: {progressTimeoutSeconds: 60}\n",
+    );
+    w.progress = Some(reports(0, &[(0, 20), (1, 20)], w.now));
+    w.step();
+    assert!(w.status.progress.is_some());
+    // A new leader starts with an empty store; the trainers' reports do not reach it yet.
+    w.progress = None;
+    w.advance(600);
+    let plan = w.step();
+    assert_eq!((plan.restart, plan.status.hangs), (None, 0));
+    // Their first reports to it start the clock again: no hang until the timeout passes.
+    w.progress = Some(reports(0, &[(0, 20), (1, 20)], w.now));
+    w.advance(1);
+    still_reporting(&mut w);
+    assert_eq!(w.step().restart, None);
 }

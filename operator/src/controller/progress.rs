@@ -54,6 +54,7 @@ fn as_observed(p: JobProgress) -> ObservedProgress {
                 rank,
                 step: r.step,
                 advanced_at: r.advanced_at,
+                reported_at: r.reported_at,
             })
             .collect(),
         checkpoint: p.checkpoint_step.zip(p.checkpoint_at),

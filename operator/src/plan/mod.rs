@@ -114,7 +114,7 @@ impl ObservedClaim {
 pub struct ObservedProgress {
     /// The attempt the reports belong to.
     pub attempt: u32,
-    /// Each reporting rank: its step and when that step last advanced.
+    /// Each reporting rank: its step, when that step last advanced and when it last reported.
     pub ranks: Vec<RankProgress>,
     /// The latest checkpoint step reported, and when it first was.
     pub checkpoint: Option<(u64, Timestamp)>,
@@ -137,6 +137,9 @@ pub struct RankProgress {
     pub step: u64,
     /// When its step last advanced (or first appeared).
     pub advanced_at: Timestamp,
+    /// When it last reported, whether its step advanced or not: reports that stop coming are
+    /// a fault of the channel, not a hang.
+    pub reported_at: Timestamp,
 }
 
 impl ObservedProgress {
@@ -148,6 +151,11 @@ impl ObservedProgress {
     /// When the job's progress last advanced: the latest advance of any rank.
     pub fn advanced_at(&self) -> Option<Timestamp> {
         self.ranks.iter().map(|r| r.advanced_at).max()
+    }
+
+    /// When the latest report of any rank arrived.
+    pub fn reported_at(&self) -> Option<Timestamp> {
+        self.ranks.iter().map(|r| r.reported_at).max()
     }
 }
 

@@ -1,15 +1,16 @@
 //! What the trainers report through the progress channel (`crate::progress`): recorded in
-//! `status.progress`; a gang whose progress stops advancing is restarted (reason `Hang`); a
-//! termination notice on a running worker's node asks the trainers for a checkpoint and, once
-//! it is saved, restarts the gang from it before the node goes. A job whose trainers never
-//! report is decided exactly as without the channel.
+//! `status.progress`; reports that stop coming are a fault of the channel (the condition
+//! `ProgressChannel`), never a hang; a gang whose step stops advancing while its reports keep
+//! coming is restarted (reason `Hang`); a termination notice on a running worker's node asks
+//! the trainers for a checkpoint and, once it is saved, restarts the gang from it before the
+//! node goes. A job whose trainers never report is decided exactly as without the channel.
 
 use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::super::round::Round;
 use super::super::view::View;
-use super::super::{Flow, JobEvent, ObservedProgress};
+use super::super::{Flow, JobEvent, ObservedProgress, condition};
 use super::restart::{self, Cause};
 use crate::crd::{ProgressStatus, RestartReason};
 use crate::nodes;
@@ -20,6 +21,13 @@ const PROGRESS_REFRESH: SignedDuration = SignedDuration::from_secs(60);
 /// How often a checkpoint asked for on a termination notice is looked for (a report of it
 /// wakes the job at once; one saved before the request does not).
 const NOTICE_RECHECK: SignedDuration = SignedDuration::from_secs(2);
+/// No report from any rank for this long, while every worker runs, is a fault of the channel
+/// (trainers report every few seconds: docs/env-contract.md). As long as
+/// [`PROGRESS_REFRESH`], so that noticing it costs no extra round.
+const REPORTS_STOPPED_AFTER: SignedDuration = PROGRESS_REFRESH;
+/// How often a hang that is due is looked at again while the report that would show it is
+/// awaited (reports do not wake the job; trainers report every few seconds).
+const HANG_RECHECK: SignedDuration = SignedDuration::from_secs(5);
 
 /// The reports of the attempt this round works on.
 fn current<'v>(view: &'v View<'_>, round: &Round) -> Option<&'v ObservedProgress> {
@@ -70,7 +78,54 @@ pub(in crate::plan) fn record_progress(view: &View<'_>, round: &mut Round) -> Fl
     }
     round.st.progress = Some(st);
     round.requeue(view.now.saturating_add(PROGRESS_REFRESH).ok());
+    report_channel(view, round, p);
     Flow::Continue
+}
+
+/// The condition `ProgressChannel`: True while the attempt's reports arrive; False (reason
+/// `ReportsStopped`, one Warning Event) once none has come for [`REPORTS_STOPPED_AFTER`]
+/// while every worker runs: the operator cannot receive or check them (the token reviewer
+/// unavailable, the progress Service routing to a pod that is gone, a NetworkPolicy). Silence
+/// restarts nothing ([`hang`]); the condition is True again with the next report.
+fn report_channel(view: &View<'_>, round: &mut Round, p: &ObservedProgress) {
+    let Some(last) = p.reported_at() else {
+        return;
+    };
+    let silent_at = last.saturating_add(REPORTS_STOPPED_AFTER).unwrap_or(last);
+    if view.now < silent_at {
+        round.requeue(Some(silent_at));
+        round.condition(
+            view,
+            condition::PROGRESS_CHANNEL,
+            true,
+            "ReportsArriving",
+            "the trainers' progress reports arrive",
+        );
+        return;
+    }
+    if !all_running(view) {
+        return;
+    }
+    let message = format!(
+        "no progress report has arrived since {last} while every worker runs: the trainers \
+         cannot reach the operator, or it cannot check their tokens; no hang is judged until \
+         reports arrive again"
+    );
+    let stands = round.st.conditions.iter().any(|c| {
+        c.type_ == condition::PROGRESS_CHANNEL && c.status == "False" && c.message == message
+    });
+    round.condition(
+        view,
+        condition::PROGRESS_CHANNEL,
+        false,
+        "ReportsStopped",
+        &message,
+    );
+    if !stands {
+        round
+            .events
+            .push(JobEvent::warning("ProgressReportsStopped", message));
+    }
 }
 
 /// Whether every worker of the attempt runs.
@@ -84,9 +139,11 @@ fn all_running(view: &View<'_>) -> bool {
         })
 }
 
-/// `restartPolicy.progressTimeoutSeconds`: a gang that reported progress and has not
-/// advanced for that long while every worker runs is hung (a peer stuck in a collective, a
-/// deadlock): restart it, counted against `maxHangs`.
+/// `restartPolicy.progressTimeoutSeconds`: a gang whose reports show its step not advancing
+/// for that long while every worker runs is hung (a peer stuck in a collective, a deadlock):
+/// restart it, counted against `maxHangs`. The reports themselves must show it: one must
+/// have arrived at least the timeout after the last advance. Reports that stop coming show
+/// nothing (an operator restart, a channel fault: [`report_channel`]).
 pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
     let Some(timeout) = view.job.spec.restart_policy.progress_timeout_seconds else {
         return Flow::Continue;
@@ -94,7 +151,7 @@ pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
     let Some(p) = current(view, round) else {
         return Flow::Continue;
     };
-    let Some(advanced) = p.advanced_at() else {
+    let (Some(advanced), Some(reported)) = (p.advanced_at(), p.reported_at()) else {
         return Flow::Continue;
     };
     if !all_running(view) {
@@ -104,6 +161,17 @@ pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
     let due = advanced.saturating_add(limit).unwrap_or(advanced);
     if view.now < due {
         round.requeue(Some(due));
+        return Flow::Continue;
+    }
+    if reported < due {
+        // The next report shows it, unless reports have stopped.
+        if view.now
+            < reported
+                .saturating_add(REPORTS_STOPPED_AFTER)
+                .unwrap_or(reported)
+        {
+            round.requeue(view.now.saturating_add(HANG_RECHECK).ok());
+        }
         return Flow::Continue;
     }
     let first = p
