@@ -598,7 +598,7 @@ def admission_verdict(spec: dict[str, Any], request: dict[str, Any], old: Any, n
     then variables, then each validation in order, and the message (or messageExpression)
     of the first one that is false. cel-python evaluates dynamically typed CEL: it does not
     type-check against the Node schema or estimate cost, as the API server does when the
-    policy is created (docs/install.md, "What is tested on which server version")."""
+    policy is created (docs/install.md, "Protections by Kubernetes version")."""
     activation: dict[str, Any] = {
         "request": celpy.json_to_cel(request),
         "object": celpy.json_to_cel(new),
