@@ -279,3 +279,9 @@ def test_docs_show_the_argocd_cm_snippet_with_the_script_verbatim() -> None:
     blocks = [b.split("\n", 1)[1] for b in docs.split("```yaml")[1:] if CM_KEY in b.split("```")[0]]
     assert len(blocks) == 1, f"docs/install.md needs one yaml block with {CM_KEY}"
     assert snippet_script(blocks[0].split("```")[0]) == HEALTH_LUA.read_text()
+
+
+def test_a_condition_without_a_message_shows_its_reason(lua: str, tmp_path: Path) -> None:
+    job = fixture("write-rejected")
+    del job["status"]["conditions"][0]["message"]
+    assert health(lua, job, tmp_path) == ("Degraded", "Invalid")

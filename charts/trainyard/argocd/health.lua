@@ -38,10 +38,14 @@ end
 
 -- "Reason: message", for the conditions that say what went wrong.
 local function reason_and_message(c)
-  if c.reason ~= nil and c.reason ~= "" then
-    return c.reason .. ": " .. message_of(c, "")
+  local message = message_of(c, "")
+  if c.reason == nil or c.reason == "" then
+    return message_of(c, c.type)
   end
-  return message_of(c, c.type)
+  if message == "" then
+    return c.reason
+  end
+  return c.reason .. ": " .. message
 end
 
 -- A running attempt, with the step its trainers report (only trainers that report have one).
