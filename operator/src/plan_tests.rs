@@ -2187,3 +2187,149 @@ fn an_operator_restart_that_empties_the_store_is_not_a_hang() {
     still_reporting(&mut w);
     assert_eq!(w.step().restart, None);
 }
+
+/// `n-2` with a termination notice (a Karpenter disruption), or without.
+fn notice_on_n2(w: &mut World, noticed: bool) {
+    let n2 = node("n-2").gpus(8).product("Tesla-T4");
+    let n2 = match noticed {
+        true => n2.taint(trainyard_api::spot::KARPENTER_DISRUPTED),
+        false => n2,
+    };
+    w.replace_node(n2.build());
+}
+
+#[test]
+fn a_requested_save_longer_than_the_progress_timeout_is_not_a_hang() {
+    let mut w = World::running_world("workers: 2\nrestartPolicy: {progressTimeoutSeconds: 60}\n")
+        .with_worker_1_on_n2();
+    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+    w.step();
+    notice_on_n2(&mut w, true);
+    assert_eq!(w.step().checkpoint_request, Some(0));
+    w.progress.as_mut().expect("progress").checkpoint_requested = Some(42);
+    // The trainers save for 90 s: the step stays at 42 while their reports keep coming.
+    for _ in 0..9 {
+        w.advance(10);
+        still_reporting(&mut w);
+        let plan = w.step();
+        assert_eq!(plan.restart, None, "a save asked for is no hang");
+    }
+    let p = w.progress.as_mut().expect("progress");
+    p.checkpoint_requested = None;
+    p.checkpoint = Some((42, w.now));
+    p.checkpoint_saved_on_request = Some(42);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!((plan.status.hangs, plan.status.preemptions), (0, 1));
+}
+
+/// The progress store as the controller keeps it, fed by the World's trainers, and the
+/// checkpoint requests of each plan carried out on it as the controller does.
+struct Channel {
+    store: crate::progress::store::ProgressStore,
+}
+
+impl Channel {
+    fn new() -> Self {
+        Self {
+            store: crate::progress::store::ProgressStore::default(),
+        }
+    }
+
+    /// Rank `rank` of the current attempt reports `step` (and a saved checkpoint).
+    fn report(&self, w: &mut World, rank: u32, step: u64, checkpoint: Option<u64>) {
+        let report = crate::progress::store::Report {
+            rank,
+            attempt: w.status.attempt,
+            step,
+            loss: None,
+            checkpoint_step: checkpoint,
+            resumed_from: None,
+        };
+        self.store.record("ml", "train", "uid-1", &report, w.now);
+        w.progress = self.observed();
+    }
+
+    /// Decides a round and carries out its checkpoint request.
+    fn step(&self, w: &mut World) -> Plan {
+        let plan = w.step();
+        if let Some(attempt) = plan.checkpoint_request {
+            self.store.request_checkpoint("ml", "train", attempt);
+        }
+        if let Some(attempt) = plan.checkpoint_withdrawal {
+            self.store.withdraw_checkpoint_request("ml", "train", attempt);
+        }
+        w.progress = self.observed();
+        plan
+    }
+
+    /// What the controller hands the decision (`controller/progress.rs`).
+    fn observed(&self) -> Option<ObservedProgress> {
+        let p = self.store.snapshot("ml", "train")?;
+        Some(ObservedProgress {
+            attempt: p.attempt,
+            ranks: p
+                .ranks
+                .iter()
+                .map(|(&rank, r)| RankProgress {
+                    rank,
+                    step: r.step,
+                    advanced_at: r.advanced_at,
+                    reported_at: r.reported_at,
+                })
+                .collect(),
+            checkpoint: p.checkpoint_step.zip(p.checkpoint_at),
+            resumed_from: p.resumed_from,
+            previous_attempt_step: p.previous_attempt_step,
+            checkpoint_requested: p.checkpoint_requested,
+            checkpoint_saved_on_request: p.checkpoint_saved_on_request,
+        })
+    }
+}
+
+#[test]
+fn a_second_notice_in_the_same_attempt_asks_for_a_new_checkpoint() {
+    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    let channel = Channel::new();
+    channel.report(&mut w, 0, 40, None);
+    channel.report(&mut w, 1, 40, None);
+    channel.step(&mut w);
+    // A first notice; the provider abandons the disruption before the trainers saved.
+    notice_on_n2(&mut w, true);
+    assert_eq!(channel.step(&mut w).checkpoint_request, Some(0));
+    notice_on_n2(&mut w, false);
+    channel.step(&mut w);
+    // They save on request anyway; the job runs on, no node is going.
+    w.advance(5);
+    channel.report(&mut w, 0, 41, Some(41));
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, None);
+    assert_eq!(
+        plan.status
+            .progress
+            .as_ref()
+            .and_then(|p| p.checkpoint_requested_time.clone()),
+        None,
+        "no request stands"
+    );
+    // Hours later, at step 500, a second notice: a new checkpoint, not the one at 41.
+    w.advance(3600);
+    channel.report(&mut w, 0, 500, Some(41));
+    channel.report(&mut w, 1, 500, None);
+    channel.step(&mut w);
+    notice_on_n2(&mut w, true);
+    let asked = channel.step(&mut w);
+    assert_eq!(asked.restart, None, "not from the checkpoint at step 41");
+    assert_eq!(asked.checkpoint_request, Some(0));
+    assert!(
+        asked.events.iter().any(|e| e.reason == "CheckpointRequested" && e.note.contains("step 500")),
+        "{:?}",
+        asked.events
+    );
+    w.advance(2);
+    channel.report(&mut w, 0, 500, Some(500));
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
+    assert!(detail.contains("checkpoint at step 500"), "{detail}");
+}

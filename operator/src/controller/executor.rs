@@ -695,6 +695,7 @@ mod tests {
             creates_attempt: None,
             announcement: None,
             checkpoint_request: None,
+            checkpoint_withdrawal: None,
             steps_lost: None,
             decided_by: plan::PhaseName::Running,
         }

@@ -28,16 +28,14 @@ use crate::validate::ValidJob;
 /// dropped, and the job's next reconcile reads the store anyway.
 const WAKE_QUEUE: usize = 1024;
 
-/// What a round decided for the trainers, carried out after its writes.
+/// What a round measured of the trainers, counted after its writes.
 pub(super) struct FollowUp {
-    checkpoint_request: Option<u32>,
     steps_lost: Option<u64>,
 }
 
 impl FollowUp {
     pub(super) fn of(plan: &plan::Plan) -> Self {
         Self {
-            checkpoint_request: plan.checkpoint_request,
             steps_lost: plan.steps_lost,
         }
     }
@@ -82,12 +80,23 @@ impl Context {
         Some(as_observed(progress))
     }
 
-    /// Asks the trainers for a checkpoint, and counts the steps a preemption lost.
-    pub(super) fn follow_progress(&self, job: &ValidJob, follow_up: FollowUp) {
-        if let Some(attempt) = follow_up.checkpoint_request {
+    /// Asks the trainers for a checkpoint, or withdraws the request, as `plan` decided: at
+    /// once, as soon as it is decided. It costs no request to the API server, so it never
+    /// waits for a write slot: a reclaim wave fills the write gate with restarts exactly when
+    /// termination notices come, and a notice leaves the trainers seconds.
+    pub(super) fn tell_trainers(&self, job: &ValidJob, plan: &plan::Plan) {
+        if let Some(attempt) = plan.checkpoint_withdrawal {
+            self.progress
+                .withdraw_checkpoint_request(&job.namespace, &job.name, attempt);
+        }
+        if let Some(attempt) = plan.checkpoint_request {
             self.progress
                 .request_checkpoint(&job.namespace, &job.name, attempt);
         }
+    }
+
+    /// Counts the steps a preemption lost.
+    pub(super) fn follow_progress(&self, follow_up: FollowUp) {
         if let Some(lost) = follow_up.steps_lost {
             // Steps are far below 2^53: exact as f64.
             self.metrics.steps_lost.observe(lost as f64);

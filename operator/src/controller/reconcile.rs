@@ -120,7 +120,7 @@ async fn reconcile_inner(
                 .carry_out(job, decided, write == StatusWrite::Now, now, permit),
         )
         .await?;
-    ctx.follow_progress(&valid, follow_up);
+    ctx.follow_progress(follow_up);
     let write_later = match write {
         StatusWrite::Later(after) => Some(after),
         StatusWrite::Now | StatusWrite::Unchanged => None,
@@ -237,7 +237,9 @@ async fn decide_with_slot(
     })
 }
 
-/// Observes and decides now, and schedules the decided status ([`super::status_cache`]).
+/// Observes and decides now, tells the trainers what the round decided for them (a
+/// checkpoint request, before the round waits for any write slot), and schedules the decided
+/// status ([`super::status_cache`]).
 async fn decide(
     ctx: &Context,
     job: &TrainingJob,
@@ -246,6 +248,7 @@ async fn decide(
 ) -> Result<Round, Error> {
     let now = Timestamp::now();
     let plan = observe_and_decide(ctx, valid, &known.current, now).await?;
+    ctx.tell_trainers(valid, &plan);
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
     let write = ctx.memory.status.schedule(uid, known, &plan.status);
     Ok(Round {

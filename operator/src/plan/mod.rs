@@ -268,8 +268,12 @@ pub struct Plan {
     /// that the executor holds back) does not announce the attempt a second time.
     pub announcement: Option<JobEvent>,
     /// Ask the trainers of this attempt for a checkpoint (answered through the progress
-    /// channel).
+    /// channel). It costs no request to the API server: the controller makes it as soon as
+    /// it is decided, before the round waits for a write slot.
     pub checkpoint_request: Option<u32>,
+    /// Forget the answered checkpoint request of this attempt: the termination notice it was
+    /// made for is gone, so that a later notice asks for a new checkpoint.
+    pub checkpoint_withdrawal: Option<u32>,
     /// Steps the last restart after a preemption lost, measured in this round (for the
     /// `trainyard_operator_steps_lost_per_preemption` histogram).
     pub steps_lost: Option<u64>,

@@ -34,6 +34,8 @@ pub(crate) struct Round {
     pub announcement: Option<JobEvent>,
     /// [`Plan::checkpoint_request`].
     pub checkpoint_request: Option<u32>,
+    /// [`Plan::checkpoint_withdrawal`].
+    pub checkpoint_withdrawal: Option<u32>,
     /// [`Plan::steps_lost`].
     pub steps_lost: Option<u64>,
     /// The spec cannot run in this cluster as written (condition InvalidSpec).
@@ -58,6 +60,7 @@ impl Round {
             creates_attempt: None,
             announcement: None,
             checkpoint_request: None,
+            checkpoint_withdrawal: None,
             steps_lost: None,
             invalid: view.job.rejected_edit.clone(),
             placement: None,
@@ -82,6 +85,7 @@ impl Round {
             creates_attempt: self.creates_attempt,
             announcement: self.announcement,
             checkpoint_request: self.checkpoint_request,
+            checkpoint_withdrawal: self.checkpoint_withdrawal,
             steps_lost: self.steps_lost,
             decided_by,
         }

@@ -60,7 +60,8 @@ pub struct JobProgress {
     pub previous_attempt_step: Option<u64>,
     /// The highest step known when a checkpoint was requested in this attempt, while no
     /// checkpoint at or past it has been reported. Once one is, this is `None` again and
-    /// `checkpoint_step` is at least that step; a request is made at most once per attempt.
+    /// `checkpoint_step` is at least that step; a request is made once, until it is withdrawn
+    /// ([`ProgressStore::withdraw_checkpoint_request`]).
     pub checkpoint_requested: Option<u64>,
     /// The checkpoint step that answered this attempt's checkpoint request, once one did
     /// (at or past the step the request was made at; possibly a checkpoint saved just before).
@@ -297,10 +298,10 @@ impl ProgressStore {
     /// Asks the trainers of `attempt` for a checkpoint at or past the highest step known now;
     /// their next reports are answered `{"checkpoint": true}` until one reports it saved.
     ///
-    /// Once per attempt: calling it again (every reconcile while a termination notice stands)
-    /// changes nothing, also after the checkpoint was saved. It does nothing for an attempt
-    /// that has not reported yet (its first report wakes the reconcile, which asks again) or
-    /// that a later attempt replaced.
+    /// Once per request: calling it again (every reconcile while a termination notice stands)
+    /// changes nothing, also after the checkpoint was saved, until the request is withdrawn.
+    /// It does nothing for an attempt that has not reported yet (its first report wakes the
+    /// reconcile, which asks again) or that a later attempt replaced.
     pub fn request_checkpoint(&self, namespace: &str, job: &str, attempt: u32) {
         let mut jobs = self.jobs();
         let Some(entry) = jobs.get_mut(&(namespace.to_owned(), job.to_owned())) else {
@@ -319,6 +320,22 @@ impl ProgressStore {
             Some(saved) => entry.progress.checkpoint_saved_on_request = Some(saved),
             None => entry.progress.checkpoint_requested = Some(step),
         }
+    }
+
+    /// Forgets the checkpoint request of `attempt`, answered or not: the notice it was made
+    /// for is gone, and the next request (a later notice) asks for a checkpoint at or past the
+    /// highest step known then, not for the one saved for this one.
+    pub fn withdraw_checkpoint_request(&self, namespace: &str, job: &str, attempt: u32) {
+        let mut jobs = self.jobs();
+        let Some(entry) = jobs.get_mut(&(namespace.to_owned(), job.to_owned())) else {
+            return;
+        };
+        if entry.progress.attempt != attempt {
+            return;
+        }
+        entry.requested_at = None;
+        entry.progress.checkpoint_requested = None;
+        entry.progress.checkpoint_saved_on_request = None;
     }
 
     /// Drops what `namespace/job` reported, and every later report of the job `job_uid` (the

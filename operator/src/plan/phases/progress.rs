@@ -5,7 +5,7 @@
 //! the trainers for a checkpoint and, once it is saved, restarts the gang from it before the
 //! node goes. A job whose trainers never report is decided exactly as without the channel.
 
-use jiff::SignedDuration;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::super::round::Round;
@@ -139,11 +139,37 @@ fn all_running(view: &View<'_>) -> bool {
         })
 }
 
+/// When the trainers of the attempt last showed they work: their step's last advance, a newer
+/// checkpoint, or the operator's request for one (a save takes time, and no step advances
+/// meanwhile). None while a checkpoint asked for on a termination notice that still stands is
+/// awaited: that save is no hang, however long it takes, and the node's end bounds it.
+fn last_sign_of_work(view: &View<'_>, round: &Round, p: &ObservedProgress) -> Option<Timestamp> {
+    let requested = requested_time(round);
+    if requested.is_some() && p.checkpoint_saved_on_request.is_none() && noticed(view).is_some() {
+        return None;
+    }
+    [p.advanced_at(), p.checkpoint.map(|(_, at)| at), requested]
+        .into_iter()
+        .flatten()
+        .max()
+}
+
+/// When the standing checkpoint request of the attempt was made, if one stands.
+fn requested_time(round: &Round) -> Option<Timestamp> {
+    round
+        .st
+        .progress
+        .as_ref()
+        .and_then(|s| s.checkpoint_requested_time.as_ref())
+        .map(|t| t.0)
+}
+
 /// `restartPolicy.progressTimeoutSeconds`: a gang whose reports show its step not advancing
 /// for that long while every worker runs is hung (a peer stuck in a collective, a deadlock):
 /// restart it, counted against `maxHangs`. The reports themselves must show it: one must
-/// have arrived at least the timeout after the last advance. Reports that stop coming show
-/// nothing (an operator restart, a channel fault: [`report_channel`]).
+/// have arrived at least the timeout after the last sign of work ([`last_sign_of_work`]).
+/// Reports that stop coming show nothing (an operator restart, a channel fault:
+/// [`report_channel`]).
 pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
     let Some(timeout) = view.job.spec.restart_policy.progress_timeout_seconds else {
         return Flow::Continue;
@@ -151,14 +177,15 @@ pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
     let Some(p) = current(view, round) else {
         return Flow::Continue;
     };
-    let (Some(advanced), Some(reported)) = (p.advanced_at(), p.reported_at()) else {
-        return Flow::Continue;
-    };
     if !all_running(view) {
         return Flow::Continue;
     }
+    let (Some(worked), Some(reported)) = (last_sign_of_work(view, round, p), p.reported_at())
+    else {
+        return Flow::Continue;
+    };
     let limit = SignedDuration::from_secs(i64::from(timeout));
-    let due = advanced.saturating_add(limit).unwrap_or(advanced);
+    let due = worked.saturating_add(limit).unwrap_or(worked);
     if view.now < due {
         round.requeue(Some(due));
         return Flow::Continue;
@@ -179,7 +206,7 @@ pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
         .iter()
         .map(|r| r.advanced_at)
         .min()
-        .unwrap_or(advanced);
+        .unwrap_or(worked);
     let stopped_first: Vec<String> = p
         .ranks
         .iter()
@@ -222,21 +249,18 @@ fn noticed<'v>(view: &'v View<'_>) -> Option<(u32, &'v str, &'v str)> {
 /// trainers that report progress: ask them for a checkpoint now (`CheckpointRequested`), and
 /// once a checkpoint at or past the step of the request is reported, restart the gang from it as a
 /// preemption, before the node goes. Until then the job runs on: a trainer that does not
-/// checkpoint on request loses what it would have lost without the notice.
+/// checkpoint on request loses what it would have lost without the notice. A notice that goes
+/// away ends its request ([`notice_gone`]), so that a later one asks for a checkpoint anew.
 pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) -> Flow {
     let Some(p) = current(view, round) else {
         return Flow::Continue;
     };
     let Some((rank, node, taint)) = noticed(view) else {
+        notice_gone(round, p);
         return Flow::Continue;
     };
     let attempt = round.st.attempt;
-    let requested = round
-        .st
-        .progress
-        .as_ref()
-        .is_some_and(|s| s.checkpoint_requested_time.is_some());
-    if !requested {
+    if requested_time(round).is_none() {
         let step = p.step();
         if let Some(st) = round.st.progress.as_mut() {
             st.checkpoint_requested_time = Some(Time(view.now));
@@ -271,4 +295,20 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
             detail,
         },
     )
+}
+
+/// No notice stands (the provider abandoned the disruption): a request the trainers have
+/// answered is withdrawn and `checkpointRequestedTime` cleared, so that a later notice asks
+/// for a checkpoint at the step reached by then instead of restarting from this one. A
+/// request not answered yet stands (the trainers may be saving) until its checkpoint comes.
+fn notice_gone(round: &mut Round, p: &ObservedProgress) {
+    if p.checkpoint_requested.is_some() {
+        return;
+    }
+    if p.checkpoint_saved_on_request.is_some() {
+        round.checkpoint_withdrawal = Some(round.st.attempt);
+    }
+    if let Some(st) = round.st.progress.as_mut() {
+        st.checkpoint_requested_time = None;
+    }
 }
