@@ -44,7 +44,9 @@ pub(super) enum Urgency {
     /// The rest of a round whose status is written already: the deletes and creates of a
     /// restart. Started restarts finish before new ones begin.
     Continuing = 0,
-    /// GPUs wait on it: a restart, pods to create or delete, a Service or PVC to create.
+    /// GPUs wait on it: a restart, pods to create or delete, a Service or PVC to create; or
+    /// its status records a checkpoint asked for on a termination notice (the node has
+    /// seconds left, and the restart from that checkpoint follows).
     Urgent = 1,
     /// A status write alone (a transition recorded, detail that waited its batch).
     Routine = 2,
@@ -56,7 +58,7 @@ const URGENCIES: usize = 3;
 impl Urgency {
     /// The urgency of a plan's writes.
     pub(super) fn of(plan: &Plan) -> Self {
-        if plan.restart.is_some() || !plan.actions.is_empty() {
+        if plan.restart.is_some() || !plan.actions.is_empty() || plan.checkpoint_request.is_some() {
             Self::Urgent
         } else {
             Self::Routine
@@ -518,6 +520,52 @@ mod tests {
             vec!["urgent", "routine-1", "routine-2"]
         );
         assert_eq!(g.counts().1, 0, "every slot given back");
+    }
+
+    /// A round that only asks the trainers for a checkpoint (and records it in the status).
+    fn asking_for_a_checkpoint() -> Plan {
+        Plan {
+            status: crate::crd::TrainingJobStatus::default(),
+            actions: Vec::new(),
+            events: Vec::new(),
+            requeue_at: None,
+            restart: None,
+            creates_attempt: None,
+            announcement: None,
+            checkpoint_request: Some(0),
+            checkpoint_withdrawal: None,
+            steps_lost: None,
+            decided_by: crate::plan::PhaseName::TerminationNotice,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_round_that_asks_for_a_checkpoint_goes_before_status_writes_that_waited_longer() {
+        let asking = asking_for_a_checkpoint();
+        let (g, _wakes) = gate(1);
+        let held = g.enter(Urgency::Routine, 1).await;
+        let queued = Queued::one_slot_each(
+            &g,
+            [
+                ("status-1", Urgency::Routine),
+                ("status-2", Urgency::Routine),
+                ("checkpoint", Urgency::of(&asking)),
+            ],
+        )
+        .await;
+        assert_eq!(g.counts(), (1, 1, [0, 1, 2]));
+        drop(held);
+        assert_eq!(
+            queued.served().await,
+            vec!["checkpoint", "status-1", "status-2"]
+        );
+        // And it is never parked: only status-only rounds are.
+        assert_eq!(Urgency::of(&asking), Urgency::Urgent);
+        let plain = Plan {
+            checkpoint_request: None,
+            ..asking
+        };
+        assert_eq!(Urgency::of(&plain), Urgency::Routine);
     }
 
     #[tokio::test]
