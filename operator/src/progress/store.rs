@@ -50,7 +50,8 @@ pub struct JobProgress {
     pub attempt: u32,
     /// Each rank that reported in this attempt.
     pub ranks: BTreeMap<u32, RankProgress>,
-    /// The highest `checkpointStep` reported in this attempt.
+    /// The highest `checkpointStep` reported in this attempt, each at or below the step of
+    /// the report that carried it.
     pub checkpoint_step: Option<u64>,
     /// When that checkpoint step was first reported.
     pub checkpoint_at: Option<Timestamp>,
@@ -187,7 +188,9 @@ impl Entry {
                 rank.reported_at = now;
             }
         }
-        if let Some(step) = report.checkpoint_step
+        // A checkpoint past the steps its own report says are done is not one: it neither
+        // counts nor answers a request.
+        if let Some(step) = report.checkpoint_step.filter(|&c| c <= report.step)
             && p.checkpoint_step.is_none_or(|known| step > known)
         {
             p.checkpoint_step = Some(step);
@@ -702,5 +705,78 @@ mod tests {
         store.record("ns", "j", "new", &report(0, 0, 1), at(3));
         let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!((p.job_uid.as_str(), p.step()), ("new", Some(1)));
+    }
+
+    #[test]
+    fn only_a_checkpoint_at_or_below_the_step_of_its_own_report_answers_a_request() {
+        let store = ProgressStore::default();
+        store.record("ns", "j", "u", &report(0, 0, 180), at(0));
+        store.record("ns", "j", "u", &report(1, 0, 200), at(0));
+        store.request_checkpoint("ns", "j", 0);
+        // Rank 0 is at step 180 and claims a checkpoint at 250: steps it has not done.
+        let ahead = Report {
+            checkpoint_step: Some(250),
+            ..report(0, 0, 180)
+        };
+        let answer = store.record("ns", "j", "u", &ahead, at(1));
+        assert!(answer.checkpoint, "still asked for");
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!(
+            (
+                p.checkpoint_step,
+                p.checkpoint_requested,
+                p.checkpoint_saved_on_request
+            ),
+            (None, Some(200), None),
+            "not recorded, not an answer"
+        );
+        // Saved at step 205 and reported at 205: the answer.
+        let saved = Report {
+            checkpoint_step: Some(205),
+            ..report(0, 0, 205)
+        };
+        assert!(!store.record("ns", "j", "u", &saved, at(2)).checkpoint);
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!(p.checkpoint_saved_on_request, Some(205));
+    }
+
+    #[test]
+    fn a_withdrawn_request_is_made_anew_at_the_step_reached_since() {
+        let store = ProgressStore::default();
+        let saved = Report {
+            checkpoint_step: Some(40),
+            ..report(0, 0, 40)
+        };
+        store.record("ns", "j", "u", &saved, at(0));
+        store.request_checkpoint("ns", "j", 0);
+        assert_eq!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .checkpoint_saved_on_request,
+            Some(40)
+        );
+        store.withdraw_checkpoint_request("ns", "j", 1);
+        assert!(
+            store
+                .snapshot("ns", "j")
+                .expect("reported")
+                .checkpoint_saved_on_request
+                .is_some(),
+            "another attempt's withdrawal changes nothing"
+        );
+        store.withdraw_checkpoint_request("ns", "j", 0);
+        store.record("ns", "j", "u", &report(0, 0, 90), at(5));
+        store.request_checkpoint("ns", "j", 0);
+        let p = store.snapshot("ns", "j").expect("reported");
+        assert_eq!(
+            (p.checkpoint_requested, p.checkpoint_saved_on_request),
+            (Some(90), None)
+        );
+        assert!(
+            store
+                .record("ns", "j", "u", &report(0, 0, 91), at(6))
+                .checkpoint
+        );
     }
 }
