@@ -196,7 +196,7 @@ kubectl get tj "$job" "$baseline"
 sleep 2 # the last status.progress
 kill "$sampler_pid" 2>/dev/null || true
 say "Training step over time, as the operator recorded it"
-python3 "$HERE/plot_progress.py" "$samples" "$marks" "$picture"
+/usr/bin/python3 "$HERE/plot_progress.py" "$samples" "$marks" "$picture"
 
 say "Bringing the spot node back"
 bash "$HERE/cluster/node2.sh" start

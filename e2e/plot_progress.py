@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws what `make demo` showed: training step over wall time for the preempted job and its
 uninterrupted twin, from the progress the operator recorded (status.progress, sampled once a
 second by e2e/demo.sh), with the node loss, the operator's restart decision and the next
@@ -36,7 +36,7 @@ def read_marks(path):
             t, _, label = line.strip().partition(" ")
             if t:
                 marks.append((float(t), label))
-    return marks
+    return sorted(marks)
 
 
 def main(samples_path, marks_path, out):
