@@ -1,4 +1,5 @@
-//! Where the workers may run: GPU product, memory, CUDA and compute capability, and spot.
+//! Where the workers may run: GPU product, memory, CUDA and compute capability, spot, and
+//! never a node that carries a termination notice.
 //!
 //! Node affinity semantics shape this module: `nodeSelectorTerms` are ORed, the expressions
 //! inside a term are ANDed, and `Gt` takes a single integer. So "CUDA >= 12.4" becomes
@@ -115,7 +116,7 @@ fn node_fits(
     mode: SpotMode,
     node: &Node,
 ) -> Option<NodeFacts> {
-    if !nodes::is_schedulable(node) {
+    if !nodes::is_schedulable(node) || noticed(config, node) {
         return None;
     }
     let gpu = &job.spec.gpu;
@@ -157,6 +158,24 @@ fn node_fits(
         _ => {}
     }
     Some(NodeFacts { product, spot })
+}
+
+/// Whether the node carries a termination notice (a taint of the provider table): it is
+/// going away, so no new pod may go there, even one whose template tolerates every taint.
+fn noticed(config: &OperatorConfig, node: &Node) -> bool {
+    nodes::termination_taint(node, &config.termination_taints).is_some()
+}
+
+/// The names of the nodes that carry a termination notice, sorted.
+fn noticed_nodes(config: &OperatorConfig, nodes_: &[&Node]) -> Vec<String> {
+    let mut names: Vec<String> = nodes_
+        .iter()
+        .filter(|n| noticed(config, n))
+        .map(|n| nodes::name(n).to_owned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// What the cluster offers, for the Unschedulable message.
@@ -245,9 +264,14 @@ pub fn place(
         .iter()
         .filter_map(|n| node_fits(job, config, mode, n))
         .collect();
+    let avoided = noticed_nodes(config, nodes_);
     let unschedulable = fitting.is_empty().then(|| {
+        let noticed = match avoided.is_empty() {
+            true => String::new(),
+            false => format!(" (nodes with a termination notice excepted: {})", avoided.join(", ")),
+        };
         format!(
-            "no Ready node offers {}; {}; the workers wait Pending for a node that does (a cluster autoscaler can add one)",
+            "no Ready node offers {}{noticed}; {}; the workers wait Pending for a node that does (a cluster autoscaler can add one)",
             wants(job, mode),
             cluster_summary(job, config, nodes_)
         )
@@ -259,7 +283,7 @@ pub fn place(
     } else {
         None
     };
-    let required = required_terms(job, config, mode, pinned.as_ref());
+    let required = required_terms(job, config, mode, pinned.as_ref(), &avoided);
     let preferred = preferred_terms(config, mode);
     let node_affinity = (required.is_some() || !preferred.is_empty()).then(|| NodeAffinity {
         required_during_scheduling_ignored_during_execution: required,
@@ -317,12 +341,14 @@ fn cheapest_offer(
 }
 
 /// The required node selector: the product (pinned, or the allowed ones), GPU memory, spot
-/// labels by mode, and CUDA and compute minimums.
+/// labels by mode, CUDA and compute minimums, and, in every term, none of the `avoided`
+/// nodes (a `metadata.name NotIn` field, which no toleration of the template overrides).
 fn required_terms(
     job: &ValidJob,
     config: &OperatorConfig,
     mode: SpotMode,
     pinned: Option<&(String, f64, bool)>,
+    avoided: &[String],
 ) -> Option<NodeSelector> {
     let gpu = &job.spec.gpu;
     let mut common = Vec::new();
@@ -374,16 +400,21 @@ fn required_terms(
             &at_least(nodes::LABEL_COMPUTE_MAJOR, nodes::LABEL_COMPUTE_MINOR, min),
         );
     }
-    terms.iter().any(|t| !t.is_empty()).then(|| NodeSelector {
+    let fields =
+        (!avoided.is_empty()).then(|| vec![req(NODE_NAME_FIELD, "NotIn", avoided.to_vec())]);
+    (fields.is_some() || terms.iter().any(|t| !t.is_empty())).then(|| NodeSelector {
         node_selector_terms: terms
             .into_iter()
             .map(|t| NodeSelectorTerm {
-                match_expressions: Some(t),
-                match_fields: None,
+                match_expressions: (!t.is_empty()).then_some(t),
+                match_fields: fields.clone(),
             })
             .collect(),
     })
 }
+
+/// The one field a node selector term may match on: the node's name.
+const NODE_NAME_FIELD: &str = "metadata.name";
 
 /// Preferred terms: spot nodes, when spot is preferred.
 fn preferred_terms(config: &OperatorConfig, mode: SpotMode) -> Vec<PreferredSchedulingTerm> {
@@ -526,6 +557,78 @@ mod tests {
             vec![vec![expr(LABEL_GPU_PRODUCT, "In", &["Tesla-T4"])]]
         );
         assert!(p.unschedulable.is_none());
+    }
+
+    #[test]
+    fn a_node_with_a_termination_notice_is_no_candidate_and_every_term_excludes_it() {
+        use trainyard_api::spot::KARPENTER_DISRUPTED;
+        let going = node("going")
+            .gpus(4)
+            .product("Tesla-T4")
+            .cuda(12, 4)
+            .taint(KARPENTER_DISRUPTED)
+            .build();
+        let a100 = node("a")
+            .gpus(8)
+            .product("NVIDIA-A100-SXM4-80GB")
+            .cuda(12, 4)
+            .build();
+        let p = place(
+            &job("gpusPerWorker: 4\ngpu: {minCudaVersion: \"12.4\"}\n"),
+            &OperatorConfig::default(),
+            &[&going, &a100],
+            0,
+        );
+        // The T4 is cheaper, but its only node is going away.
+        assert_eq!(
+            p.selected.as_ref().map(|s| s.product.as_str()),
+            Some("NVIDIA-A100-SXM4-80GB")
+        );
+        let required = p
+            .node_affinity
+            .as_ref()
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .clone()
+            })
+            .expect("required");
+        assert_eq!(required.node_selector_terms.len(), 2, "the CUDA OR-terms");
+        for term in &required.node_selector_terms {
+            assert_eq!(
+                term.match_fields,
+                Some(vec![req(
+                    "metadata.name",
+                    "NotIn",
+                    vec!["going".to_owned()]
+                )])
+            );
+        }
+        // Alone, it leaves the job unschedulable, and says why.
+        let p = place(
+            &job("gpusPerWorker: 4\n"),
+            &OperatorConfig::default(),
+            &[&going],
+            0,
+        );
+        let why = p.unschedulable.expect("unschedulable");
+        assert!(why.contains("termination notice excepted: going"), "{why}");
+        // With no notice, no field term.
+        let p = place(
+            &job("gpusPerWorker: 4\n"),
+            &OperatorConfig::default(),
+            &[&a100],
+            0,
+        );
+        let required = p
+            .node_affinity
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+            .expect("required");
+        assert!(
+            required
+                .node_selector_terms
+                .iter()
+                .all(|t| t.match_fields.is_none())
+        );
     }
 
     #[test]

@@ -2333,3 +2333,65 @@ fn a_second_notice_in_the_same_attempt_asks_for_a_new_checkpoint() {
     let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
     assert!(detail.contains("checkpoint at step 500"), "{detail}");
 }
+
+/// For each required node selector term of `pod`, the node names it excludes.
+fn node_names_excluded(pod: &Pod) -> Vec<Vec<String>> {
+    let required = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
+    required
+        .map(|r| {
+            r.node_selector_terms
+                .iter()
+                .map(|t| {
+                    t.match_fields
+                        .iter()
+                        .flatten()
+                        .filter(|f| f.key == "metadata.name" && f.operator == "NotIn")
+                        .flat_map(|f| f.values.clone().unwrap_or_default())
+                        .collect()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_attempt_after_a_termination_notice_avoids_the_noticed_node() {
+    // A template that tolerates every taint, the termination notice's too.
+    let mut w = World::running_world(
+        "workers: 2\ngpu: {products: [Tesla-T4]}\ntemplate:\n  spec:\n    tolerations: [{operator: Exists}]\n    containers: [{name: trainer, image: busybox}]\n",
+    )
+    .with_worker_1_on_n2();
+    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+    w.step();
+    notice_on_n2(&mut w, true);
+    assert_eq!(w.step().checkpoint_request, Some(0));
+    let p = w.progress.as_mut().expect("progress");
+    p.checkpoint = Some((42, w.now));
+    p.checkpoint_saved_on_request = Some(42);
+    assert_eq!(w.step().restart, Some(RestartReason::Preemption));
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 2);
+    for pod in created {
+        let excluded = node_names_excluded(pod);
+        assert!(
+            !excluded.is_empty() && excluded.iter().all(|names| names == &["n-2"]),
+            "every required term keeps the pod off n-2: {excluded:?}"
+        );
+    }
+    // Once the notice is gone, nothing is avoided.
+    notice_on_n2(&mut w, false);
+    w.pods.clear();
+    w.status.workers.clear();
+    let plan = w.step();
+    assert_eq!(World::creates(&plan).len(), 2);
+    for pod in World::creates(&plan) {
+        assert!(node_names_excluded(pod).iter().all(Vec::is_empty));
+    }
+}
