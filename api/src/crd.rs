@@ -482,7 +482,8 @@ pub struct ProgressStatus {
     #[schemars(range(min = 0, max = MAX_STEP))]
     pub steps_lost: Option<u64>,
     /// When the operator asked the trainers for a checkpoint (a termination notice on a
-    /// worker's node), if it did in this attempt.
+    /// worker's node) while that notice stands in this attempt; cleared when the notice goes,
+    /// so that a later notice asks for a new checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_requested_time: Option<Time>,
 }
