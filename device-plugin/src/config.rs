@@ -16,6 +16,9 @@ use crate::liveness::LivenessLimits;
 
 /// Default of `--label-check-interval`.
 pub const DEFAULT_LABEL_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+/// Default of `--gpu-call-timeout`: NVML answers in milliseconds on a GPU
+/// in persistence mode; ten seconds is a GPU that does not answer.
+pub const DEFAULT_GPU_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Invalid combinations or values of flags.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,17 +43,20 @@ pub enum ConfigError {
         /// What was given.
         value: String,
     },
-    /// `--probe-stall-limit` would call a probe loop that is only between
-    /// rounds hung.
+    /// `--probe-stall-limit` would call a probe loop hung that is only
+    /// between rounds, or waiting out the deadline of a GPU that hangs.
     #[error(
-        "--probe-stall-limit {limit:?} must be at least twice --probe-interval {interval:?}, \
-         or a healthy plugin waiting for its next round would be restarted"
+        "--probe-stall-limit {limit:?} must be at least twice --probe-interval {interval:?} plus \
+         --gpu-call-timeout {call_timeout:?}, or a healthy plugin waiting for its next round, or \
+         for a GPU whose call hangs, would be restarted"
     )]
     StallLimitTooShort {
         /// `--probe-stall-limit`.
         limit: Duration,
         /// `--probe-interval`.
         interval: Duration,
+        /// `--gpu-call-timeout`.
+        call_timeout: Duration,
     },
     /// `--ignored-xids` has a non-number.
     #[error("--ignored-xids: {0:?} is not an XID number")]
@@ -169,7 +175,11 @@ pub struct RunArgs {
     /// How often every GPU is probed.
     #[arg(long, default_value = "5s", env = "TRAINYARD_PROBE_INTERVAL")]
     pub probe_interval: String,
-    /// /healthz fails once no probe round has completed for this long (a hung NVML call).
+    /// How long one backend call to a GPU (its check, or a telemetry sample) may
+    /// take; a GPU whose call takes longer is marked Unhealthy.
+    #[arg(long, default_value = "10s", env = "TRAINYARD_GPU_CALL_TIMEOUT")]
+    pub gpu_call_timeout: String,
+    /// /healthz fails once no probe round has completed for this long (the probe loop is stuck).
     #[arg(long, default_value = "1m", env = "TRAINYARD_PROBE_STALL_LIMIT")]
     pub probe_stall_limit: String,
     /// /healthz fails once the plugin has not been registered with the kubelet for this long.
@@ -293,6 +303,8 @@ pub struct RunConfig {
     pub health: HealthPolicy,
     /// How often every GPU is probed.
     pub probe_interval: Duration,
+    /// Deadline of one backend call to a GPU.
+    pub gpu_call_timeout: Duration,
     /// When `/healthz` fails.
     pub liveness: LivenessLimits,
     /// How often the node is checked for missing labels.
@@ -315,6 +327,7 @@ impl RunConfig {
             metrics_interval: Duration::from_secs(10),
             health: HealthPolicy::default(),
             probe_interval: Duration::from_secs(5),
+            gpu_call_timeout: DEFAULT_GPU_CALL_TIMEOUT,
             liveness: LivenessLimits::default(),
             label_check_interval: DEFAULT_LABEL_CHECK_INTERVAL,
             label_writer: LabelWriter::InProcess,
@@ -366,14 +379,18 @@ impl TryFrom<RunArgs> for RunConfig {
         };
         let metrics_interval = duration("--metrics-interval", &args.metrics_interval)?;
         let probe_interval = duration("--probe-interval", &args.probe_interval)?;
+        let gpu_call_timeout = duration("--gpu-call-timeout", &args.gpu_call_timeout)?;
         let liveness = LivenessLimits {
             unregistered_grace: duration("--unregistered-grace", &args.unregistered_grace)?,
             probe_stall_limit: duration("--probe-stall-limit", &args.probe_stall_limit)?,
         };
-        if liveness.probe_stall_limit < probe_interval * 2 {
+        // Between two completed rounds: the interval, an inventory re-read
+        // and the round's checks, each of the last two bounded by the deadline.
+        if liveness.probe_stall_limit < (probe_interval + gpu_call_timeout) * 2 {
             return Err(ConfigError::StallLimitTooShort {
                 limit: liveness.probe_stall_limit,
                 interval: probe_interval,
+                call_timeout: gpu_call_timeout,
             });
         }
         let label_check_interval = duration("--label-check-interval", &args.label_check_interval)?;
@@ -402,6 +419,7 @@ impl TryFrom<RunArgs> for RunConfig {
                 ..HealthPolicy::default()
             },
             probe_interval,
+            gpu_call_timeout,
             liveness,
             label_check_interval,
             label_writer: LabelWriter::InProcess,
@@ -448,6 +466,7 @@ mod tests {
         );
         assert_eq!(c.socket_name(), "trainyard-nvidia-com-gpu.sock");
         assert_eq!(c.probe_interval, Duration::from_secs(5));
+        assert_eq!(c.gpu_call_timeout, Duration::from_secs(10));
         assert_eq!(c.liveness, LivenessLimits::default());
         assert_eq!(c.liveness.probe_stall_limit, Duration::from_secs(60));
         assert_eq!(c.liveness.unregistered_grace, Duration::from_secs(120));
@@ -455,10 +474,12 @@ mod tests {
     }
 
     #[test]
-    fn liveness_bounds_are_flags_and_a_stall_limit_must_outlast_two_probe_intervals() {
+    fn liveness_bounds_are_flags_and_a_stall_limit_must_outlast_two_rounds_with_a_hung_gpu() {
         let c = run_args(&[
             "--probe-interval",
             "200ms",
+            "--gpu-call-timeout",
+            "500ms",
             "--probe-stall-limit",
             "2s",
             "--unregistered-grace",
@@ -468,13 +489,19 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.probe_interval, Duration::from_millis(200));
+        assert_eq!(c.gpu_call_timeout, Duration::from_millis(500));
         assert_eq!(c.liveness.probe_stall_limit, Duration::from_secs(2));
         assert_eq!(c.liveness.unregistered_grace, Duration::from_secs(3));
         assert_eq!(c.label_check_interval, Duration::from_secs(1));
         let short =
             run_args(&["--probe-interval", "10s", "--probe-stall-limit", "15s"]).unwrap_err();
         assert!(short.contains("--probe-stall-limit"), "{short}");
+        // Two intervals alone fit, but not with the default deadline of a hung GPU.
+        let short =
+            run_args(&["--probe-interval", "10s", "--probe-stall-limit", "30s"]).unwrap_err();
+        assert!(short.contains("--gpu-call-timeout"), "{short}");
         for flag in [
+            "--gpu-call-timeout",
             "--probe-interval",
             "--probe-stall-limit",
             "--unregistered-grace",

@@ -8,7 +8,15 @@
 //! - A fault that only a GPU reset repairs (XID 79, 48, 74, ..., see
 //!   [`DEFAULT_RESET_XIDS`], and NVML `GpuLost`/`ResetRequired`) also needs
 //!   evidence of that reset ([`ResetCheck`]): a GPU that merely answers a
-//!   memory query again has not been shown to be repaired.
+//!   memory query again has not been shown to be repaired. The reset is shown
+//!   by a *change*: a reset the backend counted since the fault, or a state
+//!   seen after the fault (the GPU lost, a row remap pending, a recovery
+//!   action asked) that has cleared. Evidence that merely reads clean, as it
+//!   already did when the fault happened, shows nothing.
+//! - A GPU whose evidence says it owes a reset (a pending row remap or page
+//!   retirement, a failed remap, a recovery action the driver asks for) is
+//!   Unhealthy whatever else is known, so a plugin that starts on a node
+//!   where a reset is still owed never advertises that GPU as usable.
 //! - An error that cannot be tied to one GPU is logged and never marks every
 //!   GPU unhealthy, and a GPU that cannot be read is one unhealthy GPU, not
 //!   a reason to stop serving the others.
@@ -121,6 +129,9 @@ pub enum Unmet {
     },
     /// No query that could tell is supported by this GPU or driver.
     CannotTell,
+    /// Nothing read since the fault differs from what a GPU that was never
+    /// reset shows: no reset counted, nothing seen pending has cleared.
+    NoChange,
 }
 
 impl fmt::Display for Unmet {
@@ -135,6 +146,9 @@ impl fmt::Display for Unmet {
                 write!(f, "{active} of {expected} NVLink lanes are up")
             }
             Self::CannotTell => f.write_str("no query on this GPU can show a reset"),
+            Self::NoChange => f.write_str(
+                "nothing read since the fault shows a reset (none counted, nothing pending cleared)",
+            ),
         }
     }
 }
@@ -174,6 +188,68 @@ impl ResetCheck {
                 }),
                 Some(_) => Ok(()),
             },
+        }
+    }
+}
+
+/// What a GPU's evidence says it still owes, whatever faults were seen or
+/// missed (a plugin that starts after the XID never saw it): a recovery
+/// action the driver asks for, a failed row remap, pages waiting for
+/// retirement or a row remap waiting for a reset. `None` when nothing
+/// readable is owed; a GPU that does not answer is the probe's business.
+pub fn owed_reset(evidence: &ResetEvidence) -> Option<Unmet> {
+    if evidence.reachable.is_err() {
+        return None;
+    }
+    if let Some(action) = evidence.recovery_action
+        && action != RecoveryAction::None
+    {
+        return Some(Unmet::RecoveryAction(action));
+    }
+    if evidence.row_remap_failed == Some(true) {
+        return Some(Unmet::RowRemapFailed);
+    }
+    if evidence.retired_pages_pending == Some(true) {
+        return Some(Unmet::RetiredPagesPending);
+    }
+    if evidence.row_remap_pending == Some(true) {
+        return Some(Unmet::RowRemapPending);
+    }
+    None
+}
+
+/// What has been seen of one GPU since a fault that needs a GPU reset.
+///
+/// Evidence is a snapshot: after XID 62 on a driver without the
+/// recovery-action field it reads clean before any reset. So the reset is
+/// shown only by something a reset changes: the backend's reset count moved
+/// past its value at the fault, or a state seen after the fault that only a
+/// reset (or the driver) clears has cleared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct SinceFault {
+    /// The backend's reset count at the fault: the last one read before it,
+    /// or, when none was, the first one read after it.
+    resets_at_fault: Option<u64>,
+    /// Whether the GPU was seen lost, or owing a reset, after the fault.
+    seen_owed: bool,
+}
+
+impl SinceFault {
+    /// Whether `evidence` shows the reset; the first reading of the reset
+    /// count after the fault becomes the one later readings are compared to.
+    fn shown(&mut self, evidence: &ResetEvidence) -> Result<(), Unmet> {
+        if self.resets_at_fault.is_none() {
+            self.resets_at_fault = evidence.resets;
+        }
+        let counted = matches!(
+            (self.resets_at_fault, evidence.resets),
+            (Some(then), Some(now)) if now > then
+        );
+        match ResetCheck::GpuReset.assess(evidence) {
+            Err(Unmet::CannotTell) if counted => Ok(()),
+            Err(unmet) => Err(unmet),
+            Ok(()) if counted || self.seen_owed => Ok(()),
+            Ok(()) => Err(Unmet::NoChange),
         }
     }
 }
@@ -247,6 +323,9 @@ pub enum ResetVerdict {
     Shown,
     /// These checks are still unmet.
     Pending(Vec<(ResetCheck, Unmet)>),
+    /// The evidence says a reset is owed by a GPU that was not waiting for
+    /// one: it now waits for a GPU reset.
+    Owed(Transition),
 }
 
 /// Health of every GPU of the node.
@@ -254,6 +333,10 @@ pub enum ResetVerdict {
 pub struct HealthTracker {
     policy: HealthPolicy,
     gpus: BTreeMap<String, Health>,
+    /// The last reset count read for each GPU, so a fault knows the count before it.
+    resets: BTreeMap<String, u64>,
+    /// For each GPU that waits for a GPU reset: what has been seen since the fault.
+    since_fault: BTreeMap<String, SinceFault>,
 }
 
 impl HealthTracker {
@@ -262,6 +345,8 @@ impl HealthTracker {
         Self {
             policy,
             gpus: BTreeMap::new(),
+            resets: BTreeMap::new(),
+            since_fault: BTreeMap::new(),
         }
     }
 
@@ -280,6 +365,9 @@ impl HealthTracker {
     pub fn sync<'a>(&mut self, uuids: impl IntoIterator<Item = &'a str>) {
         let wanted: BTreeSet<&str> = uuids.into_iter().collect();
         self.gpus.retain(|uuid, _| wanted.contains(uuid.as_str()));
+        self.resets.retain(|uuid, _| wanted.contains(uuid.as_str()));
+        self.since_fault
+            .retain(|uuid, _| wanted.contains(uuid.as_str()));
         for uuid in wanted {
             self.gpus.entry(uuid.to_string()).or_insert(Health::Healthy);
         }
@@ -294,6 +382,12 @@ impl HealthTracker {
             && let Some(health) = self.gpus.remove(from)
         {
             self.gpus.insert(to.to_string(), health);
+            if let Some(resets) = self.resets.remove(from) {
+                self.resets.insert(to.to_string(), resets);
+            }
+            if let Some(since) = self.since_fault.remove(from) {
+                self.since_fault.insert(to.to_string(), since);
+            }
         }
     }
 
@@ -305,7 +399,10 @@ impl HealthTracker {
         now: Instant,
     ) -> Option<Transition> {
         let health = self.gpus.get_mut(uuid)?;
-        match health {
+        let newly_owed = reset == Some(ResetCheck::GpuReset)
+            && !matches!(health, Health::Unhealthy { awaiting, .. }
+                if awaiting.contains(&ResetCheck::GpuReset));
+        let transition = match health {
             Health::Healthy => {
                 *health = Health::Unhealthy {
                     reason: reason.clone(),
@@ -326,6 +423,25 @@ impl HealthTracker {
                 awaiting.extend(reset);
                 None
             }
+        };
+        if newly_owed {
+            let resets_at_fault = self.resets.get(uuid).copied();
+            self.since_fault.insert(
+                uuid.to_string(),
+                SinceFault {
+                    resets_at_fault,
+                    seen_owed: false,
+                },
+            );
+        }
+        transition
+    }
+
+    /// Records that a GPU waiting for a GPU reset was seen in a state only
+    /// a reset clears (lost, or owing a reset), so clean evidence later is a change.
+    fn witness_owed(&mut self, uuid: &str) {
+        if let Some(since) = self.since_fault.get_mut(uuid) {
+            since.seen_owed = true;
         }
     }
 
@@ -350,7 +466,11 @@ impl HealthTracker {
     /// any reset the error needs is shown).
     pub fn on_fault(&mut self, id: &str, error: &DeviceError, now: Instant) -> Option<Transition> {
         let reset = reset_check_for(error.kind);
-        self.mark_unhealthy(id, format!("cannot be read: {error}"), reset, now)
+        let transition = self.mark_unhealthy(id, format!("cannot be read: {error}"), reset, now);
+        if reset.is_some() {
+            self.witness_owed(id);
+        }
+        transition
     }
 
     /// The GPUs that wait for evidence of a reset.
@@ -364,23 +484,64 @@ impl HealthTracker {
             .collect()
     }
 
-    /// Applies reset evidence gathered for `uuid`: every check it meets is
-    /// no longer awaited.
-    pub fn on_reset_evidence(&mut self, uuid: &str, evidence: &ResetEvidence) -> ResetVerdict {
+    /// Applies reset evidence gathered for `uuid`, healthy or not: evidence
+    /// that owes a reset makes the GPU wait for one, and every check the
+    /// evidence meets is no longer awaited.
+    pub fn on_reset_evidence(
+        &mut self,
+        uuid: &str,
+        evidence: &ResetEvidence,
+        now: Instant,
+    ) -> ResetVerdict {
+        if !self.gpus.contains_key(uuid) {
+            return ResetVerdict::NotAwaiting;
+        }
+        let mut became = None;
+        if let Some(owed) = owed_reset(evidence) {
+            let reason = format!("{owed}; waiting for {}", ResetCheck::GpuReset);
+            became = self.mark_unhealthy(uuid, reason, Some(ResetCheck::GpuReset), now);
+            self.witness_owed(uuid);
+        } else if let Err(e) = &evidence.reachable
+            && reset_check_for(e.kind).is_some()
+        {
+            self.witness_owed(uuid);
+        }
+        let verdict = self.judge_reset(uuid, evidence);
+        if let Some(resets) = evidence.resets {
+            self.resets.insert(uuid.to_string(), resets);
+        }
+        match became {
+            Some(transition) => ResetVerdict::Owed(transition),
+            None => verdict,
+        }
+    }
+
+    /// Drops every awaited check that `evidence` meets.
+    fn judge_reset(&mut self, uuid: &str, evidence: &ResetEvidence) -> ResetVerdict {
         let Some(Health::Unhealthy { awaiting, .. }) = self.gpus.get_mut(uuid) else {
             return ResetVerdict::NotAwaiting;
         };
         if awaiting.is_empty() {
             return ResetVerdict::NotAwaiting;
         }
+        let since = self.since_fault.entry(uuid.to_string()).or_default();
         let mut pending = Vec::new();
-        awaiting.retain(|check| match check.assess(evidence) {
-            Ok(()) => false,
-            Err(unmet) => {
-                pending.push((*check, unmet));
-                true
+        awaiting.retain(|check| {
+            let judged = match check {
+                ResetCheck::GpuReset => since.shown(evidence),
+                ResetCheck::NvlinksUp => check.assess(evidence),
+            };
+            match judged {
+                Ok(()) => false,
+                Err(unmet) => {
+                    pending.push((*check, unmet));
+                    true
+                }
             }
         });
+        if !awaiting.contains(&ResetCheck::GpuReset) {
+            self.since_fault.remove(uuid);
+        }
         if pending.is_empty() {
             ResetVerdict::Shown
         } else {
@@ -398,7 +559,11 @@ impl HealthTracker {
         match outcome {
             ProbeOutcome::Unhealthy(error) => {
                 let reset = reset_check_for(error.kind);
-                self.mark_unhealthy(uuid, error.to_string(), reset, now)
+                let transition = self.mark_unhealthy(uuid, error.to_string(), reset, now);
+                if reset.is_some() {
+                    self.witness_owed(uuid);
+                }
+                transition
             }
             ProbeOutcome::Inconclusive(_) => None,
             ProbeOutcome::Healthy => {
@@ -455,6 +620,15 @@ mod tests {
                 active: 12,
                 expected: 12,
             }),
+            resets: Some(0),
+        }
+    }
+
+    /// `clean()` after the backend counted `n` resets.
+    fn reset_counted(n: u64) -> ResetEvidence {
+        ResetEvidence {
+            resets: Some(n),
+            ..clean()
         }
     }
 
@@ -562,6 +736,8 @@ mod tests {
     fn a_reset_xid_keeps_the_gpu_unhealthy_through_good_probes_past_the_quiet_period() {
         for xid in [48, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140] {
             let (mut t, start) = tracker(30);
+            // The monitor reads every GPU's evidence every round.
+            t.on_reset_evidence("GPU-a", &clean(), start);
             t.on_xid(Some("GPU-a"), xid, start);
             let later = start + Duration::from_secs(3600);
             assert_eq!(
@@ -570,13 +746,221 @@ mod tests {
                 "XID {xid}: a plain probe is no evidence of a reset"
             );
             assert!(!t.health("GPU-a").unwrap().is_healthy(), "XID {xid}");
-            // Evidence of the reset, then a good probe: recovered.
-            assert_eq!(t.on_reset_evidence("GPU-a", &clean()), ResetVerdict::Shown);
+            // Evidence of the reset (a counted reset; NVLinks up after XID 74),
+            // then a good probe: recovered.
+            assert_eq!(
+                t.on_reset_evidence("GPU-a", &reset_counted(1), later),
+                ResetVerdict::Shown,
+                "XID {xid}"
+            );
             assert!(matches!(
                 t.on_probe("GPU-a", &ProbeOutcome::Healthy, later),
                 Some(Transition::Recovered { .. })
             ));
         }
+    }
+
+    #[test]
+    fn clean_evidence_after_a_reset_xid_is_no_reset_until_a_reset_is_counted() {
+        // XID 62/119/120 on a driver without the recovery-action field:
+        // nothing is pending before the reset either.
+        for xid in [62, 119, 120] {
+            let (mut t, now) = tracker(0);
+            // Read every round while healthy: 4 resets counted since start-up.
+            assert_eq!(
+                t.on_reset_evidence("GPU-a", &reset_counted(4), now),
+                ResetVerdict::NotAwaiting
+            );
+            t.on_xid(Some("GPU-a"), xid, now);
+            for _ in 0..3 {
+                assert_eq!(
+                    t.on_reset_evidence("GPU-a", &reset_counted(4), now),
+                    ResetVerdict::Pending(vec![(ResetCheck::GpuReset, Unmet::NoChange)]),
+                    "XID {xid}: the first clean reading is no reset"
+                );
+                assert_eq!(t.on_probe("GPU-a", &ProbeOutcome::Healthy, now), None);
+            }
+            assert_eq!(
+                t.on_reset_evidence("GPU-a", &reset_counted(5), now),
+                ResetVerdict::Shown,
+                "XID {xid}"
+            );
+            assert!(matches!(
+                t.on_probe("GPU-a", &ProbeOutcome::Healthy, now),
+                Some(Transition::Recovered { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn with_no_reading_before_the_fault_the_first_one_after_it_is_the_baseline() {
+        let (mut t, now) = tracker(0);
+        t.on_xid(Some("GPU-a"), 119, now);
+        let pending = ResetVerdict::Pending(vec![(ResetCheck::GpuReset, Unmet::NoChange)]);
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &reset_counted(7), now),
+            pending
+        );
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &reset_counted(7), now),
+            pending
+        );
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &reset_counted(8), now),
+            ResetVerdict::Shown
+        );
+        // A backend that counts no resets and finds nothing pending cannot
+        // show one: the GPU stays Unhealthy.
+        let (mut t, now) = tracker(0);
+        t.on_xid(Some("GPU-a"), 62, now);
+        let uncounted = ResetEvidence {
+            resets: None,
+            ..clean()
+        };
+        for _ in 0..3 {
+            assert_eq!(t.on_reset_evidence("GPU-a", &uncounted, now), pending);
+        }
+        // A counted reset with nothing else readable still shows it.
+        let (mut t, now) = tracker(0);
+        t.on_reset_evidence("GPU-a", &reset_counted(0), now);
+        t.on_xid(Some("GPU-a"), 62, now);
+        let only_counted = ResetEvidence {
+            row_remap_pending: None,
+            row_remap_failed: None,
+            ..reset_counted(1)
+        };
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &only_counted, now),
+            ResetVerdict::Shown
+        );
+    }
+
+    #[test]
+    fn evidence_that_owes_a_reset_makes_a_healthy_gpu_unhealthy_until_it_clears() {
+        type Edit = fn(&mut ResetEvidence);
+        let owed: [(&str, Edit, Unmet); 5] = [
+            (
+                "row remap pending",
+                |e| e.row_remap_pending = Some(true),
+                Unmet::RowRemapPending,
+            ),
+            (
+                "pages pending retirement",
+                |e| e.retired_pages_pending = Some(true),
+                Unmet::RetiredPagesPending,
+            ),
+            (
+                "row remap failed",
+                |e| e.row_remap_failed = Some(true),
+                Unmet::RowRemapFailed,
+            ),
+            (
+                "the driver asks for a reset",
+                |e| e.recovery_action = Some(RecoveryAction::GpuReset),
+                Unmet::RecoveryAction(RecoveryAction::GpuReset),
+            ),
+            (
+                "the driver asks to drain peer-to-peer work",
+                |e| e.recovery_action = Some(RecoveryAction::DrainP2p),
+                Unmet::RecoveryAction(RecoveryAction::DrainP2p),
+            ),
+        ];
+        for (name, edit, unmet) in owed {
+            let (mut t, now) = tracker(0);
+            let mut evidence = clean();
+            edit(&mut evidence);
+            assert_eq!(owed_reset(&evidence), Some(unmet.clone()), "{name}");
+            assert_eq!(
+                t.on_reset_evidence("GPU-a", &evidence, now),
+                ResetVerdict::Owed(Transition::BecameUnhealthy {
+                    uuid: "GPU-a".into(),
+                    reason: format!("{unmet}; waiting for a GPU reset"),
+                }),
+                "{name}"
+            );
+            assert_eq!(t.awaiting_reset(), vec!["GPU-a".to_string()], "{name}");
+            assert_eq!(t.on_probe("GPU-a", &ProbeOutcome::Healthy, now), None);
+            // Still owed next round: no new transition, still waiting.
+            assert_eq!(
+                t.on_reset_evidence("GPU-a", &evidence, now),
+                ResetVerdict::Pending(vec![(ResetCheck::GpuReset, unmet)]),
+                "{name}"
+            );
+            // Cleared: that change is the reset.
+            assert_eq!(
+                t.on_reset_evidence("GPU-a", &clean(), now),
+                ResetVerdict::Shown,
+                "{name}"
+            );
+            assert!(matches!(
+                t.on_probe("GPU-a", &ProbeOutcome::Healthy, now),
+                Some(Transition::Recovered { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_healthy_gpu_stays_healthy_when_its_evidence_owes_nothing() {
+        // Whatever else reads badly: an unreachable GPU is the probe's
+        // business, NVLink lanes matter only after XID 74.
+        type Owes = fn(&mut ResetEvidence);
+        let fine: [Owes; 4] = [
+            |_| {},
+            |e| e.recovery_action = Some(RecoveryAction::None),
+            |e| e.reachable = Err(error(DeviceErrorKind::GpuLost)),
+            |e| {
+                e.nvlink_lanes = Some(NvlinkLanes {
+                    active: 6,
+                    expected: 12,
+                })
+            },
+        ];
+        for edit in fine {
+            let (mut t, now) = tracker(0);
+            let mut evidence = clean();
+            edit(&mut evidence);
+            assert_eq!(
+                t.on_reset_evidence("GPU-a", &evidence, now),
+                ResetVerdict::NotAwaiting
+            );
+            assert_eq!(t.counts(), (2, 0), "{evidence:?}");
+        }
+    }
+
+    #[test]
+    fn a_gpu_seen_lost_after_the_fault_shows_its_reset_by_reading_clean_again() {
+        let (mut t, now) = tracker(0);
+        t.on_reset_evidence("GPU-a", &clean(), now);
+        t.on_xid(Some("GPU-a"), 79, now);
+        // The probe finds it off the bus, then it answers again with nothing
+        // pending: only a reset brings a lost GPU back.
+        let lost = ProbeOutcome::Unhealthy(error(DeviceErrorKind::GpuLost));
+        t.on_probe("GPU-a", &lost, now);
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &clean(), now),
+            ResetVerdict::Shown
+        );
+        // Seen unreachable by the evidence itself counts the same way.
+        let (mut t, now) = tracker(0);
+        t.on_xid(Some("GPU-a"), 79, now);
+        let unreachable = ResetEvidence::unreachable(error(DeviceErrorKind::GpuLost));
+        assert!(matches!(
+            t.on_reset_evidence("GPU-a", &unreachable, now),
+            ResetVerdict::Pending(_)
+        ));
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &clean(), now),
+            ResetVerdict::Shown
+        );
+        // A transient error is not a lost GPU.
+        let (mut t, now) = tracker(0);
+        t.on_xid(Some("GPU-a"), 79, now);
+        let flaky = ResetEvidence::unreachable(error(DeviceErrorKind::Other));
+        t.on_reset_evidence("GPU-a", &flaky, now);
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &clean(), now),
+            ResetVerdict::Pending(vec![(ResetCheck::GpuReset, Unmet::NoChange)])
+        );
     }
 
     #[test]
@@ -699,12 +1083,15 @@ mod tests {
         let mut evidence = clean();
         evidence.row_remap_pending = Some(true);
         assert_eq!(
-            t.on_reset_evidence("GPU-a", &evidence),
+            t.on_reset_evidence("GPU-a", &evidence, start),
             ResetVerdict::Pending(vec![(ResetCheck::GpuReset, Unmet::RowRemapPending)])
         );
         assert_eq!(t.awaiting_reset(), vec!["GPU-a".to_string()]);
         assert_eq!(t.on_probe("GPU-a", &ProbeOutcome::Healthy, start), None);
-        assert_eq!(t.on_reset_evidence("GPU-a", &clean()), ResetVerdict::Shown);
+        assert_eq!(
+            t.on_reset_evidence("GPU-a", &clean(), start),
+            ResetVerdict::Shown
+        );
         assert!(t.awaiting_reset().is_empty());
         assert!(matches!(
             t.on_probe("GPU-a", &ProbeOutcome::Healthy, start),
@@ -712,7 +1099,7 @@ mod tests {
         ));
         // A healthy GPU waits for nothing.
         assert_eq!(
-            t.on_reset_evidence("GPU-a", &clean()),
+            t.on_reset_evidence("GPU-a", &clean(), start),
             ResetVerdict::NotAwaiting
         );
     }
@@ -761,6 +1148,12 @@ mod tests {
         t.sync(["GPU-d"]);
         assert_eq!(t.awaiting_reset(), vec!["GPU-d".to_string()]);
         assert_eq!(t.on_probe("GPU-d", &ProbeOutcome::Healthy, now), None);
+        // It was seen lost under its stand-in ID: answering clean under its
+        // UUID is a change.
+        assert_eq!(
+            t.on_reset_evidence("GPU-d", &clean(), now),
+            ResetVerdict::Shown
+        );
     }
 
     #[test]

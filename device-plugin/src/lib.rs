@@ -21,6 +21,7 @@ pub mod api {
 
 pub mod allocator;
 pub mod backend;
+pub mod calls;
 pub mod config;
 pub mod devices;
 pub mod health;

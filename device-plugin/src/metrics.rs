@@ -194,6 +194,33 @@ impl GpuFamilies {
     }
 }
 
+/// How the periodic GPU checks go: rounds done, and calls that ran out their deadline.
+struct CheckFamilies {
+    rounds: Counter,
+    call_timeouts: Family<GpuLabels, Counter>,
+}
+
+impl CheckFamilies {
+    fn register(registry: &mut Registry) -> Self {
+        let rounds = registered(
+            registry,
+            "trainyard_device_plugin_probe_rounds",
+            "Probe rounds completed: every GPU answered or ran out its deadline",
+            Counter::default(),
+        );
+        let call_timeouts = registered(
+            registry,
+            "trainyard_gpu_call_timeouts",
+            "Checks of a GPU that did not return within --gpu-call-timeout",
+            Family::<GpuLabels, Counter>::default(),
+        );
+        Self {
+            rounds,
+            call_timeouts,
+        }
+    }
+}
+
 /// All metrics of the plugin.
 pub struct Metrics {
     registry: Registry,
@@ -207,6 +234,7 @@ pub struct Metrics {
     registrations: Family<ResultLabels, Counter>,
     rpc_duration: Family<MethodLabels, Histogram, fn() -> Histogram>,
     xid_events: Family<XidLabels, Counter>,
+    checks: CheckFamilies,
     gpu: GpuFamilies,
     ready: AtomicBool,
     liveness: Liveness,
@@ -263,6 +291,7 @@ impl Metrics {
             "XID errors seen, by GPU and XID (gpu is empty when not tied to one GPU)",
             Family::<XidLabels, Counter>::default(),
         );
+        let checks = CheckFamilies::register(&mut registry);
         let gpu = GpuFamilies::register(&mut registry);
         Self {
             registry,
@@ -274,6 +303,7 @@ impl Metrics {
             registrations,
             rpc_duration,
             xid_events,
+            checks,
             gpu,
             ready: AtomicBool::new(false),
             liveness: Liveness::new(LivenessLimits::default(), Instant::now()),
@@ -301,6 +331,16 @@ impl Metrics {
     }
 
     /// Labels of a GPU whose facts could not be read: its device ID and index.
+    /// The labels of `gpu`, or empty GPU labels when the series is not tied to a known GPU.
+    fn labels_or_unknown(&self, gpu: Option<&GpuInfo>) -> GpuLabels {
+        gpu.map(|g| self.gpu_labels(g)).unwrap_or(GpuLabels {
+            gpu: String::new(),
+            index: String::new(),
+            product: String::new(),
+            node: self.node.clone(),
+        })
+    }
+
     fn fault_labels(&self, fault: &GpuFault) -> GpuLabels {
         GpuLabels {
             gpu: fault.device_id(),
@@ -396,12 +436,7 @@ impl Metrics {
 
     /// Counts one XID event; `gpu` is `None` when it is not tied to one GPU.
     pub fn record_xid(&self, gpu: Option<&GpuInfo>, xid: u64) {
-        let labels = gpu.map(|g| self.gpu_labels(g)).unwrap_or(GpuLabels {
-            gpu: String::new(),
-            index: String::new(),
-            product: String::new(),
-            node: self.node.clone(),
-        });
+        let labels = self.labels_or_unknown(gpu);
         self.xid_events
             .get_or_create(&XidLabels {
                 gpu: labels.gpu,
@@ -411,6 +446,18 @@ impl Metrics {
                 xid: xid.to_string(),
             })
             .inc();
+    }
+
+    /// Counts one completed probe round.
+    pub fn record_probe_round(&self) {
+        self.checks.rounds.inc();
+    }
+
+    /// Counts one check of `gpu` that ran out its deadline (`None`: a GPU
+    /// with no known facts).
+    pub fn record_call_timeout(&self, gpu: Option<&GpuInfo>) {
+        let labels = self.labels_or_unknown(gpu);
+        self.checks.call_timeouts.get_or_create(&labels).inc();
     }
 
     /// Counts one container allocation.
@@ -646,8 +693,13 @@ mod tests {
         m.record_allocation(false, 0);
         m.record_registration(true);
         m.observe_rpc("Allocate", Instant::now());
+        m.record_probe_round();
+        m.record_probe_round();
+        m.record_call_timeout(state().gpu("GPU-1"));
         let text = m.render().unwrap();
         for line in [
+            "trainyard_device_plugin_probe_rounds_total 2",
+            r#"trainyard_gpu_call_timeouts_total{gpu="GPU-1",index="1",product="NVIDIA A100-SXM4-80GB",node="n"} 1"#,
             r#"trainyard_device_plugin_devices{health="healthy"} 1"#,
             r#"trainyard_device_plugin_devices{health="unhealthy"} 1"#,
             r#"trainyard_device_plugin_allocations_total{result="success"} 1"#,

@@ -1,6 +1,11 @@
 //! Background loops that keep the published device state and the telemetry
 //! metrics current: backend events and periodic probes go through the health
 //! state machine; samples are read on the metrics interval.
+//!
+//! Every backend call after start-up goes through [`BoundedCalls`]: each GPU
+//! is checked on its own thread under the call deadline, so a call that
+//! blocks marks its GPU Unhealthy and every other GPU is still checked in
+//! the same round.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::allocator::{AllocationError, Topology};
 use crate::backend::{
-    BackendError, BackendEvent, GpuBackend, Inventory, ProbeOutcome, ResetEvidence, Telemetry,
+    BackendError, BackendEvent, DeviceError, DeviceErrorKind, GpuBackend, Inventory, ProbeOutcome,
+    ResetEvidence, Telemetry,
 };
+use crate::calls::{BoundedCalls, CallError};
 use crate::devices::{DeviceState, StateReceiver};
 use crate::health::{HealthTracker, ResetVerdict, Transition, XidVerdict};
 use crate::metrics::Metrics;
@@ -71,15 +78,32 @@ pub struct Monitor {
     state: watch::Sender<Arc<DeviceState>>,
     metrics: Arc<Metrics>,
     probe_interval: Duration,
+    calls: Arc<BoundedCalls>,
+}
+
+/// Key of the inventory read among the bounded calls.
+const INVENTORY_CALL: &str = "inventory";
+
+/// Key of the check (reset evidence and probe) of one GPU among the bounded calls.
+fn check_call(uuid: &str) -> String {
+    format!("check {uuid}")
+}
+
+/// Key of the telemetry sample of one GPU among the bounded calls.
+fn telemetry_call(uuid: &str) -> String {
+    format!("telemetry {uuid}")
 }
 
 impl Monitor {
-    /// Reads the inventory, probes every GPU once and publishes the first state.
+    /// Reads the inventory, checks every GPU once (so a GPU whose evidence
+    /// says it still owes a reset starts Unhealthy) and publishes the first
+    /// state. Checks, and every backend call after start-up, run under `calls`.
     pub async fn start(
         backend: Arc<dyn GpuBackend>,
         mut tracker: HealthTracker,
         metrics: Arc<Metrics>,
         probe_interval: Duration,
+        calls: Arc<BoundedCalls>,
     ) -> Result<(Self, StateReceiver), MonitorError> {
         let inventory = {
             let backend = Arc::clone(&backend);
@@ -101,6 +125,7 @@ impl Monitor {
             state,
             metrics,
             probe_interval,
+            calls,
         };
         monitor.apply_faults(Instant::now());
         monitor.probe_all().await;
@@ -159,8 +184,9 @@ impl Monitor {
         self.probe_all().await || reloaded
     }
 
-    /// Probes every readable GPU, and gathers reset evidence for those that
-    /// wait for a reset; returns whether any health changed.
+    /// Checks every readable GPU at once, each on its own thread under the
+    /// call deadline: its reset evidence (does it owe a reset, or show the
+    /// one it waits for) and a probe. Returns whether any health changed.
     async fn probe_all(&mut self) -> bool {
         let readable: Vec<String> = self
             .inventory
@@ -169,71 +195,100 @@ impl Monitor {
             .filter(|g| self.inventory.fault(&g.uuid).is_none())
             .map(|g| g.uuid.clone())
             .collect();
-        let awaiting: Vec<String> = self
-            .tracker
-            .awaiting_reset()
-            .into_iter()
-            .filter(|id| readable.contains(id))
-            .collect();
-        let backend = Arc::clone(&self.backend);
-        let gathered = blocking(move || {
-            let evidence: Vec<(String, ResetEvidence)> = awaiting
-                .into_iter()
-                .map(|uuid| {
-                    let evidence = backend.reset_evidence(&uuid);
-                    (uuid, evidence)
-                })
-                .collect();
-            let outcomes: Vec<(String, ProbeOutcome)> = readable
-                .into_iter()
-                .map(|uuid| {
-                    let outcome = backend.probe(&uuid);
-                    (uuid, outcome)
-                })
-                .collect();
-            (evidence, outcomes)
-        })
-        .await;
-        // The loop came back from the backend, whatever it said: not hung.
+        let checks = readable.into_iter().map(|uuid| {
+            let backend = Arc::clone(&self.backend);
+            let calls = Arc::clone(&self.calls);
+            async move {
+                let id = uuid.clone();
+                let checked = calls
+                    .call(&check_call(&uuid), move || {
+                        (backend.reset_evidence(&id), backend.probe(&id))
+                    })
+                    .await;
+                (uuid, checked)
+            }
+        });
+        let checked = futures::future::join_all(checks).await;
+        // Every GPU answered or ran out its deadline: the round is done.
         self.metrics.liveness().probe_round_done();
-        let (evidence, outcomes) = match gathered {
-            Ok(gathered) => gathered,
-            Err(e) => {
-                tracing::warn!(error = %e, "probe failed; health unchanged");
-                return false;
-            }
-        };
-        for (uuid, evidence) in evidence {
-            match self.tracker.on_reset_evidence(&uuid, &evidence) {
-                ResetVerdict::Shown => {
-                    tracing::info!(gpu = %uuid, "GPU shows the reset it waited for");
-                }
-                ResetVerdict::Pending(unmet) => {
-                    for (check, why) in unmet {
-                        tracing::debug!(gpu = %uuid, %check, %why, "GPU still waits for a reset");
-                    }
-                }
-                ResetVerdict::NotAwaiting => {}
-            }
-        }
+        self.metrics.record_probe_round();
         let now = Instant::now();
         let mut changed = false;
-        for (uuid, outcome) in outcomes {
-            if let ProbeOutcome::Inconclusive(reason) = &outcome {
-                tracing::debug!(gpu = %uuid, %reason, "inconclusive probe");
-            }
-            if let Some(t) = self.tracker.on_probe(&uuid, &outcome, now) {
-                Self::log_transition(&t);
-                changed = true;
-            }
+        for (uuid, result) in checked {
+            let gpu_changed = match result {
+                Ok((evidence, outcome)) => {
+                    let owed = self.apply_evidence(&uuid, &evidence, now);
+                    self.apply_probe(&uuid, &outcome, now) || owed
+                }
+                Err(error) => self.apply_failed_check(&uuid, &error, now),
+            };
+            changed |= gpu_changed;
         }
         changed
+    }
+
+    /// Applies one GPU's reset evidence; returns whether its health changed.
+    fn apply_evidence(&mut self, uuid: &str, evidence: &ResetEvidence, now: Instant) -> bool {
+        match self.tracker.on_reset_evidence(uuid, evidence, now) {
+            ResetVerdict::Owed(t) => {
+                Self::log_transition(&t);
+                true
+            }
+            ResetVerdict::Shown => {
+                tracing::info!(gpu = %uuid, "GPU shows the reset it waited for");
+                false
+            }
+            ResetVerdict::Pending(unmet) => {
+                for (check, why) in unmet {
+                    tracing::debug!(gpu = %uuid, %check, %why, "GPU still waits for a reset");
+                }
+                false
+            }
+            ResetVerdict::NotAwaiting => false,
+        }
+    }
+
+    /// Applies one GPU's probe outcome; returns whether its health changed.
+    fn apply_probe(&mut self, uuid: &str, outcome: &ProbeOutcome, now: Instant) -> bool {
+        if let ProbeOutcome::Inconclusive(reason) = outcome {
+            tracing::debug!(gpu = %uuid, %reason, "inconclusive probe");
+        }
+        match self.tracker.on_probe(uuid, outcome, now) {
+            Some(t) => {
+                Self::log_transition(&t);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Applies a check that gave no answer: a GPU whose call blocks past the
+    /// deadline (or still blocks from an earlier round) cannot be vouched
+    /// for and is Unhealthy; any other failure says nothing about the GPU.
+    fn apply_failed_check(&mut self, uuid: &str, error: &CallError, now: Instant) -> bool {
+        if !error.is_blocked() {
+            tracing::warn!(gpu = %uuid, %error, "GPU check failed; health unchanged");
+            return false;
+        }
+        if matches!(error, CallError::TimedOut(_)) {
+            let gpu = self.inventory.gpus.iter().find(|g| g.uuid == uuid);
+            self.metrics.record_call_timeout(gpu);
+        }
+        let outcome = ProbeOutcome::Unhealthy(DeviceError {
+            kind: DeviceErrorKind::Other,
+            detail: format!(
+                "the {} check of this GPU {error} (--gpu-call-timeout)",
+                self.backend.name()
+            ),
+        });
+        self.apply_probe(uuid, &outcome, now)
     }
 
     /// Reads the inventory again; returns whether anything published changed.
     async fn reload_inventory(&mut self) -> bool {
         let backend = Arc::clone(&self.backend);
-        let inventory = match blocking(move || backend.inventory()).await {
+        let read = self.calls.call(INVENTORY_CALL, move || backend.inventory());
+        let inventory = match read.await {
             Ok(Ok(inventory)) => inventory,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "cannot re-read GPUs; keeping the last inventory");
@@ -328,12 +383,14 @@ impl Monitor {
 }
 
 /// Samples telemetry every `interval` (and when the device state changes)
-/// into the per-GPU metrics, until `shutdown`.
+/// into the per-GPU metrics, until `shutdown`. Each GPU is sampled on its
+/// own thread under `calls`, so a GPU whose call blocks only misses its sample.
 pub async fn run_telemetry(
     backend: Arc<dyn GpuBackend>,
     mut state: StateReceiver,
     metrics: Arc<Metrics>,
     interval: Duration,
+    calls: Arc<BoundedCalls>,
     shutdown: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(interval);
@@ -353,42 +410,56 @@ pub async fn run_telemetry(
             .filter(|g| snapshot.inventory.fault(&g.uuid).is_none())
             .map(|g| g.uuid.clone())
             .collect();
-        let backend = Arc::clone(&backend);
-        let samples = tokio::task::spawn_blocking(move || {
-            uuids
-                .into_iter()
-                .filter_map(|uuid| match backend.telemetry(&uuid) {
-                    Ok(t) => Some((uuid, t)),
+        let samples = uuids.into_iter().map(|uuid| {
+            let backend = Arc::clone(&backend);
+            let calls = Arc::clone(&calls);
+            async move {
+                let id = uuid.clone();
+                let sampled = calls
+                    .call(&telemetry_call(&uuid), move || backend.telemetry(&id))
+                    .await;
+                match sampled {
+                    Ok(Ok(t)) => Some((uuid, t)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(gpu = %uuid, error = %e, "no telemetry sample");
+                        None
+                    }
                     Err(e) => {
                         tracing::debug!(gpu = %uuid, error = %e, "no telemetry sample");
                         None
                     }
-                })
-                .collect::<Vec<(String, Telemetry)>>()
-        })
-        .await;
-        match samples {
-            Ok(samples) => metrics.record_telemetry(&snapshot, &samples),
-            Err(e) => tracing::warn!(error = %e, "telemetry sample failed"),
-        }
+                }
+            }
+        });
+        let samples: Vec<(String, Telemetry)> = futures::future::join_all(samples)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        metrics.record_telemetry(&snapshot, &samples);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::sync::Mutex;
 
     use tokio::sync::mpsc::UnboundedSender;
 
     use super::*;
     use crate::backend::{
-        ComputeCapability, DeviceError, DeviceErrorKind, DriverInfo, FailedRead, GpuInfo, KnownGpus,
+        ComputeCapability, DeviceError, DeviceErrorKind, DriverInfo, FailedRead, GpuInfo,
+        KnownGpus, RecoveryAction,
     };
     use crate::health::{HealthPolicy, HealthTracker};
 
     /// How long a test waits for the monitor: a bound on a hang, not a latency claim.
     const HANG_LIMIT: Duration = Duration::from_secs(30);
+    /// The deadline of each check where a test hangs a GPU: short, so the
+    /// test is quick, and still far above what a scripted call that is not
+    /// hung takes. Elsewhere the deadline is `HANG_LIMIT`.
+    const HUNG_CALL_DEADLINE: Duration = Duration::from_secs(1);
 
     fn error(kind: DeviceErrorKind) -> DeviceError {
         DeviceError {
@@ -418,9 +489,28 @@ mod tests {
         probes: Mutex<BTreeMap<String, ProbeOutcome>>,
         /// Read errors by index, and whether the UUID can still be read.
         faults: Mutex<BTreeMap<u32, (DeviceError, bool)>>,
+        /// Reset evidence of every GPU not in `evidence_of`.
         evidence: Mutex<ResetEvidence>,
-        evidence_asked: Mutex<usize>,
+        evidence_of: Mutex<BTreeMap<String, ResetEvidence>>,
+        evidence_asked: Mutex<BTreeMap<String, usize>>,
+        /// GPUs whose probe blocks, as a hung NVML call does, until removed.
+        hung: Mutex<BTreeSet<String>>,
         known: Mutex<KnownGpus>,
+    }
+
+    /// Evidence of a GPU of a driver without the recovery-action field
+    /// (before R555) on which nothing is pending: what a GPU shows after
+    /// XID 62, 119 or 120 whether or not it has been reset.
+    fn clean() -> ResetEvidence {
+        ResetEvidence {
+            reachable: Ok(()),
+            recovery_action: None,
+            retired_pages_pending: None,
+            row_remap_pending: Some(false),
+            row_remap_failed: Some(false),
+            nvlink_lanes: None,
+            resets: Some(0),
+        }
     }
 
     impl ScriptedBackend {
@@ -429,17 +519,33 @@ mod tests {
                 gpus,
                 probes: Mutex::new(probes),
                 faults: Mutex::default(),
-                evidence: Mutex::new(ResetEvidence {
-                    reachable: Ok(()),
-                    recovery_action: None,
-                    retired_pages_pending: None,
-                    row_remap_pending: Some(false),
-                    row_remap_failed: Some(false),
-                    nvlink_lanes: None,
-                }),
-                evidence_asked: Mutex::new(0),
+                evidence: Mutex::new(clean()),
+                evidence_of: Mutex::default(),
+                evidence_asked: Mutex::default(),
+                hung: Mutex::default(),
                 known: Mutex::default(),
             }
+        }
+
+        fn asked(&self, uuid: &str) -> usize {
+            self.evidence_asked
+                .lock()
+                .unwrap()
+                .get(uuid)
+                .copied()
+                .unwrap_or(0)
+        }
+
+        /// Waits until `uuid` has been checked `rounds` more times.
+        async fn checked_again(&self, uuid: &str, rounds: usize) {
+            let target = self.asked(uuid) + rounds;
+            let wait = tokio::time::timeout(HANG_LIMIT, async {
+                while self.asked(uuid) < target {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+            wait.await
+                .unwrap_or_else(|_| panic!("{uuid} was not checked {rounds} more times"));
         }
     }
 
@@ -470,6 +576,9 @@ mod tests {
         }
 
         fn probe(&self, uuid: &str) -> ProbeOutcome {
+            while self.hung.lock().unwrap().contains(uuid) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             self.probes
                 .lock()
                 .unwrap()
@@ -478,9 +587,17 @@ mod tests {
                 .unwrap_or(ProbeOutcome::Healthy)
         }
 
-        fn reset_evidence(&self, _uuid: &str) -> ResetEvidence {
-            *self.evidence_asked.lock().unwrap() += 1;
-            self.evidence.lock().unwrap().clone()
+        fn reset_evidence(&self, uuid: &str) -> ResetEvidence {
+            *self
+                .evidence_asked
+                .lock()
+                .unwrap()
+                .entry(uuid.to_string())
+                .or_default() += 1;
+            match self.evidence_of.lock().unwrap().get(uuid) {
+                Some(evidence) => evidence.clone(),
+                None => self.evidence.lock().unwrap().clone(),
+            }
         }
 
         fn telemetry(&self, _uuid: &str) -> Result<Telemetry, BackendError> {
@@ -506,6 +623,20 @@ mod tests {
         Arc<Metrics>,
         CancellationToken,
     ) {
+        start_with_deadline(backend, probe_interval, HANG_LIMIT).await
+    }
+
+    async fn start_with_deadline(
+        backend: ScriptedBackend,
+        probe_interval: Duration,
+        call_deadline: Duration,
+    ) -> (
+        Arc<ScriptedBackend>,
+        StateReceiver,
+        UnboundedSender<BackendEvent>,
+        Arc<Metrics>,
+        CancellationToken,
+    ) {
         let backend = Arc::new(backend);
         let metrics = Arc::new(Metrics::new("n"));
         let tracker = HealthTracker::new(HealthPolicy {
@@ -517,6 +648,7 @@ mod tests {
             tracker,
             Arc::clone(&metrics),
             probe_interval,
+            Arc::new(BoundedCalls::new(call_deadline)),
         )
         .await
         .unwrap();
@@ -597,9 +729,10 @@ mod tests {
     #[tokio::test]
     async fn inconclusive_probes_keep_health_and_good_probes_recover() {
         let (backend, mut state, tx, _metrics, shutdown) = started(BTreeMap::new()).await;
+        // A critical XID that needs no reset: quiet and a good probe recover.
         tx.send(BackendEvent::Xid {
             uuid: Some("GPU-0".into()),
-            xid: 79,
+            xid: 61,
         })
         .unwrap();
         tokio::time::timeout(HANG_LIMIT, state.wait_for(|s| !s.is_healthy("GPU-0")))
@@ -672,7 +805,15 @@ mod tests {
             .lock()
             .unwrap()
             .insert(1, (error(DeviceErrorKind::GpuLost), false));
-        backend.evidence.lock().unwrap().row_remap_pending = Some(true);
+        let pending = ResetEvidence {
+            row_remap_pending: Some(true),
+            ..clean()
+        };
+        backend
+            .evidence_of
+            .lock()
+            .unwrap()
+            .insert("GPU-1".into(), pending);
         let (backend, mut state, _tx, _metrics, shutdown) =
             start_with(backend, Duration::from_millis(20)).await;
         {
@@ -687,19 +828,117 @@ mod tests {
             s.inventory.device_ids() == ["GPU-0", "GPU-1", "GPU-2"]
         })
         .await;
-        let asked = *backend.evidence_asked.lock().unwrap();
-        let rounds_later = tokio::time::timeout(HANG_LIMIT, async {
-            while *backend.evidence_asked.lock().unwrap() < asked + 3 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        });
-        rounds_later
-            .await
-            .expect("reset evidence is asked every round");
+        backend.checked_again("GPU-1", 3).await;
         assert!(!state.borrow().is_healthy("GPU-1"));
         assert_eq!(state.borrow().health_counts(), (2, 1));
         // The reset happened: nothing pending any more.
-        backend.evidence.lock().unwrap().row_remap_pending = Some(false);
+        backend.evidence_of.lock().unwrap().remove("GPU-1");
+        wait(&mut state, "GPU-1 recovers", |s| {
+            s.health_counts() == (3, 0)
+        })
+        .await;
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_gpu_that_owes_a_reset_at_start_up_is_never_advertised_healthy() {
+        // A restarted plugin on a node where GPU 1's row remap waits for a
+        // reset and the driver asks GPU 2 for one: the XIDs were seen by the
+        // plugin before this one, never by this one.
+        let backend = ScriptedBackend::new(3, BTreeMap::new());
+        backend.evidence_of.lock().unwrap().extend([
+            (
+                "GPU-1".to_string(),
+                ResetEvidence {
+                    row_remap_pending: Some(true),
+                    ..clean()
+                },
+            ),
+            (
+                "GPU-2".to_string(),
+                ResetEvidence {
+                    recovery_action: Some(RecoveryAction::GpuReset),
+                    ..clean()
+                },
+            ),
+        ]);
+        let (backend, mut state, _tx, _metrics, shutdown) =
+            start_with(backend, Duration::from_millis(20)).await;
+        {
+            let first = state.borrow();
+            assert!(first.is_healthy("GPU-0"));
+            assert!(
+                !first.is_healthy("GPU-1"),
+                "the first state already says so"
+            );
+            assert!(!first.is_healthy("GPU-2"));
+        }
+        // Good probes and rounds do not bring them back while the reset is owed.
+        backend.checked_again("GPU-1", 3).await;
+        assert_eq!(state.borrow().health_counts(), (1, 2));
+        // Reset: nothing owed any more, and that is a change from start-up.
+        backend.evidence_of.lock().unwrap().clear();
+        wait(&mut state, "both recover", |s| s.health_counts() == (3, 0)).await;
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_reset_xid_with_nothing_pending_recovers_only_when_a_reset_is_counted() {
+        let (backend, mut state, tx, _metrics, shutdown) = start_with(
+            ScriptedBackend::new(2, BTreeMap::new()),
+            Duration::from_millis(20),
+        )
+        .await;
+        // XID 62 on a driver without the recovery-action field: the evidence
+        // reads as clean as it did before the fault.
+        tx.send(BackendEvent::Xid {
+            uuid: Some("GPU-0".into()),
+            xid: 62,
+        })
+        .unwrap();
+        wait(&mut state, "GPU-0 is unhealthy", |s| !s.is_healthy("GPU-0")).await;
+        backend.checked_again("GPU-0", 3).await;
+        assert!(
+            !state.borrow().is_healthy("GPU-0"),
+            "clean evidence that never changed is no reset"
+        );
+        // The GPU is reset: the backend counts it.
+        backend.evidence_of.lock().unwrap().insert(
+            "GPU-0".into(),
+            ResetEvidence {
+                resets: Some(1),
+                ..clean()
+            },
+        );
+        wait(&mut state, "GPU-0 recovers", |s| {
+            s.health_counts() == (2, 0)
+        })
+        .await;
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_probe_that_blocks_costs_only_its_gpu_and_rounds_go_on() {
+        let backend = ScriptedBackend::new(3, BTreeMap::new());
+        let (backend, mut state, _tx, metrics, shutdown) =
+            start_with_deadline(backend, Duration::from_millis(20), HUNG_CALL_DEADLINE).await;
+        backend.hung.lock().unwrap().insert("GPU-1".into());
+        wait(&mut state, "GPU-1 is unhealthy", |s| !s.is_healthy("GPU-1")).await;
+        // Rounds keep completing, every other GPU is still checked and healthy.
+        backend.checked_again("GPU-0", 3).await;
+        backend.checked_again("GPU-2", 3).await;
+        assert_eq!(state.borrow().health_counts(), (2, 1));
+        assert!(
+            metrics.liveness().check().is_empty(),
+            "the plugin stays live"
+        );
+        let text = metrics.render().unwrap();
+        assert!(
+            text.contains(r#"trainyard_gpu_call_timeouts_total{gpu="GPU-1""#),
+            "{text}"
+        );
+        // The call returns: the GPU answers again and recovers.
+        backend.hung.lock().unwrap().clear();
         wait(&mut state, "GPU-1 recovers", |s| {
             s.health_counts() == (3, 0)
         })

@@ -10,8 +10,9 @@ use crate::allocator::{AllocationError, Topology};
 use crate::backend::fake::FakeBackend;
 use crate::backend::nvml::NvmlBackend;
 use crate::backend::{BackendError, GpuBackend, GpuInfo, ProbeOutcome};
+use crate::calls::BoundedCalls;
 use crate::config::{BackendChoice, RunConfig};
-use crate::health::HealthTracker;
+use crate::health::{HealthTracker, owed_reset};
 use crate::kubelet::{self, KubeletSettings};
 use crate::labels;
 use crate::metrics::{self, Metrics, MetricsError};
@@ -53,11 +54,13 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         Metrics::new(config.node_name.clone().unwrap_or_default()).with_liveness(config.liveness),
     );
     let tracker = HealthTracker::new(config.health.clone());
+    let calls = Arc::new(BoundedCalls::new(config.gpu_call_timeout));
     let (monitor, state) = Monitor::start(
         Arc::clone(&backend),
         tracker,
         Arc::clone(&metrics),
         config.probe_interval,
+        Arc::clone(&calls),
     )
     .await?;
     {
@@ -87,6 +90,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         state.clone(),
         Arc::clone(&metrics),
         config.metrics_interval,
+        calls,
         tasks.clone(),
     )));
     if let Some(node) = config.node_name.clone() {
@@ -199,10 +203,16 @@ pub fn discover(choice: &BackendChoice) -> Result<DiscoverReport, RunError> {
                 Some(fault) => ProbeOutcome::Unhealthy(fault.error.clone()),
                 None => backend.probe(&gpu.uuid),
             };
-            let (health, health_reason) = match probed {
-                ProbeOutcome::Healthy => ("Healthy", None),
-                ProbeOutcome::Unhealthy(error) => ("Unhealthy", Some(error.to_string())),
-                ProbeOutcome::Inconclusive(reason) => ("Unknown", Some(reason)),
+            // As `run` starts: a GPU that owes a reset is not usable, whatever the probe says.
+            let owed = owed_reset(&backend.reset_evidence(&gpu.uuid));
+            let (health, health_reason) = match (probed, owed) {
+                (ProbeOutcome::Unhealthy(error), _) => ("Unhealthy", Some(error.to_string())),
+                (_, Some(owed)) => (
+                    "Unhealthy",
+                    Some(format!("{owed}; waiting for a GPU reset")),
+                ),
+                (ProbeOutcome::Healthy, None) => ("Healthy", None),
+                (ProbeOutcome::Inconclusive(reason), None) => ("Unknown", Some(reason)),
             };
             DiscoveredGpu {
                 info: gpu.clone(),

@@ -369,7 +369,9 @@ async fn metrics_report_every_family_and_follow_file_changes() {
         panic!("metrics mismatch: {missing:#?}\n{text}");
     }
     let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
-    assert_eq!(families, 17, "every metric family is exported:\n{text}");
+    // Every family but `trainyard_gpu_call_timeouts`, which has no series
+    // until a call runs out its deadline.
+    assert_eq!(families, 18, "every metric family is exported:\n{text}");
 
     // A telemetry change in the file shows up in a later scrape.
     ws.rewrite(|t| set_gpu_field(&t, 0, "utilizationPercent", "12"));
@@ -625,8 +627,30 @@ async fn healthz_fails_while_unregistered_past_the_grace_and_recovers_on_registr
     kubelet.stop().await;
 }
 
+fn health_of(devices: &[trainyard_device_plugin::api::Device]) -> Vec<&str> {
+    devices.iter().map(|d| d.health.as_str()).collect()
+}
+
+/// The health list of 8 GPUs where exactly the GPUs at `unhealthy` are Unhealthy.
+fn only_unhealthy(unhealthy: &[usize]) -> Vec<&'static str> {
+    (0..8)
+        .map(|i| {
+            if unhealthy.contains(&i) {
+                "Unhealthy"
+            } else {
+                "Healthy"
+            }
+        })
+        .collect()
+}
+
+fn scraped(port: u16, name_and_labels: &str) -> Option<f64> {
+    http_get(port, "/metrics").and_then(|(_, body)| metric(&body, name_and_labels))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn healthz_fails_while_a_gpu_probe_hangs_and_recovers_when_it_returns() {
+async fn a_gpu_whose_probe_blocks_goes_unhealthy_alone_while_the_others_are_probed_and_healthz_stays_ok()
+ {
     let ws = Workspace::new(&example("fake-gpus-8.yaml"));
     let mut kubelet = FakeKubelet::start(&ws.dir).await;
     let port = free_port();
@@ -639,8 +663,12 @@ async fn healthz_fails_while_a_gpu_probe_hangs_and_recovers_when_it_returns() {
             &addr,
             "--probe-interval",
             "200ms",
+            "--gpu-call-timeout",
+            "1s",
             "--probe-stall-limit",
-            "2s",
+            "3s",
+            "--health-recovery-seconds",
+            "0",
         ],
     );
     kubelet.wait_devices(START_LIMIT, all_healthy).await;
@@ -652,27 +680,115 @@ async fn healthz_fails_while_a_gpu_probe_hangs_and_recovers_when_it_returns() {
 
     // Every probe of GPU 2 now blocks its thread, as a hung NVML call does.
     ws.rewrite(|t| set_gpu_field(&t, 2, "probeDelaySeconds", "3600"));
+    kubelet
+        .wait_devices(HANG_LIMIT, |d| health_of(d) == only_unhealthy(&[2]))
+        .await;
+
+    // Rounds keep completing while the call hangs, so the plugin stays live.
+    let rounds = "trainyard_device_plugin_probe_rounds_total";
+    let before = scraped(port, rounds).expect("the rounds counter is exported");
     assert!(
-        wait_until(Duration::from_secs(20), || healthz(port) == Some(503)).await,
-        "/healthz stayed {:?} while the probe hangs; log:\n{}",
-        http_get(port, "/healthz"),
+        wait_until(HANG_LIMIT, || scraped(port, rounds)
+            .is_some_and(|n| n >= before + 5.0))
+        .await,
+        "probe rounds stopped at {before} while GPU 2 hangs; log:\n{}",
         plugin.log_text()
     );
-    let body = http_get(port, "/healthz").unwrap().1;
-    assert!(body.contains("no GPU probe round completed"), "{body}");
+    assert_eq!(
+        healthz(port),
+        Some(200),
+        "one hung GPU is no reason to restart"
+    );
+    let timeouts = format!(
+        r#"trainyard_gpu_call_timeouts_total{{gpu="{}",index="2",product="NVIDIA A100-SXM4-80GB",node=""}}"#,
+        uuid(2)
+    );
+    assert!(scraped(port, &timeouts).is_some_and(|n| n >= 1.0));
+    assert!(plugin.log_text().contains("did not return within"));
     // The hung call holds neither the other endpoints nor the kubelet's.
     assert_eq!(http_get(port, "/readyz").map(|(s, _)| s), Some(200));
-    assert_eq!(http_get(port, "/metrics").map(|(s, _)| s), Some(200));
     let mut client = plugin_client(&ws.dir).await;
     client.get_device_plugin_options(Empty {}).await.unwrap();
 
-    // The call returns: rounds complete again and the plugin is live.
+    // Every other GPU is still probed: GPU 5 goes bad and recovers meanwhile.
+    ws.rewrite(|t| set_gpu_field(&t, 5, "healthy", "false"));
+    kubelet
+        .wait_devices(HANG_LIMIT, |d| health_of(d) == only_unhealthy(&[2, 5]))
+        .await;
+    ws.rewrite(|t| set_gpu_field(&t, 5, "healthy", "true"));
+    kubelet
+        .wait_devices(HANG_LIMIT, |d| health_of(d) == only_unhealthy(&[2]))
+        .await;
+
+    // The call returns: GPU 2 answers again and recovers.
     ws.rewrite(|t| set_gpu_field(&t, 2, "probeDelaySeconds", "0"));
-    assert!(
-        wait_until(Duration::from_secs(20), || healthz(port) == Some(200)).await,
-        "/healthz did not recover after the probe returned; log:\n{}",
+    kubelet.wait_devices(HANG_LIMIT, all_healthy).await;
+    assert_eq!(healthz(port), Some(200));
+    drop(plugin);
+    kubelet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_plugin_never_advertises_a_gpu_that_still_owes_a_reset() {
+    let ws = Workspace::new(&example("fake-gpus-8.yaml"));
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    let args = ["--health-recovery-seconds", "0"];
+    let plugin = Plugin::start(&ws.dir, &ws.fake_file, &args);
+    kubelet.wait_devices(START_LIMIT, all_healthy).await;
+    // XID 63 on GPU 3 (a row remap recorded, applied at the next reset) and
+    // XID 62 on GPU 6, where the driver asks for a reset.
+    ws.rewrite(|t| {
+        let t = set_gpu_field(&t, 3, "healthy", "false");
+        let t = set_gpu_field(&t, 3, "xid", "63");
+        let t = set_gpu_field(&t, 3, "rowRemapPending", "true");
+        let t = set_gpu_field(&t, 6, "healthy", "false");
+        let t = set_gpu_field(&t, 6, "xid", "62");
+        set_gpu_field(&t, 6, "recoveryAction", "gpu_reset")
+    });
+    kubelet
+        .wait_devices(HANG_LIMIT, |d| health_of(d) == only_unhealthy(&[3, 6]))
+        .await;
+
+    // The plugin is restarted (OOM, rollout) before anyone resets the GPUs;
+    // the XIDs are history, the owed resets are not.
+    drop(plugin);
+    kubelet.stop().await;
+    remove_every_socket(&ws.dir);
+    ws.rewrite(|t| {
+        let t = set_gpu_field(&t, 3, "healthy", "true");
+        set_gpu_field(&t, 6, "healthy", "true")
+    });
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    let plugin = Plugin::start(&ws.dir, &ws.fake_file, &args);
+    let first = kubelet.wait_devices(START_LIMIT, |d| d.len() == 8).await;
+    assert_eq!(
+        health_of(&first),
+        only_unhealthy(&[3, 6]),
+        "the first list after the restart; log:\n{}",
         plugin.log_text()
     );
+    assert!(
+        plugin.log_text().contains("waiting for a GPU reset"),
+        "{}",
+        plugin.log_text()
+    );
+    // discover says the same.
+    let out = std::process::Command::new(BIN)
+        .args(["discover", "--fake-gpus"])
+        .arg(&ws.fake_file)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["gpus"][3]["health"], "Unhealthy", "{report}");
+    assert_eq!(report["gpus"][6]["health"], "Unhealthy", "{report}");
+    assert_eq!(report["gpus"][0]["health"], "Healthy", "{report}");
+
+    // The GPUs are reset: nothing owed any more, and both come back.
+    ws.rewrite(|t| {
+        let t = set_gpu_field(&t, 3, "rowRemapPending", "false");
+        set_gpu_field(&t, 6, "recoveryAction", "none")
+    });
+    kubelet.wait_devices(HANG_LIMIT, all_healthy).await;
     drop(plugin);
     kubelet.stop().await;
 }

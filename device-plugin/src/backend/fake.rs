@@ -512,6 +512,10 @@ pub struct FakeBackend {
     current: Mutex<Arc<FakeNode>>,
     /// As NVML's: a GPU whose `error` is set keeps the facts read before.
     known: Mutex<KnownGpus>,
+    /// Resets counted per GPU: a GPU the file turns from `healthy: false`
+    /// back to `healthy: true` has been repaired, which for the faults the
+    /// fake plays (XID 79 by default) takes a reset.
+    resets: Mutex<BTreeMap<String, u64>>,
 }
 
 impl FakeBackend {
@@ -523,6 +527,7 @@ impl FakeBackend {
             path,
             current: Mutex::new(Arc::new(node)),
             known: Mutex::default(),
+            resets: Mutex::default(),
         })
     }
 
@@ -572,6 +577,7 @@ impl FakeBackend {
             return Ok(Vec::new());
         }
         let mut events = vec![BackendEvent::InventoryChanged];
+        let mut resets = self.resets.lock().unwrap_or_else(PoisonError::into_inner);
         for (uuid, state) in &node.states {
             let was_healthy = current.states.get(uuid).is_none_or(|s| s.healthy);
             if was_healthy && !state.healthy {
@@ -579,6 +585,9 @@ impl FakeBackend {
                     uuid: Some(uuid.clone()),
                     xid: state.xid,
                 });
+            }
+            if !was_healthy && state.healthy {
+                *resets.entry(uuid.clone()).or_default() += 1;
             }
         }
         *current = Arc::new(node);
@@ -656,6 +665,14 @@ impl GpuBackend for FakeBackend {
                 active: reset.nvlink_lanes.saturating_sub(reset.nvlink_lanes_down),
                 expected: reset.nvlink_lanes,
             }),
+            resets: Some(
+                self.resets
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(uuid)
+                    .copied()
+                    .unwrap_or(0),
+            ),
         }
     }
 

@@ -419,6 +419,10 @@ pub struct ResetEvidence {
     pub row_remap_failed: Option<bool>,
     /// NVLink lanes now and before.
     pub nvlink_lanes: Option<NvlinkLanes>,
+    /// How many resets of this GPU the backend has counted since it
+    /// started. It only ever grows, so a higher count than at a fault shows
+    /// a reset even when nothing was pending to clear (XID 62, 119, 120).
+    pub resets: Option<u64>,
 }
 
 impl ResetEvidence {
@@ -431,6 +435,7 @@ impl ResetEvidence {
             row_remap_pending: None,
             row_remap_failed: None,
             nvlink_lanes: None,
+            resets: None,
         }
     }
 }
@@ -550,8 +555,9 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// Checks that one GPU still works.
     fn probe(&self, uuid: &str) -> ProbeOutcome;
 
-    /// Gathers what can tell whether a GPU has been reset since a fault
-    /// that needs one; asked only for GPUs that wait for such a reset.
+    /// Gathers what can tell whether a GPU owes a reset, or has had the one
+    /// a fault needs; asked for every GPU that can be read, every probe round
+    /// and at start-up.
     fn reset_evidence(&self, uuid: &str) -> ResetEvidence;
 
     /// A telemetry sample of one GPU. Fields that cannot be read are `None`.

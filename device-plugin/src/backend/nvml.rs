@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
@@ -45,6 +45,42 @@ pub struct NvmlBackend {
     known: Mutex<KnownGpus>,
     /// The most NVLink lanes seen active at once, by UUID: what "back up" means after XID 74.
     lanes: Mutex<BTreeMap<String, u32>>,
+    /// Readings that start over when a GPU is re-initialised, by UUID, and the resets counted.
+    inits: Mutex<BTreeMap<String, InitReadings>>,
+}
+
+/// Readings of one GPU that only grow while it stays initialised (the
+/// volatile ECC error count, the energy consumed), and the resets counted
+/// from seeing one of them start over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InitReadings {
+    /// Volatile (since initialisation) ECC errors, corrected and uncorrected.
+    pub volatile_ecc: Option<u64>,
+    /// Energy consumed since initialisation, in mJ.
+    pub energy_mj: Option<u64>,
+    /// Resets counted so far.
+    pub resets: u64,
+}
+
+impl InitReadings {
+    /// Takes new readings (`None`: could not be read, the last one is kept)
+    /// and counts a reset when one reads lower than the last. Returns the
+    /// count, or `None` while neither reading has ever been read.
+    pub fn observe(&mut self, volatile_ecc: Option<u64>, energy_mj: Option<u64>) -> Option<u64> {
+        let dropped = |last: Option<u64>, now: Option<u64>| matches!((last, now), (Some(l), Some(n)) if n < l);
+        if dropped(self.volatile_ecc, volatile_ecc) || dropped(self.energy_mj, energy_mj) {
+            self.resets += 1;
+        }
+        self.volatile_ecc = volatile_ecc.or(self.volatile_ecc);
+        self.energy_mj = energy_mj.or(self.energy_mj);
+        (self.volatile_ecc.is_some() || self.energy_mj.is_some()).then_some(self.resets)
+    }
+}
+
+/// The volatile ECC error count of a device, corrected and uncorrected together.
+fn volatile_ecc_errors(device: &Device<'_>) -> Option<u64> {
+    let count = |kind| device.total_ecc_errors(kind, EccCounter::Volatile).ok();
+    Some(count(MemoryError::Corrected)?.saturating_add(count(MemoryError::Uncorrected)?))
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -178,6 +214,7 @@ impl NvmlBackend {
             nvml: Arc::new(nvml),
             known: Mutex::default(),
             lanes: Mutex::default(),
+            inits: Mutex::default(),
         })
     }
 
@@ -389,6 +426,16 @@ impl GpuBackend for NvmlBackend {
             .unwrap_or_else(PoisonError::into_inner)
             .get(uuid)
             .copied();
+        let resets = self
+            .inits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(uuid.to_string())
+            .or_default()
+            .observe(
+                volatile_ecc_errors(&device),
+                device.total_energy_consumption().ok(),
+            );
         ResetEvidence {
             reachable,
             recovery_action: field(0).map(RecoveryAction::from_nvml),
@@ -399,6 +446,7 @@ impl GpuBackend for NvmlBackend {
                 active: nvlink_lanes(&device).0,
                 expected,
             }),
+            resets,
         }
     }
 
@@ -628,6 +676,30 @@ mod tests {
         }
         let e = device_error("memory_info", &NvmlError::GpuLost);
         assert!(e.detail.starts_with("NVML memory_info failed: "), "{e}");
+    }
+
+    #[test]
+    fn a_reset_is_counted_when_a_reading_since_initialisation_starts_over() {
+        let mut r = InitReadings::default();
+        assert_eq!(r.observe(None, None), None, "nothing read: cannot tell");
+        assert_eq!(r.observe(Some(3), Some(1_000)), Some(0));
+        assert_eq!(
+            r.observe(Some(5), Some(9_000)),
+            Some(0),
+            "growing: no reset"
+        );
+        assert_eq!(r.observe(None, None), Some(0), "unreadable: the last stays");
+        assert_eq!(
+            r.observe(Some(0), Some(9_500)),
+            Some(1),
+            "ECC count started over"
+        );
+        assert_eq!(r.observe(Some(0), Some(20)), Some(2), "energy started over");
+        assert_eq!(
+            r.observe(Some(0), Some(20)),
+            Some(2),
+            "the same again: no reset"
+        );
     }
 
     #[test]
