@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
 
 use crate::health::HealthPolicy;
+use crate::kubelet::ClientTimeouts;
 use crate::labels::LabelWriter;
 use crate::liveness::LivenessLimits;
 
@@ -188,6 +189,15 @@ pub struct RunArgs {
     /// How often the node is checked for missing GPU labels (a recreated Node object).
     #[arg(long, default_value = "1m", env = "TRAINYARD_LABEL_CHECK_INTERVAL")]
     pub label_check_interval: String,
+    /// How often the plugin socket sends each client an HTTP/2 PING.
+    #[arg(long, default_value = "30s", env = "TRAINYARD_GRPC_KEEPALIVE_INTERVAL")]
+    pub grpc_keepalive_interval: String,
+    /// A client that leaves a PING unanswered this long is disconnected.
+    #[arg(long, default_value = "10s", env = "TRAINYARD_GRPC_KEEPALIVE_TIMEOUT")]
+    pub grpc_keepalive_timeout: String,
+    /// A connection to the plugin socket with no call open this long is closed.
+    #[arg(long, default_value = "2m", env = "TRAINYARD_GRPC_IDLE_TIMEOUT")]
+    pub grpc_idle_timeout: String,
 }
 
 /// Flags of `discover`.
@@ -309,6 +319,8 @@ pub struct RunConfig {
     pub liveness: LivenessLimits,
     /// How often the node is checked for missing labels.
     pub label_check_interval: Duration,
+    /// When a client's connection to the plugin socket is dropped.
+    pub grpc_clients: ClientTimeouts,
     /// How node labels are written.
     pub label_writer: LabelWriter,
 }
@@ -330,6 +342,7 @@ impl RunConfig {
             gpu_call_timeout: DEFAULT_GPU_CALL_TIMEOUT,
             liveness: LivenessLimits::default(),
             label_check_interval: DEFAULT_LABEL_CHECK_INTERVAL,
+            grpc_clients: ClientTimeouts::default(),
             label_writer: LabelWriter::InProcess,
         }
     }
@@ -394,6 +407,14 @@ impl TryFrom<RunArgs> for RunConfig {
             });
         }
         let label_check_interval = duration("--label-check-interval", &args.label_check_interval)?;
+        let grpc_clients = ClientTimeouts {
+            keepalive_interval: duration(
+                "--grpc-keepalive-interval",
+                &args.grpc_keepalive_interval,
+            )?,
+            keepalive_timeout: duration("--grpc-keepalive-timeout", &args.grpc_keepalive_timeout)?,
+            idle_timeout: duration("--grpc-idle-timeout", &args.grpc_idle_timeout)?,
+        };
         let ignored_xids = args
             .ignored_xids
             .split(',')
@@ -422,6 +443,7 @@ impl TryFrom<RunArgs> for RunConfig {
             gpu_call_timeout,
             liveness,
             label_check_interval,
+            grpc_clients,
             label_writer: LabelWriter::InProcess,
         })
     }
@@ -471,6 +493,39 @@ mod tests {
         assert_eq!(c.liveness.probe_stall_limit, Duration::from_secs(60));
         assert_eq!(c.liveness.unregistered_grace, Duration::from_secs(120));
         assert_eq!(c.label_check_interval, DEFAULT_LABEL_CHECK_INTERVAL);
+        assert_eq!(c.grpc_clients, ClientTimeouts::default());
+        assert_eq!(c.grpc_clients.keepalive_interval, Duration::from_secs(30));
+        assert_eq!(c.grpc_clients.keepalive_timeout, Duration::from_secs(10));
+        assert_eq!(c.grpc_clients.idle_timeout, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn grpc_client_timeouts_are_flags() {
+        let c = run_args(&[
+            "--grpc-keepalive-interval",
+            "1s",
+            "--grpc-keepalive-timeout",
+            "500ms",
+            "--grpc-idle-timeout",
+            "1h",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.grpc_clients,
+            ClientTimeouts {
+                keepalive_interval: Duration::from_secs(1),
+                keepalive_timeout: Duration::from_millis(500),
+                idle_timeout: Duration::from_secs(3600),
+            }
+        );
+        for flag in [
+            "--grpc-keepalive-interval",
+            "--grpc-keepalive-timeout",
+            "--grpc-idle-timeout",
+        ] {
+            let e = run_args(&[flag, "0s"]).unwrap_err();
+            assert!(e.contains(flag), "{e}");
+        }
     }
 
     #[test]

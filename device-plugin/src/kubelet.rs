@@ -28,7 +28,7 @@ use crate::api::registration_client::RegistrationClient;
 use crate::devices::StateReceiver;
 use crate::metrics::Metrics;
 use crate::service::{AllocateOptions, DevicePluginService, StreamTracker, plugin_options};
-use crate::uds_authority::{Gate, Limits, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE};
+use crate::uds_authority::{Gate, IDLE_TIMEOUT, Limits, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE};
 
 /// API version we implement.
 pub const API_VERSION: &str = "v1beta1";
@@ -169,6 +169,43 @@ pub struct KubeletSettings {
     pub socket_name: String,
     /// The extended resource name.
     pub resource_name: String,
+    /// When a client's connection to our socket is dropped.
+    pub clients: ClientTimeouts,
+}
+
+/// When a connection to the plugin socket is dropped, so that dead or idle
+/// clients never hold the connection slots (`uds_authority::MAX_CONNECTIONS`)
+/// the kubelet needs to connect again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientTimeouts {
+    /// How often the server sends each client an HTTP/2 PING.
+    pub keepalive_interval: Duration,
+    /// How long a PING may go unanswered before the connection is closed:
+    /// a client that hangs, or stopped reading, is gone after interval + timeout.
+    pub keepalive_timeout: Duration,
+    /// How long a connection may have no call open (the kubelet always has
+    /// its ListAndWatch open).
+    pub idle_timeout: Duration,
+}
+
+impl Default for ClientTimeouts {
+    fn default() -> Self {
+        Self {
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            idle_timeout: IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// The gRPC server of our socket: the limits uds_authority enforces,
+/// advertised to clients, and keepalive PINGs to every client.
+fn grpc_server(clients: ClientTimeouts) -> Server {
+    Server::builder()
+        .max_frame_size(MAX_FRAME_PAYLOAD as u32)
+        .http2_max_header_list_size(MAX_HEADER_LIST_SIZE as u32)
+        .http2_keepalive_interval(Some(clients.keepalive_interval))
+        .http2_keepalive_timeout(Some(clients.keepalive_timeout))
 }
 
 /// Wakes the loop on any change in the directory; polling covers missed or
@@ -251,7 +288,14 @@ async fn serve_until_shutdown(
             own_id: identity(&own_socket),
         };
         *bound = sockets.own_id;
-        let mut serving = Serving::start(listener, state, options, metrics, shutdown);
+        let mut serving = Serving::start(
+            listener,
+            settings.clients,
+            state,
+            options,
+            metrics,
+            shutdown,
+        );
         tracing::info!(socket = %own_socket.display(), "serving the device plugin");
 
         let lost = match register_and_hold(
@@ -354,6 +398,7 @@ struct Serving {
 impl Serving {
     fn start(
         listener: UnixListener,
+        clients: ClientTimeouts,
         state: &StateReceiver,
         options: AllocateOptions,
         metrics: &Arc<Metrics>,
@@ -370,12 +415,13 @@ impl Serving {
         );
         // kubelets before 1.26 send the socket path as :authority, which h2
         // rejects; uds_authority rewrites it, within bounds.
-        let incoming = Gate::new(Limits::default()).incoming(listener);
+        let limits = Limits {
+            idle_timeout: clients.idle_timeout,
+            ..Limits::default()
+        };
+        let incoming = Gate::new(limits).incoming(listener);
         let server = tokio::spawn(
-            Server::builder()
-                // The limits uds_authority enforces, advertised to clients.
-                .max_frame_size(MAX_FRAME_PAYLOAD as u32)
-                .http2_max_header_list_size(MAX_HEADER_LIST_SIZE as u32)
+            grpc_server(clients)
                 .add_service(DevicePluginServer::new(service))
                 .serve_with_incoming_shutdown(incoming, generation.clone().cancelled_owned()),
         );

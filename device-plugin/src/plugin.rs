@@ -12,6 +12,7 @@ use crate::backend::nvml::NvmlBackend;
 use crate::backend::{BackendError, GpuBackend, GpuInfo, ProbeOutcome};
 use crate::calls::BoundedCalls;
 use crate::config::{BackendChoice, RunConfig};
+use crate::devices::DeviceState;
 use crate::health::{HealthTracker, owed_reset};
 use crate::kubelet::{self, KubeletSettings};
 use crate::labels;
@@ -44,6 +45,20 @@ pub fn open_backend(choice: &BackendChoice) -> Result<Arc<dyn GpuBackend>, Backe
     })
 }
 
+/// Logs what start-up found: the GPUs, how many are healthy, the driver.
+fn log_discovered(backend: &str, snapshot: &DeviceState) {
+    let (healthy, unhealthy) = snapshot.health_counts();
+    tracing::info!(
+        backend,
+        gpus = snapshot.inventory.gpus.len(),
+        healthy,
+        unhealthy,
+        driver = %snapshot.inventory.driver.driver_version,
+        cuda = %snapshot.inventory.driver.cuda_version,
+        "discovered GPUs"
+    );
+}
+
 /// Runs the device plugin until `shutdown` is cancelled.
 ///
 /// Start-up problems (bad fake file, no driver, metrics port taken) are
@@ -63,19 +78,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         Arc::clone(&calls),
     )
     .await?;
-    {
-        let snapshot = state.borrow();
-        let (healthy, unhealthy) = snapshot.health_counts();
-        tracing::info!(
-            backend = backend.name(),
-            gpus = snapshot.inventory.gpus.len(),
-            healthy,
-            unhealthy,
-            driver = %snapshot.inventory.driver.driver_version,
-            cuda = %snapshot.inventory.driver.cuda_version,
-            "discovered GPUs"
-        );
-    }
+    log_discovered(backend.name(), &state.borrow());
     let tasks = shutdown.child_token();
     let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
     Arc::clone(&backend).watch(events_tx, tasks.clone())?;
@@ -107,6 +110,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         dir: config.device_plugin_dir.clone(),
         socket_name: config.socket_name(),
         resource_name: config.resource_name.clone(),
+        clients: config.grpc_clients,
     };
     let options = AllocateOptions {
         strategy: config.device_list_strategy,

@@ -20,6 +20,7 @@ use crate::api::{self, device_plugin_server::DevicePlugin};
 use crate::config::DeviceListStrategy;
 use crate::devices::{DeviceState, StateReceiver};
 use crate::metrics::Metrics;
+use crate::uds_authority::{ConnectionActivity, OpenCall};
 
 /// CDI kind of our devices.
 pub const CDI_KIND: &str = "nvidia.com/gpu";
@@ -227,12 +228,22 @@ impl DevicePluginService {
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
 
+/// Marks a call open on the connection it came in on, so the connection is
+/// not closed as idle while it runs; `None` off the plugin socket (tests).
+fn open_call<T>(request: &Request<T>) -> Option<OpenCall> {
+    request
+        .extensions()
+        .get::<ConnectionActivity>()
+        .map(ConnectionActivity::open_call)
+}
+
 #[tonic::async_trait]
 impl DevicePlugin for DevicePluginService {
     async fn get_device_plugin_options(
         &self,
-        _request: Request<api::Empty>,
+        request: Request<api::Empty>,
     ) -> Result<Response<api::DevicePluginOptions>, Status> {
+        let _call = open_call(&request);
         let started = Instant::now();
         let options = plugin_options();
         self.metrics.observe_rpc("GetDevicePluginOptions", started);
@@ -243,14 +254,17 @@ impl DevicePlugin for DevicePluginService {
 
     async fn list_and_watch(
         &self,
-        _request: Request<api::Empty>,
+        request: Request<api::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let mut state = self.state.clone();
         let stop = self.stop.clone();
         let guard = StreamGuard::new(Arc::clone(&self.streams));
+        // Open for as long as the stream lasts.
+        let call = open_call(&request);
         tracing::info!("kubelet opened ListAndWatch");
         let stream = async_stream::stream! {
             let _guard = guard;
+            let _call = call;
             let mut last = state.borrow_and_update().devices();
             yield Ok(api::ListAndWatchResponse { devices: last.clone() });
             loop {
@@ -276,6 +290,7 @@ impl DevicePlugin for DevicePluginService {
         &self,
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let _call = open_call(&request);
         let started = Instant::now();
         let state = Arc::clone(&self.state.borrow());
         let result = preferred_allocation(&state, request.get_ref());
@@ -290,6 +305,7 @@ impl DevicePlugin for DevicePluginService {
         &self,
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
+        let _call = open_call(&request);
         let started = Instant::now();
         let state = Arc::clone(&self.state.borrow());
         let request = request.into_inner();
@@ -322,8 +338,9 @@ impl DevicePlugin for DevicePluginService {
 
     async fn pre_start_container(
         &self,
-        _request: Request<api::PreStartContainerRequest>,
+        request: Request<api::PreStartContainerRequest>,
     ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        let _call = open_call(&request);
         Ok(Response::new(api::PreStartContainerResponse {}))
     }
 }

@@ -28,12 +28,19 @@
 //! them by that times [`MAX_CONNECTIONS`] (about 2 MiB).
 //!
 //! A client that completes the handshake and then stays silent keeps its
-//! slot: the kubelet's own ListAndWatch connection looks exactly like that
-//! (the server streams, the client only listens).
+//! slot only while it is alive and in use: the kubelet's own ListAndWatch
+//! connection looks exactly like that (the server streams, the client only
+//! listens), but it answers the server's HTTP/2 PINGs (the kubelet module
+//! turns keepalive on) and has a call open. A client that stops answering
+//! PINGs is closed by the server, and the pump ends with it, whether or not
+//! the client still reads; a connection with no call open for
+//! [`Limits::idle_timeout`] is closed here. So a dead or idle client cannot
+//! hold a slot the kubelet needs to connect again.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -41,9 +48,10 @@ use futures::Stream;
 use loona_hpack::{Decoder, Encoder};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio::net::UnixListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADERS: u8 = 0x1;
@@ -96,6 +104,17 @@ pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// so a client learns right away instead of hanging.
 pub const MAX_CONNECTIONS: usize = 8;
 
+/// How long a connection may have no call open before it is closed. The
+/// kubelet opens ListAndWatch right after it connects and keeps it open,
+/// so its connection is never idle; a debugging client that connected and
+/// walked away frees its slot.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long what the server wrote last (its GOAWAY) may take to reach the
+/// client once the server has closed the connection; a client that does
+/// not read is not waited for longer.
+const SERVER_CLOSE_FLUSH: Duration = Duration::from_secs(1);
+
 /// An upper estimate of what this module holds for one connection: the
 /// pipe to the server both ways, one frame being read, the header block
 /// being assembled, the decoded names and values, their per-field `Vec`
@@ -125,6 +144,8 @@ pub struct Limits {
     pub first_frame_timeout: Duration,
     /// Largest decoded (and encoded) header list of one request.
     pub max_header_list_size: usize,
+    /// Longest time a connection may have no call open.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -133,6 +154,63 @@ impl Default for Limits {
             max_connections: MAX_CONNECTIONS,
             first_frame_timeout: FIRST_FRAME_TIMEOUT,
             max_header_list_size: MAX_HEADER_LIST_SIZE,
+            idle_timeout: IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// The calls open on one connection. The server hands it to every request
+/// as the connection's connect info; each RPC handler holds an [`OpenCall`]
+/// while it runs (ListAndWatch for as long as its stream lasts), and the
+/// connection's pump closes the connection once none has been open for
+/// [`Limits::idle_timeout`].
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionActivity(Arc<Activity>);
+
+#[derive(Debug, Default)]
+struct Activity {
+    open: AtomicUsize,
+    changed: Notify,
+}
+
+/// One call open on a connection; dropping it ends the call.
+#[derive(Debug)]
+pub struct OpenCall(Arc<Activity>);
+
+impl Drop for OpenCall {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_one();
+    }
+}
+
+impl ConnectionActivity {
+    /// Marks a call open until the returned guard is dropped.
+    pub fn open_call(&self) -> OpenCall {
+        self.0.open.fetch_add(1, Ordering::SeqCst);
+        self.0.changed.notify_one();
+        OpenCall(Arc::clone(&self.0))
+    }
+
+    /// Calls open now.
+    pub fn open_calls(&self) -> usize {
+        self.0.open.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once no call has been open for `limit` in a row.
+    async fn idle_for(&self, limit: Duration) {
+        loop {
+            if self.open_calls() > 0 {
+                self.0.changed.notified().await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(limit) => if self.open_calls() == 0 {
+                    return;
+                },
+                // A call opened or ended: the idle time starts again.
+                () = self.0.changed.notified() => {}
+            }
         }
     }
 }
@@ -141,6 +219,9 @@ impl Default for Limits {
 /// normalised. Hand it to the HTTP/2 server instead of the raw stream.
 pub struct Normalized {
     inner: DuplexStream,
+    activity: ConnectionActivity,
+    /// Tells the pump, when the server drops the connection, that it is over.
+    _closed: DropGuard,
 }
 
 impl AsyncRead for Normalized {
@@ -170,8 +251,10 @@ impl AsyncWrite for Normalized {
 }
 
 impl tonic::transport::server::Connected for Normalized {
-    type ConnectInfo = ();
-    fn connect_info(&self) -> Self::ConnectInfo {}
+    type ConnectInfo = ConnectionActivity;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.activity.clone()
+    }
 }
 
 /// Admits the connections of one listener, at most `max_connections` at once.
@@ -211,8 +294,20 @@ impl Gate {
             return None;
         };
         let (ours, theirs) = tokio::io::duplex(PIPE_BUFFER);
-        tokio::spawn(pump(conn, theirs, self.limits, permit));
-        Some(Normalized { inner: ours })
+        let activity = ConnectionActivity::default();
+        let closed = CancellationToken::new();
+        let ends = Ends {
+            limits: self.limits,
+            activity: activity.clone(),
+            server_closed: closed.clone(),
+            _permit: permit,
+        };
+        tokio::spawn(pump(conn, theirs, ends));
+        Some(Normalized {
+            inner: ours,
+            activity,
+            _closed: closed.drop_guard(),
+        })
     }
 
     /// The admitted connections of `listener`, for tonic's
@@ -228,30 +323,57 @@ impl Gate {
     }
 }
 
+/// What ends one connection's pump besides its bytes, and the slot it holds.
+struct Ends {
+    limits: Limits,
+    /// The calls open on the connection: none for the idle timeout ends it.
+    activity: ConnectionActivity,
+    /// Cancelled when the server drops its end (keepalive timeout, shutdown).
+    server_closed: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+}
+
 /// Moves bytes between the client and the server until the connection is
-/// over, holding the connection's permit.
-async fn pump<S>(conn: S, theirs: DuplexStream, limits: Limits, _permit: OwnedSemaphorePermit)
+/// over, holding the connection's permit. Returning drops every half: the
+/// client's socket closes and the server reads end-of-stream, so the
+/// connection ends both ways.
+async fn pump<S>(conn: S, theirs: DuplexStream, ends: Ends)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (client_read, mut client_write) = tokio::io::split(conn);
     let (mut server_read, server_write) = tokio::io::split(theirs);
-    let to_server = rewrite_client_stream_with(client_read, server_write, limits);
+    let to_server = rewrite_client_stream_with(client_read, server_write, ends.limits);
     let to_client = async move {
         let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
         let _ = client_write.shutdown().await;
     };
     tokio::pin!(to_server, to_client);
+    // The server is done once its bytes are through, or once it dropped the
+    // connection even while a client that does not read keeps `to_client`
+    // waiting: what is left then gets a short flush.
+    let server_done = async {
+        tokio::select! {
+            () = &mut to_client => {}
+            () = ends.server_closed.cancelled() => {
+                let _ = tokio::time::timeout(SERVER_CLOSE_FLUSH, &mut to_client).await;
+            }
+        }
+    };
+    tokio::pin!(server_done);
     tokio::select! {
         result = &mut to_server => match result {
             // The client is done sending; the server may still answer.
-            Ok(()) => to_client.await,
-            // Returning drops every half: the client's socket closes and the
-            // server reads end-of-stream, so the connection ends both ways.
+            Ok(()) => server_done.await,
             Err(e) => tracing::debug!(error = %e, "closing a plugin socket connection"),
         },
-        // The server closed the connection; the client's half goes with it.
-        () = &mut to_client => {}
+        () = &mut server_done => {}
+        () = ends.activity.idle_for(ends.limits.idle_timeout) => {
+            tracing::debug!(
+                idle = ?ends.limits.idle_timeout,
+                "closing a plugin socket connection with no call open"
+            );
+        }
     }
 }
 
@@ -898,5 +1020,72 @@ mod tests {
         })
         .await
         .expect("its slot is released");
+    }
+
+    /// Waits, polling, until `gate` has no connection open.
+    async fn all_closed(gate: &Gate) {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while gate.open_connections() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("every connection is closed and its slot released");
+    }
+
+    /// A client that has said hello and then neither reads nor writes,
+    /// under limits where only the server or idleness can end it.
+    async fn silent_client(gate: &Gate) -> (DuplexStream, Normalized) {
+        let (mut client, conn) = tokio::io::duplex(64);
+        let server = gate.admit(conn).expect("admitted");
+        let mut hello = PREFACE.to_vec();
+        hello.extend(frame(0x4, 0, 0, &[]));
+        client.write_all(&hello).await.unwrap();
+        (client, server)
+    }
+
+    #[tokio::test]
+    async fn a_server_that_closes_frees_the_slot_even_when_the_client_does_not_read() {
+        let gate = Gate::new(Limits {
+            first_frame_timeout: Duration::from_secs(3600),
+            idle_timeout: Duration::from_secs(3600),
+            ..Limits::default()
+        });
+        let (_client, mut server) = silent_client(&gate).await;
+        // The server reads the hello, so the pump waits on the client...
+        let mut hello = vec![0u8; PREFACE.len() + 9];
+        server.read_exact(&mut hello).await.unwrap();
+        // ...writes more than the client's buffer holds (a PING it never
+        // answers, a stream it never reads), then gives up on it.
+        server.write_all(&[0u8; 8 * 1024]).await.unwrap();
+        drop(server);
+        all_closed(&gate).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_with_no_call_open_for_the_idle_timeout_is_closed() {
+        let idle = Duration::from_secs(5);
+        let gate = Gate::new(Limits {
+            first_frame_timeout: Duration::from_secs(3600),
+            idle_timeout: idle,
+            ..Limits::default()
+        });
+        let (mut client, server) = silent_client(&gate).await;
+        let activity = tonic::transport::server::Connected::connect_info(&server);
+        // A call open (ListAndWatch, say) keeps it however long it lasts.
+        let call = activity.open_call();
+        assert_eq!(activity.open_calls(), 1);
+        tokio::time::sleep(idle * 5).await;
+        assert_eq!(gate.open_connections(), 1, "a connection in use stays");
+        // The call ends; idle for the timeout, the connection is closed.
+        drop(call);
+        assert_eq!(activity.open_calls(), 0);
+        all_closed(&gate).await;
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), client.read_to_end(&mut rest))
+            .await
+            .expect("the client's side is closed")
+            .unwrap();
+        drop(server);
     }
 }
