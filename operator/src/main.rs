@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use trainyard_operator::config::{OperatorConfig, ProgressChannel};
 use trainyard_operator::leader::LeaderElection;
+use trainyard_operator::listen::{self, HttpLimits};
 use trainyard_operator::write_limit::LimitConfig;
 use trainyard_operator::{
     DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, ProgressServing, RunConfig, crdgen,
@@ -110,6 +111,49 @@ struct RunArgs {
     /// This replica's pod IP (the downward API's status.podIP).
     #[arg(long, env = "POD_IP")]
     pod_ip: Option<String>,
+    /// Connections the progress port holds at once; more are closed as soon as accepted.
+    #[arg(long, env = "TRAINYARD_PROGRESS_MAX_CONNECTIONS",
+          default_value_t = listen::DEFAULT_PROGRESS_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    progress_max_connections: u64,
+    /// Connections the metrics port holds at once; more are closed as soon as accepted.
+    #[arg(long, env = "TRAINYARD_METRICS_MAX_CONNECTIONS",
+          default_value_t = listen::DEFAULT_METRICS_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    metrics_max_connections: u64,
+    /// Seconds a connection to the metrics or progress port has to send a complete request
+    /// head, from when it opened or got its previous answer (so also how long a kept-alive
+    /// connection may idle).
+    #[arg(long, env = "TRAINYARD_HTTP_HEADER_TIMEOUT_SECONDS",
+          default_value_t = listen::DEFAULT_HEADER_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    http_header_timeout_seconds: u64,
+    /// Seconds a connection to either port may stall, no byte moving either way, while the
+    /// operator waits on it (a body that stops coming, an answer it stops reading).
+    #[arg(long, env = "TRAINYARD_HTTP_IDLE_TIMEOUT_SECONDS",
+          default_value_t = listen::DEFAULT_IDLE_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    http_idle_timeout_seconds: u64,
+    /// The largest request head (request line and headers) either port accepts, bytes;
+    /// a larger one is answered 431.
+    #[arg(long, env = "TRAINYARD_HTTP_MAX_HEADER_BYTES",
+          default_value_t = listen::DEFAULT_MAX_HEADER_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(1024..=1_048_576))]
+    http_max_header_bytes: u64,
+}
+
+impl RunArgs {
+    /// The limits of one listener, with a cap of `max_connections`.
+    fn http_limits(&self, max_connections: u64) -> HttpLimits {
+        // Both within the ranges clap checked, far below usize::MAX.
+        let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        HttpLimits {
+            max_connections: as_usize(max_connections),
+            header_timeout: std::time::Duration::from_secs(self.http_header_timeout_seconds),
+            idle_timeout: std::time::Duration::from_secs(self.http_idle_timeout_seconds),
+            max_header_bytes: as_usize(self.http_max_header_bytes),
+        }
+    }
 }
 
 fn hostname() -> String {
@@ -192,6 +236,8 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         .clone()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| client.default_namespace().to_owned());
+    let progress_limits = args.http_limits(args.progress_max_connections);
+    let metrics_limits = args.http_limits(args.metrics_max_connections);
     let progress = match (args.progress_addr, args.progress_url) {
         (Some(addr), Some(url)) => {
             operator.progress_channel = Some(ProgressChannel {
@@ -206,6 +252,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
                     .filter(|e| !e.is_empty())
                     .map(|name| (own_namespace.clone(), name)),
                 pod_ip: args.pod_ip.filter(|ip| !ip.is_empty()),
+                limits: progress_limits,
             })
         }
         _ => None,
@@ -215,6 +262,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         namespace: args.namespace.filter(|n| !n.is_empty()),
         operator,
         metrics_addr: Some(args.metrics_addr),
+        metrics_limits,
         leader_election,
         instance: identity,
         write_limit: LimitConfig {

@@ -365,10 +365,12 @@ async fn readyz(State(m): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
     }
 }
 
-/// Binds the HTTP server; the returned future serves until `shutdown` completes.
+/// Binds the HTTP server; the returned future serves within `limits` until `shutdown`
+/// completes.
 pub async fn serve(
     addr: SocketAddr,
     metrics_: Arc<Metrics>,
+    limits: crate::listen::HttpLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<
     (
@@ -382,7 +384,7 @@ pub async fn serve(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(metrics_);
-    crate::listen::serve("metrics", addr, app, shutdown).await
+    crate::listen::serve("metrics", addr, app, limits, shutdown).await
 }
 
 #[cfg(test)]
@@ -458,9 +460,14 @@ mod http_tests {
     async fn endpoints_serve_health_readiness_and_metrics() {
         let m = Arc::new(Metrics::new());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (addr, server) = serve("127.0.0.1:0".parse().expect("addr"), m.clone(), async {
-            let _ = rx.await;
-        })
+        let (addr, server) = serve(
+            "127.0.0.1:0".parse().expect("addr"),
+            m.clone(),
+            crate::listen::HttpLimits::METRICS,
+            async {
+                let _ = rx.await;
+            },
+        )
         .await
         .expect("bind");
         let server = tokio::spawn(server);

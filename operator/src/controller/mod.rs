@@ -57,6 +57,8 @@ pub struct RunConfig {
     pub operator: OperatorConfig,
     /// Serve `/metrics`, `/healthz` and `/readyz` here.
     pub metrics_addr: Option<SocketAddr>,
+    /// What the metrics port allows a connection ([`crate::listen`]).
+    pub metrics_limits: crate::listen::HttpLimits,
     /// Take a Lease before reconciling; None reconciles at once.
     pub leader_election: Option<LeaderElection>,
     /// Name of this replica in Events (`reportingInstance`).
@@ -82,6 +84,8 @@ pub struct ProgressServing {
     pub endpoints: Option<(String, String)>,
     /// This replica's pod IP.
     pub pod_ip: Option<String>,
+    /// What the progress port allows a connection ([`crate::listen`]).
+    pub limits: crate::listen::HttpLimits,
 }
 
 /// Default ceiling of [`RunConfig::write_limit`]: the API server's own default bound on
@@ -123,7 +127,8 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let shutdown = shutdown.shared();
     if let Some(addr) = config.metrics_addr {
-        serve_metrics(addr, metrics.clone(), shutdown.clone()).await?;
+        let limits = config.metrics_limits;
+        serve_metrics(addr, metrics.clone(), limits, shutdown.clone()).await?;
     }
 
     tokio::select! {
@@ -192,9 +197,10 @@ pub async fn run(
 async fn serve_metrics(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
+    limits: crate::listen::HttpLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let (local, server) = crate::metrics::serve(addr, metrics, shutdown).await?;
+    let (local, server) = crate::metrics::serve(addr, metrics, limits, shutdown).await?;
     tracing::info!(%local, "serving /metrics, /healthz and /readyz");
     tokio::spawn(async move {
         if let Err(e) = server.await {

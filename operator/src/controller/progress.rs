@@ -152,7 +152,8 @@ pub(super) async fn serve(
         metrics,
         wake,
     });
-    let (local, serving_future) = server::serve(serving.addr, endpoint, stop).await?;
+    let (local, serving_future) =
+        server::serve_within(serving.addr, endpoint, serving.limits, stop).await?;
     tracing::info!(%local, "serving the progress channel (POST /v1/progress)");
     tokio::spawn(async move {
         if let Err(e) = serving_future.await {

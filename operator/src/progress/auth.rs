@@ -3,9 +3,12 @@
 //!
 //! [`KubeTokenReviewer`] asks the API server and caches what it accepted under the token's
 //! SHA-256 (never the token itself) for at most [`DEFAULT_CACHE_TTL`], so ranks that report
-//! every few seconds cost one review per token lifetime slice, not one per report. Rejections
-//! are not cached: a rejected token costs a review each time, and the server's concurrency cap
-//! bounds how many run at once.
+//! every few seconds cost one review per token lifetime slice, not one per report. What it
+//! rejected is remembered the same way, briefly ([`DEFAULT_REJECTED_TTL`], at most
+//! [`DEFAULT_REJECTED_CAPACITY`] tokens): a forged token sent again and again costs one review
+//! per slice, and a token the API server refused only for a moment (a pod it does not know
+//! yet) is reviewed again soon. A review that could not be made (the API server unreachable)
+//! is never remembered. The server's concurrency cap bounds how many reviews run at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,6 +32,14 @@ const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
 pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(5 * 60);
 /// How many accepted tokens are remembered; the oldest go first.
 pub const DEFAULT_CACHE_CAPACITY: usize = 10_000;
+/// How long a rejected token is answered 401 without another review: short, because a
+/// rejection can be a moment's (the API server may not know a pod created a second ago).
+pub const DEFAULT_REJECTED_TTL: Duration = Duration::from_secs(10);
+/// How many rejected tokens are remembered; the oldest go first. Each entry is a hash and a
+/// short reason: a few hundred KiB at most.
+pub const DEFAULT_REJECTED_CAPACITY: usize = 4_096;
+/// The longest rejection reason remembered, bytes (the API server's message is echoed).
+const MAX_REASON_BYTES: usize = 256;
 
 /// The pod a token is bound to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +68,12 @@ pub enum AuthError {
 pub trait TokenReviewer: Send + Sync + 'static {
     /// The pod `token` is bound to.
     fn review(&self, token: String) -> BoxFuture<'static, Result<Identity, AuthError>>;
+
+    /// What is already known of `token` without asking anyone (a cached review), if anything:
+    /// the server answers it without taking one of its review permits.
+    fn known(&self, _token: &str) -> Option<Result<Identity, AuthError>> {
+        None
+    }
 }
 
 /// The identity a `TokenReview` status proves for `audience`.
@@ -119,18 +136,19 @@ fn token_key(token: &str) -> TokenKey {
     key
 }
 
-/// Accepted tokens by their hash, oldest first, for a fixed time and up to a fixed count.
+/// Reviewed tokens by their hash, oldest first, for a fixed time and up to a fixed count: what
+/// a review answered (an identity, or why the token was rejected).
 #[derive(Debug)]
-pub(crate) struct TokenCache {
+pub(crate) struct TokenCache<V> {
     capacity: usize,
     ttl: Duration,
-    entries: HashMap<TokenKey, (Identity, Instant)>,
+    entries: HashMap<TokenKey, (V, Instant)>,
     /// Insertion order, for expiry and eviction; an element whose time differs from its entry's
     /// is stale and skipped.
     order: VecDeque<(TokenKey, Instant)>,
 }
 
-impl TokenCache {
+impl<V: Clone> TokenCache<V> {
     pub(crate) fn new(capacity: usize, ttl: Duration) -> Self {
         Self {
             capacity,
@@ -140,12 +158,12 @@ impl TokenCache {
         }
     }
 
-    pub(crate) fn get(&self, key: &TokenKey, now: Instant) -> Option<Identity> {
-        let (identity, at) = self.entries.get(key)?;
-        (now.saturating_duration_since(*at) < self.ttl).then(|| identity.clone())
+    pub(crate) fn get(&self, key: &TokenKey, now: Instant) -> Option<V> {
+        let (value, at) = self.entries.get(key)?;
+        (now.saturating_duration_since(*at) < self.ttl).then(|| value.clone())
     }
 
-    pub(crate) fn insert(&mut self, key: TokenKey, identity: Identity, now: Instant) {
+    pub(crate) fn insert(&mut self, key: TokenKey, value: V, now: Instant) {
         if self.capacity == 0 {
             return;
         }
@@ -165,7 +183,7 @@ impl TokenCache {
         while self.entries.len() >= self.capacity {
             self.pop_oldest();
         }
-        self.entries.insert(key, (identity, now));
+        self.entries.insert(key, (value, now));
         self.order.push_back((key, now));
     }
 
@@ -182,22 +200,60 @@ impl TokenCache {
     }
 }
 
+/// What the reviewer remembers: accepted tokens for long, rejected ones briefly.
+#[derive(Debug)]
+struct Reviewed {
+    accepted: TokenCache<Identity>,
+    rejected: TokenCache<Arc<str>>,
+}
+
+impl Reviewed {
+    fn get(&self, key: &TokenKey, now: Instant) -> Option<Result<Identity, AuthError>> {
+        if let Some(identity) = self.accepted.get(key, now) {
+            return Some(Ok(identity));
+        }
+        let why = self.rejected.get(key, now)?;
+        Some(Err(AuthError::Unauthenticated(why.to_string())))
+    }
+
+    /// Remembers an answer of the API server; a review that could not be made is not one.
+    fn remember(&mut self, key: TokenKey, answer: &Result<Identity, AuthError>, now: Instant) {
+        match answer {
+            Ok(identity) => self.accepted.insert(key, identity.clone(), now),
+            Err(AuthError::Unauthenticated(why)) => {
+                self.rejected.insert(key, Arc::from(truncated(why)), now);
+            }
+            Err(AuthError::Unavailable(_)) => {}
+        }
+    }
+}
+
+/// `why`, cut to at most [`MAX_REASON_BYTES`] on a character boundary.
+fn truncated(why: &str) -> &str {
+    let mut end = why.len().min(MAX_REASON_BYTES);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    &why[..end]
+}
+
 /// Reviews tokens with the API server (`TokenReview`, create; the operator's ClusterRole needs
-/// it) for one audience, and caches what it accepted.
+/// it) for one audience, and caches what it answered.
 #[derive(Clone)]
 pub struct KubeTokenReviewer {
     client: kube::Client,
     audience: Arc<str>,
-    cache: Arc<Mutex<TokenCache>>,
+    cache: Arc<Mutex<Reviewed>>,
 }
 
 impl KubeTokenReviewer {
-    /// A reviewer for `audience` with the default cache.
+    /// A reviewer for `audience` with the default caches.
     pub fn new(client: kube::Client, audience: impl Into<String>) -> Self {
         Self::with_cache(client, audience, DEFAULT_CACHE_CAPACITY, DEFAULT_CACHE_TTL)
     }
 
-    /// A reviewer that remembers up to `capacity` accepted tokens for `ttl` each.
+    /// A reviewer that remembers up to `capacity` accepted tokens for `ttl` each (and rejected
+    /// ones as [`DEFAULT_REJECTED_CAPACITY`] and [`DEFAULT_REJECTED_TTL`] say).
     pub fn with_cache(
         client: kube::Client,
         audience: impl Into<String>,
@@ -207,30 +263,37 @@ impl KubeTokenReviewer {
         Self {
             client,
             audience: Arc::from(audience.into()),
-            cache: Arc::new(Mutex::new(TokenCache::new(capacity, ttl))),
+            cache: Arc::new(Mutex::new(Reviewed {
+                accepted: TokenCache::new(capacity, ttl),
+                rejected: TokenCache::new(DEFAULT_REJECTED_CAPACITY, DEFAULT_REJECTED_TTL),
+            })),
         }
     }
 
     /// How many accepted tokens are cached.
     pub fn cached(&self) -> usize {
-        lock(&self.cache).len()
+        lock(&self.cache).accepted.len()
+    }
+
+    /// How many rejected tokens are cached.
+    pub fn cached_rejections(&self) -> usize {
+        lock(&self.cache).rejected.len()
     }
 }
 
-fn lock(cache: &Mutex<TokenCache>) -> MutexGuard<'_, TokenCache> {
-    // Every update leaves the cache whole; a panic elsewhere cannot tear it.
+fn lock(cache: &Mutex<Reviewed>) -> MutexGuard<'_, Reviewed> {
+    // Every update leaves the caches whole; a panic elsewhere cannot tear them.
     cache.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl TokenReviewer for KubeTokenReviewer {
     fn review(&self, token: String) -> BoxFuture<'static, Result<Identity, AuthError>> {
         let key = token_key(&token);
-        if let Some(identity) = lock(&self.cache).get(&key, Instant::now()) {
-            return futures::future::ready(Ok(identity)).boxed();
+        if let Some(known) = lock(&self.cache).get(&key, Instant::now()) {
+            return futures::future::ready(known).boxed();
         }
         let api = Api::<TokenReview>::all(self.client.clone());
-        let audience = self.audience.clone();
-        let cache = self.cache.clone();
+        let (audience, cache) = (self.audience.clone(), self.cache.clone());
         async move {
             let review = TokenReview {
                 spec: TokenReviewSpec {
@@ -243,11 +306,15 @@ impl TokenReviewer for KubeTokenReviewer {
                 .create(&PostParams::default(), &review)
                 .await
                 .map_err(|e| AuthError::Unavailable(e.to_string()))?;
-            let identity = identity_from_status(&reviewed.status.unwrap_or_default(), &audience)?;
-            lock(&cache).insert(key, identity.clone(), Instant::now());
-            Ok(identity)
+            let answer = identity_from_status(&reviewed.status.unwrap_or_default(), &audience);
+            lock(&cache).remember(key, &answer, Instant::now());
+            answer
         }
         .boxed()
+    }
+
+    fn known(&self, token: &str) -> Option<Result<Identity, AuthError>> {
+        lock(&self.cache).get(&token_key(token), Instant::now())
     }
 }
 
@@ -286,16 +353,17 @@ pub(crate) mod tests {
         )
     }
 
+    fn pod_0() -> Identity {
+        Identity {
+            namespace: "ml".to_owned(),
+            pod_name: "train-worker-0".to_owned(),
+            pod_uid: "uid-0".to_owned(),
+        }
+    }
+
     #[test]
     fn a_bound_service_account_token_for_the_audience_names_its_pod() {
-        assert_eq!(
-            identity_from_status(&bound_status(), AUDIENCE),
-            Ok(Identity {
-                namespace: "ml".to_owned(),
-                pod_name: "train-worker-0".to_owned(),
-                pod_uid: "uid-0".to_owned(),
-            })
-        );
+        assert_eq!(identity_from_status(&bound_status(), AUDIENCE), Ok(pod_0()));
         let mut no_audiences = bound_status();
         no_audiences.audiences = None;
         assert!(
@@ -452,7 +520,7 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn a_review_names_the_audience_and_only_accepted_tokens_are_cached() {
+    async fn a_review_names_the_audience_and_its_answer_is_cached() {
         let (client, reviews, last) = reviewing_client();
         let reviewer = KubeTokenReviewer::new(client, AUDIENCE);
 
@@ -474,39 +542,71 @@ pub(crate) mod tests {
         assert_eq!(reviews.load(Ordering::SeqCst), 1, "the second was cached");
         assert_eq!(reviewer.cached(), 1);
 
-        for _ in 0..2 {
-            assert!(matches!(
-                reviewer.review("forged".to_owned()).await,
-                Err(AuthError::Unauthenticated(_))
-            ));
+        let refused = Err(AuthError::Unauthenticated(
+            "invalid token: invalid bearer token".to_owned(),
+        ));
+        for _ in 0..3 {
+            assert_eq!(reviewer.review("forged".to_owned()).await, refused);
         }
         assert_eq!(
             reviews.load(Ordering::SeqCst),
-            3,
-            "rejections are not cached"
+            2,
+            "a forged token sent again is answered from the cache"
         );
-        assert_eq!(reviewer.cached(), 1);
+        assert_eq!(reviewer.known("forged"), Some(refused));
+        assert_eq!(reviewer.known(&good), Some(first));
+        assert_eq!(reviewer.known("never-seen"), None);
+        assert_eq!((reviewer.cached(), reviewer.cached_rejections()), (1, 1));
     }
 
     #[tokio::test]
-    async fn a_failed_review_is_unavailable_not_unauthenticated() {
-        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
-            let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+    async fn rejected_tokens_are_remembered_up_to_a_bound() {
+        let (client, reviews, _) = reviewing_client();
+        let reviewer = KubeTokenReviewer::new(client, AUDIENCE);
+        let forged = DEFAULT_REJECTED_CAPACITY + 100;
+        for i in 0..forged {
+            assert!(reviewer.review(format!("forged-{i}")).await.is_err());
+            assert!(reviewer.cached_rejections() <= DEFAULT_REJECTED_CAPACITY);
+        }
+        assert_eq!(reviewer.cached_rejections(), DEFAULT_REJECTED_CAPACITY);
+        assert_eq!(reviews.load(Ordering::SeqCst), forged);
+        // The newest are remembered, the oldest forgotten.
+        assert!(reviewer.known(&format!("forged-{}", forged - 1)).is_some());
+        assert_eq!(reviewer.known("forged-0"), None);
+        let long = "x".repeat(4 * MAX_REASON_BYTES);
+        assert_eq!(truncated(&long).len(), MAX_REASON_BYTES);
+        assert_eq!(truncated("ünïcödé"), "ünïcödé");
+    }
+
+    #[tokio::test]
+    async fn a_failed_review_is_unavailable_not_unauthenticated_and_never_cached() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = calls.clone();
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async {
+                let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
                               "code": 403, "reason": "Forbidden", "message": "no"});
-            Ok::<_, kube::Error>(
-                http::Response::builder()
-                    .status(403)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(
-                        serde_json::to_vec(&body).expect("json"),
-                    ))
-                    .expect("response"),
-            )
+                Ok::<_, kube::Error>(
+                    http::Response::builder()
+                        .status(403)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(
+                            serde_json::to_vec(&body).expect("json"),
+                        ))
+                        .expect("response"),
+                )
+            }
         });
         let reviewer = KubeTokenReviewer::new(kube::Client::new(service, "default"), AUDIENCE);
-        assert!(matches!(
-            reviewer.review("good:ml:p".to_owned()).await,
-            Err(AuthError::Unavailable(_))
-        ));
+        for _ in 0..2 {
+            assert!(matches!(
+                reviewer.review("good:ml:p".to_owned()).await,
+                Err(AuthError::Unavailable(_))
+            ));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "each review was asked for");
+        assert_eq!(reviewer.known("good:ml:p"), None);
+        assert_eq!(reviewer.cached_rejections(), 0);
     }
 }

@@ -44,12 +44,16 @@
 //!
 //! # Bounds
 //!
-//! Requests are handled at most [`server::MAX_CONCURRENT_REPORTS`] at a time; the rest are
-//! answered 503 at once, so a flood holds no more than that many bodies (4 KiB each) and
-//! TokenReviews in flight. The store gets an entry only from a report that passed every check
-//! (at most one per job with worker pods, ranks at most the job's workers), and reviewed tokens
-//! are cached by their SHA-256, for five minutes, at most 10,000 of them: 1,000 ranks reporting
-//! every 5 s cost no TokenReviews in the steady state.
+//! The listener bounds connections, how long a request head may take and how large it may be
+//! ([`crate::listen`]). A report takes one of [`server::MAX_CONCURRENT_REVIEWS`] permits only
+//! for a token review the reviewer cannot answer from its caches, after its token is well
+//! formed and its body has arrived; without a permit it is answered 503 at once. So neither a
+//! missing token, nor a body that never comes, nor a flood of one forged token holds a permit,
+//! and a rank whose token is cached is never refused for load. The store gets an entry only
+//! from a report that passed every check (at most one per job with worker pods, ranks at most
+//! the job's workers). Reviewed tokens are cached by their SHA-256: accepted ones for five
+//! minutes, at most 10,000 of them (1,000 ranks reporting every 5 s cost no TokenReviews in
+//! the steady state), rejected ones for ten seconds, at most 4,096.
 //!
 //! Modules: [`store`] (pure, what the reconcile reads), [`auth`] (token reviews and their
 //! cache), [`server`] (the HTTP endpoint and the pod check).

@@ -1,12 +1,18 @@
 //! The HTTP endpoint trainers report to: `POST /v1/progress` (the protocol is in the module
 //! docs of [`crate::progress`]).
 //!
-//! A report is checked in this order, each step answering its own status: the concurrency
-//! cap (503), the body size (413), the bearer token's shape (401), the content type (415), the
-//! JSON and its ranges (400), the token review (401, or 503 when the review cannot be made),
-//! and the pod the token is bound to, which must be that job's worker of that rank and attempt
-//! (403). Only then is the report recorded, and the job's reconcile woken when the store says
-//! the plan should look.
+//! A report is checked in this order, each step answering its own status: the bearer token's
+//! shape (401), the content type (415), the body's size and arrival (413, 408), the JSON and
+//! its ranges (400), the token review (401, or 503 when the review cannot be made or too many
+//! are in flight), and the pod the token is bound to, which must be that job's worker of that
+//! rank and attempt (403). Only then is the report recorded, and the job's reconcile woken
+//! when the store says the plan should look.
+//!
+//! Only a token review that the reviewer cannot answer from its caches takes one of the
+//! [`MAX_CONCURRENT_REVIEWS`] permits, so nothing a client does before that (a missing token,
+//! a body that never comes, a forged token already rejected) holds one, and a rank whose token
+//! is cached is never refused for load. Connections themselves are bounded by the listener
+//! ([`crate::listen`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,6 +35,7 @@ use super::store::{ProgressStore, Report};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP};
 use crate::error::Error;
+use crate::listen::HttpLimits;
 use crate::metrics::Metrics;
 
 /// The path reports are posted to.
@@ -37,9 +44,10 @@ pub const PATH: &str = "/v1/progress";
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
 /// The largest bearer token accepted (a projected token is about 1 KiB).
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
-/// How many reports are handled at once; more are answered 503 at once.
-pub const MAX_CONCURRENT_REPORTS: usize = 64;
-/// How long a body may take to arrive while it holds one of the permits.
+/// How many token reviews are in flight at once; a report that needs one more is answered 503
+/// at once.
+pub const MAX_CONCURRENT_REVIEWS: usize = 64;
+/// How long a body may take to arrive.
 const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a token review may take while it holds one of the permits.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
@@ -277,20 +285,33 @@ async fn read_body(request: Request) -> Result<Bytes, Rejection> {
     }
 }
 
-/// Reviews `token` within [`REVIEW_TIMEOUT`]: the pod it was issued to.
-async fn review(reviewer: &dyn TokenReviewer, token: String) -> Result<Identity, Rejection> {
-    match tokio::time::timeout(REVIEW_TIMEOUT, reviewer.review(token)).await {
-        Err(_) => Err(Rejection::overloaded("the token review timed out")),
-        Ok(Err(AuthError::Unavailable(why))) => {
+/// The pod `token` was issued to: from what the reviewer knows, or else from a review within
+/// [`REVIEW_TIMEOUT`] that holds one of the permits.
+async fn review(shared: &Shared, token: String) -> Result<Identity, Rejection> {
+    let reviewer = shared.server.reviewer.as_ref();
+    let answer = match reviewer.known(&token) {
+        Some(known) => known,
+        None => {
+            let Ok(_permit) = shared.permits.try_acquire() else {
+                return Err(Rejection::overloaded("overloaded"));
+            };
+            match tokio::time::timeout(REVIEW_TIMEOUT, reviewer.review(token)).await {
+                Err(_) => return Err(Rejection::overloaded("the token review timed out")),
+                Ok(answer) => answer,
+            }
+        }
+    };
+    match answer {
+        Err(AuthError::Unavailable(why)) => {
             tracing::warn!(%why, "progress report: token review failed");
             Err(Rejection::overloaded("the token cannot be reviewed now"))
         }
-        Ok(Err(AuthError::Unauthenticated(why))) => Err(Rejection::new(
+        Err(AuthError::Unauthenticated(why)) => Err(Rejection::new(
             StatusCode::UNAUTHORIZED,
             Outcome::Unauthenticated,
             why,
         )),
-        Ok(Ok(identity)) => Ok(identity),
+        Ok(identity) => Ok(identity),
     }
 }
 
@@ -356,31 +377,25 @@ fn record(
 
 /// Checks and records one report; the answer is whether to checkpoint.
 async fn handle(shared: &Shared, request: Request) -> Result<bool, Rejection> {
-    let Ok(_permit) = shared.permits.try_acquire() else {
-        return Err(Rejection::overloaded("overloaded"));
-    };
-    let server = &shared.server;
-    let token = bearer(request.headers());
-    let json = is_json(request.headers());
-
-    let bytes = read_body(request).await?;
-    let Some(token) = token else {
+    let Some(token) = bearer(request.headers()) else {
         return Err(Rejection::new(
             StatusCode::UNAUTHORIZED,
             Outcome::Unauthenticated,
             "Authorization: Bearer <token> is missing or malformed",
         ));
     };
-    if !json {
+    if !is_json(request.headers()) {
         return Err(Rejection::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Outcome::Invalid,
             "Content-Type is not application/json",
         ));
     }
+    let bytes = read_body(request).await?;
     let (job, report) = ReportBody::parse(&bytes)?;
 
-    let identity = review(server.reviewer.as_ref(), token).await?;
+    let identity = review(shared, token).await?;
+    let server = &shared.server;
     let job_uid = check_worker(server.pods.as_ref(), &identity, &job, &report)?;
     Ok(record(server, identity.namespace, job, &job_uid, &report))
 }
@@ -425,9 +440,10 @@ async fn method_not_allowed() -> Response {
     response
 }
 
-/// The endpoint: `POST /v1/progress`, at most [`MAX_CONCURRENT_REPORTS`] at a time.
+/// The endpoint: `POST /v1/progress`, with at most [`MAX_CONCURRENT_REVIEWS`] token reviews
+/// in flight.
 pub fn router(server: Arc<ProgressServer>) -> Router {
-    router_with_permits(server, MAX_CONCURRENT_REPORTS)
+    router_with_permits(server, MAX_CONCURRENT_REVIEWS)
 }
 
 fn router_with_permits(server: Arc<ProgressServer>, permits: usize) -> Router {
@@ -443,13 +459,25 @@ fn router_with_permits(server: Arc<ProgressServer>, permits: usize) -> Router {
         .with_state(shared)
 }
 
-/// Binds the progress endpoint; the returned future serves until `shutdown` completes.
+/// Binds the progress endpoint with the default limits ([`HttpLimits::PROGRESS`]); the
+/// returned future serves until `shutdown` completes.
 pub async fn serve(
     addr: SocketAddr,
     server: Arc<ProgressServer>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), Error> {
-    crate::listen::serve("progress", addr, router(server), shutdown).await
+    serve_within(addr, server, HttpLimits::PROGRESS, shutdown).await
+}
+
+/// Binds the progress endpoint; the returned future serves within `limits` until `shutdown`
+/// completes.
+pub async fn serve_within(
+    addr: SocketAddr,
+    server: Arc<ProgressServer>,
+    limits: HttpLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), Error> {
+    crate::listen::serve("progress", addr, router(server), limits, shutdown).await
 }
 
 #[cfg(test)]
@@ -554,7 +582,7 @@ mod tests {
         harness_with(
             Arc::new(FakeReviewer::default()),
             FakePods::of(&[("train", 2), ("other", 1)]),
-            MAX_CONCURRENT_REPORTS,
+            MAX_CONCURRENT_REVIEWS,
         )
     }
 
@@ -756,7 +784,7 @@ mod tests {
         let h = harness_with(
             Arc::new(KubeTokenReviewer::new(client, "trainyard-progress")),
             FakePods::of(&[("train", 1)]),
-            MAX_CONCURRENT_REPORTS,
+            MAX_CONCURRENT_REVIEWS,
         );
         assert_eq!(
             post(&h.router, "a-token-for-the-api-server", good(0, 1))
@@ -818,7 +846,7 @@ mod tests {
         let reviewer = Arc::new(FakeReviewer::default());
         let mut pods = FakePods::of(&[("train", 1)]);
         pods.0.get_mut("train-worker-0").expect("pod").uid = "uid-of-the-new-pod".to_owned();
-        let h = harness_with(reviewer, pods, MAX_CONCURRENT_REPORTS);
+        let h = harness_with(reviewer, pods, MAX_CONCURRENT_REVIEWS);
         assert_eq!(
             post(&h.router, "tok-train-worker-0", good(0, 1)).await.0,
             StatusCode::FORBIDDEN
@@ -967,6 +995,95 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn bodies_that_never_come_hold_no_permit() {
+        let h = harness_with(
+            Arc::new(FakeReviewer::default()),
+            FakePods::of(&[("train", 1)]),
+            4,
+        );
+        let never =
+            || Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>());
+        // Twice as many as there are permits: without a token, and with a forged one.
+        let tokenless: Vec<_> = (0..8)
+            .map(|_| tokio::spawn(send_owned(h.router.clone(), request(None, never()))))
+            .collect();
+        let forged: Vec<_> = (0..8)
+            .map(|i| {
+                let req = request(Some(&format!("forged-{i}")), never());
+                tokio::spawn(send_owned(h.router.clone(), req))
+            })
+            .collect();
+        for task in tokenless {
+            let (status, _) = task.await.expect("join");
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "refused before its body");
+        }
+        // The forged ones wait for their bodies, holding nothing the ranks need.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(forged.iter().all(|t| !t.is_finished()));
+        for rank in 0..3 {
+            assert_eq!(
+                post(&h.router, "tok-train-worker-0", good(0, rank)).await.0,
+                StatusCode::OK
+            );
+        }
+        for task in forged {
+            task.abort();
+        }
+    }
+
+    async fn send_owned(router: Router, request: Request) -> (StatusCode, Value) {
+        send(&router, request).await
+    }
+
+    #[tokio::test]
+    async fn a_forged_token_sent_again_costs_no_second_review() {
+        let (client, reviews, _) = reviewing_client();
+        let h = harness_with(
+            Arc::new(KubeTokenReviewer::new(client, "trainyard-progress")),
+            FakePods::of(&[("train", 1)]),
+            MAX_CONCURRENT_REVIEWS,
+        );
+        for _ in 0..50 {
+            assert_eq!(
+                post(&h.router, "forged", good(0, 1)).await.0,
+                StatusCode::UNAUTHORIZED
+            );
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), 1);
+        assert!(counted_n(&h.server, "unauthenticated", 50));
+    }
+
+    #[tokio::test]
+    async fn a_cached_token_is_answered_without_a_permit() {
+        let (client, reviews, _) = reviewing_client();
+        let reviewer = Arc::new(KubeTokenReviewer::new(client, "trainyard-progress"));
+        let known = "good:ml:train-worker-0".to_owned();
+        reviewer.review(known.clone()).await.expect("accepted");
+        let _ = reviewer.review("forged".to_owned()).await;
+        // No permit at all: only what the reviewer already knows can be answered.
+        let h = harness_with(reviewer, FakePods::of(&[("train", 1)]), 0);
+        assert_eq!(post(&h.router, &known, good(0, 1)).await.0, StatusCode::OK);
+        assert_eq!(
+            post(&h.router, "forged", good(0, 1)).await.0,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            post(&h.router, "good:ml:train-worker-1", good(1, 1)).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "overloaded"})
+            )
+        );
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            2,
+            "no review without a permit"
+        );
+    }
+
+    #[tokio::test]
     async fn a_token_review_that_cannot_be_made_is_503() {
         struct Down;
         impl TokenReviewer for Down {
@@ -988,7 +1105,7 @@ mod tests {
         let pods = FakePods::of(&[("a", RANKS), ("b", RANKS)]);
         let (client, reviews, _) = reviewing_client();
         let reviewer = Arc::new(KubeTokenReviewer::new(client, "trainyard-progress"));
-        let h = harness_with(reviewer.clone(), pods, MAX_CONCURRENT_REPORTS);
+        let h = harness_with(reviewer.clone(), pods, MAX_CONCURRENT_REVIEWS);
         for round in 0..2u64 {
             for job in ["a", "b"] {
                 for rank in 0..RANKS {

@@ -270,6 +270,7 @@ impl TestEnv {
             namespace: Some(self.ns.clone()),
             operator: config,
             metrics_addr,
+            metrics_limits: trainyard_operator::listen::HttpLimits::METRICS,
             leader_election,
             instance: format!("test-{}", self.ns),
             write_limit: trainyard_operator::write_limit::LimitConfig::up_to(write_ceiling),
