@@ -9,6 +9,7 @@ use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use trainyard_operator::config::{OperatorConfig, ProgressChannel};
 use trainyard_operator::leader::LeaderElection;
 use trainyard_operator::listen::{self, HttpLimits};
+use trainyard_operator::progress::AudienceCheck;
 use trainyard_operator::write_limit::LimitConfig;
 use trainyard_operator::{
     DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, ProgressServing, RunConfig, crdgen,
@@ -111,6 +112,12 @@ struct RunArgs {
     /// This replica's pod IP (the downward API's status.podIP).
     #[arg(long, env = "POD_IP")]
     pod_ip: Option<String>,
+    /// Accept TokenReview answers that list no audiences, for an API server whose token
+    /// authenticator does not report them. Such an answer shows only that the token is valid
+    /// for the API server, so by default it is refused.
+    #[arg(long, env = "TRAINYARD_PROGRESS_AUDIENCE_UNAWARE_REVIEWER", default_value_t = false,
+          action = ArgAction::Set)]
+    progress_audience_unaware_reviewer: bool,
     /// Connections the progress port holds at once; more are closed as soon as accepted.
     #[arg(long, env = "TRAINYARD_PROGRESS_MAX_CONNECTIONS",
           default_value_t = listen::DEFAULT_PROGRESS_CONNECTIONS as u64,
@@ -238,6 +245,11 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let progress_limits = args.http_limits(args.progress_max_connections);
     let metrics_limits = args.http_limits(args.metrics_max_connections);
+    let audiences = if args.progress_audience_unaware_reviewer {
+        AudienceCheck::UnawareReviewer
+    } else {
+        AudienceCheck::Listed
+    };
     let progress = match (args.progress_addr, args.progress_url) {
         (Some(addr), Some(url)) => {
             operator.progress_channel = Some(ProgressChannel {
@@ -253,6 +265,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
                     .map(|name| (own_namespace.clone(), name)),
                 pod_ip: args.pod_ip.filter(|ip| !ip.is_empty()),
                 limits: progress_limits,
+                audiences,
             })
         }
         _ => None,

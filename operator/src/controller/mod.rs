@@ -86,6 +86,9 @@ pub struct ProgressServing {
     pub pod_ip: Option<String>,
     /// What the progress port allows a connection ([`crate::listen`]).
     pub limits: crate::listen::HttpLimits,
+    /// Whether a TokenReview answer that lists no audiences is taken as checked
+    /// ([`crate::progress::auth::AudienceCheck`]).
+    pub audiences: crate::progress::auth::AudienceCheck,
 }
 
 /// Default ceiling of [`RunConfig::write_limit`]: the API server's own default bound on

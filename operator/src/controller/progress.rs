@@ -147,7 +147,10 @@ pub(super) async fn serve(
 ) -> Result<(), Error> {
     let endpoint = Arc::new(ProgressServer {
         store: progress,
-        reviewer: Arc::new(KubeTokenReviewer::new(client.clone(), &serving.audience)),
+        reviewer: Arc::new(
+            KubeTokenReviewer::new(client.clone(), &serving.audience)
+                .checking_audiences(serving.audiences),
+        ),
         pods: Arc::new(pods),
         metrics,
         wake,

@@ -76,13 +76,28 @@ pub trait TokenReviewer: Send + Sync + 'static {
     }
 }
 
+/// What a `TokenReview` answer must show of the audience it was asked about.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AudienceCheck {
+    /// The answer lists the audience. An answer that lists none says the token is valid for
+    /// the API server's own audience, not that it is for the operator's: refused.
+    #[default]
+    Listed,
+    /// The API server's token authenticator does not report audiences, so an answer that
+    /// lists none is taken as checked (`--progress-audience-unaware-reviewer`). An answer
+    /// that lists others is still refused.
+    UnawareReviewer,
+}
+
 /// The identity a `TokenReview` status proves for `audience`.
 ///
-/// Accepts only an authenticated service-account token whose review names `audience` (when
-/// the server lists audiences) and the pod it is bound to, by name and uid.
+/// Accepts only an authenticated service-account token whose review lists `audience` (or,
+/// with [`AudienceCheck::UnawareReviewer`], lists no audience at all) and the pod it is bound
+/// to, by name and uid.
 pub fn identity_from_status(
     status: &TokenReviewStatus,
     audience: &str,
+    check: AudienceCheck,
 ) -> Result<Identity, AuthError> {
     let reject = |why: &str| Err(AuthError::Unauthenticated(why.to_owned()));
     if status.authenticated != Some(true) {
@@ -91,10 +106,13 @@ pub fn identity_from_status(
             _ => reject("invalid token"),
         };
     }
-    if let Some(audiences) = &status.audiences
-        && !audiences.is_empty()
-        && !audiences.iter().any(|a| a == audience)
-    {
+    let listed = status.audiences.as_deref().unwrap_or_default();
+    if listed.is_empty() && check == AudienceCheck::Listed {
+        return reject(&format!(
+            "the token review lists no audience, so it does not show the token is for {audience}"
+        ));
+    }
+    if !listed.is_empty() && !listed.iter().any(|a| a == audience) {
         return reject(&format!("the token is not for the audience {audience}"));
     }
     let Some(user) = &status.user else {
@@ -243,11 +261,12 @@ fn truncated(why: &str) -> &str {
 pub struct KubeTokenReviewer {
     client: kube::Client,
     audience: Arc<str>,
+    check: AudienceCheck,
     cache: Arc<Mutex<Reviewed>>,
 }
 
 impl KubeTokenReviewer {
-    /// A reviewer for `audience` with the default caches.
+    /// A reviewer for `audience` with the default caches, that requires answers to list it.
     pub fn new(client: kube::Client, audience: impl Into<String>) -> Self {
         Self::with_cache(client, audience, DEFAULT_CACHE_CAPACITY, DEFAULT_CACHE_TTL)
     }
@@ -263,11 +282,18 @@ impl KubeTokenReviewer {
         Self {
             client,
             audience: Arc::from(audience.into()),
+            check: AudienceCheck::default(),
             cache: Arc::new(Mutex::new(Reviewed {
                 accepted: TokenCache::new(capacity, ttl),
                 rejected: TokenCache::new(DEFAULT_REJECTED_CAPACITY, DEFAULT_REJECTED_TTL),
             })),
         }
+    }
+
+    /// The same reviewer, checking answers' audiences as `check` says.
+    pub fn checking_audiences(mut self, check: AudienceCheck) -> Self {
+        self.check = check;
+        self
     }
 
     /// How many accepted tokens are cached.
@@ -293,7 +319,7 @@ impl TokenReviewer for KubeTokenReviewer {
             return futures::future::ready(known).boxed();
         }
         let api = Api::<TokenReview>::all(self.client.clone());
-        let (audience, cache) = (self.audience.clone(), self.cache.clone());
+        let (audience, check, cache) = (self.audience.clone(), self.check, self.cache.clone());
         async move {
             let review = TokenReview {
                 spec: TokenReviewSpec {
@@ -306,7 +332,8 @@ impl TokenReviewer for KubeTokenReviewer {
                 .create(&PostParams::default(), &review)
                 .await
                 .map_err(|e| AuthError::Unavailable(e.to_string()))?;
-            let answer = identity_from_status(&reviewed.status.unwrap_or_default(), &audience);
+            let answer =
+                identity_from_status(&reviewed.status.unwrap_or_default(), &audience, check);
             lock(&cache).remember(key, &answer, Instant::now());
             answer
         }
@@ -348,7 +375,7 @@ pub(crate) mod tests {
 
     fn unauthenticated(status: &TokenReviewStatus) -> bool {
         matches!(
-            identity_from_status(status, AUDIENCE),
+            identity_from_status(status, AUDIENCE, AudienceCheck::Listed),
             Err(AuthError::Unauthenticated(_))
         )
     }
@@ -363,13 +390,38 @@ pub(crate) mod tests {
 
     #[test]
     fn a_bound_service_account_token_for_the_audience_names_its_pod() {
-        assert_eq!(identity_from_status(&bound_status(), AUDIENCE), Ok(pod_0()));
-        let mut no_audiences = bound_status();
-        no_audiences.audiences = None;
-        assert!(
-            identity_from_status(&no_audiences, AUDIENCE).is_ok(),
-            "a server that lists no audiences checked the one asked for"
-        );
+        for check in [AudienceCheck::Listed, AudienceCheck::UnawareReviewer] {
+            assert_eq!(
+                identity_from_status(&bound_status(), AUDIENCE, check),
+                Ok(pod_0())
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_without_audiences_is_refused_unless_the_reviewer_is_audience_unaware() {
+        for audiences in [None, Some(vec![])] {
+            let mut status = bound_status();
+            status.audiences = audiences.clone();
+            assert_eq!(
+                identity_from_status(&status, AUDIENCE, AudienceCheck::Listed),
+                Err(AuthError::Unauthenticated(format!(
+                    "the token review lists no audience, so it does not show the token is for {AUDIENCE}"
+                ))),
+                "{audiences:?}: valid for the API server, not shown to be for the operator"
+            );
+            assert_eq!(
+                identity_from_status(&status, AUDIENCE, AudienceCheck::UnawareReviewer),
+                Ok(pod_0()),
+                "{audiences:?}"
+            );
+        }
+        let mut other = bound_status();
+        other.audiences = Some(vec!["https://kubernetes.default.svc".to_owned()]);
+        assert!(matches!(
+            identity_from_status(&other, AUDIENCE, AudienceCheck::UnawareReviewer),
+            Err(AuthError::Unauthenticated(_))
+        ));
     }
 
     #[test]
@@ -378,7 +430,7 @@ pub(crate) mod tests {
         status.authenticated = Some(false);
         status.error = Some("token is expired".to_owned());
         assert_eq!(
-            identity_from_status(&status, AUDIENCE),
+            identity_from_status(&status, AUDIENCE, AudienceCheck::Listed),
             Err(AuthError::Unauthenticated(
                 "invalid token: token is expired".to_owned()
             ))
@@ -401,7 +453,7 @@ pub(crate) mod tests {
             let user = status.user.as_mut().expect("user");
             user.extra.as_mut().expect("extra").remove(key);
             assert_eq!(
-                identity_from_status(&status, AUDIENCE),
+                identity_from_status(&status, AUDIENCE, AudienceCheck::Listed),
                 Err(AuthError::Unauthenticated(
                     "the token is not bound to a pod".to_owned()
                 )),
@@ -472,8 +524,9 @@ pub(crate) mod tests {
     }
 
     /// A client whose TokenReviews are answered by token: `good:<ns>:<pod>` is a bound token of
-    /// pod `<pod>` (uid `uid-<pod>`) in `<ns>`, anything else is refused. Counts the reviews
-    /// and keeps the last request body.
+    /// pod `<pod>` (uid `uid-<pod>`) in `<ns>`, `noaud:<ns>:<pod>` the same from a server that
+    /// lists no audiences, anything else is refused. Counts the reviews and keeps the last
+    /// request body.
     pub(crate) fn reviewing_client() -> (kube::Client, Arc<AtomicUsize>, Arc<Mutex<Value>>) {
         let count = Arc::new(AtomicUsize::new(0));
         let last = Arc::new(Mutex::new(Value::Null));
@@ -495,9 +548,9 @@ pub(crate) mod tests {
                     .unwrap_or_default()
                     .to_owned();
                 let status = match token.split(':').collect::<Vec<_>>().as_slice() {
-                    ["good", ns, pod] => json!({
+                    [kind @ ("good" | "noaud"), ns, pod] => json!({
                         "authenticated": true,
-                        "audiences": sent["spec"]["audiences"].clone(),
+                        "audiences": if *kind == "good" { sent["spec"]["audiences"].clone() } else { Value::Null },
                         "user": {"username": format!("system:serviceaccount:{ns}:trainer"),
                                  "extra": {EXTRA_POD_NAME: [pod], EXTRA_POD_UID: [format!("uid-{pod}")]}},
                     }),
@@ -576,6 +629,25 @@ pub(crate) mod tests {
         let long = "x".repeat(4 * MAX_REASON_BYTES);
         assert_eq!(truncated(&long).len(), MAX_REASON_BYTES);
         assert_eq!(truncated("ünïcödé"), "ünïcödé");
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_audiences_is_refused_by_default() {
+        let (client, _, _) = reviewing_client();
+        let strict = KubeTokenReviewer::new(client.clone(), AUDIENCE);
+        assert!(matches!(
+            strict.review("noaud:ml:p".to_owned()).await,
+            Err(AuthError::Unauthenticated(_))
+        ));
+        let unaware = KubeTokenReviewer::new(client, AUDIENCE)
+            .checking_audiences(AudienceCheck::UnawareReviewer);
+        assert_eq!(
+            unaware
+                .review("noaud:ml:p".to_owned())
+                .await
+                .map(|i| i.pod_name),
+            Ok("p".to_owned())
+        );
     }
 
     #[tokio::test]

@@ -35,8 +35,11 @@
 //!
 //! The token is the pod's projected service-account token for the operator's audience. The
 //! operator reviews it with a `TokenReview` ([`auth::KubeTokenReviewer`]) that names that
-//! audience, so a token minted for anything else (the API server's default audience included)
-//! is refused, and it accepts only tokens bound to a pod: the review names the pod and its uid.
+//! audience and accepts it only when the answer lists that audience back, so a token minted
+//! for anything else (the API server's default audience included) is refused; an answer that
+//! lists no audience is refused too unless the operator is told its API server's token
+//! authenticator does not report them ([`auth::AudienceCheck`]). It accepts only tokens bound
+//! to a pod: the review names the pod and its uid.
 //! The pod must then be in the operator's pod cache with that uid, be controlled by the
 //! `TrainingJob` its `trainyard.dev/job` label names, and carry the rank and attempt labels the
 //! report claims. So a pod can report only for its own job, rank and attempt, in its own
@@ -62,6 +65,6 @@ pub mod auth;
 pub mod server;
 pub mod store;
 
-pub use auth::{AuthError, Identity, KubeTokenReviewer, TokenReviewer};
+pub use auth::{AudienceCheck, AuthError, Identity, KubeTokenReviewer, TokenReviewer};
 pub use server::{PodLookup, ProgressServer, WorkerIdentity, router, serve};
 pub use store::{JobProgress, ProgressStore, RankProgress, Recorded, Report};
