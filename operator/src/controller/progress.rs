@@ -8,6 +8,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Endpoints;
 use kube::api::{Patch, PatchParams};
+use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 use serde_json::json;
@@ -16,11 +17,12 @@ use tokio::sync::mpsc;
 use super::triggers::JobRef;
 use super::{Context, FIELD_MANAGER, ProgressServing};
 use crate::cached_pod::CachedPod;
+use crate::crd::TrainingJob;
 use crate::error::Error;
 use crate::metrics::{JobLabels, Metrics};
 use crate::plan::{self, ObservedProgress, RankProgress};
 use crate::progress::auth::KubeTokenReviewer;
-use crate::progress::server::{self, ProgressServer};
+use crate::progress::server::{self, ProgressServer, WorkerPods};
 use crate::progress::store::{JobProgress, ProgressStore};
 use crate::validate::ValidJob;
 
@@ -135,12 +137,15 @@ pub(super) fn wake_channel() -> (
 }
 
 /// Serves the progress endpoint while this replica leads, and points the progress Service's
-/// Endpoints at it, so that reports reach the leader only.
+/// Endpoints at it, so that reports reach the leader only. A report is taken from a pod of a
+/// job in `jobs` only ([`WorkerPods`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn serve(
     client: Client,
     serving: &ProgressServing,
     progress: Arc<ProgressStore>,
     pods: Store<CachedPod>,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
     metrics: Arc<Metrics>,
     wake: mpsc::Sender<(String, String)>,
     stop: impl Future<Output = ()> + Send + 'static,
@@ -151,7 +156,7 @@ pub(super) async fn serve(
             KubeTokenReviewer::new(client.clone(), &serving.audience)
                 .checking_audiences(serving.audiences),
         ),
-        pods: Arc::new(pods),
+        pods: Arc::new(WorkerPods { pods, jobs }),
         metrics,
         wake,
     });

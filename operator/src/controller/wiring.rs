@@ -354,6 +354,7 @@ pub(super) async fn run_controller(
             serving,
             progress.clone(),
             pods.clone(),
+            jobs.clone(),
             metrics.clone(),
             wake,
             stop.clone(),

@@ -39,11 +39,14 @@
 //! for anything else (the API server's default audience included) is refused; an answer that
 //! lists no audience is refused too unless the operator is told its API server's token
 //! authenticator does not report them ([`auth::AudienceCheck`]). It accepts only tokens bound
-//! to a pod: the review names the pod and its uid.
-//! The pod must then be in the operator's pod cache with that uid, be controlled by the
-//! `TrainingJob` its `trainyard.dev/job` label names, and carry the rank and attempt labels the
-//! report claims. So a pod can report only for its own job, rank and attempt, in its own
-//! namespace; a token that leaks out of a pod stops working once the pod is gone.
+//! to a pod: the review names the pod and its uid. The pod must then be in the operator's pod
+//! cache with that uid, be controlled (owner reference, by uid) by the `TrainingJob` of that
+//! name in the operator's job cache, which its `trainyard.dev/job` label names, and carry the
+//! rank and attempt labels the report claims ([`server::WorkerPods`]). So a pod can report only
+//! for its own job, rank and attempt, in its own namespace; a pod that only looks like a
+//! worker (the labels and an owner reference with the job's name, which anyone who may create
+//! pods can write) cannot; and a token that leaks out of a pod stops working once the pod is
+//! gone.
 //!
 //! # Bounds
 //!
@@ -66,5 +69,5 @@ pub mod server;
 pub mod store;
 
 pub use auth::{AudienceCheck, AuthError, Identity, KubeTokenReviewer, TokenReviewer};
-pub use server::{PodLookup, ProgressServer, WorkerIdentity, router, serve};
+pub use server::{PodLookup, ProgressServer, WorkerIdentity, WorkerPods, router, serve};
 pub use store::{JobProgress, ProgressStore, RankProgress, Recorded, Report};

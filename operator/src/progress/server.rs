@@ -26,6 +26,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
@@ -33,7 +35,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::auth::{AuthError, Identity, TokenReviewer};
 use super::store::{ProgressStore, Report};
 use crate::cached_pod::CachedPod;
-use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP};
+use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
 use crate::error::Error;
 use crate::listen::HttpLimits;
 use crate::metrics::Metrics;
@@ -73,9 +75,11 @@ pub trait PodLookup: Send + Sync + 'static {
     fn worker(&self, namespace: &str, pod: &str) -> Option<WorkerIdentity>;
 }
 
-/// The worker the pod `meta` describes: a pod with the job, rank and attempt labels that the
-/// `TrainingJob` its job label names controls. A label alone proves nothing (anyone who can
-/// create a pod can set it); the controller owner reference is the operator's.
+/// The worker the pod `meta` claims to be: a pod with the job, rank and attempt labels whose
+/// controller owner reference names the `TrainingJob` its job label names. A label alone
+/// proves nothing (anyone who can create a pod can set it), and neither does an owner
+/// reference, which any pod creator can write too: [`WorkerPods`] also requires the reference's
+/// uid to be the uid of the job of that name now.
 pub fn worker_identity(meta: &ObjectMeta) -> Option<WorkerIdentity> {
     let labels = meta.labels.as_ref()?;
     let job = labels.get(LABEL_JOB)?;
@@ -94,10 +98,26 @@ pub fn worker_identity(meta: &ObjectMeta) -> Option<WorkerIdentity> {
     })
 }
 
-impl PodLookup for Store<CachedPod> {
+/// The operator's pod and job caches as a [`PodLookup`]: a pod is a worker when its labels and
+/// controller owner reference say so ([`worker_identity`]) and that reference carries the uid
+/// of the `TrainingJob` of that name in the cache. A pod merely named and labelled like a
+/// worker, with a reference to the job's name under another uid (a forged one, or the uid of
+/// a deleted namesake), is not one.
+pub struct WorkerPods {
+    /// The pods.
+    pub pods: Store<CachedPod>,
+    /// The jobs, malformed ones included.
+    pub jobs: Store<DeserializeGuard<TrainingJob>>,
+}
+
+impl PodLookup for WorkerPods {
     fn worker(&self, namespace: &str, pod: &str) -> Option<WorkerIdentity> {
-        let pod = self.get(&ObjectRef::new(pod).within(namespace))?;
-        worker_identity(&pod.metadata)
+        let pod = self.pods.get(&ObjectRef::new(pod).within(namespace))?;
+        let worker = worker_identity(&pod.metadata)?;
+        let job = self
+            .jobs
+            .get(&ObjectRef::new(&worker.job).within(namespace))?;
+        (job.meta().uid.as_deref() == Some(worker.job_uid.as_str())).then_some(worker)
     }
 }
 
@@ -328,7 +348,7 @@ fn check_worker(
         return Err(Rejection::new(
             StatusCode::FORBIDDEN,
             Outcome::UnknownJob,
-            format!("pod {pod} is not a worker of any TrainingJob"),
+            format!("pod {pod} is not a worker of any existing TrainingJob"),
         ));
     };
     if worker.uid != identity.pod_uid {
@@ -1145,51 +1165,64 @@ mod tests {
         assert_eq!(h.server.store.len(), 1);
     }
 
+    /// The operator's caches holding the job `ml/train` (uid `uid-1`) and `pods`.
+    fn worker_pods(pods: Vec<CachedPod>) -> WorkerPods {
+        use kube::runtime::{reflector, watcher};
+
+        let (pod_store, mut pod_writer) = reflector::store::<CachedPod>();
+        for p in pods {
+            pod_writer.apply_watcher_event(&watcher::Event::Apply(p));
+        }
+        let (job_store, mut job_writer) = reflector::store::<DeserializeGuard<TrainingJob>>();
+        let job = DeserializeGuard(Ok(crate::fixtures::job_yaml("workers: 2")));
+        job_writer.apply_watcher_event(&watcher::Event::Apply(job));
+        WorkerPods {
+            pods: pod_store,
+            jobs: job_store,
+        }
+    }
+
+    fn labelled_pod(name: &str, labels: Value, owner: Value) -> CachedPod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                         "labels": labels, "ownerReferences": owner},
+        }))
+        .expect("pod")
+    }
+
+    fn owner(kind: &str, name: &str, uid: &str) -> Value {
+        json!([{"apiVersion": "trainyard.dev/v1alpha1", "kind": kind, "name": name,
+                "uid": uid, "controller": true}])
+    }
+
     #[test]
     fn a_worker_is_a_pod_the_job_controls_with_rank_and_attempt_labels() {
-        use kube::runtime::reflector;
-        use kube::runtime::watcher;
-
-        let pod = |name: &str, labels: Value, owner: Value| -> CachedPod {
-            serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
-                             "labels": labels, "ownerReferences": owner},
-            }))
-            .expect("pod")
-        };
         let labels = json!({LABEL_JOB: "train", LABEL_RANK: "1", LABEL_ATTEMPT: "3"});
-        let owner = |kind: &str, name: &str| {
-            json!([{"apiVersion": "trainyard.dev/v1alpha1", "kind": kind, "name": name,
-                    "uid": "job-uid", "controller": true}])
-        };
-        let (store, mut writer) = reflector::store::<CachedPod>();
-        for p in [
-            pod(
+        let pods = worker_pods(vec![
+            labelled_pod(
                 "train-worker-1",
                 labels.clone(),
-                owner("TrainingJob", "train"),
+                owner("TrainingJob", "train", "uid-1"),
             ),
-            pod("labelled-only", labels.clone(), json!([])),
-            pod(
+            labelled_pod("labelled-only", labels.clone(), json!([])),
+            labelled_pod(
                 "owned-by-another",
                 labels.clone(),
-                owner("TrainingJob", "other"),
+                owner("TrainingJob", "other", "uid-1"),
             ),
-            pod("a-job-pod", labels.clone(), owner("Job", "train")),
-            pod(
+            labelled_pod("a-job-pod", labels.clone(), owner("Job", "train", "uid-1")),
+            labelled_pod(
                 "no-rank",
                 json!({LABEL_JOB: "train", LABEL_ATTEMPT: "3"}),
-                owner("TrainingJob", "train"),
+                owner("TrainingJob", "train", "uid-1"),
             ),
-        ] {
-            writer.apply_watcher_event(&watcher::Event::Apply(p));
-        }
+        ]);
         assert_eq!(
-            store.worker("ml", "train-worker-1"),
+            pods.worker("ml", "train-worker-1"),
             Some(WorkerIdentity {
                 uid: "uid-train-worker-1".to_owned(),
                 job: "train".to_owned(),
-                job_uid: "job-uid".to_owned(),
+                job_uid: "uid-1".to_owned(),
                 rank: 1,
                 attempt: 3,
             })
@@ -1201,9 +1234,54 @@ mod tests {
             "no-rank",
             "absent",
         ] {
-            assert_eq!(store.worker("ml", name), None, "{name}");
+            assert_eq!(pods.worker("ml", name), None, "{name}");
         }
-        assert_eq!(store.worker("other-ns", "train-worker-1"), None);
+        assert_eq!(pods.worker("other-ns", "train-worker-1"), None);
+    }
+
+    #[tokio::test]
+    async fn a_pod_whose_owner_reference_names_the_job_under_another_uid_is_no_worker() {
+        let labels = json!({LABEL_JOB: "train", LABEL_RANK: "0", LABEL_ATTEMPT: "1"});
+        let pods = worker_pods(vec![
+            // Named, labelled and owned by name like a worker; the uid is made up, or that of
+            // a deleted job of the same name.
+            labelled_pod(
+                "train-worker-0",
+                labels.clone(),
+                owner("TrainingJob", "train", "forged-uid"),
+            ),
+            labelled_pod(
+                "lookalike",
+                labels.clone(),
+                owner("TrainingJob", "train", ""),
+            ),
+        ]);
+        assert_eq!(pods.worker("ml", "train-worker-0"), None);
+        assert_eq!(pods.worker("ml", "lookalike"), None);
+        // Nor is a pod of a job the cache does not hold.
+        let orphan = worker_pods(vec![labelled_pod(
+            "gone-worker-0",
+            json!({LABEL_JOB: "gone", LABEL_RANK: "0", LABEL_ATTEMPT: "1"}),
+            owner("TrainingJob", "gone", "uid-1"),
+        )]);
+        assert_eq!(orphan.worker("ml", "gone-worker-0"), None);
+
+        // Through the endpoint: the report is refused, and the job's progress stays its own.
+        let h = harness_with(
+            Arc::new(FakeReviewer::default()),
+            FakePods(HashMap::new()),
+            MAX_CONCURRENT_REVIEWS,
+        );
+        let server = Arc::new(ProgressServer {
+            store: h.server.store.clone(),
+            reviewer: h.server.reviewer.clone(),
+            pods: Arc::new(pods),
+            metrics: h.server.metrics.clone(),
+            wake: h.server.wake.clone(),
+        });
+        let (status, _) = post(&router(server), "tok-train-worker-0", good(0, 1)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(h.server.store.is_empty());
     }
 
     #[tokio::test]
