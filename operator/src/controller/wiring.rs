@@ -348,8 +348,9 @@ pub(super) async fn run_controller(
     let service_triggers = service_triggers(svc_events, jobs.clone());
     let (wake, progress_triggers) = super::progress::wake_channel();
     let stop = stop.shared();
+    let mut progress_endpoints = None;
     if let Some(serving) = &config.progress {
-        super::progress::serve(
+        progress_endpoints = super::progress::serve(
             client.clone(),
             serving,
             progress.clone(),
@@ -384,6 +385,10 @@ pub(super) async fn run_controller(
         .reconcile_on(parked_wakes)
         .graceful_shutdown_on(stop);
     run_until_stopped(controller, ctx, ns, lease_task, publisher).await;
+    // The progress Endpoints are handed back before the Lease is.
+    if let Some(stepping_down) = progress_endpoints {
+        let _ = stepping_down.await;
+    }
     Ok(())
 }
 
