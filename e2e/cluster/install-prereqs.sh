@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(golang-go etcd-server containerd runc containernetworking-plugins iproute2 iptables
       conntrack socat ethtool util-linux mount rsync make gcc libc6-dev dpkg-dev curl ca-certificates jq
       openssl busybox-static python3 python3-venv python3-pip
-      dnsmasq-base debootstrap python3-matplotlib
+      dnsmasq-base debootstrap python3-matplotlib buildah
       lua5.1)
 missing=()
 for p in "${pkgs[@]}"; do
