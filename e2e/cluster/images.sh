@@ -17,6 +17,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=env.sh
 source "$HERE/env.sh"
+# shellcheck source=standins.sh
+source "$HERE/standins.sh"
 BIN_DIR=${TRAINYARD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}
 WORK=$STATE/images
 mkdir -p "$WORK"
@@ -73,6 +75,33 @@ build_binary_image() { # build_binary_image NAME USER
   import "$WORK/$1.tar"
 }
 
+# The operator and the device plugin from the repository's Dockerfile, built as users build
+# it (both targets, cache mounts, --pull=never) by buildah on the stand-in base images of
+# standins.sh. `buildah inspect` of each image is kept beside its tar for
+# charts/tests/check_image_config.py, which compares it with the chart.
+STANDINS_READY=0
+build_dockerfile_image() { # build_dockerfile_image TARGET
+  local image=docker.io/trainyard/$1:dev log=$WORK/$1-build.log
+  if ((!STANDINS_READY)); then build_standins; STANDINS_READY=1; fi
+  echo "images: $1: buildah bud --target $1 (the Dockerfile; log: $log)" >&2
+  bh bud --isolation chroot --pull=never --target "$1" -t "$image" -f "$ROOT/Dockerfile" "$ROOT" >"$log" 2>&1 \
+    || { tail -30 "$log" >&2; echo "images: building $1 from the Dockerfile failed (log: $log)" >&2; exit 1; }
+  bh inspect --type image "$image" >"$WORK/$1.inspect.json"
+  rm -f "$WORK/$1.tar"
+  bh push -q "$image" "docker-archive:$WORK/$1.tar:$image" >/dev/null
+  # The image this build replaced is untagged now: drop it (a vfs image is a full copy).
+  bh rmi --prune >/dev/null 2>&1 || true
+  import "$WORK/$1.tar"
+}
+
+check_dockerfile_images() { # check_dockerfile_images TARGET...: their config against the chart
+  local pytest=$CACHE/venv/bin/pytest
+  [[ -x $pytest ]] || { echo "images: no $pytest (make prereqs)" >&2; exit 1; }
+  TRAINYARD_IMAGE_CONFIG_DIR=$WORK TRAINYARD_CHECK_IMAGES="$*" \
+    "$pytest" -q -p no:cacheprovider "$ROOT/charts/tests/check_image_config.py" >&2 \
+    || { echo "images: the built images do not match the chart" >&2; exit 1; }
+}
+
 # The recipe of the cached PyTorch layer: change it and the hash (so the cache) changes.
 TORCH_SUITE=bookworm
 TORCH_MIRROR=${TRAINYARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -125,17 +154,27 @@ build_torch_trainer() {
   import "$WORK/torch-trainer.tar"
 }
 
+build_product_image() { # build_product_image NAME USER
+  if [[ ${TRAINYARD_IMAGE_BUILDER:-binaries} == dockerfile ]]; then
+    build_dockerfile_image "$1"; dockerfile_built+=("$1")
+  else
+    build_binary_image "$1" "$2"
+  fi
+}
+
 targets=("$@")
 ((${#targets[@]})) || targets=(all)
+dockerfile_built=()
 for t in "${targets[@]}"; do
   case $t in
     pause) build_pause ;;
     trainer) build_trainer ;;
-    operator) build_binary_image operator 65532 ;;
-    device-plugin) build_binary_image device-plugin 0 ;;
+    operator) build_product_image operator 65532 ;;
+    device-plugin) build_product_image device-plugin 0 ;;
     torch-trainer) build_torch_trainer ;;
-    all) build_pause; build_trainer; build_binary_image operator 65532; build_binary_image device-plugin 0
+    all) build_pause; build_trainer; build_product_image operator 65532; build_product_image device-plugin 0
          build_torch_trainer ;;
     *) echo "images: unknown image $t" >&2; exit 2 ;;
   esac
 done
+if ((${#dockerfile_built[@]})); then check_dockerfile_images "${dockerfile_built[@]}"; fi
