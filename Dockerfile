@@ -38,7 +38,9 @@ LABEL org.opencontainers.image.title="trainyard-operator" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder /out/trainyard-operator /usr/local/bin/trainyard-operator
 USER 65532:65532
-EXPOSE 8080
+# 8080: /metrics, /healthz, /readyz; 8082: the progress channel (POST /v1/progress),
+# as the chart's container ports.
+EXPOSE 8080 8082
 ENTRYPOINT ["/usr/local/bin/trainyard-operator"]
 CMD ["run"]
 
