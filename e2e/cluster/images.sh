@@ -3,13 +3,16 @@
 # into the harness's containerd (namespace k8s.io):
 #   pause          docker.io/trainyard/pause:dev          static pause binary
 #   trainer        docker.io/trainyard/trainer:dev        busybox (for shell trainers)
-#   operator       docker.io/trainyard/operator:dev       binary + the libraries ldd lists
-#   device-plugin  docker.io/trainyard/device-plugin:dev  likewise
+#   operator       docker.io/trainyard/operator:dev       the Dockerfile's `operator` target, built
+#                  by buildah on the stand-in base images of standins.sh
+#   device-plugin  docker.io/trainyard/device-plugin:dev  the Dockerfile's `device-plugin` target, likewise
 #   torch-trainer  docker.io/trainyard/torch-trainer:dev  Debian bookworm (debootstrap) with
 #                  python3-torch (CPU, gloo, torchrun) and examples/train.py as /app/train.py
 # Every image goes into node 1's containerd and, when it runs, node 2's.
 # usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all]...
-# TRAINYARD_BIN_DIR selects the cargo output dir (default: target/debug).
+# The operator and device-plugin images come from the Dockerfile as users build it (a
+# release build in the build stage; its cargo caches are buildah cache mounts kept in
+# $TRAINYARD_CACHE/buildah), and their config is checked against the chart after the build.
 # The PyTorch layer (about 1 GiB unpacked, minutes to build) is cached under
 # $TRAINYARD_CACHE (default ~/.cache/trainyard), keyed by a hash of its recipe.
 set -euo pipefail
@@ -19,7 +22,6 @@ ROOT=$(cd "$HERE/../.." && pwd)
 source "$HERE/env.sh"
 # shellcheck source=standins.sh
 source "$HERE/standins.sh"
-BIN_DIR=${TRAINYARD_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}
 WORK=$STATE/images
 mkdir -p "$WORK"
 
@@ -36,13 +38,6 @@ base_rootfs() { # base_rootfs DIR: /etc/passwd with a nonroot user, /tmp
   chmod 1777 "$1/tmp"
   printf 'root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532:nonroot:/home/nonroot:/bin/sh\n' >"$1/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' >"$1/etc/group"
-}
-
-copy_with_libs() { # copy_with_libs BINARY ROOTFS
-  install -D -m 0755 "$1" "$2/usr/local/bin/$(basename "$1")"
-  ldd "$1" | grep -o '/[^ ]*' | sort -u | while read -r lib; do
-    install -D -m 0755 "$(readlink -f "$lib")" "$2$lib"
-  done
 }
 
 build_pause() {
@@ -65,20 +60,11 @@ build_trainer() {
   import "$WORK/trainer.tar"
 }
 
-build_binary_image() { # build_binary_image NAME USER
-  local bin=$BIN_DIR/trainyard-$1 fs=$WORK/$1-rootfs
-  [[ -x $bin ]] || { echo "images: $bin not built (cargo build --workspace --bins)" >&2; exit 1; }
-  base_rootfs "$fs"
-  copy_with_libs "$bin" "$fs"
-  python3 "$HERE/mkimage.py" "$fs" "trainyard/$1:dev" "$WORK/$1.tar" \
-    --entrypoint "[\"/usr/local/bin/trainyard-$1\"]" --user "$2"
-  import "$WORK/$1.tar"
-}
-
 # The operator and the device plugin from the repository's Dockerfile, built as users build
 # it (both targets, cache mounts, --pull=never) by buildah on the stand-in base images of
 # standins.sh. `buildah inspect` of each image is kept beside its tar for
-# charts/tests/check_image_config.py, which compares it with the chart.
+# charts/tests/check_image_config.py, which compares it with the chart before the image is
+# imported.
 STANDINS_READY=0
 build_dockerfile_image() { # build_dockerfile_image TARGET
   local image=docker.io/trainyard/$1:dev log=$WORK/$1-build.log
@@ -87,6 +73,7 @@ build_dockerfile_image() { # build_dockerfile_image TARGET
   bh bud --isolation chroot --pull=never --target "$1" -t "$image" -f "$ROOT/Dockerfile" "$ROOT" >"$log" 2>&1 \
     || { tail -30 "$log" >&2; echo "images: building $1 from the Dockerfile failed (log: $log)" >&2; exit 1; }
   bh inspect --type image "$image" >"$WORK/$1.inspect.json"
+  check_image_config "$1"
   rm -f "$WORK/$1.tar"
   bh push -q "$image" "docker-archive:$WORK/$1.tar:$image" >/dev/null
   # The image this build replaced is untagged now: drop it (a vfs image is a full copy).
@@ -94,12 +81,12 @@ build_dockerfile_image() { # build_dockerfile_image TARGET
   import "$WORK/$1.tar"
 }
 
-check_dockerfile_images() { # check_dockerfile_images TARGET...: their config against the chart
+check_image_config() { # check_image_config TARGET: the built image's config against the chart
   local pytest=$CACHE/venv/bin/pytest
   [[ -x $pytest ]] || { echo "images: no $pytest (make prereqs)" >&2; exit 1; }
-  TRAINYARD_IMAGE_CONFIG_DIR=$WORK TRAINYARD_CHECK_IMAGES="$*" \
+  TRAINYARD_IMAGE_CONFIG_DIR=$WORK TRAINYARD_CHECK_IMAGES=$1 \
     "$pytest" -q -p no:cacheprovider "$ROOT/charts/tests/check_image_config.py" >&2 \
-    || { echo "images: the built images do not match the chart" >&2; exit 1; }
+    || { echo "images: the $1 image built from the Dockerfile does not match the chart" >&2; exit 1; }
 }
 
 # The recipe of the cached PyTorch layer: change it and the hash (so the cache) changes.
@@ -154,27 +141,17 @@ build_torch_trainer() {
   import "$WORK/torch-trainer.tar"
 }
 
-build_product_image() { # build_product_image NAME USER
-  if [[ ${TRAINYARD_IMAGE_BUILDER:-binaries} == dockerfile ]]; then
-    build_dockerfile_image "$1"; dockerfile_built+=("$1")
-  else
-    build_binary_image "$1" "$2"
-  fi
-}
-
 targets=("$@")
 ((${#targets[@]})) || targets=(all)
-dockerfile_built=()
 for t in "${targets[@]}"; do
   case $t in
     pause) build_pause ;;
     trainer) build_trainer ;;
-    operator) build_product_image operator 65532 ;;
-    device-plugin) build_product_image device-plugin 0 ;;
+    operator) build_dockerfile_image operator ;;
+    device-plugin) build_dockerfile_image device-plugin ;;
     torch-trainer) build_torch_trainer ;;
-    all) build_pause; build_trainer; build_product_image operator 65532; build_product_image device-plugin 0
+    all) build_pause; build_trainer; build_dockerfile_image operator; build_dockerfile_image device-plugin
          build_torch_trainer ;;
     *) echo "images: unknown image $t" >&2; exit 2 ;;
   esac
 done
-if ((${#dockerfile_built[@]})); then check_dockerfile_images "${dockerfile_built[@]}"; fi
