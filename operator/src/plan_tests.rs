@@ -2104,7 +2104,10 @@ fn a_failure_while_every_lease_looks_equally_stale_stays_a_failure() {
     // 26 s on the operator's clock: on it every Lease has missed two renewals.
     w.advance(25);
     let held = w.step();
-    assert_eq!(held.restart, None, "held: no node renewed while another did not");
+    assert_eq!(
+        held.restart, None,
+        "held: no node renewed while another did not"
+    );
     assert_eq!((held.status.failures, held.status.preemptions), (0, 0));
     // The window runs out: a failure of the job's own, with its backoff and budget.
     w.advance(60);
@@ -2170,9 +2173,7 @@ fn reports_that_stop_coming_are_a_channel_fault_not_a_hang() {
 
 #[test]
 fn an_operator_restart_that_empties_the_store_is_not_a_hang() {
-    let mut w = World::running_world(
-        "workers: 2\nrestartPolicy: {progressTimeoutSeconds: 60}\n",
-    );
+    let mut w = World::running_world("workers: 2\nrestartPolicy: {progressTimeoutSeconds: 60}\n");
     w.progress = Some(reports(0, &[(0, 20), (1, 20)], w.now));
     w.step();
     assert!(w.status.progress.is_some());
@@ -2257,7 +2258,8 @@ impl Channel {
             self.store.request_checkpoint("ml", "train", attempt);
         }
         if let Some(attempt) = plan.checkpoint_withdrawal {
-            self.store.withdraw_checkpoint_request("ml", "train", attempt);
+            self.store
+                .withdraw_checkpoint_request("ml", "train", attempt);
         }
         w.progress = self.observed();
         plan
@@ -2322,7 +2324,10 @@ fn a_second_notice_in_the_same_attempt_asks_for_a_new_checkpoint() {
     assert_eq!(asked.restart, None, "not from the checkpoint at step 41");
     assert_eq!(asked.checkpoint_request, Some(0));
     assert!(
-        asked.events.iter().any(|e| e.reason == "CheckpointRequested" && e.note.contains("step 500")),
+        asked
+            .events
+            .iter()
+            .any(|e| e.reason == "CheckpointRequested" && e.note.contains("step 500")),
         "{:?}",
         asked.events
     );
@@ -2341,7 +2346,10 @@ fn node_names_excluded(pod: &Pod) -> Vec<Vec<String>> {
         .as_ref()
         .and_then(|s| s.affinity.as_ref())
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
     required
         .map(|r| {
             r.node_selector_terms
