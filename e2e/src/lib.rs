@@ -13,6 +13,8 @@
 //! the harness's kubelet.
 #![forbid(unsafe_code)]
 
+pub mod chaos;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;

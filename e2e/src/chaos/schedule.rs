@@ -1,0 +1,304 @@
+//! A seeded schedule of faults: the same seed always yields the same faults, in the same
+//! order, at the same offsets, so a failing run is replayed by its seed.
+//!
+//! Faults overlap in time as they do in production (the operator is killed while a node is
+//! being lost), except where two faults act on the same thing: node 2 is lost or partitioned
+//! by one fault at a time, the control plane is restarted by one at a time, and the job is
+//! suspended or has a worker deleted by one at a time. A fault that is undone (a node brought
+//! back, a partition healed, a taint removed, a GPU made healthy again, a job resumed) is
+//! undone `hold` after it was injected, always before the schedule ends.
+
+use std::fmt;
+use std::time::Duration;
+
+/// What a fault does; each is a real action against the local cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// `kill -9` of the operator leader's process; the standby replica takes over.
+    KillOperatorLeader,
+    /// The API server is stopped and started again.
+    RestartApiServer,
+    /// etcd is stopped and started again (briefly).
+    RestartEtcd,
+    /// Node 1's kubelet is restarted.
+    RestartKubelet,
+    /// A node's device plugin pod is deleted (the DaemonSet brings it back).
+    RestartDevicePlugin,
+    /// A GPU is marked unhealthy in the fake GPU file, and healthy again after `hold`.
+    GpuUnhealthy,
+    /// Node 2 is lost hard (`node2.sh lose`) and brought back after `hold`.
+    LoseNode2,
+    /// Node 2's link goes down with its processes alive, and heals after `hold`.
+    PartitionNode2,
+    /// A Karpenter termination taint on a worker's node, removed after `hold`.
+    TerminationTaint,
+    /// A worker pod is deleted, as a user would.
+    DeleteWorkerPod,
+    /// The job is suspended, and resumed after `hold`.
+    SuspendResume,
+}
+
+impl FaultKind {
+    /// Every kind, in a fixed order (the schedule's shuffles start from it).
+    pub const ALL: [FaultKind; 11] = [
+        FaultKind::KillOperatorLeader,
+        FaultKind::RestartApiServer,
+        FaultKind::RestartEtcd,
+        FaultKind::RestartKubelet,
+        FaultKind::RestartDevicePlugin,
+        FaultKind::GpuUnhealthy,
+        FaultKind::LoseNode2,
+        FaultKind::PartitionNode2,
+        FaultKind::TerminationTaint,
+        FaultKind::DeleteWorkerPod,
+        FaultKind::SuspendResume,
+    ];
+
+    /// The thing the fault acts on: two faults on one resource never overlap.
+    pub fn resource(self) -> Resource {
+        match self {
+            FaultKind::KillOperatorLeader => Resource::Operator,
+            FaultKind::RestartApiServer | FaultKind::RestartEtcd => Resource::ControlPlane,
+            FaultKind::RestartKubelet => Resource::Node1,
+            FaultKind::RestartDevicePlugin | FaultKind::GpuUnhealthy => Resource::Gpus,
+            FaultKind::LoseNode2 | FaultKind::PartitionNode2 => Resource::Node2,
+            FaultKind::TerminationTaint => Resource::Taint,
+            FaultKind::DeleteWorkerPod | FaultKind::SuspendResume => Resource::Job,
+        }
+    }
+
+    /// Whether the fault is undone after its `hold` (otherwise it is a single action).
+    pub fn is_undone(self) -> bool {
+        matches!(
+            self,
+            FaultKind::GpuUnhealthy
+                | FaultKind::LoseNode2
+                | FaultKind::PartitionNode2
+                | FaultKind::TerminationTaint
+                | FaultKind::SuspendResume
+        )
+    }
+
+    /// Whether the job's attempt counter moves because of this fault alone: a suspend and
+    /// resume of a started job is a `Resume`; the others may or may not restart the gang.
+    pub fn counts_a_resume(self) -> bool {
+        self == FaultKind::SuspendResume
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// What a fault acts on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Resource {
+    Operator,
+    ControlPlane,
+    Node1,
+    Node2,
+    Gpus,
+    Taint,
+    Job,
+}
+
+/// One fault of a schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// When it is injected, from the start of the schedule.
+    pub at: Duration,
+    pub kind: FaultKind,
+    /// How long it lasts before it is undone (zero for single actions).
+    pub hold: Duration,
+}
+
+impl Fault {
+    /// When the fault's resource is free again.
+    pub fn ends(&self) -> Duration {
+        self.at + self.hold
+    }
+}
+
+/// The knobs of a schedule.
+#[derive(Clone, Debug)]
+pub struct ScheduleConfig {
+    /// How many faults.
+    pub faults: usize,
+    /// The shortest and longest pause between two injections.
+    pub gap: (Duration, Duration),
+    /// The shortest and longest hold of a fault that is undone.
+    pub hold: (Duration, Duration),
+    /// Kinds that must not be drawn (e.g. a run without node 2).
+    pub excluded: Vec<FaultKind>,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            faults: 10,
+            gap: (Duration::from_secs(5), Duration::from_secs(25)),
+            hold: (Duration::from_secs(5), Duration::from_secs(30)),
+            excluded: Vec::new(),
+        }
+    }
+}
+
+/// A seeded schedule of faults, ordered by injection time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub seed: u64,
+    pub faults: Vec<Fault>,
+}
+
+impl Schedule {
+    /// The schedule of `seed`. Kinds are drawn from shuffled rounds of every allowed kind, so
+    /// any `n` consecutive faults with `n` at most the number of kinds are of `n` kinds.
+    pub fn generate(seed: u64, config: &ScheduleConfig) -> Schedule {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let kinds: Vec<FaultKind> = FaultKind::ALL
+            .into_iter()
+            .filter(|k| !config.excluded.contains(k))
+            .collect();
+        let mut faults: Vec<Fault> = Vec::with_capacity(config.faults);
+        let mut round: Vec<FaultKind> = Vec::new();
+        let mut at = Duration::ZERO;
+        while faults.len() < config.faults && !kinds.is_empty() {
+            if round.is_empty() {
+                round = kinds.clone();
+                rng.shuffle(&mut round);
+            }
+            let Some(kind) = round.pop() else { break };
+            at += draw(&mut rng, config.gap);
+            // A fault waits for the last one on its resource to be undone.
+            let free = faults
+                .iter()
+                .filter(|f| f.kind.resource() == kind.resource())
+                .map(Fault::ends)
+                .max()
+                .unwrap_or(Duration::ZERO);
+            at = at.max(free + config.gap.0);
+            let hold = if kind.is_undone() {
+                draw(&mut rng, config.hold)
+            } else {
+                Duration::ZERO
+            };
+            faults.push(Fault { at, kind, hold });
+        }
+        Schedule { seed, faults }
+    }
+
+    /// When the last fault has been undone.
+    pub fn ends(&self) -> Duration {
+        self.faults
+            .iter()
+            .map(Fault::ends)
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// How many faults of each kind, in [`FaultKind::ALL`] order (kinds never drawn left out).
+    pub fn counts(&self) -> Vec<(FaultKind, usize)> {
+        FaultKind::ALL
+            .into_iter()
+            .map(|k| (k, self.faults.iter().filter(|f| f.kind == k).count()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "chaos seed {} ({} faults)", self.seed, self.faults.len())?;
+        for fault in &self.faults {
+            write!(f, "  t+{:>4}s {}", fault.at.as_secs(), fault.kind)?;
+            if !fault.hold.is_zero() {
+                write!(f, " for {}s", fault.hold.as_secs())?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}
+
+/// A duration drawn uniformly from `[lo, hi]` at whole-second resolution.
+fn draw(rng: &mut fastrand::Rng, (lo, hi): (Duration, Duration)) -> Duration {
+    let (lo, hi) = (lo.as_secs(), hi.as_secs().max(lo.as_secs()));
+    Duration::from_secs(rng.u64(lo..=hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn a_seed_replays_its_schedule_and_another_seed_differs() {
+        let config = ScheduleConfig::default();
+        let a = Schedule::generate(42, &config);
+        assert_eq!(a, Schedule::generate(42, &config));
+        assert_ne!(a.faults, Schedule::generate(43, &config).faults);
+        assert_eq!(a.faults.len(), 10);
+    }
+
+    #[test]
+    fn faults_on_one_resource_never_overlap_and_injections_are_in_order() {
+        let config = ScheduleConfig {
+            faults: 30,
+            ..ScheduleConfig::default()
+        };
+        for seed in 0..500 {
+            let s = Schedule::generate(seed, &config);
+            for pair in s.faults.windows(2) {
+                assert!(pair[0].at < pair[1].at, "seed {seed}: {s}");
+            }
+            for (i, a) in s.faults.iter().enumerate() {
+                for b in &s.faults[i + 1..] {
+                    if a.kind.resource() == b.kind.resource() {
+                        assert!(a.ends() < b.at, "seed {seed}: {a:?} overlaps {b:?}\n{s}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn six_faults_are_of_six_kinds_and_excluded_kinds_are_never_drawn() {
+        let config = ScheduleConfig {
+            faults: 6,
+            excluded: vec![FaultKind::LoseNode2],
+            ..ScheduleConfig::default()
+        };
+        for seed in 0..200 {
+            let s = Schedule::generate(seed, &config);
+            let kinds: HashSet<_> = s.faults.iter().map(|f| f.kind).collect();
+            assert_eq!(kinds.len(), 6, "seed {seed}: {s}");
+            assert!(!kinds.contains(&FaultKind::LoseNode2), "seed {seed}: {s}");
+        }
+    }
+
+    #[test]
+    fn only_faults_that_are_undone_hold_and_every_hold_is_in_range() {
+        let config = ScheduleConfig::default();
+        for seed in 0..200 {
+            for f in Schedule::generate(seed, &config).faults {
+                if f.kind.is_undone() {
+                    assert!(f.hold >= config.hold.0 && f.hold <= config.hold.1, "{f:?}");
+                } else {
+                    assert_eq!(f.hold, Duration::ZERO, "{f:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_printed_schedule_names_the_seed_and_every_fault() {
+        let s = Schedule::generate(7, &ScheduleConfig::default());
+        let text = s.to_string();
+        assert!(text.starts_with("chaos seed 7 (10 faults)"), "{text}");
+        assert_eq!(text.lines().count(), 11, "{text}");
+        let counted: usize = s.counts().iter().map(|(_, n)| n).sum();
+        assert_eq!(counted, 10);
+    }
+}
