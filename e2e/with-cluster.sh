@@ -29,6 +29,8 @@ bash "$HERE/cluster/up.sh"
 if [[ ${TRAINYARD_E2E_EXISTING:-0} != 1 ]]; then
   export KUBECONFIG=$KUBECONFIG_FILE
   bash "$HERE/cluster/images.sh" trainer torch-trainer operator device-plugin
+  # Scrapes what the chart's ServiceMonitors select from here on (the dashboard test reads it).
+  bash "$HERE/cluster/prometheus.sh" start
 fi
 export TRAINYARD_E2E_STATE=$STATE TRAINYARD_KUBELET_ROOT=$KUBELET_ROOT
 export PATH=$K8S_BIN:$PATH

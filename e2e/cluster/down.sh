@@ -76,7 +76,7 @@ except Exception:
   ((${#tasks[@]})) && echo "down: killed ${#tasks[@]} container(s)"
 fi
 
-for name in dnsmasq cluster-dns kube-scheduler kube-controller-manager apiserver-bridge-proxy kube-apiserver containerd etcd; do
+for name in prometheus prometheus-sd dnsmasq cluster-dns kube-scheduler kube-controller-manager apiserver-bridge-proxy kube-apiserver containerd etcd; do
   stop "$name"
 done
 

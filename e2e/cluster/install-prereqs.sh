@@ -7,7 +7,7 @@ pkgs=(golang-go etcd-server containerd runc containernetworking-plugins iproute2
       conntrack socat ethtool util-linux mount rsync make gcc libc6-dev dpkg-dev curl ca-certificates jq
       openssl busybox-static python3 python3-venv python3-pip
       dnsmasq-base debootstrap python3-matplotlib buildah
-      lua5.1)
+      lua5.1 prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -18,8 +18,8 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# Don't leave a packaged containerd/etcd running on its default sockets: the harness starts its own.
-for svc in containerd etcd; do
+# Don't leave a packaged containerd/etcd/prometheus running on its default ports: the harness starts its own.
+for svc in containerd etcd prometheus; do
   if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
     systemctl stop "$svc" || true
   fi
