@@ -47,9 +47,10 @@ chart-test:
 ## Component tests (in-process operator, fake nodes) run first; the Helm
 ## scenarios last, since the chart's operator watches every namespace. The spot
 ## node (node 2) is cordoned for all but the two-node scenarios, which uncordon it.
+## The dashboard test runs after the scenarios: it queries what Prometheus scraped during them.
 e2e:
 	$(CARGO) build --workspace --bins
-	bash e2e/with-cluster.sh bash -c 'kubectl cordon $(NODE2) >/dev/null && $(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --skip nvml_ --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored'
+	bash e2e/with-cluster.sh bash -c 'kubectl cordon $(NODE2) >/dev/null && $(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --skip nvml_ --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored --skip dashboard_ && $(CARGO) test -p trainyard-e2e --test dashboard -- --ignored'
 
 crds:
 	$(CARGO) run -q -p trainyard-operator -- crd > crds/trainingjob.yaml
