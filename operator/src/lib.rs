@@ -39,6 +39,7 @@ pub mod pods;
 pub mod preemption;
 pub mod progress;
 pub mod pvc;
+pub mod reason;
 pub mod rejection;
 pub mod service;
 pub mod trainer;

@@ -36,6 +36,7 @@ use crate::validate::{InvalidSpec, ValidJob};
 
 use crate::condition::{self, condition_is_true, set_condition};
 use crate::events::JobEvent;
+use crate::reason;
 
 mod phases;
 mod round;
@@ -317,13 +318,13 @@ pub fn malformed_report(
         &mut conditions,
         condition::INVALID_SPEC,
         true,
-        "MalformedObject",
+        reason::MALFORMED_OBJECT,
         &message,
         now,
         generation,
     );
     let condition = conditions.remove(0);
-    (condition, JobEvent::warning("InvalidSpec", message))
+    (condition, JobEvent::warning(reason::INVALID_SPEC, message))
 }
 
 /// The one writer of the condition `InvalidSpec`: True with the error (and a Warning Event
@@ -341,7 +342,7 @@ fn write_invalid_spec(
                 &mut st.conditions,
                 condition::INVALID_SPEC,
                 false,
-                "Valid",
+                reason::VALID,
                 "",
                 now,
                 generation,
@@ -357,7 +358,7 @@ fn write_invalid_spec(
         &mut st.conditions,
         condition::INVALID_SPEC,
         true,
-        "InvalidSpec",
+        reason::INVALID_SPEC,
         &message,
         now,
         generation,
@@ -367,7 +368,7 @@ fn write_invalid_spec(
     if already {
         Vec::new()
     } else {
-        vec![JobEvent::warning("InvalidSpec", message)]
+        vec![JobEvent::warning(reason::INVALID_SPEC, message)]
     }
 }
 

@@ -13,6 +13,7 @@ use super::{
 use crate::crd::{LastRestart, Phase, RestartReason};
 use crate::placement::{self, Placement};
 use crate::preemption::WorkerState;
+use crate::reason;
 use crate::validate::InvalidSpec;
 use crate::{pods, pvc, service};
 
@@ -139,7 +140,7 @@ fn suspend(view: &View<'_>, round: &mut Round) -> Flow {
     }
     if started_in(view) != Phase::Suspended {
         round.events.push(JobEvent::normal(
-            "Suspended",
+            reason::SUSPENDED,
             "spec.suspend is true: deleting the workers",
         ));
     }
@@ -149,7 +150,7 @@ fn suspend(view: &View<'_>, round: &mut Round) -> Flow {
         view,
         condition::RUNNING,
         false,
-        "Suspended",
+        reason::SUSPENDED,
         "spec.suspend is true",
     );
     round.remove_pods(view, view.observed.pods.iter());
@@ -171,14 +172,14 @@ fn resume(view: &View<'_>, round: &mut Round) -> Flow {
     st.phase = Some(Phase::Pending);
     if !resumes_as_new_attempt(view.job, view.current) {
         round.events.push(JobEvent::normal(
-            "Resumed",
+            reason::RESUMED,
             "spec.suspend is false: creating the workers",
         ));
         return Flow::Continue;
     }
     let Some(next) = st.attempt.checked_add(1) else {
         let message = restart::attempt_limit_message("spec.suspend set to false");
-        round.fail(view, restart::ATTEMPT_LIMIT_REACHED, &message);
+        round.fail(view, reason::ATTEMPT_LIMIT_REACHED, &message);
         return Flow::Stop;
     };
     st.attempt = next;
@@ -190,7 +191,7 @@ fn resume(view: &View<'_>, round: &mut Round) -> Flow {
         detail: "spec.suspend set to false".to_owned(),
     });
     round.events.push(JobEvent::normal(
-        "Resumed",
+        reason::RESUMED,
         format!(
             "spec.suspend is false: recreating the workers as attempt {next} with RESUME_FROM set"
         ),
@@ -216,7 +217,7 @@ fn deadline(view: &View<'_>, round: &mut Round) -> Flow {
         return Flow::Continue;
     }
     let message = format!("activeDeadlineSeconds ({limit}s) passed");
-    round.fail(view, "DeadlineExceeded", &message);
+    round.fail(view, reason::DEADLINE_EXCEEDED, &message);
     round.remove_running_pods(view);
     Flow::Stop
 }
@@ -244,13 +245,13 @@ fn success(view: &View<'_>, round: &mut Round) -> Flow {
         view,
         condition::SUCCEEDED,
         true,
-        "AllWorkersSucceeded",
+        reason::ALL_WORKERS_SUCCEEDED,
         exited,
     );
-    round.condition(view, condition::RUNNING, false, "Succeeded", exited);
-    round.condition(view, condition::RESTARTING, false, "Succeeded", "");
+    round.condition(view, condition::RUNNING, false, reason::SUCCEEDED, exited);
+    round.condition(view, condition::RESTARTING, false, reason::SUCCEEDED, "");
     round.events.push(JobEvent::normal(
-        "Succeeded",
+        reason::SUCCEEDED,
         format!("{exited} (attempt {})", round.st.attempt),
     ));
     round.remove_running_pods(view);
@@ -290,7 +291,13 @@ fn report_name_conflicts(view: &View<'_>, round: &mut Round) {
     let foreign = &view.observed.foreign;
     if foreign.is_empty() {
         if condition_is_true(&round.st.conditions, condition::NAME_CONFLICT) {
-            round.condition(view, condition::NAME_CONFLICT, false, "NamesFree", "");
+            round.condition(
+                view,
+                condition::NAME_CONFLICT,
+                false,
+                reason::NAMES_FREE,
+                "",
+            );
         }
         return;
     }
@@ -306,11 +313,17 @@ fn report_name_conflicts(view: &View<'_>, round: &mut Round) {
         view.current.conditions.iter().any(|c| {
             c.type_ == condition::NAME_CONFLICT && c.status == "True" && c.message == message
         });
-    round.condition(view, condition::NAME_CONFLICT, true, "NameTaken", &message);
+    round.condition(
+        view,
+        condition::NAME_CONFLICT,
+        true,
+        reason::NAME_TAKEN,
+        &message,
+    );
     if !already {
         round
             .events
-            .push(JobEvent::warning("NameConflict", message));
+            .push(JobEvent::warning(reason::NAME_CONFLICT, message));
     }
 }
 
@@ -453,7 +466,7 @@ fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, c
         _ => String::new(),
     };
     round.announcement = Some(JobEvent::normal(
-        "CreatingWorkers",
+        reason::CREATING_WORKERS,
         format!(
             "creating {count} worker(s) for attempt {}{what}{resumes}",
             st.attempt
@@ -493,9 +506,9 @@ fn unschedulable(view: &View<'_>, round: &mut Round) -> Flow {
     let (reason, message) = match (ours, scheduler_says) {
         (Some(m), _) => {
             round.requeue(view.now.saturating_add(CLUSTER_WAIT_RECHECK).ok());
-            ("NoMatchingNode", m)
+            (reason::NO_MATCHING_NODE, m)
         }
-        (None, Some(m)) => ("SchedulerUnschedulable", m),
+        (None, Some(m)) => (reason::SCHEDULER_UNSCHEDULABLE, m),
         (None, None) => {
             if round
                 .st
@@ -503,7 +516,13 @@ fn unschedulable(view: &View<'_>, round: &mut Round) -> Flow {
                 .iter()
                 .any(|c| c.type_ == condition::UNSCHEDULABLE)
             {
-                round.condition(view, condition::UNSCHEDULABLE, false, "Schedulable", "");
+                round.condition(
+                    view,
+                    condition::UNSCHEDULABLE,
+                    false,
+                    reason::SCHEDULABLE,
+                    "",
+                );
             }
             return Flow::Continue;
         }
@@ -511,7 +530,7 @@ fn unschedulable(view: &View<'_>, round: &mut Round) -> Flow {
     if !condition_is_true(&round.st.conditions, condition::UNSCHEDULABLE) {
         round
             .events
-            .push(JobEvent::warning("Unschedulable", message.clone()));
+            .push(JobEvent::warning(reason::UNSCHEDULABLE, message.clone()));
     }
     round.condition(view, condition::UNSCHEDULABLE, true, reason, &message);
     Flow::Continue
@@ -539,7 +558,7 @@ fn running(view: &View<'_>, round: &mut Round) -> Flow {
     let attempt = round.st.attempt;
     if round.st.phase != Some(Phase::Running) {
         round.events.push(JobEvent::normal(
-            "Running",
+            reason::RUNNING,
             format!("all {workers} worker(s) of attempt {attempt} are running"),
         ));
     }
@@ -549,11 +568,17 @@ fn running(view: &View<'_>, round: &mut Round) -> Flow {
         view,
         condition::RUNNING,
         true,
-        "AllWorkersRunning",
+        reason::ALL_WORKERS_RUNNING,
         &message,
     );
     if condition_is_true(&round.st.conditions, condition::RESTARTING) {
-        round.condition(view, condition::RESTARTING, false, "Restarted", &message);
+        round.condition(
+            view,
+            condition::RESTARTING,
+            false,
+            reason::RESTARTED,
+            &message,
+        );
     }
     Flow::Stop
 }

@@ -16,6 +16,7 @@ use crate::crd::{Phase, RestartReason, TrainingJobStatus, WorkerStatus};
 use crate::nodes;
 use crate::placement::Placement;
 use crate::preemption::{WorkerPhase, WorkerState, min_time};
+use crate::reason;
 use crate::validate::InvalidSpec;
 
 /// What the phases of one round have decided so far.
@@ -141,7 +142,7 @@ impl Round {
             match force_delete_at(view, node_name) {
                 Some(at) if view.now >= at => {
                     self.events.push(JobEvent::warning(
-                        "ForceDeleted",
+                        reason::FORCE_DELETED,
                         format!(
                             "pod {name} was stuck terminating on lost node {}",
                             node_name.unwrap_or("(none)")
@@ -169,8 +170,10 @@ impl Round {
         if condition_is_true(&self.st.conditions, condition::RESTARTING) {
             self.condition(view, condition::RESTARTING, false, reason, message);
         }
-        self.events
-            .push(JobEvent::warning("Failed", format!("{reason}: {message}")));
+        self.events.push(JobEvent::warning(
+            reason::FAILED,
+            format!("{reason}: {message}"),
+        ));
     }
 
     /// status.workers: the current attempt's workers the operator has seen.

@@ -15,6 +15,7 @@ use super::restart::{self, Cause};
 use crate::crd::{ProgressStatus, RestartReason};
 use crate::nodes;
 use crate::preemption::{NodeView, WorkerState};
+use crate::reason;
 
 /// How stale `status.progress` may get while the trainers report and nothing else happens.
 const PROGRESS_REFRESH: SignedDuration = SignedDuration::from_secs(60);
@@ -98,7 +99,7 @@ fn report_channel(view: &View<'_>, round: &mut Round, p: &ObservedProgress) {
             view,
             condition::PROGRESS_CHANNEL,
             true,
-            "ReportsArriving",
+            reason::REPORTS_ARRIVING,
             "the trainers' progress reports arrive",
         );
         return;
@@ -118,13 +119,13 @@ fn report_channel(view: &View<'_>, round: &mut Round, p: &ObservedProgress) {
         view,
         condition::PROGRESS_CHANNEL,
         false,
-        "ReportsStopped",
+        reason::REPORTS_STOPPED,
         &message,
     );
     if !stands {
         round
             .events
-            .push(JobEvent::warning("ProgressReportsStopped", message));
+            .push(JobEvent::warning(reason::PROGRESS_REPORTS_STOPPED, message));
     }
 }
 
@@ -267,7 +268,7 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
         }
         round.checkpoint_request = Some(attempt);
         round.events.push(JobEvent::normal(
-            "CheckpointRequested",
+            reason::CHECKPOINT_REQUESTED,
             format!(
                 "termination notice {taint} on node {node} (worker {rank}): asked the trainers \
                  for a checkpoint at step {step}"

@@ -14,9 +14,7 @@ use crate::lost_peer::{self, Judging, SilentPeer, Verdict};
 use crate::nodes;
 use crate::placement;
 use crate::preemption::{NodeView, WorkerState};
-
-/// Failed condition reason when `status.attempt` cannot count one more attempt.
-pub(super) const ATTEMPT_LIMIT_REACHED: &str = "AttemptLimitReached";
+use crate::reason;
 
 pub(super) fn attempt_limit_message(detail: &str) -> String {
     format!(
@@ -51,27 +49,27 @@ fn count(round: &mut Round, view: &View<'_>, reason: RestartReason) -> Budget {
             policy.max_preemptions,
             "maxPreemptions",
             "preemptions",
-            "PreemptionBudgetExceeded",
-            "Preempted",
+            reason::PREEMPTION_BUDGET_EXCEEDED,
+            reason::PREEMPTED,
         ),
         RestartReason::Failure => (
             &mut st.failures,
             policy.max_failures,
             "maxFailures",
             "failures",
-            "FailureBudgetExceeded",
-            "WorkerFailed",
+            reason::FAILURE_BUDGET_EXCEEDED,
+            reason::WORKER_FAILED,
         ),
         RestartReason::Hang => (
             &mut st.hangs,
             policy.max_hangs,
             "maxHangs",
             "hangs",
-            "HangBudgetExceeded",
-            "Hang",
+            reason::HANG_BUDGET_EXCEEDED,
+            reason::HANG,
         ),
         // A resume is not a gang restart of a running job (see the resume phase).
-        RestartReason::Resume => (&mut st.preemptions, u32::MAX, "", "", "", "Resumed"),
+        RestartReason::Resume => (&mut st.preemptions, u32::MAX, "", "", "", reason::RESUMED),
     };
     if reason != RestartReason::Resume {
         *counter = counter.saturating_add(1);
@@ -162,7 +160,10 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
             exceeded,
             format!("{spent} {counted} exceed {name}={limit}; last: {detail}"),
         )),
-        None => Err((ATTEMPT_LIMIT_REACHED, attempt_limit_message(&detail))),
+        None => Err((
+            reason::ATTEMPT_LIMIT_REACHED,
+            attempt_limit_message(&detail),
+        )),
         Some(next) => Ok(next),
     };
     match next_attempt {
@@ -216,7 +217,7 @@ fn restart(
     let (_, fell_back_before) = placement::spot_mode(view.job, preemptions.saturating_sub(1));
     if reason == RestartReason::Preemption && fell_back && !fell_back_before {
         round.events.push(JobEvent::normal(
-            "SpotFallback",
+            reason::SPOT_FALLBACK,
             format!(
                 "after {preemptions} preemptions later attempts run on on-demand nodes ({mode:?})"
             ),

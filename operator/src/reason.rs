@@ -1,0 +1,62 @@
+//! The reasons the operator gives on its conditions and Events: the words `kubectl
+//! describe`, alerts and the Argo CD health script match on, named once.
+//!
+//! A reason is part of the operator's interface: changing one breaks whoever matches on it.
+
+/// A worker pod on a lost node was force-deleted (Event).
+pub const FORCE_DELETED: &str = "ForceDeleted";
+/// The job failed for good (Event).
+pub const FAILED: &str = "Failed";
+/// `attempt` reached its ceiling (condition Failed).
+pub const ATTEMPT_LIMIT_REACHED: &str = "AttemptLimitReached";
+/// `activeDeadlineSeconds` passed (condition Failed).
+pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+
+/// A gang restart after a preemption (Event) and its budget spent (condition Failed).
+pub const PREEMPTED: &str = "Preempted";
+pub const PREEMPTION_BUDGET_EXCEEDED: &str = "PreemptionBudgetExceeded";
+/// A gang restart after a failure (Event) and its budget spent (condition Failed).
+pub const WORKER_FAILED: &str = "WorkerFailed";
+pub const FAILURE_BUDGET_EXCEEDED: &str = "FailureBudgetExceeded";
+/// A gang restart after a hang (Event) and its budget spent (condition Failed).
+pub const HANG: &str = "Hang";
+pub const HANG_BUDGET_EXCEEDED: &str = "HangBudgetExceeded";
+/// The next attempt leaves spot for on-demand (Event).
+pub const SPOT_FALLBACK: &str = "SpotFallback";
+
+/// Progress reports arrive, or stopped while every worker runs (condition ProgressChannel).
+pub const REPORTS_ARRIVING: &str = "ReportsArriving";
+pub const REPORTS_STOPPED: &str = "ReportsStopped";
+/// Progress reports stopped (Event).
+pub const PROGRESS_REPORTS_STOPPED: &str = "ProgressReportsStopped";
+/// The operator asked the trainers for a checkpoint (Event).
+pub const CHECKPOINT_REQUESTED: &str = "CheckpointRequested";
+
+/// The object cannot be read as a TrainingJob (condition InvalidSpec).
+pub const MALFORMED_OBJECT: &str = "MalformedObject";
+/// The spec is valid again (condition InvalidSpec False).
+pub const VALID: &str = "Valid";
+/// The spec cannot run as written (condition InvalidSpec True, and its Event).
+pub const INVALID_SPEC: &str = "InvalidSpec";
+
+/// The job was suspended or resumed (conditions and Events).
+pub const SUSPENDED: &str = "Suspended";
+pub const RESUMED: &str = "Resumed";
+/// Every worker exited 0 (conditions and Event).
+pub const SUCCEEDED: &str = "Succeeded";
+pub const ALL_WORKERS_SUCCEEDED: &str = "AllWorkersSucceeded";
+/// The job's names are free again, or one is held by an object not the job's.
+pub const NAMES_FREE: &str = "NamesFree";
+pub const NAME_TAKEN: &str = "NameTaken";
+pub const NAME_CONFLICT: &str = "NameConflict";
+/// The workers of an attempt are being created (Event).
+pub const CREATING_WORKERS: &str = "CreatingWorkers";
+/// No node matches the workers' placement, or the scheduler says none fits.
+pub const NO_MATCHING_NODE: &str = "NoMatchingNode";
+pub const SCHEDULER_UNSCHEDULABLE: &str = "SchedulerUnschedulable";
+pub const SCHEDULABLE: &str = "Schedulable";
+pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// Every worker runs (condition Running, and its Event), and a restart is over.
+pub const RUNNING: &str = "Running";
+pub const ALL_WORKERS_RUNNING: &str = "AllWorkersRunning";
+pub const RESTARTED: &str = "Restarted";
