@@ -1,8 +1,8 @@
 //! How many write requests may be in flight at once: a bound that follows the API server.
 //!
-//! A constant bound is wrong both ways: at 1,000 jobs on a busy API server a burst of
-//! restarts waited behind 16 slots while the server could answer more, and an unbounded
-//! operator once put 1,637 requests in front of it at once (268 MiB). [`AdaptiveLimit`]
+//! A constant bound is wrong both ways: a small one keeps a burst of restarts waiting while
+//! the API server could answer more, and none at all puts every write of a burst in front of
+//! the server at once, each holding memory in the operator while it waits. [`AdaptiveLimit`]
 //! learns the bound from the operator's own writes, additive increase and multiplicative
 //! decrease (AIMD) over windows of answered writes:
 //!
@@ -21,8 +21,8 @@
 //! the ceiling ([`LimitConfig::max`]) is the cap, over the last eighth the cap falls in
 //! proportion to the room left, down to the floor at the budget. A cap of the level, not of
 //! its growth: the allocator keeps what it freed, so the resident set rarely shrinks, and a
-//! limit cut at every window in which it grew a little (the caches grow as jobs come) fell
-//! to the floor at 1,000 jobs and stayed there.
+//! limit cut at every window in which it grew a little (the caches grow as jobs come) would
+//! sink to the floor and stay there.
 //!
 //! Pure: the clock and the memory reading are the caller's ([`super::controller`]'s write gate
 //! feeds them).

@@ -154,9 +154,8 @@ impl Caches {
 /// then do the cached pods, stripped of their placement, not suffice.
 /// Normally every rank
 /// is created in one round and the rest of a round's missing ranks are still on their way into
-/// the cache; and a preempted rank is not created again but restarts the gang (measured: 0.67
-/// reads per preempted job at 100 jobs when this read did not know it, each a round trip before
-/// the restart).
+/// the cache; and a preempted rank is not created again but restarts the gang, so reading for
+/// it would only put a round trip before the restart.
 fn sibling_to_read<'p>(
     pods: &'p [Arc<CachedPod>],
     current: &TrainingJobStatus,

@@ -33,12 +33,12 @@ pub enum StatusWrite {
 /// Everything but `status.workers` is a decision or a transition users and tools wait on
 /// (phase, attempt, counters, conditions, selected GPU): written at once. `status.workers` is
 /// per-worker detail that moves with every pod event (a pod seen, bound to a node, started):
-/// one write per worker per step would be most of the operator's API traffic (measured 4.3–4.8
-/// status writes per job while creating, and as many again while going Running), so such detail
+/// one write per worker per step would be most of the operator's API traffic (several status
+/// writes per job while creating, and as many again while going Running), so such detail
 /// waits, counted from the first unwritten change (`pending_for`), and goes out in one write:
 /// before the job runs until the transition to Running carries it (one status write when the
-/// pods are created, one when they run; measured 2.8 per job going Running at 1,000 jobs with
-/// a 3 s batch), or [`DetailBatch::before_running`] at the latest; once it runs, within
+/// pods are created, one when they run; docs/benchmarks.md counts them), or
+/// [`DetailBatch::before_running`] at the latest; once it runs, within
 /// [`DetailBatch::running`]. The controller decides on the unwritten detail meanwhile, so a
 /// worker it has seen and that disappears is still a preemption.
 pub fn status_write(
