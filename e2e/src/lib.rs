@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chaos;
+pub mod jobs;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,363 @@
+//! What the scenarios share: the chart installed once with 8 fake GPUs on node 1, the jobs'
+//! namespace, TrainingJobs created and waited on, their pods, Events and final digests, and
+//! the spot node made schedulable for a two-node scenario.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use trainyard_api::crd::{DEFAULT_GPU_RESOURCE, LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK};
+
+use crate::{
+    allocatable, node_name, node2, node2_name, pod_log, repo_root, set_schedulable, state_dir,
+    wait_for,
+};
+
+/// The chart's Helm release and its namespace.
+pub const RELEASE: &str = "trainyard";
+pub const RELEASE_NS: &str = "trainyard-system";
+/// The chart's operator watches only this namespace here, so it never
+/// competes with the in-process operators of other cluster tests.
+pub const JOBS_NS: &str = "trainyard-e2e";
+/// The GPU resource the fake GPUs are advertised as.
+pub const GPU: &str = DEFAULT_GPU_RESOURCE;
+
+pub fn fake_gpu_file() -> PathBuf {
+    state_dir().join("fake-gpus/fake-gpus.yaml")
+}
+
+pub fn fake_gpus_8() -> Result<String> {
+    let p = repo_root().join("device-plugin/examples/fake-gpus-8.yaml");
+    std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+}
+
+/// Writes the fake GPU file atomically (the plugin must never see half a file).
+pub fn write_fake_gpus(content: &str) -> Result<()> {
+    let path = fake_gpu_file();
+    let dir = path.parent().context("fake GPU file has no parent")?;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(".fake-gpus.yaml.tmp");
+    std::fs::write(&tmp, content)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(())
+}
+
+pub async fn install_chart(client: &Client) -> Result<()> {
+    write_fake_gpus(&fake_gpus_8()?)?;
+    let chart = repo_root().join("charts/trainyard");
+    let values = repo_root().join("e2e/values-local.yaml");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NS);
+    let already = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get_opt(RELEASE_NS)
+        .await?
+        .is_some()
+        && !deployments
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty();
+    // Before the chart: its Role for the watched namespace goes there.
+    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOBS_NS}
+    }))?;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    if namespaces.get_opt(JOBS_NS).await?.is_none() {
+        namespaces.create(&PostParams::default(), &ns).await?;
+    }
+    if !already {
+        crate::helm(&[
+            "install",
+            RELEASE,
+            chart.to_str().context("chart path is not UTF-8")?,
+            RELEASE_NS,
+            "--values",
+            values.to_str().context("values path is not UTF-8")?,
+            "--set-json",
+            &format!(r#"{{"operator":{{"watchNamespace":"{JOBS_NS}"}}}}"#),
+        ])?;
+    }
+    wait_for(
+        "the operator Deployment to be Available with 2 ready replicas",
+        Duration::from_secs(180),
+        || {
+            let deployments = deployments.clone();
+            async move {
+                for d in deployments.list(&ListParams::default()).await?.items {
+                    if d.name_any().contains("operator") {
+                        let ready = d
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.ready_replicas)
+                            .unwrap_or(0);
+                        return Ok((ready >= 2).then_some(()));
+                    }
+                }
+                Ok(None)
+            }
+        },
+    )
+    .await?;
+    let node = node_name();
+    wait_for(
+        "node allocatable nvidia.com/gpu = 8",
+        Duration::from_secs(120),
+        || {
+            let (client, node) = (client.clone(), node.clone());
+            async move { Ok((allocatable(&client, &node, GPU).await? == Some(8)).then_some(())) }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The scenarios' namespace, and the jobs a scenario created in it (deleted,
+/// with their checkpoint PVCs, by [`Jobs::cleanup`]).
+pub struct Jobs {
+    pub name: String,
+    pub client: Client,
+}
+
+impl Jobs {
+    pub fn new(client: &Client) -> Self {
+        Self {
+            name: JOBS_NS.to_owned(),
+            client: client.clone(),
+        }
+    }
+
+    pub async fn cleanup(self) -> Result<()> {
+        let dp = kube::api::DeleteParams::default();
+        let lp = ListParams::default();
+        tj_api(&self.client, &self.name)
+            .delete_collection(&dp, &lp)
+            .await?;
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &self.name)
+            .delete_collection(&dp, &lp)
+            .await?;
+        Ok(())
+    }
+}
+
+pub fn tj_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("trainyard.dev", "v1alpha1", "TrainingJob");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "trainingjobs");
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+pub async fn create_job(client: &Client, ns: &str, job: Value) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(job)?;
+    tj_api(client, ns)
+        .create(&PostParams::default(), &obj)
+        .await
+        .context("creating the TrainingJob")?;
+    Ok(())
+}
+
+pub async fn job_status(client: &Client, ns: &str, name: &str) -> Result<Value> {
+    let obj = tj_api(client, ns).get(name).await?;
+    Ok(obj.data.get("status").cloned().unwrap_or(Value::Null))
+}
+
+pub async fn wait_phase(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    phase: &str,
+    timeout: Duration,
+) -> Result<Value> {
+    wait_for(
+        &format!("TrainingJob {ns}/{name} to reach phase {phase}"),
+        timeout,
+        || async move {
+            let st = job_status(client, ns, name).await?;
+            let now = st.get("phase").and_then(Value::as_str).unwrap_or("");
+            if now == phase {
+                return Ok(Some(st));
+            }
+            if matches!(now, "Failed" | "Succeeded") {
+                bail!("job ended in phase {now}, wanted {phase}: {st}");
+            }
+            Ok(None)
+        },
+    )
+    .await
+}
+
+pub async fn job_pods(client: &Client, ns: &str, job: &str) -> Result<Vec<Pod>> {
+    let lp = ListParams::default().labels(&format!("{LABEL_JOB}={job}"));
+    Ok(Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await?
+        .items)
+}
+
+pub async fn running_pods(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    attempt: u32,
+    n: usize,
+) -> Result<Vec<Pod>> {
+    wait_for(
+        &format!("{n} running pods of {job} attempt {attempt}"),
+        Duration::from_secs(120),
+        || async move {
+            let pods: Vec<Pod> = job_pods(client, ns, job)
+                .await?
+                .into_iter()
+                .filter(|p| {
+                    p.labels().get(LABEL_ATTEMPT).map(String::as_str) == Some(&attempt.to_string())
+                        && p.metadata.deletion_timestamp.is_none()
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .collect();
+            Ok((pods.len() == n).then_some(pods))
+        },
+    )
+    .await
+}
+
+/// Runs `body` with the spot node schedulable; afterwards (also on failure) the spot node is
+/// running and Ready again and cordoned, as the other scenarios expect it.
+pub async fn with_spot_node<F, Fut>(client: &Client, body: F) -> Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let spot = node2_name();
+    set_schedulable(client, &spot, true).await?;
+    // After an earlier scenario lost and restarted node 2, its kubelet is Ready before the
+    // device plugin pod there has re-registered: wait for both GPUs.
+    let res = match spot_node_ready_with_gpus(client, &spot).await {
+        Ok(()) => body().await,
+        Err(e) => Err(e),
+    };
+    // Cordon first, so nothing lands on the spot node while it comes back; both always run.
+    let cordoned = set_schedulable(client, &spot, false).await;
+    let started = node2("start");
+    res.and(cordoned).and(started)
+}
+
+/// Waits until `node` is Ready and advertises its two fake GPUs.
+pub async fn spot_node_ready_with_gpus(client: &Client, node: &str) -> Result<()> {
+    wait_for(
+        &format!("{node} Ready with 2 allocatable {GPU}"),
+        Duration::from_secs(180),
+        || async move {
+            let n = Api::<Node>::all(client.clone()).get(node).await?;
+            let ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let gpus = allocatable(client, node, GPU).await?;
+            Ok((ready && gpus == Some(2)).then_some(()))
+        },
+    )
+    .await
+}
+
+/// A TrainingJob running `torchrun /app/train.py` with no flags (the PET_* contract).
+pub fn torch_job(name: &str, gpus: u32, steps: u32, step_seconds: &str, spot: Value) -> Value {
+    json!({
+        "apiVersion": "trainyard.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": 2,
+            "gpusPerWorker": gpus,
+            "spot": spot,
+            "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]},
+            "restartPolicy": {"maxFailures": 0, "backoffSeconds": 1},
+            "terminationGracePeriodSeconds": 20,
+            "template": {"spec": {"containers": [{
+                "name": "trainer",
+                "image": "trainyard/torch-trainer:dev",
+                "imagePullPolicy": "Never",
+                "command": ["torchrun", "/app/train.py"],
+                "env": [
+                    {"name": "TOTAL_STEPS", "value": steps.to_string()},
+                    {"name": "CHECKPOINT_EVERY", "value": "5"},
+                    {"name": "STEP_SECONDS", "value": step_seconds},
+                ],
+            }]}},
+        },
+    })
+}
+
+pub fn rank_pod(pods: &[Pod], rank: u32) -> Result<&Pod> {
+    pods.iter()
+        .find(|p| p.labels().get(LABEL_RANK).map(String::as_str) == Some(&rank.to_string()))
+        .with_context(|| format!("no rank {rank} pod"))
+}
+
+pub fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+/// The digest rank 0 prints at the end: `final weights sha256 <hex>`.
+pub async fn final_digest(client: &Client, ns: &str, job: &str, attempt: u32) -> Result<String> {
+    let pods: Vec<Pod> = job_pods(client, ns, job)
+        .await?
+        .into_iter()
+        .filter(|p| p.labels().get(LABEL_ATTEMPT).map(String::as_str) == Some(&attempt.to_string()))
+        .collect();
+    let log = pod_log(ns, rank_pod(&pods, 0)?, "trainer")?;
+    log.lines()
+        .find_map(|l| l.split("final weights sha256 ").nth(1))
+        .map(|d| d.trim().to_owned())
+        .with_context(|| format!("{job} printed no digest; rank 0 log:\n{log}"))
+}
+
+/// Events of the namespace whose reason is `reason`, as "object: message".
+pub async fn events(client: &Client, ns: &str, reason: &str) -> Result<Vec<String>> {
+    events_where(client, ns, reason, |_| true).await
+}
+
+/// Events whose reason is `reason` about this very TrainingJob (its UID: the namespace is
+/// shared, and keeps Events of earlier jobs, also of one with the same name, for an hour).
+pub async fn job_events(client: &Client, ns: &str, job: &str, reason: &str) -> Result<Vec<String>> {
+    let uid = tj_api(client, ns)
+        .get(job)
+        .await?
+        .uid()
+        .context("the job has no UID")?;
+    events_where(client, ns, reason, |o| {
+        o.kind.as_deref() == Some("TrainingJob")
+            && o.name.as_deref() == Some(job)
+            && o.uid.as_deref() == Some(uid.as_str())
+    })
+    .await
+}
+
+pub async fn events_where(
+    client: &Client,
+    ns: &str,
+    reason: &str,
+    about: impl Fn(&k8s_openapi::api::core::v1::ObjectReference) -> bool,
+) -> Result<Vec<String>> {
+    let list = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason) && about(&e.involved_object))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.involved_object.name.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect())
+}
