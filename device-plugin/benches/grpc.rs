@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use trainyard_device_plugin::api::{
+use trainyard_device_plugin::kubelet_api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
 };

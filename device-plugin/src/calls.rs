@@ -64,12 +64,8 @@ impl BoundedCalls {
         }
     }
 
-    /// The deadline of every call.
-    pub fn deadline(&self) -> Duration {
-        self.deadline
-    }
-
     /// Keys whose call has not returned yet (those past the deadline included).
+    #[cfg(test)]
     pub fn in_flight(&self) -> usize {
         self.in_flight
             .lock()

@@ -6,14 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::allocator::Topology;
-use crate::api;
 use crate::backend::{GpuInfo, Inventory};
 use crate::health::Health;
-
-/// Health string the kubelet expects for a usable device.
-pub const HEALTHY: &str = "Healthy";
-/// Health string the kubelet expects for an unusable device.
-pub const UNHEALTHY: &str = "Unhealthy";
 
 /// One consistent view of the node's GPUs.
 #[derive(Debug, Clone)]
@@ -24,6 +18,17 @@ pub struct DeviceState {
     pub health: BTreeMap<String, Health>,
     /// The allocator's matrix for this inventory.
     pub topology: Arc<Topology>,
+}
+
+/// One device as the kubelet is to see it, before any wire format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceView {
+    /// The device ID: the GPU's UUID, or a stand-in while none was read.
+    pub id: String,
+    /// Whether the device may be allocated.
+    pub healthy: bool,
+    /// The NUMA node the GPU is attached to, when known.
+    pub numa_node: Option<i64>,
 }
 
 /// Receiving end of the published snapshots.
@@ -40,26 +45,19 @@ impl DeviceState {
         self.health.get(uuid).is_some_and(Health::is_healthy)
     }
 
-    /// The ListAndWatch device list: ID = UUID, NUMA node as topology; a
-    /// GPU that could not be read is listed too (Unhealthy), so capacity
-    /// still counts it and allocatable does not.
-    pub fn devices(&self) -> Vec<api::Device> {
-        let device = |id: &str, numa: Option<i64>| api::Device {
-            id: id.to_string(),
-            health: if self.is_healthy(id) {
-                HEALTHY
-            } else {
-                UNHEALTHY
-            }
-            .to_string(),
-            topology: numa.map(|node| api::TopologyInfo {
-                nodes: vec![api::NumaNode { id: node }],
-            }),
-        };
+    /// Every device the kubelet is told about, in index order: ID = UUID,
+    /// with its NUMA node when known. A GPU that could not be read is
+    /// listed too (unhealthy), so capacity still counts it and allocatable
+    /// does not.
+    pub fn devices(&self) -> Vec<DeviceView> {
         self.inventory
             .devices()
             .into_iter()
-            .map(|(_, id, gpu)| device(&id, gpu.and_then(|g| g.numa_node)))
+            .map(|(_, id, gpu)| DeviceView {
+                healthy: self.is_healthy(&id),
+                numa_node: gpu.and_then(|g| g.numa_node),
+                id,
+            })
             .collect()
     }
 
@@ -68,5 +66,67 @@ impl DeviceState {
         let ids = self.inventory.device_ids();
         let healthy = ids.iter().filter(|id| self.is_healthy(id)).count();
         (healthy, ids.len() - healthy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::allocator::tests::{dgx1, uuid};
+    use crate::backend::{DeviceError, DeviceErrorKind, DriverInfo, GpuFault};
+
+    #[test]
+    fn devices_list_every_gpu_in_index_order_and_an_unreadable_one_as_unhealthy() {
+        let mut gpus = dgx1();
+        gpus.truncate(3);
+        gpus[2].numa_node = None;
+        let mut health: BTreeMap<String, Health> = gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), Health::Healthy))
+            .collect();
+        health.insert(
+            uuid(1),
+            Health::Unhealthy {
+                reason: "XID 79".into(),
+                last_bad: Instant::now(),
+                awaiting: Default::default(),
+            },
+        );
+        let state = DeviceState {
+            topology: Arc::new(Topology::new(&gpus).unwrap()),
+            health,
+            inventory: Inventory {
+                driver: DriverInfo {
+                    driver_version: "550.54.15".into(),
+                    cuda_version: "12.4".into(),
+                },
+                gpus,
+                faults: vec![GpuFault {
+                    index: 3,
+                    uuid: None,
+                    error: DeviceError {
+                        kind: DeviceErrorKind::GpuLost,
+                        detail: "scripted".into(),
+                    },
+                }],
+            },
+        };
+        let view = |id: &str, healthy: bool, numa_node: Option<i64>| DeviceView {
+            id: id.into(),
+            healthy,
+            numa_node,
+        };
+        assert_eq!(
+            state.devices(),
+            [
+                view("GPU-00", true, Some(0)),
+                view("GPU-01", false, Some(0)),
+                view("GPU-02", true, None),
+                view("unreadable-gpu-3", false, None),
+            ]
+        );
+        assert_eq!(state.health_counts(), (2, 2));
     }
 }

@@ -22,10 +22,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 
-use crate::api::RegisterRequest;
-use crate::api::device_plugin_server::DevicePluginServer;
-use crate::api::registration_client::RegistrationClient;
 use crate::devices::StateReceiver;
+use crate::kubelet_api::RegisterRequest;
+use crate::kubelet_api::device_plugin_server::DevicePluginServer;
+use crate::kubelet_api::registration_client::RegistrationClient;
 use crate::metrics::Metrics;
 use crate::service::{AllocateOptions, DevicePluginService, StreamTracker, plugin_options};
 use crate::uds_authority::{Gate, IDLE_TIMEOUT, Limits, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE};

@@ -13,26 +13,26 @@
 
 #![forbid(unsafe_code)]
 
-/// Generated kubelet device-plugin API (v1beta1).
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod api {
-    tonic::include_proto!("v1beta1");
-}
-
+// What the binary, the integration tests, the benchmark and the e2e crate
+// use: the library's entry points, the kubelet API they play the kubelet
+// with, and the parts they build a device state, a service or labels from.
 pub mod allocator;
 pub mod backend;
-pub mod calls;
 pub mod config;
 pub mod devices;
 pub mod health;
 pub mod kubelet;
+pub mod kubelet_api;
 pub mod labels;
-pub mod liveness;
 pub mod metrics;
-pub mod monitor;
-pub mod plugin;
 pub mod service;
 pub mod uds_authority;
+
+// Internal: reached only through `run` and `discover`.
+mod calls;
+mod liveness;
+mod monitor;
+mod plugin;
 
 pub use config::RunConfig;
 pub use plugin::{DiscoverReport, RunError, discover, run};

@@ -16,9 +16,9 @@ use tonic::{Request, Response, Status};
 
 use trainyard_api::gpu_labels::NVIDIA_VISIBLE_DEVICES;
 
-use crate::api::{self, device_plugin_server::DevicePlugin};
 use crate::config::DeviceListStrategy;
-use crate::devices::{DeviceState, StateReceiver};
+use crate::devices::{DeviceState, DeviceView, StateReceiver};
+use crate::kubelet_api::{self as api, device_plugin_server::DevicePlugin};
 use crate::metrics::Metrics;
 use crate::uds_authority::{ConnectionActivity, OpenCall};
 
@@ -226,6 +226,30 @@ impl DevicePluginService {
     }
 }
 
+/// The kubelet's word for a device it may allocate.
+const HEALTHY: &str = "Healthy";
+/// The kubelet's word for a device it must not allocate.
+const UNHEALTHY: &str = "Unhealthy";
+
+/// A device as the kubelet reads it: the NUMA node becomes its topology
+/// hint, health one of the kubelet's two words.
+fn wire_device(view: &DeviceView) -> api::Device {
+    api::Device {
+        id: view.id.clone(),
+        health: if view.healthy { HEALTHY } else { UNHEALTHY }.to_string(),
+        topology: view.numa_node.map(|node| api::TopologyInfo {
+            nodes: vec![api::NumaNode { id: node }],
+        }),
+    }
+}
+
+/// The ListAndWatch message for `devices`.
+fn list_response(devices: &[DeviceView]) -> api::ListAndWatchResponse {
+    api::ListAndWatchResponse {
+        devices: devices.iter().map(wire_device).collect(),
+    }
+}
+
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
 
 /// Marks a call open on the connection it came in on, so the connection is
@@ -266,7 +290,7 @@ impl DevicePlugin for DevicePluginService {
             let _guard = guard;
             let _call = call;
             let mut last = state.borrow_and_update().devices();
-            yield Ok(api::ListAndWatchResponse { devices: last.clone() });
+            yield Ok(list_response(&last));
             loop {
                 tokio::select! {
                     () = stop.cancelled() => break,
@@ -276,8 +300,8 @@ impl DevicePlugin for DevicePluginService {
                         }
                         let devices = state.borrow_and_update().devices();
                         if devices != last {
-                            last = devices.clone();
-                            yield Ok(api::ListAndWatchResponse { devices });
+                            yield Ok(list_response(&devices));
+                            last = devices;
                         }
                     }
                 }
@@ -360,7 +384,7 @@ mod tests {
     use super::*;
     use crate::allocator::Topology;
     use crate::allocator::tests::{dgx1, uuid};
-    use crate::backend::{DriverInfo, Inventory};
+    use crate::backend::{DeviceError, DeviceErrorKind, DriverInfo, GpuFault, Inventory};
     use crate::health::Health;
 
     fn state() -> DeviceState {
@@ -391,6 +415,59 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    /// The dgx1 state with GPU 1 unhealthy, GPU 2 on no known NUMA node,
+    /// and a ninth GPU the driver counts whose UUID was never read.
+    fn mixed_state() -> DeviceState {
+        let mut s = state();
+        s.inventory.gpus[2].numa_node = None;
+        s.topology = Arc::new(Topology::new(&s.inventory.gpus).unwrap());
+        s.health.insert(
+            uuid(1),
+            Health::Unhealthy {
+                reason: "XID 79".into(),
+                last_bad: std::time::Instant::now(),
+                awaiting: std::collections::BTreeSet::new(),
+            },
+        );
+        s.inventory.faults.push(GpuFault {
+            index: 8,
+            uuid: None,
+            error: DeviceError {
+                kind: DeviceErrorKind::GpuLost,
+                detail: "scripted".into(),
+            },
+        });
+        s
+    }
+
+    #[test]
+    fn list_and_watch_sends_every_device_with_kubelet_health_and_its_numa_node() {
+        let device = |id: &str, health: &str, numa: Option<i64>| api::Device {
+            id: id.into(),
+            health: health.into(),
+            topology: numa.map(|id| api::TopologyInfo {
+                nodes: vec![api::NumaNode { id }],
+            }),
+        };
+        let sent = list_response(&mixed_state().devices());
+        assert_eq!(
+            sent,
+            api::ListAndWatchResponse {
+                devices: vec![
+                    device("GPU-00", "Healthy", Some(0)),
+                    device("GPU-01", "Unhealthy", Some(0)),
+                    device("GPU-02", "Healthy", None),
+                    device("GPU-03", "Healthy", Some(0)),
+                    device("GPU-04", "Healthy", Some(1)),
+                    device("GPU-05", "Healthy", Some(1)),
+                    device("GPU-06", "Healthy", Some(1)),
+                    device("GPU-07", "Healthy", Some(1)),
+                    device("unreadable-gpu-8", "Unhealthy", None),
+                ]
+            }
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use trainyard_device_plugin::api::Empty;
+use trainyard_device_plugin::kubelet_api::Empty;
 use trainyard_device_plugin::uds_authority::MAX_CONNECTIONS;
 
 const START_LIMIT: Duration = Duration::from_secs(20);
@@ -69,7 +69,7 @@ async fn read_until_closed(conn: &mut UnixStream, alive: bool) {
     }
 }
 
-fn all_healthy(devices: &[trainyard_device_plugin::api::Device]) -> bool {
+fn all_healthy(devices: &[trainyard_device_plugin::kubelet_api::Device]) -> bool {
     devices.len() == 8 && devices.iter().all(|d| d.health == "Healthy")
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use trainyard_api::gpu_labels::NVIDIA_VISIBLE_DEVICES;
-use trainyard_device_plugin::api::{
+use trainyard_device_plugin::kubelet_api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
 };

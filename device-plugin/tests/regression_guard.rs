@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use trainyard_device_plugin::allocator::Topology;
-use trainyard_device_plugin::api::{
+use trainyard_device_plugin::kubelet_api::{
     ContainerPreferredAllocationRequest, Empty, PreferredAllocationRequest,
 };
 

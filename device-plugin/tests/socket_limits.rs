@@ -15,10 +15,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 use trainyard_device_plugin::allocator::Topology;
-use trainyard_device_plugin::api::Empty;
-use trainyard_device_plugin::api::device_plugin_server::DevicePluginServer;
 use trainyard_device_plugin::backend::{DriverInfo, Inventory};
 use trainyard_device_plugin::devices::DeviceState;
+use trainyard_device_plugin::kubelet_api::Empty;
+use trainyard_device_plugin::kubelet_api::device_plugin_server::DevicePluginServer;
 use trainyard_device_plugin::metrics::Metrics;
 use trainyard_device_plugin::service::{AllocateOptions, DevicePluginService, StreamTracker};
 use trainyard_device_plugin::uds_authority::{

@@ -13,10 +13,10 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-use trainyard_device_plugin::api::device_plugin_client::DevicePluginClient;
-use trainyard_device_plugin::api::registration_server::{Registration, RegistrationServer};
-use trainyard_device_plugin::api::{Device, Empty, RegisterRequest};
 use trainyard_device_plugin::kubelet::unix_channel;
+use trainyard_device_plugin::kubelet_api::device_plugin_client::DevicePluginClient;
+use trainyard_device_plugin::kubelet_api::registration_server::{Registration, RegistrationServer};
+use trainyard_device_plugin::kubelet_api::{Device, Empty, RegisterRequest};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_trainyard-device-plugin");
 pub const SOCKET: &str = "trainyard-nvidia-com-gpu.sock";
