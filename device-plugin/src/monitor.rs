@@ -728,7 +728,7 @@ mod tests {
 
     #[tokio::test]
     async fn inconclusive_probes_keep_health_and_good_probes_recover() {
-        let (backend, mut state, tx, _metrics, shutdown) = started(BTreeMap::new()).await;
+        let (backend, mut state, tx, metrics, shutdown) = started(BTreeMap::new()).await;
         // A critical XID that needs no reset: quiet and a good probe recover.
         tx.send(BackendEvent::Xid {
             uuid: Some("GPU-0".into()),
@@ -745,12 +745,15 @@ mod tests {
             ProbeOutcome::Inconclusive("NVML busy".into()),
         );
         tx.send(BackendEvent::InventoryChanged).unwrap();
+        // An application XID changes no health but is counted when handled.
+        // Events are handled in order, so once it is counted the re-probe
+        // before it has been applied and its state published.
         tx.send(BackendEvent::Xid {
             uuid: Some("GPU-1".into()),
             xid: 13,
         })
         .unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        metrics_show(&metrics, r#"xid="13"} 1"#).await;
         assert!(!state.borrow().is_healthy("GPU-0"));
         // ...and a good probe after the (zero) quiet period recovers it.
         backend.probes.lock().unwrap().remove("GPU-0");
@@ -760,6 +763,18 @@ mod tests {
             .unwrap()
             .unwrap();
         shutdown.cancel();
+    }
+
+    /// Waits until the rendered metrics contain `series`.
+    async fn metrics_show(metrics: &Metrics, series: &str) {
+        let shown = tokio::time::timeout(HANG_LIMIT, async {
+            while !metrics.render().unwrap().contains(series) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        shown
+            .await
+            .unwrap_or_else(|_| panic!("the metrics never showed {series}"));
     }
 
     async fn wait(state: &mut StateReceiver, what: &str, check: impl Fn(&DeviceState) -> bool) {
