@@ -11,6 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use trainyard_device_plugin::kubelet_api::device_plugin_client::DevicePluginClient;
 use trainyard_device_plugin::kubelet_api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
@@ -63,87 +64,74 @@ fn preferred(n: usize, size: i32, must: Vec<String>) -> PreferredAllocationReque
     }
 }
 
-async fn bench_topology(file: &str, n: usize, rows: &mut Vec<Row>) -> (u64, u64) {
-    let ws = Workspace::new(&example(file));
-    let mut kubelet = FakeKubelet::start(&ws.dir).await;
-    let plugin = Plugin::start(&ws.dir, &ws.fake_file, &["--health-recovery-seconds", "0"]);
-    kubelet
-        .wait_devices(Duration::from_secs(30), |d| d.len() == n)
-        .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle_kib = plugin.peak_rss_kib().unwrap_or(0);
-    let mut client = plugin_client(&ws.dir).await;
-    let topology = format!("{n} GPUs ({})", file.trim_end_matches(".yaml"));
-    let mut push = |what: String, (p50, p99): (Duration, Duration)| {
-        rows.push(Row {
-            topology: topology.clone(),
-            what,
-            p50: micros(p50),
-            p99: micros(p99),
-        })
-    };
+type Client = DevicePluginClient<tonic::transport::Channel>;
 
-    let c = client.clone();
-    push(
-        "GetDevicePluginOptions (gRPC floor)".into(),
-        measure(|| {
-            let mut c = c.clone();
-            async move {
-                c.get_device_plugin_options(Empty {}).await.unwrap();
-            }
-        })
-        .await,
-    );
-    for size in [2, n / 2, n - 1] {
-        let c = client.clone();
-        let req = preferred(n, size as i32, vec![]);
-        push(
-            format!("GetPreferredAllocation size {size} of {n}"),
-            measure(|| {
-                let mut c = c.clone();
-                let req = req.clone();
-                async move {
-                    c.get_preferred_allocation(req).await.unwrap();
-                }
-            })
-            .await,
-        );
+fn allocate_two() -> AllocateRequest {
+    AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: vec![uuid(0), uuid(1)],
+        }],
     }
-    let c = client.clone();
-    let req = preferred(n, (n / 2) as i32, vec![uuid(n - 1)]);
-    push(
+}
+
+/// p50 and p99 of GetPreferredAllocation with `req`.
+async fn measure_preferred(
+    client: &Client,
+    req: PreferredAllocationRequest,
+) -> (Duration, Duration) {
+    measure(|| {
+        let mut c = client.clone();
+        let req = req.clone();
+        async move {
+            c.get_preferred_allocation(req).await.unwrap();
+        }
+    })
+    .await
+}
+
+/// The RPC latencies of an `n`-GPU plugin, in the table's order.
+async fn bench_rpcs(client: &Client, n: usize) -> Vec<(String, (Duration, Duration))> {
+    let mut rows = Vec::new();
+    let floor = measure(|| {
+        let mut c = client.clone();
+        async move {
+            c.get_device_plugin_options(Empty {}).await.unwrap();
+        }
+    })
+    .await;
+    rows.push(("GetDevicePluginOptions (gRPC floor)".to_string(), floor));
+    for size in [2, n / 2, n - 1] {
+        let timing = measure_preferred(client, preferred(n, size as i32, vec![])).await;
+        rows.push((format!("GetPreferredAllocation size {size} of {n}"), timing));
+    }
+    let must = preferred(n, (n / 2) as i32, vec![uuid(n - 1)]);
+    rows.push((
         format!(
             "GetPreferredAllocation size {} of {n}, 1 must-include",
             n / 2
         ),
-        measure(|| {
-            let mut c = c.clone();
-            let req = req.clone();
-            async move {
-                c.get_preferred_allocation(req).await.unwrap();
-            }
-        })
-        .await,
-    );
-    let c = client.clone();
-    let req = AllocateRequest {
-        container_requests: vec![ContainerAllocateRequest {
-            devices_ids: vec![uuid(0), uuid(1)],
-        }],
-    };
-    push(
-        "Allocate 2 GPUs".into(),
-        measure(|| {
-            let mut c = c.clone();
-            let req = req.clone();
-            async move {
-                c.allocate(req).await.unwrap();
-            }
-        })
-        .await,
-    );
+        measure_preferred(client, must).await,
+    ));
+    let req = allocate_two();
+    let allocate = measure(|| {
+        let mut c = client.clone();
+        let req = req.clone();
+        async move {
+            c.allocate(req).await.unwrap();
+        }
+    })
+    .await;
+    rows.push(("Allocate 2 GPUs".to_string(), allocate));
+    rows
+}
 
-    // ListAndWatch propagation: file write -> kubelet sees the new health.
+/// ListAndWatch propagation: from a health flip written to the fake file
+/// until the kubelet sees the new health, over 20 flips.
+async fn bench_propagation(
+    ws: &Workspace,
+    kubelet: &mut FakeKubelet,
+    n: usize,
+) -> (Duration, Duration) {
     let mut propagation = Vec::new();
     for round in 0..20 {
         let healthy = if round % 2 == 0 { "false" } else { "true" };
@@ -162,14 +150,37 @@ async fn bench_topology(file: &str, n: usize, rows: &mut Vec<Row>) -> (u64, u64)
         propagation.push(start.elapsed());
     }
     propagation.sort();
-    push(
-        "ListAndWatch propagation of a fake-file health flip".into(),
-        (
-            percentile(&propagation, 0.5),
-            percentile(&propagation, 0.99),
-        ),
-    );
+    (
+        percentile(&propagation, 0.5),
+        percentile(&propagation, 0.99),
+    )
+}
 
+/// Runs the binary on the fake file `file` of `n` GPUs, adds its rows and
+/// returns its peak RSS in KiB idle and after 1,000 Allocate calls.
+async fn bench_topology(file: &str, n: usize, rows: &mut Vec<Row>) -> (u64, u64) {
+    let ws = Workspace::new(&example(file));
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    let plugin = Plugin::start(&ws.dir, &ws.fake_file, &["--health-recovery-seconds", "0"]);
+    kubelet
+        .wait_devices(Duration::from_secs(30), |d| d.len() == n)
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle_kib = plugin.peak_rss_kib().unwrap_or(0);
+    let mut client = plugin_client(&ws.dir).await;
+    let topology = format!("{n} GPUs ({})", file.trim_end_matches(".yaml"));
+    let mut timings = bench_rpcs(&client, n).await;
+    timings.push((
+        "ListAndWatch propagation of a fake-file health flip".into(),
+        bench_propagation(&ws, &mut kubelet, n).await,
+    ));
+    rows.extend(timings.into_iter().map(|(what, (p50, p99))| Row {
+        topology: topology.clone(),
+        what,
+        p50: micros(p50),
+        p99: micros(p99),
+    }));
+    let req = allocate_two();
     for _ in 0..1000 {
         client.allocate(req.clone()).await.unwrap();
     }
