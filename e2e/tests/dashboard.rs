@@ -6,8 +6,8 @@
 //! name become keep rules). `make e2e` starts it with the cluster and runs these tests after
 //! the Helm scenarios, so that the jobs, preemptions and restarts those made are in its data.
 //! Every `expr` of every panel (rows' nested panels included, so panels added later are
-//! covered without a change here) is evaluated as Grafana would over the time Prometheus has
-//! been running: template variables substituted (constants by their value, "All" by its
+//! covered without a change here) is evaluated as Grafana would over the dashboard's default
+//! time range: template variables substituted (constants by their value, "All" by its
 //! regex), `$__rate_interval` from the step and the scrape interval. A query that Prometheus
 //! rejects, or whose result has no finite sample at any step, fails the test, naming the
 //! panel. Against a running cluster:
@@ -185,7 +185,7 @@ fn has_data(data: &Value) -> bool {
         })
 }
 
-/// A Prometheus duration (`10s`, `1m`, `1h`) in seconds.
+/// A Prometheus or Grafana duration (`10s`, `1m`, `6h`, `7d`) in seconds.
 fn duration_secs(s: &str) -> Result<i64> {
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: i64 = n.parse().with_context(|| format!("duration {s:?}"))?;
@@ -193,6 +193,7 @@ fn duration_secs(s: &str) -> Result<i64> {
         "s" => 1,
         "m" => 60,
         "h" => 3600,
+        "d" => 86_400,
         _ => bail!("duration {s:?}: unit {unit:?}"),
     })
 }
@@ -288,19 +289,20 @@ fn dashboard_prometheus_scrapes_the_operator_and_both_nodes_device_plugins() -> 
     )
 }
 
-/// The range a user opening the dashboard now sees when it covers the whole run: from
-/// Prometheus's start to now, as (start, end, step) in Unix seconds.
-fn evaluation_range() -> Result<(i64, i64, i64)> {
-    let info = prometheus("/api/v1/status/runtimeinfo", &[])?;
-    let started: jiff::Timestamp = info["startTime"]
-        .as_str()
-        .context("runtimeinfo has no startTime")?
-        .parse()
-        .context("parsing Prometheus's startTime")?;
+/// The range a user opening the dashboard now sees: its default time range (`time.from`,
+/// `now-<duration>`, to now), as (start, end, step) in Unix seconds.
+fn evaluation_range(dashboard: &Value) -> Result<(i64, i64, i64)> {
+    let from = dashboard["time"]["from"].as_str().unwrap_or("");
+    let span = from
+        .strip_prefix("now-")
+        .with_context(|| format!("the dashboard's time.from {from:?} is not now-<duration>"))
+        .and_then(duration_secs)?;
+    ensure!(
+        dashboard["time"]["to"] == "now",
+        "the dashboard's time.to is not now"
+    );
     let end = jiff::Timestamp::now().as_second();
-    let start = started.as_second().min(end - 60);
-    let step = ((end - start) / MAX_POINTS).max(15);
-    Ok((start, end, step))
+    Ok((end - span, end, (span / MAX_POINTS).max(15)))
 }
 
 /// The longest scrape interval of the chart's targets, in seconds.
@@ -389,7 +391,7 @@ fn dashboard_every_panel_query_returns_data_from_the_chart_scrape_targets() -> R
         "{} has no panel queries",
         path.display()
     );
-    let range = evaluation_range()?;
+    let range = evaluation_range(&dashboard)?;
     let mut vars = template_values(&dashboard)?;
     vars.extend(interval_values(
         range.2,
@@ -509,5 +511,17 @@ fn durations_parse_in_seconds() -> Result<()> {
     assert_eq!(duration_secs("10s")?, 10);
     assert_eq!(duration_secs("2m")?, 120);
     assert!(duration_secs("10").is_err());
+    Ok(())
+}
+
+#[test]
+fn the_evaluation_range_is_the_dashboards_default_time_range() -> Result<()> {
+    let (start, end, step) =
+        evaluation_range(&serde_json::json!({"time": {"from": "now-6h", "to": "now"}}))?;
+    assert_eq!((end - start, step), (21_600, 21));
+    assert!(
+        evaluation_range(&serde_json::json!({"time": {"from": "2024-01-01", "to": "now"}}))
+            .is_err()
+    );
     Ok(())
 }
