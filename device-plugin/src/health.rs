@@ -979,10 +979,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn reset_checks_need_evidence_that_can_tell() {
-        type Edit = fn(&mut ResetEvidence);
-        let cases: [(&str, ResetCheck, Edit, Result<(), Unmet>); 12] = [
+    /// An edit of clean evidence.
+    type Edit = fn(&mut ResetEvidence);
+    /// A case of the reset-check table: name, check, edit, verdict.
+    type CheckCase = (&'static str, ResetCheck, Edit, Result<(), Unmet>);
+
+    fn gpu_reset_cases() -> [CheckCase; 9] {
+        [
             ("clean after reset", ResetCheck::GpuReset, |_| {}, Ok(())),
             (
                 "GPU still lost",
@@ -1041,6 +1044,11 @@ mod tests {
                 |e| e.row_remap_pending = None,
                 Err(Unmet::CannotTell),
             ),
+        ]
+    }
+
+    fn nvlinks_up_cases() -> [CheckCase; 3] {
+        [
             (
                 "NVLink lanes still down",
                 ResetCheck::NvlinksUp,
@@ -1067,8 +1075,13 @@ mod tests {
                 |e| e.nvlink_lanes = None,
                 Err(Unmet::CannotTell),
             ),
-        ];
-        for (name, check, edit, expected) in cases {
+        ]
+    }
+
+    #[test]
+    fn reset_checks_need_evidence_that_can_tell() {
+        for (name, check, edit, expected) in gpu_reset_cases().into_iter().chain(nvlinks_up_cases())
+        {
             let mut evidence = clean();
             edit(&mut evidence);
             assert_eq!(check.assess(&evidence), expected, "{name}");

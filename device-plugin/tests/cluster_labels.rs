@@ -3,6 +3,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -42,57 +43,115 @@ async fn wait_labels(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the local cluster (make test)"]
-async fn node_labels_follow_the_fake_file_with_server_side_apply() {
+/// The cluster's Node API and the kubeconfig the plugin is given.
+async fn cluster() -> (Api<Node>, PathBuf) {
     let kubeconfig =
         std::env::var_os("KUBECONFIG").expect("KUBECONFIG must point at the local cluster");
     let client = kube::Client::try_default()
         .await
         .expect("a reachable local cluster");
-    let nodes: Api<Node> = Api::all(client);
-    // A Node object of our own (no kubelet behind it), tainted so nothing
-    // lands on it, deleted at the end whatever happens.
-    let name = format!("trainyard-dp-labels-{}", std::process::id());
-    let node: Node = serde_json::from_value(serde_json::json!({
+    (Api::all(client), PathBuf::from(kubeconfig))
+}
+
+/// What a kubelet registers: a Node with no nvidia.com labels, here with
+/// `trainyard.dev/test: <test>` and tainted so nothing lands on it.
+fn test_node(name: &str, test: &str) -> Node {
+    serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": { "name": name, "labels": { "trainyard.dev/test": "device-plugin-labels" } },
+        "metadata": { "name": name, "labels": { "trainyard.dev/test": test } },
         "spec": { "taints": [{ "key": "trainyard.dev/test", "effect": "NoSchedule" }] },
     }))
-    .unwrap();
+    .unwrap()
+}
+
+/// Runs `body` for at most `limit`, then stops `plugin` and deletes the
+/// node `name` whatever happened; a failed or timed-out body panics with
+/// the plugin's log.
+async fn run_then_clean_up(
+    limit: Duration,
+    body: impl Future<Output = ()>,
+    plugin: Plugin,
+    nodes: &Api<Node>,
+    name: &str,
+) {
+    let outcome =
+        tokio::time::timeout(limit, std::panic::AssertUnwindSafe(body).catch_unwind()).await;
+    let log = plugin.log_text();
+    drop(plugin);
+    let _ = nodes.delete(name, &DeleteParams::default()).await;
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(panic)) => {
+            eprintln!("plugin log:\n{log}");
+            std::panic::resume_unwind(panic);
+        }
+        Err(_) => panic!("timed out; plugin log:\n{log}"),
+    }
+}
+
+/// The field managers of the node `name`, with their operations.
+async fn field_managers(nodes: &Api<Node>, name: &str) -> Vec<(String, String)> {
     nodes
-        .create(&PostParams::default(), &node)
+        .get(name)
+        .await
+        .unwrap()
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| {
+            (
+                m.manager.unwrap_or_default(),
+                m.operation.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The labels of the 8-GPU example file as written.
+fn assert_example_labels(labels: &BTreeMap<String, String>) {
+    assert_eq!(
+        labels.get(LABEL_GPU_PRODUCT).map(String::as_str),
+        Some("NVIDIA-A100-SXM4-80GB")
+    );
+    assert_eq!(labels.get(LABEL_GPU_COUNT).map(String::as_str), Some("8"));
+    assert_eq!(
+        labels.get(LABEL_GPU_MEMORY).map(String::as_str),
+        Some("81920")
+    );
+    assert_eq!(
+        labels.get(LABEL_DRIVER_FULL).map(String::as_str),
+        Some("550.54.15")
+    );
+    assert_eq!(labels.get(LABEL_CUDA_MINOR).map(String::as_str), Some("4"));
+    assert_eq!(
+        labels.get(LABEL_COMPUTE_MAJOR).map(String::as_str),
+        Some("8")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn node_labels_follow_the_fake_file_with_server_side_apply() {
+    let (nodes, kubeconfig) = cluster().await;
+    // A Node object of our own (no kubelet behind it), deleted at the end
+    // whatever happens.
+    let name = format!("trainyard-dp-labels-{}", std::process::id());
+    nodes
+        .create(
+            &PostParams::default(),
+            &test_node(&name, "device-plugin-labels"),
+        )
         .await
         .expect("create test node");
 
     let ws = Workspace::new(&example("fake-gpus-8.yaml"));
-    let plugin = Plugin::start_with_kubeconfig(
-        &ws.dir,
-        &ws.fake_file,
-        &["--node-name", &name],
-        std::path::Path::new(&kubeconfig),
-    );
+    let plugin =
+        Plugin::start_with_kubeconfig(&ws.dir, &ws.fake_file, &["--node-name", &name], &kubeconfig);
     let body = async {
         let labels = wait_labels(&nodes, &name, |l| l.len() == 11).await;
-        assert_eq!(
-            labels.get(LABEL_GPU_PRODUCT).map(String::as_str),
-            Some("NVIDIA-A100-SXM4-80GB")
-        );
-        assert_eq!(labels.get(LABEL_GPU_COUNT).map(String::as_str), Some("8"));
-        assert_eq!(
-            labels.get(LABEL_GPU_MEMORY).map(String::as_str),
-            Some("81920")
-        );
-        assert_eq!(
-            labels.get(LABEL_DRIVER_FULL).map(String::as_str),
-            Some("550.54.15")
-        );
-        assert_eq!(labels.get(LABEL_CUDA_MINOR).map(String::as_str), Some("4"));
-        assert_eq!(
-            labels.get(LABEL_COMPUTE_MAJOR).map(String::as_str),
-            Some("8")
-        );
+        assert_example_labels(&labels);
 
         // A new driver in the file is a new set of labels on the node.
         ws.rewrite(|t| {
@@ -111,62 +170,21 @@ async fn node_labels_follow_the_fake_file_with_server_side_apply() {
         );
         assert_eq!(labels.get(LABEL_DRIVER_REV).map(String::as_str), Some("7"));
 
-        let managers: Vec<(String, String)> = nodes
-            .get(&name)
-            .await
-            .unwrap()
-            .metadata
-            .managed_fields
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| {
-                (
-                    m.manager.unwrap_or_default(),
-                    m.operation.unwrap_or_default(),
-                )
-            })
-            .collect();
+        let managers = field_managers(&nodes, &name).await;
         assert!(
             managers.contains(&("trainyard-device-plugin".to_string(), "Apply".to_string())),
             "{managers:?}"
         );
     };
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(60),
-        std::panic::AssertUnwindSafe(body).catch_unwind(),
-    )
-    .await;
-    let log = plugin.log_text();
-    drop(plugin);
-    let _ = nodes.delete(&name, &DeleteParams::default()).await;
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(panic)) => {
-            eprintln!("plugin log:\n{log}");
-            std::panic::resume_unwind(panic);
-        }
-        Err(_) => panic!("timed out; plugin log:\n{log}"),
-    }
+    run_then_clean_up(Duration::from_secs(60), body, plugin, &nodes, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
 async fn node_labels_come_back_when_the_node_object_is_deleted_and_recreated() {
-    let kubeconfig =
-        std::env::var_os("KUBECONFIG").expect("KUBECONFIG must point at the local cluster");
-    let client = kube::Client::try_default()
-        .await
-        .expect("a reachable local cluster");
-    let nodes: Api<Node> = Api::all(client);
+    let (nodes, kubeconfig) = cluster().await;
     let name = format!("trainyard-dp-recreated-{}", std::process::id());
-    // What a kubelet registers: no nvidia.com labels, tainted so nothing lands on it.
-    let node: Node = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": { "name": name, "labels": { "trainyard.dev/test": "device-plugin-recreated" } },
-        "spec": { "taints": [{ "key": "trainyard.dev/test", "effect": "NoSchedule" }] },
-    }))
-    .unwrap();
+    let node = test_node(&name, "device-plugin-recreated");
     nodes
         .create(&PostParams::default(), &node)
         .await
@@ -177,7 +195,7 @@ async fn node_labels_come_back_when_the_node_object_is_deleted_and_recreated() {
         &ws.dir,
         &ws.fake_file,
         &["--node-name", &name, "--label-check-interval", "1s"],
-        std::path::Path::new(&kubeconfig),
+        &kubeconfig,
     );
     let body = async {
         let first = wait_labels(&nodes, &name, |l| l.len() == 11).await;
@@ -221,20 +239,5 @@ async fn node_labels_come_back_when_the_node_object_is_deleted_and_recreated() {
             Some("device-plugin-recreated")
         );
     };
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(90),
-        std::panic::AssertUnwindSafe(body).catch_unwind(),
-    )
-    .await;
-    let log = plugin.log_text();
-    drop(plugin);
-    let _ = nodes.delete(&name, &DeleteParams::default()).await;
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(panic)) => {
-            eprintln!("plugin log:\n{log}");
-            std::panic::resume_unwind(panic);
-        }
-        Err(_) => panic!("timed out; plugin log:\n{log}"),
-    }
+    run_then_clean_up(Duration::from_secs(90), body, plugin, &nodes, &name).await;
 }

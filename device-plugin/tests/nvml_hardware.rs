@@ -6,7 +6,8 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -36,9 +37,9 @@ fn discover() -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("discover prints JSON")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an NVIDIA driver and at least one GPU"]
-async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
+/// Runs `discover --backend nvml`, checks the facts every NVIDIA GPU has
+/// and returns the UUIDs.
+fn discovered_uuids() -> Vec<String> {
     let facts = discover();
     println!(
         "discover --backend nvml:\n{}",
@@ -66,16 +67,15 @@ async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
             .as_str()
             .is_some_and(|v| !v.is_empty())
     );
+    uuids
+}
 
-    let ws_root = tempfile::tempdir().unwrap();
-    let dir = ws_root.path().join("device-plugins");
-    std::fs::create_dir(&dir).unwrap();
-    let mut kubelet = FakeKubelet::start(&dir).await;
-    let port = free_port();
-    let log = ws_root.path().join("plugin.log");
-    let mut child = Command::new(plugin_bin())
+/// Starts `run --backend nvml` on the plugin directory `dir`, with metrics
+/// on `port` and its log in `log`, and no API server to label.
+fn spawn_nvml_plugin(dir: &Path, port: u16, log: &Path) -> Child {
+    Command::new(plugin_bin())
         .args(["run", "--backend", "nvml", "--device-plugin-dir"])
-        .arg(&dir)
+        .arg(dir)
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .args(["--metrics-interval", "1s"])
         .env("RUST_LOG", "info")
@@ -83,24 +83,15 @@ async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("NODE_NAME")
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
-        .expect("start the plugin");
+        .expect("start the plugin")
+}
 
-    let n = uuids.len();
-    let devices = kubelet
-        .wait_devices(LIMIT, |d| {
-            d.len() == n && d.iter().all(|d| d.health == "Healthy")
-        })
-        .await;
-    println!("ListAndWatch: {devices:?}");
-    let mut advertised: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
-    advertised.sort();
-    let mut expected = uuids.clone();
-    expected.sort();
-    assert_eq!(advertised, expected);
-
-    let mut client = plugin_client(&dir).await;
+/// Asks for a preferred single GPU among `uuids` and allocates it: the
+/// plugin offers a preference, picks one GPU and hands it to the container.
+async fn prefer_and_allocate_one(dir: &Path, uuids: &[String]) {
+    let mut client = plugin_client(dir).await;
     let options = client
         .get_device_plugin_options(Empty {})
         .await
@@ -110,7 +101,7 @@ async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
     let preferred = client
         .get_preferred_allocation(PreferredAllocationRequest {
             container_requests: vec![ContainerPreferredAllocationRequest {
-                available_device_i_ds: uuids.clone(),
+                available_device_i_ds: uuids.to_vec(),
                 must_include_device_i_ds: vec![],
                 allocation_size: 1,
             }],
@@ -119,7 +110,7 @@ async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
         .unwrap()
         .into_inner();
     let chosen = preferred.container_responses[0].device_i_ds.clone();
-    println!("GetPreferredAllocation(1 of {n}): {chosen:?}");
+    println!("GetPreferredAllocation(1 of {}): {chosen:?}", uuids.len());
     assert_eq!(chosen.len(), 1);
     let response = client
         .allocate(AllocateRequest {
@@ -133,7 +124,11 @@ async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
     let envs = &response.container_responses[0].envs;
     println!("Allocate envs: {envs:?}");
     assert_eq!(envs[NVIDIA_VISIBLE_DEVICES], chosen[0]);
+}
 
+/// Scrapes `/metrics` on `port` until every GPU of `uuids` shows up (at
+/// most 30 tries a second apart) and asserts that it did.
+async fn assert_every_gpu_scraped(port: u16, uuids: &[String], log: &Path) {
     let mut metrics = String::new();
     for _ in 0..30 {
         if let Some((200, body)) = http_get(port, "/metrics")
@@ -152,8 +147,37 @@ async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
     assert!(
         uuids.iter().all(|u| metrics.contains(u.as_str())),
         "every GPU in /metrics; log:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        std::fs::read_to_string(log).unwrap_or_default()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an NVIDIA driver and at least one GPU"]
+async fn nvml_backend_advertises_allocates_and_exports_every_gpu() {
+    let uuids = discovered_uuids();
+    let ws_root = tempfile::tempdir().unwrap();
+    let dir = ws_root.path().join("device-plugins");
+    std::fs::create_dir(&dir).unwrap();
+    let mut kubelet = FakeKubelet::start(&dir).await;
+    let port = free_port();
+    let log = ws_root.path().join("plugin.log");
+    let mut child = spawn_nvml_plugin(&dir, port, &log);
+
+    let n = uuids.len();
+    let devices = kubelet
+        .wait_devices(LIMIT, |d| {
+            d.len() == n && d.iter().all(|d| d.health == "Healthy")
+        })
+        .await;
+    println!("ListAndWatch: {devices:?}");
+    let mut advertised: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+    advertised.sort();
+    let mut expected = uuids.clone();
+    expected.sort();
+    assert_eq!(advertised, expected);
+
+    prefer_and_allocate_one(&dir, &uuids).await;
+    assert_every_gpu_scraped(port, &uuids, &log).await;
     let _ = child.kill();
     let _ = child.wait();
     println!(

@@ -212,78 +212,24 @@ fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_report_every_family_and_follow_file_changes() {
-    let ws = Workspace::new(&example("fake-gpus-8.yaml"));
-    ws.rewrite(|t| {
-        let t = set_gpu_field(&t, 0, "utilizationPercent", "87");
-        let t = set_gpu_field(&t, 0, "memoryUtilizationPercent", "40");
-        let t = set_gpu_field(&t, 0, "memoryUsedMiB", "30000");
-        let t = set_gpu_field(&t, 0, "temperatureC", "64");
-        let t = set_gpu_field(&t, 0, "powerW", "310");
-        let t = set_gpu_field(&t, 0, "powerLimitW", "400");
-        let t = set_gpu_field(&t, 0, "smClockMHz", "1410");
-        let t = set_gpu_field(&t, 0, "memClockMHz", "1593");
-        let t = set_gpu_field(&t, 0, "throttleReasons", "[thermal, power_cap]");
-        set_gpu_field(&t, 1, "xid", "48")
-    });
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let plugin = Plugin::start(
-        &ws.dir,
-        &ws.fake_file,
-        &[
-            "--metrics-addr",
-            &addr,
-            "--metrics-interval",
-            "2s",
-            // No API server is reachable: labelling must fail quietly.
-            "--node-name",
-            "node-a",
-        ],
-    );
-    assert!(
-        wait_until(START_LIMIT, || http_get(port, "/healthz")
-            .is_some_and(|(s, _)| s == 200))
-        .await,
-        "metrics server did not come up; log:\n{}",
-        plugin.log_text()
-    );
-    // Not registered yet: not ready.
-    assert_eq!(http_get(port, "/readyz").unwrap().0, 503);
-    let mut kubelet = FakeKubelet::start(&ws.dir).await;
-    kubelet.wait_devices(START_LIMIT, all_healthy).await;
-    assert!(
-        wait_until(HANG_LIMIT, || http_get(port, "/readyz")
-            .is_some_and(|(s, _)| s == 200))
-        .await
-    );
+/// GPU 0 reports every telemetry field; GPU 1 has XID 48 waiting.
+fn with_telemetry(t: String) -> String {
+    let t = set_gpu_field(&t, 0, "utilizationPercent", "87");
+    let t = set_gpu_field(&t, 0, "memoryUtilizationPercent", "40");
+    let t = set_gpu_field(&t, 0, "memoryUsedMiB", "30000");
+    let t = set_gpu_field(&t, 0, "temperatureC", "64");
+    let t = set_gpu_field(&t, 0, "powerW", "310");
+    let t = set_gpu_field(&t, 0, "powerLimitW", "400");
+    let t = set_gpu_field(&t, 0, "smClockMHz", "1410");
+    let t = set_gpu_field(&t, 0, "memClockMHz", "1593");
+    let t = set_gpu_field(&t, 0, "throttleReasons", "[thermal, power_cap]");
+    set_gpu_field(&t, 1, "xid", "48")
+}
 
-    let mut client = plugin_client(&ws.dir).await;
-    client
-        .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: vec![uuid(0), uuid(1)],
-            }],
-        })
-        .await
-        .unwrap();
-    // GPU 1 goes bad with XID 48: counted and shown as health 0.
-    ws.rewrite(|t| set_gpu_field(&t, 1, "healthy", "false"));
-    kubelet
-        .wait_devices(HANG_LIMIT, |d| d.len() == 8 && d[1].health == "Unhealthy")
-        .await;
-
-    let gpu0 = format!(
-        r#"gpu="{}",index="0",product="NVIDIA A100-SXM4-80GB",node="node-a""#,
-        uuid(0)
-    );
-    let gpu1 = format!(
-        r#"gpu="{}",index="1",product="NVIDIA A100-SXM4-80GB",node="node-a""#,
-        uuid(1)
-    );
-    let mut text = String::new();
-    let expected: Vec<(String, f64)> = vec![
+/// The per-GPU series the scrape must show, for the series labels of GPU 0
+/// and GPU 1, once GPU 1 went bad with XID 48.
+fn expected_gpu_metrics(gpu0: &str, gpu1: &str) -> Vec<(String, f64)> {
+    vec![
         (format!("trainyard_gpu_utilization_percent{{{gpu0}}}"), 87.0),
         (
             format!("trainyard_gpu_memory_utilization_percent{{{gpu0}}}"),
@@ -327,6 +273,13 @@ async fn metrics_report_every_family_and_follow_file_changes() {
             format!("trainyard_gpu_xid_events_total{{{gpu1},xid=\"48\"}}"),
             1.0,
         ),
+    ]
+}
+
+/// The plugin-wide series the scrape must show after one registration, one
+/// Allocate of two GPUs and one GPU gone bad.
+fn expected_plugin_metrics() -> Vec<(String, f64)> {
+    vec![
         (
             r#"trainyard_device_plugin_devices{health="healthy"}"#.into(),
             7.0,
@@ -351,7 +304,13 @@ async fn metrics_report_every_family_and_follow_file_changes() {
             r#"trainyard_device_plugin_rpc_duration_seconds_count{method="Allocate"}"#.into(),
             1.0,
         ),
-    ];
+    ]
+}
+
+/// Scrapes `/metrics` until every `expected` series has its value and
+/// returns that scrape; panics naming the mismatches after `HANG_LIMIT`.
+async fn scrape_until_matching(port: u16, expected: &[(String, f64)]) -> String {
+    let mut text = String::new();
     let all_match = |text: &str| expected.iter().all(|(k, v)| metric(text, k) == Some(*v));
     let ok = wait_until(HANG_LIMIT, || {
         text = http_get(port, "/metrics")
@@ -368,6 +327,80 @@ async fn metrics_report_every_family_and_follow_file_changes() {
             .collect();
         panic!("metrics mismatch: {missing:#?}\n{text}");
     }
+    text
+}
+
+/// The series labels of GPU `i` of the 8-GPU example on node `node-a`.
+fn gpu_series(i: usize) -> String {
+    format!(
+        r#"gpu="{}",index="{i}",product="NVIDIA A100-SXM4-80GB",node="node-a""#,
+        uuid(i)
+    )
+}
+
+/// Starts the binary on node `node-a` with metrics on a free port, checks
+/// that `/healthz` answers 200 at once and `/readyz` 503 until a kubelet
+/// has registered the plugin, then 200; returns the plugin, the kubelet and
+/// the port.
+async fn start_serving_metrics(ws: &Workspace) -> (Plugin, FakeKubelet, u16) {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let plugin = Plugin::start(
+        &ws.dir,
+        &ws.fake_file,
+        &[
+            "--metrics-addr",
+            &addr,
+            "--metrics-interval",
+            "2s",
+            // No API server is reachable: labelling must fail quietly.
+            "--node-name",
+            "node-a",
+        ],
+    );
+    assert!(
+        wait_until(START_LIMIT, || http_get(port, "/healthz")
+            .is_some_and(|(s, _)| s == 200))
+        .await,
+        "metrics server did not come up; log:\n{}",
+        plugin.log_text()
+    );
+    // Not registered yet: not ready.
+    assert_eq!(http_get(port, "/readyz").unwrap().0, 503);
+    let mut kubelet = FakeKubelet::start(&ws.dir).await;
+    kubelet.wait_devices(START_LIMIT, all_healthy).await;
+    assert!(
+        wait_until(HANG_LIMIT, || http_get(port, "/readyz")
+            .is_some_and(|(s, _)| s == 200))
+        .await
+    );
+    (plugin, kubelet, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_report_every_family_and_follow_file_changes() {
+    let ws = Workspace::new(&example("fake-gpus-8.yaml"));
+    ws.rewrite(with_telemetry);
+    let (plugin, mut kubelet, port) = start_serving_metrics(&ws).await;
+    let mut client = plugin_client(&ws.dir).await;
+    client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![uuid(0), uuid(1)],
+            }],
+        })
+        .await
+        .unwrap();
+    // GPU 1 goes bad with XID 48: counted and shown as health 0.
+    ws.rewrite(|t| set_gpu_field(&t, 1, "healthy", "false"));
+    kubelet
+        .wait_devices(HANG_LIMIT, |d| d.len() == 8 && d[1].health == "Unhealthy")
+        .await;
+
+    let (gpu0, gpu1) = (gpu_series(0), gpu_series(1));
+    let mut expected = expected_gpu_metrics(&gpu0, &gpu1);
+    expected.extend(expected_plugin_metrics());
+    let text = scrape_until_matching(port, &expected).await;
     let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
     // Every family but `trainyard_gpu_call_timeouts`, which has no series
     // until a call runs out its deadline.
