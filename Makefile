@@ -8,7 +8,7 @@ CLUSTER_KUBECONFIG := $(E2E_STATE)/kubeconfig
 CARGO ?= cargo
 NODE2 := trainyard-node-2
 
-.PHONY: test demo bench prereqs lint unit chart-test e2e crds images cluster-up cluster-down clean-cluster
+.PHONY: test demo bench chaos prereqs lint unit chart-test e2e crds images cluster-up cluster-down clean-cluster
 
 ## make test: lint, unit and integration tests, chart tests, then the local
 ## cluster (built and started if needed) for the cluster and e2e tests.
@@ -23,6 +23,16 @@ demo: prereqs
 ## make bench: every figure in docs/benchmarks.md.
 bench: prereqs
 	bash bench/run.sh
+
+## make chaos: CHAOS_SEEDS seeded chaos runs of CHAOS_FAULTS faults each on the local cluster
+## (e2e/tests/chaos.rs); docs/reliability.md gets their results table, passed or not.
+CHAOS_SEEDS ?= 20
+CHAOS_FAULTS ?= 10
+chaos: prereqs
+	$(CARGO) build --workspace --bins
+	mkdir -p target/chaos && rm -f target/chaos/results.jsonl
+	bash e2e/with-cluster.sh bash -c 'failed=0; for seed in $$(seq 1 $(CHAOS_SEEDS)); do TRAINYARD_CHAOS_SEED=$$seed TRAINYARD_CHAOS_FAULTS=$(CHAOS_FAULTS) $(CARGO) test -p trainyard-e2e --test chaos -- --ignored --nocapture || failed=1; done; exit $$failed'; \
+	  rc=$$?; python3 e2e/chaos_report.py target/chaos/results.jsonl docs/reliability.md; exit $$rc
 
 ## Rust itself is not installed here (see README): say so before anything else runs.
 prereqs:

@@ -1,6 +1,8 @@
-//! The chaos run's pure parts: a seeded fault [`schedule`] and the [`invariants`] checked
-//! over everything the run's watches saw. The driver that injects the faults into the local
-//! cluster lives with the scenarios; nothing here touches a cluster, so both are unit-tested.
+//! The chaos run: a seeded fault [`schedule`], the [`invariants`] checked over everything the
+//! run's watches saw (both pure, unit-tested), the [`faults`] as real actions against the
+//! local cluster, and the [`run`] that plays a schedule against a real PyTorch job.
 
+pub mod faults;
 pub mod invariants;
+pub mod run;
 pub mod schedule;

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Writes the results of chaos runs into docs/reliability.md.
+
+Reads target/chaos/results.jsonl (one line per run, written by e2e/tests/chaos.rs) and
+replaces what lies between the markers `<!-- chaos-results -->` and `<!-- /chaos-results -->`
+with a table of those runs and a summary, so the table says what the runs did.
+Usage: chaos_report.py RESULTS.jsonl DOC.md
+"""
+import collections
+import json
+import sys
+
+BEGIN, END = "<!-- chaos-results -->", "<!-- /chaos-results -->"
+
+
+def render(runs):
+    kinds = collections.Counter(k for r in runs for k in r["faults"])
+    passed = sum(1 for r in runs if not r["violations"])
+    lines = [
+        f"{len(runs)} runs, {passed} passed, {len(runs) - passed} failed; "
+        f"{sum(len(r['faults']) for r in runs)} faults injected "
+        f"({sum(r['not_injected'] for r in runs)} not injected: the job had ended).",
+        "",
+        "| seed | faults | attempt | preemptions | failures | hangs | steps lost | wall (s) | result |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in runs:
+        result = "pass" if not r["violations"] else "FAIL: " + "; ".join(r["violations"])
+        lines.append(
+            f"| {r['seed']} | {len(r['faults'])} | {r['attempt']} | {r['preemptions']} | "
+            f"{r['failures']} | {r['hangs']} | {r['steps_lost']} | {r['wall_seconds']} | {result} |"
+        )
+    lines += ["", "Faults injected, by kind:", "", "| kind | injected |", "|---|---:|"]
+    lines += [f"| {k} | {n} |" for k, n in sorted(kinds.items())]
+    return "\n".join(lines)
+
+
+def main(results_path, doc_path):
+    try:
+        with open(results_path) as f:
+            runs = [json.loads(line) for line in f if line.strip()]
+    except OSError as e:
+        sys.exit(f"chaos_report: cannot read {results_path}: {e}")
+    except json.JSONDecodeError as e:
+        sys.exit(f"chaos_report: {results_path} is not JSON lines: {e}")
+    with open(doc_path) as f:
+        doc = f.read()
+    if BEGIN not in doc or END not in doc:
+        sys.exit(f"chaos_report: {doc_path} lacks the markers {BEGIN} and {END}")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(doc_path, "w") as f:
+        f.write(head + BEGIN + "\n" + render(runs) + "\n" + END + tail)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,306 @@
+//! Each fault of a [`super::schedule`] as a real action against the local cluster, and its
+//! undoing. Nothing here writes a status or fakes what a component would see: processes are
+//! killed and restarted, nodes lost and brought back, taints and files changed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use trainyard_api::crd::LABEL_JOB;
+use trainyard_api::spot::KARPENTER_DISRUPTED;
+
+use super::schedule::FaultKind;
+use crate::jobs::{RELEASE, RELEASE_NS, tj_api};
+use crate::{node_name, node2, node2_name, state_dir};
+
+/// What a fault needs to know of the run.
+pub struct Target {
+    pub client: Client,
+    pub namespace: String,
+    pub job: String,
+}
+
+/// A fault that was injected, with what its undoing needs.
+#[derive(Debug)]
+pub struct Injected {
+    pub kind: FaultKind,
+    /// What was done, for the run's log.
+    pub what: String,
+    /// The node a taint went on.
+    node: Option<String>,
+}
+
+/// Injects `kind`; `pick` chooses among candidates (seeded by the run).
+pub async fn inject(
+    target: &Target,
+    kind: FaultKind,
+    pick: &mut fastrand::Rng,
+) -> Result<Injected> {
+    let mut node = None;
+    let what = match kind {
+        FaultKind::KillOperatorLeader => kill_operator_leader(&target.client).await?,
+        FaultKind::RestartApiServer => restart_process("kube-apiserver")?,
+        FaultKind::RestartEtcd => restart_process("etcd")?,
+        FaultKind::RestartKubelet => restart_process("kubelet")?,
+        FaultKind::RestartDevicePlugin => {
+            let nodes = [node_name(), node2_name()];
+            delete_device_plugin(&target.client, &nodes[pick.usize(..nodes.len())]).await?
+        }
+        FaultKind::GpuUnhealthy => set_gpu_healthy(false)?,
+        FaultKind::LoseNode2 => {
+            node2("lose")?;
+            "node 2 lost".to_owned()
+        }
+        FaultKind::PartitionNode2 => {
+            node2("partition")?;
+            "node 2 partitioned".to_owned()
+        }
+        FaultKind::TerminationTaint => {
+            let pods = running_workers(target).await?;
+            let Some(pod) = pick.choice(&pods) else {
+                return Ok(skipped(kind, "no running worker to taint the node of"));
+            };
+            let on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let on = on.context("a running worker without a node")?;
+            set_termination_taint(&target.client, &on, true).await?;
+            node = Some(on.clone());
+            format!("{KARPENTER_DISRUPTED} taint on {on}")
+        }
+        FaultKind::DeleteWorkerPod => {
+            let pods = running_workers(target).await?;
+            let Some(pod) = pick.choice(&pods) else {
+                return Ok(skipped(kind, "no running worker to delete"));
+            };
+            let name = pod.name_any();
+            Api::<Pod>::namespaced(target.client.clone(), &target.namespace)
+                .delete(&name, &DeleteParams::default())
+                .await
+                .with_context(|| format!("deleting worker pod {name}"))?;
+            format!("worker pod {name} deleted")
+        }
+        FaultKind::SuspendResume => {
+            set_suspend(target, true).await?;
+            "job suspended".to_owned()
+        }
+    };
+    Ok(Injected { kind, what, node })
+}
+
+/// Undoes a fault that [`FaultKind::is_undone`]; single actions have nothing to undo.
+pub async fn undo(target: &Target, fault: &Injected) -> Result<()> {
+    match fault.kind {
+        FaultKind::GpuUnhealthy => set_gpu_healthy(true).map(drop),
+        FaultKind::LoseNode2 => node2("start"),
+        FaultKind::PartitionNode2 => node2("heal"),
+        FaultKind::TerminationTaint => match &fault.node {
+            Some(node) => set_termination_taint(&target.client, node, false).await,
+            None => Ok(()),
+        },
+        FaultKind::SuspendResume => set_suspend(target, false).await,
+        _ => Ok(()),
+    }
+}
+
+fn skipped(kind: FaultKind, why: &str) -> Injected {
+    Injected {
+        kind,
+        what: format!("skipped: {why}"),
+        node: None,
+    }
+}
+
+/// `kill -9` of the process of the operator replica that holds the leader Lease, through the
+/// containerd of its node: the standby must take over.
+async fn kill_operator_leader(client: &Client) -> Result<String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
+        .get(RELEASE)
+        .await
+        .context("reading the operator's leader Lease")?;
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .context("the leader Lease has no holder")?;
+    let pod = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .get(&holder)
+        .await
+        .with_context(|| format!("reading the leader's pod {holder}"))?;
+    let container = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.container_id.clone())
+        .context("the leader's container has no id yet")?;
+    let id = container.trim_start_matches("containerd://");
+    let on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let socket = containerd_socket(on.as_deref() == Some(node2_name().as_str()));
+    run(Command::new("ctr")
+        .arg("--address")
+        .arg(&socket)
+        .args(["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id]))?;
+    Ok(format!("operator leader {holder} killed (-9)"))
+}
+
+fn containerd_socket(node2: bool) -> PathBuf {
+    let state = state_dir();
+    if node2 {
+        state.join("node2/containerd/containerd.sock")
+    } else {
+        state.join("containerd/containerd.sock")
+    }
+}
+
+/// Stops a harness process by its PID file and starts it again with the same command line,
+/// environment and working directory (read from `/proc` before it stops), its output appended
+/// to its log, its new PID recorded where the harness keeps it.
+pub fn restart_process(name: &str) -> Result<String> {
+    let state = state_dir();
+    let pid_file = state.join(format!("pids/{name}.pid"));
+    let pid = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("reading {}", pid_file.display()))?;
+    let pid = pid.trim().to_owned();
+    let proc = Path::new("/proc").join(&pid);
+    let split = |bytes: Vec<u8>| -> Vec<String> {
+        bytes
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect()
+    };
+    let argv = split(std::fs::read(proc.join("cmdline")).context("reading its command line")?);
+    let environ = split(std::fs::read(proc.join("environ")).context("reading its environment")?);
+    let cwd = std::fs::read_link(proc.join("cwd")).context("reading its working directory")?;
+    let (program, args) = argv.split_first().context("an empty command line")?;
+    run(Command::new("kill").arg(&pid))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proc.exists() {
+        if Instant::now() > deadline {
+            bail!("{name} (pid {pid}) did not stop within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(state.join(format!("logs/{name}.log")))?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .envs(environ.iter().filter_map(|kv| kv.split_once('=')))
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let child = command
+        .spawn()
+        .with_context(|| format!("starting {name} again"))?;
+    std::fs::write(&pid_file, format!("{}\n", child.id()))?;
+    Ok(format!("{name} restarted (pid {pid} -> {})", child.id()))
+}
+
+async fn delete_device_plugin(client: &Client, node: &str) -> Result<String> {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
+    let lp = ListParams::default()
+        .labels("app.kubernetes.io/component=device-plugin")
+        .fields(&format!("spec.nodeName={node}"));
+    let Some(pod) = pods.list(&lp).await?.items.into_iter().next() else {
+        return Ok(format!("skipped: no device plugin pod on {node}"));
+    };
+    let name = pod.name_any();
+    pods.delete(&name, &DeleteParams::default()).await?;
+    Ok(format!("device plugin pod {name} on {node} deleted"))
+}
+
+/// Marks the first GPU of node 1's fake GPU file unhealthy, or every GPU healthy again.
+fn set_gpu_healthy(healthy: bool) -> Result<String> {
+    let path = state_dir().join("fake-gpus/fake-gpus.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text = if healthy {
+        text.replace("healthy: false", "healthy: true")
+    } else {
+        text.replacen("healthy: true", "healthy: false", 1)
+    };
+    let tmp = path.with_extension("chaos.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(if healthy {
+        "every GPU of node 1 healthy".to_owned()
+    } else {
+        "GPU 0 of node 1 unhealthy".to_owned()
+    })
+}
+
+async fn running_workers(target: &Target) -> Result<Vec<Pod>> {
+    let lp = ListParams::default().labels(&format!("{LABEL_JOB}={}", target.job));
+    Ok(
+        Api::<Pod>::namespaced(target.client.clone(), &target.namespace)
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .collect(),
+    )
+}
+
+/// Adds or removes Karpenter's termination taint, keeping every other taint of the node.
+async fn set_termination_taint(client: &Client, node: &str, on: bool) -> Result<()> {
+    let nodes = Api::<Node>::all(client.clone());
+    let current = nodes.get(node).await?;
+    let mut taints: Vec<_> = current
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != KARPENTER_DISRUPTED)
+        .collect();
+    if on {
+        taints.push(serde_json::from_value(json!({
+            "key": KARPENTER_DISRUPTED, "effect": "NoSchedule"
+        }))?);
+    }
+    let patch = json!({
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "spec": {"taints": taints},
+    });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("setting the termination taint on {node} to {on}"))?;
+    Ok(())
+}
+
+async fn set_suspend(target: &Target, suspend: bool) -> Result<()> {
+    let patch = json!({"spec": {"suspend": suspend}});
+    tj_api(&target.client, &target.namespace)
+        .patch(&target.job, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("setting suspend={suspend} on {}", target.job))?;
+    Ok(())
+}
+
+fn run(command: &mut Command) -> Result<()> {
+    let out = command
+        .output()
+        .with_context(|| format!("running {command:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{command:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,378 @@
+//! One chaos run: a real PyTorch DDP job (the example trainer under torchrun, three workers
+//! across both nodes, progress reports on, `progressTimeoutSeconds` set) trains while a
+//! seeded [`Schedule`] of faults runs against the local cluster, and the [`Checker`] is fed
+//! from watches of the job's pods and status throughout, then with how the job ended.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Pod, Service};
+use kube::api::{Api, ListParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher::Config};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK};
+
+use super::faults::{self, Injected, Target};
+use super::invariants::{Checker, Ending, JobSeen, PodSeen, Violation};
+use super::schedule::{FaultKind, Schedule};
+use crate::jobs::{
+    JOBS_NS, RELEASE_NS, create_job, final_digest, job_pods, job_status, running_pods, tj_api,
+    torch_job, wait_phase,
+};
+use crate::wait_for;
+
+/// What one run did and found.
+#[derive(Debug)]
+pub struct RunReport {
+    pub seed: u64,
+    /// Each fault as injected, from the start of the schedule.
+    pub injected: Vec<(Duration, FaultKind, String)>,
+    /// Faults not injected because the job had ended first.
+    pub not_injected: usize,
+    pub attempt: u32,
+    pub preemptions: u32,
+    pub failures: u32,
+    pub hangs: u32,
+    /// `status.progress.stepsLost` summed over the restarts the run saw.
+    pub steps_lost: u64,
+    pub wall: Duration,
+    pub violations: Vec<Violation>,
+}
+
+/// Steps of the chaos job: long enough to outlast a schedule of ten faults on this machine.
+const STEPS: u32 = 400;
+
+/// Runs `schedule` against a fresh job; the chart must be installed and node 2 schedulable.
+pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
+    let started = Instant::now();
+    let name = format!("chaos-{}", schedule.seed);
+    let baseline = format!("{name}-baseline");
+    let ns = JOBS_NS;
+    create_job(client, ns, chaos_job(&name, json!({"policy": "Prefer"}))).await?;
+    create_job(client, ns, chaos_job(&baseline, json!({"policy": "Never"}))).await?;
+    let (restarts_before, _) = component_restarts(client).await?;
+    let checker = Arc::new(Mutex::new(Checker::new()));
+    let watches = watch(client, ns, &name, checker.clone(), started);
+    running_pods(client, ns, &name, 0, 3).await?;
+
+    let target = Target {
+        client: client.clone(),
+        namespace: ns.to_owned(),
+        job: name.clone(),
+    };
+    let mut pick = fastrand::Rng::with_seed(schedule.seed ^ 0x5eed);
+    let (injected, not_injected) = play(&target, schedule, &mut pick).await?;
+    let resumes = injected
+        .iter()
+        .filter(|(_, k, what)| k.counts_a_resume() && !what.starts_with("skipped"))
+        .count();
+
+    let end = wait_phase(client, ns, &name, "Succeeded", Duration::from_secs(900)).await;
+    let base = wait_phase(client, ns, &baseline, "Succeeded", Duration::from_secs(900)).await?;
+    let st = job_status(client, ns, &name).await?;
+    let job = seen(&st);
+    let expected_digest = final_digest(client, ns, &baseline, counter(&base, "attempt")).await?;
+    let digest = final_digest(client, ns, &name, job.attempt).await.ok();
+    let restart_events = restart_events(client, ns, &name).await?;
+    let leftovers = delete_and_find_leftovers(client, ns, &[&name, &baseline]).await?;
+    let mut ending = Ending {
+        job: job.clone(),
+        succeeded: end.is_ok(),
+        resumes: u32::try_from(resumes).unwrap_or(u32::MAX),
+        restart_events,
+        failures_caused: 0,
+        digest,
+        expected_digest,
+        leftovers,
+    };
+    ending
+        .leftovers
+        .extend(component_trouble(client, &injected, restarts_before).await?);
+    watches.abort();
+    let violations = {
+        let mut checker = checker
+            .lock()
+            .map_err(|_| anyhow::anyhow!("checker poisoned"))?;
+        checker.finish(started.elapsed(), &ending);
+        checker.violations().to_vec()
+    };
+    Ok(RunReport {
+        seed: schedule.seed,
+        injected,
+        not_injected,
+        attempt: job.attempt,
+        preemptions: job.preemptions,
+        failures: job.failures,
+        hangs: job.hangs,
+        steps_lost: st["progress"]["stepsLost"].as_u64().unwrap_or(0),
+        wall: started.elapsed(),
+        violations,
+    })
+}
+
+/// The chaos job: three workers of one GPU (two fit on the spot node), the example trainer
+/// reporting every second, checkpoints every 5 steps, hangs judged after 60 s.
+fn chaos_job(name: &str, spot: Value) -> Value {
+    let mut job = torch_job(name, 1, STEPS, "0.3", spot);
+    let spec = &mut job["spec"];
+    spec["workers"] = json!(3);
+    spec["restartPolicy"] = json!({
+        "maxFailures": 3, "maxPreemptions": 100, "backoffSeconds": 1,
+        "progressTimeoutSeconds": 60,
+    });
+    if let Some(env) = spec["template"]["spec"]["containers"][0]["env"].as_array_mut() {
+        env.push(json!({"name": "PROGRESS_EVERY_SECONDS", "value": "1"}));
+        env.push(json!({"name": "COLLECTIVE_TIMEOUT_SECONDS", "value": "30"}));
+    }
+    job
+}
+
+type Played = (Vec<(Duration, FaultKind, String)>, usize);
+
+/// Injects and undoes the schedule's faults at their times; stops injecting once the job has
+/// ended, but always undoes what it injected.
+async fn play(target: &Target, schedule: &Schedule, pick: &mut fastrand::Rng) -> Result<Played> {
+    let start = Instant::now();
+    let mut actions: Vec<(Duration, usize, bool)> = Vec::new();
+    for (i, f) in schedule.faults.iter().enumerate() {
+        actions.push((f.at, i, true));
+        if f.kind.is_undone() {
+            actions.push((f.ends(), i, false));
+        }
+    }
+    actions.sort_by_key(|(at, i, inject)| (*at, !*inject, *i));
+    let mut active: Vec<Option<Injected>> = schedule.faults.iter().map(|_| None).collect();
+    let (mut injected, mut not_injected) = (Vec::new(), 0);
+    for (at, i, inject) in actions {
+        tokio::time::sleep(at.saturating_sub(start.elapsed())).await;
+        if inject {
+            if job_ended(target).await {
+                not_injected += 1;
+                continue;
+            }
+            let kind = schedule.faults[i].kind;
+            let fault = faults::inject(target, kind, pick)
+                .await
+                .with_context(|| format!("injecting {kind} at t+{}s", at.as_secs()))?;
+            println!(
+                "chaos t+{:>4}s {kind}: {}",
+                start.elapsed().as_secs(),
+                fault.what
+            );
+            injected.push((start.elapsed(), kind, fault.what.clone()));
+            active[i] = Some(fault);
+        } else if let Some(fault) = active[i].take() {
+            faults::undo(target, &fault)
+                .await
+                .with_context(|| format!("undoing {}", fault.kind))?;
+            println!(
+                "chaos t+{:>4}s {} undone",
+                start.elapsed().as_secs(),
+                fault.kind
+            );
+        }
+    }
+    Ok((injected, not_injected))
+}
+
+async fn job_ended(target: &Target) -> bool {
+    job_status(&target.client, &target.namespace, &target.job)
+        .await
+        .is_ok_and(|st| matches!(st["phase"].as_str(), Some("Succeeded" | "Failed")))
+}
+
+/// Watches the job's pods and its status, feeding every change to the checker.
+fn watch(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    checker: Arc<Mutex<Checker>>,
+    started: Instant,
+) -> tokio::task::JoinHandle<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod_config = Config::default().labels(&format!("{LABEL_JOB}={job}"));
+    let jobs = tj_api(client, ns);
+    let job_config = Config::default().fields(&format!("metadata.name={job}"));
+    let pod_checker = checker.clone();
+    tokio::spawn(async move {
+        let mut known: std::collections::BTreeMap<String, PodSeen> = Default::default();
+        let mut pod_events = watcher::watcher(pods, pod_config).default_backoff().boxed();
+        let mut job_events = watcher::watcher(jobs, job_config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        loop {
+            tokio::select! {
+                Some(event) = pod_events.next() => {
+                    match event {
+                        Ok(Event::Apply(p) | Event::InitApply(p)) => {
+                            known.insert(p.name_any(), pod_seen(&p));
+                        }
+                        Ok(Event::Delete(p)) => {
+                            known.remove(&p.name_any());
+                        }
+                        _ => continue,
+                    }
+                    let list: Vec<PodSeen> = known.values().cloned().collect();
+                    if let Ok(mut c) = pod_checker.lock() {
+                        c.pods(started.elapsed(), &list);
+                    }
+                }
+                Some(Ok(obj)) = job_events.next() => {
+                    let st = obj.data.get("status").cloned().unwrap_or(Value::Null);
+                    if let Ok(mut c) = checker.lock() {
+                        c.job(started.elapsed(), &seen(&st));
+                    }
+                }
+                else => break,
+            }
+        }
+    })
+}
+
+fn pod_seen(p: &Pod) -> PodSeen {
+    let label = |k: &str| p.labels().get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+    PodSeen {
+        name: p.name_any(),
+        rank: label(LABEL_RANK),
+        attempt: label(LABEL_ATTEMPT),
+        running: p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
+    }
+}
+
+fn counter(st: &Value, key: &str) -> u32 {
+    st[key]
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0)
+}
+
+fn seen(st: &Value) -> JobSeen {
+    JobSeen {
+        attempt: counter(st, "attempt"),
+        preemptions: counter(st, "preemptions"),
+        failures: counter(st, "failures"),
+        hangs: counter(st, "hangs"),
+        checkpoint_step: st["progress"]["checkpointStep"].as_u64(),
+    }
+}
+
+/// Events that announce a gang restart or a resume of this job (its uid), counted with their
+/// repetitions.
+async fn restart_events(client: &Client, ns: &str, job: &str) -> Result<u32> {
+    use trainyard_operator::reason;
+    let uid = tj_api(client, ns).get(job).await?.uid().context("no uid")?;
+    let restarts = [
+        reason::PREEMPTED,
+        reason::WORKER_FAILED,
+        reason::HANG,
+        reason::RESUMED,
+    ];
+    let list = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
+        .filter(|e| e.reason.as_deref().is_some_and(|r| restarts.contains(&r)))
+        .map(|e| u32::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1))
+        .sum())
+}
+
+/// Deletes the jobs and names what of them is left: pods, Services, Endpoints, and a claim
+/// that `retainOnDelete` (true here) should have kept. The kept claims are deleted after.
+async fn delete_and_find_leftovers(
+    client: &Client,
+    ns: &str,
+    jobs: &[&str],
+) -> Result<Vec<String>> {
+    for job in jobs {
+        tj_api(client, ns).delete(job, &Default::default()).await?;
+    }
+    let mut left = Vec::new();
+    for job in jobs {
+        let gone = wait_for(
+            &format!("the pods of {job} to go"),
+            Duration::from_secs(180),
+            || async move { Ok(job_pods(client, ns, job).await?.is_empty().then_some(())) },
+        )
+        .await;
+        if gone.is_err() {
+            left.push(format!("pods of {job}"));
+        }
+        if Api::<Service>::namespaced(client.clone(), ns)
+            .get_opt(job)
+            .await?
+            .is_some()
+        {
+            left.push(format!("Service {job}"));
+        }
+        if Api::<Endpoints>::namespaced(client.clone(), ns)
+            .get_opt(job)
+            .await?
+            .is_some()
+        {
+            left.push(format!("Endpoints {job}"));
+        }
+        let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
+        let claim = format!("{job}-checkpoints");
+        if claims.get_opt(&claim).await?.is_none() {
+            left.push(format!("no claim {claim}, though retainOnDelete is true"));
+        } else {
+            claims.delete(&claim, &Default::default()).await?;
+        }
+    }
+    Ok(left)
+}
+
+/// A component in a crash loop, or an operator restarted more often than the schedule
+/// killed it (`before`: the operator's container restarts when the run began).
+async fn component_trouble(
+    client: &Client,
+    injected: &[(Duration, FaultKind, String)],
+    before: usize,
+) -> Result<Vec<String>> {
+    let kills = injected
+        .iter()
+        .filter(|(_, k, _)| *k == FaultKind::KillOperatorLeader)
+        .count();
+    let (restarts, mut trouble) = component_restarts(client).await?;
+    if restarts.saturating_sub(before) > kills {
+        trouble.push(format!(
+            "the operator restarted {} times, killed {kills}",
+            restarts.saturating_sub(before)
+        ));
+    }
+    Ok(trouble)
+}
+
+/// The operator's container restarts, and every component container in CrashLoopBackOff.
+async fn component_restarts(client: &Client) -> Result<(usize, Vec<String>)> {
+    let mut trouble = Vec::new();
+    let mut operator_restarts = 0;
+    for pod in Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default())
+        .await?
+    {
+        for c in pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+        {
+            let waiting = c.state.as_ref().and_then(|s| s.waiting.as_ref());
+            if waiting.and_then(|w| w.reason.as_deref()) == Some("CrashLoopBackOff") {
+                trouble.push(format!("{} in CrashLoopBackOff", pod.name_any()));
+            }
+            if pod.name_any().contains("operator") {
+                operator_restarts += usize::try_from(c.restart_count).unwrap_or(0);
+            }
+        }
+    }
+    Ok((operator_restarts, trouble))
+}

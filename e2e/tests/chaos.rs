@@ -1,0 +1,89 @@
+//! The chaos run on the local cluster: a real PyTorch DDP job across both nodes while a seeded
+//! schedule of faults runs, every invariant of `trainyard_e2e::chaos::invariants` checked
+//! throughout. The seed is printed first; `TRAINYARD_CHAOS_SEED` replays it and
+//! `TRAINYARD_CHAOS_FAULTS` sets how many faults (`make test`: one fixed seed, 6 faults of
+//! 6 kinds; `make chaos`: many seeds of 10).
+//! `KUBECONFIG=/var/lib/trainyard-e2e/kubeconfig cargo test -p trainyard-e2e --test chaos -- --ignored`
+
+use std::io::Write;
+
+use anyhow::{Context, Result, ensure};
+use trainyard_e2e::chaos::run::run;
+use trainyard_e2e::chaos::schedule::{FaultKind, Schedule, ScheduleConfig};
+use trainyard_e2e::jobs::{install_chart, with_spot_node};
+use trainyard_e2e::repo_root;
+
+/// The seed `make test` runs.
+const FIXED_SEED: u64 = 20261125;
+
+fn env_number(name: &str, default: u64) -> Result<u64> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("{name}={v} is not a number")),
+        Err(_) => Ok(default),
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
+    let seed = env_number("TRAINYARD_CHAOS_SEED", FIXED_SEED)?;
+    let faults = usize::try_from(env_number("TRAINYARD_CHAOS_FAULTS", 6)?)?;
+    let node2_script = std::fs::read_to_string(repo_root().join("e2e/cluster/node2.sh"))?;
+    let mut excluded = Vec::new();
+    if !node2_script.contains("partition)") {
+        excluded.push(FaultKind::PartitionNode2);
+    }
+    let config = ScheduleConfig {
+        faults,
+        excluded,
+        ..ScheduleConfig::default()
+    };
+    let schedule = Schedule::generate(seed, &config);
+    println!("{schedule}");
+    let client = trainyard_e2e::client().await?;
+    install_chart(&client).await?;
+    let mut report = None;
+    with_spot_node(&client, || async {
+        report = Some(run(&client, &schedule).await?);
+        Ok(())
+    })
+    .await?;
+    let report = report.context("the run ended without a report")?;
+    println!("{report:#?}");
+    let dir = repo_root().join("target/chaos");
+    std::fs::create_dir_all(&dir)?;
+    let mut results = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("results.jsonl"))?;
+    let kinds: Vec<String> = report
+        .injected
+        .iter()
+        .map(|(_, k, _)| k.to_string())
+        .collect();
+    writeln!(
+        results,
+        "{}",
+        serde_json::json!({
+            "seed": report.seed, "faults": kinds, "not_injected": report.not_injected,
+            "attempt": report.attempt, "preemptions": report.preemptions,
+            "failures": report.failures, "hangs": report.hangs,
+            "steps_lost": report.steps_lost, "wall_seconds": report.wall.as_secs(),
+            "violations": report.violations.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        })
+    )?;
+    ensure!(
+        report.violations.is_empty(),
+        "chaos seed {seed}: {} invariant(s) broken:\n{}",
+        report.violations.len(),
+        report
+            .violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
