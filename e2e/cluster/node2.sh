@@ -8,10 +8,13 @@
 #                    (SIGKILL, frozen first so that nothing runs in between; the cgroup v1
 #                    freezer, or cgroup.freeze and cgroup.kill on cgroup v2); the Node object
 #                    and the namespaces stay, as the VM's address would. `start` brings it back.
+#   node2.sh partition  take the node's link down with every process of it alive (a network
+#                    partition: it can reach nothing, nothing can reach it); `heal` undoes it
 #   node2.sh stop    lose it, then remove its mounts, namespaces, veth, routes and cgroups
 #                    (down.sh calls this)
 #
-# Called by up.sh and down.sh; tests and the demo call `lose` and `start`.
+# Called by up.sh and down.sh; tests and the demo call `lose` and `start`, the chaos run
+# also `partition` and `heal`.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=env.sh
@@ -236,9 +239,27 @@ stop_node() {
   return 0
 }
 
+# A partition: the node's only link goes down, so that nothing reaches it and it reaches
+# nothing (the API server, node 1, the other pods), while every process of it keeps running.
+partition_node() {
+  ip link show "$NODE2_VETH_HOST" >/dev/null 2>&1 || { log "not running"; return 1; }
+  ip link set "$NODE2_VETH_HOST" down
+  log "partitioned: $NODE2_VETH_HOST down, the node's processes alive"
+}
+
+heal_node() {
+  ip link show "$NODE2_VETH_HOST" >/dev/null 2>&1 || { log "not running"; return 1; }
+  ip link set "$NODE2_VETH_HOST" up
+  # The kernel dropped the route to the node's pods with the link.
+  ip route replace "$NODE2_POD_SUBNET" via "$NODE2_IP" dev "$NODE2_VETH_HOST"
+  log "healed: $NODE2_VETH_HOST up, pods $NODE2_POD_SUBNET routed again"
+}
+
 case ${1:-} in
   start) start_node ;;
   lose) lose_node ;;
+  partition) partition_node ;;
+  heal) heal_node ;;
   stop) stop_node ;;
-  *) echo "usage: node2.sh start|lose|stop" >&2; exit 2 ;;
+  *) echo "usage: node2.sh start|lose|partition|heal|stop" >&2; exit 2 ;;
 esac
