@@ -57,6 +57,12 @@ pub const MAX_PROGRESS_TIMEOUT_SECONDS: u32 = 86_400;
 /// bound is rounded to 2^63 in the schema, which the API server reads back as a negative
 /// int64 and then rejects every value.
 pub const MAX_STEP: u64 = (1 << 53) - 1;
+/// Largest count of the goodput ledger (GPU-milliseconds, micro-dollars): the same bound as
+/// [`MAX_STEP`], 285,000 GPU-years or 9 billion dollars. The ledger stops counting there
+/// rather than write a number the schema rejects.
+pub const MAX_LEDGER: u64 = MAX_STEP;
+/// [`MAX_LEDGER`] as a signed bound, for `microDollars.saved`.
+const MAX_LEDGER_SIGNED: i64 = MAX_LEDGER as i64;
 
 /// Desired state of a distributed training job.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -74,6 +80,8 @@ pub const MAX_STEP: u64 = (1 << 53) - 1;
     printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".spec.gpusPerWorker"}"#,
     printcolumn = r#"{"name":"Attempt","type":"integer","jsonPath":".status.attempt"}"#,
     printcolumn = r#"{"name":"Preemptions","type":"integer","jsonPath":".status.preemptions"}"#,
+    printcolumn = r#"{"name":"Cost","type":"string","jsonPath":".status.ledger.cost"}"#,
+    printcolumn = r#"{"name":"Goodput","type":"string","jsonPath":".status.ledger.goodput"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -453,6 +461,10 @@ pub struct TrainingJobStatus {
     /// When the job succeeded or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+
+    /// Where the job's GPU time went and what it cost (jobs that request GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<GoodputLedger>,
 }
 
 /// The trainers' progress, from their reports (`TRAINYARD_PROGRESS_URL`).
@@ -625,5 +637,196 @@ impl RestartReason {
             RestartReason::Resume => "Resume",
             RestartReason::Hang => "Hang",
         }
+    }
+}
+
+/// Where a job's GPU time went and what it cost: the goodput ledger.
+///
+/// The operator folds each stretch of the job's life into it when the stretch ends (the
+/// workers all running, a gang restart, success, failure, a suspend), from the status and
+/// what it observes in that round; it never recomputes anything from pods that are gone, so
+/// the ledger survives operator restarts and leader changes. GPU time is counted in exact
+/// integer GPU-milliseconds (wall time × the GPUs the attempt's pods request) and money in
+/// integer micro-dollars, so sums never drift; `cost` and `goodput` are those integers
+/// rounded for display. Every GPU-millisecond of the job lands in exactly one bucket: the
+/// buckets of both capacity types sum to the wall time × GPUs of every closed stretch.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GoodputLedger {
+    /// GPU time on spot nodes.
+    #[serde(default)]
+    pub spot: GpuMillis,
+    /// GPU time on on-demand nodes (and that of an attempt whose capacity was not known).
+    #[serde(default)]
+    pub on_demand: GpuMillis,
+    /// Money, in micro-dollars, from the operator's price table.
+    #[serde(default)]
+    pub micro_dollars: LedgerCost,
+    /// GPU-milliseconds, of any bucket but `pending`, whose product has no price in the
+    /// operator's price table: they count in no sum of `microDollars`.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub unpriced_gpu_millis: u64,
+    /// useful × 1000 / every bucket of both capacity types, rounded down; absent while
+    /// nothing is counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub goodput_permille: Option<u32>,
+    /// `goodputPermille` for display, e.g. "87.5%" (the GOODPUT column).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub goodput: String,
+    /// `microDollars.spent` for display, rounded to cents, e.g. "$12.34" (the COST column).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cost: String,
+    /// The stretch under way, not counted yet: folded in when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open: Option<LedgerStretch>,
+}
+
+/// GPU-milliseconds of one capacity type, by what they were used for.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuMillis {
+    /// Training that was kept: the running time of attempts, less what a restart lost.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub useful: u64,
+    /// Work a preemption or a suspend lost and the next attempt computes again: the steps
+    /// past the last checkpoint × the measured step time, plus the time since the last step.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub lost_to_recompute: u64,
+    /// From a worker's interruption (its container's end, its pod's disruption) to the gang
+    /// restart the operator decided on it.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub lost_to_detection: u64,
+    /// From a gang restart's decision to every worker of the next attempt running (old pods
+    /// terminating, failure backoff, new pods starting).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub lost_to_restart: u64,
+    /// From the first pods' creation (or a resume's) to every worker running: waiting for
+    /// nodes and images. Not charged: no GPU is held yet.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub pending: u64,
+    /// Work a worker's failure lost, and the lost work of an attempt the job failed in.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub failed_attempts: u64,
+    /// Work a hang lost: past the last checkpoint, including the time the gang was stuck.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub hangs: u64,
+    /// Running time of attempts that ended while the operator knew of no checkpoint and no
+    /// step time (trainers that do not report progress): useful or lost, it cannot say.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub recompute_unknown: u64,
+}
+
+impl GpuMillis {
+    /// Every bucket.
+    pub fn total(&self) -> u64 {
+        [
+            self.useful,
+            self.lost_to_recompute,
+            self.lost_to_detection,
+            self.lost_to_restart,
+            self.pending,
+            self.failed_attempts,
+            self.hangs,
+            self.recompute_unknown,
+        ]
+        .iter()
+        .fold(0u64, |sum, b| sum.saturating_add(*b))
+    }
+}
+
+/// Money, in integer micro-dollars (1 $ = 1,000,000).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerCost {
+    /// Every charged bucket (all but `pending`) × the price of its product on its capacity
+    /// type.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub spent: u64,
+    /// The useful GPU time × its product's on-demand price: what the kept work would have
+    /// cost on on-demand nodes with nothing lost.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub on_demand_equivalent: u64,
+    /// `onDemandEquivalent` − `spent`: negative when spot did not pay.
+    #[serde(default)]
+    #[schemars(range(min = -MAX_LEDGER_SIGNED, max = MAX_LEDGER_SIGNED))]
+    pub saved: i64,
+}
+
+/// The stretch of the job's life under way, as the ledger will count it once it ends.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerStretch {
+    /// What the stretch is.
+    #[serde(rename = "use")]
+    pub use_: StretchUse,
+    /// When it began.
+    pub since: Time,
+    /// The attempt it belongs to.
+    #[schemars(range(min = 0, max = u32::MAX))]
+    pub attempt: u32,
+    /// GPUs of the attempt's pods on spot nodes.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = u32::MAX))]
+    pub spot_gpus: u32,
+    /// GPUs of the attempt's pods on on-demand nodes (or on nodes not known yet).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = u32::MAX))]
+    pub on_demand_gpus: u32,
+    /// The GPU product priced, when known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub product: String,
+}
+
+/// What an open stretch of the ledger is.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum StretchUse {
+    /// Pods created, not every worker running yet (counts to `pending`).
+    Pending,
+    /// Every worker running (split into `useful` and a loss when it ends).
+    Running,
+    /// A gang restart decided, the next attempt not running yet (counts to `lostToRestart`).
+    Restarting,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_written_before_the_ledger_existed_still_parses() {
+        let old: TrainingJobStatus =
+            serde_json::from_str(r#"{"phase":"Running","attempt":2,"preemptions":1}"#)
+                .expect("parses");
+        assert_eq!(old.ledger, None);
+        let text = serde_json::to_string(&old).expect("serializes");
+        assert!(!text.contains("ledger"), "{text}");
+    }
+
+    #[test]
+    fn the_ledger_is_spelled_as_the_printer_columns_and_docs_read_it() {
+        let ledger = GoodputLedger {
+            goodput: "88.9%".to_owned(),
+            cost: "$0.55".to_owned(),
+            ..GoodputLedger::default()
+        };
+        let value = serde_json::to_value(&ledger).expect("serializes");
+        assert_eq!(value["goodput"], "88.9%");
+        assert_eq!(value["cost"], "$0.55");
+        assert_eq!(value["spot"]["lostToRecompute"], 0);
+        assert_eq!(value["onDemand"]["recomputeUnknown"], 0);
+        assert_eq!(value["microDollars"]["onDemandEquivalent"], 0);
+        assert_eq!(value["unpricedGpuMillis"], 0);
     }
 }

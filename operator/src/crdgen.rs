@@ -198,7 +198,16 @@ mod tests {
             .collect();
         assert_eq!(
             columns,
-            ["Phase", "Workers", "GPUs", "Attempt", "Preemptions", "Age"]
+            [
+                "Phase",
+                "Workers",
+                "GPUs",
+                "Attempt",
+                "Preemptions",
+                "Cost",
+                "Goodput",
+                "Age"
+            ]
         );
     }
 }

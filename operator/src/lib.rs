@@ -28,6 +28,7 @@ pub mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod leader;
+pub mod ledger;
 pub mod listen;
 pub mod lost_peer;
 pub mod metrics;
