@@ -1,7 +1,7 @@
 //! The restart state machine, driven round by round as the controller would.
 
 use super::*;
-use crate::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, WorkerStatus};
+use crate::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, StretchUse, WorkerStatus};
 use crate::events::EventKind;
 use crate::fixtures::{job_yaml, node, ts};
 use crate::validate::validate;
@@ -2402,4 +2402,94 @@ fn the_attempt_after_a_termination_notice_avoids_the_noticed_node() {
     for pod in World::creates(&plan) {
         assert!(node_names_excluded(pod).iter().all(Vec::is_empty));
     }
+}
+
+/// Seconds after T0.
+fn t(secs: i64) -> Timestamp {
+    ts(T0)
+        .saturating_add(SignedDuration::from_secs(secs))
+        .expect("time")
+}
+
+/// The goodput ledger of a job preempted once, round by round: 2 workers × 4 GPUs on a spot
+/// Tesla-T4 node; created at 0 s, running at 60 s; step 1000 reached at 1060 s (1 s a step),
+/// checkpoint 900 at 960 s; worker 1 disrupted at 1070 s, seen at 1075 s; attempt 1 runs at
+/// 1135 s.
+#[test]
+fn a_preempted_jobs_ledger_counts_every_stretch_through_its_restart() {
+    let mut w = World::new("workers: 2\ngpusPerWorker: 4\n");
+    w.replace_node(node("n-1").gpus(8).product("Tesla-T4").spot().build());
+    let created = w.step();
+    let open = |st: &TrainingJobStatus| st.ledger.as_ref().and_then(|l| l.open.clone());
+    let pending = open(&created.status).expect("a Pending stretch");
+    assert_eq!((pending.use_, pending.spot_gpus), (StretchUse::Pending, 8));
+    w.advance(60);
+    w.run_all();
+    w.step();
+    w.advance(1000);
+    let mut p = reports(0, &[(0, 1000), (1, 999)], w.now);
+    p.checkpoint = Some((900, t(960)));
+    w.progress = Some(p);
+    let ran = w.status.ledger.clone();
+    let reported = w.step();
+    assert_eq!(reported.status.ledger, ran, "no transition, no change");
+
+    w.advance(15);
+    w.modify("train-worker-1", |p| {
+        let mut s = p.status.clone().unwrap_or_default();
+        s.conditions = serde_json::from_value(json!([{"type": "DisruptionTarget",
+            "status": "True", "reason": "TerminationByKubelet",
+            "lastTransitionTime": t(1070).to_string()}]))
+        .ok();
+        p.status = Some(s);
+    });
+    let before = w.status.clone();
+    let restart = w.step();
+    assert_eq!(restart.restart, Some(RestartReason::Preemption));
+    let ledger = restart.status.ledger.clone().expect("ledger");
+    let expected = crate::crd::GpuMillis {
+        pending: 60_000 * 8,
+        useful: 900_000 * 8,
+        lost_to_recompute: 110_000 * 8,
+        lost_to_detection: 5_000 * 8,
+        ..Default::default()
+    };
+    assert_eq!(ledger.spot, expected);
+    let restarting = ledger.open.clone().expect("a Restarting stretch");
+    assert_eq!(
+        (restarting.use_, restarting.since.0),
+        (StretchUse::Restarting, t(1075))
+    );
+    // A restart decided again (its status write lost) counts the same; the round after it
+    // counts nothing more.
+    let replay = decide(&w.job, &w.observed(), &before, &w.config);
+    assert_eq!(replay.status.ledger, restart.status.ledger);
+    assert_eq!(w.step().status.ledger, restart.status.ledger);
+
+    w.kubelet_removes_deleted();
+    w.step();
+    w.advance(60);
+    w.run_all();
+    let running = w.step();
+    assert_eq!(running.status.phase, Some(Phase::Running));
+    let ledger = running.status.ledger.expect("ledger");
+    assert_eq!(ledger.spot.lost_to_restart, 60_000 * 8);
+    assert_eq!(ledger.spot.total(), 1_135_000 * 8, "wall time × GPUs");
+    let now_running = ledger.open.expect("a Running stretch");
+    assert_eq!(
+        (now_running.use_, now_running.attempt, now_running.since.0),
+        (StretchUse::Running, 1, t(1135))
+    );
+    // 8,120,000 GPU-ms at $0.12 per GPU-hour, then 480,000: rounded down per stretch.
+    assert_eq!(ledger.micro_dollars.spent, 270_666 + 16_000);
+    assert_eq!(ledger.cost, "$0.29");
+}
+
+#[test]
+fn a_job_without_gpus_keeps_no_ledger() {
+    let mut w = World::running_world("workers: 2\n");
+    w.preempt("train-worker-1");
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(plan.status.ledger, None);
 }

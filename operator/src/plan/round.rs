@@ -68,8 +68,10 @@ impl Round {
         }
     }
 
-    /// The plan, with `InvalidSpec` set or cleared.
+    /// The plan, with the round's transitions in the goodput ledger and `InvalidSpec` set or
+    /// cleared.
     pub fn finish(mut self, view: &View<'_>, decided_by: PhaseName) -> Plan {
+        super::goodput::fold(view, &mut self);
         self.events.extend(write_invalid_spec(
             &mut self.st,
             &view.current.conditions,

@@ -1,0 +1,197 @@
+//! The goodput ledger's part of a round: at each transition the round decides (the first
+//! pods created, every worker running, a gang restart, success, failure, a suspend), the
+//! stretch it ends is folded into `status.ledger` ([`crate::ledger`]) from the status and
+//! this round's observation. Rounds without a transition leave the ledger as it is, so it
+//! costs no status write of its own.
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::round::Round;
+use super::view::View;
+use crate::cached_pod::CachedPod;
+use crate::crd::{GoodputLedger, LedgerStretch, Phase, RestartReason, StretchUse};
+use crate::ledger::{self, Ending, Loss, Progress};
+use crate::preemption::{NodeView, WorkerState};
+use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
+
+/// Folds this round's transitions into `round.st.ledger`. Jobs without GPUs keep none.
+pub(super) fn fold(view: &View<'_>, round: &mut Round) {
+    if view.job.spec.gpus_per_worker == 0 {
+        return;
+    }
+    let mut l = round.st.ledger.clone().unwrap_or_default();
+    if let Some(ending) = ending(view, round) {
+        let (interrupted, loss) = what_the_end_lost(view, round, &l, ending);
+        ledger::end(&mut l, ending, interrupted, view.now, loss, view.config);
+    }
+    if let Some(attempt) = round.creates_attempt {
+        ledger::pending(&mut l, view.now, planned(view, round, attempt));
+    }
+    let runs = l
+        .open
+        .as_ref()
+        .is_some_and(|o| o.use_ == StretchUse::Running);
+    if round.st.phase == Some(Phase::Running) && !runs {
+        ledger::running(&mut l, view.now, placed(view, round), view.config);
+    }
+    if round.st.ledger.is_some() || l != GoodputLedger::default() {
+        round.st.ledger = Some(l);
+    }
+}
+
+/// How the round ends the stretch under way, if it does.
+fn ending(view: &View<'_>, round: &Round) -> Option<Ending> {
+    if let Some(reason) = round.restart.filter(|r| *r != RestartReason::Resume) {
+        return Some(Ending::Restart(reason));
+    }
+    let before = view.current.phase.unwrap_or(Phase::Pending);
+    let after = round.st.phase.unwrap_or(Phase::Pending);
+    if before == after {
+        return None;
+    }
+    match after {
+        Phase::Succeeded => Some(Ending::Succeeded),
+        Phase::Failed => Some(Ending::Failed),
+        Phase::Suspended => Some(Ending::Suspended),
+        _ => None,
+    }
+}
+
+/// When the ending attempt was interrupted, and the running time it lost.
+fn what_the_end_lost(
+    view: &View<'_>,
+    round: &Round,
+    l: &GoodputLedger,
+    ending: Ending,
+) -> (Timestamp, Loss) {
+    let Some(open) = l.open.as_ref().filter(|o| o.use_ == StretchUse::Running) else {
+        return (view.now, Loss::Known(0));
+    };
+    let interrupted = match ending {
+        Ending::Restart(RestartReason::Preemption | RestartReason::Failure) | Ending::Failed => {
+            interrupted_at(view)
+        }
+        _ => view.now,
+    };
+    let loss = ledger::recompute_loss(open.since.0, interrupted, &progress(view, round, open));
+    (interrupted, loss)
+}
+
+/// The earliest interruption among the workers that were preempted or failed: a trainer's
+/// end, else the pod's DisruptionTarget condition; now when neither tells (a pod that
+/// vanished, a lost node).
+fn interrupted_at(view: &View<'_>) -> Timestamp {
+    let census = &view.census;
+    census
+        .states
+        .iter()
+        .filter(|(_, s)| matches!(s, WorkerState::Preempted(_) | WorkerState::Failed(_)))
+        .map(|(rank, _)| {
+            census
+                .current
+                .get(rank)
+                .and_then(|pod| pod_interrupted_at(pod))
+                .unwrap_or(view.now)
+        })
+        .min()
+        .unwrap_or(view.now)
+        .min(view.now)
+}
+
+/// When a pod's first container ended, else when it was marked for disruption.
+fn pod_interrupted_at(pod: &CachedPod) -> Option<Timestamp> {
+    let status = pod.status.as_ref()?;
+    let ended = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+        .map(|t| t.0)
+        .min();
+    let disrupted = || {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0)
+    };
+    ended.or_else(disrupted)
+}
+
+/// What the ledger knows of the ending attempt's progress: the status's record of it, and
+/// the step reports of this operator's progress store when it holds the attempt's.
+fn progress(view: &View<'_>, round: &Round, open: &LedgerStretch) -> Progress {
+    let recorded = round
+        .st
+        .progress
+        .as_ref()
+        .filter(|p| p.attempt == open.attempt);
+    let checkpoint =
+        recorded.and_then(|p| Some((p.checkpoint_step?, p.checkpoint_time.as_ref()?.0)));
+    let step = view
+        .observed
+        .progress
+        .as_ref()
+        .filter(|p| p.attempt == open.attempt)
+        .and_then(|p| p.ranks.iter().max_by_key(|r| (r.step, r.advanced_at)))
+        .map(|r| (r.step, r.advanced_at));
+    Progress {
+        start_step: recorded.and_then(|p| p.resumed_from).unwrap_or(0),
+        step,
+        checkpoint,
+    }
+}
+
+/// The attempt's GPUs as placed for its first pods (the capacity type chosen, not known per
+/// node yet).
+fn planned(view: &View<'_>, round: &Round, attempt: u32) -> LedgerStretch {
+    let gpus = view
+        .job
+        .spec
+        .workers
+        .saturating_mul(view.job.spec.gpus_per_worker);
+    let selected = round.st.selected_gpu.as_ref();
+    let spot = selected.is_some_and(|s| s.spot);
+    LedgerStretch {
+        use_: StretchUse::Pending,
+        since: Time(view.now),
+        attempt,
+        spot_gpus: if spot { gpus } else { 0 },
+        on_demand_gpus: if spot { 0 } else { gpus },
+        product: selected.map(|s| s.product.clone()).unwrap_or_default(),
+    }
+}
+
+/// The running attempt's GPUs by the capacity type of the node each worker runs on (a worker
+/// whose node is not known counts as planned), and the product its first worker's node
+/// carries (else the one selected).
+fn placed(view: &View<'_>, round: &Round) -> LedgerStretch {
+    let mut stretch = planned(view, round, round.st.attempt);
+    let per_worker = view.job.spec.gpus_per_worker;
+    let planned_spot = stretch.spot_gpus > 0;
+    let (mut spot, mut on_demand, mut product) = (0u32, 0u32, None);
+    for rank in 0..view.workers {
+        let node = match view
+            .census
+            .current
+            .get(&rank)
+            .map(|p| view.observed.node_view(p))
+        {
+            Some(NodeView::Present(node)) => Some(node),
+            _ => None,
+        };
+        let labels = node.and_then(|n| n.metadata.labels.as_ref());
+        let on_spot = labels.map_or(planned_spot, |l| view.config.is_spot(l));
+        let count = if on_spot { &mut spot } else { &mut on_demand };
+        *count = count.saturating_add(per_worker);
+        product = product.or_else(|| labels.and_then(|l| l.get(LABEL_GPU_PRODUCT)).cloned());
+    }
+    (stretch.spot_gpus, stretch.on_demand_gpus) = (spot, on_demand);
+    if let Some(product) = product {
+        stretch.product = product;
+    }
+    stretch
+}
