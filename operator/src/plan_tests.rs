@@ -2493,3 +2493,120 @@ fn a_job_without_gpus_keeps_no_ledger() {
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
     assert_eq!(plan.status.ledger, None);
 }
+
+/// One worker × 2 GPUs on the on-demand Tesla-T4 node, no progress reports: it fails at
+/// 100 s (seen at 102 s), waits out a 10 s backoff, runs again and succeeds 1000 s later.
+#[test]
+fn a_failed_attempt_without_reports_is_unknown_and_the_success_after_it_useful() {
+    let mut w =
+        World::running_world("workers: 1\ngpusPerWorker: 2\nrestartPolicy: {backoffSeconds: 10}\n");
+    w.advance(100);
+    w.exit("train-worker-0", 1);
+    w.advance(2);
+    let failed = w.step();
+    assert_eq!(failed.restart, Some(RestartReason::Failure));
+    let waiting = w.step();
+    assert_eq!(waiting.decided_by, PhaseName::FailureBackoff);
+    w.advance(10);
+    assert_eq!(World::creates(&w.step()).len(), 1);
+    w.run_all();
+    w.step();
+    w.advance(1000);
+    w.exit("train-worker-0", 0);
+    let done = w.step();
+    assert_eq!(done.status.phase, Some(Phase::Succeeded));
+    let ledger = done.status.ledger.expect("ledger");
+    let expected = crate::crd::GpuMillis {
+        recompute_unknown: 100_000 * 2,
+        lost_to_detection: 2_000 * 2,
+        lost_to_restart: 10_000 * 2,
+        useful: 1_000_000 * 2,
+        ..Default::default()
+    };
+    assert_eq!(ledger.on_demand, expected);
+    assert_eq!(ledger.spot.total(), 0);
+    assert_eq!(ledger.on_demand.total(), 1_112_000 * 2, "wall time × GPUs");
+    assert_eq!(ledger.open, None);
+    // At $0.36 per GPU-hour: 204,000 GPU-ms → 20,400 µ$, 20,000 → 2,000, 2,000,000 →
+    // 200,000; the useful work alone would have cost 200,000.
+    let cost = &ledger.micro_dollars;
+    assert_eq!(
+        (cost.spent, cost.on_demand_equivalent, cost.saved),
+        (222_400, 200_000, -22_400)
+    );
+    assert_eq!(
+        (ledger.goodput.as_str(), ledger.cost.as_str()),
+        ("89.9%", "$0.22")
+    );
+}
+
+/// Suspended after 300 s of running (the checkpoint at 240 s in the status), resumed 1000 s
+/// later: the time suspended counts nowhere, the wait for the new pods is pending again.
+#[test]
+fn suspend_and_resume_close_the_attempt_and_count_nothing_while_suspended() {
+    let mut w = World::running_world("workers: 1\ngpusPerWorker: 1\n");
+    w.status.progress = Some(crate::crd::ProgressStatus {
+        attempt: 0,
+        step: 50,
+        checkpoint_step: Some(40),
+        checkpoint_time: Some(Time(t(240))),
+        ..Default::default()
+    });
+    w.advance(300);
+    w.job.spec.suspend = true;
+    let suspended = w.step();
+    assert_eq!(suspended.status.phase, Some(Phase::Suspended));
+    let ledger = suspended.status.ledger.clone().expect("ledger");
+    assert_eq!(
+        (ledger.on_demand.useful, ledger.on_demand.lost_to_recompute),
+        (240_000, 60_000)
+    );
+    assert_eq!(ledger.open, None);
+    w.kubelet_removes_deleted();
+    w.advance(1000);
+    assert_eq!(w.step().status.ledger, suspended.status.ledger);
+    w.job.spec.suspend = false;
+    let resumed = w.step();
+    assert_eq!(resumed.restart, Some(RestartReason::Resume));
+    w.advance(20);
+    w.run_all();
+    let running = w.step();
+    let ledger = running.status.ledger.expect("ledger");
+    assert_eq!(ledger.on_demand.pending, 20_000);
+    assert_eq!(ledger.on_demand.total(), 320_000);
+    let open = ledger.open.expect("running");
+    assert_eq!(
+        (open.use_, open.attempt, open.since.0),
+        (StretchUse::Running, 1, t(1320))
+    );
+}
+
+/// A leader change mid-attempt: the new leader's progress store is empty, so the restart it
+/// decides measures the loss from the checkpoint the status records (at 960 s), and the
+/// attempt's start from the ledger's open stretch (at 60 s).
+#[test]
+fn a_new_leader_folds_the_attempt_from_the_status_alone() {
+    let mut w = World::new("workers: 1\ngpusPerWorker: 1\n");
+    w.step();
+    w.advance(60);
+    w.run_all();
+    w.step();
+    w.advance(1000);
+    let mut p = reports(0, &[(0, 1000)], w.now);
+    p.checkpoint = Some((900, t(960)));
+    w.progress = Some(p);
+    w.step();
+    w.progress = None;
+    w.advance(15);
+    w.preempt("train-worker-0");
+    let restart = w.step();
+    assert_eq!(restart.restart, Some(RestartReason::Preemption));
+    let ledger = restart.status.ledger.expect("ledger");
+    let expected = crate::crd::GpuMillis {
+        pending: 60_000,
+        useful: 900_000,
+        lost_to_recompute: 115_000,
+        ..Default::default()
+    };
+    assert_eq!(ledger.on_demand, expected);
+}
