@@ -2404,6 +2404,22 @@ fn the_attempt_after_a_termination_notice_avoids_the_noticed_node() {
     }
 }
 
+/// Every trainer starts running now.
+fn start_all_now(w: &mut World) {
+    w.run_all();
+    let now = w.now;
+    for pod in w.pods.clone() {
+        w.modify(pod.metadata.name.as_deref().expect("name"), |p| {
+            let status = p.status.as_mut().expect("status");
+            for c in status.container_statuses.iter_mut().flatten() {
+                if let Some(running) = c.state.as_mut().and_then(|s| s.running.as_mut()) {
+                    running.started_at = Some(Time(now));
+                }
+            }
+        });
+    }
+}
+
 /// Seconds after T0.
 fn t(secs: i64) -> Timestamp {
     ts(T0)
@@ -2424,7 +2440,7 @@ fn a_preempted_jobs_ledger_counts_every_stretch_through_its_restart() {
     let pending = open(&created.status).expect("a Pending stretch");
     assert_eq!((pending.use_, pending.spot_gpus), (StretchUse::Pending, 8));
     w.advance(60);
-    w.run_all();
+    start_all_now(&mut w);
     w.step();
     w.advance(1000);
     let mut p = reports(0, &[(0, 1000), (1, 999)], w.now);
@@ -2469,7 +2485,7 @@ fn a_preempted_jobs_ledger_counts_every_stretch_through_its_restart() {
     w.kubelet_removes_deleted();
     w.step();
     w.advance(60);
-    w.run_all();
+    start_all_now(&mut w);
     let running = w.step();
     assert_eq!(running.status.phase, Some(Phase::Running));
     let ledger = running.status.ledger.expect("ledger");
@@ -2509,7 +2525,7 @@ fn a_failed_attempt_without_reports_is_unknown_and_the_success_after_it_useful()
     assert_eq!(waiting.decided_by, PhaseName::FailureBackoff);
     w.advance(10);
     assert_eq!(World::creates(&w.step()).len(), 1);
-    w.run_all();
+    start_all_now(&mut w);
     w.step();
     w.advance(1000);
     w.exit("train-worker-0", 0);
@@ -2569,7 +2585,7 @@ fn suspend_and_resume_close_the_attempt_and_count_nothing_while_suspended() {
     let resumed = w.step();
     assert_eq!(resumed.restart, Some(RestartReason::Resume));
     w.advance(20);
-    w.run_all();
+    start_all_now(&mut w);
     let running = w.step();
     let ledger = running.status.ledger.expect("ledger");
     assert_eq!(ledger.on_demand.pending, 20_000);
@@ -2589,7 +2605,7 @@ fn a_new_leader_folds_the_attempt_from_the_status_alone() {
     let mut w = World::new("workers: 1\ngpusPerWorker: 1\n");
     w.step();
     w.advance(60);
-    w.run_all();
+    start_all_now(&mut w);
     w.step();
     w.advance(1000);
     let mut p = reports(0, &[(0, 1000)], w.now);
@@ -2609,4 +2625,30 @@ fn a_new_leader_folds_the_attempt_from_the_status_alone() {
         ..Default::default()
     };
     assert_eq!(ledger.on_demand, expected);
+}
+
+/// The trainers start at 30 s and exit at 500 s; the operator sees each 2 or 3 s later.
+#[test]
+fn the_ledger_times_an_attempt_by_its_trainers_not_by_when_the_operator_looked() {
+    let mut w = World::new("workers: 2\ngpusPerWorker: 1\n");
+    w.step();
+    w.advance(30);
+    start_all_now(&mut w);
+    w.advance(2);
+    let running = w.step();
+    let open = running.status.ledger.and_then(|l| l.open).expect("open");
+    assert_eq!((open.use_, open.since.0), (StretchUse::Running, t(30)));
+    w.advance(468);
+    w.exit("train-worker-0", 0);
+    w.exit("train-worker-1", 0);
+    w.advance(3);
+    let done = w.step();
+    assert_eq!(done.status.phase, Some(Phase::Succeeded));
+    let ledger = done.status.ledger.expect("ledger");
+    assert_eq!(
+        (ledger.on_demand.pending, ledger.on_demand.useful),
+        (30_000 * 2, 470_000 * 2)
+    );
+    assert_eq!(ledger.on_demand.total(), 500_000 * 2);
+    assert_eq!(ledger.goodput, "94.0%");
 }

@@ -13,6 +13,8 @@ use crate::cached_pod::CachedPod;
 use crate::crd::{GoodputLedger, LedgerStretch, Phase, RestartReason, StretchUse};
 use crate::ledger::{self, Ending, Loss, Progress};
 use crate::preemption::{NodeView, WorkerState};
+use crate::trainer::trainer_container;
+use k8s_openapi::api::core::v1::ContainerState;
 use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 
 /// Folds this round's transitions into `round.st.ledger`. Jobs without GPUs keep none.
@@ -23,7 +25,12 @@ pub(super) fn fold(view: &View<'_>, round: &mut Round) {
     let mut l = round.st.ledger.clone().unwrap_or_default();
     if let Some(ending) = ending(view, round) {
         let (interrupted, loss) = what_the_end_lost(view, round, &l, ending);
-        ledger::end(&mut l, ending, interrupted, view.now, loss, view.config);
+        let decided = match ending {
+            // The work is over, and the GPUs free, once the last trainer has exited.
+            Ending::Succeeded => interrupted,
+            _ => view.now,
+        };
+        ledger::end(&mut l, ending, interrupted, decided, loss, view.config);
     }
     if let Some(attempt) = round.creates_attempt {
         ledger::pending(&mut l, view.now, planned(view, round, attempt));
@@ -33,7 +40,11 @@ pub(super) fn fold(view: &View<'_>, round: &mut Round) {
         .as_ref()
         .is_some_and(|o| o.use_ == StretchUse::Running);
     if round.st.phase == Some(Phase::Running) && !runs {
-        ledger::running(&mut l, view.now, placed(view, round), view.config);
+        let since = l.open.as_ref().map(|o| o.since.0);
+        let started = last_trainer(view, since, |s| {
+            Some(s.running.as_ref()?.started_at.as_ref()?.0)
+        });
+        ledger::running(&mut l, started, placed(view, round), view.config);
     }
     if round.st.ledger.is_some() || l != GoodputLedger::default() {
         round.st.ledger = Some(l);
@@ -72,6 +83,9 @@ fn what_the_end_lost(
         Ending::Restart(RestartReason::Preemption | RestartReason::Failure) | Ending::Failed => {
             interrupted_at(view)
         }
+        Ending::Succeeded => last_trainer(view, Some(open.since.0), |s| {
+            Some(s.terminated.as_ref()?.finished_at.as_ref()?.0)
+        }),
         _ => view.now,
     };
     let loss = ledger::recompute_loss(open.since.0, interrupted, &progress(view, round, open));
@@ -99,18 +113,14 @@ fn interrupted_at(view: &View<'_>) -> Timestamp {
         .min(view.now)
 }
 
-/// When a pod's first container ended, else when it was marked for disruption.
+/// When a pod's trainer ended, else when the pod was marked for disruption.
 fn pod_interrupted_at(pod: &CachedPod) -> Option<Timestamp> {
-    let status = pod.status.as_ref()?;
-    let ended = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
-        .map(|t| t.0)
-        .min();
+    let ended = trainer_state(pod)
+        .and_then(|s| s.terminated.as_ref()?.finished_at.as_ref())
+        .map(|t| t.0);
     let disrupted = || {
-        status
+        pod.status
+            .as_ref()?
             .conditions
             .iter()
             .flatten()
@@ -119,6 +129,38 @@ fn pod_interrupted_at(pod: &CachedPod) -> Option<Timestamp> {
             .map(|t| t.0)
     };
     ended.or_else(disrupted)
+}
+
+/// The state of a pod's trainer container, as its status reports it.
+fn trainer_state(pod: &CachedPod) -> Option<&ContainerState> {
+    let name = trainer_container(pod)?;
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)?
+        .state
+        .as_ref()
+}
+
+/// When the last of the attempt's trainers started (every worker runs from then), or ended
+/// (the attempt's work is over then): the latest such time among its pods, never after now
+/// nor before `since`; now when no pod tells.
+fn last_trainer(
+    view: &View<'_>,
+    since: Option<Timestamp>,
+    time: impl Fn(&ContainerState) -> Option<Timestamp>,
+) -> Timestamp {
+    let latest = view
+        .census
+        .current
+        .values()
+        .filter_map(|pod| trainer_state(pod).and_then(&time))
+        .max()
+        .unwrap_or(view.now)
+        .min(view.now);
+    since.map_or(latest, |s| latest.max(s))
 }
 
 /// What the ledger knows of the ending attempt's progress: the status's record of it, and
