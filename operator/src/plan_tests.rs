@@ -2451,15 +2451,24 @@ fn a_preempted_jobs_ledger_counts_every_stretch_through_its_restart() {
     assert_eq!(reported.status.ledger, ran, "no transition, no change");
 
     w.advance(15);
+    // Disrupted at 1070 s; its trainer exits on SIGTERM at 1073 s.
+    w.exit("train-worker-1", 143);
     w.modify("train-worker-1", |p| {
-        let mut s = p.status.clone().unwrap_or_default();
+        let s = p.status.as_mut().expect("status");
         s.conditions = serde_json::from_value(json!([{"type": "DisruptionTarget",
             "status": "True", "reason": "TerminationByKubelet",
             "lastTransitionTime": t(1070).to_string()}]))
         .ok();
-        p.status = Some(s);
+        let trainer = s
+            .container_statuses
+            .iter_mut()
+            .flatten()
+            .next()
+            .expect("trainer");
+        let ended = trainer.state.as_mut().and_then(|st| st.terminated.as_mut());
+        ended.expect("terminated").finished_at = Some(Time(t(1073)));
     });
-    let before = w.status.clone();
+    let (before, seen) = (w.status.clone(), w.observed());
     let restart = w.step();
     assert_eq!(restart.restart, Some(RestartReason::Preemption));
     let ledger = restart.status.ledger.clone().expect("ledger");
@@ -2476,9 +2485,9 @@ fn a_preempted_jobs_ledger_counts_every_stretch_through_its_restart() {
         (restarting.use_, restarting.since.0),
         (StretchUse::Restarting, t(1075))
     );
-    // A restart decided again (its status write lost) counts the same; the round after it
-    // counts nothing more.
-    let replay = decide(&w.job, &w.observed(), &before, &w.config);
+    // A restart decided again (its status write lost, so nothing was deleted: the write
+    // order) counts the same; the round after it counts nothing more.
+    let replay = decide(&w.job, &seen, &before, &w.config);
     assert_eq!(replay.status.ledger, restart.status.ledger);
     assert_eq!(w.step().status.ledger, restart.status.ledger);
 

@@ -92,9 +92,9 @@ fn what_the_end_lost(
     (interrupted, loss)
 }
 
-/// The earliest interruption among the workers that were preempted or failed: a trainer's
-/// end, else the pod's DisruptionTarget condition; now when neither tells (a pod that
-/// vanished, a lost node).
+/// The earliest interruption among the workers that were preempted or failed (a trainer's
+/// end, a pod's DisruptionTarget condition); now when no pod tells (a pod that vanished, a
+/// lost node).
 fn interrupted_at(view: &View<'_>) -> Timestamp {
     let census = &view.census;
     census
@@ -113,22 +113,23 @@ fn interrupted_at(view: &View<'_>) -> Timestamp {
         .min(view.now)
 }
 
-/// When a pod's trainer ended, else when the pod was marked for disruption.
+/// When a pod was interrupted: marked for disruption or its trainer ended, whichever came
+/// first.
 fn pod_interrupted_at(pod: &CachedPod) -> Option<Timestamp> {
     let ended = trainer_state(pod)
         .and_then(|s| s.terminated.as_ref()?.finished_at.as_ref())
         .map(|t| t.0);
-    let disrupted = || {
-        pod.status
-            .as_ref()?
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-            .and_then(|c| c.last_transition_time.as_ref())
-            .map(|t| t.0)
-    };
-    ended.or_else(disrupted)
+    let disrupted = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        })
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0);
+    ended.into_iter().chain(disrupted).min()
 }
 
 /// The state of a pod's trainer container, as its status reports it.
