@@ -2661,3 +2661,28 @@ fn the_ledger_times_an_attempt_by_its_trainers_not_by_when_the_operator_looked()
     assert_eq!(ledger.on_demand.total(), 500_000 * 2);
     assert_eq!(ledger.goodput, "94.0%");
 }
+
+/// One worker × 1 GPU runs from 0 s at 1 s a step: step 100 at 100 s, checkpoint 80 at 80 s;
+/// then no step advances while reports keep coming, and the hang is decided at 160 s.
+#[test]
+fn a_hang_restart_counts_the_work_past_the_checkpoint_and_the_time_stuck_as_hangs() {
+    let mut w = World::running_world(
+        "workers: 1\ngpusPerWorker: 1\nrestartPolicy: {progressTimeoutSeconds: 60}\n",
+    );
+    w.advance(100);
+    let mut p = reports(0, &[(0, 100)], w.now);
+    p.checkpoint = Some((80, t(80)));
+    w.progress = Some(p);
+    w.step();
+    w.advance(60);
+    still_reporting(&mut w);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Hang));
+    let ledger = plan.status.ledger.expect("ledger");
+    let expected = crate::crd::GpuMillis {
+        useful: 80_000,
+        hangs: 20_000 + 60_000,
+        ..Default::default()
+    };
+    assert_eq!(ledger.on_demand, expected);
+}
