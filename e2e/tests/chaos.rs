@@ -9,7 +9,7 @@ use std::io::Write;
 
 use anyhow::{Context, Result, ensure};
 use trainyard_e2e::chaos::run::run;
-use trainyard_e2e::chaos::schedule::{FaultKind, Schedule, ScheduleConfig};
+use trainyard_e2e::chaos::schedule::{Schedule, ScheduleConfig};
 use trainyard_e2e::jobs::{install_chart, with_spot_node};
 use trainyard_e2e::repo_root;
 
@@ -30,14 +30,8 @@ fn env_number(name: &str, default: u64) -> Result<u64> {
 async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
     let seed = env_number("TRAINYARD_CHAOS_SEED", FIXED_SEED)?;
     let faults = usize::try_from(env_number("TRAINYARD_CHAOS_FAULTS", 6)?)?;
-    let node2_script = std::fs::read_to_string(repo_root().join("e2e/cluster/node2.sh"))?;
-    let mut excluded = Vec::new();
-    if !node2_script.contains("partition)") {
-        excluded.push(FaultKind::PartitionNode2);
-    }
     let config = ScheduleConfig {
         faults,
-        excluded,
         ..ScheduleConfig::default()
     };
     let schedule = Schedule::generate(seed, &config);

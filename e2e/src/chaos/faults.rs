@@ -45,20 +45,28 @@ pub async fn inject(
     let mut node = None;
     let what = match kind {
         FaultKind::KillOperatorLeader => kill_operator_leader(&target.client).await?,
-        FaultKind::RestartApiServer => restart_process("kube-apiserver")?,
-        FaultKind::RestartEtcd => restart_process("etcd")?,
-        FaultKind::RestartKubelet => restart_process("kubelet")?,
+        FaultKind::RestartApiServer => {
+            let what = blocking(|| restart_process("kube-apiserver")).await?;
+            api_serving(&target.client).await?;
+            what
+        }
+        FaultKind::RestartEtcd => {
+            let what = blocking(|| restart_process("etcd")).await?;
+            api_serving(&target.client).await?;
+            what
+        }
+        FaultKind::RestartKubelet => blocking(|| restart_process("kubelet")).await?,
         FaultKind::RestartDevicePlugin => {
             let nodes = [node_name(), node2_name()];
             delete_device_plugin(&target.client, &nodes[pick.usize(..nodes.len())]).await?
         }
         FaultKind::GpuUnhealthy => set_gpu_healthy(false)?,
         FaultKind::LoseNode2 => {
-            node2("lose")?;
+            blocking(|| node2("lose")).await?;
             "node 2 lost".to_owned()
         }
         FaultKind::PartitionNode2 => {
-            node2("partition")?;
+            blocking(|| node2("partition")).await?;
             "node 2 partitioned".to_owned()
         }
         FaultKind::TerminationTaint => {
@@ -96,8 +104,8 @@ pub async fn inject(
 pub async fn undo(target: &Target, fault: &Injected) -> Result<()> {
     match fault.kind {
         FaultKind::GpuUnhealthy => set_gpu_healthy(true).map(drop),
-        FaultKind::LoseNode2 => node2("start"),
-        FaultKind::PartitionNode2 => node2("heal"),
+        FaultKind::LoseNode2 => blocking(|| node2("start")).await,
+        FaultKind::PartitionNode2 => blocking(|| node2("heal")).await,
         FaultKind::TerminationTaint => match &fault.node {
             Some(node) => set_termination_taint(&target.client, node, false).await,
             None => Ok(()),
@@ -105,6 +113,28 @@ pub async fn undo(target: &Target, fault: &Injected) -> Result<()> {
         FaultKind::SuspendResume => set_suspend(target, false).await,
         _ => Ok(()),
     }
+}
+
+/// Waits until the API server serves reads again after a control-plane restart: the restart
+/// is over when the component is back, as it would be for whoever restarted it.
+async fn api_serving(client: &Client) -> Result<()> {
+    crate::wait_for(
+        "the API server to serve again",
+        Duration::from_secs(120),
+        || async move {
+            let nodes = Api::<Node>::all(client.clone());
+            Ok(nodes.list(&ListParams::default()).await.ok().map(drop))
+        },
+    )
+    .await
+}
+
+/// Runs a blocking action (a process stopped and started, `node2.sh`) off the runtime, so that
+/// the run's watches keep feeding the checker while it waits.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .context("a fault's action panicked")?
 }
 
 fn skipped(kind: FaultKind, why: &str) -> Injected {
@@ -177,13 +207,15 @@ pub fn restart_process(name: &str) -> Result<String> {
     let environ = split(std::fs::read(proc.join("environ")).context("reading its environment")?);
     let cwd = std::fs::read_link(proc.join("cwd")).context("reading its working directory")?;
     let (program, args) = argv.split_first().context("an empty command line")?;
+    // SIGTERM first, as an operator restarting it would: the API server finishes its
+    // in-flight requests (up to its 60 s request timeout). A process still there after
+    // that is killed, so that the component is never left stopped.
     run(Command::new("kill").arg(&pid))?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proc.exists() {
-        if Instant::now() > deadline {
-            bail!("{name} (pid {pid}) did not stop within 30 s");
+    if !wait_gone(&proc, Duration::from_secs(75)) {
+        run(Command::new("kill").args(["-9", &pid]))?;
+        if !wait_gone(&proc, Duration::from_secs(15)) {
+            bail!("{name} (pid {pid}) did not stop, even after SIGKILL");
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -204,6 +236,28 @@ pub fn restart_process(name: &str) -> Result<String> {
         .with_context(|| format!("starting {name} again"))?;
     std::fs::write(&pid_file, format!("{}\n", child.id()))?;
     Ok(format!("{name} restarted (pid {pid} -> {})", child.id()))
+}
+
+/// Whether the process at `proc` exits within `limit`. A zombie has exited: a process this
+/// run restarted earlier is its child, and nothing reaps it.
+fn wait_gone(proc: &Path, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let gone = match std::fs::read_to_string(proc.join("stat")) {
+            // The state follows the command name, which is in parentheses.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+            Err(_) => true,
+        };
+        if gone {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 async fn delete_device_plugin(client: &Client, node: &str) -> Result<String> {
@@ -239,10 +293,13 @@ fn set_gpu_healthy(healthy: bool) -> Result<String> {
     })
 }
 
+/// The job's running workers; while a restart is under way (none runs), waits up to 90 s for
+/// the next attempt's, so that a fault aimed at a worker is injected rather than skipped.
 async fn running_workers(target: &Target) -> Result<Vec<Pod>> {
     let lp = ListParams::default().labels(&format!("{LABEL_JOB}={}", target.job));
-    Ok(
-        Api::<Pod>::namespaced(target.client.clone(), &target.namespace)
+    let pods = Api::<Pod>::namespaced(target.client.clone(), &target.namespace);
+    let running = || async {
+        let running: Vec<Pod> = pods
             .list(&lp)
             .await?
             .items
@@ -251,8 +308,11 @@ async fn running_workers(target: &Target) -> Result<Vec<Pod>> {
                 p.metadata.deletion_timestamp.is_none()
                     && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
             })
-            .collect(),
-    )
+            .collect();
+        Ok((!running.is_empty()).then_some(running))
+    };
+    let waited = crate::wait_for("a running worker", Duration::from_secs(90), running).await;
+    Ok(waited.unwrap_or_default())
 }
 
 /// Adds or removes Karpenter's termination taint, keeping every other taint of the node.

@@ -33,6 +33,8 @@ pub struct JobSeen {
     pub hangs: u32,
     /// `status.progress.checkpointStep`.
     pub checkpoint_step: Option<u64>,
+    /// `status.progress.stepsLost`, with the attempt it belongs to (`status.progress.attempt`).
+    pub steps_lost: Option<(u32, u64)>,
 }
 
 impl JobSeen {
@@ -80,11 +82,18 @@ impl fmt::Display for Violation {
 pub struct Checker {
     last: Option<JobSeen>,
     violations: Vec<Violation>,
+    /// The steps each restart lost, by the attempt after it.
+    steps_lost: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Checker {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The steps lost over every restart seen, each counted once.
+    pub fn steps_lost(&self) -> u64 {
+        self.steps_lost.values().sum()
     }
 
     /// The violations found so far.
@@ -113,6 +122,9 @@ impl Checker {
 
     /// One status of the job.
     pub fn job(&mut self, at: Duration, job: &JobSeen) {
+        if let Some((attempt, lost)) = job.steps_lost {
+            self.steps_lost.insert(attempt, lost);
+        }
         if u64::from(job.attempt) < job.restarts() {
             self.violate(
                 at,
@@ -231,6 +243,19 @@ mod tests {
 
     fn t(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn steps_lost_count_each_restart_once_however_often_its_status_is_seen() {
+        let mut c = Checker::new();
+        let lost = |attempt, steps| JobSeen {
+            steps_lost: Some((attempt, steps)),
+            ..seen(attempt, attempt, None)
+        };
+        for job in [lost(1, 3), lost(1, 3), lost(2, 0), lost(3, 4), lost(3, 4)] {
+            c.job(t(1), &job);
+        }
+        assert_eq!(c.steps_lost(), 7);
     }
 
     #[test]

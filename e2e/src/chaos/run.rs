@@ -37,7 +37,7 @@ pub struct RunReport {
     pub preemptions: u32,
     pub failures: u32,
     pub hangs: u32,
-    /// `status.progress.stepsLost` summed over the restarts the run saw.
+    /// `status.progress.stepsLost` of every restart the run saw, summed.
     pub steps_lost: u64,
     pub wall: Duration,
     pub violations: Vec<Violation>,
@@ -54,15 +54,69 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
     let ns = JOBS_NS;
     create_job(client, ns, chaos_job(&name, json!({"policy": "Prefer"}))).await?;
     create_job(client, ns, chaos_job(&baseline, json!({"policy": "Never"}))).await?;
-    let (restarts_before, _) = component_restarts(client).await?;
     let checker = Arc::new(Mutex::new(Checker::new()));
     let watches = watch(client, ns, &name, checker.clone(), started);
-    running_pods(client, ns, &name, 0, 3).await?;
+    let played = play_and_end(client, schedule, &name, &baseline).await;
+    watches.abort();
+    let Played {
+        injected,
+        not_injected,
+        ending,
+    } = match played {
+        Ok(played) => played,
+        Err(e) => {
+            // The run could not go on: leave no job of it behind for the next test.
+            if let Err(cleanup) = delete_and_find_leftovers(client, ns, &[&name, &baseline]).await {
+                println!("chaos: deleting the run's jobs failed: {cleanup:#}");
+            }
+            return Err(e);
+        }
+    };
+    let (violations, steps_lost) = {
+        let mut checker = checker
+            .lock()
+            .map_err(|_| anyhow::anyhow!("checker poisoned"))?;
+        checker.job(started.elapsed(), &ending.job);
+        checker.finish(started.elapsed(), &ending);
+        (checker.violations().to_vec(), checker.steps_lost())
+    };
+    Ok(RunReport {
+        seed: schedule.seed,
+        injected,
+        not_injected,
+        attempt: ending.job.attempt,
+        preemptions: ending.job.preemptions,
+        failures: ending.job.failures,
+        hangs: ending.job.hangs,
+        steps_lost,
+        wall: started.elapsed(),
+        violations,
+    })
+}
+
+/// What [`play_and_end`] saw: the faults as injected and how the job ended.
+struct Played {
+    injected: Vec<(Duration, FaultKind, String)>,
+    not_injected: usize,
+    ending: Ending,
+}
+
+/// Plays the schedule once the job runs, waits for both jobs to end, then deletes them and
+/// gathers what the end-of-run invariants need.
+async fn play_and_end(
+    client: &Client,
+    schedule: &Schedule,
+    name: &str,
+    baseline: &str,
+) -> Result<Played> {
+    let ns = JOBS_NS;
+    let (restarts_before, _) = component_restarts(client).await?;
+    running_pods(client, ns, name, 0, 3).await?;
 
     let target = Target {
         client: client.clone(),
         namespace: ns.to_owned(),
-        job: name.clone(),
+        job: name.to_owned(),
     };
     let mut pick = fastrand::Rng::with_seed(schedule.seed ^ 0x5eed);
     let (injected, not_injected) = play(&target, schedule, &mut pick).await?;
@@ -71,14 +125,14 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
         .filter(|(_, k, what)| k.counts_a_resume() && !what.starts_with("skipped"))
         .count();
 
-    let end = wait_phase(client, ns, &name, "Succeeded", Duration::from_secs(900)).await;
-    let base = wait_phase(client, ns, &baseline, "Succeeded", Duration::from_secs(900)).await?;
-    let st = job_status(client, ns, &name).await?;
+    let end = wait_phase(client, ns, name, "Succeeded", Duration::from_secs(900)).await;
+    let base = wait_phase(client, ns, baseline, "Succeeded", Duration::from_secs(900)).await?;
+    let st = job_status(client, ns, name).await?;
     let job = seen(&st);
-    let expected_digest = final_digest(client, ns, &baseline, counter(&base, "attempt")).await?;
-    let digest = final_digest(client, ns, &name, job.attempt).await.ok();
-    let restart_events = restart_events(client, ns, &name).await?;
-    let leftovers = delete_and_find_leftovers(client, ns, &[&name, &baseline]).await?;
+    let expected_digest = final_digest(client, ns, baseline, counter(&base, "attempt")).await?;
+    let digest = final_digest(client, ns, name, job.attempt).await.ok();
+    let restart_events = restart_events(client, ns, name).await?;
+    let leftovers = delete_and_find_leftovers(client, ns, &[name, baseline]).await?;
     let mut ending = Ending {
         job: job.clone(),
         succeeded: end.is_ok(),
@@ -92,25 +146,10 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
     ending
         .leftovers
         .extend(component_trouble(client, &injected, restarts_before).await?);
-    watches.abort();
-    let violations = {
-        let mut checker = checker
-            .lock()
-            .map_err(|_| anyhow::anyhow!("checker poisoned"))?;
-        checker.finish(started.elapsed(), &ending);
-        checker.violations().to_vec()
-    };
-    Ok(RunReport {
-        seed: schedule.seed,
+    Ok(Played {
         injected,
         not_injected,
-        attempt: job.attempt,
-        preemptions: job.preemptions,
-        failures: job.failures,
-        hangs: job.hangs,
-        steps_lost: st["progress"]["stepsLost"].as_u64().unwrap_or(0),
-        wall: started.elapsed(),
-        violations,
+        ending,
     })
 }
 
@@ -131,11 +170,16 @@ fn chaos_job(name: &str, spot: Value) -> Value {
     job
 }
 
-type Played = (Vec<(Duration, FaultKind, String)>, usize);
+/// The faults as injected (time, kind, what was done), and how many the end of the job left out.
+type Injections = (Vec<(Duration, FaultKind, String)>, usize);
 
 /// Injects and undoes the schedule's faults at their times; stops injecting once the job has
 /// ended, but always undoes what it injected.
-async fn play(target: &Target, schedule: &Schedule, pick: &mut fastrand::Rng) -> Result<Played> {
+async fn play(
+    target: &Target,
+    schedule: &Schedule,
+    pick: &mut fastrand::Rng,
+) -> Result<Injections> {
     let start = Instant::now();
     let mut actions: Vec<(Duration, usize, bool)> = Vec::new();
     for (i, f) in schedule.faults.iter().enumerate() {
@@ -155,9 +199,13 @@ async fn play(target: &Target, schedule: &Schedule, pick: &mut fastrand::Rng) ->
                 continue;
             }
             let kind = schedule.faults[i].kind;
-            let fault = faults::inject(target, kind, pick)
-                .await
-                .with_context(|| format!("injecting {kind} at t+{}s", at.as_secs()))?;
+            let fault = match faults::inject(target, kind, pick).await {
+                Ok(fault) => fault,
+                Err(e) => {
+                    undo_all(target, &mut active).await;
+                    return Err(e.context(format!("injecting {kind} at t+{}s", at.as_secs())));
+                }
+            };
             println!(
                 "chaos t+{:>4}s {kind}: {}",
                 start.elapsed().as_secs(),
@@ -177,6 +225,16 @@ async fn play(target: &Target, schedule: &Schedule, pick: &mut fastrand::Rng) ->
         }
     }
     Ok((injected, not_injected))
+}
+
+/// Undoes every fault still active, after the run failed to inject one: the cluster is left
+/// as the run found it. What cannot be undone is printed; the run fails anyway.
+async fn undo_all(target: &Target, active: &mut [Option<Injected>]) {
+    for fault in active.iter_mut().filter_map(Option::take) {
+        if let Err(e) = faults::undo(target, &fault).await {
+            println!("chaos: undoing {} failed: {e:#}", fault.kind);
+        }
+    }
 }
 
 async fn job_ended(target: &Target) -> bool {
@@ -259,6 +317,10 @@ fn seen(st: &Value) -> JobSeen {
         failures: counter(st, "failures"),
         hangs: counter(st, "hangs"),
         checkpoint_step: st["progress"]["checkpointStep"].as_u64(),
+        steps_lost: st["progress"]["stepsLost"].as_u64().map(|lost| {
+            let attempt = st["progress"]["attempt"].as_u64().unwrap_or(0);
+            (u32::try_from(attempt).unwrap_or(u32::MAX), lost)
+        }),
     }
 }
 
