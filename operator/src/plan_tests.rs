@@ -2686,3 +2686,23 @@ fn a_hang_restart_counts_the_work_past_the_checkpoint_and_the_time_stuck_as_hang
     };
     assert_eq!(ledger.on_demand, expected);
 }
+
+/// The status keeps times to the second: a restart seen at 100.6 s draws its boundary at
+/// 100 s, so the ledger reads back from the API server exactly as it was counted.
+#[test]
+fn the_ledger_draws_its_boundaries_at_whole_seconds_so_they_survive_the_status() {
+    let mut w = World::running_world("workers: 1\ngpusPerWorker: 1\n");
+    w.advance(100);
+    w.now = w
+        .now
+        .saturating_add(SignedDuration::from_millis(600))
+        .expect("time");
+    w.preempt("train-worker-0");
+    let restart = w.step();
+    let ledger = restart.status.ledger.expect("ledger");
+    assert_eq!(ledger.on_demand.recompute_unknown, 100_000);
+    assert_eq!(ledger.open.as_ref().map(|o| o.since.0), Some(t(100)));
+    let written = serde_json::to_value(&ledger).expect("serialize");
+    let read_back: crate::crd::GoodputLedger = serde_json::from_value(written).expect("parse");
+    assert_eq!(read_back, ledger);
+}

@@ -28,12 +28,12 @@ pub(super) fn fold(view: &View<'_>, round: &mut Round) {
         let decided = match ending {
             // The work is over, and the GPUs free, once the last trainer has exited.
             Ending::Succeeded => interrupted,
-            _ => view.now,
+            _ => now(view),
         };
         ledger::end(&mut l, ending, interrupted, decided, loss, view.config);
     }
     if let Some(attempt) = round.creates_attempt {
-        ledger::pending(&mut l, view.now, planned(view, round, attempt));
+        ledger::pending(&mut l, now(view), planned(view, round, attempt));
     }
     let runs = l
         .open
@@ -49,6 +49,12 @@ pub(super) fn fold(view: &View<'_>, round: &mut Round) {
     if round.st.ledger.is_some() || l != GoodputLedger::default() {
         round.st.ledger = Some(l);
     }
+}
+
+/// The round's time, to the whole second: the status keeps times to the second (as the pods'
+/// timestamps are), so a boundary the ledger draws reads back exactly as it was counted.
+fn now(view: &View<'_>) -> Timestamp {
+    Timestamp::from_second(view.now.as_second()).unwrap_or(view.now)
 }
 
 /// How the round ends the stretch under way, if it does.
@@ -77,7 +83,7 @@ fn what_the_end_lost(
     ending: Ending,
 ) -> (Timestamp, Loss) {
     let Some(open) = l.open.as_ref().filter(|o| o.use_ == StretchUse::Running) else {
-        return (view.now, Loss::Known(0));
+        return (now(view), Loss::Known(0));
     };
     let interrupted = match ending {
         Ending::Restart(RestartReason::Preemption | RestartReason::Failure) | Ending::Failed => {
@@ -86,7 +92,7 @@ fn what_the_end_lost(
         Ending::Succeeded => last_trainer(view, Some(open.since.0), |s| {
             Some(s.terminated.as_ref()?.finished_at.as_ref()?.0)
         }),
-        _ => view.now,
+        _ => now(view),
     };
     let loss = ledger::recompute_loss(open.since.0, interrupted, &progress(view, round, open));
     (interrupted, loss)
@@ -106,11 +112,11 @@ fn interrupted_at(view: &View<'_>) -> Timestamp {
                 .current
                 .get(rank)
                 .and_then(|pod| pod_interrupted_at(pod))
-                .unwrap_or(view.now)
+                .unwrap_or(now(view))
         })
         .min()
-        .unwrap_or(view.now)
-        .min(view.now)
+        .unwrap_or(now(view))
+        .min(now(view))
 }
 
 /// When a pod was interrupted: marked for disruption or its trainer ended, whichever came
@@ -159,8 +165,8 @@ fn last_trainer(
         .values()
         .filter_map(|pod| trainer_state(pod).and_then(&time))
         .max()
-        .unwrap_or(view.now)
-        .min(view.now);
+        .unwrap_or(now(view))
+        .min(now(view));
     since.map_or(latest, |s| latest.max(s))
 }
 
@@ -200,7 +206,7 @@ fn planned(view: &View<'_>, round: &Round, attempt: u32) -> LedgerStretch {
     let spot = selected.is_some_and(|s| s.spot);
     LedgerStretch {
         use_: StretchUse::Pending,
-        since: Time(view.now),
+        since: Time(now(view)),
         attempt,
         spot_gpus: if spot { gpus } else { 0 },
         on_demand_gpus: if spot { 0 } else { gpus },
