@@ -51,10 +51,16 @@ pub(super) fn fold(view: &View<'_>, round: &mut Round) {
     }
 }
 
-/// The round's time, to the whole second: the status keeps times to the second (as the pods'
-/// timestamps are), so a boundary the ledger draws reads back exactly as it was counted.
+/// The round's time, to the whole second ([`whole_second`]).
 fn now(view: &View<'_>) -> Timestamp {
-    Timestamp::from_second(view.now.as_second()).unwrap_or(view.now)
+    whole_second(view.now)
+}
+
+/// A time to the whole second: the status keeps times to the second, so a boundary the
+/// ledger draws reads back exactly as it was counted, and the next stretch starts where the
+/// last one ended.
+fn whole_second(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
 }
 
 /// How the round ends the stretch under way, if it does.
@@ -115,7 +121,7 @@ fn interrupted_at(view: &View<'_>) -> Timestamp {
                 .unwrap_or(now(view))
         })
         .min()
-        .unwrap_or(now(view))
+        .map_or(now(view), whole_second)
         .min(now(view))
 }
 
@@ -165,7 +171,7 @@ fn last_trainer(
         .values()
         .filter_map(|pod| trainer_state(pod).and_then(&time))
         .max()
-        .unwrap_or(now(view))
+        .map_or(now(view), whole_second)
         .min(now(view));
     since.map_or(latest, |s| latest.max(s))
 }
