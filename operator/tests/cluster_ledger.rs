@@ -15,6 +15,11 @@ fn open_use(j: &TrainingJob) -> Option<(StretchUse, u32)> {
     Some((open.use_, open.attempt))
 }
 
+/// Lets the running attempt cross at least two whole-second boundaries.
+async fn run_for_whole_seconds() {
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
 async fn a_preempted_jobs_ledger_is_kept_by_the_api_server_and_counts_every_gpu_second() {
@@ -37,6 +42,9 @@ async fn a_preempted_jobs_ledger_is_kept_by_the_api_server_and_counts_every_gpu_
         open_use(j) == Some((StretchUse::Running, 0))
     })
     .await;
+    // The ledger counts whole seconds: each attempt runs for more than one, so that its
+    // useful time cannot round to nothing on a fast machine.
+    run_for_whole_seconds().await;
 
     let pods = t.pods().await;
     let rank_1 = pods
@@ -55,6 +63,7 @@ async fn a_preempted_jobs_ledger_is_kept_by_the_api_server_and_counts_every_gpu_
         open_use(j) == Some((StretchUse::Running, 1))
     })
     .await;
+    run_for_whole_seconds().await;
     for p in &pods {
         t.exit_pod(&p.name_any(), 0).await;
     }
