@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::Deserialize;
@@ -42,6 +42,46 @@ pub struct CachedPodSpec {
     /// The containers, by name (which one is the trainer).
     #[serde(default)]
     pub containers: Vec<CachedContainer>,
+    /// Of the affinity, only the node names its required terms exclude.
+    #[serde(default)]
+    pub affinity: CachedAffinity,
+}
+
+/// What the operator reads of a pod's affinity: the nodes the pod was created to avoid (by
+/// name, for their termination notices), so that a pod still waiting for a node after a
+/// notice was withdrawn can be told apart (the rest of the affinity is skipped while parsing).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedAffinity {
+    /// The node affinity.
+    #[serde(default)]
+    pub node_affinity: Option<CachedNodeAffinity>,
+}
+
+/// The required part of a node affinity.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedNodeAffinity {
+    /// The required node selector.
+    #[serde(default, rename = "requiredDuringSchedulingIgnoredDuringExecution")]
+    pub required: Option<CachedNodeSelector>,
+}
+
+/// A required node selector's terms.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedNodeSelector {
+    /// Its terms (ORed).
+    #[serde(default)]
+    pub node_selector_terms: Vec<CachedNodeSelectorTerm>,
+}
+
+/// A term's field requirements (its label expressions are skipped).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedNodeSelectorTerm {
+    /// Requirements on the node's fields.
+    #[serde(default)]
+    pub match_fields: Option<Vec<NodeSelectorRequirement>>,
 }
 
 /// A container, by name.
@@ -89,6 +129,57 @@ impl CachedPod {
     pub fn node_name(&self) -> Option<&str> {
         self.spec.node_name.as_deref()
     }
+
+    /// The nodes every required term of the pod's affinity excludes by name (`metadata.name
+    /// NotIn`), sorted: where the pod may never go.
+    pub fn avoided_nodes(&self) -> Vec<&str> {
+        let terms = self
+            .spec
+            .affinity
+            .node_affinity
+            .as_ref()
+            .and_then(|a| a.required.as_ref())
+            .map(|r| r.node_selector_terms.as_slice())
+            .unwrap_or_default();
+        let mut names: Vec<&str> = terms
+            .iter()
+            .flat_map(|t| t.match_fields.iter().flatten())
+            .filter(|r| r.key == NODE_NAME_FIELD && r.operator == "NotIn")
+            .flat_map(|r| r.values.iter().flatten().map(String::as_str))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
+/// The one field a node selector term may match on: the node's name.
+pub const NODE_NAME_FIELD: &str = "metadata.name";
+
+/// The name exclusions of a whole pod's required node affinity, as the cache keeps them.
+fn cached_affinity(pod: &Pod) -> CachedAffinity {
+    let required = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    CachedAffinity {
+        node_affinity: required.map(|r| CachedNodeAffinity {
+            required: Some(CachedNodeSelector {
+                node_selector_terms: r
+                    .node_selector_terms
+                    .iter()
+                    .map(|t| CachedNodeSelectorTerm {
+                        match_fields: t.match_fields.clone(),
+                    })
+                    .collect(),
+            }),
+        }),
+    }
 }
 
 /// What the cache would hold of a whole pod (a pod read from the API server, or one a test
@@ -108,6 +199,7 @@ impl From<&Pod> for CachedPod {
                         name: c.name.clone(),
                     })
                     .collect(),
+                affinity: cached_affinity(pod),
             },
             status: pod.status.clone(),
         };
@@ -146,8 +238,13 @@ mod tests {
                 ],
                 "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}}],
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
-                    {"nodeSelectorTerms": [{"matchExpressions": [
-                        {"key": KARPENTER_CAPACITY_TYPE, "operator": "In", "values": ["spot"]}]}]}}},
+                    {"nodeSelectorTerms": [
+                        {"matchExpressions": [
+                            {"key": KARPENTER_CAPACITY_TYPE, "operator": "In", "values": ["spot"]}],
+                         "matchFields": [
+                            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": ["going", "gone"]}]},
+                        {"matchFields": [
+                            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": ["going"]}]}]}}},
                 "tolerations": [{"key": DEFAULT_GPU_RESOURCE, "operator": "Exists"}],
             },
             "status": {
@@ -185,6 +282,8 @@ mod tests {
         );
         assert_eq!(trainer_container(&cached), Some("trainer"));
         assert_eq!(cached.node_name(), Some("n"));
+        assert_eq!(cached.avoided_nodes(), vec!["going", "gone"]);
+        assert_eq!(projected.avoided_nodes(), cached.avoided_nodes());
         assert_eq!(cached.status, full.status);
         assert_eq!(cached.metadata, projected.metadata);
         assert_eq!(
@@ -200,6 +299,7 @@ mod tests {
         let cached: CachedPod =
             serde_json::from_value(json!({"metadata": {"name": "p"}})).expect("cached pod");
         assert_eq!(cached.node_name(), None);
+        assert!(cached.avoided_nodes().is_empty());
         assert!(cached.status.is_none());
     }
 }

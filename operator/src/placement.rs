@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
     PreferredSchedulingTerm, Toleration,
 };
 
+use crate::cached_pod::NODE_NAME_FIELD;
 use crate::config::OperatorConfig;
 use crate::crd::{GpuSelection, SelectedGpu, SpotPolicy};
 use crate::nodes;
@@ -167,7 +168,7 @@ fn noticed(config: &OperatorConfig, node: &Node) -> bool {
 }
 
 /// The names of the nodes that carry a termination notice, sorted.
-fn noticed_nodes(config: &OperatorConfig, nodes_: &[&Node]) -> Vec<String> {
+pub fn noticed_nodes(config: &OperatorConfig, nodes_: &[&Node]) -> Vec<String> {
     let mut names: Vec<String> = nodes_
         .iter()
         .filter(|n| noticed(config, n))
@@ -412,9 +413,6 @@ fn required_terms(
             .collect(),
     })
 }
-
-/// The one field a node selector term may match on: the node's name.
-const NODE_NAME_FIELD: &str = "metadata.name";
 
 /// Preferred terms: spot nodes, when spot is preferred.
 fn preferred_terms(config: &OperatorConfig, mode: SpotMode) -> Vec<PreferredSchedulingTerm> {

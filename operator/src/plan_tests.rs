@@ -2706,3 +2706,76 @@ fn the_ledger_draws_its_boundaries_at_whole_seconds_so_they_survive_the_status()
     let read_back: crate::crd::GoodputLedger = serde_json::from_value(written).expect("parse");
     assert_eq!(read_back, ledger);
 }
+
+/// The names of the pods a plan creates.
+fn created_pods(plan: &Plan) -> Vec<Pod> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreatePod(p) => Some((**p).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Found by the chaos run (seed 20261125): a notice put on the one node that fits and then
+/// withdrawn left the attempt's pods, created to avoid that node, Pending for ever.
+#[test]
+fn unscheduled_pods_that_avoid_a_node_whose_notice_is_withdrawn_are_replaced() {
+    let mut w = World::new("workers: 2\n");
+    let n1 = || node("n-1").gpus(8).product("Tesla-T4");
+    w.replace_node(n1().taint(trainyard_api::spot::KARPENTER_DISRUPTED).build());
+    let created = created_pods(&w.step());
+    assert_eq!(created.len(), 2);
+    for p in &created {
+        assert_eq!(CachedPod::from(p).avoided_nodes(), vec!["n-1"]);
+    }
+    // The scheduler finds no node for them (the World binds what is created: unbind).
+    for p in &created {
+        w.modify(p.metadata.name.as_deref().expect("name"), |p| {
+            p.spec.as_mut().expect("spec").node_name = None;
+        });
+    }
+    let plan = w.step();
+    assert!(
+        plan.actions.is_empty(),
+        "they wait while the notice holds: {:?}",
+        plan.actions
+    );
+
+    w.replace_node(n1().build());
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::WithdrawnNotice);
+    let deleted = plan
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::DeletePod { .. }))
+        .count();
+    assert_eq!(deleted, 2, "{:?}", plan.actions);
+    assert_eq!(
+        plan.events
+            .iter()
+            .filter(|e| e.reason == crate::reason::NOTICE_WITHDRAWN)
+            .count(),
+        1
+    );
+    assert_eq!(plan.restart, None);
+    assert_eq!(
+        (
+            plan.status.attempt,
+            plan.status.preemptions,
+            plan.status.failures
+        ),
+        (0, 0, 0)
+    );
+
+    // Unscheduled pods go at once; the same attempt is created anew, free to use n-1.
+    w.pods.clear();
+    let plan = w.step();
+    let created = created_pods(&plan);
+    assert_eq!(created.len(), 2, "{:?} {:?}", plan.decided_by, plan.events);
+    for p in &created {
+        assert!(CachedPod::from(p).avoided_nodes().is_empty());
+        assert_eq!(crate::pods::label_u32(p, LABEL_ATTEMPT), Some(0));
+    }
+}

@@ -49,6 +49,8 @@ pub const ALL_WORKERS_SUCCEEDED: &str = "AllWorkersSucceeded";
 pub const NAMES_FREE: &str = "NamesFree";
 pub const NAME_TAKEN: &str = "NameTaken";
 pub const NAME_CONFLICT: &str = "NameConflict";
+/// Unscheduled workers avoided a node whose termination notice is withdrawn: replaced (Event).
+pub const NOTICE_WITHDRAWN: &str = "NoticeWithdrawn";
 /// The workers of an attempt are being created (Event).
 pub const CREATING_WORKERS: &str = "CreatingWorkers";
 /// No node matches the workers' placement, or the scheduler says none fits.

@@ -256,3 +256,69 @@ async fn more_gpus_per_worker_than_any_node_has_waits_pending_and_runs_once_a_no
     op.stop().await;
     t.cleanup().await;
 }
+
+/// Found by the chaos run (seed 20261125): a termination notice put on the only node that fits
+/// and then withdrawn (Karpenter cancels a disruption) must not leave the next attempt's pods
+/// Pending for ever. They were created avoiding the noticed node by name; once the notice is
+/// gone and they are still unscheduled, they are replaced by pods that may go there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn pods_that_avoid_a_node_for_a_withdrawn_notice_are_replaced_and_run_there() {
+    let t = TestEnv::new("ty-withdrawn").await;
+    let product = format!("Tesla-T4-{}", t.ns);
+    let node = t
+        .add_node(
+            "a",
+            &[
+                (LABEL_GPU_PRODUCT, &product),
+                (KARPENTER_CAPACITY_TYPE, "on-demand"),
+            ],
+            4,
+        )
+        .await;
+    t.taint_node(&node, "karpenter.sh/disrupted").await;
+    let op = t.start_operator(fast_config());
+    t.create_job(
+        "train",
+        json!({"workers": 2, "gpusPerWorker": 1, "gpu": {"products": [product]},
+        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
+    )
+    .await;
+    t.wait_job("train", "condition Unschedulable", |j| {
+        condition(j, "Unschedulable").is_some_and(|c| c.status == "True")
+    })
+    .await;
+    let before: Vec<String> = t
+        .pods()
+        .await
+        .iter()
+        .map(|p| p.uid().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        before.len(),
+        2,
+        "the pods wait Pending, where an autoscaler sees them"
+    );
+
+    t.untaint_node(&node).await;
+    let pods = t.wait_running(0, 2).await;
+    for p in &pods {
+        assert_eq!(
+            p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            Some(node.clone())
+        );
+        assert!(
+            !before.contains(&p.uid().unwrap_or_default()),
+            "a pod that avoided the node was replaced"
+        );
+    }
+    let job = t.job("train").await;
+    let status = job.status.expect("status");
+    assert_eq!(
+        status.attempt, 0,
+        "replacing unscheduled pods is no restart"
+    );
+    assert_eq!(status.failures + status.preemptions, 0);
+    op.stop().await;
+    t.cleanup().await;
+}

@@ -2,6 +2,9 @@
 //! [`Round`]; the first that returns [`Flow::Stop`] ends the round. [`PHASES`] is the only
 //! place that says in which order they decide.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
 use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -10,12 +13,13 @@ use super::view::{View, resumes_as_new_attempt};
 use super::{
     Action, CLUSTER_WAIT_RECHECK, Flow, JobEvent, condition, condition_is_true, failure_backoff,
 };
+use crate::cached_pod::CachedPod;
 use crate::crd::{LastRestart, Phase, RestartReason};
 use crate::placement::{self, Placement};
 use crate::preemption::WorkerState;
 use crate::reason;
 use crate::validate::InvalidSpec;
-use crate::{pods, pvc, service};
+use crate::{nodes, pods, pvc, service};
 
 mod progress;
 mod restart;
@@ -53,6 +57,8 @@ pub enum PhaseName {
     ClusterPrerequisites,
     /// The wait after a failure.
     FailureBackoff,
+    /// Unscheduled pods that avoid a node whose termination notice was withdrawn.
+    WithdrawnNotice,
     /// Create the missing workers (and the Service and PVC).
     Create,
     /// Whether the workers can be placed.
@@ -81,6 +87,7 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
     (PhaseName::ForeignObjects, foreign_objects),
     (PhaseName::ClusterPrerequisites, cluster_prerequisites),
     (PhaseName::FailureBackoff, failure_backoff_wait),
+    (PhaseName::WithdrawnNotice, withdrawn_notice),
     (PhaseName::Create, create),
     (PhaseName::Unschedulable, unschedulable),
     (PhaseName::Running, running),
@@ -370,6 +377,46 @@ fn failure_backoff_wait(view: &View<'_>, round: &mut Round) -> Flow {
     }
     round.record_workers(view);
     round.requeue(Some(ready_at));
+    Flow::Stop
+}
+
+/// Pods created to stay off a node for its termination notice wait for ever when the notice is
+/// withdrawn (Karpenter cancels a disruption) and that node is the one that fits: their
+/// affinity names it. While every pod of the attempt still waits for a node (nothing ran in
+/// them), they are deleted, with a Normal Event, and the next round creates the attempt anew
+/// where the placement allows now. No restart is counted: the attempt never started.
+fn withdrawn_notice(view: &View<'_>, round: &mut Round) -> Flow {
+    let pods: Vec<&Arc<CachedPod>> = view.census.current.values().copied().collect();
+    let waiting =
+        |p: &&Arc<CachedPod>| p.node_name().is_none() && p.metadata.deletion_timestamp.is_none();
+    if pods.is_empty() || !pods.iter().all(waiting) {
+        return Flow::Continue;
+    }
+    let node_refs = view.observed.node_refs();
+    let noticed = placement::noticed_nodes(view.config, &node_refs);
+    let withdrawn: BTreeSet<&str> = pods
+        .iter()
+        .flat_map(|p| p.avoided_nodes())
+        .filter(|n| node_refs.iter().any(|node| nodes::name(node) == *n))
+        .filter(|n| !noticed.iter().any(|x| x == n))
+        .collect();
+    if withdrawn.is_empty() {
+        return Flow::Continue;
+    }
+    let names: Vec<&str> = withdrawn.into_iter().collect();
+    round.events.push(JobEvent::normal(
+        reason::NOTICE_WITHDRAWN,
+        format!(
+            "the termination notice on {} is withdrawn: replacing the {} worker(s) of attempt {} \
+             that wait for a node and were created to avoid it",
+            names.join(", "),
+            pods.len(),
+            round.st.attempt
+        ),
+    ));
+    round.remove_pods(view, pods.into_iter());
+    // Deleted on purpose: not recorded, so their going is not taken for a lost pod.
+    round.st.workers.clear();
     Flow::Stop
 }
 

@@ -346,6 +346,16 @@ impl TestEnv {
             .expect("taint node");
     }
 
+    /// Takes every taint but the fake-node one off a node (a notice withdrawn).
+    pub async fn untaint_node(&self, node: &str) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = json!({"spec": {"taints": [
+            {"key": FAKE_TAINT, "value": "true", "effect": "NoSchedule"}]}});
+        api.patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .expect("untaint node");
+    }
+
     /// Marks a node NotReady (its fake kubelet stops heartbeating).
     pub async fn node_not_ready(&self, node: &str, gpus: u32) {
         self.kubelet_state
