@@ -1,21 +1,24 @@
 //! Prometheus metrics and the HTTP endpoints `/metrics`, `/healthz` and `/readyz`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::crd::{GoodputLedger, GpuMillis};
 use crate::error::Error;
 
 /// How many entries each per-job map holds (`trainyard_operator_state_entries`).
@@ -108,6 +111,185 @@ where
     metric
 }
 
+/// The ledger's uses of GPU time, as the `use` label spells them, in the order of
+/// [`by_use`].
+const LEDGER_USES: [&str; 8] = [
+    "useful",
+    "lost_to_recompute",
+    "lost_to_detection",
+    "lost_to_restart",
+    "pending",
+    "failed_attempts",
+    "hangs",
+    "recompute_unknown",
+];
+
+/// The GPU-milliseconds of each of [`LEDGER_USES`].
+fn by_use(m: &GpuMillis) -> [u64; 8] {
+    [
+        m.useful,
+        m.lost_to_recompute,
+        m.lost_to_detection,
+        m.lost_to_restart,
+        m.pending,
+        m.failed_attempts,
+        m.hangs,
+        m.recompute_unknown,
+    ]
+}
+
+/// One job's ledger totals, as the latest status this replica read shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct LedgerTotals {
+    /// The job object's uid: a job deleted and created again under its name starts over.
+    uid: String,
+    /// GPU-milliseconds on spot nodes, by [`LEDGER_USES`].
+    spot: [u64; 8],
+    /// GPU-milliseconds on on-demand nodes, by [`LEDGER_USES`].
+    on_demand: [u64; 8],
+    /// Micro-dollars spent.
+    spent: u64,
+    /// Micro-dollars the useful work would have cost on on-demand nodes.
+    on_demand_equivalent: u64,
+}
+
+impl LedgerTotals {
+    fn of(uid: &str, ledger: &GoodputLedger) -> Self {
+        Self {
+            uid: uid.to_owned(),
+            spot: by_use(&ledger.spot),
+            on_demand: by_use(&ledger.on_demand),
+            spent: ledger.micro_dollars.spent,
+            on_demand_equivalent: ledger.micro_dollars.on_demand_equivalent,
+        }
+    }
+
+    /// The larger of each total: every total of a job's ledger only grows, so a status read
+    /// that is older than one read before (a cache behind the operator's own write) never
+    /// moves a counter back.
+    fn max(&self, other: &Self) -> Self {
+        let each = |a: [u64; 8], b: [u64; 8]| std::array::from_fn(|i| a[i].max(b[i]));
+        Self {
+            uid: self.uid.clone(),
+            spot: each(self.spot, other.spot),
+            on_demand: each(self.on_demand, other.on_demand),
+            spent: self.spent.max(other.spent),
+            on_demand_equivalent: self.on_demand_equivalent.max(other.on_demand_equivalent),
+        }
+    }
+}
+
+/// The ledgers of the jobs this replica reconciles, exposed as counters at scrape time.
+///
+/// A job's status is the durable record of its ledger (`status.ledger`): the totals only grow
+/// while the job lives, and a new leader reads them back from status. prometheus_client's
+/// `Counter` only counts up from zero in this process, so after a leader change it would
+/// start over and disagree with the status. The idiomatic way to expose a counter whose value
+/// lives elsewhere is a [`Collector`] that encodes [`ConstCounter`]s at each scrape: the
+/// series are counters (`# TYPE ... counter`, `_total`), their value is the status's, and a
+/// job's series disappear as soon as its entry is removed. The label sets are bounded: per
+/// job 2 capacity types × 8 uses of GPU time, and one series per cost family.
+#[derive(Clone, Debug, Default)]
+pub struct LedgerCollector {
+    jobs: Arc<Mutex<BTreeMap<(String, String), LedgerTotals>>>,
+}
+
+impl LedgerCollector {
+    fn with_jobs<T>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<(String, String), LedgerTotals>) -> T,
+    ) -> T {
+        // A panic while holding the lock leaves whole entries behind: the map stays usable.
+        f(&mut self.jobs.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Takes the ledger of `namespace/job` (object `uid`) from the status just read.
+    fn record(&self, namespace: &str, job: &str, uid: &str, ledger: &GoodputLedger) {
+        let read = LedgerTotals::of(uid, ledger);
+        self.with_jobs(|jobs| {
+            let key = (namespace.to_owned(), job.to_owned());
+            let totals = match jobs.get(&key) {
+                Some(known) if known.uid == uid => known.max(&read),
+                _ => read,
+            };
+            jobs.insert(key, totals);
+        });
+    }
+
+    fn encode_gpu_seconds(
+        jobs: &BTreeMap<(String, String), LedgerTotals>,
+        encoder: &mut DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "trainyard_operator_gpu_seconds",
+            "GPU-seconds of each job from its status.ledger, by capacity type (spot, on_demand) and use (useful or what lost them)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ((namespace, job), totals) in jobs {
+            for (capacity, millis) in [("spot", &totals.spot), ("on_demand", &totals.on_demand)] {
+                for (use_, ms) in LEDGER_USES.iter().zip(millis) {
+                    let labels = [
+                        ("namespace", namespace.as_str()),
+                        ("job", job.as_str()),
+                        ("capacity", capacity),
+                        ("use", use_),
+                    ];
+                    // GPU-milliseconds are far below 2^53: exact as f64.
+                    ConstCounter::new(*ms as f64 / 1000.0)
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_dollars(
+        jobs: &BTreeMap<(String, String), LedgerTotals>,
+        encoder: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        micro: fn(&LedgerTotals) -> u64,
+    ) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            name,
+            help,
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ((namespace, job), totals) in jobs {
+            let labels = JobLabels {
+                namespace: namespace.clone(),
+                job: job.clone(),
+            };
+            let dollars = micro(totals) as f64 / 1_000_000.0;
+            ConstCounter::new(dollars).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for LedgerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let jobs = self.with_jobs(|jobs| jobs.clone());
+        Self::encode_gpu_seconds(&jobs, &mut encoder)?;
+        Self::encode_dollars(
+            &jobs,
+            &mut encoder,
+            "trainyard_operator_cost_dollars",
+            "Dollars each job has spent, from its status.ledger (microDollars.spent) and the operator's price table",
+            |t| t.spent,
+        )?;
+        Self::encode_dollars(
+            &jobs,
+            &mut encoder,
+            "trainyard_operator_on_demand_equivalent_dollars",
+            "Dollars each job's useful GPU time would have cost on on-demand nodes (status.ledger microDollars.onDemandEquivalent); minus cost_dollars, what spot saved",
+            |t| t.on_demand_equivalent,
+        )
+    }
+}
+
 /// The operator's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -138,6 +320,10 @@ pub struct Metrics {
     pub write_rounds_waiting: Family<UrgencyLabels, Gauge>,
     /// Status-only rounds that found the write gate full and parked their job.
     pub status_rounds_parked: Counter,
+    /// Each job's goodput ledger, from its status (`trainyard_operator_gpu_seconds_total`,
+    /// `trainyard_operator_cost_dollars_total`,
+    /// `trainyard_operator_on_demand_equivalent_dollars_total`).
+    ledgers: LedgerCollector,
     ready: AtomicBool,
 }
 
@@ -272,6 +458,8 @@ impl Metrics {
         let (progress_reports, steps_lost, steps_per_second) = register_progress_metrics(&mut r);
         let (write_limit, write_rounds_waiting, status_rounds_parked) =
             register_write_gate_metrics(&mut r);
+        let ledgers = LedgerCollector::default();
+        r.register_collector(Box::new(ledgers.clone()));
         Self {
             registry: r,
             reconciles,
@@ -287,6 +475,7 @@ impl Metrics {
             write_limit,
             status_rounds_parked,
             write_rounds_waiting,
+            ledgers,
             ready: AtomicBool::new(false),
         }
     }
@@ -327,6 +516,40 @@ impl Metrics {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    /// Exposes the ledger of `namespace/job` (object `uid`) as its status shows it; a job
+    /// whose status has no ledger (it requests no GPUs) has no series.
+    pub fn record_ledger(
+        &self,
+        namespace: &str,
+        job: &str,
+        uid: &str,
+        ledger: Option<&GoodputLedger>,
+    ) {
+        if let Some(ledger) = ledger {
+            self.ledgers.record(namespace, job, uid, ledger);
+        }
+    }
+
+    /// Removes the ledger series of a deleted job.
+    pub fn forget_ledger(&self, namespace: &str, job: &str) {
+        self.ledgers.with_jobs(|jobs| {
+            jobs.remove(&(namespace.to_owned(), job.to_owned()));
+        });
+    }
+
+    /// Keeps the ledger series only of the jobs `exists` says still exist (those deleted while
+    /// the watch was down have no delete event).
+    pub fn retain_ledgers(&self, exists: impl Fn(&str, &str) -> bool) {
+        self.ledgers
+            .with_jobs(|jobs| jobs.retain(|(namespace, job), _| exists(namespace, job)));
+    }
+
+    /// Removes every ledger series: a replica that no longer leads exposes none, so that the
+    /// leader's are the only ones.
+    pub fn forget_ledgers(&self) {
+        self.ledgers.with_jobs(BTreeMap::clear);
     }
 
     /// Marks the process ready (`/readyz` answers 200).
@@ -436,6 +659,100 @@ mod tests {
             text.contains("trainyard_operator_state_entries{map=\"written\"} 0"),
             "{text}"
         );
+    }
+
+    fn ledger(useful_ms: u64, detection_ms: u64, spent: u64) -> GoodputLedger {
+        let mut l = GoodputLedger::default();
+        l.spot.useful = useful_ms;
+        l.spot.lost_to_detection = detection_ms;
+        l.on_demand.pending = 500;
+        l.micro_dollars.spent = spent;
+        l.micro_dollars.on_demand_equivalent = 3 * spent;
+        l
+    }
+
+    /// The lines of `text` that name `job`.
+    fn series_of(text: &str, job: &str) -> Vec<String> {
+        let label = format!("job=\"{job}\"");
+        text.lines()
+            .filter(|l| l.contains(&label))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn ledger_totals_are_counters_of_the_status_values() {
+        let m = Metrics::new();
+        m.record_ledger("ml", "a", "u1", Some(&ledger(90_000, 1_500, 2_500_000)));
+        let text = m.render();
+        for line in [
+            "# TYPE trainyard_operator_gpu_seconds counter",
+            "trainyard_operator_gpu_seconds_total{namespace=\"ml\",job=\"a\",capacity=\"spot\",use=\"useful\"} 90.0",
+            "trainyard_operator_gpu_seconds_total{namespace=\"ml\",job=\"a\",capacity=\"spot\",use=\"lost_to_detection\"} 1.5",
+            "trainyard_operator_gpu_seconds_total{namespace=\"ml\",job=\"a\",capacity=\"on_demand\",use=\"pending\"} 0.5",
+            "trainyard_operator_gpu_seconds_total{namespace=\"ml\",job=\"a\",capacity=\"on_demand\",use=\"useful\"} 0.0",
+            "# TYPE trainyard_operator_cost_dollars counter",
+            "trainyard_operator_cost_dollars_total{namespace=\"ml\",job=\"a\"} 2.5",
+            "trainyard_operator_on_demand_equivalent_dollars_total{namespace=\"ml\",job=\"a\"} 7.5",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
+        }
+        // 2 capacity types × 8 uses, and one series of each money family: bounded per job.
+        assert_eq!(
+            series_of(&text, "a").len(),
+            2 * LEDGER_USES.len() + 2,
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_status_read_older_than_the_last_never_moves_a_counter_back() {
+        let m = Metrics::new();
+        m.record_ledger("ml", "a", "u1", Some(&ledger(90_000, 1_500, 2_500_000)));
+        m.record_ledger("ml", "a", "u1", Some(&ledger(60_000, 2_000, 1_000_000)));
+        let text = m.render();
+        assert!(
+            text.contains("capacity=\"spot\",use=\"useful\"} 90.0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("capacity=\"spot\",use=\"lost_to_detection\"} 2.0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cost_dollars_total{namespace=\"ml\",job=\"a\"} 2.5"),
+            "{text}"
+        );
+        // A job created again under the same name starts over.
+        m.record_ledger("ml", "a", "u2", Some(&ledger(1_000, 0, 10)));
+        let text = m.render();
+        assert!(
+            text.contains("capacity=\"spot\",use=\"useful\"} 1.0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn ledger_series_vanish_with_their_job() {
+        let m = Metrics::new();
+        m.record_ledger("ml", "a", "u1", Some(&ledger(1_000, 0, 10)));
+        m.record_ledger("ml", "b", "u2", Some(&ledger(2_000, 0, 20)));
+        m.record_ledger("ml", "c", "u3", Some(&ledger(3_000, 0, 30)));
+        m.record_ledger("ml", "no-gpus", "u4", None);
+        m.forget_ledger("ml", "a");
+        let text = m.render();
+        assert!(series_of(&text, "a").is_empty(), "{text}");
+        assert!(series_of(&text, "no-gpus").is_empty(), "{text}");
+        assert_eq!(series_of(&text, "b").len(), 18, "{text}");
+        m.retain_ledgers(|_, job| job == "c");
+        let text = m.render();
+        assert!(series_of(&text, "b").is_empty(), "{text}");
+        assert_eq!(series_of(&text, "c").len(), 18, "{text}");
+        m.forget_ledgers();
+        assert!(series_of(&m.render(), "c").is_empty());
     }
 }
 

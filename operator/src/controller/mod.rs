@@ -183,6 +183,7 @@ pub async fn run(
     };
     let result = wiring::run_controller(client, &config, metrics.clone(), stop).await;
     metrics.leader.set(0);
+    metrics.forget_ledgers();
     if let Some(task) = watcher_task {
         if lost.clone().now_or_never().is_some() {
             return Err(Error::LeaderElection("lost the leader Lease".to_owned()));

@@ -88,6 +88,13 @@ async fn reconcile_inner(
     // It may have been malformed before, and reported.
     ctx.memory.forget_malformed(&uid);
     let known = ctx.memory.status.current(job);
+    // The status is the ledger's record: the metrics show what it holds.
+    ctx.metrics.record_ledger(
+        &job.namespace().unwrap_or_default(),
+        &job.name_any(),
+        &uid,
+        known.current.ledger.as_ref(),
+    );
     let valid = match validate(job) {
         Ok(v) => {
             ctx.memory.remember_valid(&uid, obj);

@@ -206,11 +206,16 @@ fn watch_jobs(
                     let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
                     let uid = job.uid().unwrap_or_default();
                     super::progress::forget_job(&progress, &metrics, &ns, &name, &uid);
+                    metrics.forget_ledger(&ns, &name);
                 }
-                watcher::Event::InitDone => progress.retain(|ns, name| {
-                    jobs.get(&reflector::ObjectRef::new(name).within(ns))
-                        .is_some()
-                }),
+                watcher::Event::InitDone => {
+                    let exists = |ns: &str, name: &str| {
+                        jobs.get(&reflector::ObjectRef::new(name).within(ns))
+                            .is_some()
+                    };
+                    progress.retain(exists);
+                    metrics.retain_ledgers(exists);
+                }
                 _ => {}
             }
             if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone) {
