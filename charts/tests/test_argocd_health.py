@@ -189,6 +189,24 @@ def test_a_running_job_whose_progress_is_from_an_older_attempt_shows_no_step(lua
     assert health(lua, job, tmp_path) == ("Healthy", "attempt 1: 2/2 workers running")
 
 
+def test_a_running_job_whose_progress_reports_stopped_stays_healthy_and_says_so(lua: str, tmp_path: Path) -> None:
+    # The operator judges no hang while the channel is down: the job trains on, but the user
+    # must learn that hang detection is blind (docs/trainingjob.md, "ProgressChannel").
+    job = fixture("running")
+    job["status"]["conditions"].append(
+        {
+            "type": "ProgressChannel",
+            "status": "False",
+            "reason": "ReportsStopped",
+            "message": "no report from any trainer for 120 s",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    )
+    status, message = health(lua, job, tmp_path)
+    assert status == "Healthy"
+    assert message.endswith("; ReportsStopped: no report from any trainer for 120 s"), message
+
+
 def test_a_phase_the_script_does_not_know_is_unknown(lua: str, tmp_path: Path) -> None:
     job = fixture("running")
     job["status"]["phase"] = "Draining"

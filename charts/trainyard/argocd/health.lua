@@ -48,16 +48,20 @@ local function reason_and_message(c)
   return c.reason .. ": " .. message
 end
 
--- A running attempt, with the step its trainers report (only trainers that report have one).
+-- A running attempt, with the step its trainers report (only trainers that report have one),
+-- and the progress channel when it is down (the job trains on, but no hang can be judged).
 local function running_message(status)
   local message = message_of(true_condition(status, "Running"), "every worker runs")
   local progress = status.progress
-  if progress == nil or progress.attempt ~= status.attempt or progress.step == nil then
-    return message
+  if progress ~= nil and progress.attempt == status.attempt and progress.step ~= nil then
+    message = message .. "; step " .. progress.step
+    if progress.checkpointStep ~= nil then
+      message = message .. ", checkpoint at step " .. progress.checkpointStep
+    end
   end
-  message = message .. "; step " .. progress.step
-  if progress.checkpointStep ~= nil then
-    message = message .. ", checkpoint at step " .. progress.checkpointStep
+  local channel = condition(status, "ProgressChannel")
+  if channel ~= nil and channel.status == "False" then
+    message = message .. "; " .. reason_and_message(channel)
   end
   return message
 end
