@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -1167,6 +1169,9 @@ EXPECTED_METRICS = {
     "trainyard_operator_steps_lost_per_preemption",
     "trainyard_operator_job_steps_per_second",
     "trainyard_operator_progress_reports_total",
+    "trainyard_operator_gpu_seconds_total",
+    "trainyard_operator_cost_dollars_total",
+    "trainyard_operator_on_demand_equivalent_dollars_total",
 }
 
 
@@ -1264,6 +1269,99 @@ def test_dashboard_shows_progress_reports_by_outcome(chart: Any) -> None:
         "sum by (outcome) (rate(trainyard_operator_progress_reports_total[5m]))"
     ]
     assert panel["targets"][0]["legendFormat"] == "{{outcome}}"
+
+
+# A replica's copy of a ledger series collapses into one before any sum (two replicas may
+# both expose a job's ledger for a scrape during a leader change).
+PER_JOB_USE = "max by (exported_namespace, exported_job, capacity, use)"
+GPU_SECONDS = "trainyard_operator_gpu_seconds_total"
+COST = "trainyard_operator_cost_dollars_total"
+ON_DEMAND = "trainyard_operator_on_demand_equivalent_dollars_total"
+BY_JOB = "exported_namespace, exported_job"
+
+
+def test_dashboard_shows_goodput_by_job_as_useful_over_all_gpu_time(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    panel = dashboard_panel(dashboard, "Goodput by job")
+    assert resolved_exprs(dashboard, panel) == [
+        f'sum by ({BY_JOB}) ({PER_JOB_USE} ({GPU_SECONDS}{{use="useful"}})) '
+        f"/ sum by ({BY_JOB}) ({PER_JOB_USE} ({GPU_SECONDS}))"
+    ]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert panel["targets"][0]["legendFormat"] == "{{exported_namespace}}/{{exported_job}}"
+
+
+def test_dashboard_shows_gpu_seconds_lost_by_cause(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    panel = dashboard_panel(dashboard, "GPU-seconds lost by cause")
+    assert resolved_exprs(dashboard, panel) == [
+        f'sum by (use) ({PER_JOB_USE} (increase({GPU_SECONDS}{{use!="useful"}}[$__rate_interval])))'
+    ]
+    assert panel["targets"][0]["legendFormat"] == "{{use}}"
+
+
+def test_dashboard_shows_dollars_spent_and_saved_by_job(chart: Any) -> None:
+    _, dashboard = dashboard_from(chart)
+    spent = dashboard_panel(dashboard, "Dollars spent by job")
+    saved = dashboard_panel(dashboard, "Saved by spot, by job")
+    assert resolved_exprs(dashboard, spent) == [f"max by ({BY_JOB}) ({COST})"]
+    assert resolved_exprs(dashboard, saved) == [f"max by ({BY_JOB}) ({ON_DEMAND}) - max by ({BY_JOB}) ({COST})"]
+    for panel in (spent, saved):
+        assert panel["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
+
+
+def ledger_series(instance: str) -> list[dict[str, str]]:
+    """One job's ledger as one replica exposes it, a sample a minute: nothing counted, then
+    the first attempt's preemption (90 useful, 5 to detection, 5 to restart, on spot)."""
+    job = f'instance="{instance}",exported_namespace="ml",exported_job="preempted"'
+    spot = f'{job},capacity="spot"'
+    return [
+        {"series": f'{GPU_SECONDS}{{{spot},use="useful"}}', "values": "0 0 90 90 90"},
+        {"series": f'{GPU_SECONDS}{{{spot},use="lost_to_detection"}}', "values": "0 0 5 5 5"},
+        {"series": f'{GPU_SECONDS}{{{spot},use="lost_to_restart"}}', "values": "0 0 5 5 5"},
+        {"series": f'{GPU_SECONDS}{{{job},capacity="on_demand",use="useful"}}', "values": "0 0 0 0 0"},
+        {"series": f"{COST}{{{job}}}", "values": "0 0 2.5 2.5 2.5"},
+        {"series": f"{ON_DEMAND}{{{job}}}", "values": "0 0 7.5 7.5 7.5"},
+    ]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus) is not installed")
+def test_dashboard_ledger_panels_compute_goodput_cost_and_losses_once_per_job(chart: Any, tmp_path: Path) -> None:
+    """The ledger panels' queries, evaluated by promtool over series that two replicas both
+    expose (a leader change): each job counts once."""
+    _, dashboard = dashboard_from(chart)
+
+    def expr(title: str) -> str:
+        [e] = resolved_exprs(dashboard, dashboard_panel(dashboard, title))
+        return e.replace("$__rate_interval", "3m")
+
+    job = '{exported_namespace="ml",exported_job="preempted"}'
+    expected = [
+        (expr("Goodput by job"), job, 0.9),
+        (expr("Dollars spent by job"), job, 2.5),
+        (expr("Saved by spot, by job"), job, 5),
+        (expr("GPU-seconds lost by cause"), '{use="lost_to_detection"}', 5),
+        (expr("GPU-seconds lost by cause"), '{use="lost_to_restart"}', 5),
+    ]
+    by_expr: dict[str, list[dict[str, Any]]] = {}
+    for e, labels, value in expected:
+        by_expr.setdefault(e, []).append({"labels": labels, "value": value})
+    tests = [{"expr": e, "eval_time": "4m", "exp_samples": samples} for e, samples in by_expr.items()]
+    spec = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": ledger_series("leader") + ledger_series("former-leader"),
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "ledger_panels.yml"
+    path.write_text(yaml.safe_dump(spec))
+    run = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_dashboard_panels_do_not_overlap(chart: Any) -> None:
