@@ -15,6 +15,7 @@
 
 pub mod chaos;
 pub mod jobs;
+pub mod ledger_check;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -17,13 +17,14 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
-use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_RANK};
+use trainyard_api::crd::{GoodputLedger, LABEL_ATTEMPT, LABEL_RANK};
 use trainyard_api::env::RESUME_FROM;
 use trainyard_api::gpu_labels::{
     LABEL_CUDA_MINOR, LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
 };
 use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
 use trainyard_e2e::jobs::*;
+use trainyard_e2e::ledger_check::{self, PodTimesRecorder};
 use trainyard_e2e::{
     PodTimeline, allocatable, capacity, node_name, node2, node2_name, pod_log, preempt_pod,
     set_schedulable, wait_for,
@@ -822,6 +823,8 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         })
         .await?;
         let name = name.as_str();
+        // The pods' own timestamps, kept past the gang restart that deletes attempt 0's.
+        let pod_times = PodTimesRecorder::start(&client, &ns.name, name).await?;
         let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
         assert_eq!(node_of(rank_pod(&pods, 1)?), on_demand, "rank 1 on node 1");
 
@@ -907,6 +910,12 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
             lost as f64,
             "the metric counts the same steps"
         );
+        // The ledger accounts for every GPU-second of both attempts, within 1 s per pod.
+        let ledger: GoodputLedger =
+            serde_json::from_value(st["ledger"].clone()).context("status.ledger")?;
+        let from_pods = ledger_check::account(&pod_times.pods(), |node| node == spot)?;
+        println!("ledger {ledger:?}\nfrom the pods' timestamps {from_pods:?}");
+        ledger_check::check(&ledger, &from_pods)?;
         wait_phase(
             &client,
             &ns.name,

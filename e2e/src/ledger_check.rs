@@ -1,0 +1,351 @@
+//! A job's goodput ledger (`status.ledger`) held against its pods' own timestamps.
+//!
+//! The ledger counts a job's life as a chain of stretches, each × the GPUs of its attempt:
+//! pending from the first pods' creation to the last trainer's start, running from there to the
+//! interruption (a trainer's end), then detection and restart up to the next attempt's last
+//! trainer start, and running again to the last trainer's exit. Every one of those boundaries is
+//! a pod timestamp, which the API server keeps to the whole second, so the ledger and the pods
+//! must agree within a second per pod. The gang restart deletes the first attempt's pods
+//! within a second of their stop: [`PodTimesRecorder`] keeps each pod's timestamps from a watch
+//! opened while they run, and [`account`] compares them with the ledger.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client, ResourceExt};
+use trainyard_api::crd::{GoodputLedger, LABEL_ATTEMPT, LABEL_JOB};
+
+/// The trainer container's name in the operator's pods.
+const TRAINER: &str = "trainer";
+
+/// One pod's timestamps, as the last watch event that carried each showed them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodTimes {
+    pub name: String,
+    /// The `trainyard.dev/attempt` label.
+    pub attempt: u32,
+    /// The GPUs the pod requests (`nvidia.com/gpu`).
+    pub gpus: u64,
+    /// The node it was bound to.
+    pub node: String,
+    /// `metadata.creationTimestamp`.
+    pub created: Timestamp,
+    /// The trainer container's `startedAt` (running or terminated).
+    pub started: Option<Timestamp>,
+    /// The trainer container's `finishedAt`; absent for a pod lost with its node.
+    pub finished: Option<Timestamp>,
+}
+
+impl PodTimes {
+    /// The timestamps `pod` shows; None for a pod without the operator's labels.
+    fn of(pod: &Pod) -> Option<Self> {
+        let attempt = pod.labels().get(LABEL_ATTEMPT)?.parse().ok()?;
+        let spec = pod.spec.as_ref()?;
+        let gpus = spec
+            .containers
+            .iter()
+            .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get("nvidia.com/gpu"))
+            .filter_map(|q| q.0.parse::<u64>().ok())
+            .sum();
+        let trainer = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == TRAINER));
+        let state = trainer.and_then(|c| c.state.as_ref());
+        let running = state.and_then(|s| s.running.as_ref());
+        let terminated = state.and_then(|s| s.terminated.as_ref());
+        Some(Self {
+            name: pod.name_any(),
+            attempt,
+            gpus,
+            node: spec.node_name.clone().unwrap_or_default(),
+            created: pod.metadata.creation_timestamp.as_ref()?.0,
+            started: running
+                .and_then(|r| r.started_at.as_ref())
+                .or_else(|| terminated.and_then(|t| t.started_at.as_ref()))
+                .map(|t| t.0),
+            finished: terminated.and_then(|t| t.finished_at.as_ref()).map(|t| t.0),
+        })
+    }
+
+    /// `self` with what `later` adds: a watch event never takes back a time already seen.
+    fn merged(self, later: Self) -> Self {
+        Self {
+            started: later.started.or(self.started),
+            finished: later.finished.or(self.finished),
+            node: if later.node.is_empty() {
+                self.node
+            } else {
+                later.node
+            },
+            ..later
+        }
+    }
+}
+
+/// Keeps every pod of one job's timestamps from a watch, deleted pods included.
+pub struct PodTimesRecorder {
+    pods: Arc<Mutex<BTreeMap<String, PodTimes>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodTimesRecorder {
+    /// Starts watching the pods of `job` in `namespace`; returns once the watch is open.
+    pub async fn start(client: &Client, namespace: &str, job: &str) -> Result<Self> {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let config = watcher::Config::default().labels(&format!("{LABEL_JOB}={job}"));
+        let pods = Arc::new(Mutex::new(BTreeMap::<String, PodTimes>::new()));
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let sink = pods.clone();
+        let task = tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut stream = watcher::watcher(api, config).boxed();
+            while let Some(event) = stream.next().await {
+                let pod = match event {
+                    Ok(Event::InitDone) => {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    Ok(Event::Apply(pod) | Event::InitApply(pod) | Event::Delete(pod)) => pod,
+                    Ok(Event::Init) | Err(_) => continue,
+                };
+                let Some(times) = PodTimes::of(&pod) else {
+                    continue;
+                };
+                let mut all = sink.lock().unwrap_or_else(PoisonError::into_inner);
+                let merged = match all.remove(&times.name) {
+                    Some(known) => known.merged(times),
+                    None => times,
+                };
+                all.insert(merged.name.clone(), merged);
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(30), ready_rx)
+            .await
+            .context("the pod watch did not open within 30 s")?
+            .context("the pod watch ended")?;
+        Ok(Self { pods, task })
+    }
+
+    /// Every pod seen so far.
+    pub fn pods(&self) -> Vec<PodTimes> {
+        let all = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        all.values().cloned().collect()
+    }
+}
+
+impl Drop for PodTimesRecorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// GPU-milliseconds the pods' timestamps give each part of a preempted job's ledger, and how
+/// far the ledger may be from them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Account {
+    /// Every bucket of both capacity types.
+    pub total: u64,
+    /// Of it, on spot nodes.
+    pub spot: u64,
+    /// First pods' creation to attempt 0's last trainer start.
+    pub pending: u64,
+    /// Attempt 0's last trainer start to its interruption, and attempt 1's run: useful work
+    /// and the work the interruption lost (recompute, known or not).
+    pub running: u64,
+    /// The interruption to attempt 1's last trainer start: detection and restart.
+    pub interruption: u64,
+    /// 1 s × the GPUs of every pod of both attempts: each boundary is a pod timestamp, kept
+    /// by the API server to the whole second.
+    pub tolerance: u64,
+}
+
+/// Milliseconds from `a` to `b` (0 when `b` is earlier).
+fn ms(a: Timestamp, b: Timestamp) -> u64 {
+    u64::try_from(b.duration_since(a).as_millis()).unwrap_or(0)
+}
+
+/// What the pods of a job's attempt 0 and 1 (one preemption, then success) say each part of its
+/// ledger holds; `is_spot` tells the spot nodes.
+pub fn account(pods: &[PodTimes], is_spot: impl Fn(&str) -> bool) -> Result<Account> {
+    let of = |a: u32| pods.iter().filter(move |p| p.attempt == a);
+    ensure!(
+        of(0).count() > 0 && of(1).count() > 0,
+        "pods of both attempts: {pods:?}"
+    );
+    let created0 = of(0)
+        .map(|p| p.created)
+        .min()
+        .context("attempt 0 created")?;
+    let last_start = |a: u32| -> Result<Timestamp> {
+        let starts: Option<Vec<Timestamp>> = of(a).map(|p| p.started).collect();
+        let starts = starts.with_context(|| format!("a trainer of attempt {a} never started"))?;
+        starts.into_iter().max().context("no pods")
+    };
+    let (run0, run1) = (last_start(0)?, last_start(1)?);
+    let interrupted = of(0)
+        .filter_map(|p| p.finished)
+        .min()
+        .context("no trainer of attempt 0 ended")?;
+    let end1 = {
+        let ends: Option<Vec<Timestamp>> = of(1).map(|p| p.finished).collect();
+        let ends = ends.context("a trainer of attempt 1 has not ended")?;
+        ends.into_iter().max().context("no pods")?
+    };
+    let gpus = |a: u32, spot_only: bool| -> u64 {
+        of(a)
+            .filter(|p| !spot_only || is_spot(&p.node))
+            .map(|p| p.gpus)
+            .sum()
+    };
+    let (g0, g1) = (gpus(0, false), gpus(1, false));
+    // The restart stretch keeps attempt 0's GPUs until attempt 1 runs.
+    Ok(Account {
+        total: ms(created0, run1) * g0 + ms(run1, end1) * g1,
+        spot: ms(created0, run1) * gpus(0, true) + ms(run1, end1) * gpus(1, true),
+        pending: ms(created0, run0) * g0,
+        running: ms(run0, interrupted) * g0 + ms(run1, end1) * g1,
+        interruption: ms(interrupted, run1) * g0,
+        tolerance: 1_000 * pods.iter().map(|p| p.gpus).sum::<u64>(),
+    })
+}
+
+/// Checks that `ledger` accounts for every GPU-second `expected` found in the pods, each part
+/// within `expected.tolerance`.
+pub fn check(ledger: &GoodputLedger, expected: &Account) -> Result<()> {
+    let (s, d) = (&ledger.spot, &ledger.on_demand);
+    let both = |f: fn(&trainyard_api::crd::GpuMillis) -> u64| f(s) + f(d);
+    let got = Account {
+        total: s.total() + d.total(),
+        spot: s.total(),
+        pending: both(|m| m.pending),
+        running: both(|m| m.useful + m.lost_to_recompute + m.recompute_unknown),
+        interruption: both(|m| m.lost_to_detection + m.lost_to_restart),
+        tolerance: expected.tolerance,
+    };
+    ensure!(ledger.open.is_none(), "a stretch is still open: {ledger:?}");
+    for (part, want, have) in [
+        ("total", expected.total, got.total),
+        ("spot", expected.spot, got.spot),
+        ("pending", expected.pending, got.pending),
+        ("running", expected.running, got.running),
+        (
+            "detection + restart",
+            expected.interruption,
+            got.interruption,
+        ),
+    ] {
+        ensure!(
+            want.abs_diff(have) <= expected.tolerance,
+            "{part}: the ledger has {have} GPU-ms, the pods' timestamps {want} (± {}); \
+             ledger {ledger:?}, from the pods {expected:?}",
+            expected.tolerance
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + s).expect("time")
+    }
+
+    /// Attempt 0: rank 0 on spot (lost with its node: no finish), rank 1 on-demand failing at
+    /// 40 s; attempt 1: both on-demand, 2 GPUs each.
+    fn preempted() -> Vec<PodTimes> {
+        let pod = |name: &str, attempt, node: &str, c, s, f: Option<i64>| PodTimes {
+            name: name.into(),
+            attempt,
+            gpus: 2,
+            node: node.into(),
+            created: at(c),
+            started: Some(at(s)),
+            finished: f.map(at),
+        };
+        vec![
+            pod("w0-a0", 0, "spot", 0, 5, None),
+            pod("w1-a0", 0, "od", 0, 4, Some(40)),
+            pod("w0-a1", 1, "od", 45, 50, Some(100)),
+            pod("w1-a1", 1, "od", 45, 51, Some(99)),
+        ]
+    }
+
+    /// The ledger the operator folds for [`preempted`]: decided at 42 s, 10 s of the 35 s
+    /// run lost to recompute.
+    fn folded() -> GoodputLedger {
+        let mut l = GoodputLedger::default();
+        // Per GPU: pending 5, running 35 (25 useful, 10 lost), detection 2, restart 9, run 49.
+        for (m, gpus) in [(&mut l.spot, 2), (&mut l.on_demand, 2)] {
+            m.pending = 5_000 * gpus;
+            m.useful = 25_000 * gpus;
+            m.lost_to_recompute = 10_000 * gpus;
+            m.lost_to_detection = 2_000 * gpus;
+            m.lost_to_restart = 9_000 * gpus;
+        }
+        l.on_demand.useful += 49_000 * 4;
+        l
+    }
+
+    #[test]
+    fn the_pods_of_a_preempted_job_account_for_each_part_of_its_ledger() -> Result<()> {
+        let a = account(&preempted(), |n| n == "spot")?;
+        assert_eq!(a.total, 51_000 * 4 + 49_000 * 4);
+        assert_eq!(a.spot, 51_000 * 2);
+        assert_eq!(a.pending, 5_000 * 4);
+        assert_eq!(a.running, 35_000 * 4 + 49_000 * 4);
+        assert_eq!(a.interruption, 11_000 * 4);
+        assert_eq!(a.tolerance, 8_000);
+        check(&folded(), &a)
+    }
+
+    #[test]
+    fn a_ledger_off_by_more_than_a_second_per_pod_fails_naming_the_part() -> Result<()> {
+        let a = account(&preempted(), |n| n == "spot")?;
+        let mut within = folded();
+        within.on_demand.lost_to_restart += 4_000;
+        within.on_demand.useful -= 4_000;
+        check(&within, &a)?;
+        let mut off = folded();
+        off.on_demand.lost_to_restart += 9_000;
+        let err = check(&off, &a).expect_err("9 GPU-seconds too many");
+        assert!(err.to_string().starts_with("total:"), "{err}");
+        let mut moved = folded();
+        moved.spot.pending -= 9_000;
+        moved.spot.useful += 9_000;
+        let err = check(&moved, &a).expect_err("pending moved into running");
+        assert!(err.to_string().starts_with("pending:"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn an_attempt_whose_trainer_never_started_is_an_error_not_a_zero() {
+        let mut pods = preempted();
+        pods[2].started = None;
+        assert!(account(&pods, |n| n == "spot").is_err());
+    }
+
+    #[test]
+    fn a_later_event_never_takes_back_a_time_already_seen() {
+        let mut first = preempted().remove(1);
+        first.finished = None;
+        let mut gone = preempted().remove(1);
+        gone.started = None;
+        gone.node = String::new();
+        let merged = first.clone().merged(gone);
+        assert_eq!(merged.started, first.started);
+        assert_eq!(merged.finished, Some(at(40)));
+        assert_eq!(merged.node, "od");
+    }
+}
