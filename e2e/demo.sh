@@ -9,7 +9,9 @@
 #      pass through Restarting; it falls back to on-demand after fallbackToOnDemandAfter: 1,
 #      and the next attempt resumes from latest.pt. Where each worker of both attempts ran
 #      is printed and checked: attempt 0 had one on the spot node, attempt 1 has none there;
-#   5. both jobs finish; the final weights' SHA-256 of both are printed and compared (last).
+#   5. both jobs finish; the final weights' SHA-256 of both are printed and compared;
+#   6. both jobs' goodput ledgers (status.ledger) side by side: dollars spent, what spot
+#      saved, goodput, and the GPU-seconds of each use (e2e/ledger_table.py) (last).
 # The cluster stays up afterwards, with the spot node back (make cluster-down stops it).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -214,4 +216,7 @@ if [[ -n $a && $a == "$b" ]]; then
 else
   echo "  NOT equal" >&2
 fi
+
+say "What spot saved: both jobs' ledgers (status.ledger), preempted first"
+kubectl get tj "$job" "$baseline" -o json | /usr/bin/python3 "$HERE/ledger_table.py"
 [[ -n $a && $a == "$b" ]]
