@@ -181,24 +181,26 @@ async fn play(
     pick: &mut fastrand::Rng,
 ) -> Result<Injections> {
     let start = Instant::now();
-    let mut actions: Vec<(Duration, usize, bool)> = Vec::new();
-    for (i, f) in schedule.faults.iter().enumerate() {
-        actions.push((f.at, i, true));
-        if f.kind.is_undone() {
-            actions.push((f.ends(), i, false));
-        }
-    }
-    actions.sort_by_key(|(at, i, inject)| (*at, !*inject, *i));
+    // Injections at their scheduled times; each undo is queued when its fault goes in, a
+    // hold after it: a fault injected late (the one before it took long, as an API server
+    // restart can) is still held as long as the schedule says.
+    let mut queue: Vec<(Duration, usize, bool)> = schedule
+        .faults
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.at, i, true))
+        .collect();
     let mut active: Vec<Option<Injected>> = schedule.faults.iter().map(|_| None).collect();
     let (mut injected, mut not_injected) = (Vec::new(), 0);
-    for (at, i, inject) in actions {
+    while let Some((at, i, inject)) = next_action(&mut queue) {
         tokio::time::sleep(at.saturating_sub(start.elapsed())).await;
         if inject {
             if job_ended(target).await {
                 not_injected += 1;
                 continue;
             }
-            let kind = schedule.faults[i].kind;
+            let planned = &schedule.faults[i];
+            let kind = planned.kind;
             let fault = match faults::inject(target, kind, pick).await {
                 Ok(fault) => fault,
                 Err(e) => {
@@ -213,6 +215,9 @@ async fn play(
             );
             injected.push((start.elapsed(), kind, fault.what.clone()));
             active[i] = Some(fault);
+            if kind.is_undone() {
+                queue.push((start.elapsed() + planned.hold, i, false));
+            }
         } else if let Some(fault) = active[i].take() {
             faults::undo(target, &fault)
                 .await
@@ -225,6 +230,17 @@ async fn play(
         }
     }
     Ok((injected, not_injected))
+}
+
+/// Takes the earliest action off the queue: by time, an undo before an injection at the same
+/// time, then in schedule order.
+fn next_action(queue: &mut Vec<(Duration, usize, bool)>) -> Option<(Duration, usize, bool)> {
+    let first = queue
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, (at, i, inject))| (*at, *inject, *i))
+        .map(|(pos, _)| pos)?;
+    Some(queue.swap_remove(first))
 }
 
 /// Undoes every fault still active, after the run failed to inject one: the cluster is left
@@ -368,19 +384,30 @@ async fn delete_and_find_leftovers(
         if gone.is_err() {
             left.push(format!("pods of {job}"));
         }
-        if Api::<Service>::namespaced(client.clone(), ns)
-            .get_opt(job)
-            .await?
-            .is_some()
-        {
-            left.push(format!("Service {job}"));
-        }
-        if Api::<Endpoints>::namespaced(client.clone(), ns)
-            .get_opt(job)
-            .await?
-            .is_some()
-        {
-            left.push(format!("Endpoints {job}"));
+        // The garbage collector deletes the Service, and the endpoints controller then its
+        // Endpoints, each when it gets to it (later after a control-plane restart).
+        let services = Api::<Service>::namespaced(client.clone(), ns);
+        let endpoints = Api::<Endpoints>::namespaced(client.clone(), ns);
+        let gone = wait_for(
+            &format!("the Service and Endpoints of {job} to go"),
+            Duration::from_secs(120),
+            || {
+                let (services, endpoints) = (services.clone(), endpoints.clone());
+                async move {
+                    let service = services.get_opt(job).await?.is_some();
+                    let endpoints = endpoints.get_opt(job).await?.is_some();
+                    Ok((!service && !endpoints).then_some(()))
+                }
+            },
+        )
+        .await;
+        if gone.is_err() {
+            if services.get_opt(job).await?.is_some() {
+                left.push(format!("Service {job}"));
+            }
+            if endpoints.get_opt(job).await?.is_some() {
+                left.push(format!("Endpoints {job}"));
+            }
         }
         let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
         let claim = format!("{job}-checkpoints");
