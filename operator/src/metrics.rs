@@ -187,8 +187,11 @@ impl LedgerTotals {
 /// start over and disagree with the status. The idiomatic way to expose a counter whose value
 /// lives elsewhere is a [`Collector`] that encodes [`ConstCounter`]s at each scrape: the
 /// series are counters (`# TYPE ... counter`, `_total`), their value is the status's, and a
-/// job's series disappear as soon as its entry is removed. The label sets are bounded: per
-/// job 2 capacity types × 8 uses of GPU time, and one series per cost family.
+/// job's series disappear as soon as its entry is removed. (A `Gauge` set from the status
+/// would carry the value too, but a gauge named `*_total` breaks the Prometheus convention
+/// that `rate` and `increase` rely on.) The label sets are bounded: per job 2 capacity types
+/// × 8 uses of GPU time, and one series in each of the two money families (dollars carry no
+/// capacity: the ledger keeps money spent as one sum).
 #[derive(Clone, Debug, Default)]
 pub struct LedgerCollector {
     jobs: Arc<Mutex<BTreeMap<(String, String), LedgerTotals>>>,
