@@ -224,10 +224,17 @@ pub struct SpotSpec {
     #[serde(default)]
     pub policy: SpotPolicy,
 
-    /// After this many preemptions later attempts avoid spot; 0 never falls back.
+    /// With `fallback: Count`: after this many preemptions later attempts avoid spot; 0
+    /// never falls back. Not used with `fallback: Cost`.
     #[serde(default = "default_fallback")]
     #[schemars(range(min = 0, max = MAX_RESTARTS))]
     pub fallback_to_on_demand_after: u32,
+
+    /// The rule that moves later attempts off spot for good: `Count` after
+    /// `fallbackToOnDemandAfter` preemptions; `Cost` once the job's spot GPU time has cost
+    /// more per useful GPU-hour than on-demand would.
+    #[serde(default)]
+    pub fallback: SpotFallback,
 }
 
 impl Default for SpotSpec {
@@ -235,8 +242,22 @@ impl Default for SpotSpec {
         Self {
             policy: SpotPolicy::default(),
             fallback_to_on_demand_after: default_fallback(),
+            fallback: SpotFallback::default(),
         }
     }
+}
+
+/// The rule that moves later attempts off spot for good. Either is judged only when the next
+/// attempt is placed, and only under policy `Prefer` or `Require`.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum SpotFallback {
+    /// After `fallbackToOnDemandAfter` preemptions.
+    #[default]
+    Count,
+    /// Once the job's spot GPU time has cost more per useful GPU-hour than the product's
+    /// on-demand price, from the goodput ledger and the operator's price table (the Event
+    /// `SpotNoLongerPays` and the condition `SpotFallback` say the numbers).
+    Cost,
 }
 
 fn default_fallback() -> u32 {
@@ -828,5 +849,20 @@ mod tests {
         assert_eq!(value["onDemand"]["recomputeUnknown"], 0);
         assert_eq!(value["microDollars"]["onDemandEquivalent"], 0);
         assert_eq!(value["unpricedGpuMillis"], 0);
+    }
+
+    #[test]
+    fn a_spot_spec_without_fallback_keeps_the_count_rule() {
+        let old: SpotSpec =
+            serde_json::from_str(r#"{"policy":"Require","fallbackToOnDemandAfter":2}"#)
+                .expect("parses");
+        assert_eq!(old.fallback, SpotFallback::Count);
+        assert_eq!(old.fallback_to_on_demand_after, 2);
+        let cost: SpotSpec = serde_json::from_str(r#"{"fallback":"Cost"}"#).expect("parses");
+        assert_eq!(
+            (cost.fallback, cost.fallback_to_on_demand_after),
+            (SpotFallback::Cost, 3)
+        );
+        assert!(serde_json::from_str::<SpotSpec>(r#"{"fallback":"Price"}"#).is_err());
     }
 }

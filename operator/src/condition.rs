@@ -23,6 +23,9 @@ pub const WRITE_REJECTED: &str = "WriteRejected";
 pub const NAME_CONFLICT: &str = "NameConflict";
 /// The trainers' progress reports arrive (False: they stopped while every worker runs).
 pub const PROGRESS_CHANNEL: &str = "ProgressChannel";
+/// `spot.fallback: Cost` found that spot no longer pays: later attempts run on on-demand
+/// nodes (False: it still pays, or cannot be judged).
+pub const SPOT_FALLBACK: &str = "SpotFallback";
 
 /// Sets a condition, moving lastTransitionTime only when the status flips.
 pub fn set_condition(

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{
 
 use crate::cached_pod::NODE_NAME_FIELD;
 use crate::config::OperatorConfig;
-use crate::crd::{GpuSelection, SelectedGpu, SpotPolicy};
+use crate::crd::{GpuSelection, SelectedGpu, SpotFallback, SpotPolicy};
 use crate::nodes;
 use crate::validate::ValidJob;
 use trainyard_api::Version;
@@ -44,10 +44,37 @@ pub enum SpotMode {
     Never,
 }
 
-/// The spot mode of the next attempt: the policy, unless the fallback has kicked in.
-pub fn spot_mode(job: &ValidJob, preemptions: u32) -> (SpotMode, bool) {
-    let after = job.spec.spot.fallback_to_on_demand_after;
-    let fell_back = job.spec.spot.policy != SpotPolicy::Never && after > 0 && preemptions >= after;
+/// What the job's past says about spot, as the fallback rules read it from the status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpotHistory {
+    /// Gang restarts caused by preemption (`status.preemptions`).
+    pub preemptions: u32,
+    /// The cost rule found that spot no longer pays (the condition `SpotFallback` is True).
+    pub no_longer_pays: bool,
+}
+
+impl From<u32> for SpotHistory {
+    /// A history told by its preemptions alone: the cost rule has found nothing.
+    fn from(preemptions: u32) -> Self {
+        Self {
+            preemptions,
+            no_longer_pays: false,
+        }
+    }
+}
+
+/// The spot mode of the next attempt: the policy, unless the fallback of `spot.fallback` has
+/// kicked in (`Count`: after `fallbackToOnDemandAfter` preemptions; `Cost`: once the cost rule
+/// found that spot no longer pays).
+pub fn spot_mode(job: &ValidJob, history: impl Into<SpotHistory>) -> (SpotMode, bool) {
+    let history = history.into();
+    let spot = &job.spec.spot;
+    let after = spot.fallback_to_on_demand_after;
+    let fell_back = spot.policy != SpotPolicy::Never
+        && match spot.fallback {
+            SpotFallback::Count => after > 0 && history.preemptions >= after,
+            SpotFallback::Cost => history.no_longer_pays,
+        };
     let mode = match job.spec.spot.policy {
         _ if fell_back => SpotMode::Never,
         SpotPolicy::Prefer => SpotMode::Prefer,
@@ -251,15 +278,17 @@ fn wants(job: &ValidJob, mode: SpotMode) -> String {
     parts.join(", ")
 }
 
-/// Computes the placement of the next attempt from the nodes the cluster has now.
+/// Computes the placement of the next attempt from the nodes the cluster has now and the
+/// job's spot history (its preemptions alone where the cost rule has found nothing).
 pub fn place(
     job: &ValidJob,
     config: &OperatorConfig,
     nodes_: &[&Node],
-    preemptions: u32,
+    history: impl Into<SpotHistory>,
 ) -> Placement {
     let gpu = &job.spec.gpu;
-    let (mode, fell_back) = spot_mode(job, preemptions);
+    let history = history.into();
+    let (mode, fell_back) = spot_mode(job, history);
 
     let fitting: Vec<NodeFacts> = nodes_
         .iter()
@@ -302,7 +331,7 @@ pub fn place(
         job,
         mode,
         fell_back,
-        preemptions,
+        history.preemptions,
         pinned,
         uses_gpus,
         unschedulable.is_some(),
@@ -445,13 +474,15 @@ fn selected_gpu(
     unschedulable: bool,
 ) -> Option<SelectedGpu> {
     let gpu = &job.spec.gpu;
-    let fallback_note = if fell_back {
-        format!(
+    let fallback_note = match (fell_back, job.spec.spot.fallback) {
+        (false, _) => String::new(),
+        (true, SpotFallback::Count) => format!(
             "; fell back to on-demand after {preemptions} preemption(s) (fallbackToOnDemandAfter={})",
             job.spec.spot.fallback_to_on_demand_after
-        )
-    } else {
-        String::new()
+        ),
+        (true, SpotFallback::Cost) => {
+            "; fell back to on-demand: spot no longer pays (fallback Cost)".to_owned()
+        }
     };
     match pinned {
         Some((product, price, spot)) => Some(SelectedGpu {
@@ -858,6 +889,38 @@ mod tests {
     fn zero_fallback_never_falls_back() {
         let j = job("spot: {fallbackToOnDemandAfter: 0}\n");
         assert_eq!(spot_mode(&j, 1000), (SpotMode::Prefer, false));
+    }
+
+    #[test]
+    fn the_cost_fallback_ignores_the_count_and_follows_the_cost_verdict() {
+        let spot = node("s").gpus(8).product("Tesla-T4").spot().build();
+        let od = node("o").gpus(8).product("Tesla-T4").build();
+        let j = job(
+            "gpusPerWorker: 1\nspot: {policy: Require, fallback: Cost, fallbackToOnDemandAfter: 1}\n",
+        );
+        assert_eq!(spot_mode(&j, 5), (SpotMode::Require, false));
+        let lost = SpotHistory {
+            preemptions: 2,
+            no_longer_pays: true,
+        };
+        assert_eq!(spot_mode(&j, lost), (SpotMode::Never, true));
+        let after = place(&j, &OperatorConfig::default(), &[&spot, &od], lost);
+        let selected = after.selected.clone().expect("selected");
+        assert!(!selected.spot);
+        assert!(
+            selected.reason.contains("spot no longer pays"),
+            "{}",
+            selected.reason
+        );
+        assert!(after.tolerations.is_empty());
+        let never = job("spot: {policy: Never, fallback: Cost}\n");
+        assert_eq!(spot_mode(&never, lost), (SpotMode::Never, false));
+        let count = job("spot: {fallbackToOnDemandAfter: 0}\n");
+        assert_eq!(
+            spot_mode(&count, lost),
+            (SpotMode::Prefer, false),
+            "Count ignores it"
+        );
     }
 
     #[test]

@@ -23,6 +23,12 @@ pub const HANG: &str = "Hang";
 pub const HANG_BUDGET_EXCEEDED: &str = "HangBudgetExceeded";
 /// The next attempt leaves spot for on-demand (Event).
 pub const SPOT_FALLBACK: &str = "SpotFallback";
+/// `fallback: Cost`: spot no longer pays, later attempts leave it (Event, and condition
+/// SpotFallback True); it still pays, or the product has no price to judge it by (condition
+/// SpotFallback False).
+pub const SPOT_NO_LONGER_PAYS: &str = "SpotNoLongerPays";
+pub const SPOT_PAYS: &str = "SpotPays";
+pub const SPOT_UNPRICED: &str = "SpotUnpriced";
 
 /// Progress reports arrive, or stopped while every worker runs (condition ProgressChannel).
 pub const REPORTS_ARRIVING: &str = "ReportsArriving";

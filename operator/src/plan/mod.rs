@@ -38,6 +38,7 @@ use crate::condition::{self, condition_is_true, set_condition};
 use crate::events::JobEvent;
 use crate::reason;
 
+mod cost_fallback;
 mod goodput;
 mod phases;
 mod round;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::cost_fallback;
 use super::round::Round;
 use super::view::{View, resumes_as_new_attempt};
 use super::{
@@ -425,22 +426,25 @@ fn withdrawn_notice(view: &View<'_>, round: &mut Round) -> Flow {
 fn create(view: &View<'_>, round: &mut Round) -> Flow {
     let missing = view.census.missing(view.workers);
     let node_refs = view.observed.node_refs();
-    let preemptions = round.st.preemptions;
     if missing.is_empty() {
         if view.census.any_unscheduled() {
             round.placement = Some(placement::place(
                 view.job,
                 view.config,
                 &node_refs,
-                preemptions,
+                cost_fallback::history(&round.st),
             ));
         }
         return Flow::Continue;
     }
     let half_created = !view.census.current.is_empty();
+    if !half_created {
+        cost_fallback::judge_next_attempt(view, round);
+    }
+    let history = cost_fallback::history(&round.st);
     let placement = match half_created {
-        true => placement_of(view, &node_refs, preemptions),
-        false => placement::place(view.job, view.config, &node_refs, preemptions),
+        true => placement_of(view, &node_refs, history),
+        false => placement::place(view.job, view.config, &node_refs, history),
     };
     if !half_created {
         announce_attempt(view, round, &placement, missing.len());
@@ -528,9 +532,9 @@ fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, c
 fn placement_of(
     view: &View<'_>,
     node_refs: &[&k8s_openapi::api::core::v1::Node],
-    preemptions: u32,
+    history: placement::SpotHistory,
 ) -> Placement {
-    let mut p = placement::place(view.job, view.config, node_refs, preemptions);
+    let mut p = placement::place(view.job, view.config, node_refs, history);
     let sibling = view.observed.sibling_placement.clone().unwrap_or_default();
     p.node_affinity = sibling.node_affinity;
     p.tolerations = sibling.tolerations;
