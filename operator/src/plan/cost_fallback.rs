@@ -151,7 +151,7 @@ pub(super) fn judge_next_attempt(view: &View<'_>, round: &mut Round) {
 fn unpriced(product: &str) -> String {
     let which = match product {
         "" => "the attempt's GPU product is not known".to_owned(),
-        p => format!("the operator's price table has no spot and on-demand price for {p}"),
+        p => format!("the operator's price table does not price {p}"),
     };
     format!("{which}: the Cost fallback cannot judge spot, which the job keeps using")
 }
@@ -194,10 +194,11 @@ fn cents(micro: u64) -> u64 {
     micro / 10_000 + u64::from(micro % 10_000 >= 5_000)
 }
 
-/// Micro-dollars as dollars with `places` (2 or 4) decimals, rounded half up.
+/// Micro-dollars as dollars with `places` decimals (at most 6), rounded half up.
 fn dollars(micro: u64, places: u32) -> String {
+    let places = places.min(6);
     let unit = 10u64.pow(6 - places);
-    let scaled = micro / unit + u64::from(micro % unit >= unit / 2);
+    let scaled = micro / unit + u64::from(unit > 1 && micro % unit >= unit / 2);
     let per_dollar = 10u64.pow(places);
     format!(
         "{}.{:0width$}",
@@ -367,6 +368,12 @@ mod tests {
         assert_eq!(dollars(125_000, 2), "0.13");
         assert_eq!(dollars(124_999, 2), "0.12");
         assert_eq!(dollars(3_600_050, 4), "3.6001");
+        assert_eq!(dollars(1, 6), "0.000001");
+        assert_eq!(
+            dollars(1, 9),
+            "0.000001",
+            "no more places than micro-dollars hold"
+        );
         assert_eq!(seconds(1_999), "1.9");
     }
 }
