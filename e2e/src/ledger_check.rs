@@ -88,9 +88,10 @@ impl PodTimes {
     }
 }
 
-/// Keeps every pod of one job's timestamps from a watch, deleted pods included.
+/// Keeps every pod of one job's timestamps from a watch, deleted pods included. A pod is
+/// known by its attempt and name: the next attempt's pods take the names of the last one's.
 pub struct PodTimesRecorder {
-    pods: Arc<Mutex<BTreeMap<String, PodTimes>>>,
+    pods: Arc<Mutex<BTreeMap<(u32, String), PodTimes>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -101,7 +102,7 @@ impl PodTimesRecorder {
         use kube::runtime::watcher::{self, Event};
         let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let config = watcher::Config::default().labels(&format!("{LABEL_JOB}={job}"));
-        let pods = Arc::new(Mutex::new(BTreeMap::<String, PodTimes>::new()));
+        let pods = Arc::new(Mutex::new(BTreeMap::<(u32, String), PodTimes>::new()));
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let sink = pods.clone();
         let task = tokio::spawn(async move {
@@ -122,11 +123,7 @@ impl PodTimesRecorder {
                     continue;
                 };
                 let mut all = sink.lock().unwrap_or_else(PoisonError::into_inner);
-                let merged = match all.remove(&times.name) {
-                    Some(known) => known.merged(times),
-                    None => times,
-                };
-                all.insert(merged.name.clone(), merged);
+                record(&mut all, times);
             }
         });
         tokio::time::timeout(Duration::from_secs(30), ready_rx)
@@ -141,6 +138,16 @@ impl PodTimesRecorder {
         let all = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
         all.values().cloned().collect()
     }
+}
+
+/// Adds what a watch event showed of a pod to what is known of it.
+fn record(all: &mut BTreeMap<(u32, String), PodTimes>, times: PodTimes) {
+    let key = (times.attempt, times.name.clone());
+    let merged = match all.remove(&key) {
+        Some(known) => known.merged(times),
+        None => times,
+    };
+    all.insert(key, merged);
 }
 
 impl Drop for PodTimesRecorder {
@@ -347,5 +354,23 @@ mod tests {
         assert_eq!(merged.started, first.started);
         assert_eq!(merged.finished, Some(at(40)));
         assert_eq!(merged.node, "od");
+    }
+
+    /// CI run at d2f1c65: the next attempt's pods take the last one's names, and keying by name
+    /// merged attempt 1's pods over attempt 0's ("pods of both attempts" failed).
+    #[test]
+    fn pods_of_two_attempts_under_the_same_names_are_kept_apart() {
+        let mut all = BTreeMap::new();
+        for p in preempted() {
+            let name = p.name.split('-').next().unwrap_or_default().to_owned();
+            record(&mut all, PodTimes { name, ..p });
+        }
+        let kept: Vec<PodTimes> = all.into_values().collect();
+        assert_eq!(kept.len(), 4);
+        let spot = |n: &str| n == "spot";
+        assert_eq!(
+            account(&kept, spot).expect("account"),
+            account(&preempted(), spot).expect("account")
+        );
     }
 }
