@@ -184,15 +184,10 @@ async fn play(
     // Injections at their scheduled times; each undo is queued when its fault goes in, a
     // hold after it: a fault injected late (the one before it took long, as an API server
     // restart can) is still held as long as the schedule says.
-    let mut queue: Vec<(Duration, usize, bool)> = schedule
-        .faults
-        .iter()
-        .enumerate()
-        .map(|(i, f)| (f.at, i, true))
-        .collect();
+    let mut timeline = Timeline::new(schedule.faults.iter().map(|f| f.at));
     let mut active: Vec<Option<Injected>> = schedule.faults.iter().map(|_| None).collect();
     let (mut injected, mut not_injected) = (Vec::new(), 0);
-    while let Some((at, i, inject)) = next_action(&mut queue) {
+    while let Some((at, i, inject)) = timeline.next() {
         tokio::time::sleep(at.saturating_sub(start.elapsed())).await;
         if inject {
             if job_ended(target).await {
@@ -216,7 +211,7 @@ async fn play(
             injected.push((start.elapsed(), kind, fault.what.clone()));
             active[i] = Some(fault);
             if kind.is_undone() {
-                queue.push((start.elapsed() + planned.hold, i, false));
+                timeline.injected(i, start.elapsed(), planned.hold);
             }
         } else if let Some(fault) = active[i].take() {
             faults::undo(target, &fault)
@@ -232,15 +227,37 @@ async fn play(
     Ok((injected, not_injected))
 }
 
-/// Takes the earliest action off the queue: by time, an undo before an injection at the same
-/// time, then in schedule order.
-fn next_action(queue: &mut Vec<(Duration, usize, bool)>) -> Option<(Duration, usize, bool)> {
-    let first = queue
-        .iter()
-        .enumerate()
-        .min_by_key(|(_, (at, i, inject))| (*at, *inject, *i))
-        .map(|(pos, _)| pos)?;
-    Some(queue.swap_remove(first))
+/// The run's actions still to come, from the start of the schedule: each fault's injection
+/// at its scheduled time, and each undo a hold after its fault actually went in.
+struct Timeline {
+    /// (when, fault, inject rather than undo).
+    queue: Vec<(Duration, usize, bool)>,
+}
+
+impl Timeline {
+    /// The injections of faults scheduled at these times, in order.
+    fn new(at: impl Iterator<Item = Duration>) -> Self {
+        Self {
+            queue: at.enumerate().map(|(i, at)| (at, i, true)).collect(),
+        }
+    }
+
+    /// Fault `i` went in at `at`: it is undone `hold` later.
+    fn injected(&mut self, i: usize, at: Duration, hold: Duration) {
+        self.queue.push((at + hold, i, false));
+    }
+
+    /// Takes the earliest action: by time, an undo before an injection at the same time,
+    /// then in schedule order.
+    fn next(&mut self) -> Option<(Duration, usize, bool)> {
+        let first = self
+            .queue
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, (at, i, inject))| (*at, *inject, *i))
+            .map(|(pos, _)| pos)?;
+        Some(self.queue.swap_remove(first))
+    }
 }
 
 /// Undoes every fault still active, after the run failed to inject one: the cluster is left
@@ -464,4 +481,35 @@ async fn component_restarts(client: &Client) -> Result<(usize, Vec<String>)> {
         }
     }
     Ok((operator_restarts, trouble))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// Seed 1: the API server restart before it took 80 s, and the suspend that followed was
+    /// undone at the instant it went in (its undo had been timed from the schedule).
+    #[test]
+    fn a_fault_injected_late_is_still_held_for_its_whole_hold() {
+        let mut t = Timeline::new([secs(134), secs(156)].into_iter());
+        assert_eq!(t.next(), Some((secs(134), 0, true)));
+        // The restart finishes at t+196; the suspend goes in then.
+        assert_eq!(t.next(), Some((secs(156), 1, true)));
+        t.injected(1, secs(196), secs(29));
+        assert_eq!(t.next(), Some((secs(225), 1, false)));
+        assert_eq!(t.next(), None);
+    }
+
+    #[test]
+    fn an_undo_comes_before_an_injection_at_the_same_time() {
+        let mut t = Timeline::new([secs(0), secs(10)].into_iter());
+        assert_eq!(t.next(), Some((secs(0), 0, true)));
+        t.injected(0, secs(0), secs(10));
+        assert_eq!(t.next(), Some((secs(10), 0, false)));
+        assert_eq!(t.next(), Some((secs(10), 1, true)));
+    }
 }
