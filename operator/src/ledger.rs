@@ -103,7 +103,9 @@ pub fn pending(ledger: &mut GoodputLedger, now: Timestamp, stretch: LedgerStretc
 
 /// Every worker of the attempt runs from `now`: the open `Pending` or `Restarting` stretch is
 /// counted, and a `Running` one opens with the GPUs as placed (`stretch.since` is ignored).
-/// An open `Running` stretch is left as it is.
+/// An open `Running` stretch is left as it is. A `Pending` stretch is counted on the nodes its
+/// pods waited for, as placed now, not as planned (a spot `Prefer` job's worker may land on an
+/// on-demand node); a `Restarting` one keeps the GPUs of the attempt that was lost.
 pub fn running(
     ledger: &mut GoodputLedger,
     now: Timestamp,
@@ -116,6 +118,15 @@ pub fn running(
         .is_some_and(|o| o.use_ == StretchUse::Running)
     {
         return;
+    }
+    if let Some(open) = ledger
+        .open
+        .as_mut()
+        .filter(|o| o.use_ == StretchUse::Pending)
+    {
+        open.spot_gpus = stretch.spot_gpus;
+        open.on_demand_gpus = stretch.on_demand_gpus;
+        open.product.clone_from(&stretch.product);
     }
     close_waiting(ledger, now, config);
     ledger.open = Some(LedgerStretch {

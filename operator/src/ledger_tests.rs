@@ -413,3 +413,22 @@ fn the_buckets_always_sum_to_the_wall_time_times_the_gpus_of_every_stretch() {
         assert_eq!(all(&l), expected, "{l:?}");
     }
 }
+
+/// Found by the DDP spot-loss e2e check against the pods' timestamps: a spot `Prefer` job
+/// planned on spot whose rank 1 landed on an on-demand node counted the whole wait on spot.
+#[test]
+fn the_first_wait_counts_on_the_nodes_the_pods_landed_on_and_a_restart_on_the_lost_attempts() {
+    let config = OperatorConfig::default();
+    let mut l = GoodputLedger::default();
+    pending(&mut l, at(0), placed(4, 0, T4));
+    running(&mut l, at(8), placed(2, 2, T4), &config);
+    assert_eq!((l.spot.pending, l.on_demand.pending), (16_000, 16_000));
+    let preemption = Ending::Restart(RestartReason::Preemption);
+    end(&mut l, preemption, at(20), at(20), Loss::Known(0), &config);
+    // Attempt 1 runs on on-demand nodes only: the wait for it was lost by attempt 0's GPUs.
+    running(&mut l, at(30), placed(0, 4, T4), &config);
+    assert_eq!(
+        (l.spot.lost_to_restart, l.on_demand.lost_to_restart),
+        (20_000, 20_000)
+    );
+}
