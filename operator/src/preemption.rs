@@ -275,7 +275,7 @@ pub fn classify(
 }
 
 /// The trainer container's status, once the kubelet reports it.
-fn trainer_status(pod: &CachedPod) -> Option<&ContainerStatus> {
+pub(crate) fn trainer_status(pod: &CachedPod) -> Option<&ContainerStatus> {
     let name = trainer_container(pod)?;
     pod.status
         .as_ref()?

@@ -12,8 +12,7 @@ use super::view::View;
 use crate::cached_pod::CachedPod;
 use crate::crd::{GoodputLedger, LedgerStretch, Phase, RestartReason, StretchUse};
 use crate::ledger::{self, Ending, Loss, Progress};
-use crate::preemption::{NodeView, WorkerState};
-use crate::trainer::trainer_container;
+use crate::preemption::{NodeView, WorkerState, trainer_status};
 use k8s_openapi::api::core::v1::ContainerState;
 use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 
@@ -146,15 +145,7 @@ fn pod_interrupted_at(pod: &CachedPod) -> Option<Timestamp> {
 
 /// The state of a pod's trainer container, as its status reports it.
 fn trainer_state(pod: &CachedPod) -> Option<&ContainerState> {
-    let name = trainer_container(pod)?;
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == name)?
-        .state
-        .as_ref()
+    trainer_status(pod)?.state.as_ref()
 }
 
 /// When the last of the attempt's trainers started (every worker runs from then), or ended
