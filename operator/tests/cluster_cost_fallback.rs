@@ -12,7 +12,7 @@ mod harness;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use harness::{TestEnv, WAIT, condition, fast_config, wait_for};
+use harness::{TestEnv, WAIT, condition, fast_config, run_for_whole_seconds, wait_for};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
@@ -116,7 +116,7 @@ async fn run_then_preempt(t: &TestEnv, attempt: u32, hold_next: bool) -> String 
         |j| open_use(j) == Some((StretchUse::Running, attempt)),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    run_for_whole_seconds().await;
     if hold_next {
         t.kubelet_starts.store(false, Ordering::Relaxed);
     }

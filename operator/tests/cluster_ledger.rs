@@ -3,7 +3,7 @@
 
 mod harness;
 
-use harness::{TestEnv, fast_config};
+use harness::{TestEnv, fast_config, run_for_whole_seconds};
 use kube::ResourceExt;
 use serde_json::json;
 use trainyard_api::crd::{LABEL_RANK, StretchUse, TrainingJob};
@@ -13,11 +13,6 @@ use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
 fn open_use(j: &TrainingJob) -> Option<(StretchUse, u32)> {
     let open = j.status.as_ref()?.ledger.as_ref()?.open.as_ref()?;
     Some((open.use_, open.attempt))
-}
-
-/// Lets the running attempt cross at least two whole-second boundaries.
-async fn run_for_whole_seconds() {
-    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,11 +62,7 @@ async fn a_preempted_jobs_ledger_is_kept_by_the_api_server_and_counts_every_gpu_
     for p in &pods {
         t.exit_pod(&p.name_any(), 0).await;
     }
-    let job = t
-        .wait_job("train", "phase Succeeded", |j| {
-            j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Succeeded")
-        })
-        .await;
+    let job = t.wait_succeeded("train").await;
 
     let status = job.status.expect("status");
     let ledger = status.ledger.expect("the ledger was written and read back");

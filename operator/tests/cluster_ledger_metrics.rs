@@ -4,9 +4,7 @@
 
 mod harness;
 
-use std::time::Duration;
-
-use harness::{TestEnv, WAIT, fast_config, scrape, wait_for};
+use harness::{TestEnv, WAIT, fast_config, run_for_whole_seconds, scrape, wait_for};
 use kube::ResourceExt;
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -77,16 +75,11 @@ async fn ledger_metrics_show_the_status_after_an_operator_restart_and_go_with_th
         open_use(j) == Some(StretchUse::Running)
     })
     .await;
-    // The ledger counts whole seconds: let the attempt cross two boundaries.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    run_for_whole_seconds().await;
     for p in &pods {
         t.exit_pod(&p.name_any(), 0).await;
     }
-    let job = t
-        .wait_job("train", "phase Succeeded", |j| {
-            j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Succeeded")
-        })
-        .await;
+    let job = t.wait_succeeded("train").await;
     let ledger = job.status.and_then(|s| s.ledger).expect("status.ledger");
     assert!(ledger.spot.useful > 0, "{ledger:?}");
     assert!(ledger.micro_dollars.spent > 0, "T4 has a price: {ledger:?}");

@@ -132,6 +132,12 @@ pub async fn install_crd(client: &Client) {
     .await;
 }
 
+/// Lets a running attempt cross at least two whole-second boundaries: the goodput ledger
+/// counts whole seconds, so a shorter attempt's useful time could round to nothing.
+pub async fn run_for_whole_seconds() {
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+}
+
 /// Polls `f` until it returns Some, or panics naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
 where
@@ -443,6 +449,14 @@ impl TestEnv {
             let api = api.clone();
             let f = &f;
             async move { api.get(name).await.ok().filter(|j| f(j)) }
+        })
+        .await
+    }
+
+    /// Waits for the job `name` to be Succeeded.
+    pub async fn wait_succeeded(&self, name: &str) -> TrainingJob {
+        self.wait_job(name, "phase Succeeded", |j| {
+            j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Succeeded")
         })
         .await
     }
