@@ -206,6 +206,45 @@ pub fn noticed_nodes(config: &OperatorConfig, nodes_: &[&Node]) -> Vec<String> {
     names
 }
 
+/// A sibling's affinity for a rank created beside it: the nodes it avoids by name are kept
+/// only while they still carry a notice (`noticed`), so a rank created after a notice was
+/// withdrawn may use that node. A term left with nothing to match is dropped with its
+/// requirement (an empty term matches no node).
+pub fn without_withdrawn_notices(mut affinity: NodeAffinity, noticed: &[String]) -> NodeAffinity {
+    let Some(required) = affinity
+        .required_during_scheduling_ignored_during_execution
+        .as_mut()
+    else {
+        return affinity;
+    };
+    for term in &mut required.node_selector_terms {
+        let Some(fields) = term.match_fields.as_mut() else {
+            continue;
+        };
+        for r in fields
+            .iter_mut()
+            .filter(|r| r.key == NODE_NAME_FIELD && r.operator == "NotIn")
+        {
+            if let Some(values) = r.values.as_mut() {
+                values.retain(|v| noticed.contains(v));
+            }
+        }
+        fields
+            .retain(|r| !(r.key == NODE_NAME_FIELD && r.values.as_ref().is_none_or(Vec::is_empty)));
+        if fields.is_empty() {
+            term.match_fields = None;
+        }
+    }
+    let empty = |t: &NodeSelectorTerm| {
+        t.match_expressions.as_ref().is_none_or(Vec::is_empty)
+            && t.match_fields.as_ref().is_none_or(Vec::is_empty)
+    };
+    if required.node_selector_terms.iter().all(empty) {
+        affinity.required_during_scheduling_ignored_during_execution = None;
+    }
+    affinity
+}
+
 /// What the cluster offers, for the Unschedulable message.
 fn cluster_summary(job: &ValidJob, config: &OperatorConfig, nodes_: &[&Node]) -> String {
     let resource = &job.spec.gpu.resource_name;
@@ -586,6 +625,50 @@ mod tests {
             vec![vec![expr(LABEL_GPU_PRODUCT, "In", &["Tesla-T4"])]]
         );
         assert!(p.unschedulable.is_none());
+    }
+
+    #[test]
+    fn a_sibling_affinity_keeps_avoiding_only_the_nodes_still_noticed() {
+        use trainyard_api::spot::KARPENTER_DISRUPTED;
+        let going = |name: &str| {
+            node(name)
+                .gpus(4)
+                .product("Tesla-T4")
+                .cuda(12, 4)
+                .taint(KARPENTER_DISRUPTED)
+                .build()
+        };
+        let (a, b) = (going("a"), going("b"));
+        let spec = "gpusPerWorker: 4\ngpu: {minCudaVersion: \"12.4\"}\n";
+        let sibling = place(&job(spec), &OperatorConfig::default(), &[&a, &b], 0)
+            .node_affinity
+            .expect("affinity");
+        let fields = |affinity: &NodeAffinity| -> Vec<Option<Vec<NodeSelectorRequirement>>> {
+            affinity
+                .required_during_scheduling_ignored_during_execution
+                .iter()
+                .flat_map(|r| r.node_selector_terms.iter().map(|t| t.match_fields.clone()))
+                .collect()
+        };
+        // b's notice is withdrawn: every term keeps avoiding a, and its CUDA expressions.
+        let kept = without_withdrawn_notices(sibling.clone(), &["a".to_owned()]);
+        let only_a = Some(vec![req("metadata.name", "NotIn", vec!["a".to_owned()])]);
+        assert_eq!(fields(&kept), vec![only_a.clone(), only_a]);
+        // Both withdrawn: no name requirement is left, the CUDA terms stay.
+        let kept = without_withdrawn_notices(sibling, &[]);
+        assert_eq!(fields(&kept), vec![None, None]);
+        // A job with no other requirement keeps none at all (an empty term matches no node).
+        let bare = place(
+            &job("gpusPerWorker: 4\n"),
+            &OperatorConfig::default(),
+            &[&a],
+            0,
+        );
+        let bare = without_withdrawn_notices(bare.node_affinity.expect("affinity"), &[]);
+        assert_eq!(
+            bare.required_during_scheduling_ignored_during_execution,
+            None
+        );
     }
 
     #[test]

@@ -2780,6 +2780,77 @@ fn unscheduled_pods_that_avoid_a_node_whose_notice_is_withdrawn_are_replaced() {
     }
 }
 
+/// Found by the chaos run (seed 20261125, in CI): the notice was withdrawn while two of three
+/// workers already ran on the other node; the third, created to avoid the noticed node that
+/// alone had room for it, waited for ever while the other two waited for it at rendezvous.
+/// Only the waiting worker is replaced, free to use that node; the running two are kept.
+#[test]
+fn a_waiting_worker_beside_running_ones_is_replaced_when_the_notice_it_avoids_is_withdrawn() {
+    let mut w = World::new("workers: 3\n");
+    let n1 = || node("n-1").gpus(8).product("Tesla-T4");
+    w.replace_node(n1().taint(trainyard_api::spot::KARPENTER_DISRUPTED).build());
+    w.nodes
+        .push(Arc::new(node("n-2").gpus(2).product("Tesla-T4").build()));
+    let created = created_pods(&w.step());
+    assert_eq!(created.len(), 3);
+    // Ranks 0 and 1 land on n-2 and run; rank 2 finds no node.
+    for (rank, node) in [(0, Some("n-2")), (1, Some("n-2")), (2, None)] {
+        w.modify(&format!("train-worker-{rank}"), |p| {
+            p.spec.as_mut().expect("spec").node_name = node.map(str::to_owned);
+        });
+    }
+    for rank in [0, 1] {
+        w.set_status(
+            &format!("train-worker-{rank}"),
+            json!({"phase": "Running", "startTime": T0, "containerStatuses": [
+            {"name": "trainer", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+             "state": {"running": {"startedAt": T0}}}]}),
+        );
+    }
+    let plan = w.step();
+    assert_eq!(
+        World::deletes(&plan),
+        0,
+        "the notice holds: {:?}",
+        plan.actions
+    );
+
+    w.replace_node(n1().build());
+    let plan = w.step();
+    assert_eq!(plan.decided_by, PhaseName::WithdrawnNotice);
+    let deleted: Vec<&str> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::DeletePod { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, vec!["train-worker-2"]);
+    assert_eq!(plan.restart, None);
+    assert_eq!(
+        (
+            plan.status.attempt,
+            plan.status.preemptions,
+            plan.status.failures
+        ),
+        (0, 0, 0)
+    );
+
+    // The unscheduled pod goes at once; its rank is created anew, free to use n-1, and
+    // its going is not taken for a lost worker.
+    w.pods
+        .retain(|p| p.metadata.name.as_deref() != Some("train-worker-2"));
+    let plan = w.step();
+    let created = created_pods(&plan);
+    assert_eq!(created.len(), 1, "{:?} {:?}", plan.decided_by, plan.actions);
+    assert_eq!(created[0].metadata.name.as_deref(), Some("train-worker-2"));
+    assert!(CachedPod::from(&created[0]).avoided_nodes().is_empty());
+    assert_eq!(crate::pods::label_u32(&created[0], LABEL_ATTEMPT), Some(0));
+    assert_eq!(World::deletes(&plan), 0);
+    assert_eq!((plan.status.attempt, plan.status.preemptions), (0, 0));
+}
+
 /// The spot terms a pod carries: its tolerations' keys, and whether its required affinity
 /// keeps it off Karpenter spot nodes.
 fn spot_terms(pod: &Pod) -> (Vec<String>, bool) {

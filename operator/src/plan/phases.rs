@@ -383,41 +383,50 @@ fn failure_backoff_wait(view: &View<'_>, round: &mut Round) -> Flow {
 
 /// Pods created to stay off a node for its termination notice wait for ever when the notice is
 /// withdrawn (Karpenter cancels a disruption) and that node is the one that fits: their
-/// affinity names it. While every pod of the attempt still waits for a node (nothing ran in
-/// them), they are deleted, with a Normal Event, and the next round creates the attempt anew
-/// where the placement allows now. No restart is counted: the attempt never started.
+/// affinity names it. Such a pod that still waits for a node is deleted, with a Normal Event,
+/// and the next round creates its rank anew where the placement allows now (beside ranks that
+/// already run, as any rank of a half-created attempt). No restart is counted: a rank that
+/// never ran means the gang never trained in this attempt.
 fn withdrawn_notice(view: &View<'_>, round: &mut Round) -> Flow {
-    let pods: Vec<&Arc<CachedPod>> = view.census.current.values().copied().collect();
-    let waiting =
-        |p: &&Arc<CachedPod>| p.node_name().is_none() && p.metadata.deletion_timestamp.is_none();
-    if pods.is_empty() || !pods.iter().all(waiting) {
-        return Flow::Continue;
-    }
     let node_refs = view.observed.node_refs();
     let noticed = placement::noticed_nodes(view.config, &node_refs);
-    let withdrawn: BTreeSet<&str> = pods
+    let withdrawn_of = |p: &CachedPod| -> Vec<String> {
+        p.avoided_nodes()
+            .into_iter()
+            .filter(|n| node_refs.iter().any(|node| nodes::name(node) == *n))
+            .filter(|n| !noticed.iter().any(|x| x == n))
+            .map(str::to_owned)
+            .collect()
+    };
+    let stuck: Vec<(u32, &Arc<CachedPod>)> = view
+        .census
+        .current
         .iter()
-        .flat_map(|p| p.avoided_nodes())
-        .filter(|n| node_refs.iter().any(|node| nodes::name(node) == *n))
-        .filter(|n| !noticed.iter().any(|x| x == n))
+        .filter(|(_, p)| p.node_name().is_none() && p.metadata.deletion_timestamp.is_none())
+        .filter(|(_, p)| !withdrawn_of(p).is_empty())
+        .map(|(&rank, &p)| (rank, p))
         .collect();
-    if withdrawn.is_empty() {
+    if stuck.is_empty() {
         return Flow::Continue;
     }
-    let names: Vec<&str> = withdrawn.into_iter().collect();
+    let names: BTreeSet<String> = stuck.iter().flat_map(|(_, p)| withdrawn_of(p)).collect();
+    let names: Vec<String> = names.into_iter().collect();
     round.events.push(JobEvent::normal(
         reason::NOTICE_WITHDRAWN,
         format!(
             "the termination notice on {} is withdrawn: replacing the {} worker(s) of attempt {} \
              that wait for a node and were created to avoid it",
             names.join(", "),
-            pods.len(),
+            stuck.len(),
             round.st.attempt
         ),
     ));
-    round.remove_pods(view, pods.into_iter());
+    round.remove_pods(view, stuck.iter().map(|(_, p)| *p));
     // Deleted on purpose: not recorded, so their going is not taken for a lost pod.
-    round.st.workers.clear();
+    round
+        .st
+        .workers
+        .retain(|w| !stuck.iter().any(|(rank, _)| *rank == w.rank));
     Flow::Stop
 }
 
@@ -536,7 +545,10 @@ fn placement_of(
 ) -> Placement {
     let mut p = placement::place(view.job, view.config, node_refs, history);
     let sibling = view.observed.sibling_placement.clone().unwrap_or_default();
-    p.node_affinity = sibling.node_affinity;
+    let noticed = placement::noticed_nodes(view.config, node_refs);
+    p.node_affinity = sibling
+        .node_affinity
+        .map(|a| placement::without_withdrawn_notices(a, &noticed));
     p.tolerations = sibling.tolerations;
     p
 }
