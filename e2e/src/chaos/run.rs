@@ -126,6 +126,9 @@ async fn play_and_end(
         .count();
 
     let end = wait_phase(client, ns, name, "Succeeded", Duration::from_secs(900)).await;
+    if let Err(e) = &end {
+        println!("chaos: {e:#}\n{}", diagnosis(client, ns, name).await);
+    }
     let base = wait_phase(client, ns, baseline, "Succeeded", Duration::from_secs(900)).await?;
     let st = job_status(client, ns, name).await?;
     let job = seen(&st);
@@ -355,6 +358,66 @@ fn seen(st: &Value) -> JobSeen {
             (u32::try_from(attempt).unwrap_or(u32::MAX), lost)
         }),
     }
+}
+
+/// What a job that did not succeed was doing, for the run's output: its status, its pods
+/// (phase, node, waiting or scheduling reason) and its newest Events.
+async fn diagnosis(client: &Client, ns: &str, job: &str) -> String {
+    let mut out = Vec::new();
+    match job_status(client, ns, job).await {
+        Ok(st) => out.push(format!(
+            "status: {}",
+            serde_json::to_string_pretty(&st).unwrap_or_default()
+        )),
+        Err(e) => out.push(format!("status: {e:#}")),
+    }
+    for pod in job_pods(client, ns, job).await.unwrap_or_default() {
+        let status = pod.status.as_ref();
+        let why = status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|c| c.status == "False")
+            .filter_map(|c| c.message.clone())
+            .chain(
+                status
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone()),
+            )
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.push(format!(
+            "pod {}: {} on {} deleting={} {why}",
+            pod.name_any(),
+            status.and_then(|s| s.phase.as_deref()).unwrap_or("?"),
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .unwrap_or("(none)"),
+            pod.metadata.deletion_timestamp.is_some(),
+        ));
+    }
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let mut events: Vec<_> = events
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(job))
+        .collect();
+    events.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
+    for e in events.iter().rev().take(20).rev() {
+        out.push(format!(
+            "event {} x{}: {}",
+            e.reason.as_deref().unwrap_or("?"),
+            e.count.unwrap_or(1),
+            e.message.as_deref().unwrap_or("")
+        ));
+    }
+    out.join("\n")
 }
 
 /// Events that announce a gang restart or a resume of this job (its uid), counted with their
