@@ -13,6 +13,12 @@ PET_MASTER_PORT, which torchrun reads as its flags. What this script relies on
   in the same directory, fsync, then rename over latest.pt, so a node lost in the middle of
   a save never leaves a torn checkpoint.
 - RESUME_FROM: set by the operator on every attempt after the first; the checkpoint to load.
+- TRAINYARD_FENCE_TOKEN: set by the operator on every attempt. Every rank claims the
+  checkpoint directory's fence before it loads RESUME_FROM, and rank 0 renames a new
+  checkpoint only while the fence holds its token (trainyard_fence.py, beside this file), so
+  an older attempt still running on a partitioned node never replaces what a newer one
+  loads or writes. A stale or fenced attempt logs why and exits 75 without touching the
+  checkpoint. Unset: no fence, a plain rename.
 - SIGTERM (a spot notice, a gang restart, a deletion): save at the next step boundary and
   exit 143. terminationGracePeriodSeconds must cover one step plus one save.
 - A peer that vanishes (its node was reclaimed) breaks the collective within seconds; rank 0
@@ -63,6 +69,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+import trainyard_fence
+
 SEED = 20261122
 FEATURES = 32
 BATCH = 64
@@ -95,6 +103,7 @@ CHECKPOINT_EVERY = env_int("CHECKPOINT_EVERY", 10, minimum=1)
 STEP_SECONDS = env_float("STEP_SECONDS", 0)
 COLLECTIVE_TIMEOUT = env_int("COLLECTIVE_TIMEOUT_SECONDS", 120, minimum=1)
 CHECKPOINT_PATH = os.environ.get("CHECKPOINT_PATH", "/mnt/checkpoints/latest.pt")
+CHECKPOINT_DIR = os.environ.get("CHECKPOINT_DIR") or os.path.dirname(CHECKPOINT_PATH) or "."
 RESUME_FROM = os.environ.get("RESUME_FROM", "")
 PROGRESS_URL = os.environ.get("TRAINYARD_PROGRESS_URL", "")
 PROGRESS_TOKEN_FILE = os.environ.get("TRAINYARD_PROGRESS_TOKEN_FILE", "")
@@ -288,8 +297,9 @@ def batch(step, rank):
     return x, target
 
 
-def save(model, optimizer, step, path):
-    """Atomic: a reader sees the previous checkpoint or this one, never half of one."""
+def save(model, optimizer, step, path, fence):
+    """Atomic: a reader sees the previous checkpoint or this one, never half of one. Fenced:
+    raises trainyard_fence.Fenced, and publishes nothing, once a newer attempt has claimed."""
     state = {
         "step": step,
         "model": model.state_dict(),
@@ -299,12 +309,15 @@ def save(model, optimizer, step, path):
     }
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as f:
+    # A name no other writer has ("x": created here): processes of two pods (two attempts)
+    # can share a pid.
+    unique = f"{os.getpid()}.{os.urandom(4).hex()}"
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{unique}")
+    with open(tmp, "xb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fence.replace(tmp, path)
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -323,6 +336,53 @@ def load(model, optimizer, path, world_size):
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
     return int(state["step"])
+
+
+def fence_from_env():
+    try:
+        return trainyard_fence.from_env(CHECKPOINT_DIR)
+    except ValueError as err:
+        sys.exit(f"train.py: {err}")
+
+
+def claim(rank, fence):
+    """Claims the checkpoint directory for this attempt, before anything reads it (every
+    rank). Raises trainyard_fence.Stale when a newer attempt claimed it first."""
+    previous = fence.claim()
+    if fence.token:
+        was = f" (was {previous})" if previous and previous != fence.token else ""
+        log(rank, f"fence token {fence.token} claimed{was}")
+
+
+def resume(rank, world, model, optimizer):
+    """The step to start from, and the step loaded (None in a fresh start)."""
+    if RESUME_FROM and os.path.exists(RESUME_FROM):
+        step = load(model, optimizer, RESUME_FROM, world)
+        log(rank, f"resuming from step {step} ({RESUME_FROM})")
+        return step, step
+    if RESUME_FROM:
+        log(rank, f"RESUME_FROM={RESUME_FROM} does not exist yet")
+    log(rank, "starting from step 0")
+    return 0, None
+
+
+def progress_reporter(rank):
+    if PROGRESS_URL and os.environ.get("LOCAL_RANK", "0") == "0":
+        # One report stream per worker pod: the rank in a report is the pod's node rank.
+        node_rank = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0")))
+        return ProgressReporter(PROGRESS_URL, PROGRESS_TOKEN_FILE, node_rank, rank)
+    return NoProgressReporter()
+
+
+def ddp_with_warm_up(model, optimizer, rank):
+    ddp = DistributedDataParallel(model)
+    # DDP regroups its gradient buckets after the first backward pass, and the ring
+    # allreduce sums each element in an order that depends on its place in a bucket. One
+    # pass that changes nothing (no optimizer step) makes every counted step, in a fresh
+    # run or in a resumed one, use the same buckets: bit-exact resumes.
+    ddp(batch(0, rank)[0]).sum().backward()
+    optimizer.zero_grad(set_to_none=True)
+    return ddp
 
 
 def weights_digest(model):
@@ -347,42 +407,28 @@ def main():
     world = dist.get_world_size() if distributed else 1
 
     model, optimizer = model_and_optimizer()
-    step = 0
-    resumed_from = None
-    if RESUME_FROM and os.path.exists(RESUME_FROM):
-        step = resumed_from = load(model, optimizer, RESUME_FROM, world)
-        log(rank, f"resuming from step {step} ({RESUME_FROM})")
-    else:
-        if RESUME_FROM:
-            log(rank, f"RESUME_FROM={RESUME_FROM} does not exist yet")
-        log(rank, "starting from step 0")
+    fence = fence_from_env()
+    try:
+        claim(rank, fence)
+    except trainyard_fence.Stale as err:
+        log(rank, f"stale: {err}: exiting without touching the checkpoint")
+        return trainyard_fence.EXIT_CODE
+    step, resumed_from = resume(rank, world, model, optimizer)
     log(
         rank,
         f"world size {world}, node rank {os.environ.get('GROUP_RANK', '0')}, "
         f"master {os.environ.get('MASTER_ADDR', '-')}:{os.environ.get('MASTER_PORT', '-')}, "
         f"attempt {ATTEMPT}",
     )
-    if PROGRESS_URL and os.environ.get("LOCAL_RANK", "0") == "0":
-        # One report stream per worker pod: the rank in a report is the pod's node rank.
-        node_rank = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0")))
-        progress = ProgressReporter(PROGRESS_URL, PROGRESS_TOKEN_FILE, node_rank, rank)
-    else:
-        progress = NoProgressReporter()
-    ddp = DistributedDataParallel(model) if distributed else model
-    if distributed:
-        # DDP regroups its gradient buckets after the first backward pass, and the ring
-        # allreduce sums each element in an order that depends on its place in a bucket. One
-        # pass that changes nothing (no optimizer step) makes every counted step, in a fresh
-        # run or in a resumed one, use the same buckets: bit-exact resumes.
-        ddp(batch(0, rank)[0]).sum().backward()
-        optimizer.zero_grad(set_to_none=True)
+    progress = progress_reporter(rank)
+    ddp = ddp_with_warm_up(model, optimizer, rank) if distributed else model
     loss_fn = nn.MSELoss()
     saved = step
 
     def checkpoint(reason):
         nonlocal saved
         if rank == 0 and step > saved:
-            save(model, optimizer, step, CHECKPOINT_PATH)
+            save(model, optimizer, step, CHECKPOINT_PATH, fence)
             saved = step
             log(rank, f"{reason} at step {step}")
             progress.checkpointed(step)
@@ -390,8 +436,10 @@ def main():
     def peer_lost(err):
         # A peer vanished mid-collective. The parameters still hold the last step that
         # completed on every rank: keep it, then fail so the operator restarts the gang.
-        checkpoint("peer lost: checkpoint saved")
-        log(rank, f"collective failed at step {step}: {err}")
+        try:
+            checkpoint("peer lost: checkpoint saved")
+        finally:  # fenced too: the cause is logged before the fence's line
+            log(rank, f"collective failed at step {step}: {err}")
         return 143 if stop_requested else 1
 
     progress.start(step, resumed_from)
@@ -431,6 +479,10 @@ def main():
                 time.sleep(STEP_SECONDS)
 
         checkpoint("checkpoint saved")
+    except trainyard_fence.Fenced as err:
+        # A newer attempt resumes from the checkpoint, or writes it: leave it to that one.
+        log(rank, f"fenced: {err}: not saving step {step}")
+        return trainyard_fence.EXIT_CODE
     finally:
         progress.close()
     if rank == 0:
