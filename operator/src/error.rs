@@ -57,6 +57,15 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A reconcile ran past its time limit and was abandoned; the next round decides again.
+    #[error("the reconcile did not finish in {limit:?} (waiting at: {stage}); abandoned")]
+    ReconcileTimedOut {
+        /// The stage it waited in.
+        stage: &'static str,
+        /// The limit.
+        limit: std::time::Duration,
+    },
+
     /// The configuration file is unusable.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -93,6 +102,7 @@ impl Error {
             Error::Listen { .. } => "listen",
             Error::Config(_) => "config",
             Error::Serialize { .. } => "serialize",
+            Error::ReconcileTimedOut { .. } => "reconcile_timed_out",
         }
     }
 

@@ -49,6 +49,7 @@ use super::FIELD_MANAGER;
 use super::events::EventBatch;
 use super::gate::{Permit, WriteGate};
 use super::job_memory::JobMemory;
+use super::watchdog;
 use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::events::JobEvent;
@@ -135,11 +136,15 @@ impl Executor {
         };
         // Held to the end of the round: a rejected write is recorded under it too.
         let (writes, acted, _permit) = if ordered(decided.restart.is_some(), &actions) {
+            watchdog::stage("carry out: status write");
             write.await?;
+            watchdog::stage(watchdog::WIDENING_THE_PERMIT);
             let permit = widen(permit, actions.len()).await;
+            watchdog::stage("carry out: actions");
             let (writes, acted) = self.execute(&ns, actions).await;
             (writes, acted, permit)
         } else {
+            watchdog::stage("carry out: status write and actions");
             let (wrote, (writes, acted)) = future::join(write, self.execute(&ns, actions)).await;
             wrote?;
             (writes, acted, permit)
@@ -153,6 +158,7 @@ impl Executor {
         let (after, events) =
             rejection::after_writes(&decided.status, &writes, job.metadata.generation, now);
         if after != decided.status {
+            watchdog::stage("carry out: rejection status write");
             self.write_status(job, &after).await?;
         }
         self.publish(&reference, events).await;
@@ -240,6 +246,7 @@ impl Executor {
         if events.is_empty() {
             return;
         }
+        watchdog::stage("queueing Events");
         if self.events.send((reference.clone(), events)).await.is_err() {
             tracing::warn!("the Event publisher has stopped; dropping Events");
         }

@@ -41,6 +41,7 @@ mod reconcile;
 pub(crate) mod status_cache;
 pub mod status_write;
 mod triggers;
+mod watchdog;
 mod wiring;
 
 /// The one field manager for everything the operator writes.

@@ -30,6 +30,80 @@ pub(super) struct Caches {
     leases: Store<Lease>,
     services: Store<PartialObjectMeta<Service>>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    /// Whether every cache a decision reads has been listed once (see [`Readiness`]).
+    ready: Readiness,
+}
+
+/// Whether the caches a decision reads have been listed once: one task waits for each
+/// store's first list and tells every reconcile through a `watch` channel.
+///
+/// A reflector `Store`'s own `wait_until_ready` keeps the waker of only the last task that
+/// polled it (a oneshot receiver behind a lock), so of several reconciles that wait at once
+/// when the operator starts (or takes over as leader) only one is ever woken, and each other
+/// job's first reconcile hangs for good: the job is never reconciled again
+/// (`several_waiters_are_all_woken_when_the_caches_are_listed`).
+#[derive(Clone)]
+pub(super) struct Readiness(tokio::sync::watch::Receiver<Option<Result<(), &'static str>>>);
+
+impl Readiness {
+    /// Starts the one task that waits for `first_lists` (each the name of its cache, on error).
+    pub(super) fn spawn(
+        first_lists: Vec<futures::future::BoxFuture<'static, Result<(), &'static str>>>,
+    ) -> Self {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        tokio::spawn(async move {
+            let mut outcome = Ok(());
+            for list in first_lists {
+                if let Err(cache) = list.await {
+                    outcome = Err(cache);
+                    break;
+                }
+            }
+            let _ = tx.send(Some(outcome));
+        });
+        Self(rx)
+    }
+
+    /// Waits until every cache has been listed once.
+    pub(super) async fn wait(&self) -> Result<(), Error> {
+        let mut rx = self.0.clone();
+        let outcome = *rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Error::CacheGone("caches"))?;
+        match outcome {
+            Some(Err(cache)) => Err(Error::CacheGone(cache)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The first lists of these stores.
+    fn of(
+        pods: &Store<CachedPod>,
+        nodes: &Store<Node>,
+        services: &Store<PartialObjectMeta<Service>>,
+        claims: &Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    ) -> Self {
+        use futures::FutureExt;
+        let (pods, nodes, services, claims) = (
+            pods.clone(),
+            nodes.clone(),
+            services.clone(),
+            claims.clone(),
+        );
+        Self::spawn(vec![
+            async move { pods.wait_until_ready().await.map_err(|_| "pods") }.boxed(),
+            async move { nodes.wait_until_ready().await.map_err(|_| "nodes") }.boxed(),
+            async move { services.wait_until_ready().await.map_err(|_| "services") }.boxed(),
+            async move {
+                claims
+                    .wait_until_ready()
+                    .await
+                    .map_err(|_| "persistentvolumeclaims")
+            }
+            .boxed(),
+        ])
+    }
 }
 
 impl Caches {
@@ -42,6 +116,7 @@ impl Caches {
         services: Store<PartialObjectMeta<Service>>,
         claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     ) -> Self {
+        let ready = Readiness::of(&pods, &nodes, &services, &claims);
         Self {
             client,
             expectations,
@@ -50,27 +125,13 @@ impl Caches {
             leases,
             services,
             claims,
+            ready,
         }
     }
 
     /// Waits until every cache a decision reads has been listed once.
     pub(super) async fn ready(&self) -> Result<(), Error> {
-        self.pods
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::CacheGone("pods"))?;
-        self.nodes
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::CacheGone("nodes"))?;
-        self.services
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::CacheGone("services"))?;
-        self.claims
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::CacheGone("persistentvolumeclaims"))
+        self.ready.wait().await
     }
 
     pub(super) fn observe(
@@ -133,6 +194,7 @@ impl Caches {
             return Ok(());
         };
         let name = cached.name_any();
+        super::watchdog::stage("reading a sibling pod's placement");
         let whole = Api::<Pod>::namespaced(self.client.clone(), ns)
             .get(&name)
             .await
@@ -196,7 +258,54 @@ fn ranks_to_observe(workers: u32, current: &TrainingJobStatus) -> impl Iterator<
 mod tests {
     use super::*;
     use crate::crd::WorkerStatus;
+    use futures::FutureExt;
+    use kube::runtime::{reflector, watcher};
     use serde_json::json;
+    use std::time::Duration;
+
+    /// Found by the chaos run (seed 1): the operator restarted with two jobs; the second
+    /// job's first reconcile waited on the stores beside the first one's and was never woken.
+    #[tokio::test]
+    async fn several_waiters_are_all_woken_when_the_caches_are_listed() {
+        // The reflector store alone: of two tasks waiting at once, one is never woken.
+        let (store, mut writer) = reflector::store::<Node>();
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let s = store.clone();
+                tokio::spawn(async move { s.wait_until_ready().await.is_ok() })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let woken = waiting.iter().filter(|t| t.is_finished()).count();
+        assert_eq!(
+            woken, 1,
+            "upstream now wakes every waiter: Readiness may go"
+        );
+        waiting.iter().for_each(tokio::task::JoinHandle::abort);
+
+        // Readiness: every waiter is woken.
+        let (store, mut writer) = reflector::store::<Node>();
+        let ready = Readiness::spawn(vec![
+            async move { store.wait_until_ready().await.map_err(|_| "nodes") }.boxed(),
+        ]);
+        let waiting: Vec<_> = (0..3)
+            .map(|_| {
+                let r = ready.clone();
+                tokio::spawn(async move { r.wait().await.is_ok() })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        for w in waiting {
+            let ok = tokio::time::timeout(Duration::from_secs(5), w)
+                .await
+                .expect("woken")
+                .expect("task");
+            assert!(ok);
+        }
+    }
 
     fn worker(rank: u32, attempt: u32) -> Arc<CachedPod> {
         Arc::new(

@@ -17,6 +17,7 @@ use super::gate::{Permit, Urgency};
 use super::job_memory::error_key;
 use super::status_cache::Known;
 use super::status_write::StatusWrite;
+use super::watchdog::{self, Watched};
 use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::plan;
@@ -24,6 +25,11 @@ use crate::validate::{InvalidSpec, ValidJob, validate};
 
 /// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).
 const RESYNC: Duration = Duration::from_secs(300);
+/// A reconcile running this long is reported with the stage it waits in.
+const RECONCILE_WARN: Duration = Duration::from_secs(60);
+/// A reconcile running this long is abandoned and retried ([`watchdog`]): longer than a round
+/// waits for a write slot in a burst, far shorter than a hung round would cost.
+const RECONCILE_LIMIT: Duration = Duration::from_secs(180);
 
 pub(super) async fn reconcile(
     obj: Arc<DeserializeGuard<TrainingJob>>,
@@ -31,7 +37,24 @@ pub(super) async fn reconcile(
 ) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
     let started = Instant::now();
-    let result = reconcile_inner(&obj, &ctx).await;
+    let what = error_key(&obj.namespace().unwrap_or_default(), &obj.name_any());
+    let result = match watchdog::watch(
+        &what,
+        RECONCILE_WARN,
+        RECONCILE_LIMIT,
+        reconcile_inner(&obj, &ctx),
+    )
+    .await
+    {
+        Watched::Done(result) => result,
+        Watched::Abandoned(stage) => {
+            tracing::error!(job = %what, stage, "a reconcile ran past its limit: abandoned, retried");
+            Err(Error::ReconcileTimedOut {
+                stage,
+                limit: RECONCILE_LIMIT,
+            })
+        }
+    };
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
@@ -75,6 +98,7 @@ async fn reconcile_inner(
     obj: &Arc<DeserializeGuard<TrainingJob>>,
     ctx: &Context,
 ) -> Result<Action, Error> {
+    watchdog::stage("caches");
     ctx.caches.ready().await?;
     let job = match &obj.0 {
         Ok(job) => job,
@@ -235,6 +259,7 @@ async fn decide_with_slot(
     }
     // Nothing of the first decision is kept while waiting: the memory of waiting reconciles.
     drop((round, known));
+    watchdog::stage(watchdog::WAITING_FOR_A_SLOT);
     let permit = ctx.gate.enter(urgency, wanted).await;
     let known = ctx.memory.status.current(job);
     let round = decide(ctx, job, valid, &known).await?;
@@ -275,6 +300,7 @@ async fn observe_and_decide(
     current: &TrainingJobStatus,
     now: Timestamp,
 ) -> Result<plan::Plan, Error> {
+    watchdog::stage("observe and decide");
     let mut observed = ctx.caches.observe(valid, current, now);
     observed.progress = ctx.observe_progress(valid);
     ctx.caches
