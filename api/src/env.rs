@@ -12,6 +12,11 @@ pub const RESUME_FROM: &str = "RESUME_FROM";
 pub const TRAINYARD_JOB: &str = "TRAINYARD_JOB";
 /// The 0-based attempt.
 pub const TRAINYARD_ATTEMPT: &str = "TRAINYARD_ATTEMPT";
+/// The attempt's checkpoint fencing token, `<created>:<attempt>:<uid>` (the job's
+/// creationTimestamp in unix seconds, the attempt, the job's uid): tokens are ordered by
+/// `(created, attempt)`; a trainer publishes a checkpoint only while the fence file in the
+/// checkpoint directory holds its own token (docs/env-contract.md).
+pub const TRAINYARD_FENCE_TOKEN: &str = "TRAINYARD_FENCE_TOKEN";
 /// Why this attempt exists: [`REASON_NONE`], [`REASON_EXISTING_CLAIM`] or a `RestartReason`.
 pub const TRAINYARD_RESTART_REASON: &str = "TRAINYARD_RESTART_REASON";
 /// [`TRAINYARD_RESTART_REASON`] of a job's first attempt on a claim it created.
@@ -42,6 +47,9 @@ pub const PET_NPROC_PER_NODE: &str = "PET_NPROC_PER_NODE";
 pub const PET_MASTER_ADDR: &str = "PET_MASTER_ADDR";
 /// torchrun's name for [`MASTER_PORT`].
 pub const PET_MASTER_PORT: &str = "PET_MASTER_PORT";
+/// torchrun's rendezvous id, one per attempt (`<job uid>-<attempt>`): its static rendezvous
+/// keeps its keys under it, so an agent of an older attempt never meets a newer one.
+pub const PET_RDZV_ID: &str = "PET_RDZV_ID";
 /// Where the trainer reports its progress (POST, JSON); set only when the operator serves
 /// the progress channel. docs/env-contract.md has the protocol.
 pub const TRAINYARD_PROGRESS_URL: &str = "TRAINYARD_PROGRESS_URL";
@@ -69,6 +77,7 @@ mod tests {
             RESUME_FROM,
             TRAINYARD_JOB,
             TRAINYARD_ATTEMPT,
+            TRAINYARD_FENCE_TOKEN,
             TRAINYARD_RESTART_REASON,
             MASTER_ADDR,
             MASTER_PORT,
@@ -81,6 +90,7 @@ mod tests {
             PET_NPROC_PER_NODE,
             PET_MASTER_ADDR,
             PET_MASTER_PORT,
+            PET_RDZV_ID,
             PYTORCH_CUDA_ALLOC_CONF,
             TORCH_NCCL_ASYNC_ERROR_HANDLING,
             TRAINYARD_PROGRESS_URL,

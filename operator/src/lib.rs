@@ -25,6 +25,7 @@ pub mod crdgen;
 pub mod error;
 pub mod events;
 pub mod expectations;
+pub mod heartbeat;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod leader;

@@ -9,7 +9,8 @@
 //! A round in which some ranks failed and none is yet seen preempted looks at the *silent
 //! peers*: ranks of the same attempt whose pods still appear to run on a node.
 //! 1. If a silent peer's node is lost (the Node is gone, NotReady, tainted
-//!    `node.kubernetes.io/unreachable` or with a termination taint of the config, or its
+//!    `node.kubernetes.io/unreachable` or with a termination taint of the config, its
+//!    kubelet went silent (`heartbeat`: a renewal missed that the others made), or its
 //!    kubelet's Lease has missed two renewals since the failure while other kubelets renewed
 //!    theirs), the round is a **preemption** caused by that node.
 //! 2. If every silent peer's node has renewed its Lease after the failure or reported a
@@ -92,6 +93,9 @@ pub struct SilentPeer<'a> {
     /// A failed rank ran on the same node: its kubelet reported that failure, so the node
     /// was alive after it.
     pub beside_failure: bool,
+    /// How long its node's kubelet has been silent, when it is (`heartbeat::silent_nodes`:
+    /// one renewal missed that the other nodes made, on a live Lease watch).
+    pub silent: Option<SignedDuration>,
 }
 
 /// The judgement of one round with failed ranks and no preempted one.
@@ -191,6 +195,12 @@ fn node_state(peer: &SilentPeer<'_>, judging: &Judging<'_>) -> NodeState {
     if peer.beside_failure {
         return NodeState::Alive;
     }
+    if let Some(since) = peer.silent {
+        return NodeState::Lost(format!(
+            "node {name}'s Lease not renewed for {}s while other nodes renewed theirs",
+            since.as_secs()
+        ));
+    }
     let Some(hb) = peer.heartbeat else {
         return NodeState::Unknown(None);
     };
@@ -278,6 +288,7 @@ mod tests {
             node,
             heartbeat,
             beside_failure: false,
+            silent: None,
         }];
         let taints = [KARPENTER_DISRUPTED.to_owned()];
         let judging = Judging {
@@ -411,6 +422,27 @@ mod tests {
         assert_eq!(v, Verdict::Failure);
     }
 
+    /// A peer whose kubelet went silent is lost at once, before its Lease is two renewals
+    /// late on the Leases' clock.
+    #[test]
+    fn a_peer_on_a_silent_node_is_lost() {
+        let n2 = ready("n2");
+        let peer = |silent| SilentPeer {
+            rank: 1,
+            node: NodeView::Present(&n2),
+            heartbeat: hb("2025-12-31T23:59:59Z"),
+            beside_failure: false,
+            silent,
+        };
+        let at = judging("2026-01-01T00:00:12Z", Some("2026-01-01T00:00:10Z"));
+        assert!(matches!(judge(&[peer(None)], &at), Verdict::Hold(_)));
+        let v = judge(&[peer(Some(SignedDuration::from_secs(13)))], &at);
+        assert!(
+            matches!(v, Verdict::Preemption(ref d) if d.contains("not renewed for 13s")),
+            "{v:?}"
+        );
+    }
+
     #[test]
     fn one_lost_peer_among_live_ones_decides() {
         let up = ready("n1");
@@ -421,12 +453,14 @@ mod tests {
                 node: NodeView::Present(&up),
                 heartbeat: hb("2026-01-01T00:00:05Z"),
                 beside_failure: false,
+                silent: None,
             },
             SilentPeer {
                 rank: 2,
                 node: gone,
                 heartbeat: None,
                 beside_failure: false,
+                silent: None,
             },
         ];
         let v = judge(
@@ -449,12 +483,14 @@ mod tests {
                 node: NodeView::Present(&n2),
                 heartbeat: hb(a),
                 beside_failure: false,
+                silent: None,
             },
             SilentPeer {
                 rank: 2,
                 node: NodeView::Present(&n3),
                 heartbeat: hb(b),
                 beside_failure: false,
+                silent: None,
             },
         ];
         let clock = lease_clock_of(&[a, b, freshest], now);

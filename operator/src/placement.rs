@@ -325,19 +325,39 @@ pub fn place(
     nodes_: &[&Node],
     history: impl Into<SpotHistory>,
 ) -> Placement {
+    place_avoiding(job, config, nodes_, history, &[])
+}
+
+/// [`place`], with the nodes `silent` (their kubelet stopped renewing its Lease: see
+/// `heartbeat`) no candidate and excluded by name like a node with a termination notice.
+pub fn place_avoiding(
+    job: &ValidJob,
+    config: &OperatorConfig,
+    nodes_: &[&Node],
+    history: impl Into<SpotHistory>,
+    silent: &[String],
+) -> Placement {
     let gpu = &job.spec.gpu;
     let history = history.into();
     let (mode, fell_back) = spot_mode(job, history);
 
     let fitting: Vec<NodeFacts> = nodes_
         .iter()
+        .filter(|n| !silent.iter().any(|s| s == nodes::name(n)))
         .filter_map(|n| node_fits(job, config, mode, n))
         .collect();
-    let avoided = noticed_nodes(config, nodes_);
+    let noticed_names = noticed_nodes(config, nodes_);
     let unschedulable = fitting.is_empty().then(|| {
-        let noticed = match avoided.is_empty() {
+        let mut excepted = Vec::new();
+        if !noticed_names.is_empty() {
+            excepted.push(format!("nodes with a termination notice excepted: {}", noticed_names.join(", ")));
+        }
+        if !silent.is_empty() {
+            excepted.push(format!("nodes whose kubelet went silent excepted: {}", silent.join(", ")));
+        }
+        let noticed = match excepted.is_empty() {
             true => String::new(),
-            false => format!(" (nodes with a termination notice excepted: {})", avoided.join(", ")),
+            false => format!(" ({})", excepted.join("; ")),
         };
         format!(
             "no Ready node offers {}{noticed}; {}; the workers wait Pending for a node that does (a cluster autoscaler can add one)",
@@ -352,6 +372,10 @@ pub fn place(
     } else {
         None
     };
+    let mut avoided = noticed_names;
+    avoided.extend(silent.iter().cloned());
+    avoided.sort();
+    avoided.dedup();
     let required = required_terms(job, config, mode, pinned.as_ref(), &avoided);
     let preferred = preferred_terms(config, mode);
     let node_affinity = (required.is_some() || !preferred.is_empty()).then(|| NodeAffinity {

@@ -3032,3 +3032,85 @@ fn the_cost_fallback_leaves_an_unpriced_product_on_spot_and_says_why() {
     let (tolerations, avoids_spot) = spot_terms(World::creates(&created)[0]);
     assert!(!tolerations.is_empty() && !avoids_spot);
 }
+
+/// A partitioned (or vanished) node under rank 1 while rank 0 keeps running: nobody exits,
+/// torchrun's agent waits. The kubelet's Lease stops renewing and rank 1's reports stop: the
+/// gang restarts as a preemption without waiting for NotReady, the pod stuck terminating
+/// there is removed at once, and the next attempt stays off the silent node.
+#[test]
+fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_ready() {
+    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    let channel = Channel::new();
+    w.heartbeat("n-1");
+    w.heartbeat("n-2");
+    channel.report(&mut w, 0, 40, None);
+    channel.report(&mut w, 1, 40, None);
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, None);
+    // n-2 goes silent; n-1 and rank 0 go on. 12 s is one renewal interval and the slack.
+    for _ in 0..12 {
+        w.advance(1);
+        channel.report(&mut w, 0, 40, None);
+        if w.now.as_second() % 10 == 0 {
+            w.heartbeat("n-1");
+        }
+        let plan = channel.step(&mut w);
+        assert_eq!(
+            plan.restart, None,
+            "not yet: {:?}",
+            plan.status.last_restart
+        );
+    }
+    w.advance(2);
+    w.heartbeat("n-1");
+    channel.report(&mut w, 0, 40, None);
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
+    assert!(
+        detail.contains("node n-2 lost") && detail.contains("Lease not renewed"),
+        "{detail}"
+    );
+    assert_eq!(plan.status.preemptions, 1);
+    assert_eq!(World::deletes(&plan), 2);
+
+    // Terminating: the pod on the silent node is removed at once, rank 0's waits for its kubelet.
+    let plan = channel.step(&mut w);
+    let forced: Vec<&str> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ForceDeletePod { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(forced, vec!["train-worker-1"]);
+    w.kubelet_removes_deleted();
+    let plan = channel.step(&mut w);
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 2, "{:?}", plan.decided_by);
+    for p in created {
+        assert_eq!(CachedPod::from(p).avoided_nodes(), vec!["n-2"]);
+    }
+}
+
+/// A kubelet that restarts alone misses renewals while its trainers go on reporting: nothing
+/// is lost, nothing is force-deleted.
+#[test]
+fn a_late_lease_alone_loses_nothing_while_the_ranks_there_report() {
+    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    let channel = Channel::new();
+    w.heartbeat("n-1");
+    w.heartbeat("n-2");
+    for _ in 0..30 {
+        w.advance(1);
+        channel.report(&mut w, 0, 40, None);
+        channel.report(&mut w, 1, 40, None);
+        if w.now.as_second() % 10 == 0 {
+            w.heartbeat("n-1");
+        }
+        let plan = channel.step(&mut w);
+        assert_eq!(plan.restart, None);
+        assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    }
+}

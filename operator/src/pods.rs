@@ -96,6 +96,7 @@ pub fn trainer_env(
         [
             (env::TRAINYARD_JOB, job.name.clone()),
             (env::TRAINYARD_ATTEMPT, attempt.to_string()),
+            (env::TRAINYARD_FENCE_TOKEN, fence_token(job, attempt)),
             (env::TRAINYARD_RESTART_REASON, reason.to_owned()),
             (env::MASTER_ADDR, master.clone()),
             (env::MASTER_PORT, MASTER_PORT.to_string()),
@@ -108,6 +109,7 @@ pub fn trainer_env(
             (env::PET_NPROC_PER_NODE, nproc.to_string()),
             (env::PET_MASTER_ADDR, master),
             (env::PET_MASTER_PORT, MASTER_PORT.to_string()),
+            (env::PET_RDZV_ID, format!("{}-{attempt}", job.uid)),
             (
                 env::PYTORCH_CUDA_ALLOC_CONF,
                 "expandable_segments:True".to_owned(),
@@ -117,6 +119,13 @@ pub fn trainer_env(
         .map(|(k, v)| (k.to_owned(), v)),
     );
     env
+}
+
+/// The attempt's checkpoint fencing token (`TRAINYARD_FENCE_TOKEN`): ordered by the job's
+/// creation and then the attempt, so a job applied again over its retained claim (attempt 0
+/// again) fences every trainer of the job before it.
+pub fn fence_token(job: &ValidJob, attempt: u32) -> String {
+    format!("{}:{attempt}:{}", job.created, job.uid)
 }
 
 /// Labels every pod of the job carries (selector of the Service, index of the operator, and
@@ -451,6 +460,34 @@ mod tests {
         assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
         assert_eq!(env[env::TRAINYARD_ATTEMPT], "2");
         assert_eq!(env[env::TRAINYARD_RESTART_REASON], "Preemption");
+        // Each attempt meets at its own rendezvous.
+        assert_eq!(env[env::PET_RDZV_ID], "uid-1-2");
+    }
+
+    #[test]
+    fn the_fence_token_orders_a_job_applied_again_after_every_attempt_of_the_old_one() {
+        let mut old = validate(&job_yaml("workers: 2\n")).expect("valid");
+        old.created = 1_800_000_000;
+        let mut again = old.clone();
+        again.created = old.created + 1;
+        again.uid = "uid-again".to_owned();
+        let order = |token: &str| -> (i64, u32) {
+            let mut parts = token.split(':');
+            let created = parts.next().and_then(|c| c.parse().ok()).expect("created");
+            let attempt = parts.next().and_then(|a| a.parse().ok()).expect("attempt");
+            (created, attempt)
+        };
+        let env: BTreeMap<_, _> = trainer_env(&old, 0, 5, AttemptStart::of(5, None, false))
+            .into_iter()
+            .collect();
+        let old_token = env[env::TRAINYARD_FENCE_TOKEN].clone();
+        assert_eq!(old_token, format!("1800000000:5:{}", old.uid));
+        let new_token = fence_token(&again, 0);
+        assert!(
+            order(&new_token) > order(&old_token),
+            "{new_token} after {old_token}"
+        );
+        assert!(order(&fence_token(&old, 6)) > order(&old_token));
     }
 
     #[test]

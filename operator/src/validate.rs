@@ -41,6 +41,9 @@ pub struct ValidJob {
     pub namespace: String,
     /// metadata.uid.
     pub uid: String,
+    /// metadata.creationTimestamp as unix seconds (0 when unset): a job applied again under
+    /// the same name is created later, which orders its fence tokens after the old job's.
+    pub created: i64,
     /// metadata.generation.
     pub generation: Option<i64>,
     /// The spec, with defaults applied by serde.
@@ -198,6 +201,10 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
         name,
         namespace,
         uid,
+        created: meta
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
         generation: meta.generation,
         spec,
         trainer_index,

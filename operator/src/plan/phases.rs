@@ -389,7 +389,7 @@ fn failure_backoff_wait(view: &View<'_>, round: &mut Round) -> Flow {
 /// never ran means the gang never trained in this attempt.
 fn withdrawn_notice(view: &View<'_>, round: &mut Round) -> Flow {
     let node_refs = view.observed.node_refs();
-    let noticed = placement::noticed_nodes(view.config, &node_refs);
+    let noticed = avoided_nodes(view, &node_refs);
     let withdrawn_of = |p: &CachedPod| -> Vec<String> {
         p.avoided_nodes()
             .into_iter()
@@ -414,8 +414,9 @@ fn withdrawn_notice(view: &View<'_>, round: &mut Round) -> Flow {
     round.events.push(JobEvent::normal(
         reason::NOTICE_WITHDRAWN,
         format!(
-            "the termination notice on {} is withdrawn: replacing the {} worker(s) of attempt {} \
-             that wait for a node and were created to avoid it",
+            "{} no longer avoided (its termination notice is withdrawn, or its kubelet renews \
+             its Lease again): replacing the {} worker(s) of attempt {} that wait for a node \
+             and were created to avoid it",
             names.join(", "),
             stuck.len(),
             round.st.attempt
@@ -437,12 +438,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
     let node_refs = view.observed.node_refs();
     if missing.is_empty() {
         if view.census.any_unscheduled() {
-            round.placement = Some(placement::place(
-                view.job,
-                view.config,
-                &node_refs,
-                cost_fallback::history(&round.st),
-            ));
+            round.placement = Some(place(view, &node_refs, cost_fallback::history(&round.st)));
         }
         return Flow::Continue;
     }
@@ -453,7 +449,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
     let history = cost_fallback::history(&round.st);
     let placement = match half_created {
         true => placement_of(view, &node_refs, history),
-        false => placement::place(view.job, view.config, &node_refs, history),
+        false => place(view, &node_refs, history),
     };
     if !half_created {
         announce_attempt(view, round, &placement, missing.len());
@@ -543,14 +539,32 @@ fn placement_of(
     node_refs: &[&k8s_openapi::api::core::v1::Node],
     history: placement::SpotHistory,
 ) -> Placement {
-    let mut p = placement::place(view.job, view.config, node_refs, history);
+    let mut p = place(view, node_refs, history);
     let sibling = view.observed.sibling_placement.clone().unwrap_or_default();
-    let noticed = placement::noticed_nodes(view.config, node_refs);
+    let avoided = avoided_nodes(view, node_refs);
     p.node_affinity = sibling
         .node_affinity
-        .map(|a| placement::without_withdrawn_notices(a, &noticed));
+        .map(|a| placement::without_withdrawn_notices(a, &avoided));
     p.tolerations = sibling.tolerations;
     p
+}
+
+/// Where the attempt's pods may go now: never a node whose kubelet went silent.
+fn place(
+    view: &View<'_>,
+    node_refs: &[&k8s_openapi::api::core::v1::Node],
+    history: placement::SpotHistory,
+) -> Placement {
+    let silent: Vec<String> = view.census.silent.keys().cloned().collect();
+    placement::place_avoiding(view.job, view.config, node_refs, history, &silent)
+}
+
+/// The nodes a new pod stays off by name: those with a termination notice and those whose
+/// kubelet went silent.
+fn avoided_nodes(view: &View<'_>, node_refs: &[&k8s_openapi::api::core::v1::Node]) -> Vec<String> {
+    let mut avoided = placement::noticed_nodes(view.config, node_refs);
+    avoided.extend(view.census.silent.keys().cloned());
+    avoided
 }
 
 /// Unschedulable: our own view of the cluster first (it names what the cluster has), then

@@ -222,6 +222,11 @@ impl Round {
 /// node or kubelet will ever confirm the deletion; after the not-ready timeout otherwise.
 fn force_delete_at(view: &View<'_>, node_name: Option<&str>) -> Option<Timestamp> {
     let now = view.now;
+    if node_name.is_some_and(|n| view.census.silent.contains_key(n)) {
+        // Its kubelet went silent: it will confirm nothing, and the checkpoint is fenced
+        // against the trainers it may still run (docs/env-contract.md).
+        return Some(now);
+    }
     match node_name.map(|n| view.observed.node(n)) {
         None | Some(None) => Some(now),
         Some(Some(node)) => match nodes::readiness(node) {

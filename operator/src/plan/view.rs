@@ -5,11 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::cached_pod::CachedPod;
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
 
 use super::Observed;
 use crate::config::OperatorConfig;
 use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus, WorkerStatus};
+use crate::heartbeat;
 use crate::pods::label_u32;
 use crate::preemption::{self, ClassifierConfig, WorkerPhase, WorkerState, min_time};
 use crate::validate::ValidJob;
@@ -65,6 +67,45 @@ pub(crate) fn resumes_as_new_attempt(job: &ValidJob, current: &TrainingJobStatus
     current.phase == Some(Phase::Suspended) && !job.spec.suspend && current.start_time.is_some()
 }
 
+/// The silent nodes, those lost to `attempt` (their workers are preempted), and when to look again while this attempt's
+/// reporting workers run (Lease renewals do not wake a job).
+fn judge_heartbeats(
+    view: &View<'_>,
+    attempt: u32,
+    current: &BTreeMap<u32, &Arc<CachedPod>>,
+    states: &BTreeMap<u32, WorkerState>,
+) -> (
+    BTreeMap<String, SignedDuration>,
+    BTreeMap<String, String>,
+    Option<Timestamp>,
+) {
+    let observed = view.observed;
+    let leases: Vec<&Lease> = observed.node_leases.iter().map(|l| &**l).collect();
+    let silent = heartbeat::silent_nodes(&leases, view.now);
+    let progress = observed.progress.as_ref().filter(|p| p.attempt == attempt);
+    let ranks: Vec<(u32, &str)> = current
+        .iter()
+        .filter(|(r, _)| {
+            matches!(
+                states.get(r),
+                Some(WorkerState::Running { .. } | WorkerState::Pending { .. })
+            )
+        })
+        .filter_map(|(r, p)| Some((*r, p.node_name()?)))
+        .collect();
+    let lost = heartbeat::lost_nodes(&silent, &leases, &ranks, progress, view.now);
+    let reporting = progress.is_some_and(|p| {
+        p.ranks
+            .iter()
+            .any(|rp| ranks.iter().any(|(r, _)| *r == rp.rank))
+    });
+    let nodes: Vec<&str> = ranks.iter().map(|(_, n)| *n).collect();
+    let recheck = reporting
+        .then(|| heartbeat::next_silence(&leases, &nodes, view.now))
+        .flatten();
+    (silent, lost, recheck)
+}
+
 /// The pods of the attempt a round works on, by rank, and how each worker stands. Built by
 /// the classify phase: a resume earlier in the round moves the attempt.
 #[derive(Default)]
@@ -78,6 +119,9 @@ pub(crate) struct Census<'a> {
     pub states: BTreeMap<u32, WorkerState>,
     /// When a state may change without a watch event.
     pub recheck_at: Option<Timestamp>,
+    /// Nodes whose kubelet went silent ([`heartbeat::silent_nodes`]): no new pod goes there,
+    /// and a pod deleted there is removed at once.
+    pub silent: BTreeMap<String, SignedDuration>,
 }
 
 impl<'a> Census<'a> {
@@ -105,6 +149,19 @@ impl<'a> Census<'a> {
             recheck_at = min_time(recheck_at, c.recheck_at);
             states.insert(rank, c.state);
         }
+        let (silent, lost, silence_at) = judge_heartbeats(view, attempt, &current, &states);
+        recheck_at = min_time(recheck_at, silence_at);
+        for (rank, pod) in &current {
+            let detail = pod.node_name().and_then(|n| lost.get(n));
+            if let (Some(detail), Some(state)) = (detail, states.get_mut(rank))
+                && matches!(
+                    state,
+                    WorkerState::Running { .. } | WorkerState::Pending { .. }
+                )
+            {
+                *state = WorkerState::Preempted(detail.clone());
+            }
+        }
         for w in recorded {
             if w.rank < view.workers && !states.contains_key(&w.rank) {
                 let state = if WorkerPhase::parse(&w.phase) == Some(WorkerPhase::Succeeded) {
@@ -123,6 +180,7 @@ impl<'a> Census<'a> {
             old,
             states,
             recheck_at,
+            silent,
         }
     }
 

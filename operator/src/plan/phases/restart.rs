@@ -261,6 +261,10 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
                 node,
                 heartbeat,
                 beside_failure: node_of(pod).is_some_and(|n| failed_nodes.contains(&n)),
+                silent: pod
+                    .node_name()
+                    .and_then(|n| view.census.silent.get(n))
+                    .copied(),
             }
         })
         .collect();
