@@ -940,6 +940,171 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
     res
 }
 
+/// The steps of the partition scenario's job, and how long its trainers wait on a broken
+/// collective: longer than the next attempt takes to start, so that the cut-off rank 0 tries
+/// to save after the next attempt has claimed the checkpoint.
+const PARTITION_STEPS: u32 = 80;
+const PARTITION_COLLECTIVE_TIMEOUT: &str = "45";
+
+/// Issue 26: the spot node under rank 0 is cut off the network with its trainer alive. Nobody
+/// exits (rank 1 waits on its collective), the node is not NotReady before the grace period:
+/// the operator tells the loss from the kubelet's Lease and rank 0's silent progress reports,
+/// restarts the gang on node 1 without waiting, and the cut-off rank 0, which still reaches
+/// the shared checkpoint volume, is fenced when it tries to save its older step. Healed, the
+/// node's kubelet stops what is left of the old attempt; the run ends bit-exact.
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_partitioned_spot_node_is_lost_from_its_heartbeat_and_its_trainer_is_fenced() -> Result<()>
+{
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = with_spot_node(&client, || async {
+        let (spot, on_demand) = (node2_name(), node_name());
+        let name = place_rank0_on(&client, &ns.name, &spot, &on_demand, || {
+            let mut job = torch_job(
+                "cut",
+                2,
+                PARTITION_STEPS,
+                "0.5",
+                json!({"policy": "Prefer"}),
+            );
+            // The surviving rank's pod goes within seconds of the restart (it waits on its
+            // collective and cannot save: it is not rank 0).
+            job["spec"]["terminationGracePeriodSeconds"] = json!(5);
+            let pod = &mut job["spec"]["template"]["spec"];
+            if let Some(env) = pod["containers"][0]["env"].as_array_mut() {
+                env.retain(|e| e["name"] != "CHECKPOINT_EVERY");
+                for (k, v) in [
+                    ("CHECKPOINT_EVERY", "20"),
+                    ("PROGRESS_EVERY_SECONDS", "1"),
+                    ("COLLECTIVE_TIMEOUT_SECONDS", PARTITION_COLLECTIVE_TIMEOUT),
+                ] {
+                    env.push(json!({"name": k, "value": v}));
+                }
+            }
+            job
+        })
+        .await?;
+        let name = name.as_str();
+        let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+        let old_rank0 = rank_pod(&pods, 0)?.clone();
+        wait_for("a periodic checkpoint", Duration::from_secs(180), || {
+            let (ns, p) = (ns.name.clone(), old_rank0.clone());
+            async move {
+                let log = pod_log(&ns, &p, "trainer").unwrap_or_default();
+                Ok(log.contains("checkpoint saved at step").then_some(()))
+            }
+        })
+        .await?;
+        // Steps past the checkpoint that the cut-off rank 0 will try to save.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let cut = std::time::Instant::now();
+        let cut_at = jiff::Timestamp::now();
+        node2("partition")?;
+        let partitioned = async {
+            running_pods(&client, &ns.name, name, 1, 2).await?;
+            println!(
+                "attempt 1 running {:.1}s after the partition",
+                cut.elapsed().as_secs_f64()
+            );
+            let st = job_status(&client, &ns.name, name).await?;
+            let decided: Option<jiff::Timestamp> = st["lastRestart"]["time"]
+                .as_str()
+                .and_then(|t| t.parse().ok());
+            if let Some(decided) = decided {
+                println!(
+                    "the loss was decided {}s after the partition",
+                    decided.duration_since(cut_at).as_secs()
+                );
+            }
+            ensure!(
+                st["preemptions"] == 1 && st["failures"] == 0,
+                "status: {st}"
+            );
+            let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
+            ensure!(
+                detail.contains("Lease not renewed"),
+                "decided from the kubelet's heartbeat, not NotReady: {st}"
+            );
+            // The cut-off trainer tries to save its step after attempt 1 claimed the fence.
+            wait_for(
+                "the cut-off rank 0 to be fenced",
+                Duration::from_secs(120),
+                || {
+                    let (ns, p) = (ns.name.clone(), old_rank0.clone());
+                    async move {
+                        let log = pod_log(&ns, &p, "trainer").unwrap_or_default();
+                        Ok(log
+                            .lines()
+                            .find(|l| l.contains("fenced: attempt 1 of this job started"))
+                            .map(str::to_owned))
+                    }
+                },
+            )
+            .await
+        }
+        .await;
+        node2("heal")?;
+        let fenced = partitioned?;
+        println!("old rank 0: {fenced}");
+        // Its save on the lost peer was refused, and it wrote nothing after.
+        let log = pod_log(&ns.name, &old_rank0, "trainer").unwrap_or_default();
+        let after_fence = log.split("fenced: ").nth(1).unwrap_or_default();
+        ensure!(
+            !log.contains("peer lost: checkpoint saved")
+                && !after_fence.contains("checkpoint saved"),
+            "the old rank 0 saved past the fence:\n{log}"
+        );
+        let forced = job_events(&client, &ns.name, name, "ForceDeleted").await?;
+        ensure!(
+            forced.iter().any(|e| e.contains(&old_rank0.name_any())),
+            "the cut-off pod was force-deleted: {forced:?}"
+        );
+        create_job(
+            &client,
+            &ns.name,
+            torch_job(
+                "cut-baseline",
+                2,
+                PARTITION_STEPS,
+                "0",
+                json!({"policy": "Never"}),
+            ),
+        )
+        .await?;
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        ensure!(
+            st["preemptions"] == 1 && st["failures"] == 0,
+            "status: {st}"
+        );
+        wait_phase(
+            &client,
+            &ns.name,
+            "cut-baseline",
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        let interrupted = final_digest(&client, &ns.name, name, 1).await?;
+        let baseline = final_digest(&client, &ns.name, "cut-baseline", 0).await?;
+        ensure!(
+            interrupted == baseline,
+            "the resumed run ends with the uninterrupted run's weights"
+        );
+        Ok(())
+    })
+    .await;
+    ns.cleanup().await?;
+    res
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn spot_node_loss_falls_back_to_on_demand_after_one_preemption() -> Result<()> {
