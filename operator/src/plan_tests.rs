@@ -3114,3 +3114,30 @@ fn a_late_lease_alone_loses_nothing_while_the_ranks_there_report() {
         assert!(plan.actions.is_empty(), "{:?}", plan.actions);
     }
 }
+
+/// The spot node under rank 1 vanishes and rank 0's collective breaks at once: rank 0 fails,
+/// and when node n-2 falls silent the lost-peer rule names both in one preemption.
+#[test]
+fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
+    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    let channel = Channel::new();
+    w.heartbeat("n-1");
+    w.heartbeat("n-2");
+    channel.report(&mut w, 0, 40, None);
+    channel.report(&mut w, 1, 40, None);
+    channel.step(&mut w);
+    w.advance(1);
+    w.exit("train-worker-0", 1);
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, None, "held until n-2 is known lost");
+    w.advance(12);
+    w.heartbeat("n-1");
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(plan.status.failures, 0);
+    let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
+    assert!(
+        detail.contains("worker 1 lost with its node") && detail.contains("worker 0 failed"),
+        "{detail}"
+    );
+}

@@ -151,7 +151,10 @@ impl<'a> Census<'a> {
         }
         let (silent, lost, silence_at) = judge_heartbeats(view, attempt, &current, &states);
         recheck_at = min_time(recheck_at, silence_at);
-        for (rank, pod) in &current {
+        // With a failed rank, the lost-peer rule judges the silent node (and names the
+        // failure it caused).
+        let failed = states.values().any(|s| matches!(s, WorkerState::Failed(_)));
+        for (rank, pod) in current.iter().filter(|_| !failed) {
             let detail = pod.node_name().and_then(|n| lost.get(n));
             if let (Some(detail), Some(state)) = (detail, states.get_mut(rank))
                 && matches!(
