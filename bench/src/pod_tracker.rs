@@ -17,7 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use trainyard_operator::crd::{LABEL_ATTEMPT, LABEL_JOB};
+use trainyard_operator::surface::{LABEL_ATTEMPT, LABEL_JOB};
 
 use crate::error::{Error, Result};
 

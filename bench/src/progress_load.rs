@@ -1,7 +1,7 @@
 //! The progress channel under load: N ranks reporting to the operator's real endpoint, and a
 //! flood of requests it must refuse, with the operator-side cost measured in-process.
 //!
-//! The operator's own router ([`trainyard_operator::progress::serve`]) runs on loopback with
+//! The operator's own router ([`progress::serve`]) runs on loopback with
 //! the real [`ProgressStore`] and [`Metrics`]. Two things are faked, both without network:
 //! the token reviewer (a token `tok:<pod>` is that pod's; the real reviewer caches accepted
 //! tokens by their SHA-256 for five minutes, so in the steady state it makes no TokenReview
@@ -25,10 +25,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use trainyard_operator::metrics::Metrics;
-use trainyard_operator::progress::server::{MAX_BODY_BYTES, PATH};
-use trainyard_operator::progress::{
-    AuthError, Identity, PodLookup, ProgressServer, ProgressStore, TokenReviewer, WorkerIdentity,
+use trainyard_operator::surface::Metrics;
+use trainyard_operator::surface::progress::{
+    self, AuthError, Identity, MAX_BODY_BYTES, PATH, PodLookup, ProgressServer, ProgressStore,
+    TokenReviewer, WorkerIdentity,
 };
 
 use crate::error::{Error, Result};
@@ -245,7 +245,7 @@ pub async fn run(params: &ProgressLoadParams) -> Result<ProgressLoadReport> {
         wake,
     });
     let (stop, stopped) = oneshot::channel::<()>();
-    let (addr, serving) = trainyard_operator::progress::serve(
+    let (addr, serving) = progress::serve(
         "127.0.0.1:0".parse().expect("a literal address"),
         server.clone(),
         async {

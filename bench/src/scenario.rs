@@ -24,9 +24,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use trainyard_operator::config::OperatorConfig;
-use trainyard_operator::crd::{Phase, RestartReason, TrainingJob, TrainingJobStatus};
-use trainyard_operator::{placement, pods, service, validate};
+use trainyard_operator::surface::{
+    self, AttemptStart, OperatorConfig, Phase, RestartReason, TrainingJob, TrainingJobStatus,
+    desired_pod, desired_service, pod_name, validate,
+};
 
 use crate::cpu_profile::{CpuProfile, CpuSampler};
 use crate::error::{Error, Result};
@@ -988,11 +989,11 @@ async fn preflight(client: &Client, report: &mut OperatorBenchReport) -> Result<
     // Install or update the CRD the operator under test was built with (a fresh
     // cluster has none), under the operator's field manager as its own tests do.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = trainyard_operator::controller::CRD_NAME;
+    let name = surface::CRD_NAME;
     crds.patch(
         name,
-        &kube::api::PatchParams::apply(trainyard_operator::controller::FIELD_MANAGER).force(),
-        &kube::api::Patch::Apply(trainyard_operator::crdgen::crd()),
+        &kube::api::PatchParams::apply(surface::FIELD_MANAGER).force(),
+        &kube::api::Patch::Apply(surface::crd()),
     )
     .await
     .map_err(Error::kube("applying the TrainingJob CRD"))?;
@@ -1063,8 +1064,7 @@ async fn foreign_events(client: &Client, ns: &str, identity: &str) -> Result<Opt
         .map_err(Error::kube(format!("listing Events in {ns}")))?;
     let mut foreign: BTreeMap<String, usize> = BTreeMap::new();
     for e in &list.items {
-        let ours =
-            e.reporting_component.as_deref() == Some(trainyard_operator::controller::FIELD_MANAGER);
+        let ours = e.reporting_component.as_deref() == Some(surface::FIELD_MANAGER);
         match e.reporting_instance.as_deref() {
             Some(instance) if ours && instance != identity => {
                 *foreign.entry(instance.to_owned()).or_insert(0) += 1;
@@ -1225,16 +1225,16 @@ fn floor_pods(
             job.metadata.namespace = Some(ns.to_owned());
             // Any uid: the floor pods lose their owner reference below.
             job.metadata.uid = Some(PLACEHOLDER_UID.to_owned());
-            let valid = validate::validate(&job).map_err(|e| Error::Build {
+            let valid = validate(&job).map_err(|e| Error::Build {
                 what: format!("the floor's pods of {}", job.name_any()),
                 message: e.to_string(),
             })?;
-            let place = placement::place(&valid, &config, &node_refs, 0);
+            let place = surface::place(&valid, &config, &node_refs, 0);
             Ok((0..params.workers)
                 .map(|rank| {
                     let restart = (attempt > 0).then_some(RestartReason::Preemption);
-                    let start = pods::AttemptStart::of(attempt, restart, false);
-                    let mut pod = pods::desired_pod(&valid, rank, attempt, start, &place, None);
+                    let start = AttemptStart::of(attempt, restart, false);
+                    let mut pod = desired_pod(&valid, rank, attempt, start, &place, None);
                     pod.metadata.owner_references = None;
                     pod
                 })
@@ -1271,11 +1271,11 @@ fn fair_floor_jobs(
         .map(|(job, pods)| {
             let mut placeholder = job.clone();
             placeholder.metadata.uid = Some(PLACEHOLDER_UID.to_owned());
-            let valid = validate::validate(&placeholder).map_err(|e| Error::Build {
+            let valid = validate(&placeholder).map_err(|e| Error::Build {
                 what: format!("the fair floor's Service of {}", job.name_any()),
                 message: e.to_string(),
             })?;
-            let mut service = service::desired_service(&valid);
+            let mut service = desired_service(&valid);
             service.metadata.owner_references = None;
             Ok(FairJob { job, service, pods })
         })
@@ -1619,7 +1619,7 @@ async fn preempt(
         let api = api.clone();
         async move {
             let job = format!("job-{i:05}");
-            let pod = validate::pod_name(&job, preempted_rank(i, round, params.workers));
+            let pod = pod_name(&job, preempted_rank(i, round, params.workers));
             let at = Instant::now();
             preempt_pod(&api, ns, &pod).await?;
             Ok((job, at))
@@ -1833,7 +1833,7 @@ async fn restart_directly(
         async move {
             let job = format!("job-{i:05}");
             let rank = preempted_rank(i as u32, round, params.workers);
-            let preempted = validate::pod_name(&job, rank);
+            let preempted = pod_name(&job, rank);
             let at = Instant::now();
             preempt_pod(&api, ns, &preempted).await?;
             let dp = DeleteParams {
@@ -1892,7 +1892,7 @@ async fn restart_as_controller(
         let old = old.remove(&job).unwrap_or_default();
         async move {
             let rank = preempted_rank(i as u32, round, params.workers);
-            let preempted = validate::pod_name(&job, rank);
+            let preempted = pod_name(&job, rank);
             let at = Instant::now();
             preempt_pod(api, ns, &preempted).await?;
             let status = restart_status_patch(&job, attempt)?;

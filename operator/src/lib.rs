@@ -14,6 +14,8 @@
 //! What it shares with the device plugin and the trainer (the `TrainingJob` types that [`crd`]
 //! re-exports, the GPU label keys, the env names, version parsing, the spot provider table)
 //! comes from the contract crate `trainyard_api`.
+//!
+//! Tests and benchmarks use the operator through [`surface`].
 #![forbid(unsafe_code)]
 
 pub mod cached_pod;
@@ -44,6 +46,7 @@ pub mod pvc;
 pub mod reason;
 pub mod rejection;
 pub mod service;
+pub mod surface;
 pub mod trainer;
 pub mod validate;
 pub mod write_limit;

@@ -1,0 +1,31 @@
+//! The operator's face for tests and benchmarks: what they may use of the operator, in one
+//! place. Everything else in this crate may change without notice.
+//!
+//! A benchmark reuses the operator's own pure builders ([`validate()`], [`place`],
+//! [`desired_pod`], [`desired_service`]) to write what the operator would write, so that its
+//! floors never copy the operator's protocol; it installs the generated CRD ([`crd`]) under the
+//! operator's [`FIELD_MANAGER`] and loads the real progress endpoint in-process
+//! ([`progress`]).
+
+pub use crate::config::OperatorConfig;
+pub use crate::controller::{CRD_NAME, FIELD_MANAGER};
+pub use crate::crd::{
+    LABEL_ATTEMPT, LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobSpec, TrainingJobStatus,
+};
+pub use crate::crdgen::crd;
+pub use crate::metrics::Metrics;
+pub use crate::placement::{Placement, place};
+pub use crate::pods::{AttemptStart, desired_pod};
+pub use crate::service::desired_service;
+pub use crate::validate::{InvalidSpec, ValidJob, pod_name, validate};
+
+/// The progress endpoint: its router on a listener ([`serve`](progress::serve)), what it
+/// serves from ([`ProgressServer`](progress::ProgressServer)), and the two ports a test fakes
+/// (a [`TokenReviewer`](progress::TokenReviewer) and a [`PodLookup`](progress::PodLookup)).
+pub mod progress {
+    pub use crate::progress::server::{MAX_BODY_BYTES, PATH};
+    pub use crate::progress::{
+        AuthError, Identity, PodLookup, ProgressServer, ProgressStore, TokenReviewer,
+        WorkerIdentity, serve,
+    };
+}
