@@ -798,6 +798,25 @@ fn no_restart_stall(timeline: &PodTimeline) -> Result<()> {
     Ok(())
 }
 
+/// Waits for `baseline` (the same job, never interrupted) to succeed, and checks that `job`,
+/// which ended in `attempt`, ends with its final weights: the resumes were exact.
+async fn ends_as_its_baseline(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    attempt: u32,
+    baseline: &str,
+) -> Result<()> {
+    wait_phase(client, ns, baseline, "Succeeded", Duration::from_secs(300)).await?;
+    let interrupted = final_digest(client, ns, job, attempt).await?;
+    let expected = final_digest(client, ns, baseline, 0).await?;
+    ensure!(
+        interrupted == expected,
+        "{job} ends with {interrupted}, the uninterrupted run with {expected}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
@@ -916,20 +935,7 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         let from_pods = ledger_check::account(&pod_times.pods(), |node| node == spot)?;
         println!("ledger {ledger:?}\nfrom the pods' timestamps {from_pods:?}");
         ledger_check::check(&ledger, &from_pods)?;
-        wait_phase(
-            &client,
-            &ns.name,
-            "ddp-baseline",
-            "Succeeded",
-            Duration::from_secs(300),
-        )
-        .await?;
-        let interrupted = final_digest(&client, &ns.name, name, 1).await?;
-        let baseline = final_digest(&client, &ns.name, "ddp-baseline", 0).await?;
-        assert_eq!(
-            interrupted, baseline,
-            "the resumed run ends with the uninterrupted run's weights"
-        );
+        ends_as_its_baseline(&client, &ns.name, name, 1, "ddp-baseline").await?;
         // MASTER_ADDR (<job>-worker-0.<job>) resolved through the cluster DNS.
         let dns = events(&client, &ns.name, "MissingClusterDNS").await?;
         assert!(dns.is_empty(), "MissingClusterDNS events: {dns:?}");
@@ -1084,20 +1090,7 @@ async fn a_partitioned_spot_node_is_lost_from_its_heartbeat_and_its_trainer_is_f
             st["preemptions"] == 1 && st["failures"] == 0,
             "status: {st}"
         );
-        wait_phase(
-            &client,
-            &ns.name,
-            "cut-baseline",
-            "Succeeded",
-            Duration::from_secs(300),
-        )
-        .await?;
-        let interrupted = final_digest(&client, &ns.name, name, 1).await?;
-        let baseline = final_digest(&client, &ns.name, "cut-baseline", 0).await?;
-        ensure!(
-            interrupted == baseline,
-            "the resumed run ends with the uninterrupted run's weights"
-        );
+        ends_as_its_baseline(&client, &ns.name, name, 1, "cut-baseline").await?;
         Ok(())
     })
     .await;

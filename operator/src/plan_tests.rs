@@ -213,6 +213,18 @@ impl World {
             .collect()
     }
 
+    /// The pods a plan deletes gracefully, or (`forced`) without a grace period.
+    fn deleted(plan: &Plan, forced: bool) -> Vec<&str> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::DeletePod { name, .. } if !forced => Some(name.as_str()),
+                Action::ForceDeletePod { name, .. } if forced => Some(name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn deletes(plan: &Plan) -> usize {
         plan.actions
             .iter()
@@ -2818,15 +2830,7 @@ fn a_waiting_worker_beside_running_ones_is_replaced_when_the_notice_it_avoids_is
     w.replace_node(n1().build());
     let plan = w.step();
     assert_eq!(plan.decided_by, PhaseName::WithdrawnNotice);
-    let deleted: Vec<&str> = plan
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::DeletePod { name, .. } => Some(name.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(deleted, vec!["train-worker-2"]);
+    assert_eq!(World::deleted(&plan, false), vec!["train-worker-2"]);
     assert_eq!(plan.restart, None);
     assert_eq!(
         (
@@ -3076,15 +3080,7 @@ fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_re
 
     // Terminating: the pod on the silent node is removed at once, rank 0's waits for its kubelet.
     let plan = channel.step(&mut w);
-    let forced: Vec<&str> = plan
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::ForceDeletePod { name, .. } => Some(name.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(forced, vec!["train-worker-1"]);
+    assert_eq!(World::deleted(&plan, true), vec!["train-worker-1"]);
     w.kubelet_removes_deleted();
     let plan = channel.step(&mut w);
     let created = World::creates(&plan);
