@@ -3043,7 +3043,7 @@ fn the_cost_fallback_leaves_an_unpriced_product_on_spot_and_says_why() {
 /// there is removed at once, and the next attempt stays off the silent node.
 #[test]
 fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_ready() {
-    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    let mut w = World::running_world("workers: 2\ngpusPerWorker: 1\n").with_worker_1_on_n2();
     let channel = Channel::new();
     w.heartbeat("n-1");
     w.heartbeat("n-2");
@@ -3077,6 +3077,11 @@ fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_re
     );
     assert_eq!(plan.status.preemptions, 1);
     assert_eq!(World::deletes(&plan), 2);
+    // The ledger dates the loss at n-2's last heartbeat, 14 s before the decision: that time
+    // was lost to detection, not spent training.
+    let ledger = plan.status.ledger.as_ref().expect("ledger");
+    let detection = ledger.on_demand.lost_to_detection + ledger.spot.lost_to_detection;
+    assert_eq!(detection, 2 * 14_000, "2 GPUs for 14 s: {ledger:?}");
 
     // Terminating: the pod on the silent node is removed at once, rank 0's waits for its kubelet.
     let plan = channel.step(&mut w);

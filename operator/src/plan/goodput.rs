@@ -104,10 +104,14 @@ fn what_the_end_lost(
 }
 
 /// The earliest interruption among the workers that were preempted or failed (a trainer's
-/// end, a pod's DisruptionTarget condition); now when no pod tells (a pod that vanished, a
-/// lost node).
+/// end, a pod's DisruptionTarget condition, the last heartbeat of a node whose kubelet went
+/// silent); now when nothing tells (a pod that vanished).
 fn interrupted_at(view: &View<'_>) -> Timestamp {
     let census = &view.census;
+    let last_heartbeat = |pod: &CachedPod| {
+        let silent = census.silent.get(pod.node_name()?)?;
+        view.now.checked_sub(*silent).ok()
+    };
     census
         .states
         .iter()
@@ -116,7 +120,7 @@ fn interrupted_at(view: &View<'_>) -> Timestamp {
             census
                 .current
                 .get(rank)
-                .and_then(|pod| pod_interrupted_at(pod))
+                .and_then(|pod| pod_interrupted_at(pod).or_else(|| last_heartbeat(pod)))
                 .unwrap_or(now(view))
         })
         .min()
