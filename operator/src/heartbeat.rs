@@ -21,6 +21,10 @@
 //!   still reporting) loses nothing. A lost node's ranks are preempted: the gang restarts
 //!   without waiting for NotReady. Without progress reports this rule decides nothing; the
 //!   lost-peer rule (a peer's collective broke) and the NotReady timeout still do.
+//!
+//! A renewal that does not come is no event: the controller reads the Leases every 2 s and
+//! wakes the jobs of a node that falls silent, stays silent or comes back
+//! (`controller/triggers.rs`), so a running job costs no periodic reconcile for this.
 
 use std::collections::BTreeMap;
 
@@ -72,22 +76,6 @@ pub fn silent_nodes(leases: &[&Lease], now: Timestamp) -> BTreeMap<String, Signe
         }
     }
     silent
-}
-
-/// When one of `nodes` would be judged silent if its kubelet renews nothing more: the
-/// round's recheck.
-pub fn next_silence(leases: &[&Lease], nodes: &[&str], now: Timestamp) -> Option<Timestamp> {
-    heartbeats(leases)
-        .iter()
-        .filter(|(name, _)| nodes.contains(&name.as_str()))
-        .filter_map(|(_, hb)| {
-            hb.renewed
-                .min(now)
-                .saturating_add(interval(hb) + CLOCK_SLACK + SignedDuration::from_secs(1))
-                .ok()
-        })
-        .filter(|at| *at > now)
-        .min()
 }
 
 /// The silent nodes lost to the attempt whose progress is `progress`: every rank of it on the
@@ -232,12 +220,5 @@ mod tests {
         assert!(lost_nodes(&silent, &leases, &ranks, None, at(0)).is_empty());
         let lost = lost_nodes(&silent, &leases, &ranks, Some(&progress(&[(0, -1)])), at(0));
         assert!(lost.is_empty());
-    }
-
-    #[test]
-    fn the_next_silence_is_one_interval_and_the_slack_after_the_oldest_renewal() {
-        let (a, b) = (lease("a", &stamp(-5)), lease("b", &stamp(-1)));
-        assert_eq!(next_silence(&[&a, &b], &["a", "b"], at(0)), Some(at(8)));
-        assert_eq!(next_silence(&[&a, &b], &["b"], at(0)), Some(at(12)));
     }
 }

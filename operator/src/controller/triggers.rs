@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
 use futures::{Stream, StreamExt, future, stream};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
 use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
@@ -16,6 +17,7 @@ use kube::runtime::watcher;
 use crate::cached_pod::CachedPod;
 use crate::condition::{self, condition_is_true};
 use crate::crd::{LABEL_JOB, Phase, TrainingJob};
+use crate::heartbeat;
 use crate::ownership::ObjectKind;
 
 /// A job to reconcile.
@@ -177,6 +179,71 @@ pub(super) fn node_triggers(
         .flat_map(move |name| stream::iter(jobs_for_node(&name, &pods, &jobs)))
 }
 
+/// How often the node Leases are read for kubelets that went silent (`heartbeat`): no event
+/// announces a renewal that does not come.
+const SILENCE_TICK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The nodes whose kubelet went silent, tick by tick: which fell silent or came back since the
+/// last tick (every job they concern is woken once), and which stay silent (the jobs whose
+/// pods are still there are woken again: their workers are lost once their reports stop).
+#[derive(Default)]
+struct SilenceTracker {
+    silent: BTreeSet<String>,
+}
+
+impl SilenceTracker {
+    /// (changed, still silent).
+    fn tick(&mut self, now: BTreeSet<String>) -> (Vec<String>, Vec<String>) {
+        let changed = self.silent.symmetric_difference(&now).cloned().collect();
+        let still = self.silent.intersection(&now).cloned().collect();
+        self.silent = now;
+        (changed, still)
+    }
+}
+
+/// The jobs to wake as node kubelets fall silent, stay silent and come back.
+pub(super) fn silence_triggers(
+    leases: Store<Lease>,
+    pods: Store<CachedPod>,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
+) -> impl Stream<Item = JobRef> + Send + 'static {
+    let mut tracker = SilenceTracker::default();
+    let ticks = stream::unfold(
+        tokio::time::interval(SILENCE_TICK),
+        |mut every| async move {
+            every.tick().await;
+            Some(((), every))
+        },
+    );
+    ticks.flat_map(move |_| {
+        let state: Vec<_> = leases.state();
+        let refs: Vec<&Lease> = state.iter().map(|l| &**l).collect();
+        let silent = heartbeat::silent_nodes(&refs, jiff::Timestamp::now());
+        let (changed, still) = tracker.tick(silent.into_keys().collect());
+        let mut wake: Vec<JobRef> = changed
+            .iter()
+            .flat_map(|n| jobs_for_node(n, &pods, &jobs))
+            .collect();
+        for node in &still {
+            wake.extend(
+                pods.state()
+                    .iter()
+                    .filter(|p| p.node_name() == Some(node.as_str()))
+                    .filter_map(|p| {
+                        let job = p.labels().get(LABEL_JOB)?;
+                        Some(
+                            ObjectRef::new(job)
+                                .within(p.namespace().as_deref().unwrap_or_default()),
+                        )
+                    }),
+            );
+        }
+        wake.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        wake.dedup();
+        stream::iter(wake)
+    })
+}
+
 /// A job waiting for its existingClaim starts as soon as the claim appears; a job blocked
 /// by a PVC of its name that is not its own, as soon as that one is gone.
 pub(super) fn claim_triggers(
@@ -239,6 +306,23 @@ pub(super) fn service_triggers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_that_falls_silent_or_comes_back_is_a_change_and_one_that_stays_is_still_silent() {
+        let set = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+        let mut t = SilenceTracker::default();
+        assert_eq!(t.tick(set(&["a"])), (vec!["a".to_owned()], vec![]));
+        assert_eq!(
+            t.tick(set(&["a", "b"])),
+            (vec!["b".to_owned()], vec!["a".to_owned()])
+        );
+        assert_eq!(
+            t.tick(set(&["b"])),
+            (vec!["a".to_owned()], vec!["b".to_owned()])
+        );
+        assert_eq!(t.tick(set(&[])), (vec!["b".to_owned()], vec![]));
+        assert_eq!(t.tick(set(&[])), (vec![], vec![]));
+    }
     use serde_json::json;
 
     fn node(labels: serde_json::Value, ready: &str, heartbeat: &str) -> Node {

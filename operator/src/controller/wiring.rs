@@ -26,7 +26,7 @@ use super::gate::WriteGate;
 use super::job_memory::JobMemory;
 use super::observe::Caches;
 use super::reconcile::{error_policy, reconcile};
-use super::triggers::{JobRef, claim_triggers, node_triggers, service_triggers};
+use super::triggers::{JobRef, claim_triggers, node_triggers, service_triggers, silence_triggers};
 use super::{Context, FIELD_MANAGER, RunConfig};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_JOB, TrainingJob};
@@ -349,6 +349,7 @@ pub(super) async fn run_controller(
     let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
     let controller = job_controller(job_stream, jobs.clone(), config.write_limit.max);
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
+    let silence_triggers = silence_triggers(leases.clone(), pods.clone(), jobs.clone());
     let claim_triggers = claim_triggers(claim_events, jobs.clone());
     let service_triggers = service_triggers(svc_events, jobs.clone());
     let (wake, progress_triggers) = super::progress::wake_channel();
@@ -384,6 +385,7 @@ pub(super) async fn run_controller(
     let controller = controller
         .owns_stream(pod_stream)
         .reconcile_on(node_triggers)
+        .reconcile_on(silence_triggers)
         .reconcile_on(claim_triggers)
         .reconcile_on(service_triggers)
         .reconcile_on(progress_triggers)

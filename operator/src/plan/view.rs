@@ -67,18 +67,14 @@ pub(crate) fn resumes_as_new_attempt(job: &ValidJob, current: &TrainingJobStatus
     current.phase == Some(Phase::Suspended) && !job.spec.suspend && current.start_time.is_some()
 }
 
-/// The silent nodes, those lost to `attempt` (their workers are preempted), and when to look again while this attempt's
-/// reporting workers run (Lease renewals do not wake a job).
+/// The silent nodes and those lost to `attempt` (their workers are preempted). Lease
+/// renewals that stop wake no job by themselves: the controller's silence triggers do.
 fn judge_heartbeats(
     view: &View<'_>,
     attempt: u32,
     current: &BTreeMap<u32, &Arc<CachedPod>>,
     states: &BTreeMap<u32, WorkerState>,
-) -> (
-    BTreeMap<String, SignedDuration>,
-    BTreeMap<String, String>,
-    Option<Timestamp>,
-) {
+) -> (BTreeMap<String, SignedDuration>, BTreeMap<String, String>) {
     let observed = view.observed;
     let leases: Vec<&Lease> = observed.node_leases.iter().map(|l| &**l).collect();
     let silent = heartbeat::silent_nodes(&leases, view.now);
@@ -94,16 +90,7 @@ fn judge_heartbeats(
         .filter_map(|(r, p)| Some((*r, p.node_name()?)))
         .collect();
     let lost = heartbeat::lost_nodes(&silent, &leases, &ranks, progress, view.now);
-    let reporting = progress.is_some_and(|p| {
-        p.ranks
-            .iter()
-            .any(|rp| ranks.iter().any(|(r, _)| *r == rp.rank))
-    });
-    let nodes: Vec<&str> = ranks.iter().map(|(_, n)| *n).collect();
-    let recheck = reporting
-        .then(|| heartbeat::next_silence(&leases, &nodes, view.now))
-        .flatten();
-    (silent, lost, recheck)
+    (silent, lost)
 }
 
 /// The pods of the attempt a round works on, by rank, and how each worker stands. Built by
@@ -149,8 +136,7 @@ impl<'a> Census<'a> {
             recheck_at = min_time(recheck_at, c.recheck_at);
             states.insert(rank, c.state);
         }
-        let (silent, lost, silence_at) = judge_heartbeats(view, attempt, &current, &states);
-        recheck_at = min_time(recheck_at, silence_at);
+        let (silent, lost) = judge_heartbeats(view, attempt, &current, &states);
         // With a failed rank, the lost-peer rule judges the silent node (and names the
         // failure it caused).
         let failed = states.values().any(|s| matches!(s, WorkerState::Failed(_)));
