@@ -24,7 +24,7 @@ pub struct ProcessUsage {
 }
 
 impl ProcessUsage {
-    /// Reads /proc/<pid>/status and /proc/<pid>/stat.
+    /// Reads `/proc/<pid>/status` and `/proc/<pid>/stat`.
     pub fn read(pid: u32, clock_ticks: f64) -> Result<Self> {
         let status_path = format!("/proc/{pid}/status");
         let status = std::fs::read_to_string(&status_path)
@@ -50,7 +50,7 @@ impl ProcessUsage {
     }
 }
 
-/// utime + stime (fields 14 and 15) of a /proc/<pid>/stat line, in clock ticks. The command
+/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line, in clock ticks. The command
 /// name (field 2) may contain spaces and parentheses, so fields are counted after its last ')'.
 pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     let after = &stat[stat.rfind(')')? + 1..];

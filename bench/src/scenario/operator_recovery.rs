@@ -1,0 +1,190 @@
+//! The operator's preemption burst: K workers preempted at once, repeated in rounds on the same
+//! jobs, each job's recovery timed and split into stages.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::Api;
+
+use super::kubelet::preempt;
+use super::kubelet::report_running;
+use super::numbered;
+use super::params::OperatorBenchParams;
+use super::results::OperatorBenchReport;
+use super::results::OperatorRequests;
+use super::results::OperatorUsage;
+use super::results::Recovery;
+use super::timing::wait_jobs_running;
+use super::timing::wait_recovered;
+use crate::cpu_profile::{CpuProfile, CpuSampler};
+use crate::error::Result;
+use crate::operator_process::{OperatorProcess, metric_value};
+use crate::pod_tracker::{PodRecord, PodTracker};
+use crate::proxy::CountingProxy;
+use crate::recovery_stages::{self, ClockPair, FIRST_RESTART, RecoveryStages};
+use crate::stats::median_by;
+
+/// The operator's preemption burst, repeated in rounds on the same jobs.
+pub(super) struct Burst<'a> {
+    pub(super) client: &'a Client,
+    pub(super) ns: &'a str,
+    pub(super) params: &'a OperatorBenchParams,
+    pub(super) tracker: &'a PodTracker,
+    pub(super) operator: &'a mut OperatorProcess,
+    pub(super) log: &'a std::path::Path,
+    pub(super) sampler: &'a CpuSampler,
+}
+
+impl Burst<'_> {
+    /// Every job Running (as kubelets would report), then every round of the burst; the
+    /// operator's memory and requests at each step.
+    pub(super) async fn all_rounds(
+        &mut self,
+        proxy: &CountingProxy,
+        report: &mut OperatorBenchReport,
+        usage: &mut OperatorUsage,
+        requests: &mut OperatorRequests,
+    ) -> Result<()> {
+        let params = self.params;
+        let before = proxy.counts();
+        self.running_again(|_| true).await?;
+        usage.running = Some(self.operator.usage()?);
+        let after_running = proxy.counts();
+        requests.running = Some(after_running.since(&before));
+
+        let before_burst = self.operator.metrics().await.unwrap_or_default();
+        if let Some(limit) = metric_value(&before_burst, "trainyard_operator_write_limit") {
+            report.operator_metrics.insert(
+                "trainyard_operator_write_limit before the burst".to_owned(),
+                limit,
+            );
+        }
+        for round in 0..params.rounds {
+            if round > 0 {
+                // The previous round's new pods Running, and every job Running again.
+                let previous = FIRST_RESTART + round - 1;
+                self.running_again(|p| p.attempt == Some(previous)).await?;
+            }
+            let recovery = self
+                .round(round, &mut report.cpu, &mut report.warnings)
+                .await?;
+            if round == 0 {
+                requests.preemption = Some(proxy.counts().since(&after_running));
+            }
+            report.recovery_rounds.push(recovery);
+        }
+        report.recovery = median_by(&report.recovery_rounds, |r| r.p99_seconds).cloned();
+        usage.recovered = Some(self.operator.usage()?);
+        Ok(())
+    }
+
+    /// One round: K workers of the first K jobs preempted at once, timed until each job's next
+    /// attempt is created, with its stages and the CPU it cost.
+    async fn round(
+        &mut self,
+        round: u32,
+        cpu: &mut BTreeMap<String, CpuProfile>,
+        warnings: &mut Vec<String>,
+    ) -> Result<Recovery> {
+        let params = self.params;
+        let next = FIRST_RESTART + round;
+        let histogram = |m: &str| {
+            (
+                metric_value(m, "trainyard_operator_preemption_recovery_seconds_sum"),
+                metric_value(m, "trainyard_operator_preemption_recovery_seconds_count"),
+            )
+        };
+        let before = histogram(&self.operator.metrics().await.unwrap_or_default());
+        tracing::info!(
+            preempt = params.preempt,
+            round = round + 1,
+            "preempting workers"
+        );
+        let cpu0 = self.sampler.sample();
+        // The operator's log lines carry wall-clock times; this pair converts them.
+        let clock = ClockPair::now();
+        let preempted = preempt(self.client, self.ns, params, round).await?;
+        let recovered = wait_recovered(
+            self.tracker,
+            &preempted,
+            params.workers,
+            next,
+            params.phase_timeout,
+        )
+        .await?;
+        cpu.insert(
+            numbered("preemption", "round", round, params.rounds),
+            self.sampler.between(&cpu0, &self.sampler.sample()),
+        );
+        self.operator.check_alive()?;
+        // The operator's own view of this round: the histogram's growth over it.
+        let hist_mean = match (
+            before,
+            histogram(&self.operator.metrics().await.unwrap_or_default()),
+        ) {
+            ((sum0, count0), (Some(sum), Some(count))) => {
+                let (sum, count) = (sum - sum0.unwrap_or(0.0), count - count0.unwrap_or(0.0));
+                (count > 0.0).then(|| sum / count)
+            }
+            _ => None,
+        };
+        let mut recovery =
+            Recovery::from_seconds(params.preempt, recovered.into_values().collect(), hist_mean);
+        recovery.stages = Some(self.stages(&preempted, clock, next, warnings));
+        tracing::info!(
+            round = round + 1,
+            p50 = recovery.p50_seconds,
+            p99 = recovery.p99_seconds,
+            "recovery done"
+        );
+        Ok(recovery)
+    }
+
+    /// The round's stages: the pod watch's records and the restart decisions in the operator's
+    /// log. A log that cannot be read leaves the decisions out (with a warning), never the run.
+    fn stages(
+        &self,
+        preempted: &HashMap<String, Instant>,
+        clock: ClockPair,
+        next: u32,
+        warnings: &mut Vec<String>,
+    ) -> RecoveryStages {
+        let decided = match std::fs::read(self.log) {
+            Ok(bytes) => {
+                recovery_stages::decisions(&String::from_utf8_lossy(&bytes), self.ns, next, clock)
+            }
+            Err(e) => {
+                warnings.push(format!(
+                    "reading the operator's log {} for its restart decisions: {e}; the recovery breakdown leaves out the stages that need them",
+                    self.log.display()
+                ));
+                HashMap::new()
+            }
+        };
+        RecoveryStages::from_timelines(&recovery_stages::timelines(
+            &self.tracker.records(),
+            preempted,
+            &decided,
+            self.params.workers,
+            next,
+        ))
+    }
+
+    /// The pods that are not deleted and that `which` takes reported Running, as kubelets
+    /// would, then every job Running; then a second for the status writes to settle.
+    async fn running_again(&self, which: impl Fn(&PodRecord) -> bool) -> Result<()> {
+        let pods: Vec<String> = self
+            .tracker
+            .records()
+            .into_iter()
+            .filter(|p| p.deleted.is_none() && which(p))
+            .map(|p| p.name)
+            .collect();
+        report_running(self.client, self.ns, pods, self.params.concurrency).await?;
+        let jobs = Api::namespaced(self.client.clone(), self.ns);
+        wait_jobs_running(&jobs, self.params.jobs, self.params.phase_timeout).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(())
+    }
+}
