@@ -694,17 +694,34 @@ fn outcomes(metrics: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// The report as a markdown table.
+/// The report as a markdown table: the steady reporting against the floor, what the endpoint
+/// kept and asked for, the flood and memory, and the checks.
 pub fn markdown(report: &ProgressLoadReport) -> String {
+    let mut rows = steady_rows(report);
+    rows.extend(cpu_rows(report));
+    rows.extend(endpoint_rows(report));
+    rows.extend(flood_rows(report));
+    rows.push(checks_row(report));
+    let mut out = String::from("| measure | value |\n|---|---|\n");
+    for (measure, value) in rows {
+        out.push_str(&format!("| {measure} | {value} |\n"));
+    }
+    out
+}
+
+/// Answers counted by HTTP status: "3× 413, 2× 503".
+fn statuses(s: &BTreeMap<u16, u64>) -> String {
+    s.iter()
+        .map(|(status, n)| format!("{n}× {status}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The steady reporting: what ran, what was accepted, and how fast it was answered.
+fn steady_rows(report: &ProgressLoadReport) -> Vec<(String, String)> {
     let p = &report.params;
-    let (op, floor, flood) = (&report.operator, &report.floor, &report.flood);
-    let statuses = |s: &BTreeMap<u16, u64>| {
-        s.iter()
-            .map(|(status, n)| format!("{n}× {status}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut rows: Vec<(String, String)> = vec![
+    let (op, floor) = (&report.operator, &report.floor);
+    vec![
         (
             "ranks × interval".into(),
             format!(
@@ -745,6 +762,14 @@ pub fn markdown(report: &ProgressLoadReport) -> String {
                 floor.latency_p99_ms
             ),
         ),
+    ]
+}
+
+/// The process CPU of the steady reporting, against the floor's, and their difference: what
+/// the endpoint itself costs.
+fn cpu_rows(report: &ProgressLoadReport) -> Vec<(String, String)> {
+    let (op, floor) = (&report.operator, &report.floor);
+    vec![
         (
             "process CPU per 1,000 reports: endpoint + clients".into(),
             format!(
@@ -769,9 +794,15 @@ pub fn markdown(report: &ProgressLoadReport) -> String {
                 100.0 * (op.cpu_seconds - floor.cpu_seconds) / op.wall_seconds.max(f64::EPSILON)
             ),
         ),
+    ]
+}
+
+/// What the endpoint kept and asked for: store entries, token reviews, reconcile wakes.
+fn endpoint_rows(report: &ProgressLoadReport) -> Vec<(String, String)> {
+    vec![
         (
             "progress store entries".into(),
-            format!("{} (jobs: {})", report.store_entries, p.jobs),
+            format!("{} (jobs: {})", report.store_entries, report.params.jobs),
         ),
         (
             "distinct tokens reviewed (= TokenReviews of the caching reviewer)".into(),
@@ -784,12 +815,19 @@ pub fn markdown(report: &ProgressLoadReport) -> String {
             "reconciles asked for (wakes)".into(),
             report.wakes.to_string(),
         ),
+    ]
+}
+
+/// The flood's answers and CPU, and the process's memory around it.
+fn flood_rows(report: &ProgressLoadReport) -> Vec<(String, String)> {
+    let flood = &report.flood;
+    vec![
         (
             "flood: answers".into(),
             format!(
                 "{} requests over {} connections in {:.2} s: {}; unanswered {}",
                 flood.sent,
-                p.flood_connections,
+                report.params.flood_connections,
                 flood.wall_seconds,
                 statuses(&flood.statuses),
                 flood.unanswered
@@ -816,21 +854,20 @@ pub fn markdown(report: &ProgressLoadReport) -> String {
             "peak RSS (VmHWM), endpoint + clients".into(),
             format!("{:.1} MiB", report.peak_rss_mib),
         ),
-    ];
+    ]
+}
+
+/// The checks' verdict: what passed, or each problem.
+fn checks_row(report: &ProgressLoadReport) -> (String, String) {
     let problems = report.problems();
-    rows.push((
+    (
         "checks".into(),
         if problems.is_empty() {
             "every valid report accepted, every flood request refused (4xx/503), one store entry per job".to_owned()
         } else {
             format!("**failed**: {}", problems.join("; "))
         },
-    ));
-    let mut out = String::from("| measure | value |\n|---|---|\n");
-    for (measure, value) in rows {
-        out.push_str(&format!("| {measure} | {value} |\n"));
-    }
-    out
+    )
 }
 
 #[cfg(test)]
