@@ -565,9 +565,28 @@ fn repeated(out: &mut String, r: &OperatorBenchReport) {
     }
 }
 
-/// The run as a markdown section.
+/// The run as a markdown section: what ran and what may have distorted it, the create phase,
+/// the preemption recovery, the operator's cost and metrics, the CPU and API requests, and the
+/// targets' verdicts.
 pub fn markdown(r: &OperatorBenchReport) -> String {
     let mut out = String::new();
+    run_header(&mut out, r);
+    throughput_table(&mut out, r);
+    recovery_paragraphs(&mut out, r);
+    repeated(&mut out, r);
+    cost_paragraph(&mut out, r);
+    metrics_paragraph(&mut out, r);
+    if !r.cpu.is_empty() {
+        cpu_table(&mut out, r);
+    }
+    requests_details(&mut out, r);
+    targets_table(&mut out, r);
+    out
+}
+
+/// The section's title and what ran, the load before it, and why it stopped or may be
+/// distorted.
+fn run_header(out: &mut String, r: &OperatorBenchReport) {
     let _ = writeln!(
         out,
         "### {}\n\n{} GPU per worker, {} pods; {} workers of {} jobs preempted at once; {} jobs in flight while applying (both floors: the same). Run `{}`.\n",
@@ -591,9 +610,10 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
     for w in &r.warnings {
         let _ = writeln!(out, "> warning: {w}\n");
     }
+}
 
-    throughput_table(&mut out, r);
-
+/// The preemption recovery against the restart floors, and its stages.
+fn recovery_paragraphs(out: &mut String, r: &OperatorBenchReport) {
     if let Some(rec) = &r.recovery {
         let _ = writeln!(
             out,
@@ -610,11 +630,13 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
                 ))
                 .unwrap_or_default()
         );
-        restart_floor_paragraphs(&mut out, r, rec);
-        stages_table(&mut out, rec, judged_restart_floor(r).map(|(f, _, _)| f));
+        restart_floor_paragraphs(out, r, rec);
+        stages_table(out, rec, judged_restart_floor(r).map(|(f, _, _)| f));
     }
-    repeated(&mut out, r);
+}
 
+/// The operator's peak memory and its CPU, phase by phase.
+fn cost_paragraph(out: &mut String, r: &OperatorBenchReport) {
     if let Some(u) = &r.usage {
         let peak = u.last.peak_rss_mib.max(u.created.peak_rss_mib);
         let mut cpu = format!(
@@ -638,6 +660,10 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
             u.last.cpu_seconds.max(u.created.cpu_seconds)
         );
     }
+}
+
+/// The operator's reconcile counts, errors and mean duration from its own metrics.
+fn metrics_paragraph(out: &mut String, r: &OperatorBenchReport) {
     if !r.operator_metrics.is_empty() {
         let m = |k: &str| r.operator_metrics.get(k).copied().unwrap_or_default();
         let n = m("trainyard_operator_reconcile_duration_seconds_count");
@@ -654,10 +680,10 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
             },
         );
     }
+}
 
-    if !r.cpu.is_empty() {
-        cpu_table(&mut out, r);
-    }
+/// The API requests of each client and phase, by verb and resource, folded away.
+fn requests_details(out: &mut String, r: &OperatorBenchReport) {
     let _ = writeln!(
         out,
         "<details><summary>API requests by verb and resource (counting proxy)</summary>\n"
@@ -668,13 +694,13 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         ("operator, creating", &r.operator),
     ] {
         let Some(run) = run else { continue };
-        counts_table(&mut out, label, &run.requests, f64::from(r.jobs), "job");
+        counts_table(out, label, &run.requests, f64::from(r.jobs), "job");
     }
     if let Some(q) = &r.requests {
-        counts_table(&mut out, "operator, start-up", &q.startup, 1.0, "run");
+        counts_table(out, "operator, start-up", &q.startup, 1.0, "run");
         if let Some(run) = &q.running {
             counts_table(
-                &mut out,
+                out,
                 "operator, jobs going Running",
                 run,
                 f64::from(r.jobs),
@@ -683,7 +709,7 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         }
         if let Some(p) = &q.preemption {
             counts_table(
-                &mut out,
+                out,
                 "operator, preemption burst",
                 p,
                 f64::from(r.preempt.max(1)),
@@ -692,13 +718,15 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
         }
     }
     let _ = writeln!(out, "</details>\n");
+}
 
+/// Each target with what was measured and its verdict.
+fn targets_table(out: &mut String, r: &OperatorBenchReport) {
     let _ = writeln!(out, "| target | measured | verdict |\n|---|---|---|");
     for t in targets(r) {
         let _ = writeln!(out, "| {} | {} | {} |", t.target, t.measured, t.verdict());
     }
     out.push('\n');
-    out
 }
 
 #[cfg(test)]
