@@ -134,16 +134,34 @@ warns when another trainyard-operator instance wrote Events on its jobs (it woul
 reconciled them too); no such warning means none did.
 ";
 
-/// Renders the whole document.
+/// Renders the whole document: the generated part between the markers (machine, targets, the
+/// operator's runs, the device plugin's table), then the analysis kept from the existing
+/// document.
 pub fn render(inputs: &DocInputs) -> String {
     let mut g = String::new();
+    machine_header(&mut g, inputs);
+    targets_section(&mut g, inputs);
+    operator_section(&mut g, inputs);
+    device_plugin_section(&mut g, inputs);
+    g.push_str(END);
+    g.push('\n');
+    let analysis = kept_analysis(inputs);
+    format!("# Benchmarks\n\n{g}\n{}", analysis.trim_start_matches('\n'))
+}
+
+/// The start marker, the command and date, and the machine the figures come from.
+fn machine_header(g: &mut String, inputs: &DocInputs) {
     let m = &inputs.machine;
     let _ = writeln!(
         g,
         "{BEGIN}\n\nProduced by `{}` on {}.\n\nMachine: {} CPUs ({}), {:.1} GiB memory, Linux {}; single-node Kubernetes 1.20 from `e2e/cluster/up.sh` on the same machine, so the API server, etcd, scheduler and controllers share those CPUs with the operator and the benchmark.\n",
         inputs.command, inputs.date, m.cpus, m.cpu_model, m.memory_gib, m.kernel
     );
+}
 
+/// Every run's judged targets in one table; a run that stopped or produced no report misses
+/// "run to completion".
+fn targets_section(g: &mut String, inputs: &DocInputs) {
     let _ = writeln!(
         g,
         "## Targets\n\n| size | target | measured | verdict |\n|---|---|---|---|"
@@ -183,7 +201,10 @@ pub fn render(inputs: &DocInputs) -> String {
         g,
         "\nThe device plugin's targets are judged in the analysis at the end, from its table.\n"
     );
+}
 
+/// The method, then each operator run's section, and a note for each size without a report.
+fn operator_section(g: &mut String, inputs: &DocInputs) {
     let _ = writeln!(g, "## The operator at scale\n\n{METHOD}");
     for r in &inputs.operator_runs {
         g.push_str(&report::markdown(r));
@@ -194,7 +215,10 @@ pub fn render(inputs: &DocInputs) -> String {
             "### {missing}\n\nNo report was produced; see the analysis below.\n"
         );
     }
+}
 
+/// The device plugin benchmark's table, or why it is missing.
+fn device_plugin_section(g: &mut String, inputs: &DocInputs) {
     let _ = writeln!(
         g,
         "## The device plugin\n\n`cargo bench -p trainyard-device-plugin --bench grpc`:\n"
@@ -208,16 +232,17 @@ pub fn render(inputs: &DocInputs) -> String {
             let _ = writeln!(g, "Not measured: {why}\n");
         }
     }
-    g.push_str(END);
-    g.push('\n');
+}
 
-    let analysis = inputs
+/// The hand-written analysis after the end marker of the existing document, or a placeholder
+/// that asks for one.
+fn kept_analysis(inputs: &DocInputs) -> String {
+    inputs
         .existing
         .as_deref()
         .and_then(|doc| doc.split_once(END).map(|(_, rest)| rest.trim_start_matches('\n').to_owned()))
         .filter(|a| !a.trim().is_empty())
-        .unwrap_or_else(|| "\n## Analysis\n\n(Write the profile and the plan for each missed target here; `make bench` keeps this part.)\n".to_owned());
-    format!("# Benchmarks\n\n{g}\n{}", analysis.trim_start_matches('\n'))
+        .unwrap_or_else(|| "\n## Analysis\n\n(Write the profile and the plan for each missed target here; `make bench` keeps this part.)\n".to_owned())
 }
 
 #[cfg(test)]
