@@ -17,6 +17,7 @@ use super::results::OperatorRequests;
 use super::results::OperatorUsage;
 use super::results::Throughput;
 use super::timing::timed_writes;
+use crate::cpu_profile::CpuSampler;
 use crate::error::{Error, Result};
 use crate::operator_process::{OperatorProcess, metric_value};
 use crate::pod_tracker::PodTracker;
@@ -46,43 +47,12 @@ pub(super) async fn operator_phases(
         None => None,
     };
     let operator = created.operator.insert(operator);
-    operator.wait_ready(Duration::from_secs(60)).await?;
-    // Let the initial lists (nodes above all) land before the clock starts.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle = operator.usage()?;
-    let startup = proxy.counts();
-    proxy.take_peak_in_flight();
-    tracing::info!(
-        jobs = params.jobs,
-        rss_mib = idle.rss_mib,
-        "operator: applying the TrainingJobs"
-    );
-    let cpu0 = sampler.sample();
-    let outcome = apply_and_wait_created(client, ns, jobs, params, &tracker).await;
-    report.cpu.insert(
-        "operator".to_owned(),
-        sampler.between(&cpu0, &sampler.sample()),
-    );
-    operator.check_alive()?;
-    let mut op = outcome?;
-    op.requests = proxy.counts().since(&startup);
-    op.peak_in_flight = proxy.take_peak_in_flight();
-    let created_usage = operator.usage()?;
-    tracing::info!(
-        created = op.created_seconds,
-        scheduled = op.scheduled_seconds,
-        "operator done"
-    );
-    report.operator = Some(op);
-    let mut usage = OperatorUsage {
-        idle,
-        created: created_usage,
-        ..OperatorUsage::default()
+    let watch = OperatorWatch {
+        proxy: &proxy,
+        tracker: &tracker,
+        sampler: &sampler,
     };
-    let mut requests = OperatorRequests {
-        startup,
-        ..OperatorRequests::default()
-    };
+    let (mut usage, mut requests) = create_phase(operator, ctx, ns, jobs, &watch, report).await?;
 
     if params.preempt > 0 {
         let mut burst = Burst {
@@ -113,6 +83,66 @@ pub(super) async fn operator_phases(
     report.usage = Some(usage);
     report.requests = Some(requests);
     Ok(())
+}
+
+/// What watches the operator while it runs: its API requests (through the proxy it talks to),
+/// the namespace's pods, and the CPU of every process.
+struct OperatorWatch<'a> {
+    proxy: &'a CountingProxy,
+    tracker: &'a PodTracker,
+    sampler: &'a CpuSampler,
+}
+
+/// The operator's create phase: ready and idle (its start-up requests and memory), then timed
+/// creating the pods of `jobs` into `report.operator`; its memory and requests up to there.
+async fn create_phase(
+    operator: &mut OperatorProcess,
+    ctx: &RunContext<'_>,
+    ns: &str,
+    jobs: Vec<TrainingJob>,
+    watch: &OperatorWatch<'_>,
+    report: &mut OperatorBenchReport,
+) -> Result<(OperatorUsage, OperatorRequests)> {
+    let (client, params) = (ctx.client, ctx.params);
+    let (proxy, sampler) = (watch.proxy, watch.sampler);
+    operator.wait_ready(Duration::from_secs(60)).await?;
+    // Let the initial lists (nodes above all) land before the clock starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = operator.usage()?;
+    let startup = proxy.counts();
+    proxy.take_peak_in_flight();
+    tracing::info!(
+        jobs = params.jobs,
+        rss_mib = idle.rss_mib,
+        "operator: applying the TrainingJobs"
+    );
+    let cpu0 = sampler.sample();
+    let outcome = apply_and_wait_created(client, ns, jobs, params, watch.tracker).await;
+    report.cpu.insert(
+        "operator".to_owned(),
+        sampler.between(&cpu0, &sampler.sample()),
+    );
+    operator.check_alive()?;
+    let mut op = outcome?;
+    op.requests = proxy.counts().since(&startup);
+    op.peak_in_flight = proxy.take_peak_in_flight();
+    let created_usage = operator.usage()?;
+    tracing::info!(
+        created = op.created_seconds,
+        scheduled = op.scheduled_seconds,
+        "operator done"
+    );
+    report.operator = Some(op);
+    let usage = OperatorUsage {
+        idle,
+        created: created_usage,
+        ..OperatorUsage::default()
+    };
+    let requests = OperatorRequests {
+        startup,
+        ..OperatorRequests::default()
+    };
+    Ok((usage, requests))
 }
 
 /// The operator as a child process in namespace `ns`, talking to the API server through
