@@ -1,6 +1,7 @@
-//! The objects a run writes: the benchmark's TrainingJobs, and what the floors write for them
-//! (pods, Services, status writes), built with the operator's own builders through
-//! [`trainyard_operator::surface`] so that no floor copies the operator's protocol.
+//! The objects a run writes: the benchmark's TrainingJobs, and what the floors write for them:
+//! pods and Services built by the operator's own builders through
+//! [`trainyard_operator::surface`] (so that a floor writes the operator's objects, not copies of
+//! them), and the floors' least status writes.
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
