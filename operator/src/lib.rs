@@ -27,9 +27,9 @@ pub mod crdgen;
 pub mod error;
 pub mod events;
 pub mod expectations;
-pub mod heartbeat;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub mod heartbeat;
 pub mod leader;
 pub mod ledger;
 pub mod listen;
