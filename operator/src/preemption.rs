@@ -25,6 +25,17 @@ pub const PREEMPTION_REASONS: &[&str] = &[
     "Preempting",
 ];
 
+/// `status.reason` values with which a kubelet rejects a pod at admission, before any of its
+/// containers ran: the node could not take it (its devices still held for pods it had not yet
+/// cleaned up after a restart or a partition, resources the scheduler thought free). The
+/// trainer never ran, so the job did nothing wrong: like a preemption, it is not counted as a
+/// failure. `OutOf<resource>` reasons are matched by prefix.
+pub const ADMISSION_REASONS: &[&str] = &[
+    "UnexpectedAdmissionError",
+    "TopologyAffinityError",
+    "NodeAffinity",
+];
+
 /// How long the scheduler must have called a pod unschedulable before the job says so.
 const UNSCHEDULABLE_SETTLE: SignedDuration = SignedDuration::from_secs(10);
 
@@ -225,8 +236,11 @@ pub fn classify(
         return decided(WorkerState::Succeeded);
     }
 
-    // 3. The pod was ended by the kubelet or control plane with a preemption reason.
-    if let Some(state) = preempting_pod_reason(status, &on_node) {
+    // 3. The pod was ended by the kubelet or control plane with a preemption reason, or
+    // rejected at admission before its trainer ran.
+    if let Some(state) = preempting_pod_reason(status, &on_node)
+        .or_else(|| admission_rejection(pod, phase, status, &on_node))
+    {
         return decided(state);
     }
 
@@ -304,6 +318,24 @@ fn preempting_pod_reason(status: Option<&PodStatus>, on_node: &str) -> Option<Wo
         .filter(|r| PREEMPTION_REASONS.contains(r))?;
     Some(WorkerState::Preempted(format!(
         "{reason}{on_node}{}",
+        status_message(status)
+    )))
+}
+
+/// Rule 3, second half: the kubelet rejected the pod at admission; no container ever ran.
+fn admission_rejection(
+    pod: &CachedPod,
+    phase: &str,
+    status: Option<&PodStatus>,
+    on_node: &str,
+) -> Option<WorkerState> {
+    let reason = status.and_then(|s| s.reason.as_deref())?;
+    let rejected = ADMISSION_REASONS.contains(&reason) || reason.starts_with("OutOf");
+    if phase != "Failed" || !rejected || trainer_status(pod).is_some() {
+        return None;
+    }
+    Some(WorkerState::Preempted(format!(
+        "rejected at admission by the kubelet{on_node}: {reason}{}",
         status_message(status)
     )))
 }
@@ -602,9 +634,34 @@ mod tests {
             ),
             row(
                 "failed pod without container status fails",
-                json!({"phase": "Failed", "reason": "UnexpectedAdmissionError"}),
+                json!({"phase": "Failed", "reason": "CreateContainerError"}),
                 "Failed",
-                "UnexpectedAdmissionError",
+                "CreateContainerError",
+            ),
+            // Found by the chaos run (seed 3): after node 2's kubelet came back, a pod of the
+            // next attempt bound there was rejected because its GPUs were still held.
+            row(
+                "a pod the kubelet rejected at admission is preempted, not failed",
+                json!({"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                       "message": "Pod Allocate failed due to requested number of devices unavailable for nvidia.com/gpu"}),
+                "Preempted",
+                "rejected at admission by the kubelet on node n-1: UnexpectedAdmissionError",
+            ),
+            row(
+                "OutOf<resource> at admission is preempted",
+                json!({"phase": "Failed", "reason": "OutOfnvidia.com/gpu"}),
+                "Preempted",
+                "OutOfnvidia.com/gpu",
+            ),
+            row(
+                "an admission reason on a pod whose trainer ran is its own failure",
+                {
+                    let mut s = terminated("Failed", 1, "Error");
+                    s["reason"] = json!("UnexpectedAdmissionError");
+                    s
+                },
+                "Failed",
+                "code 1",
             ),
             row(
                 "image pull backoff past timeout fails",
