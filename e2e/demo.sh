@@ -32,11 +32,18 @@ cp "$ROOT/device-plugin/examples/fake-gpus-8.yaml" "$STATE/fake-gpus/fake-gpus.y
 PY=${TRAINYARD_CACHE:-$HOME/.cache/trainyard}/venv/bin/python
 # Install, or bring an existing release (e.g. the e2e tests', which watches
 # only their namespace) to the demo's values: the operator watches every namespace.
+# TRAINYARD_DEFAULT_TIMERS=1: the operator at its default config (with up.sh's, the
+# controller-manager at its default grace period), to measure a loss as production sees it.
+values=(--values "$HERE/values-local.yaml")
+if [[ -n ${TRAINYARD_DEFAULT_TIMERS:-} ]]; then
+  not_ready_timeout=60
+  values+=(--set-json '{"operator":{"config":{"nodeNotReadyTimeoutSeconds":60}}}')
+fi
 if kubectl -n trainyard-system get deploy trainyard-operator >/dev/null 2>&1; then
-  "$PY" "$HERE/helm.py" upgrade trainyard "$ROOT/charts/trainyard" trainyard-system --values "$HERE/values-local.yaml"
+  "$PY" "$HERE/helm.py" upgrade trainyard "$ROOT/charts/trainyard" trainyard-system "${values[@]}"
   kubectl -n trainyard-system rollout restart deploy/trainyard-operator ds/trainyard-device-plugin >/dev/null
 else
-  "$PY" "$HERE/helm.py" install trainyard "$ROOT/charts/trainyard" trainyard-system --values "$HERE/values-local.yaml"
+  "$PY" "$HERE/helm.py" install trainyard "$ROOT/charts/trainyard" trainyard-system "${values[@]}"
 fi
 kubectl uncordon "$NODE2_NAME" >/dev/null
 kubectl -n trainyard-system rollout status deploy/trainyard-operator --timeout=180s
@@ -81,6 +88,16 @@ log_of() { # log_of POD: the trainer's log of every attempt, from either node
     [[ -f $f ]] && cut -d' ' -f4- "$f"
   done
   return 0
+}
+log_time() { # log_time POD TEXT: when its trainer first logged TEXT (the CRI log's time), in epoch seconds
+  local f line
+  for f in /var/log/pods/default_"$1"_*/trainer/*.log \
+           "$NODE2_DIR"/private/var/log/pods/default_"$1"_*/trainer/*.log; do
+    [[ -f $f ]] || continue
+    line=$(grep -m1 -F -- "$2" "$f") || continue
+    date -d "${line%% *}" +%s.%N; return 0
+  done
+  return 1
 }
 wait_log() { # wait_log POD TEXT SECONDS
   local text
@@ -155,7 +172,7 @@ running_pods() { # running_pods JOB ATTEMPT: how many of its pods run
 
 say "The spot node $NODE2_NAME disappears: kubelet, containerd and containers killed at once"
 bash "$HERE/cluster/node2.sh" lose
-lost_at=$SECONDS
+lost_at=$SECONDS lost_epoch=$(date +%s.%N)
 mark "spot node lost"
 say "kubectl get tj $job -w, until attempt 1 runs (at most 300 s):"
 until [[ $(running_pods "$job" 1) == 2 ]]; do
@@ -188,6 +205,16 @@ fi
 echo "  checked: attempt 0 had a worker on the spot node; attempt 1 runs on the on-demand node only"
 wait_log "$job-worker-0" "resuming from step" 180
 log_of "$job-worker-0" | grep -E 'resuming from step' | tail -1
+wait_log "$job-worker-0" "first step of attempt 1" 180
+say "From the loss to training again, in seconds after the loss"
+started=$(kubectl get pods -l "trainyard.dev/job=$job,trainyard.dev/attempt=1" \
+  -o jsonpath='{range .items[*]}{.status.containerStatuses[?(@.name=="trainer")].state.running.startedAt}{"\n"}{end}' |
+  while read -r t; do date -d "$t" +%s; done | sort -n | tail -1)
+stage() { awk -v t="$2" -v l="$lost_epoch" -v what="$1" 'BEGIN {printf "  %-52s %5.1f s\n", what, t - l}'; }
+stage "restart decided (status.lastRestart.time)" "$(date -d "$decided" +%s)"
+stage "attempt 1 running (its last trainer container started)" "$started"
+stage "first step of attempt 1 (rank 0's log)" "$(log_time "$job-worker-0" "first step of attempt 1")"
+echo "  with the controller-manager's --node-monitor-grace-period $(cat "$STATE/node-monitor-grace-period") and the operator's nodeNotReadyTimeoutSeconds ${not_ready_timeout:-30 (e2e/values-local.yaml)}"
 say "What the operator recorded (kubectl describe tj $job):"
 kubectl describe tj "$job" | sed -n '/^Events:/,$p'
 

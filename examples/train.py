@@ -424,6 +424,7 @@ def main():
     ddp = ddp_with_warm_up(model, optimizer, rank) if distributed else model
     loss_fn = nn.MSELoss()
     saved = step
+    first_step = step + 1
 
     def checkpoint(reason):
         nonlocal saved
@@ -471,6 +472,8 @@ def main():
             optimizer.step()
             step += 1
             progress.completed(step, loss.item())
+            if step == first_step:  # when training runs again after a restart
+                log(rank, f"first step of attempt {ATTEMPT}: step {step}")
             if step % CHECKPOINT_EVERY == 0:
                 checkpoint("checkpoint saved")
             if step % 10 == 0 or step == TOTAL_STEPS:

@@ -70,6 +70,12 @@ pub async fn install_chart(client: &Client) -> Result<()> {
     if namespaces.get_opt(JOBS_NS).await?.is_none() {
         namespaces.create(&PostParams::default(), &ns).await?;
     }
+    // TRAINYARD_DEFAULT_TIMERS=1 (with e2e/cluster/up.sh's): the operator at its default
+    // NotReady timeout, to measure a loss as production sees it.
+    let mut operator = json!({"watchNamespace": JOBS_NS});
+    if std::env::var_os("TRAINYARD_DEFAULT_TIMERS").is_some() {
+        operator["config"] = json!({"nodeNotReadyTimeoutSeconds": 60});
+    }
     if !already {
         crate::helm(&[
             "install",
@@ -79,7 +85,7 @@ pub async fn install_chart(client: &Client) -> Result<()> {
             "--values",
             values.to_str().context("values path is not UTF-8")?,
             "--set-json",
-            &format!(r#"{{"operator":{{"watchNamespace":"{JOBS_NS}"}}}}"#),
+            &json!({ "operator": operator }).to_string(),
         ])?;
     }
     wait_for(
@@ -360,4 +366,66 @@ pub async fn events_where(
             )
         })
         .collect())
+}
+
+/// How long a restart after a loss took, as a user feels it, each stage measured from the
+/// moment of the loss: the operator's decision (`status.lastRestart.time`), the next
+/// attempt's pods all running (their trainer containers' start), and its first training step
+/// (rank 0's `first step of attempt N` line, timed by the container runtime).
+#[derive(Debug, Clone, Copy)]
+pub struct RecoveryStages {
+    pub decided: f64,
+    pub running: f64,
+    pub first_step: f64,
+}
+
+impl std::fmt::Display for RecoveryStages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "loss -> restart decided {:.1} s -> attempt running {:.1} s -> first step {:.1} s",
+            self.decided, self.running, self.first_step
+        )
+    }
+}
+
+/// Measures [`RecoveryStages`] of `job`'s `attempt` of `workers` pods after a loss at
+/// `lost_at`, waiting (up to two minutes) for rank 0's first step.
+pub async fn recovery_stages(
+    client: &Client,
+    ns: &str,
+    (job, attempt, workers): (&str, u32, usize),
+    lost_at: jiff::Timestamp,
+) -> Result<RecoveryStages> {
+    let since = |t: jiff::Timestamp| t.duration_since(lost_at).as_secs_f64();
+    let st = job_status(client, ns, job).await?;
+    let decided: jiff::Timestamp = st["lastRestart"]["time"]
+        .as_str()
+        .context("status.lastRestart.time")?
+        .parse()
+        .context("status.lastRestart.time")?;
+    let pods = running_pods(client, ns, job, attempt, workers).await?;
+    let mut running = lost_at;
+    for pod in &pods {
+        let started = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == "trainer"))
+            .and_then(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+            .with_context(|| format!("{}: the trainer's start", pod.name_any()))?;
+        running = running.max(started.0);
+    }
+    let rank0 = rank_pod(&pods, 0)?.clone();
+    let text = format!("first step of attempt {attempt}");
+    let first_step = wait_for(&text, Duration::from_secs(120), || {
+        let (rank0, text) = (rank0.clone(), text.clone());
+        async move { crate::first_log_time(ns, &rank0, "trainer", &text) }
+    })
+    .await?;
+    Ok(RecoveryStages {
+        decided: since(decided),
+        running: since(running),
+        first_step: since(first_step),
+    })
 }

@@ -72,6 +72,37 @@ pub fn node2(action: &str) -> Result<()> {
     Ok(())
 }
 
+/// The PIDs of this machine's processes whose environment has `name` set to a value for which
+/// `matches` holds: both nodes' containers are processes of this host (node 2's in its own
+/// namespaces), so the harness can see whether a trainer the API no longer shows still runs.
+/// Processes that end or whose environment cannot be read while scanning are skipped.
+pub fn processes_with_env(name: &str, matches: impl Fn(&str) -> bool) -> Result<Vec<u32>> {
+    let prefix = format!("{name}=");
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").context("reading /proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let found = environ
+            .split(|b| *b == 0)
+            .filter_map(|var| std::str::from_utf8(var).ok())
+            .filter_map(|var| var.strip_prefix(&prefix))
+            .any(&matches);
+        if found {
+            pids.push(pid);
+        }
+    }
+    Ok(pids)
+}
+
 /// Cordons (`schedulable: false`) or uncordons a node.
 pub async fn set_schedulable(client: &Client, node: &str, schedulable: bool) -> Result<()> {
     use kube::api::{Patch, PatchParams};
@@ -157,6 +188,37 @@ pub async fn capacity(client: &Client, node: &str, resource: &str) -> Result<Opt
 /// 2's is its private copy under the harness state), so that it can still be
 /// read after the node is lost. Concatenates every restart's file in order.
 pub fn pod_log(namespace: &str, pod: &Pod, container: &str) -> Result<String> {
+    let mut out = String::new();
+    for (_, msg) in pod_log_lines(namespace, pod, container)? {
+        out.push_str(&msg);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// When the container first logged a line containing `text`, from the CRI log's own
+/// timestamp (the time the runtime read the line), or `None` if it has not.
+pub fn first_log_time(
+    namespace: &str,
+    pod: &Pod,
+    container: &str,
+    text: &str,
+) -> Result<Option<jiff::Timestamp>> {
+    let found = pod_log_lines(namespace, pod, container)?
+        .into_iter()
+        .find(|(_, msg)| msg.contains(text));
+    let Some((time, msg)) = found else {
+        return Ok(None);
+    };
+    let time = time
+        .parse()
+        .with_context(|| format!("the CRI log time of {msg:?}: {time:?}"))?;
+    Ok(Some(time))
+}
+
+/// The container's CRI log lines (`<time> <stream> <P|F> <message>`) as (time, message),
+/// every restart's file in order.
+fn pod_log_lines(namespace: &str, pod: &Pod, container: &str) -> Result<Vec<(String, String)>> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let on_node2 = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node2_name());
@@ -173,15 +235,15 @@ pub fn pod_log(namespace: &str, pod: &Pod, container: &str) -> Result<String> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     files.sort();
-    let mut out = String::new();
+    let mut out = Vec::new();
     for f in files {
         let raw =
             std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
-        // CRI log lines: "<time> <stream> <P|F> <message>".
         for line in raw.lines() {
-            let msg = line.splitn(4, ' ').nth(3).unwrap_or(line);
-            out.push_str(msg);
-            out.push('\n');
+            let mut fields = line.splitn(4, ' ');
+            let time = fields.next().unwrap_or_default().to_owned();
+            let msg = fields.nth(2).unwrap_or(line).to_owned();
+            out.push((time, msg));
         }
     }
     Ok(out)
@@ -412,5 +474,34 @@ impl PodTimeline {
 impl Drop for PodTimeline {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_found_by_its_environment_while_it_runs() -> Result<()> {
+        let mark = format!("{}-{:?}", std::process::id(), Instant::now());
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .env("TRAINYARD_E2E_TEST_MARK", &mark)
+            .spawn()?;
+        // Between fork and exec the child still has this process's environment.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let found = loop {
+            let found = processes_with_env("TRAINYARD_E2E_TEST_MARK", |v| v == mark);
+            if !matches!(&found, Ok(f) if f.is_empty()) || Instant::now() > deadline {
+                break found;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        child.kill()?;
+        child.wait()?;
+        assert_eq!(found?, vec![child.id()]);
+        let after = processes_with_env("TRAINYARD_E2E_TEST_MARK", |v| v == mark)?;
+        assert!(after.is_empty(), "still found after it ended: {after:?}");
+        Ok(())
     }
 }
