@@ -20,7 +20,10 @@ PET_MASTER_PORT, which torchrun reads as its flags. What this script relies on
   loads or writes. A stale or fenced attempt logs why and exits 75 without touching the
   checkpoint. Unset: no fence, a plain rename.
 - SIGTERM (a spot notice, a gang restart, a deletion): save at the next step boundary and
-  exit 143. terminationGracePeriodSeconds must cover one step plus one save.
+  exit 143. terminationGracePeriodSeconds must cover one step plus one save. A rank blocked
+  in a collective (a peer's node vanished) hears it on a thread of its own: with no step
+  boundary reached within SIGTERM_STUCK_SECONDS (2), it saves the last step completed on
+  every rank and exits 143 (trainyard_sigterm.py).
 - A peer that vanishes (its node was reclaimed) breaks the collective within seconds; rank 0
   then saves the last step that completed on every rank and exits non-zero. The operator
   counts that as a preemption when the peer's node is gone (docs/trainingjob.md).
@@ -47,7 +50,7 @@ Hang test hook (env, for the operator's hang detection): HANG_AT_STEP (unset: ne
 HANG_RANK (1: a global rank) and HANG_SECONDS (3600). In attempt 0 only, rank HANG_RANK
 sleeps HANG_SECONDS at the start of step HANG_AT_STEP, before the step's collectives: its
 peers block in the collective and no rank's reported step advances, while the reports keep
-coming. Like a real hang it does not answer SIGTERM, so its pod ends at the grace period.
+coming. On SIGTERM it and its blocked peers exit from their SIGTERM threads.
 The peers' collective fails after COLLECTIVE_TIMEOUT_SECONDS (a Failure, not a Hang): set
 restartPolicy.progressTimeoutSeconds well below it. The next attempt runs normally.
 """
@@ -58,7 +61,6 @@ import io
 import json
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -70,6 +72,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import trainyard_fence
+import trainyard_sigterm
 
 SEED = 20261122
 FEATURES = 32
@@ -113,13 +116,7 @@ HANG_AT_STEP = env_int("HANG_AT_STEP", -1, minimum=0) if os.environ.get("HANG_AT
 HANG_RANK = env_int("HANG_RANK", 1)
 HANG_SECONDS = env_float("HANG_SECONDS", 3600)
 
-stop_requested = False
-
-
-def on_sigterm(signum, frame):
-    # Only set a flag: saving here could interrupt a collective or a save in progress.
-    global stop_requested
-    stop_requested = True
+STUCK_SECONDS = env_float("SIGTERM_STUCK_SECONDS", 2)
 
 
 def log(rank, message):
@@ -394,7 +391,7 @@ def weights_digest(model):
 
 
 def main():
-    signal.signal(signal.SIGTERM, on_sigterm)
+    sigterm = trainyard_sigterm.Sigterm(STUCK_SECONDS)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 
@@ -428,11 +425,22 @@ def main():
 
     def checkpoint(reason):
         nonlocal saved
-        if rank == 0 and step > saved:
-            save(model, optimizer, step, CHECKPOINT_PATH, fence)
-            saved = step
-            log(rank, f"{reason} at step {step}")
-            progress.checkpointed(step)
+        with sigterm.state:
+            if rank == 0 and step > saved:
+                save(model, optimizer, step, CHECKPOINT_PATH, fence)
+                saved = step
+                log(rank, f"{reason} at step {step}")
+                progress.checkpointed(step)
+
+    def stuck():
+        # On the SIGTERM thread, the main thread blocked: the parameters hold `step`.
+        try:
+            checkpoint("SIGTERM while blocked: checkpoint saved")
+        except trainyard_fence.Fenced as err:
+            log(rank, f"fenced: {err}: not saving step {step}")
+            return trainyard_fence.EXIT_CODE
+        log(rank, f"SIGTERM at step {step}, blocked for {STUCK_SECONDS:g} s: exiting")
+        return 143
 
     def peer_lost(err):
         # A peer vanished mid-collective. The parameters still hold the last step that
@@ -441,12 +449,13 @@ def main():
             checkpoint("peer lost: checkpoint saved")
         finally:  # fenced too: the cause is logged before the fence's line
             log(rank, f"collective failed at step {step}: {err}")
-        return 143 if stop_requested else 1
+        return 143 if sigterm.requested.is_set() else 1
 
     progress.start(step, resumed_from)
+    sigterm.watch(stuck)
     try:
         while step < TOTAL_STEPS:
-            if stop_requested:
+            if sigterm.boundary():
                 checkpoint("SIGTERM: checkpoint saved")
                 log(rank, f"SIGTERM at step {step}: exiting")
                 return 143
@@ -469,8 +478,9 @@ def main():
                 loss.backward()  # DDP averages the gradients of all ranks here
             except RuntimeError as err:
                 return peer_lost(err)
-            optimizer.step()
-            step += 1
+            with sigterm.state:
+                optimizer.step()
+                step += 1
             progress.completed(step, loss.item())
             if step == first_step:  # when training runs again after a restart
                 log(rank, f"first step of attempt {ATTEMPT}: step {step}")

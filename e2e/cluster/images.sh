@@ -8,7 +8,8 @@
 #   device-plugin  docker.io/trainyard/device-plugin:dev  the Dockerfile's `device-plugin` target, likewise
 #   torch-trainer  docker.io/trainyard/torch-trainer:dev  Debian bookworm (debootstrap) with
 #                  python3-torch (CPU, gloo, torchrun) and examples/train.py as /app/train.py,
-#                  with the checkpoint fence it imports (examples/trainyard_fence.py) beside it
+#                  with the modules it imports beside it: the checkpoint fence
+#                  (examples/trainyard_fence.py) and SIGTERM (examples/trainyard_sigterm.py)
 # Every image goes into node 1's containerd and, when it runs, node 2's.
 # usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all]...
 # The operator and device-plugin images come from the Dockerfile as users build it (a
@@ -134,6 +135,7 @@ build_torch_trainer() {
   rm -rf "$fs"; mkdir -p "$fs/app"
   install -m 0644 "$ROOT/examples/train.py" "$fs/app/train.py"
   install -m 0644 "$ROOT/examples/trainyard_fence.py" "$fs/app/trainyard_fence.py"
+  install -m 0644 "$ROOT/examples/trainyard_sigterm.py" "$fs/app/trainyard_sigterm.py"
   # PET_REDIRECTS/PET_TEE: torch 1.13's torchrun on Python 3.11 crashes in to_map unless
   # both are set (its Std lookup misses the zero value); 1 = stdout only, so logs still flow.
   python3 "$HERE/mkimage.py" "$fs" trainyard/torch-trainer:dev "$WORK/torch-trainer.tar" \
