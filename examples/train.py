@@ -3,7 +3,9 @@
 
 Run it as the trainer container's command with no flags:
 
-    command: ["torchrun", "/app/train.py"]
+    command: ["python3", "/app/trainyard_launch.py", "torchrun", "/app/train.py"]
+
+(trainyard_launch.py, beside this file, ends torchrun on SIGTERM even at its exit barrier.)
 
 The operator sets PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR and
 PET_MASTER_PORT, which torchrun reads as its flags. What this script relies on

@@ -269,7 +269,8 @@ pub async fn spot_node_ready_with_gpus(client: &Client, node: &str) -> Result<()
     .await
 }
 
-/// A TrainingJob running `torchrun /app/train.py` with no flags (the PET_* contract).
+/// A TrainingJob running `torchrun /app/train.py` under `trainyard_launch.py`, with no flags
+/// (the PET_* contract).
 pub fn torch_job(name: &str, gpus: u32, steps: u32, step_seconds: &str, spot: Value) -> Value {
     json!({
         "apiVersion": "trainyard.dev/v1alpha1",
@@ -286,7 +287,7 @@ pub fn torch_job(name: &str, gpus: u32, steps: u32, step_seconds: &str, spot: Va
                 "name": "trainer",
                 "image": "trainyard/torch-trainer:dev",
                 "imagePullPolicy": "Never",
-                "command": ["torchrun", "/app/train.py"],
+                "command": ["python3", "/app/trainyard_launch.py", "torchrun", "/app/train.py"],
                 "env": [
                     {"name": "TOTAL_STEPS", "value": steps.to_string()},
                     {"name": "CHECKPOINT_EVERY", "value": "5"},

@@ -1,0 +1,95 @@
+"""examples/trainyard_launch.py: SIGTERM ends a torchrun agent blocked at its exit barrier once
+its workers are gone, never while a worker still runs (it may be saving a checkpoint)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+LAUNCH = Path(__file__).resolve().parents[1] / "trainyard_launch.py"
+
+
+def launch(agent, tmp_path, terminate=True):
+    """Runs `agent` (Python) under the launcher with a stuck time of 0.2 s; sends SIGTERM once
+    the agent prints ready (when `terminate`). Returns (exit code, the agent's log)."""
+    log = tmp_path / "log"
+    launcher = subprocess.Popen(
+        [sys.executable, str(LAUNCH), sys.executable, "-c", textwrap.dedent(agent), str(log)],
+        env={**os.environ, "SIGTERM_STUCK_SECONDS": "0.2"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(60, launcher.kill)  # a launcher that never ends fails
+    watchdog.start()
+    try:
+        assert launcher.stdout.readline() == "ready\n"
+        if terminate:
+            launcher.send_signal(signal.SIGTERM)
+        code = launcher.wait()
+    finally:
+        watchdog.cancel()
+        launcher.kill()
+    return code, log.read_text().splitlines() if log.exists() else []
+
+
+def test_an_agent_blocked_at_its_barrier_after_its_workers_exited_is_stopped(tmp_path):
+    agent = """
+    import os, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # blocked in a store call: SIGTERM waits
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    print("ready", flush=True)
+    time.sleep(300)
+    """
+    code, log = launch(agent, tmp_path)
+    assert code == 143
+    pid = int(log[0])
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+def test_an_agent_whose_worker_still_runs_is_left_to_finish(tmp_path):
+    agent = """
+    import signal, subprocess, sys
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    log = open(sys.argv[1], "a", buffering=1)
+    worker = subprocess.Popen(["sleep", "1.5"])  # a worker saving its checkpoint
+    print("ready", flush=True)
+    worker.wait()
+    log.write("worker done\\n")
+    sys.exit(7)
+    """
+    code, log = launch(agent, tmp_path)
+    assert (code, log) == (7, ["worker done"])
+
+
+def test_sigterm_reaches_the_command(tmp_path):
+    agent = """
+    import time
+    print("ready", flush=True)
+    time.sleep(300)
+    """
+    code, _ = launch(agent, tmp_path)
+    assert code == 128 + signal.SIGTERM
+
+
+def test_without_sigterm_the_commands_exit_code_is_the_launchers(tmp_path):
+    agent = """
+    import sys
+    print("ready", flush=True)
+    sys.exit(3)
+    """
+    code, _ = launch(agent, tmp_path, terminate=False)
+    assert code == 3
+
+
+def test_a_bad_stuck_time_is_named():
+    out = subprocess.run(
+        [sys.executable, str(LAUNCH), "true"],
+        env={**os.environ, "SIGTERM_STUCK_SECONDS": "soon"},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0
+    assert "SIGTERM_STUCK_SECONDS='soon'" in out.stderr
