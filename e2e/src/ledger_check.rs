@@ -25,6 +25,8 @@ const TRAINER: &str = "trainer";
 /// One pod's timestamps, as the last watch event that carried each showed them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodTimes {
+    /// The `trainyard.dev/job` label.
+    pub job: String,
     pub name: String,
     /// The `trainyard.dev/attempt` label.
     pub attempt: u32,
@@ -44,6 +46,7 @@ impl PodTimes {
     /// The timestamps `pod` shows; None for a pod without the operator's labels.
     fn of(pod: &Pod) -> Option<Self> {
         let attempt = pod.labels().get(LABEL_ATTEMPT)?.parse().ok()?;
+        let job = pod.labels().get(LABEL_JOB)?.clone();
         let spec = pod.spec.as_ref()?;
         let gpus = spec
             .containers
@@ -60,6 +63,7 @@ impl PodTimes {
         let running = state.and_then(|s| s.running.as_ref());
         let terminated = state.and_then(|s| s.terminated.as_ref());
         Some(Self {
+            job,
             name: pod.name_any(),
             attempt,
             gpus,
@@ -73,9 +77,12 @@ impl PodTimes {
         })
     }
 
-    /// `self` with what `later` adds: a watch event never takes back a time already seen.
+    /// `self` with what `later` adds: a watch event never takes back a time already seen. A
+    /// pod the operator replaced while it waited (same attempt, same name) keeps the first
+    /// one's creation: the slot has waited since then, as the ledger counts it.
     fn merged(self, later: Self) -> Self {
         Self {
+            created: self.created.min(later.created),
             started: later.started.or(self.started),
             finished: later.finished.or(self.finished),
             node: if later.node.is_empty() {
@@ -88,21 +95,28 @@ impl PodTimes {
     }
 }
 
-/// Keeps every pod of one job's timestamps from a watch, deleted pods included. A pod is
-/// known by its attempt and name: the next attempt's pods take the names of the last one's.
+/// Every pod's timestamps by job, attempt and pod name.
+type Recorded = BTreeMap<(String, u32, String), PodTimes>;
+
+/// Keeps the timestamps of every job's pods in a namespace from a watch, deleted pods
+/// included; started before a job is created, it sees every pod the job ever had. A pod is
+/// known by its job, attempt and name: the next attempt's pods take the names of the last
+/// one's.
 pub struct PodTimesRecorder {
-    pods: Arc<Mutex<BTreeMap<(u32, String), PodTimes>>>,
+    pods: Arc<Mutex<Recorded>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl PodTimesRecorder {
-    /// Starts watching the pods of `job` in `namespace`; returns once the watch is open.
-    pub async fn start(client: &Client, namespace: &str, job: &str) -> Result<Self> {
+    /// Starts watching the jobs' pods in `namespace`; returns once the watch is open.
+    pub async fn start(client: &Client, namespace: &str) -> Result<Self> {
         use futures::StreamExt;
         use kube::runtime::watcher::{self, Event};
         let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let config = watcher::Config::default().labels(&format!("{LABEL_JOB}={job}"));
-        let pods = Arc::new(Mutex::new(BTreeMap::<(u32, String), PodTimes>::new()));
+        let config = watcher::Config::default().labels(LABEL_JOB);
+        let pods = Arc::new(Mutex::new(
+            BTreeMap::<(String, u32, String), PodTimes>::new(),
+        ));
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let sink = pods.clone();
         let task = tokio::spawn(async move {
@@ -133,16 +147,16 @@ impl PodTimesRecorder {
         Ok(Self { pods, task })
     }
 
-    /// Every pod seen so far.
-    pub fn pods(&self) -> Vec<PodTimes> {
+    /// Every pod of `job` seen so far.
+    pub fn pods(&self, job: &str) -> Vec<PodTimes> {
         let all = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
-        all.values().cloned().collect()
+        all.values().filter(|p| p.job == job).cloned().collect()
     }
 }
 
 /// Adds what a watch event showed of a pod to what is known of it.
-fn record(all: &mut BTreeMap<(u32, String), PodTimes>, times: PodTimes) {
-    let key = (times.attempt, times.name.clone());
+fn record(all: &mut Recorded, times: PodTimes) {
+    let key = (times.job.clone(), times.attempt, times.name.clone());
     let merged = match all.remove(&key) {
         Some(known) => known.merged(times),
         None => times,
@@ -273,6 +287,7 @@ mod tests {
     /// 40 s; attempt 1: both on-demand, 2 GPUs each.
     fn preempted() -> Vec<PodTimes> {
         let pod = |name: &str, attempt, node: &str, c, s, f: Option<i64>| PodTimes {
+            job: "j".into(),
             name: name.into(),
             attempt,
             gpus: 2,
@@ -354,6 +369,30 @@ mod tests {
         assert_eq!(merged.started, first.started);
         assert_eq!(merged.finished, Some(at(40)));
         assert_eq!(merged.node, "od");
+    }
+
+    /// A pod the operator replaced while it waited (a node avoided, then no longer): the
+    /// replacement's creation is later, and the ledger counts the wait from the first one.
+    #[test]
+    fn a_pod_replaced_while_it_waited_keeps_the_first_ones_creation() {
+        let mut all = BTreeMap::new();
+        let first = preempted().remove(0);
+        let replacement = PodTimes {
+            created: at(6),
+            started: None,
+            ..first.clone()
+        };
+        record(
+            &mut all,
+            PodTimes {
+                started: None,
+                ..first
+            },
+        );
+        record(&mut all, replacement);
+        let kept: Vec<PodTimes> = all.into_values().collect();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].created, at(0));
     }
 
     /// CI run at d2f1c65: the next attempt's pods take the last one's names, and keying by name

@@ -830,6 +830,9 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         // case the lost-peer rule must count as a preemption.
         // Checkpoints every 20 steps and progress reports every second, so that the steps
         // lost since the last checkpoint show in the operator's metric.
+        // The pods' own timestamps, from before the job exists (a pod replaced while it
+        // waits keeps its first creation) and past the gang restart that deletes attempt 0's.
+        let pod_times = PodTimesRecorder::start(&client, &ns.name).await?;
         let name = place_rank_on(&client, &ns.name, ("0", &spot), &on_demand, || {
             let mut job = torch_job("ddp", 2, steps, "0.5", json!({"policy": "Prefer"}));
             let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
@@ -842,8 +845,6 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         })
         .await?;
         let name = name.as_str();
-        // The pods' own timestamps, kept past the gang restart that deletes attempt 0's.
-        let pod_times = PodTimesRecorder::start(&client, &ns.name, name).await?;
         let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
         assert_eq!(node_of(rank_pod(&pods, 1)?), on_demand, "rank 1 on node 1");
 
@@ -935,7 +936,7 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         // The ledger accounts for every GPU-second of both attempts, within 1 s per pod.
         let ledger: GoodputLedger =
             serde_json::from_value(st["ledger"].clone()).context("status.ledger")?;
-        let from_pods = ledger_check::account(&pod_times.pods(), |node| node == spot)?;
+        let from_pods = ledger_check::account(&pod_times.pods(name), |node| node == spot)?;
         println!("ledger {ledger:?}\nfrom the pods' timestamps {from_pods:?}");
         ledger_check::check(&ledger, &from_pods)?;
         ends_as_its_baseline(&client, &ns.name, name, 1, "ddp-baseline").await?;
