@@ -269,6 +269,16 @@ pub async fn spot_node_ready_with_gpus(client: &Client, node: &str) -> Result<()
     .await
 }
 
+/// Sets `vars` in the environment of `job`'s trainer container, replacing any of the same
+/// names.
+pub fn set_env(job: &mut Value, vars: &[(&str, &str)]) {
+    let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
+    if let Some(env) = env.as_array_mut() {
+        env.retain(|e| !vars.iter().any(|(k, _)| e["name"] == *k));
+        env.extend(vars.iter().map(|(k, v)| json!({"name": k, "value": v})));
+    }
+}
+
 /// A TrainingJob running `torchrun /app/train.py` under `trainyard_launch.py`, with no flags
 /// (the PET_* contract).
 pub fn torch_job(name: &str, gpus: u32, steps: u32, step_seconds: &str, spot: Value) -> Value {
@@ -390,12 +400,12 @@ impl std::fmt::Display for RecoveryStages {
     }
 }
 
-/// Measures [`RecoveryStages`] of `job`'s `attempt` of `workers` pods after a loss at
+/// Measures [`RecoveryStages`] of `job`'s `attempt`, whose `pods` all run, after a loss at
 /// `lost_at`, waiting (up to two minutes) for rank 0's first step.
 pub async fn recovery_stages(
     client: &Client,
     ns: &str,
-    (job, attempt, workers): (&str, u32, usize),
+    (job, attempt, pods): (&str, u32, &[Pod]),
     lost_at: jiff::Timestamp,
 ) -> Result<RecoveryStages> {
     let since = |t: jiff::Timestamp| t.duration_since(lost_at).as_secs_f64();
@@ -405,9 +415,8 @@ pub async fn recovery_stages(
         .context("status.lastRestart.time")?
         .parse()
         .context("status.lastRestart.time")?;
-    let pods = running_pods(client, ns, job, attempt, workers).await?;
     let mut running = lost_at;
-    for pod in &pods {
+    for pod in pods {
         let started = pod
             .status
             .as_ref()
@@ -417,7 +426,7 @@ pub async fn recovery_stages(
             .with_context(|| format!("{}: the trainer's start", pod.name_any()))?;
         running = running.max(started.0);
     }
-    let rank0 = rank_pod(&pods, 0)?.clone();
+    let rank0 = rank_pod(pods, 0)?.clone();
     let text = format!("first step of attempt {attempt}");
     let first_step = wait_for(&text, Duration::from_secs(120), || {
         let (rank0, text) = (rank0.clone(), text.clone());
@@ -429,4 +438,30 @@ pub async fn recovery_stages(
         running: since(running),
         first_step: since(first_step),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_env_replaces_a_variable_of_the_same_name_and_adds_the_others() {
+        let mut job = torch_job("j", 2, 10, "0", json!({"policy": "Never"}));
+        set_env(
+            &mut job,
+            &[("CHECKPOINT_EVERY", "20"), ("PROGRESS_EVERY_SECONDS", "1")],
+        );
+        let env = &job["spec"]["template"]["spec"]["containers"][0]["env"];
+        let named = |n: &str| -> Vec<Value> {
+            env.as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["name"] == n)
+                .map(|e| e["value"].clone())
+                .collect()
+        };
+        assert_eq!(named("CHECKPOINT_EVERY"), vec![json!("20")]);
+        assert_eq!(named("PROGRESS_EVERY_SECONDS"), vec![json!("1")]);
+        assert_eq!(named("TOTAL_STEPS"), vec![json!("10")]);
+    }
 }

@@ -817,6 +817,10 @@ async fn ends_as_its_baseline(
     Ok(())
 }
 
+/// The hard-loss scenarios' trainers checkpoint every 20 steps and report progress every
+/// second, so that a loss falls between checkpoints and the operator hears the silence.
+const LOSS_ENV: [(&str, &str); 2] = [("CHECKPOINT_EVERY", "20"), ("PROGRESS_EVERY_SECONDS", "1")];
+
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
@@ -835,12 +839,7 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         let pod_times = PodTimesRecorder::start(&client, &ns.name).await?;
         let name = place_rank_on(&client, &ns.name, ("0", &spot), &on_demand, || {
             let mut job = torch_job("ddp", 2, steps, "0.5", json!({"policy": "Prefer"}));
-            let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
-            if let Some(env) = env.as_array_mut() {
-                env.retain(|e| e["name"] != "CHECKPOINT_EVERY");
-                env.push(json!({"name": "CHECKPOINT_EVERY", "value": "20"}));
-                env.push(json!({"name": "PROGRESS_EVERY_SECONDS", "value": "1"}));
-            }
+            set_env(&mut job, &LOSS_ENV);
             job
         })
         .await?;
@@ -865,7 +864,7 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         node2("lose")?;
 
         let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
-        let stages = recovery_stages(&client, &ns.name, (name, 1, 2), lost_at).await?;
+        let stages = recovery_stages(&client, &ns.name, (name, 1, &new_pods), lost_at).await?;
         println!("rank 0 lost with its node: {stages}");
         let st = job_status(&client, &ns.name, name).await?;
         assert_eq!(st["preemptions"], 1, "status: {st}");
@@ -968,12 +967,7 @@ async fn torch_ddp_survives_losing_the_spot_node_beside_rank_0() -> Result<()> {
         let name = place_rank_on(&client, &ns.name, ("1", &spot), &on_demand, || {
             let spot = json!({"policy": "Prefer", "fallbackToOnDemandAfter": 1});
             let mut job = torch_job("beside", 2, steps, "0.5", spot);
-            let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
-            if let Some(env) = env.as_array_mut() {
-                env.retain(|e| e["name"] != "CHECKPOINT_EVERY");
-                env.push(json!({"name": "CHECKPOINT_EVERY", "value": "20"}));
-                env.push(json!({"name": "PROGRESS_EVERY_SECONDS", "value": "1"}));
-            }
+            set_env(&mut job, &LOSS_ENV);
             job
         })
         .await?;
@@ -1000,7 +994,7 @@ async fn torch_ddp_survives_losing_the_spot_node_beside_rank_0() -> Result<()> {
         node2("lose")?;
 
         let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
-        let stages = recovery_stages(&client, &ns.name, (name, 1, 2), lost_at).await?;
+        let stages = recovery_stages(&client, &ns.name, (name, 1, &new_pods), lost_at).await?;
         println!("rank 0 survived on node 1: {stages}");
         for p in &new_pods {
             assert_eq!(node_of(p), on_demand, "the spot node is gone");
@@ -1084,17 +1078,11 @@ async fn a_partitioned_spot_node_is_lost_from_its_heartbeat_and_its_trainer_is_f
             // The surviving rank's pod goes within seconds of the restart (it waits on its
             // collective and cannot save: it is not rank 0).
             job["spec"]["terminationGracePeriodSeconds"] = json!(5);
-            let pod = &mut job["spec"]["template"]["spec"];
-            if let Some(env) = pod["containers"][0]["env"].as_array_mut() {
-                env.retain(|e| e["name"] != "CHECKPOINT_EVERY");
-                for (k, v) in [
-                    ("CHECKPOINT_EVERY", "20"),
-                    ("PROGRESS_EVERY_SECONDS", "1"),
-                    ("COLLECTIVE_TIMEOUT_SECONDS", PARTITION_COLLECTIVE_TIMEOUT),
-                ] {
-                    env.push(json!({"name": k, "value": v}));
-                }
-            }
+            set_env(&mut job, &LOSS_ENV);
+            set_env(
+                &mut job,
+                &[("COLLECTIVE_TIMEOUT_SECONDS", PARTITION_COLLECTIVE_TIMEOUT)],
+            );
             job
         })
         .await?;
@@ -1114,8 +1102,8 @@ async fn a_partitioned_spot_node_is_lost_from_its_heartbeat_and_its_trainer_is_f
         let cut_at = jiff::Timestamp::now();
         node2("partition")?;
         let partitioned = async {
-            running_pods(&client, &ns.name, name, 1, 2).await?;
-            let stages = recovery_stages(&client, &ns.name, (name, 1, 2), cut_at).await?;
+            let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+            let stages = recovery_stages(&client, &ns.name, (name, 1, &new_pods), cut_at).await?;
             println!("rank 0 partitioned off: {stages}");
             let st = job_status(&client, &ns.name, name).await?;
             ensure!(
@@ -1491,10 +1479,7 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
         let name = "hung";
         let mut job = torch_job(name, 2, 40, "0.2", json!({"policy": "Never"}));
         job["spec"]["restartPolicy"]["progressTimeoutSeconds"] = json!(20);
-        let env = &mut job["spec"]["template"]["spec"]["containers"][0]["env"];
-        let env = env.as_array_mut().context("env")?;
-        env.push(json!({"name": "HANG_AT_STEP", "value": "12"}));
-        env.push(json!({"name": "HANG_RANK", "value": "1"}));
+        set_env(&mut job, &[("HANG_AT_STEP", "12"), ("HANG_RANK", "1")]);
         create_job(&client, &ns.name, job).await?;
         running_pods(&client, &ns.name, name, 0, 2).await?;
         // Rank 1 sleeps inside step 12 in attempt 0; rank 0 waits in the collective.
