@@ -798,6 +798,17 @@ fn no_restart_stall(timeline: &PodTimeline) -> Result<()> {
     Ok(())
 }
 
+/// Waits (up to 300 s) for `job` to succeed after exactly one preemption and no failure;
+/// returns its status.
+async fn succeeded_after_one_preemption(client: &Client, ns: &str, job: &str) -> Result<Value> {
+    let st = wait_phase(client, ns, job, "Succeeded", Duration::from_secs(300)).await?;
+    ensure!(
+        st["preemptions"] == 1 && st["failures"] == 0,
+        "one preemption and no failure: {st}"
+    );
+    Ok(st)
+}
+
 /// Waits for `baseline` (the same job, never interrupted) to succeed, and checks that `job`,
 /// which ended in `attempt`, ends with its final weights: the resumes were exact.
 async fn ends_as_its_baseline(
@@ -911,16 +922,7 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         .await?;
         assert!(resumed > 0, "resumed from step {resumed}");
 
-        let st = wait_phase(
-            &client,
-            &ns.name,
-            name,
-            "Succeeded",
-            Duration::from_secs(300),
-        )
-        .await?;
-        assert_eq!(st["preemptions"], 1, "status: {st}");
-        assert_eq!(st["failures"], 0, "status: {st}");
+        let st = succeeded_after_one_preemption(&client, &ns.name, name).await?;
         // Without a notice the steps since the last periodic checkpoint are lost, and the
         // operator's metric says how many.
         let lost = st["progress"]["stepsLost"].as_u64().unwrap_or_default();
@@ -1024,16 +1026,7 @@ async fn torch_ddp_survives_losing_the_spot_node_beside_rank_0() -> Result<()> {
             torch_job("beside-baseline", 2, steps, "0", json!({"policy": "Never"})),
         )
         .await?;
-        let st = wait_phase(
-            &client,
-            &ns.name,
-            name,
-            "Succeeded",
-            Duration::from_secs(300),
-        )
-        .await?;
-        assert_eq!(st["preemptions"], 1, "status: {st}");
-        assert_eq!(st["failures"], 0, "status: {st}");
+        let st = succeeded_after_one_preemption(&client, &ns.name, name).await?;
         let resumed = st["progress"]["resumedFrom"].as_u64().unwrap_or_default();
         assert!(
             resumed >= saved,
@@ -1187,18 +1180,7 @@ async fn a_partitioned_spot_node_is_lost_from_its_heartbeat_and_its_trainer_is_f
             ),
         )
         .await?;
-        let st = wait_phase(
-            &client,
-            &ns.name,
-            name,
-            "Succeeded",
-            Duration::from_secs(300),
-        )
-        .await?;
-        ensure!(
-            st["preemptions"] == 1 && st["failures"] == 0,
-            "status: {st}"
-        );
+        succeeded_after_one_preemption(&client, &ns.name, name).await?;
         ends_as_its_baseline(&client, &ns.name, name, 1, "cut-baseline").await?;
         Ok(())
     })
