@@ -80,23 +80,26 @@ wait_running() { # wait_running JOB ATTEMPT
   done
   echo "demo: $1 attempt $2 did not start" >&2; kubectl get pods -o wide; kubectl describe tj "$1" | tail -20; exit 1
 }
-# A pod's trainer log, from the node's /var/log/pods (node 2's private copy survives its loss).
-log_of() { # log_of POD: the trainer's log of every attempt, from either node
+# A pod's trainer log files (CRI lines: time, stream, tag, message), every attempt's, from the
+# node's /var/log/pods (node 2's private copy survives its loss).
+log_files() { # log_files POD
   local f
   for f in /var/log/pods/default_"$1"_*/trainer/*.log \
            "$NODE2_DIR"/private/var/log/pods/default_"$1"_*/trainer/*.log; do
-    [[ -f $f ]] && cut -d' ' -f4- "$f"
+    [[ -f $f ]] && echo "$f"
   done
   return 0
 }
+log_of() { # log_of POD: the trainer's log of every attempt, from either node
+  local f
+  while read -r f; do cut -d' ' -f4- "$f"; done < <(log_files "$1")
+}
 log_time() { # log_time POD TEXT: when its trainer first logged TEXT (the CRI log's time), in epoch seconds
   local f line
-  for f in /var/log/pods/default_"$1"_*/trainer/*.log \
-           "$NODE2_DIR"/private/var/log/pods/default_"$1"_*/trainer/*.log; do
-    [[ -f $f ]] || continue
+  while read -r f; do
     line=$(grep -m1 -F -- "$2" "$f") || continue
     date -d "${line%% *}" +%s.%N; return 0
-  done
+  done < <(log_files "$1")
   return 1
 }
 wait_log() { # wait_log POD TEXT SECONDS
