@@ -50,7 +50,7 @@ unit:
 	$(CARGO) test --workspace
 
 chart-test:
-	$(VENV)/bin/pytest -q charts/tests examples/tests
+	$(VENV)/bin/pytest -q charts/tests examples/tests e2e/pytests
 
 ## Cluster tests are #[ignore]d in plain `cargo test`; here they run against the
 ## local cluster. The cluster is stopped afterwards, also when a test fails.

@@ -13,23 +13,35 @@ import sys
 BEGIN, END = "<!-- chaos-results -->", "<!-- /chaos-results -->"
 
 
+def passed(run):
+    """A run passed when it finished (no harness error) and broke no invariant."""
+    return "error" not in run and not run["violations"]
+
+
+def row(r):
+    if "error" in r:
+        # The harness could not finish the run: its faults are the ones scheduled.
+        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | FAIL (unfinished): {r['error']} |"
+    result = "pass" if passed(r) else "FAIL: " + "; ".join(r["violations"])
+    return (
+        f"| {r['seed']} | {len(r['faults'])} | {r['attempt']} | {r['preemptions']} | "
+        f"{r['failures']} | {r['hangs']} | {r['steps_lost']} | {r['wall_seconds']} | {result} |"
+    )
+
+
 def render(runs):
-    kinds = collections.Counter(k for r in runs for k in r["faults"])
-    passed = sum(1 for r in runs if not r["violations"])
+    finished = [r for r in runs if "error" not in r]
+    kinds = collections.Counter(k for r in finished for k in r["faults"])
+    ok = sum(1 for r in runs if passed(r))
     lines = [
-        f"{len(runs)} runs, {passed} passed, {len(runs) - passed} failed; "
-        f"{sum(len(r['faults']) for r in runs)} faults injected "
-        f"({sum(r['not_injected'] for r in runs)} not injected: the job had ended).",
+        f"{len(runs)} runs, {ok} passed, {len(runs) - ok} failed; "
+        f"{sum(len(r['faults']) for r in finished)} faults injected in the finished runs "
+        f"({sum(r['not_injected'] for r in finished)} not injected: the job had ended).",
         "",
         "| seed | faults | attempt | preemptions | failures | hangs | steps lost | wall (s) | result |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in runs:
-        result = "pass" if not r["violations"] else "FAIL: " + "; ".join(r["violations"])
-        lines.append(
-            f"| {r['seed']} | {len(r['faults'])} | {r['attempt']} | {r['preemptions']} | "
-            f"{r['failures']} | {r['hangs']} | {r['steps_lost']} | {r['wall_seconds']} | {result} |"
-        )
+    lines += [row(r) for r in runs]
     lines += ["", "Faults injected, by kind:", "", "| kind | injected |", "|---|---:|"]
     lines += [f"| {k} | {n} |" for k, n in sorted(kinds.items())]
     return "\n".join(lines)

@@ -36,22 +36,26 @@ async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
     };
     let schedule = Schedule::generate(seed, &config);
     println!("{schedule}");
-    let client = trainyard_e2e::client().await?;
-    install_chart(&client).await?;
-    let mut report = None;
-    with_spot_node(&client, || async {
-        report = Some(run(&client, &schedule).await?);
-        Ok(())
-    })
-    .await?;
-    let report = report.context("the run ended without a report")?;
-    println!("{report:#?}");
     let dir = repo_root().join("target/chaos");
     std::fs::create_dir_all(&dir)?;
     let mut results = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("results.jsonl"))?;
+    let report = match run_on_the_cluster(&schedule).await {
+        Ok(report) => report,
+        Err(e) => {
+            // A run the harness could not finish is a result too: the table shows it failed.
+            let kinds: Vec<String> = schedule.faults.iter().map(|f| f.kind.to_string()).collect();
+            writeln!(
+                results,
+                "{}",
+                serde_json::json!({"seed": seed, "faults": kinds, "error": format!("{e:#}")})
+            )?;
+            return Err(e.context(format!("chaos seed {seed}: the run did not finish")));
+        }
+    };
+    println!("{report:#?}");
     let kinds: Vec<String> = report
         .injected
         .iter()
@@ -80,4 +84,17 @@ async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
             .join("\n")
     );
     Ok(())
+}
+
+/// Installs the chart and plays `schedule` with the spot node schedulable.
+async fn run_on_the_cluster(schedule: &Schedule) -> Result<trainyard_e2e::chaos::run::RunReport> {
+    let client = trainyard_e2e::client().await?;
+    install_chart(&client).await?;
+    let mut report = None;
+    with_spot_node(&client, || async {
+        report = Some(run(&client, schedule).await?);
+        Ok(())
+    })
+    .await?;
+    report.context("the run ended without a report")
 }
