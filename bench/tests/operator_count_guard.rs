@@ -55,6 +55,10 @@ fn metric(report: &OperatorBenchReport, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("the operator exported {name}"))
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn operator_requests_status_writes_and_reconciles_per_job_stay_bounded() {

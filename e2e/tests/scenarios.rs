@@ -832,6 +832,10 @@ async fn ends_as_its_baseline(
 /// second, so that a loss falls between checkpoints and the operator hears the silence.
 const LOSS_ENV: [(&str, &str); 2] = [("CHECKPOINT_EVERY", "20"), ("PROGRESS_EVERY_SECONDS", "1")];
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
@@ -1052,6 +1056,10 @@ const PARTITION_COLLECTIVE_TIMEOUT: &str = "45";
 /// restarts the gang on node 1 without waiting, and the cut-off rank 0, which still reaches
 /// the shared checkpoint volume, is fenced when it tries to save its older step. Healed, the
 /// node's kubelet stops what is left of the old attempt; the run ends bit-exact.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn a_partitioned_spot_node_is_lost_from_its_heartbeat_and_its_trainer_is_fenced() -> Result<()>

@@ -312,6 +312,7 @@ mod tests {
     );
 
     /// The rule as a table: (case, peer's node, its Lease, now) -> verdict.
+    #[expect(clippy::too_many_lines, reason = "a table of cases, a few lines each")]
     #[test]
     fn a_failure_beside_a_lost_node_is_a_preemption_and_beside_a_live_one_a_failure() {
         let up = ready("n2");

@@ -2901,6 +2901,7 @@ fn preempt_and_recreate(w: &mut World) -> Plan {
 /// at 270 s with no checkpoint, and is preempted: all 60 s lost. Then 80 s useful of 270 s
 /// charged is $0.41 per useful GPU-hour: attempt 2 leaves spot, with 2 preemptions where the
 /// count rule (3) would not have.
+#[expect(clippy::too_many_lines, reason = "one worked example, round by round")]
 #[test]
 fn two_preemptions_that_lose_the_work_make_spot_stop_paying_for_good() {
     let mut w = World::new("workers: 1\ngpusPerWorker: 1\nspot: {fallback: Cost}\n");

@@ -590,6 +590,7 @@ mod tests {
         ts("2026-01-01T00:10:00Z")
     }
 
+    #[expect(clippy::too_many_lines, reason = "a table of cases, a few lines each")]
     fn table() -> Vec<Row> {
         let mut rows = vec![
             row("running pod on ready node runs", running(), "Running", ""),

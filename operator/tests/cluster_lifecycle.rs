@@ -15,6 +15,10 @@ use trainyard_api::env::{
 use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 use trainyard_api::spot::GKE_SPOT;
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
 async fn job_becomes_pods_service_and_pvc_with_env_affinity_and_tolerations() {

@@ -27,6 +27,10 @@ fn entries(metrics: &str, map: &str) -> Option<f64> {
     )
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
 async fn deleted_jobs_leave_nothing_in_the_operators_memory() {

@@ -15,6 +15,10 @@ use serde_json::json;
 use std::sync::atomic::Ordering;
 use trainyard_api::crd::LABEL_ATTEMPT;
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
 async fn operator_killed_mid_restart_and_started_again_creates_no_duplicate_pods() {

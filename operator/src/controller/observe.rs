@@ -12,11 +12,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 
 use crate::cached_pod::CachedPod;
-use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_WORKERS, TrainingJobStatus};
+use crate::crd::{MAX_WORKERS, TrainingJobStatus};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::ownership::{self, ObjectKind};
-use crate::plan::{Observed, ObservedClaim, SiblingPlacement};
+use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement};
 use crate::validate::{ValidJob, pod_name};
 
 /// The caches a reconcile reads, and the client for the one read they cannot serve.
@@ -176,7 +176,7 @@ impl Caches {
     }
 
     /// Reads the placement a missing rank of the current attempt copies from its sibling
-    /// (the cache does not hold placement), when [`sibling_to_read`] says one is needed, into
+    /// (the cache does not hold placement), when [`plan::sibling_to_read`] says one is needed, into
     /// [`Observed::sibling_placement`].
     pub(super) async fn read_sibling_placement(
         &self,
@@ -190,7 +190,8 @@ impl Caches {
                 .holds(Kind::Pod, ns, &pod_name(&job.name, rank))
                 .is_some()
         };
-        let Some(cached) = sibling_to_read(&observed.pods, current, job.spec.workers, held) else {
+        let Some(cached) = plan::sibling_to_read(&observed.pods, current, job.spec.workers, held)
+        else {
             return Ok(());
         };
         let name = cached.name_any();
@@ -207,37 +208,6 @@ impl Caches {
         observed.sibling_placement = Some(SiblingPlacement::of(&whole));
         Ok(())
     }
-}
-
-/// The pod whose placement a missing rank of the current attempt would copy (the lowest rank
-/// present, as [`plan::decide`] picks it), when some missing rank is one a round would create:
-/// not one this operator has just created (`held`), nor one recorded in `current.workers`
-/// (seen, and gone: a preemption or a success, never created again in this attempt). Only
-/// then do the cached pods, stripped of their placement, not suffice.
-/// Normally every rank
-/// is created in one round and the rest of a round's missing ranks are still on their way into
-/// the cache; and a preempted rank is not created again but restarts the gang, so reading for
-/// it would only put a round trip before the restart.
-fn sibling_to_read<'p>(
-    pods: &'p [Arc<CachedPod>],
-    current: &TrainingJobStatus,
-    workers: u32,
-    held: impl Fn(u32) -> bool,
-) -> Option<&'p CachedPod> {
-    let attempt = current.attempt;
-    let recorded = |rank| current.workers.iter().any(|w| w.rank == rank);
-    let mut present: Vec<(u32, &Arc<CachedPod>)> = pods
-        .iter()
-        .filter(|p| crate::pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(attempt))
-        .filter_map(|p| Some((crate::pods::label_u32(p.as_ref(), LABEL_RANK)?, p)))
-        .filter(|(rank, _)| *rank < workers)
-        .collect();
-    present.sort_by_key(|(rank, _)| *rank);
-    let &(_, sibling) = present.first()?;
-    let unheld_gap = (0..workers)
-        .filter(|r| present.iter().all(|(rank, _)| rank != r))
-        .any(|r| !held(r) && !recorded(r));
-    unheld_gap.then_some(sibling.as_ref())
 }
 
 /// The ranks whose pods one reconcile looks up: every rank of the spec, then each recorded
@@ -260,7 +230,6 @@ mod tests {
     use crate::crd::WorkerStatus;
     use futures::FutureExt;
     use kube::runtime::{reflector, watcher};
-    use serde_json::json;
     use std::time::Duration;
 
     /// Found by the chaos run (seed 1): the operator restarted with two jobs; the second
@@ -305,79 +274,6 @@ mod tests {
                 .expect("task");
             assert!(ok);
         }
-    }
-
-    fn worker(rank: u32, attempt: u32) -> Arc<CachedPod> {
-        Arc::new(
-            serde_json::from_value(json!({"metadata": {
-                "name": format!("j-worker-{rank}"),
-                "labels": {LABEL_RANK: rank.to_string(), LABEL_ATTEMPT: attempt.to_string()},
-            }}))
-            .expect("pod"),
-        )
-    }
-
-    fn at(attempt: u32) -> TrainingJobStatus {
-        TrainingJobStatus {
-            attempt,
-            ..TrainingJobStatus::default()
-        }
-    }
-
-    #[test]
-    fn a_rank_seen_and_gone_is_a_preemption_not_a_create_and_needs_no_sibling() {
-        let pods = [worker(0, 2), worker(2, 2), worker(3, 2)];
-        let mut current = at(2);
-        current.workers = (0..4)
-            .map(|rank| WorkerStatus {
-                rank,
-                pod: pod_name("j", rank),
-                node: Some("n".to_owned()),
-                phase: "Running".to_owned(),
-                reason: None,
-            })
-            .collect();
-        assert!(sibling_to_read(&pods, &current, 4, |_| false).is_none());
-        // Never seen: it would be created, placed like its siblings.
-        current.workers.remove(1);
-        assert_eq!(
-            sibling_to_read(&pods, &current, 4, |_| false).map(|p| p.name_any()),
-            Some("j-worker-0".to_owned())
-        );
-    }
-
-    #[test]
-    fn a_sibling_is_read_whole_only_for_a_missing_rank_not_just_created() {
-        let pods = [worker(1, 2), worker(3, 2), worker(0, 1)];
-        let nothing_held = |_| false;
-        // Ranks 0 and 2 of attempt 2 are missing: copy the lowest present rank of attempt 2.
-        assert_eq!(
-            sibling_to_read(&pods, &at(2), 4, nothing_held)
-                .map(|p| p.name_any())
-                .as_deref(),
-            Some("j-worker-1")
-        );
-        // Both missing ranks were just created by this operator: the cache will show them.
-        assert_eq!(
-            sibling_to_read(&pods, &at(2), 4, |r| r == 0 || r == 2).map(|p| p.name_any()),
-            None
-        );
-        assert_eq!(
-            sibling_to_read(&pods, &at(2), 4, |r| r == 0)
-                .map(|p| p.name_any())
-                .as_deref(),
-            Some("j-worker-1")
-        );
-        // Nothing of the attempt exists (a fresh attempt is placed from the job), or nothing is missing.
-        assert_eq!(
-            sibling_to_read(&pods, &at(3), 4, nothing_held).map(|p| p.name_any()),
-            None
-        );
-        let all = [worker(0, 0), worker(1, 0)];
-        assert_eq!(
-            sibling_to_read(&all, &at(0), 2, nothing_held).map(|p| p.name_any()),
-            None
-        );
     }
 
     #[test]

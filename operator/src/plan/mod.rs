@@ -41,10 +41,12 @@ use crate::reason;
 mod cost_fallback;
 mod goodput;
 mod phases;
+mod reads;
 mod round;
 mod view;
 
 pub use phases::PhaseName;
+pub use reads::sibling_to_read;
 use round::Round;
 use view::View;
 
@@ -61,7 +63,7 @@ pub struct Observed {
     /// Where the first pod of a half-created attempt was placed, read whole from the API
     /// server because the cache does not hold placement. The controller supplies it before
     /// deciding when some rank of the current attempt is missing and was not just created
-    /// (`sibling_to_read`); the missing ranks are then created beside that pod.
+    /// ([`sibling_to_read`]); the missing ranks are then created beside that pod.
     pub sibling_placement: Option<SiblingPlacement>,
     /// Objects that hold one of the job's names (a pod's, the Service's, the created PVC's)
     /// but are not the job's ([`crate::ownership::foreign`]).
