@@ -12,9 +12,9 @@ use trainyard_api::crd::{DEFAULT_GPU_RESOURCE, TrainingJob};
 use trainyard_api::gpu_labels::LABEL_GPU_COUNT;
 use trainyard_device_plugin::backend::fake::FakeNode;
 use trainyard_device_plugin::labels::node_labels;
-use trainyard_operator::config::OperatorConfig;
-use trainyard_operator::placement::{Placement, place};
-use trainyard_operator::validate::validate;
+use trainyard_operator::OperatorConfig;
+use trainyard_operator::surface::validate;
+use trainyard_operator::surface::{Placement, place};
 
 /// One A100 80GB node: CUDA 12.4, compute capability 8.0, in the fake backend's file format.
 const FAKE_GPUS: &str = r#"

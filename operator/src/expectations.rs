@@ -111,6 +111,7 @@ impl Expectations {
     }
 
     /// Whether nothing is outstanding.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -15,42 +15,52 @@
 //! re-exports, the GPU label keys, the env names, version parsing, the spot provider table)
 //! comes from the contract crate `trainyard_api`.
 //!
-//! Tests and benchmarks use the operator through [`surface`].
+//! The crate's face is small on purpose: the crate root exports what a process needs to run
+//! the operator ([`run`] and its [`RunConfig`]), and tests and benchmarks use the operator
+//! through [`surface`]. Every other module is private and may change without notice.
 #![forbid(unsafe_code)]
 
-pub mod cached_pod;
-pub mod condition;
-pub mod config;
-pub mod controller;
-pub mod crd;
-pub mod crdgen;
-pub mod error;
-pub mod events;
-pub mod expectations;
+mod cached_pod;
+mod condition;
+mod config;
+mod controller;
+mod crd;
+mod crdgen;
+mod error;
+mod events;
+mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
-pub mod heartbeat;
-pub mod leader;
-pub mod ledger;
-pub mod listen;
-pub mod lost_peer;
-pub mod metrics;
-pub mod nodes;
-pub mod ownership;
-pub mod placement;
-pub mod plan;
-pub mod pods;
-pub mod preemption;
-pub mod progress;
-pub mod pvc;
-pub mod reason;
-pub mod rejection;
-pub mod service;
+mod heartbeat;
+mod leader;
+mod ledger;
+mod listen;
+mod lost_peer;
+mod metrics;
+mod nodes;
+mod ownership;
+mod placement;
+mod plan;
+mod pods;
+mod preemption;
+mod progress;
+mod pvc;
+mod reason;
+mod rejection;
+mod service;
 pub mod surface;
-pub mod trainer;
-pub mod validate;
-pub mod write_limit;
+mod trainer;
+mod validate;
+mod write_limit;
 
+// What a process needs to run the operator: the binary, and the tests that run it in-process.
+pub use config::{OperatorConfig, PriceEntry, ProgressChannel};
 pub use controller::{
     DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, ProgressServing, RunConfig, run,
 };
+pub use crdgen::crd_yaml;
+pub use error::Error;
+pub use leader::LeaderElection;
+pub use listen::HttpLimits;
+pub use progress::AudienceCheck;
+pub use write_limit::LimitConfig;

@@ -6,14 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
-use trainyard_operator::config::{OperatorConfig, ProgressChannel};
-use trainyard_operator::leader::LeaderElection;
-use trainyard_operator::listen::{self, HttpLimits};
-use trainyard_operator::progress::AudienceCheck;
-use trainyard_operator::write_limit::LimitConfig;
 use trainyard_operator::{
-    DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, ProgressServing, RunConfig, crdgen,
-    run,
+    AudienceCheck, DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, HttpLimits,
+    LeaderElection, LimitConfig, OperatorConfig, ProgressChannel, ProgressServing, RunConfig,
+    crd_yaml, run,
 };
 
 #[derive(Parser, Debug)]
@@ -120,31 +116,31 @@ struct RunArgs {
     progress_audience_unaware_reviewer: bool,
     /// Connections the progress port holds at once; more are closed as soon as accepted.
     #[arg(long, env = "TRAINYARD_PROGRESS_MAX_CONNECTIONS",
-          default_value_t = listen::DEFAULT_PROGRESS_CONNECTIONS as u64,
+          default_value_t = HttpLimits::PROGRESS.max_connections as u64,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     progress_max_connections: u64,
     /// Connections the metrics port holds at once; more are closed as soon as accepted.
     #[arg(long, env = "TRAINYARD_METRICS_MAX_CONNECTIONS",
-          default_value_t = listen::DEFAULT_METRICS_CONNECTIONS as u64,
+          default_value_t = HttpLimits::METRICS.max_connections as u64,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     metrics_max_connections: u64,
     /// Seconds a connection to the metrics or progress port has to send a complete request
     /// head, from when it opened or got its previous answer (so also how long a kept-alive
     /// connection may idle).
     #[arg(long, env = "TRAINYARD_HTTP_HEADER_TIMEOUT_SECONDS",
-          default_value_t = listen::DEFAULT_HEADER_TIMEOUT.as_secs(),
+          default_value_t = HttpLimits::PROGRESS.header_timeout.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     http_header_timeout_seconds: u64,
     /// Seconds a connection to either port may stall, no byte moving either way, while the
     /// operator waits on it (a body that stops coming, an answer it stops reading).
     #[arg(long, env = "TRAINYARD_HTTP_IDLE_TIMEOUT_SECONDS",
-          default_value_t = listen::DEFAULT_IDLE_TIMEOUT.as_secs(),
+          default_value_t = HttpLimits::PROGRESS.idle_timeout.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     http_idle_timeout_seconds: u64,
     /// The largest request head (request line and headers) either port accepts, bytes;
     /// a larger one is answered 431.
     #[arg(long, env = "TRAINYARD_HTTP_MAX_HEADER_BYTES",
-          default_value_t = listen::DEFAULT_MAX_HEADER_BYTES as u64,
+          default_value_t = HttpLimits::PROGRESS.max_header_bytes as u64,
           value_parser = clap::value_parser!(u64).range(1024..=1_048_576))]
     http_max_header_bytes: u64,
 }
@@ -297,7 +293,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd => {
-            print!("{}", crdgen::crd_yaml().context("rendering the CRD")?);
+            print!("{}", crd_yaml().context("rendering the CRD")?);
             Ok(())
         }
         Command::Run(args) => run_command(*args).await,

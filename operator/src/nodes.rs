@@ -5,8 +5,8 @@ use k8s_openapi::api::core::v1::Node;
 
 // The GPU label keys are the device plugin's contract; re-exported so `nodes::LABEL_*` reads on.
 pub use trainyard_api::gpu_labels::{
-    LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_COUNT,
-    LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
+    LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_MEMORY,
+    LABEL_GPU_PRODUCT,
 };
 
 /// Whether a node's kubelet reports Ready.
@@ -61,16 +61,6 @@ pub fn allocatable(node: &Node, resource: &str) -> u64 {
     node.status
         .as_ref()
         .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get(resource))
-        .and_then(|q| q.0.trim().parse::<u64>().ok())
-        .unwrap_or(0)
-}
-
-/// Capacity count of an extended resource (whole units; 0 when absent or unparsable).
-pub fn capacity(node: &Node, resource: &str) -> u64 {
-    node.status
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
         .and_then(|a| a.get(resource))
         .and_then(|q| q.0.trim().parse::<u64>().ok())
         .unwrap_or(0)

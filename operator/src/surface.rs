@@ -10,7 +10,8 @@
 pub use crate::config::OperatorConfig;
 pub use crate::controller::{CRD_NAME, FIELD_MANAGER};
 pub use crate::crd::{
-    LABEL_ATTEMPT, LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobSpec, TrainingJobStatus,
+    JobCondition, LABEL_ATTEMPT, LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobSpec,
+    TrainingJobStatus,
 };
 pub use crate::crdgen::crd;
 pub use crate::metrics::Metrics;
@@ -23,9 +24,15 @@ pub use crate::validate::{InvalidSpec, ValidJob, pod_name, validate};
 /// serves from ([`ProgressServer`](progress::ProgressServer)), and the two ports a test fakes
 /// (a [`TokenReviewer`](progress::TokenReviewer) and a [`PodLookup`](progress::PodLookup)).
 pub mod progress {
-    pub use crate::progress::server::{MAX_BODY_BYTES, PATH};
+    pub use crate::progress::server::{MAX_BODY_BYTES, PATH, serve_within};
     pub use crate::progress::{
         AuthError, Identity, PodLookup, ProgressServer, ProgressStore, TokenReviewer,
         WorkerIdentity, serve,
     };
+}
+
+/// The reasons of the operator's Events and conditions (`Preempted`, `WorkerFailed`, `Hang`,
+/// `Resumed`, ...), as typed constants.
+pub mod reason {
+    pub use crate::reason::*;
 }

@@ -136,6 +136,7 @@ impl AdaptiveLimit {
 
     /// One answered write: how long it took, and whether the server throttled it (429).
     /// For a limit without a memory budget.
+    #[cfg(test)]
     pub fn sample(&mut self, latency: Duration, throttled: bool) -> Change {
         self.sample_within(latency, throttled, || None)
     }

@@ -21,7 +21,7 @@ use serde_json::json;
 use trainyard_api::crd::{LABEL_ATTEMPT, StretchUse, TrainingJob};
 use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
-use trainyard_operator::config::{OperatorConfig, PriceEntry};
+use trainyard_operator::{OperatorConfig, PriceEntry};
 
 /// How long the fake kubelet holds the start of the attempt after the first preemption:
 /// spot capacity that comes back slowly, each second of it charged as spot restart time.

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use serde_json::json;
-use trainyard_operator::crd::TrainingJob;
+use trainyard_operator::surface::TrainingJob;
 
 fn invalid(j: &TrainingJob) -> bool {
     condition(j, "InvalidSpec").is_some_and(|c| c.status == "True")

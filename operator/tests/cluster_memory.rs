@@ -9,7 +9,7 @@ use kube::Api;
 use kube::ResourceExt;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
 use serde_json::json;
-use trainyard_operator::crd::{Phase, TrainingJob};
+use trainyard_operator::surface::{Phase, TrainingJob};
 
 const MAPS: [&str; 6] = [
     "written",

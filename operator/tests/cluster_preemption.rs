@@ -11,7 +11,7 @@ use serde_json::json;
 use trainyard_api::crd::LABEL_RANK;
 use trainyard_api::env::{RESUME_FROM, TRAINYARD_ATTEMPT, TRAINYARD_RESTART_REASON};
 use trainyard_api::spot::KARPENTER_DISRUPTED;
-use trainyard_operator::crd::TrainingJob;
+use trainyard_operator::surface::TrainingJob;
 
 fn counters(j: &TrainingJob) -> (u32, u32, u32) {
     let s = j.status.clone().unwrap_or_default();

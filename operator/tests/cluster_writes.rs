@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use trainyard_operator::crd::TrainingJob;
+use trainyard_operator::surface::TrainingJob;
 
 fn condition_true(j: &TrainingJob, type_: &str) -> bool {
     condition(j, type_).is_some_and(|c| c.status == "True")

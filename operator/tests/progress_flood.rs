@@ -21,10 +21,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
-use trainyard_operator::listen::HttpLimits;
-use trainyard_operator::metrics::Metrics;
-use trainyard_operator::progress::server::PATH;
-use trainyard_operator::progress::{
+use trainyard_operator::HttpLimits;
+use trainyard_operator::surface::Metrics;
+use trainyard_operator::surface::progress::PATH;
+use trainyard_operator::surface::progress::{
     AuthError, Identity, PodLookup, ProgressServer, ProgressStore, TokenReviewer, WorkerIdentity,
 };
 
@@ -247,7 +247,7 @@ impl Endpoint {
             ..HttpLimits::with_max_connections(MAX_CONNECTIONS)
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (addr, serving) = trainyard_operator::progress::server::serve_within(
+        let (addr, serving) = trainyard_operator::surface::progress::serve_within(
             "127.0.0.1:0".parse().expect("addr"),
             server.clone(),
             limits,

@@ -423,7 +423,7 @@ async fn diagnosis(client: &Client, ns: &str, job: &str) -> String {
 /// Events that announce a gang restart or a resume of this job (its uid), counted with their
 /// repetitions.
 async fn restart_events(client: &Client, ns: &str, job: &str) -> Result<u32> {
-    use trainyard_operator::reason;
+    use trainyard_operator::surface::reason;
     let uid = tj_api(client, ns).get(job).await?.uid().context("no uid")?;
     let restarts = [
         reason::PREEMPTED,

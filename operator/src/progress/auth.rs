@@ -213,6 +213,7 @@ impl<V: Clone> TokenCache<V> {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
@@ -297,11 +298,13 @@ impl KubeTokenReviewer {
     }
 
     /// How many accepted tokens are cached.
+    #[cfg(test)]
     pub fn cached(&self) -> usize {
         lock(&self.cache).accepted.len()
     }
 
     /// How many rejected tokens are cached.
+    #[cfg(test)]
     pub fn cached_rejections(&self) -> usize {
         lock(&self.cache).rejected.len()
     }

@@ -68,6 +68,6 @@ pub mod auth;
 pub mod server;
 pub mod store;
 
-pub use auth::{AudienceCheck, AuthError, Identity, KubeTokenReviewer, TokenReviewer};
-pub use server::{PodLookup, ProgressServer, WorkerIdentity, WorkerPods, router, serve};
-pub use store::{JobProgress, ProgressStore, RankProgress, Recorded, Report};
+pub use auth::{AudienceCheck, AuthError, Identity, TokenReviewer};
+pub use server::{PodLookup, ProgressServer, WorkerIdentity, serve};
+pub use store::ProgressStore;
