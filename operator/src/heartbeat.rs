@@ -104,7 +104,11 @@ pub fn lost_nodes(
                 Some((*rank, p.reported_at))
             })
             .collect();
-        let quiet = |at: &Timestamp| now.duration_since(*at) > interval(&hb);
+        // A report refused by the endpoint itself (its token could not be reviewed while the
+        // API server was away) is no silence of the rank: quiet counts from the later of its
+        // last report and the channel's last refusal.
+        let heard = |at: &Timestamp| progress.channel_refused_at.map_or(*at, |r| r.max(*at));
+        let quiet = |at: &Timestamp| now.duration_since(heard(at)) > interval(&hb);
         if reported.is_empty() || !reported.iter().all(|(_, at)| quiet(at)) {
             continue;
         }
@@ -168,6 +172,7 @@ mod tests {
             previous_attempt_step: None,
             checkpoint_requested: None,
             checkpoint_saved_on_request: None,
+            channel_refused_at: None,
         }
     }
 
@@ -220,5 +225,32 @@ mod tests {
         assert!(lost_nodes(&silent, &leases, &ranks, None, at(0)).is_empty());
         let lost = lost_nodes(&silent, &leases, &ranks, Some(&progress(&[(0, -1)])), at(0));
         assert!(lost.is_empty());
+    }
+
+    /// Found by the chaos run (seed 3): the API server restarted while node 1's kubelet
+    /// restarted too. The endpoint could not review the new attempt's tokens, so every rank's
+    /// reports stopped; node 1's Lease came back after node 2's, and node 1 was taken for lost
+    /// (a gang restart, and force deletions of pods whose kubelet was alive).
+    #[test]
+    fn ranks_are_not_quiet_while_the_endpoint_itself_refused_reports() {
+        let (a, b) = (lease("a", &stamp(-14)), lease("b", &stamp(-2)));
+        let leases = [&a, &b];
+        let silent = silent_nodes(&leases, at(0));
+        let ranks = [(0, "b"), (1, "a")];
+        let mut reports = progress(&[(0, -1), (1, -13)]);
+        // Reports refused until 5 s ago: rank 1 may have sent its reports all along.
+        reports.channel_refused_at = Some(at(-5));
+        assert!(lost_nodes(&silent, &leases, &ranks, Some(&reports), at(0)).is_empty());
+        // A refusal before the rank's last report changes nothing.
+        reports.channel_refused_at = Some(at(-20));
+        let lost = lost_nodes(&silent, &leases, &ranks, Some(&reports), at(0));
+        assert_eq!(lost.keys().collect::<Vec<_>>(), vec!["a"]);
+        // Quiet for a whole renewal interval after the endpoint took reports again: lost.
+        reports.channel_refused_at = Some(at(-5));
+        let a = lease("a", &stamp(-20));
+        let b = lease("b", &stamp(3));
+        let silent = silent_nodes(&[&a, &b], at(6));
+        let lost = lost_nodes(&silent, &[&a, &b], &ranks, Some(&reports), at(6));
+        assert_eq!(lost.keys().collect::<Vec<_>>(), vec!["a"]);
     }
 }

@@ -2297,6 +2297,7 @@ impl Channel {
             previous_attempt_step: p.previous_attempt_step,
             checkpoint_requested: p.checkpoint_requested,
             checkpoint_saved_on_request: p.checkpoint_saved_on_request,
+            channel_refused_at: None,
         })
     }
 }

@@ -63,6 +63,7 @@ fn as_observed(p: JobProgress) -> ObservedProgress {
         previous_attempt_step: p.previous_attempt_step,
         checkpoint_requested: p.checkpoint_requested,
         checkpoint_saved_on_request: p.checkpoint_saved_on_request,
+        channel_refused_at: None,
     }
 }
 
@@ -80,7 +81,10 @@ impl Context {
                 .get_or_create(&job_labels(&job.namespace, &job.name))
                 .set(rate);
         }
-        Some(as_observed(progress))
+        Some(ObservedProgress {
+            channel_refused_at: self.progress.last_refusal(),
+            ..as_observed(progress)
+        })
     }
 
     /// Asks the trainers for a checkpoint, or withdraws the request, as `plan` decided: at

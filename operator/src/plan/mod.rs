@@ -131,6 +131,10 @@ pub struct ObservedProgress {
     pub checkpoint_requested: Option<u64>,
     /// The checkpoint step that answered this attempt's checkpoint request, once one did.
     pub checkpoint_saved_on_request: Option<u64>,
+    /// When the endpoint last refused a report for a reason of its own (a token the API
+    /// server could not review, too many reports at once), from any job: reports that stop
+    /// coming until then say nothing of the ranks that sent them.
+    pub channel_refused_at: Option<Timestamp>,
 }
 
 /// One rank's reported progress.

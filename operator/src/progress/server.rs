@@ -430,6 +430,9 @@ async fn report(State(shared): State<Arc<Shared>>, request: Request) -> Response
             ),
         ),
         Err(rejection) => {
+            if rejection.outcome == Outcome::Overloaded {
+                shared.server.store.refused(jiff::Timestamp::now());
+            }
             tracing::debug!(
                 outcome = rejection.outcome.label(),
                 message = %rejection.message,
@@ -1113,10 +1116,14 @@ mod tests {
             }
         }
         let h = harness_with(Arc::new(Down), FakePods::of(&[("train", 1)]), 4);
+        assert_eq!(h.server.store.last_refusal(), None);
+        let before = jiff::Timestamp::now();
         assert_eq!(
             post(&h.router, "tok-train-worker-0", good(0, 1)).await.0,
             StatusCode::SERVICE_UNAVAILABLE
         );
+        // The store remembers that the endpoint refused a report: the rank is not quiet.
+        assert!(h.server.store.last_refusal().is_some_and(|at| at >= before));
     }
 
     #[tokio::test]

@@ -227,6 +227,8 @@ pub struct ProgressStore {
     jobs: Mutex<HashMap<(String, String), Entry>>,
     /// Uids of deleted jobs, newest last: their workers' late reports are dropped.
     retired: Mutex<VecDeque<String>>,
+    /// When the endpoint last refused a report for a reason of its own ([`Self::refused`]).
+    refused_at: Mutex<Option<Timestamp>>,
 }
 
 /// Every update leaves the data whole, so a panic elsewhere cannot leave it torn.
@@ -357,6 +359,20 @@ impl ProgressStore {
     /// Keeps only the jobs `keep(namespace, job)` accepts.
     pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
         self.jobs().retain(|(ns, job), _| keep(ns, job));
+    }
+
+    /// The endpoint could not take a report at `now` for a reason of its own: the API server
+    /// could not review its token, or too many reports came at once. Until then, a rank whose
+    /// reports stopped may have sent them all along (a node is lost only from ranks quiet
+    /// while the channel took reports: `crate::heartbeat::lost_nodes`).
+    pub fn refused(&self, now: Timestamp) {
+        let mut at = lock(&self.refused_at);
+        *at = Some(at.map_or(now, |t| t.max(now)));
+    }
+
+    /// When the endpoint last refused a report for a reason of its own.
+    pub fn last_refusal(&self) -> Option<Timestamp> {
+        *lock(&self.refused_at)
     }
 
     /// How many jobs have an entry.
