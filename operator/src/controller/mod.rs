@@ -120,8 +120,10 @@ struct Context {
     progress: Arc<ProgressStore>,
 }
 
-/// Runs the operator until `shutdown` completes (or leadership is lost, which is an error so
-/// that the process restarts and queues for the Lease again).
+/// Runs the operator until `shutdown` completes. With leader election, a replica that loses
+/// the Lease (an API server away for longer than the Lease lasts) stops leading and campaigns
+/// again in the same process: a restart would only cost it the kubelet's back-off, and a
+/// control plane that flaps would leave every replica in CrashLoopBackOff.
 pub async fn run(
     client: Client,
     config: RunConfig,
@@ -138,7 +140,30 @@ pub async fn run(
         r = wait_for_crd(client.clone()) => r?,
         () = shutdown.clone() => return Ok(()),
     }
+    loop {
+        match lead(&client, &config, &metrics, shutdown.clone()).await? {
+            Term::Shutdown => return Ok(()),
+            Term::LostLease => {
+                tracing::warn!("lost the leader Lease: stopped leading, campaigning again");
+            }
+        }
+    }
+}
 
+/// Why one term of leading ended.
+enum Term {
+    Shutdown,
+    LostLease,
+}
+
+/// Waits for the Lease (with leader election), then runs the controller until `shutdown`
+/// completes or the Lease is lost.
+async fn lead(
+    client: &Client,
+    config: &RunConfig,
+    metrics: &Arc<Metrics>,
+    shutdown: future::Shared<impl Future<Output = ()> + Send + 'static>,
+) -> Result<Term, Error> {
     let leadership = match &config.leader_election {
         None => None,
         Some(election) => {
@@ -146,7 +171,7 @@ pub async fn run(
             metrics.set_ready(true);
             tokio::select! {
                 l = Leadership::acquire(client.clone(), election) => Some(l?),
-                () = shutdown.clone() => return Ok(()),
+                () = shutdown.clone() => return Ok(Term::Shutdown),
             }
         }
     };
@@ -173,7 +198,6 @@ pub async fn run(
     }
     .shared();
     let stop = {
-        let shutdown = shutdown.clone();
         let lost = lost.clone();
         async move {
             tokio::select! {
@@ -182,19 +206,22 @@ pub async fn run(
             }
         }
     };
-    let result = wiring::run_controller(client, &config, metrics.clone(), stop).await;
+    let result = wiring::run_controller(client.clone(), config, metrics.clone(), stop).await;
     metrics.leader.set(0);
     metrics.forget_ledgers();
     if let Some(task) = watcher_task {
         if lost.clone().now_or_never().is_some() {
-            return Err(Error::LeaderElection("lost the leader Lease".to_owned()));
+            // The Lease is someone else's: nothing to give back. The lease manager stops
+            // once its receiver, in the dropped task's Leadership, is gone.
+            drop(task);
+            return result.map(|()| Term::LostLease);
         }
         let _ = done_tx.send(());
         if let Ok(l) = task.await {
             l.release().await;
         }
     }
-    result
+    result.map(|()| Term::Shutdown)
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown` completes.

@@ -19,9 +19,9 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use trainyard_api::crd::{DEFAULT_GPU_RESOURCE, LABEL_ATTEMPT};
-use trainyard_operator::config::OperatorConfig;
-use trainyard_operator::crd::TrainingJob;
-use trainyard_operator::{RunConfig, crdgen};
+use trainyard_operator::OperatorConfig;
+use trainyard_operator::RunConfig;
+use trainyard_operator::surface::TrainingJob;
 
 /// Taint on every fake node, so that nothing but the tests' pods lands there.
 pub const FAKE_TAINT: &str = "trainyard.dev/fake-node";
@@ -33,7 +33,7 @@ pub const WAIT: Duration = Duration::from_secs(90);
 /// A running operator.
 pub struct Operator {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), trainyard_operator::error::Error>>,
+    task: JoinHandle<Result<(), trainyard_operator::Error>>,
 }
 
 impl Operator {
@@ -48,6 +48,11 @@ impl Operator {
     /// Kills it at once, like SIGKILL would (no graceful shutdown).
     pub fn kill(self) {
         self.task.abort();
+    }
+
+    /// Whether `run` has not returned (the process would still be alive).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
     }
 }
 
@@ -114,7 +119,7 @@ pub async fn install_crd(client: &Client) {
     api.patch(
         "trainingjobs.trainyard.dev",
         &PatchParams::apply("trainyard-operator").force(),
-        &Patch::Apply(crdgen::crd()),
+        &Patch::Apply(trainyard_operator::surface::crd()),
     )
     .await
     .expect("apply CRD");
@@ -253,7 +258,7 @@ impl TestEnv {
     /// Starts a replica that reconciles only while it holds the Lease `trainyard-operator`
     /// in this namespace.
     pub fn start_replica(&self, identity: &str) -> Operator {
-        let election = trainyard_operator::leader::LeaderElection {
+        let election = trainyard_operator::LeaderElection {
             lease_name: "trainyard-operator".to_owned(),
             lease_namespace: self.ns.clone(),
             identity: identity.to_owned(),
@@ -266,7 +271,7 @@ impl TestEnv {
     fn start_operator_with(
         &self,
         config: OperatorConfig,
-        leader_election: Option<trainyard_operator::leader::LeaderElection>,
+        leader_election: Option<trainyard_operator::LeaderElection>,
         metrics_addr: Option<std::net::SocketAddr>,
         write_ceiling: usize,
     ) -> Operator {
@@ -276,10 +281,10 @@ impl TestEnv {
             namespace: Some(self.ns.clone()),
             operator: config,
             metrics_addr,
-            metrics_limits: trainyard_operator::listen::HttpLimits::METRICS,
+            metrics_limits: trainyard_operator::HttpLimits::METRICS,
             leader_election,
             instance: format!("test-{}", self.ns),
-            write_limit: trainyard_operator::write_limit::LimitConfig::up_to(write_ceiling),
+            write_limit: trainyard_operator::LimitConfig::up_to(write_ceiling),
         };
         let task = tokio::spawn(trainyard_operator::run(
             self.client.clone(),
@@ -704,7 +709,7 @@ pub fn env(pod: &Pod, key: &str) -> Option<String> {
 pub fn condition<'a>(
     job: &'a TrainingJob,
     type_: &str,
-) -> Option<&'a trainyard_operator::crd::JobCondition> {
+) -> Option<&'a trainyard_operator::surface::JobCondition> {
     job.status
         .as_ref()?
         .conditions
