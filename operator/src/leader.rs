@@ -1,7 +1,19 @@
 //! Leader election on a coordination.k8s.io/v1 Lease (kube-lease-manager), so that two
 //! replicas never reconcile at the same time.
+//!
+//! The lease manager keeps saying "leader" while it cannot reach the API server: it only
+//! learns of a loss from a read that succeeds. A standby takes a Lease whose renewal is
+//! `lease_duration_seconds` old, so a leader cut off for that long would lead beside it once
+//! the API server answers again (found by the chaos run: two replicas restarted the same
+//! job). So a leader also watches its own renewals and steps down when the Lease has not
+//! been renewed for its renew deadline ([`renew_deadline`]), before any standby may take it,
+//! as client-go's `RenewDeadline` does.
 
-use kube::Client;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -23,8 +35,30 @@ pub struct LeaderElection {
     pub renew_grace_seconds: u64,
 }
 
+/// How often a leader reads its Lease to see its own renewals.
+const RENEWAL_CHECK: Duration = Duration::from_secs(1);
+
+/// How old the Lease's last renewal may grow before its holder stops leading: halfway between
+/// when the holder renews (`grace` before expiry) and when a standby may take it (expiry), so
+/// that a leader cut off from the API server has stopped before anyone else starts.
+pub fn renew_deadline(election: &LeaderElection) -> SignedDuration {
+    let duration = SignedDuration::from_secs(
+        i64::try_from(election.lease_duration_seconds).unwrap_or(i64::MAX),
+    );
+    let grace = SignedDuration::from_secs(i64::try_from(election.renew_grace_seconds).unwrap_or(0));
+    duration - grace / 2
+}
+
+/// Whether a Lease last seen renewed at `renewed` is overdue at `now`.
+fn overdue(renewed: Timestamp, now: Timestamp, deadline: SignedDuration) -> bool {
+    now.duration_since(renewed) > deadline
+}
+
 /// A held Lease. Dropping it (or calling [`Leadership::release`]) gives it back.
 pub struct Leadership {
+    /// The Lease, read to see its renewals.
+    lease: Api<Lease>,
+    election: LeaderElection,
     rx: watch::Receiver<bool>,
     task:
         JoinHandle<Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>>,
@@ -33,6 +67,7 @@ pub struct Leadership {
 impl Leadership {
     /// Waits for the Lease and returns once this replica holds it.
     pub async fn acquire(client: Client, election: &LeaderElection) -> Result<Self, Error> {
+        let lease = Api::namespaced(client.clone(), &election.lease_namespace);
         // The lease manager detects competing replicas through server-side apply conflicts, so
         // it keeps its own per-identity field manager.
         let manager = LeaseManagerBuilder::new(client, &election.lease_name)
@@ -56,26 +91,105 @@ impl Leadership {
                 .map_err(|_| Error::LeaderElection("the lease manager stopped".to_owned()))?;
         }
         tracing::info!(lease = %election.lease_name, identity = %election.identity, "acquired the leader Lease");
-        Ok(Self { rx, task })
+        Ok(Self {
+            lease,
+            election: election.clone(),
+            rx,
+            task,
+        })
     }
 
-    /// Completes when this replica no longer holds the Lease.
+    /// Completes when this replica no longer holds the Lease: the lease manager says so, or
+    /// the Lease has not been renewed within its [`renew_deadline`].
     pub async fn lost(&mut self) {
-        while *self.rx.borrow_and_update() {
-            if self.rx.changed().await.is_err() {
-                return;
+        let rx = &mut self.rx;
+        let held = async move {
+            while *rx.borrow_and_update() {
+                if rx.changed().await.is_err() {
+                    return;
+                }
             }
+        };
+        tokio::select! {
+            () = held => {}
+            age = renewal_overdue(&self.lease, &self.election) => tracing::warn!(
+                lease = %self.election.lease_name,
+                not_renewed_for_s = age.as_secs(),
+                "the leader Lease was not renewed within its renew deadline: stepping down"
+            ),
         }
     }
 
     /// Gives the Lease back so that a standby takes over at once.
     pub async fn release(self) {
-        let Self { rx, task } = self;
+        let Self { rx, task, .. } = self;
         drop(rx);
         match task.await {
             Ok(Ok(_)) => tracing::info!("released the leader Lease"),
             Ok(Err(e)) => tracing::warn!(error = %e, "releasing the leader Lease"),
             Err(e) => tracing::warn!(error = %e, "lease manager task"),
         }
+    }
+}
+
+/// Completes, with the renewal's age, once the Lease's last renewal seen is older than the
+/// [`renew_deadline`]. Reads the Lease every [`RENEWAL_CHECK`]; a read that fails (the API
+/// server away) leaves the last renewal seen, which then ages on this replica's clock, the
+/// clock the lease manager stamps its renewals with.
+async fn renewal_overdue(lease: &Api<Lease>, election: &LeaderElection) -> SignedDuration {
+    let deadline = renew_deadline(election);
+    // Just acquired: renewed no earlier than now minus one check.
+    let mut renewed =
+        Timestamp::now() - SignedDuration::try_from(RENEWAL_CHECK).unwrap_or_default();
+    let mut tick = tokio::time::interval(RENEWAL_CHECK);
+    loop {
+        tick.tick().await;
+        let read = tokio::time::timeout(RENEWAL_CHECK, lease.get_opt(&election.lease_name)).await;
+        if let Ok(Ok(Some(l))) = read {
+            let spec = l.spec.unwrap_or_default();
+            if spec.holder_identity.as_deref() == Some(election.identity.as_str())
+                && let Some(t) = spec.renew_time
+            {
+                renewed = renewed.max(t.0);
+            }
+        }
+        let now = Timestamp::now();
+        if overdue(renewed, now, deadline) {
+            return now.duration_since(renewed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn election(duration: u64, grace: u64) -> LeaderElection {
+        LeaderElection {
+            lease_name: "l".to_owned(),
+            lease_namespace: "ns".to_owned(),
+            identity: "me".to_owned(),
+            lease_duration_seconds: duration,
+            renew_grace_seconds: grace,
+        }
+    }
+
+    #[test]
+    fn a_leader_stops_after_it_would_have_renewed_and_before_a_standby_may_take_over() {
+        // The defaults: 15 s, renewed 5 s before expiry (at 10 s).
+        let deadline = renew_deadline(&election(15, 5));
+        assert_eq!(deadline, SignedDuration::from_millis(12_500));
+        let renewed = Timestamp::from_second(1_700_000_000).expect("time");
+        let at = |s: i64| renewed + SignedDuration::from_secs(s);
+        // A renewal due at 10 s that is a second late is no loss.
+        assert!(!overdue(renewed, at(11), deadline));
+        // Past the deadline, still before the standby may take it at 15 s: stop.
+        assert!(overdue(renewed, at(13), deadline));
+        assert!(deadline < SignedDuration::from_secs(15));
+        // The e2e harness's replicas: 6 s, renewed 2 s before expiry.
+        assert_eq!(
+            renew_deadline(&election(6, 2)),
+            SignedDuration::from_secs(5)
+        );
     }
 }

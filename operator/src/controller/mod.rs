@@ -206,7 +206,8 @@ async fn lead(
             }
         }
     };
-    let result = wiring::run_controller(client.clone(), config, metrics.clone(), stop).await;
+    let result =
+        wiring::run_controller(client.clone(), config, metrics.clone(), stop, lost.clone()).await;
     metrics.leader.set(0);
     metrics.forget_ledgers();
     if let Some(task) = watcher_task {

@@ -304,22 +304,33 @@ async fn run_until_stopped(
     ns: Option<&str>,
     lease_task: JoinHandle<()>,
     publisher: JoinHandle<()>,
+    lost: impl Future<Output = ()>,
 ) {
     ctx.metrics.set_ready(true);
     tracing::info!(
         namespace = ns.unwrap_or("(all)"),
         "reconciling TrainingJobs"
     );
-    controller
+    let running = controller
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "controller");
             }
             future::ready(())
-        })
-        .await;
+        });
+    let lost = tokio::select! {
+        () = running => false,
+        () = lost => true,
+    };
     lease_task.abort();
+    if lost {
+        // Another replica may lead now: nothing more of this one may reach the API server.
+        // The reconciles in flight were dropped with the controller, and queued Events go too.
+        publisher.abort();
+        tracing::warn!("controller stopped: the Lease was lost, reconciles in flight cancelled");
+        return;
+    }
     // The controller has dropped the last Context, and with it the Events' sender: the publisher
     // ends once it has published what is queued, or is cut short.
     if tokio::time::timeout(EVENT_DRAIN, publisher).await.is_err() {
@@ -328,12 +339,14 @@ async fn run_until_stopped(
     tracing::info!("controller stopped");
 }
 
-/// Builds the watches and the Controller and runs it until `stop` completes.
+/// Builds the watches and the Controller and runs it until `stop` completes, or at once
+/// (cancelling the reconciles in flight) when `lost` does.
 pub(super) async fn run_controller(
     client: Client,
     config: &RunConfig,
     metrics: Arc<Metrics>,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
+    lost: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let ns = config.namespace.as_deref();
     let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
@@ -391,7 +404,7 @@ pub(super) async fn run_controller(
         .reconcile_on(progress_triggers)
         .reconcile_on(parked_wakes)
         .graceful_shutdown_on(stop);
-    run_until_stopped(controller, ctx, ns, lease_task, publisher).await;
+    run_until_stopped(controller, ctx, ns, lease_task, publisher, lost).await;
     // The progress Endpoints are handed back before the Lease is.
     if let Some(stepping_down) = progress_endpoints {
         let _ = stepping_down.await;
