@@ -319,18 +319,17 @@ async fn run_until_stopped(
             }
             future::ready(())
         });
-    let lost = tokio::select! {
-        () = running => false,
-        () = lost => true,
-    };
-    lease_task.abort();
-    if lost {
-        // Another replica may lead now: nothing more of this one may reach the API server.
-        // The reconciles in flight were dropped with the controller, and queued Events go too.
-        publisher.abort();
-        tracing::warn!("controller stopped: the Lease was lost, reconciles in flight cancelled");
-        return;
+    tokio::select! {
+        () = running => {}
+        () = lost => {
+            // Another replica may lead now: no decision of this one may reach the API server,
+            // so the reconciles in flight are dropped with the controller. The Events queued
+            // still go out: each tells of a write this replica made, which the next leader
+            // will not tell again.
+            tracing::warn!("the Lease was lost: the reconciles in flight are cancelled");
+        }
     }
+    lease_task.abort();
     // The controller has dropped the last Context, and with it the Events' sender: the publisher
     // ends once it has published what is queued, or is cut short.
     if tokio::time::timeout(EVENT_DRAIN, publisher).await.is_err() {
