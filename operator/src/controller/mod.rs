@@ -94,9 +94,9 @@ pub struct ProgressServing {
 /// Default ceiling of [`RunConfig::write_limit`]: the API server's own default bound on
 /// mutating requests in flight (`--max-mutating-requests-inflight`), beyond which more of ours
 /// would only queue there. How much of it the operator takes is decided by the latency, 429s
-/// and the memory budget ([`DEFAULT_MEMORY_BUDGET_MIB`]). The ceiling was 96 while it was
-/// the only memory bound (the widest that kept 1,000 jobs under 64 MiB); at 96 the 100-job
-/// burst waited for slots that the memory of 100 jobs could well afford (docs/benchmarks.md).
+/// and the memory budget ([`DEFAULT_MEMORY_BUDGET_MIB`]), so the ceiling need not bound
+/// memory itself: a ceiling low enough to do so would make a burst of 100 jobs wait for slots
+/// their memory can well afford (docs/benchmarks.md).
 pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 200;
 
 /// Default memory budget of the write bound, MiB: the chart's memory request for the operator

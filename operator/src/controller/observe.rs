@@ -291,7 +291,7 @@ mod tests {
                 .collect(),
             ..TrainingJobStatus::default()
         };
-        // Bounded by take(): the old code walked 0..=u32::MAX - 1 here.
+        // Bounded by take(): a loop up to the recorded rank would walk 0..=u32::MAX - 1 here.
         let looked_up = |workers, ranks: &[u32]| {
             ranks_to_observe(workers, &recorded(ranks))
                 .take(100)
