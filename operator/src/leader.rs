@@ -65,24 +65,14 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// Waits for the Lease and returns once this replica holds it.
+    /// Waits for the Lease and returns once this replica holds it. An API server that cannot
+    /// be reached (or refuses) is tried again: a standby, or a leader that just stepped down,
+    /// waits out an outage of the control plane instead of exiting.
     pub async fn acquire(client: Client, election: &LeaderElection) -> Result<Self, Error> {
         let lease = Api::namespaced(client.clone(), &election.lease_namespace);
         // The lease manager detects competing replicas through server-side apply conflicts, so
         // it keeps its own per-identity field manager.
-        let manager = LeaseManagerBuilder::new(client, &election.lease_name)
-            .with_namespace(&election.lease_namespace)
-            .with_identity(&election.identity)
-            .with_duration(election.lease_duration_seconds)
-            .with_grace(election.renew_grace_seconds)
-            .build()
-            .await
-            .map_err(|e| {
-                Error::LeaderElection(format!(
-                    "Lease {}/{}: {e}",
-                    election.lease_namespace, election.lease_name
-                ))
-            })?;
+        let manager = build_manager(client, election).await;
         let (mut rx, task) = manager.watch().await;
         tracing::info!(lease = %election.lease_name, identity = %election.identity, "waiting for the leader Lease");
         while !*rx.borrow_and_update() {
@@ -131,6 +121,41 @@ impl Leadership {
         }
     }
 }
+
+/// The lease manager of `election`, once the API server answers its first read (tried again
+/// with a growing pause, up to [`MAX_BUILD_PAUSE`]).
+async fn build_manager(
+    client: Client,
+    election: &LeaderElection,
+) -> kube_lease_manager::LeaseManager {
+    let mut pause = RENEWAL_CHECK;
+    loop {
+        // The lease manager detects competing replicas through server-side apply conflicts,
+        // so it keeps its own per-identity field manager.
+        let built = LeaseManagerBuilder::new(client.clone(), &election.lease_name)
+            .with_namespace(&election.lease_namespace)
+            .with_identity(&election.identity)
+            .with_duration(election.lease_duration_seconds)
+            .with_grace(election.renew_grace_seconds)
+            .build()
+            .await;
+        match built {
+            Ok(manager) => return manager,
+            Err(e) => tracing::warn!(
+                lease = %election.lease_name,
+                namespace = %election.lease_namespace,
+                error = %e,
+                retry_in = ?pause,
+                "cannot read the leader Lease"
+            ),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_BUILD_PAUSE);
+    }
+}
+
+/// The longest pause between two tries to read the Lease.
+const MAX_BUILD_PAUSE: Duration = Duration::from_secs(10);
 
 /// Completes, with the renewal's age, once the Lease's last renewal seen is older than the
 /// [`renew_deadline`]. Reads the Lease every [`RENEWAL_CHECK`]; a read that fails (the API
