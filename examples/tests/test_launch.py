@@ -93,3 +93,74 @@ def test_a_bad_stuck_time_is_named():
     )
     assert out.returncode != 0
     assert "SIGTERM_STUCK_SECONDS='soon'" in out.stderr
+
+
+def load_launcher():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trainyard_launch", LAUNCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_master_that_accepts_or_refuses_is_reached_a_stale_address_is_not():
+    import errno
+    import socket
+
+    launch_mod = load_launcher()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    assert launch_mod.master_reachable("127.0.0.1", port) is None
+    listener.close()
+    # Nothing listens: refused, as on rank 0 before its store is up. torchrun retries that.
+    assert launch_mod.master_reachable("127.0.0.1", port) is None
+
+    def stale(address, timeout):
+        raise OSError(errno.EHOSTUNREACH, "No route to host")
+
+    why = launch_mod.master_reachable(
+        "j-worker-0.j", 29500,
+        resolve=lambda h, p, type: [(None, None, None, None, ("10.88.1.9", p))],
+        connect=stale,
+    )
+    assert why == "j-worker-0.j (10.88.1.9): No route to host"
+
+    def unknown(host, port, type):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    assert launch_mod.master_reachable("j-worker-0.j", 29500, resolve=unknown) == (
+        "j-worker-0.j does not resolve (Name or service not known)"
+    )
+
+
+def test_the_launcher_waits_while_the_master_points_nowhere_and_starts_once_it_does():
+    launch_mod = load_launcher()
+    now = [0.0]
+    answers = iter(["j-worker-0.j does not resolve", "j-worker-0.j (10.0.0.9): No route", None])
+    env = {"MASTER_ADDR": "j-worker-0.j", "MASTER_PORT": "29500"}
+    reached = launch_mod.wait_for_master(
+        env, 120, check=lambda h, p: next(answers),
+        sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0],
+    )
+    assert reached and now[0] == 2.0
+    # Past the limit it starts anyway: torchrun's own error then says what is wrong.
+    now[0] = 0.0
+    reached = launch_mod.wait_for_master(
+        env, 5, check=lambda h, p: "j-worker-0.j does not resolve",
+        sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0],
+    )
+    assert not reached and now[0] == 5.0
+    # Without a master (a single-node run) there is nothing to wait for.
+    assert launch_mod.wait_for_master({}, 5, check=lambda h, p: "never asked")
+
+
+def test_a_bad_master_wait_is_named(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(LAUNCH), "true"],
+        env={**os.environ, "MASTER_WAIT_SECONDS": "soon"},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "MASTER_WAIT_SECONDS='soon' is not a number" in result.stderr
