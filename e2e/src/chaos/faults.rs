@@ -147,7 +147,35 @@ fn skipped(kind: FaultKind, why: &str) -> Injected {
 
 /// `kill -9` of the process of the operator replica that holds the leader Lease, through the
 /// containerd of its node: the standby must take over.
+/// SIGKILLs the container of the replica holding the leader Lease. The Lease and the pod's
+/// container status may name a container that has just ended (a replica restarting): then
+/// both are read again, for up to 10 s.
 async fn kill_operator_leader(client: &Client) -> Result<String> {
+    let mut tries = 0;
+    loop {
+        let (holder, id, socket) = leader_container(client).await?;
+        let killed = run(Command::new("ctr").arg("--address").arg(&socket).args([
+            "-n",
+            "k8s.io",
+            "tasks",
+            "kill",
+            "-s",
+            "SIGKILL",
+            id.as_str(),
+        ]));
+        match killed {
+            Ok(_) => return Ok(format!("operator leader {holder} killed (-9)")),
+            Err(e) if tries < 10 && format!("{e:#}").contains("not found") => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The leader Lease's holder, its container's id and the containerd socket of its node.
+async fn leader_container(client: &Client) -> Result<(String, String, PathBuf)> {
     let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
         .get(RELEASE)
         .await
@@ -167,14 +195,10 @@ async fn kill_operator_leader(client: &Client) -> Result<String> {
         .and_then(|cs| cs.first())
         .and_then(|c| c.container_id.clone())
         .context("the leader's container has no id yet")?;
-    let id = container.trim_start_matches("containerd://");
+    let id = container.trim_start_matches("containerd://").to_owned();
     let on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     let socket = containerd_socket(on.as_deref() == Some(node2_name().as_str()));
-    run(Command::new("ctr")
-        .arg("--address")
-        .arg(&socket)
-        .args(["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id]))?;
-    Ok(format!("operator leader {holder} killed (-9)"))
+    Ok((holder, id, socket))
 }
 
 fn containerd_socket(node2: bool) -> PathBuf {
