@@ -38,15 +38,15 @@ pub struct LeaderElection {
 /// How often a leader reads its Lease to see its own renewals.
 const RENEWAL_CHECK: Duration = Duration::from_secs(1);
 
-/// How old the Lease's last renewal may grow before its holder stops leading: halfway between
-/// when the holder renews (`grace` before expiry) and when a standby may take it (expiry), so
-/// that a leader cut off from the API server has stopped before anyone else starts.
+/// How old the Lease's last renewal may grow before its holder stops leading: five sixths of
+/// the Lease's duration (at least a second short of it), so that a leader cut off from the
+/// API server has stopped before a standby may take the Lease, and well after the holder
+/// renews (`renew_grace_seconds` before expiry: half the duration, as `main` sets it).
 pub fn renew_deadline(election: &LeaderElection) -> SignedDuration {
     let duration = SignedDuration::from_secs(
         i64::try_from(election.lease_duration_seconds).unwrap_or(i64::MAX),
     );
-    let grace = SignedDuration::from_secs(i64::try_from(election.renew_grace_seconds).unwrap_or(0));
-    duration - grace / 2
+    duration - (duration / 6).max(SignedDuration::from_secs(1))
 }
 
 /// Whether a Lease last seen renewed at `renewed` is overdue at `now`.
@@ -201,19 +201,19 @@ mod tests {
 
     #[test]
     fn a_leader_stops_after_it_would_have_renewed_and_before_a_standby_may_take_over() {
-        // The defaults: 15 s, renewed 5 s before expiry (at 10 s).
-        let deadline = renew_deadline(&election(15, 5));
+        // The defaults: 15 s, renewed 7 s before expiry (at 8 s).
+        let deadline = renew_deadline(&election(15, 7));
         assert_eq!(deadline, SignedDuration::from_millis(12_500));
         let renewed = Timestamp::from_second(1_700_000_000).expect("time");
         let at = |s: i64| renewed + SignedDuration::from_secs(s);
-        // A renewal due at 10 s that is a second late is no loss.
-        assert!(!overdue(renewed, at(11), deadline));
+        // A renewal due at 8 s that is four seconds late is no loss.
+        assert!(!overdue(renewed, at(12), deadline));
         // Past the deadline, still before the standby may take it at 15 s: stop.
         assert!(overdue(renewed, at(13), deadline));
         assert!(deadline < SignedDuration::from_secs(15));
-        // The e2e harness's replicas: 6 s, renewed 2 s before expiry.
+        // The component tests' replicas: 6 s, renewed at 3 s, a second short of expiry.
         assert_eq!(
-            renew_deadline(&election(6, 2)),
+            renew_deadline(&election(6, 3)),
             SignedDuration::from_secs(5)
         );
     }

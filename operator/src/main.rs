@@ -232,7 +232,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| client.default_namespace().to_owned()),
         identity: identity.clone(),
         lease_duration_seconds: args.lease_duration_seconds,
-        renew_grace_seconds: (args.lease_duration_seconds / 3).max(1),
+        renew_grace_seconds: (args.lease_duration_seconds / 2).max(1),
     });
     let own_namespace = args
         .lease_namespace

@@ -263,7 +263,7 @@ impl TestEnv {
             lease_namespace: self.ns.clone(),
             identity: identity.to_owned(),
             lease_duration_seconds: 6,
-            renew_grace_seconds: 2,
+            renew_grace_seconds: 3,
         };
         self.start_operator_with(fast_config(), Some(election), None, DEFAULT_CEILING)
     }
