@@ -100,8 +100,27 @@ pub async fn inject(
     Ok(Injected { kind, what, node })
 }
 
-/// Undoes a fault that [`FaultKind::is_undone`]; single actions have nothing to undo.
-pub async fn undo(target: &Target, fault: &Injected) -> Result<()> {
+/// What undoing a `SuspendResume` adds to its line when the job was not suspended when it
+/// was resumed (it had ended first): the operator had nothing to resume, so no attempt follows.
+pub const NO_RESUME: &str = "not suspended when resumed: no resume";
+
+/// Undoes a fault that [`FaultKind::is_undone`]; single actions have nothing to undo. Says
+/// what the undoing found, when that changes what the fault caused ([`NO_RESUME`]).
+pub async fn undo(target: &Target, fault: &Injected) -> Result<Option<String>> {
+    if fault.kind == FaultKind::SuspendResume {
+        let phase = crate::chaos::run::job_phase(target).await;
+        set_suspend(target, false).await?;
+        return Ok((phase.as_deref() != Some("Suspended")).then(|| {
+            format!(
+                "{NO_RESUME} (phase {})",
+                phase.as_deref().unwrap_or("unknown")
+            )
+        }));
+    }
+    undo_effect(target, fault).await.map(|()| None)
+}
+
+async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
     match fault.kind {
         FaultKind::GpuUnhealthy => set_gpu_healthy(true).map(drop),
         FaultKind::LoseNode2 => blocking(|| node2("start")).await,
@@ -110,7 +129,6 @@ pub async fn undo(target: &Target, fault: &Injected) -> Result<()> {
             Some(node) => set_termination_taint(&target.client, node, false).await,
             None => Ok(()),
         },
-        FaultKind::SuspendResume => set_suspend(target, false).await,
         _ => Ok(()),
     }
 }

@@ -122,7 +122,9 @@ async fn play_and_end(
     let (injected, not_injected) = play(&target, schedule, &mut pick).await?;
     let resumes = injected
         .iter()
-        .filter(|(_, k, what)| k.counts_a_resume() && !what.starts_with("skipped"))
+        .filter(|(_, k, what)| {
+            k.counts_a_resume() && !what.starts_with("skipped") && !what.contains(faults::NO_RESUME)
+        })
         .count();
 
     let end = wait_phase(client, ns, name, "Succeeded", Duration::from_secs(900)).await;
@@ -189,6 +191,8 @@ async fn play(
     // restart can) is still held as long as the schedule says.
     let mut timeline = Timeline::new(schedule.faults.iter().map(|f| f.at));
     let mut active: Vec<Option<Injected>> = schedule.faults.iter().map(|_| None).collect();
+    // Where each fault stands in `injected`, to add what undoing it found.
+    let mut position: Vec<Option<usize>> = vec![None; schedule.faults.len()];
     let (mut injected, mut not_injected) = (Vec::new(), 0);
     while let Some((at, i, inject)) = timeline.next() {
         tokio::time::sleep(at.saturating_sub(start.elapsed())).await;
@@ -211,20 +215,25 @@ async fn play(
                 start.elapsed().as_secs(),
                 fault.what
             );
+            position[i] = Some(injected.len());
             injected.push((start.elapsed(), kind, fault.what.clone()));
             active[i] = Some(fault);
             if kind.is_undone() {
                 timeline.injected(i, start.elapsed(), planned.hold);
             }
         } else if let Some(fault) = active[i].take() {
-            faults::undo(target, &fault)
+            let found = faults::undo(target, &fault)
                 .await
                 .with_context(|| format!("undoing {}", fault.kind))?;
+            let note = found.map(|f| format!(": {f}")).unwrap_or_default();
             println!(
-                "chaos t+{:>4}s {} undone",
+                "chaos t+{:>4}s {} undone{note}",
                 start.elapsed().as_secs(),
                 fault.kind
             );
+            if let Some(entry) = position[i].and_then(|p| injected.get_mut(p)) {
+                entry.2.push_str(&note);
+            }
         }
     }
     Ok((injected, not_injected))
@@ -271,6 +280,14 @@ async fn undo_all(target: &Target, active: &mut [Option<Injected>]) {
             println!("chaos: undoing {} failed: {e:#}", fault.kind);
         }
     }
+}
+
+/// The job's phase now, if it can be read.
+pub(crate) async fn job_phase(target: &Target) -> Option<String> {
+    let st = job_status(&target.client, &target.namespace, &target.job)
+        .await
+        .ok()?;
+    st["phase"].as_str().map(str::to_owned)
 }
 
 async fn job_ended(target: &Target) -> bool {
