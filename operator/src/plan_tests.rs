@@ -1753,6 +1753,28 @@ fn reports(attempt: u32, ranks: &[(u32, u64)], at: Timestamp) -> ObservedProgres
     }
 }
 
+/// Found by the chaos run (seed 6): six seconds after the leader was killed, the new leader's
+/// first report of the attempt named an older checkpoint (262) than the status held (280).
+#[test]
+fn the_recorded_checkpoint_never_goes_back_within_an_attempt() {
+    let mut w = World::running_world("workers: 2\n");
+    let mut p = reports(0, &[(0, 285), (1, 285)], w.now);
+    p.checkpoint = Some((280, w.now));
+    w.progress = Some(p);
+    w.step();
+    let mut p = reports(0, &[(0, 286), (1, 286)], w.now);
+    p.checkpoint = Some((262, w.now));
+    w.progress = Some(p);
+    let st = w.step().status.progress.expect("progress");
+    assert_eq!((st.step, st.checkpoint_step), (286, Some(280)));
+    // A newer one moves it on.
+    let mut p = reports(0, &[(0, 291), (1, 291)], w.now);
+    p.checkpoint = Some((290, w.now));
+    w.progress = Some(p);
+    let st = w.step().status.progress.expect("progress");
+    assert_eq!(st.checkpoint_step, Some(290));
+}
+
 #[test]
 fn a_job_whose_trainers_never_report_is_decided_as_without_the_channel() {
     let mut w = World::running_world("workers: 2\nrestartPolicy: {progressTimeoutSeconds: 30}\n");

@@ -54,8 +54,11 @@ pub(in crate::plan) fn record_progress(view: &View<'_>, round: &mut Round) -> Fl
             ..ProgressStatus::default()
         });
     st.step = p.step();
+    // Within one attempt the checkpoint only moves forward: a leader that just took over
+    // starts with an empty store, and the first report it takes may name an older
+    // checkpoint than the status holds.
     if let Some((step, at)) = p.checkpoint
-        && st.checkpoint_step != Some(step)
+        && st.checkpoint_step.is_none_or(|recorded| step > recorded)
     {
         st.checkpoint_step = Some(step);
         st.checkpoint_time = Some(Time(at));
