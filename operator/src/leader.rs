@@ -70,8 +70,6 @@ impl Leadership {
     /// waits out an outage of the control plane instead of exiting.
     pub async fn acquire(client: Client, election: &LeaderElection) -> Result<Self, Error> {
         let lease = Api::namespaced(client.clone(), &election.lease_namespace);
-        // The lease manager detects competing replicas through server-side apply conflicts, so
-        // it keeps its own per-identity field manager.
         let manager = build_manager(client, election).await;
         let (mut rx, task) = manager.watch().await;
         tracing::info!(lease = %election.lease_name, identity = %election.identity, "waiting for the leader Lease");

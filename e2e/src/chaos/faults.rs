@@ -26,6 +26,16 @@ pub struct Target {
     pub job: String,
 }
 
+impl Target {
+    /// The job's phase now, if it can be read.
+    pub async fn phase(&self) -> Option<String> {
+        let st = crate::jobs::job_status(&self.client, &self.namespace, &self.job)
+            .await
+            .ok()?;
+        st["phase"].as_str().map(str::to_owned)
+    }
+}
+
 /// A fault that was injected, with what its undoing needs.
 #[derive(Debug)]
 pub struct Injected {
@@ -108,7 +118,7 @@ pub const NO_RESUME: &str = "not suspended when resumed: no resume";
 /// what the undoing found, when that changes what the fault caused ([`NO_RESUME`]).
 pub async fn undo(target: &Target, fault: &Injected) -> Result<Option<String>> {
     if fault.kind == FaultKind::SuspendResume {
-        let phase = crate::chaos::run::job_phase(target).await;
+        let phase = target.phase().await;
         set_suspend(target, false).await?;
         return Ok((phase.as_deref() != Some("Suspended")).then(|| {
             format!(

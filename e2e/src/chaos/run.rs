@@ -282,18 +282,11 @@ async fn undo_all(target: &Target, active: &mut [Option<Injected>]) {
     }
 }
 
-/// The job's phase now, if it can be read.
-pub(crate) async fn job_phase(target: &Target) -> Option<String> {
-    let st = job_status(&target.client, &target.namespace, &target.job)
-        .await
-        .ok()?;
-    st["phase"].as_str().map(str::to_owned)
-}
-
 async fn job_ended(target: &Target) -> bool {
-    job_status(&target.client, &target.namespace, &target.job)
-        .await
-        .is_ok_and(|st| matches!(st["phase"].as_str(), Some("Succeeded" | "Failed")))
+    matches!(
+        target.phase().await.as_deref(),
+        Some("Succeeded" | "Failed")
+    )
 }
 
 /// Watches the job's pods and its status, feeding every change to the checker.

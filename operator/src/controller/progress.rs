@@ -45,7 +45,7 @@ impl FollowUp {
 }
 
 /// The store's reports as the decision reads them.
-fn as_observed(p: JobProgress) -> ObservedProgress {
+fn as_observed(p: JobProgress, channel_refused_at: Option<jiff::Timestamp>) -> ObservedProgress {
     ObservedProgress {
         attempt: p.attempt,
         ranks: p
@@ -63,7 +63,7 @@ fn as_observed(p: JobProgress) -> ObservedProgress {
         previous_attempt_step: p.previous_attempt_step,
         checkpoint_requested: p.checkpoint_requested,
         checkpoint_saved_on_request: p.checkpoint_saved_on_request,
-        channel_refused_at: None,
+        channel_refused_at,
     }
 }
 
@@ -81,10 +81,7 @@ impl Context {
                 .get_or_create(&job_labels(&job.namespace, &job.name))
                 .set(rate);
         }
-        Some(ObservedProgress {
-            channel_refused_at: self.progress.last_refusal(),
-            ..as_observed(progress)
-        })
+        Some(as_observed(progress, self.progress.last_refusal()))
     }
 
     /// Asks the trainers for a checkpoint, or withdraws the request, as `plan` decided: at
