@@ -124,6 +124,7 @@ pub fn after_writes(
                     kind: EventKind::Warning,
                     reason: "WriteRejected".to_owned(),
                     note: message,
+                    starts_attempt: None,
                 });
             }
         }
@@ -141,6 +142,7 @@ pub fn after_writes(
                 kind: EventKind::Normal,
                 reason: "WriteAccepted".to_owned(),
                 note: "the API server accepts the job's objects again".to_owned(),
+                starts_attempt: None,
             });
         }
         None => {}

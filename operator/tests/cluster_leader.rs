@@ -6,6 +6,7 @@ mod harness;
 
 use harness::{TestEnv, WAIT, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -106,5 +107,92 @@ async fn a_leader_that_loses_the_lease_stays_up_and_leads_again_once_it_is_free(
     .await;
     t.wait_running(0, 1).await;
     replica.stop().await;
+    t.cleanup().await;
+}
+
+/// The Events of the job with this uid that start an attempt, with their repetitions.
+async fn attempt_events(t: &TestEnv, uid: &str) -> Vec<(String, String)> {
+    let events: Api<Event> = Api::namespaced(t.client.clone(), &t.ns);
+    events
+        .list(&Default::default())
+        .await
+        .expect("listing Events")
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(uid))
+        .filter(|e| {
+            ["Preempted", "WorkerFailed", "Hang", "Resumed"]
+                .contains(&e.reason.as_deref().unwrap_or(""))
+        })
+        .flat_map(|e| {
+            let seen = usize::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1);
+            let told = (
+                e.metadata.name.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+            );
+            std::iter::repeat_n(told, seen)
+        })
+        .collect()
+}
+
+/// Found by the chaos run (seed 4): a leader wrote a restart and was killed before it
+/// published the restart's Event; the next leader carried the restart on from the status
+/// (rightly, without deciding it again), and no replica ever told it. Now the next leader tells
+/// the attempt, and a third tells it no second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_restart_its_leader_never_told_is_told_once_by_the_next() {
+    let t = TestEnv::new("ty-told").await;
+    t.add_node("n", &[], 4).await;
+    let first = t.start_replica("replica-a");
+    t.create_job(
+        "one",
+        json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
+        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
+    )
+    .await;
+    t.wait_running(0, 1).await;
+    first.stop().await;
+
+    // The restart as the killed leader wrote it, with no Event.
+    let now = jiff::Timestamp::now();
+    t.jobs()
+        .patch_status(
+            "one",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "attempt": 1, "phase": "Restarting", "preemptions": 1, "workers": [],
+                "lastRestart": {"time": now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                    "reason": "Preemption", "detail": "a termination notice on n"},
+            }})),
+        )
+        .await
+        .expect("writing the restart");
+    let uid = t.job("one").await.metadata.uid.expect("uid");
+    assert_eq!(attempt_events(&t, &uid).await.len(), 0);
+
+    let second = t.start_replica("replica-b");
+    t.wait_running(1, 1).await;
+    let told = wait_for("the attempt's Event", WAIT, || async {
+        let told = attempt_events(&t, &uid).await;
+        (!told.is_empty()).then_some(told)
+    })
+    .await;
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0].1, "Preempted");
+    assert!(told[0].0.ends_with(".attempt-1"), "{told:?}");
+    second.stop().await;
+
+    // A third leader reconciles the job (its first round of it) and tells nothing again.
+    let third = t.start_replica("replica-c");
+    t.create_job(
+        "two",
+        json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
+        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
+    )
+    .await;
+    t.wait_running(0, 1).await;
+    assert_eq!(attempt_events(&t, &uid).await, told);
+    third.stop().await;
     t.cleanup().await;
 }

@@ -7,12 +7,19 @@ use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
+use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
 use super::gate::{Urgency, WriteGate};
-use crate::events::{EventKind, JobEvent};
+use super::job_memory::JobMemory;
+use crate::events::{EventKind, JobEvent, StartsAttempt, attempt_event_name};
+
+/// The action of every Event the operator publishes.
+const ACTION: &str = "Reconcile";
 
 /// Event batches (one per reconcile) waiting to be published.
 pub(super) const EVENT_QUEUE: usize = 1024;
@@ -30,37 +37,111 @@ pub(super) type EventBatch = (ObjectReference, Vec<JobEvent>);
 /// minutes, to turn a repeat into a series: 9 MB of the operator's peak heap at 1,000 jobs
 /// (heaptrack), and a repeat of one of our Events would keep the first one's note. The
 /// operator publishes an Event per transition, never the same one again, so it needs no series.
+/// An Event that starts an attempt is created under its own name instead
+/// ([`publish_attempt_start`]); when that fails, `memory` forgets it was told, so that a later
+/// round tells it again.
 pub(super) async fn publish_events(
     client: Client,
     reporter: Reporter,
     gate: Arc<WriteGate>,
+    memory: Arc<JobMemory>,
     mut batches: mpsc::Receiver<EventBatch>,
 ) {
     let batches = stream::poll_fn(move |cx| batches.poll_recv(cx));
     batches
         .for_each_concurrent(EVENT_PUBLISHERS, |(reference, events)| {
             let recorder = Recorder::new(client.clone(), reporter.clone());
-            let gate = gate.clone();
+            let (client, reporter, gate, memory) =
+                (client.clone(), &reporter, gate.clone(), memory.clone());
             async move {
                 let _slot = gate.enter(Urgency::Routine, 1).await;
                 for e in events {
-                    let event = Event {
-                        type_: match e.kind {
-                            EventKind::Normal => EventType::Normal,
-                            EventKind::Warning => EventType::Warning,
-                        },
-                        reason: e.reason.clone(),
-                        note: Some(truncate_note(e.note)),
-                        action: "Reconcile".to_owned(),
-                        secondary: None,
+                    let (reason, starts_attempt) = (e.reason.clone(), e.starts_attempt);
+                    let published = match starts_attempt {
+                        Some(a) => {
+                            let event = attempt_start_event(e, a, &reference, reporter);
+                            gate.timed(publish_attempt_start(&client, event)).await
+                        }
+                        None => gate.timed(recorder.publish(&recorded(e), &reference)).await,
                     };
-                    if let Err(err) = gate.timed(recorder.publish(&event, &reference)).await {
-                        tracing::warn!(error = %err, reason = %e.reason, "publishing an Event");
+                    if let Err(err) = published {
+                        tracing::warn!(error = %err, %reason, "publishing an Event");
+                        if let (Some(uid), Some(a)) = (reference.uid.as_deref(), starts_attempt) {
+                            memory.untell(uid, a.attempt);
+                        }
                     }
                 }
             }
         })
         .await;
+}
+
+/// The Event to record for `e`.
+fn recorded(e: JobEvent) -> Event {
+    Event {
+        type_: match e.kind {
+            EventKind::Normal => EventType::Normal,
+            EventKind::Warning => EventType::Warning,
+        },
+        reason: e.reason,
+        note: Some(truncate_note(e.note)),
+        action: ACTION.to_owned(),
+        secondary: None,
+    }
+}
+
+/// The Event that starts an attempt, named after the job and the attempt and dated when
+/// the attempt was decided.
+fn attempt_start_event(
+    e: JobEvent,
+    starts_attempt: StartsAttempt,
+    reference: &ObjectReference,
+    reporter: &Reporter,
+) -> K8sEvent {
+    let name = attempt_event_name(
+        reference.name.as_deref().unwrap_or_default(),
+        reference.uid.as_deref().unwrap_or_default(),
+        starts_attempt.attempt,
+    );
+    K8sEvent {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: reference.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        action: Some(ACTION.to_owned()),
+        reason: Some(e.reason),
+        note: Some(truncate_note(e.note)),
+        type_: Some(
+            match e.kind {
+                EventKind::Normal => "Normal",
+                EventKind::Warning => "Warning",
+            }
+            .to_owned(),
+        ),
+        event_time: Some(MicroTime(starts_attempt.at)),
+        regarding: Some(reference.clone()),
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(
+            reporter
+                .instance
+                .clone()
+                .unwrap_or_else(|| reporter.controller.clone()),
+        ),
+        ..K8sEvent::default()
+    }
+}
+
+/// Creates the Event that starts an attempt; one that exists already (published by this replica's
+/// predecessor, or by this replica before) is the same Event, told.
+async fn publish_attempt_start(client: &Client, event: K8sEvent) -> Result<(), kube::Error> {
+    let ns = event.metadata.namespace.clone().unwrap_or_default();
+    let events: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
+    match events.create(&PostParams::default(), &event).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Event notes are limited to 1 kB by the API server.

@@ -149,11 +149,14 @@ impl Executor {
             wrote?;
             (writes, acted, permit)
         };
-        self.publish(
-            &reference,
-            decided.events.into_iter().chain(announcement).collect(),
-        )
-        .await;
+        let mut events: Vec<_> = decided.events.into_iter().chain(announcement).collect();
+        // The first round of a restarted job (or of a new attempt of it) that this replica
+        // carries out makes sure the attempt's Event exists: a leader may have died between
+        // writing the restart and publishing it.
+        if decided.status.attempt > 0 && !self.memory.tell(&uid, decided.status.attempt) {
+            plan::tell_attempt_start(&mut events, &decided.status, now);
+        }
+        self.publish(&reference, events).await;
         // A rejected write is shown on the job; the error below retries it with backoff.
         let (after, events) =
             rejection::after_writes(&decided.status, &writes, job.metadata.generation, now);
@@ -992,6 +995,30 @@ mod tests {
         let pod_creates = h.sent().iter().filter(|s| s.is("POST", PODS)).count();
         assert_eq!(pod_creates, 2, "the repeated creates are held back");
         assert_eq!(h.queued_events(), [], "the attempt is announced once");
+    }
+
+    /// Found by the chaos run (seed 4): a leader killed between writing a restart and
+    /// publishing its Event left the attempt untold, and no later leader told it.
+    #[tokio::test]
+    async fn the_first_round_of_a_restarted_job_tells_its_attempt_once() {
+        let mut h = Harness::new(accept);
+        let restarted = || {
+            let mut plan = round(Vec::new());
+            plan.status.attempt = 3;
+            plan.status.last_restart = Some(crate::crd::LastRestart {
+                time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+                reason: crate::crd::RestartReason::Preemption,
+                detail: "a termination notice on node-2".to_owned(),
+            });
+            plan
+        };
+        h.carry_out(restarted(), false).await.expect("first round");
+        let told = h.queued_events();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].reason, "Preempted");
+        assert_eq!(told[0].starts_attempt.map(|s| s.attempt), Some(3));
+        h.carry_out(restarted(), false).await.expect("second round");
+        assert_eq!(h.queued_events(), [], "the attempt is told once");
     }
 
     #[tokio::test]

@@ -34,6 +34,9 @@ pub struct JobMemory {
     /// When a restart was decided, by uid, with the attempt it starts (for the recovery
     /// histogram).
     detected: Mutex<HashMap<String, (u32, Instant)>>,
+    /// The attempt whose Event this replica last published (or queued), by uid
+    /// ([`crate::plan::tell_attempt_start`]).
+    told: Mutex<HashMap<String, u32>>,
     /// Consecutive transient errors, by namespace/name.
     error_counts: Mutex<HashMap<String, u32>>,
     /// Malformed objects already reported, by uid → generation.
@@ -112,6 +115,25 @@ impl JobMemory {
         lock(&self.detected).remove(uid)
     }
 
+    /// Whether this replica has told the job's `attempt` (queued the Event that starts it); marks it
+    /// told from now on.
+    pub fn tell(&self, uid: &str, attempt: u32) -> bool {
+        let mut told = lock(&self.told);
+        if told.get(uid) == Some(&attempt) {
+            return true;
+        }
+        told.insert(uid.to_owned(), attempt);
+        false
+    }
+
+    /// Publishing the Event that starts `attempt` failed: a later round tells it again.
+    pub fn untell(&self, uid: &str, attempt: u32) {
+        let mut told = lock(&self.told);
+        if told.get(uid) == Some(&attempt) {
+            told.remove(uid);
+        }
+    }
+
     /// One more consecutive transient error of a job; returns how many in a row.
     pub fn count_error(&self, key: &str) -> u32 {
         let mut counts = lock(&self.error_counts);
@@ -169,6 +191,7 @@ impl JobMemory {
     pub fn forget(&self, uid: &str, path: &str) {
         self.status.forget(uid);
         lock(&self.detected).remove(uid);
+        lock(&self.told).remove(uid);
         lock(&self.reported_malformed).remove(uid);
         lock(&self.last_valid).remove(uid);
         lock(&self.error_counts).remove(path);
@@ -177,6 +200,7 @@ impl JobMemory {
     fn retain(&self, live: &LiveJobs) {
         self.status.retain(|uid| live.uids.contains(uid));
         lock(&self.detected).retain(|uid, _| live.uids.contains(uid));
+        lock(&self.told).retain(|uid, _| live.uids.contains(uid));
         lock(&self.reported_malformed).retain(|uid, _| live.uids.contains(uid));
         lock(&self.last_valid).retain(|uid, _| live.uids.contains(uid));
         lock(&self.error_counts).retain(|path, _| live.paths.contains(path));
@@ -188,6 +212,7 @@ impl JobMemory {
             written,
             deferred,
             lock(&self.detected).len(),
+            lock(&self.told).len(),
             lock(&self.error_counts).len(),
             lock(&self.reported_malformed).len(),
             lock(&self.last_valid).len(),

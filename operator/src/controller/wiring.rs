@@ -282,6 +282,7 @@ fn start_writes(
         client.clone(),
         reporter,
         gate.clone(),
+        memory.clone(),
         events_rx,
     ));
     let executor = Executor::new(

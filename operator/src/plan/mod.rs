@@ -38,6 +38,7 @@ use crate::condition::{self, condition_is_true, set_condition};
 use crate::events::JobEvent;
 use crate::reason;
 
+mod attempt_start;
 mod cost_fallback;
 mod goodput;
 mod phases;
@@ -45,6 +46,7 @@ mod reads;
 mod round;
 mod view;
 
+pub use attempt_start::tell_attempt_start;
 pub use phases::PhaseName;
 pub use reads::sibling_to_read;
 use round::Round;

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::cost_fallback;
 use super::round::Round;
 use super::view::{View, resumes_as_new_attempt};
 use super::{
     Action, CLUSTER_WAIT_RECHECK, Flow, JobEvent, condition, condition_is_true, failure_backoff,
 };
+use super::{attempt_start, cost_fallback};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LastRestart, Phase, RestartReason};
 use crate::placement::{self, Placement};
@@ -198,12 +198,9 @@ fn resume(view: &View<'_>, round: &mut Round) -> Flow {
         reason: RestartReason::Resume,
         detail: "spec.suspend set to false".to_owned(),
     });
-    round.events.push(JobEvent::normal(
-        reason::RESUMED,
-        format!(
-            "spec.suspend is false: recreating the workers as attempt {next} with RESUME_FROM set"
-        ),
-    ));
+    round
+        .events
+        .push(attempt_start::resume_event(next, view.now));
     round.resumed = Some(RestartReason::Resume);
     Flow::Continue
 }
@@ -452,7 +449,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
         false => place(view, &node_refs, history),
     };
     if !half_created {
-        announce_attempt(view, round, &placement, missing.len());
+        tell_attempt_start(view, round, &placement, missing.len());
     }
     if !view.observed.service_exists {
         let service = service::desired_service(view.job);
@@ -497,7 +494,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
 
 /// The first pods of an attempt: record the GPU chosen, and announce the job's first attempt
 /// (a later one was announced by its restart's Event).
-fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, count: usize) {
+fn tell_attempt_start(view: &View<'_>, round: &mut Round, placement: &Placement, count: usize) {
     let st = &mut round.st;
     st.selected_gpu = placement.selected.clone();
     round.creates_attempt = Some(st.attempt);

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::super::round::Round;
 use super::super::view::View;
-use super::super::{Flow, JobEvent, condition, failure_backoff};
+use super::super::{Flow, JobEvent, attempt_start, condition, failure_backoff};
 use crate::crd::{LastRestart, Phase, RestartReason};
 use crate::lost_peer::{self, Judging, SilentPeer, Verdict};
 use crate::nodes;
@@ -167,7 +167,7 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
         Some(next) => Ok(next),
     };
     match next_attempt {
-        Ok(next) => restart(view, round, next, reason, event, &detail),
+        Ok(next) => restart(view, round, next, reason, &detail),
         Err((why, message)) => {
             round.events.push(JobEvent::warning(event, detail.clone()));
             round.fail(view, why, &message);
@@ -179,15 +179,8 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
 }
 
 /// Moves to attempt `next` and stops every pod, which is now from an older attempt. One Event
-/// says why and what follows (reason `event`: Preempted, WorkerFailed, Hang, Resumed).
-fn restart(
-    view: &View<'_>,
-    round: &mut Round,
-    next: u32,
-    reason: RestartReason,
-    event: &str,
-    detail: &str,
-) {
+/// says why and what follows, and starts the attempt (see `attempt_start`).
+fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason, detail: &str) {
     let now = view.now;
     let st = &mut round.st;
     st.attempt = next;
@@ -208,9 +201,8 @@ fn restart(
     } else {
         String::new()
     };
-    round.events.push(JobEvent::warning(
-        event,
-        format!("{detail}; gang restart as attempt {next} with RESUME_FROM set{wait}"),
+    round.events.push(attempt_start::restart_event(
+        reason, detail, next, &wait, now,
     ));
     let preemptions = round.st.preemptions;
     let (mode, fell_back) = placement::spot_mode(view.job, preemptions);
