@@ -55,6 +55,10 @@ pub const ALL_WORKERS_SUCCEEDED: &str = "AllWorkersSucceeded";
 pub const NAMES_FREE: &str = "NamesFree";
 pub const NAME_TAKEN: &str = "NameTaken";
 pub const NAME_CONFLICT: &str = "NameConflict";
+/// The API server refused a write of the job's objects for good (`WriteRejected` condition).
+pub const WRITE_REJECTED: &str = "WriteRejected";
+/// The API server accepts the job's writes again.
+pub const WRITE_ACCEPTED: &str = "WriteAccepted";
 /// Unscheduled workers avoided a node whose termination notice is withdrawn: replaced (Event).
 pub const NOTICE_WITHDRAWN: &str = "NoticeWithdrawn";
 /// The workers of an attempt are being created (Event).

@@ -13,7 +13,8 @@ use jiff::Timestamp;
 
 use crate::condition::{self, condition_is_true, set_condition};
 use crate::crd::TrainingJobStatus;
-use crate::events::{EventKind, JobEvent};
+use crate::events::JobEvent;
+use crate::reason;
 
 /// The longest server message kept in the condition (the Event note is cut at 1 kB anyway).
 const MAX_MESSAGE: usize = 1024;
@@ -120,12 +121,7 @@ pub fn after_writes(
                 generation,
             );
             if !repeated {
-                events.push(JobEvent {
-                    kind: EventKind::Warning,
-                    reason: "WriteRejected".to_owned(),
-                    note: message,
-                    starts_attempt: None,
-                });
+                events.push(JobEvent::warning(reason::WRITE_REJECTED, message));
             }
         }
         None if was_rejected && writes.accepted > 0 => {
@@ -138,12 +134,10 @@ pub fn after_writes(
                 now,
                 generation,
             );
-            events.push(JobEvent {
-                kind: EventKind::Normal,
-                reason: "WriteAccepted".to_owned(),
-                note: "the API server accepts the job's objects again".to_owned(),
-                starts_attempt: None,
-            });
+            events.push(JobEvent::normal(
+                reason::WRITE_ACCEPTED,
+                "the API server accepts the job's objects again",
+            ));
         }
         None => {}
     }
@@ -153,6 +147,7 @@ pub fn after_writes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::EventKind;
     use crate::fixtures::ts;
     use serde_json::json;
 
