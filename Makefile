@@ -36,6 +36,7 @@ chaos: prereqs
 
 ## Rust itself is not installed here (see README): say so before anything else runs.
 prereqs:
+	@date +"make: prereqs from %T"
 	@command -v $(CARGO) >/dev/null || { echo "prereqs: no $(CARGO): install a Rust toolchain (1.89+, e.g. with rustup) first" >&2; exit 1; }
 	bash e2e/cluster/install-prereqs.sh
 	rustup component add rustfmt clippy >/dev/null 2>&1 || true
@@ -43,13 +44,16 @@ prereqs:
 	$(VENV)/bin/pip install -q -r charts/tests/requirements.txt
 
 lint:
+	@date +"make: lint from %T"
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 unit:
+	@date +"make: unit from %T"
 	$(CARGO) test --workspace
 
 chart-test:
+	@date +"make: chart-test from %T"
 	$(VENV)/bin/pytest -q charts/tests examples/tests e2e/pytests
 
 ## Cluster tests are #[ignore]d in plain `cargo test`; here they run against the
@@ -59,6 +63,7 @@ chart-test:
 ## node (node 2) is cordoned for all but the two-node scenarios, which uncordon it.
 ## The dashboard test runs after the scenarios: it queries what Prometheus scraped during them.
 e2e:
+	@date +"make: e2e from %T"
 	$(CARGO) build --workspace --bins
 	bash e2e/with-cluster.sh bash -c 'kubectl cordon $(NODE2) >/dev/null && $(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --skip nvml_ --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored --skip dashboard_ && $(CARGO) test -p trainyard-e2e --test dashboard -- --ignored'
 

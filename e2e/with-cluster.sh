@@ -16,6 +16,7 @@ fi
 cleanup() {
   local rc=$?
   if [[ $was_up == 0 && ${TRAINYARD_E2E_KEEP_UP:-0} != 1 ]]; then
+    date +"with-cluster: down from %T"
     # down.sh verifies that nothing of the harness is left; if something is, the run fails.
     if ! TRAINYARD_E2E_LOGS_TO=${TRAINYARD_E2E_LOGS_TO:-$(dirname "$HERE")/target/e2e-logs} bash "$HERE/cluster/down.sh"; then
       ((rc)) || rc=1
@@ -25,6 +26,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+date +"with-cluster: up from %T"
 bash "$HERE/cluster/up.sh"
 if [[ ${TRAINYARD_E2E_EXISTING:-0} != 1 ]]; then
   export KUBECONFIG=$KUBECONFIG_FILE
@@ -34,4 +36,5 @@ if [[ ${TRAINYARD_E2E_EXISTING:-0} != 1 ]]; then
 fi
 export TRAINYARD_E2E_STATE=$STATE TRAINYARD_KUBELET_ROOT=$KUBELET_ROOT
 export PATH=$K8S_BIN:$PATH
+date +"with-cluster: tests from %T"
 "$@"
