@@ -21,11 +21,12 @@ def passed(run):
 def row(r):
     if "error" in r:
         # The harness could not finish the run: its faults are the ones scheduled.
-        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | FAIL (unfinished): {r['error']} |"
+        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | FAIL (unfinished): {r['error']} |"
     result = "pass" if passed(r) else "FAIL: " + "; ".join(r["violations"])
     return (
         f"| {r['seed']} | {len(r['faults'])} | {r['attempt']} | {r['preemptions']} | "
-        f"{r['failures']} | {r['hangs']} | {r['steps_lost']} | {r['wall_seconds']} | {result} |"
+        f"{r['failures']} | {r['hangs']} | {r['steps_lost']} | {r.get('checkpoints_read', '')} | "
+        f"{r['wall_seconds']} | {result} |"
     )
 
 
@@ -38,8 +39,9 @@ def render(runs):
         f"{sum(len(r['faults']) for r in finished)} faults injected in the finished runs "
         f"({sum(r['not_injected'] for r in finished)} not injected: the job had ended).",
         "",
-        "| seed | faults | attempt | preemptions | failures | hangs | steps lost | wall (s) | result |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| seed | faults | attempt | preemptions | failures | hangs | steps lost "
+        "| latest.pt reads | wall (s) | result |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [row(r) for r in runs]
     lines += ["", "Faults injected, by kind:", "", "| kind | injected |", "|---|---:|"]

@@ -13,7 +13,8 @@ SPEC.loader.exec_module(chaos_report)
 
 PASSED = {
     "seed": 1, "faults": ["LoseNode2", "RestartEtcd"], "not_injected": 0, "attempt": 2,
-    "preemptions": 1, "failures": 0, "hangs": 0, "steps_lost": 3, "wall_seconds": 200,
+    "preemptions": 1, "failures": 0, "hangs": 0, "steps_lost": 3, "checkpoints_read": 180,
+    "wall_seconds": 200,
     "violations": [],
 }
 VIOLATED = dict(PASSED, seed=2, violations=["t=12s: two running pods of rank 1"])
@@ -32,8 +33,8 @@ def write(tmp_path, runs):
 def test_the_summary_counts_violations_and_unfinished_runs_as_failed(tmp_path):
     doc = write(tmp_path, [PASSED, VIOLATED, UNFINISHED])
     assert "3 runs, 1 passed, 2 failed; 4 faults injected in the finished runs" in doc
-    assert "| 2 | 2 | 2 | 1 | 0 | 0 | 3 | 200 | FAIL: t=12s: two running pods of rank 1 |" in doc
-    assert "| 3 | 1 | | | | | | | FAIL (unfinished): install_chart: timed out |" in doc
+    assert "| 2 | 2 | 2 | 1 | 0 | 0 | 3 | 180 | 200 | FAIL: t=12s: two running pods of rank 1 |" in doc
+    assert "| 3 | 1 | | | | | | | | FAIL (unfinished): install_chart: timed out |" in doc
     assert "| LoseNode2 | 2 |" in doc and "KillOperatorLeader" not in doc.split("by kind")[1]
 
 

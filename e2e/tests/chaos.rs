@@ -68,7 +68,8 @@ async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
             "seed": report.seed, "faults": kinds, "not_injected": report.not_injected,
             "attempt": report.attempt, "preemptions": report.preemptions,
             "failures": report.failures, "hangs": report.hangs,
-            "steps_lost": report.steps_lost, "wall_seconds": report.wall.as_secs(),
+            "steps_lost": report.steps_lost, "checkpoints_read": report.checkpoints_read,
+            "wall_seconds": report.wall.as_secs(),
             "violations": report.violations.iter().map(ToString::to_string).collect::<Vec<_>>(),
         })
     )?;

@@ -4,7 +4,8 @@
 //! - never two running pods of one rank, never running pods of two attempts at once;
 //! - the counters (`attempt`, `preemptions`, `failures`, `hangs`) never decrease, and
 //!   `attempt` is never below the restarts counted;
-//! - the reported checkpoint step never goes backwards.
+//! - the reported checkpoint step never goes backwards;
+//! - `latest.pt`, read from the job's volume every second, is never torn.
 //!
 //! At the end: `attempt` = preemptions + failures + hangs + resumes, one restart Event per
 //! restart, no failure the schedule did not cause, the job Succeeded with the digest of the
@@ -84,6 +85,8 @@ pub struct Checker {
     violations: Vec<Violation>,
     /// The steps each restart lost, by the attempt after it.
     steps_lost: std::collections::BTreeMap<u32, u64>,
+    /// How often `latest.pt` was read (a run that never read it checked nothing).
+    checkpoints_read: u32,
 }
 
 impl Checker {
@@ -118,6 +121,19 @@ impl Checker {
                 format!("running pods of several attempts: {by_attempt:?}"),
             );
         }
+    }
+
+    /// One read of `latest.pt`: why it is torn, if it is ([`super::checkpoint::torn`]).
+    pub fn checkpoint(&mut self, at: Duration, torn: Option<String>) {
+        self.checkpoints_read = self.checkpoints_read.saturating_add(1);
+        if let Some(why) = torn {
+            self.violate(at, format!("latest.pt is torn: {why}"));
+        }
+    }
+
+    /// How often `latest.pt` was read.
+    pub fn checkpoints_read(&self) -> u32 {
+        self.checkpoints_read
     }
 
     /// One status of the job.
@@ -211,6 +227,9 @@ impl Checker {
         }
         for left in &end.leftovers {
             self.violate(at, format!("left after the job's deletion: {left}"));
+        }
+        if self.checkpoints_read == 0 {
+            self.violate(at, "latest.pt was never read".to_owned());
         }
     }
 
@@ -330,6 +349,7 @@ mod tests {
     #[test]
     fn a_clean_ending_passes_and_each_broken_promise_is_named() {
         let mut c = Checker::new();
+        c.checkpoint(t(5), None);
         c.finish(t(9), &ending());
         assert!(c.violations().is_empty(), "{:?}", c.violations());
 
@@ -342,7 +362,7 @@ mod tests {
         let mut c = Checker::new();
         c.finish(t(9), &bad);
         let what: Vec<_> = c.violations().iter().map(|v| v.what.clone()).collect();
-        assert_eq!(what.len(), 6, "{what:?}");
+        assert_eq!(what.len(), 7, "{what:?}");
         assert!(
             what[0].contains("attempt 3 != 2 preemptions + 1 failures"),
             "{what:?}"
@@ -355,5 +375,21 @@ mod tests {
         assert_eq!(what[3], "the job did not succeed");
         assert!(what[4].contains("final weights def differ"), "{what:?}");
         assert_eq!(what[5], "left after the job's deletion: Service demo");
+        assert_eq!(what[6], "latest.pt was never read");
+    }
+
+    #[test]
+    fn a_torn_checkpoint_is_a_violation_at_the_time_it_was_read() {
+        let mut c = Checker::new();
+        c.checkpoint(t(1), None);
+        c.checkpoint(t(2), Some("not a whole zip archive (10 bytes)".to_owned()));
+        assert_eq!(c.checkpoints_read(), 2);
+        assert_eq!(
+            c.violations()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["t+2.0s: latest.pt is torn: not a whole zip archive (10 bytes)"]
+        );
     }
 }

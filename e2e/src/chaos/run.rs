@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{
+    Endpoints, PersistentVolume, PersistentVolumeClaim, Pod, Service,
+};
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher::Config};
@@ -39,6 +41,8 @@ pub struct RunReport {
     pub hangs: u32,
     /// `status.progress.stepsLost` of every restart the run saw, summed.
     pub steps_lost: u64,
+    /// How often `latest.pt` was read from the job's volume and checked.
+    pub checkpoints_read: u32,
     pub wall: Duration,
     pub violations: Vec<Violation>,
 }
@@ -56,8 +60,10 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
     create_job(client, ns, chaos_job(&baseline, json!({"policy": "Never"}))).await?;
     let checker = Arc::new(Mutex::new(Checker::new()));
     let watches = watch(client, ns, &name, checker.clone(), started);
+    let reads = read_checkpoints(client, ns, &name, checker.clone(), started);
     let played = play_and_end(client, schedule, &name, &baseline).await;
     watches.abort();
+    reads.abort();
     let Played {
         injected,
         not_injected,
@@ -72,13 +78,17 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
             return Err(e);
         }
     };
-    let (violations, steps_lost) = {
+    let (violations, steps_lost, checkpoints_read) = {
         let mut checker = checker
             .lock()
             .map_err(|_| anyhow::anyhow!("checker poisoned"))?;
         checker.job(started.elapsed(), &ending.job);
         checker.finish(started.elapsed(), &ending);
-        (checker.violations().to_vec(), checker.steps_lost())
+        (
+            checker.violations().to_vec(),
+            checker.steps_lost(),
+            checker.checkpoints_read(),
+        )
     };
     Ok(RunReport {
         seed: schedule.seed,
@@ -89,6 +99,7 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
         failures: ending.job.failures,
         hangs: ending.job.hangs,
         steps_lost,
+        checkpoints_read,
         wall: started.elapsed(),
         violations,
     })
@@ -336,6 +347,59 @@ fn watch(
             }
         }
     })
+}
+
+/// How often the job's `latest.pt` is read while the run lasts.
+const CHECKPOINT_READS: Duration = Duration::from_secs(1);
+
+/// Reads the job's `latest.pt` from its volume every second and feeds the checker whether it
+/// is whole. The local cluster's claims are hostPath volumes that both nodes share with this
+/// machine, so the file is read where the trainers write it; a rank 0 that renames a finished
+/// file over it (as `examples/train.py` does) never shows a torn one.
+fn read_checkpoints(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    checker: Arc<Mutex<Checker>>,
+    started: Instant,
+) -> tokio::task::JoinHandle<()> {
+    let (client, ns, claim) = (client.clone(), ns.to_owned(), format!("{job}-checkpoints"));
+    tokio::spawn(async move {
+        let mut dir = None;
+        let mut tick = tokio::time::interval(CHECKPOINT_READS);
+        loop {
+            tick.tick().await;
+            if dir.is_none() {
+                dir = volume_dir(&client, &ns, &claim).await;
+            }
+            let Some(file) = dir
+                .as_ref()
+                .map(|d: &std::path::PathBuf| d.join("latest.pt"))
+            else {
+                continue;
+            };
+            match tokio::fs::read(&file).await {
+                Ok(bytes) => {
+                    let torn = super::checkpoint::torn(&bytes);
+                    if let Ok(mut c) = checker.lock() {
+                        c.checkpoint(started.elapsed(), torn);
+                    }
+                }
+                // Not saved yet.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => println!("chaos: reading {}: {e}", file.display()),
+            }
+        }
+    })
+}
+
+/// The host directory of a claim's hostPath volume, once it is bound.
+async fn volume_dir(client: &Client, ns: &str, claim: &str) -> Option<std::path::PathBuf> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let volume = claims.get_opt(claim).await.ok()??.spec?.volume_name?;
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let path = volumes.get_opt(&volume).await.ok()??.spec?.host_path?.path;
+    Some(path.into())
 }
 
 fn pod_seen(p: &Pod) -> PodSeen {
