@@ -20,6 +20,12 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
         .holder_identity
 }
 
+/// A job of one worker with one GPU.
+fn one_gpu() -> serde_json::Value {
+    json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
+        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
 async fn only_the_lease_holder_reconciles_and_a_standby_takes_over() {
@@ -34,11 +40,7 @@ async fn only_the_lease_holder_reconciles_and_a_standby_takes_over() {
     .await;
     let second = t.start_replica("replica-b");
 
-    let spec = |_: ()| {
-        json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
-        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}})
-    };
-    t.create_job("one", spec(())).await;
+    t.create_job("one", one_gpu()).await;
     t.wait_running(0, 1).await;
     assert_eq!(
         holder(&leases).await.as_deref(),
@@ -51,7 +53,7 @@ async fn only_the_lease_holder_reconciles_and_a_standby_takes_over() {
         (holder(&leases).await.as_deref() == Some("replica-b")).then_some(())
     })
     .await;
-    t.create_job("two", spec(())).await;
+    t.create_job("two", one_gpu()).await;
     t.wait_running(0, 2).await;
 
     second.stop().await;
@@ -99,12 +101,7 @@ async fn a_leader_that_loses_the_lease_stays_up_and_leads_again_once_it_is_free(
     );
 
     // And it reconciles again.
-    t.create_job(
-        "after",
-        json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
-        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
-    )
-    .await;
+    t.create_job("after", one_gpu()).await;
     t.wait_running(0, 1).await;
     replica.stop().await;
     t.cleanup().await;
@@ -145,12 +142,7 @@ async fn a_restart_its_leader_never_told_is_told_once_by_the_next() {
     let t = TestEnv::new("ty-told").await;
     t.add_node("n", &[], 4).await;
     let first = t.start_replica("replica-a");
-    t.create_job(
-        "one",
-        json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
-        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
-    )
-    .await;
+    t.create_job("one", one_gpu()).await;
     t.wait_running(0, 1).await;
     first.stop().await;
 
@@ -185,12 +177,7 @@ async fn a_restart_its_leader_never_told_is_told_once_by_the_next() {
 
     // A third leader reconciles the job (its first round of it) and tells nothing again.
     let third = t.start_replica("replica-c");
-    t.create_job(
-        "two",
-        json!({"workers": 1, "gpusPerWorker": 1, "gpu": {"selection": "Any"},
-        "checkpoint": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}}),
-    )
-    .await;
+    t.create_job("two", one_gpu()).await;
     t.wait_running(0, 1).await;
     assert_eq!(attempt_events(&t, &uid).await, told);
     third.stop().await;
