@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -368,12 +368,43 @@ async fn running_workers(target: &Target) -> Result<Vec<Pod>> {
 }
 
 /// Adds or removes Karpenter's termination taint, keeping every other taint of the node.
+///
+/// The taints are written with the node's resourceVersion (so no other taint is lost), and a
+/// kubelet updates its node all the time, most of all right after a control-plane restart: a
+/// conflict is read again and retried, as `kubectl taint` does.
 async fn set_termination_taint(client: &Client, node: &str, on: bool) -> Result<()> {
     let nodes = Api::<Node>::all(client.clone());
-    let current = nodes.get(node).await?;
-    let mut taints: Vec<_> = current
-        .spec
-        .and_then(|s| s.taints)
+    let mut conflicts = 0;
+    loop {
+        let current = nodes.get(node).await?;
+        let patch = json!({
+            "metadata": {"resourceVersion": current.metadata.resource_version},
+            "spec": {"taints": with_termination_taint(current.spec.and_then(|s| s.taints), on)?},
+        });
+        match nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 && conflicts < TAINT_CONFLICTS => {
+                conflicts += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            written => {
+                written.with_context(|| {
+                    format!("setting the termination taint on {node} to {on} ({conflicts} conflicts retried)")
+                })?;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Conflicts a taint write retries before it gives up.
+const TAINT_CONFLICTS: u32 = 20;
+
+/// `taints` with Karpenter's termination taint on or off, every other taint kept.
+fn with_termination_taint(taints: Option<Vec<Taint>>, on: bool) -> Result<Vec<Taint>> {
+    let mut taints: Vec<Taint> = taints
         .unwrap_or_default()
         .into_iter()
         .filter(|t| t.key != KARPENTER_DISRUPTED)
@@ -383,15 +414,7 @@ async fn set_termination_taint(client: &Client, node: &str, on: bool) -> Result<
             "key": KARPENTER_DISRUPTED, "effect": "NoSchedule"
         }))?);
     }
-    let patch = json!({
-        "metadata": {"resourceVersion": current.metadata.resource_version},
-        "spec": {"taints": taints},
-    });
-    nodes
-        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("setting the termination taint on {node} to {on}"))?;
-    Ok(())
+    Ok(taints)
 }
 
 async fn set_suspend(target: &Target, suspend: bool) -> Result<()> {
@@ -415,4 +438,29 @@ fn run(command: &mut Command) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(key: &str) -> Taint {
+        Taint {
+            key: key.to_owned(),
+            effect: "NoSchedule".to_owned(),
+            ..Taint::default()
+        }
+    }
+
+    #[test]
+    fn the_termination_taint_goes_on_and_off_and_other_taints_stay() {
+        let other = taint("node.kubernetes.io/unschedulable");
+        let on = with_termination_taint(Some(vec![other.clone()]), true).expect("on");
+        assert_eq!(on, vec![other.clone(), taint(KARPENTER_DISRUPTED)]);
+        let again = with_termination_taint(Some(on.clone()), true).expect("on again");
+        assert_eq!(again, on, "never two termination taints");
+        let off = with_termination_taint(Some(on), false).expect("off");
+        assert_eq!(off, vec![other]);
+        assert_eq!(with_termination_taint(None, false).expect("none"), []);
+    }
 }
