@@ -155,3 +155,35 @@ fn truncate_note(mut note: String) -> String {
     }
     note
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_event_that_starts_an_attempt_is_named_after_it_and_dated_when_it_was_decided() {
+        let at = jiff::Timestamp::from_second(1_800_000_000).expect("time");
+        let reference = ObjectReference {
+            kind: Some("TrainingJob".to_owned()),
+            name: Some("train".to_owned()),
+            namespace: Some("ml".to_owned()),
+            uid: Some("u-1".to_owned()),
+            ..ObjectReference::default()
+        };
+        let reporter = Reporter {
+            controller: "trainyard-operator".to_owned(),
+            instance: Some("replica-b".to_owned()),
+        };
+        let told = JobEvent::warning("Preempted", "x".repeat(2000)).starting_attempt(3, at);
+        let starts = told.starts_attempt.expect("starts an attempt");
+        let event = attempt_start_event(told, starts, &reference, &reporter);
+        assert_eq!(event.metadata.name.as_deref(), Some("train.u-1.attempt-3"));
+        assert_eq!(event.metadata.namespace.as_deref(), Some("ml"));
+        assert_eq!(event.event_time, Some(MicroTime(at)));
+        assert_eq!(event.regarding, Some(reference));
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.reason.as_deref(), Some("Preempted"));
+        assert_eq!(event.note.map(|n| n.len()), Some(1000));
+        assert_eq!(event.reporting_instance.as_deref(), Some("replica-b"));
+    }
+}
