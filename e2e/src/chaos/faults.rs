@@ -143,15 +143,21 @@ async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
     }
 }
 
-/// Waits until the API server serves reads again after a control-plane restart: the restart
-/// is over when the component is back, as it would be for whoever restarted it.
+/// Waits until the API server is ready again after a control-plane restart (`/readyz`: it
+/// serves, reaches etcd, and its post-start hooks are done): the restart is over when the
+/// component is back, as it would be for whoever restarted it.
+///
+/// Serving reads is not enough (found by `make chaos` at 11d3ce4, seed 6): a kube-apiserver
+/// 1.20 that loses etcd while a post-start hook still runs exits (`Unable to perform initial
+/// service nodePort check`), and an etcd restart injected right after the API server answered
+/// its first list killed it for good, since nothing in the local cluster restarts it.
 async fn api_serving(client: &Client) -> Result<()> {
     crate::wait_for(
-        "the API server to serve again",
+        "the API server to be ready again",
         Duration::from_secs(120),
         || async move {
-            let nodes = Api::<Node>::all(client.clone());
-            Ok(nodes.list(&ListParams::default()).await.ok().map(drop))
+            let ready = http::Request::get("/readyz").body(Vec::new())?;
+            Ok(client.request_text(ready).await.ok().map(drop))
         },
     )
     .await
