@@ -365,17 +365,14 @@ fn read_checkpoints(
 ) -> tokio::task::JoinHandle<()> {
     let (client, ns, claim) = (client.clone(), ns.to_owned(), format!("{job}-checkpoints"));
     tokio::spawn(async move {
-        let mut dir = None;
+        let mut dir: Option<std::path::PathBuf> = None;
         let mut tick = tokio::time::interval(CHECKPOINT_READS);
         loop {
             tick.tick().await;
             if dir.is_none() {
                 dir = volume_dir(&client, &ns, &claim).await;
             }
-            let Some(file) = dir
-                .as_ref()
-                .map(|d: &std::path::PathBuf| d.join("latest.pt"))
-            else {
+            let Some(file) = dir.as_ref().map(|d| d.join("latest.pt")) else {
                 continue;
             };
             match tokio::fs::read(&file).await {

@@ -449,7 +449,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
         false => place(view, &node_refs, history),
     };
     if !half_created {
-        tell_attempt_start(view, round, &placement, missing.len());
+        announce_attempt(view, round, &placement, missing.len());
     }
     if !view.observed.service_exists {
         let service = service::desired_service(view.job);
@@ -494,7 +494,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
 
 /// The first pods of an attempt: record the GPU chosen, and announce the job's first attempt
 /// (a later one was announced by its restart's Event).
-fn tell_attempt_start(view: &View<'_>, round: &mut Round, placement: &Placement, count: usize) {
+fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, count: usize) {
     let st = &mut round.st;
     st.selected_gpu = placement.selected.clone();
     round.creates_attempt = Some(st.attempt);
