@@ -31,7 +31,7 @@ CHAOS_FAULTS ?= 10
 chaos: prereqs
 	$(CARGO) build --workspace --bins
 	mkdir -p target/chaos && rm -f target/chaos/results.jsonl
-	bash e2e/with-cluster.sh bash -c 'failed=0; for seed in $$(seq 1 $(CHAOS_SEEDS)); do TRAINYARD_CHAOS_SEED=$$seed TRAINYARD_CHAOS_FAULTS=$(CHAOS_FAULTS) $(CARGO) test -p trainyard-e2e --test chaos -- --ignored --nocapture || failed=1; done; exit $$failed'; \
+	CARGO=$(CARGO) bash e2e/with-cluster.sh bash e2e/chaos-seeds.sh $(CHAOS_SEEDS) $(CHAOS_FAULTS); \
 	  rc=$$?; python3 e2e/chaos_report.py target/chaos/results.jsonl docs/reliability.md; exit $$rc
 
 ## Rust itself is not installed here (see README): say so before anything else runs.
