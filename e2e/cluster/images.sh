@@ -12,7 +12,8 @@
 #                  (examples/trainyard_fence.py) and SIGTERM (examples/trainyard_sigterm.py),
 #                  and the container's first process (examples/trainyard_launch.py)
 # Every image goes into node 1's containerd and, when it runs, node 2's.
-# usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all]...
+# usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all|inputs]...
+# (`inputs`: only the cached PyTorch layer and the stand-in base images, nothing imported)
 # The operator and device-plugin images come from the Dockerfile as users build it (a
 # release build in the build stage; its cargo caches are buildah cache mounts kept in
 # $TRAINYARD_CACHE/buildah), and their config is checked against the chart after the build.
@@ -156,6 +157,8 @@ for t in "${targets[@]}"; do
     operator) build_dockerfile_image operator ;;
     device-plugin) build_dockerfile_image device-plugin ;;
     torch-trainer) build_torch_trainer ;;
+    # What a warm cache keeps and no cluster is needed for (make cluster-inputs).
+    inputs) torch_base_layer >/dev/null; build_standins ;;
     all) build_pause; build_trainer; build_dockerfile_image operator; build_dockerfile_image device-plugin
          build_torch_trainer ;;
     *) echo "images: unknown image $t" >&2; exit 2 ;;
