@@ -30,5 +30,6 @@ pub const LABEL_DRIVER_FULL: &str = "nvidia.com/cuda.driver-version.full";
 pub const LABEL_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver-version.major";
 /// Node label with the driver version's minor.
 pub const LABEL_DRIVER_MINOR: &str = "nvidia.com/cuda.driver-version.minor";
-/// Node label with the driver version's revision (absent when the version has none).
-pub const LABEL_DRIVER_REV: &str = "nvidia.com/cuda.driver-version.rev";
+/// Node label with the driver version's revision as the driver writes it (`04` of
+/// `580.159.04`, as GPU Feature Discovery labels it); absent when the version has none.
+pub const LABEL_DRIVER_REVISION: &str = "nvidia.com/cuda.driver-version.revision";

@@ -77,10 +77,11 @@ pub fn is_dotted_numbers(s: &str) -> bool {
         .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Major, minor and (if present) revision of a driver version like `550.54.15`, with
+/// Major, minor and (if present) revision of a driver version like `580.159.04`, with
 /// surrounding whitespace allowed; `None` unless it is two or three dotted numbers that each
-/// fit a `u32`.
-pub fn parse_driver_version(version: &str) -> Option<(u32, u32, Option<u32>)> {
+/// fit a `u32`. The revision is kept as the driver writes it (`04`): GPU Feature Discovery
+/// labels it so, and the major and minor never have leading zeros.
+pub fn parse_driver_version(version: &str) -> Option<(u32, u32, Option<&str>)> {
     let version = version.trim();
     if !is_dotted_numbers(version) {
         return None;
@@ -89,7 +90,10 @@ pub fn parse_driver_version(version: &str) -> Option<(u32, u32, Option<u32>)> {
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
     let rev = match parts.next() {
-        Some(rev) => Some(rev.parse().ok()?),
+        Some(rev) => {
+            rev.parse::<u32>().ok()?;
+            Some(rev)
+        }
         None => None,
     };
     if parts.next().is_some() {
@@ -170,7 +174,15 @@ mod tests {
 
     #[test]
     fn driver_version_parsing() {
-        assert_eq!(parse_driver_version("550.54.15"), Some((550, 54, Some(15))));
+        assert_eq!(
+            parse_driver_version("550.54.15"),
+            Some((550, 54, Some("15")))
+        );
+        assert_eq!(
+            parse_driver_version("580.159.04"),
+            Some((580, 159, Some("04")))
+        );
+        assert_eq!(parse_driver_version("580.159.99999999999"), None);
         assert_eq!(parse_driver_version("535.104"), Some((535, 104, None)));
         assert_eq!(parse_driver_version(" 535.104\n"), Some((535, 104, None)));
         assert_eq!(parse_driver_version("550"), None);

@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 use trainyard_api::Version;
 use trainyard_api::gpu_labels::{
     LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR,
-    LABEL_DRIVER_FULL, LABEL_DRIVER_MAJOR, LABEL_DRIVER_MINOR, LABEL_DRIVER_REV, LABEL_GPU_COUNT,
-    LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
+    LABEL_DRIVER_FULL, LABEL_DRIVER_MAJOR, LABEL_DRIVER_MINOR, LABEL_DRIVER_REVISION,
+    LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
 };
 use trainyard_api::version::parse_driver_version;
 
@@ -93,7 +93,7 @@ pub fn node_labels(inventory: &Inventory) -> BTreeMap<String, String> {
         set(LABEL_DRIVER_MAJOR, major.to_string());
         set(LABEL_DRIVER_MINOR, minor.to_string());
         if let Some(rev) = rev {
-            set(LABEL_DRIVER_REV, rev.to_string());
+            set(LABEL_DRIVER_REVISION, rev.to_owned());
         }
     }
     if let Ok(cuda) = inventory.driver.cuda_version.parse::<Version>() {
@@ -503,7 +503,7 @@ mod tests {
             (LABEL_DRIVER_FULL, "550.54.15"),
             (LABEL_DRIVER_MAJOR, "550"),
             (LABEL_DRIVER_MINOR, "54"),
-            (LABEL_DRIVER_REV, "15"),
+            (LABEL_DRIVER_REVISION, "15"),
             (LABEL_CUDA_MAJOR, "12"),
             (LABEL_CUDA_MINOR, "4"),
         ]
@@ -514,10 +514,19 @@ mod tests {
     }
 
     #[test]
-    fn driver_versions_without_revision_omit_the_rev_label() {
+    fn the_revision_keeps_its_leading_zero_as_gpu_feature_discovery_writes_it() {
+        // Driver 580.159.04, as NVML reported it on an H100 and an H200.
+        let labels = node_labels(&inventory("580.159.04", "13.0", 1));
+        assert_eq!(labels[LABEL_DRIVER_FULL], "580.159.04");
+        assert_eq!(labels[LABEL_DRIVER_MINOR], "159");
+        assert_eq!(labels[LABEL_DRIVER_REVISION], "04");
+    }
+
+    #[test]
+    fn driver_versions_without_revision_omit_the_revision_label() {
         let labels = node_labels(&inventory("535.104", "12.2", 1));
         assert_eq!(labels[LABEL_DRIVER_MINOR], "104");
-        assert!(!labels.contains_key(LABEL_DRIVER_REV));
+        assert!(!labels.contains_key(LABEL_DRIVER_REVISION));
         assert_eq!(labels[LABEL_CUDA_MINOR], "2");
     }
 

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use trainyard_api::gpu_labels::{
-    LABEL_COMPUTE_MAJOR, LABEL_CUDA_MINOR, LABEL_DRIVER_FULL, LABEL_DRIVER_MINOR, LABEL_DRIVER_REV,
-    LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT, LABEL_PREFIX,
+    LABEL_COMPUTE_MAJOR, LABEL_CUDA_MINOR, LABEL_DRIVER_FULL, LABEL_DRIVER_MINOR,
+    LABEL_DRIVER_REVISION, LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT, LABEL_PREFIX,
 };
 
 async fn gpu_labels(nodes: &Api<Node>, name: &str) -> BTreeMap<String, String> {
@@ -168,7 +168,10 @@ async fn node_labels_follow_the_fake_file_with_server_side_apply() {
             labels.get(LABEL_DRIVER_MINOR).map(String::as_str),
             Some("90")
         );
-        assert_eq!(labels.get(LABEL_DRIVER_REV).map(String::as_str), Some("7"));
+        assert_eq!(
+            labels.get(LABEL_DRIVER_REVISION).map(String::as_str),
+            Some("7")
+        );
 
         let managers = field_managers(&nodes, &name).await;
         assert!(
