@@ -179,15 +179,30 @@ fn skipped(kind: FaultKind, why: &str) -> Injected {
     }
 }
 
+/// How long `KillOperatorLeader` waits for a replica to lead: after a control-plane outage
+/// the leader has stepped down and the replicas campaign again, so for a few seconds after the
+/// API server returns the Lease has no holder (seed 8 at 356d93b met it 4 s before the standby
+/// took the Lease).
+const LEADER_WAIT: Duration = Duration::from_secs(60);
+
 /// `kill -9` of the process of the operator replica that holds the leader Lease, through the
-/// containerd of its node: the standby must take over.
-/// SIGKILLs the container of the replica holding the leader Lease. The Lease and the pod's
-/// container status may name a container that has just ended (a replica restarting): then
-/// both are read again, for up to 10 s.
+/// containerd of its node: the standby must take over. When no replica leads yet, or the
+/// Lease and the pod's container status name a container that has just ended (a replica
+/// restarting), both are read again, for up to [`LEADER_WAIT`].
 async fn kill_operator_leader(client: &Client) -> Result<String> {
-    let mut tries = 0;
+    let started = Instant::now();
     loop {
-        let (holder, id, socket) = leader_container(client).await?;
+        let retry = |why: String| -> Result<()> {
+            if started.elapsed() >= LEADER_WAIT {
+                bail!("{why} after {}s", LEADER_WAIT.as_secs());
+            }
+            Ok(())
+        };
+        let Some((holder, id, socket)) = leader_container(client).await? else {
+            retry("no replica holds the leader Lease".to_owned())?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
         let killed = run(Command::new("ctr").arg("--address").arg(&socket).args([
             "-n",
             "k8s.io",
@@ -198,26 +213,41 @@ async fn kill_operator_leader(client: &Client) -> Result<String> {
             id.as_str(),
         ]));
         match killed {
-            Ok(_) => return Ok(format!("operator leader {holder} killed (-9)")),
-            Err(e) if tries < 10 && format!("{e:#}").contains("not found") => {
-                tries += 1;
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            Ok(_) => {
+                let waited = started.elapsed().as_secs();
+                return Ok(match waited {
+                    0 => format!("operator leader {holder} killed (-9)"),
+                    s => format!("operator leader {holder} killed (-9), a leader awaited {s}s"),
+                });
+            }
+            Err(e) if format!("{e:#}").contains("not found") => {
+                retry(format!("the leader's container is gone: {e:#}"))?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
             Err(e) => return Err(e),
         }
     }
 }
 
-/// The leader Lease's holder, its container's id and the containerd socket of its node.
-async fn leader_container(client: &Client) -> Result<(String, String, PathBuf)> {
+/// Who holds `lease`: none when nobody does (a released Lease keeps an empty holder).
+fn lease_holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+}
+
+/// The leader Lease's holder, its container's id and the containerd socket of its node; none
+/// while no replica leads.
+async fn leader_container(client: &Client) -> Result<Option<(String, String, PathBuf)>> {
     let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
         .get(RELEASE)
         .await
         .context("reading the operator's leader Lease")?;
-    let holder = lease
-        .spec
-        .and_then(|s| s.holder_identity)
-        .context("the leader Lease has no holder")?;
+    let Some(holder) = lease_holder(&lease).map(str::to_owned) else {
+        return Ok(None);
+    };
     let pod = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
         .get(&holder)
         .await
@@ -232,7 +262,7 @@ async fn leader_container(client: &Client) -> Result<(String, String, PathBuf)> 
     let id = container.trim_start_matches("containerd://").to_owned();
     let on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     let socket = containerd_socket(on.as_deref() == Some(node2_name().as_str()));
-    Ok((holder, id, socket))
+    Ok(Some((holder, id, socket)))
 }
 
 fn containerd_socket(node2: bool) -> PathBuf {
@@ -449,6 +479,21 @@ fn run(command: &mut Command) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_nobody_holds_has_no_leader_to_kill() {
+        let lease = |holder: Option<&str>| Lease {
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(lease_holder(&lease(Some("operator-a"))), Some("operator-a"));
+        assert_eq!(lease_holder(&lease(None)), None);
+        assert_eq!(lease_holder(&lease(Some(""))), None, "a released Lease");
+        assert_eq!(lease_holder(&Lease::default()), None);
+    }
 
     fn taint(key: &str) -> Taint {
         Taint {
