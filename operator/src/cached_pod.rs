@@ -242,7 +242,8 @@ mod tests {
                         {"matchExpressions": [
                             {"key": KARPENTER_CAPACITY_TYPE, "operator": "In", "values": ["spot"]}],
                          "matchFields": [
-                            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": ["going", "gone"]}]},
+                            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": ["going"]},
+                            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": ["gone"]}]},
                         {"matchFields": [
                             {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": ["going"]}]}]}}},
                 "tolerations": [{"key": DEFAULT_GPU_RESOURCE, "operator": "Exists"}],

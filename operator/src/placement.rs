@@ -493,8 +493,14 @@ fn required_terms(
             &at_least(nodes::LABEL_COMPUTE_MAJOR, nodes::LABEL_COMPUTE_MINOR, min),
         );
     }
-    let fields =
-        (!avoided.is_empty()).then(|| vec![req(NODE_NAME_FIELD, "NotIn", avoided.to_vec())]);
+    // One requirement per node: the API server takes exactly one value for `In` or `NotIn` on
+    // a node field, and the requirements of a term are ANDed.
+    let fields = (!avoided.is_empty()).then(|| {
+        avoided
+            .iter()
+            .map(|name| req(NODE_NAME_FIELD, "NotIn", vec![name.clone()]))
+            .collect::<Vec<_>>()
+    });
     (fields.is_some() || terms.iter().any(|t| !t.is_empty())).then(|| NodeSelector {
         node_selector_terms: terms
             .into_iter()
@@ -674,6 +680,13 @@ mod tests {
                 .flat_map(|r| r.node_selector_terms.iter().map(|t| t.match_fields.clone()))
                 .collect()
         };
+        // Both noticed: every term avoids each, one node per requirement (the API server
+        // refuses a pod whose node field requirement has more than one value).
+        let both = Some(vec![
+            req("metadata.name", "NotIn", vec!["a".to_owned()]),
+            req("metadata.name", "NotIn", vec!["b".to_owned()]),
+        ]);
+        assert_eq!(fields(&sibling), vec![both.clone(), both]);
         // b's notice is withdrawn: every term keeps avoiding a, and its CUDA expressions.
         let kept = without_withdrawn_notices(sibling.clone(), &["a".to_owned()]);
         let only_a = Some(vec![req("metadata.name", "NotIn", vec!["a".to_owned()])]);
