@@ -36,6 +36,15 @@ pub const ADMISSION_REASONS: &[&str] = &[
     "NodeAffinity",
 ];
 
+/// Terminated states (exit code, reason) with which a trainer's container is reported when it
+/// was lost with its node's container runtime, not ended by the trainer: containerd's CRI
+/// plugin gives a container whose task is gone when it starts again (the node crashed or
+/// rebooted, the runtime and its shims were killed) exit code 255 and reason `Unknown`;
+/// kubelets from 1.22 report a container they cannot locate any more as
+/// `ContainerStatusUnknown` (exit code 137). Like a preemption, it is not counted as a failure.
+pub const LOST_CONTAINER_EXITS: &[(i32, &str)] =
+    &[(255, "Unknown"), (137, "ContainerStatusUnknown")];
+
 /// How long the scheduler must have called a pod unschedulable before the job says so.
 const UNSCHEDULABLE_SETTLE: SignedDuration = SignedDuration::from_secs(10);
 
@@ -223,23 +232,22 @@ pub fn classify(
         NodeView::Missing(n) => format!(" on node {n}"),
         NodeView::Present(n) => format!(" on node {}", nodes::name(n)),
     };
-
     // 1. The control plane announced the disruption; any reason counts.
     if let Some(state) = disruption_target(status, &on_node) {
         return decided(state);
     }
 
     let trainer_exit = trainer_status(pod).and_then(terminated_exit);
-
     // 2. Success is the trainer's exit code 0 (sidecars may keep the pod running).
     if phase == "Succeeded" || trainer_exit.as_ref().is_some_and(|(code, _)| *code == 0) {
         return decided(WorkerState::Succeeded);
     }
 
-    // 3. The pod was ended by the kubelet or control plane with a preemption reason, or
-    // rejected at admission before its trainer ran.
+    // 3. The pod was ended by the kubelet or control plane with a preemption reason, rejected
+    // at admission before its trainer ran, or its trainer was lost with its node's runtime.
     if let Some(state) = preempting_pod_reason(status, &on_node)
         .or_else(|| admission_rejection(pod, phase, status, &on_node))
+        .or_else(|| lost_container(trainer_exit.as_ref(), &on_node))
     {
         return decided(state);
     }
@@ -338,6 +346,19 @@ fn admission_rejection(
         "rejected at admission by the kubelet{on_node}: {reason}{}",
         status_message(status)
     )))
+}
+
+/// Rule 3, last: the trainer's container was lost with its node's container runtime
+/// ([`LOST_CONTAINER_EXITS`]).
+fn lost_container(trainer_exit: Option<&(i32, String)>, on_node: &str) -> Option<WorkerState> {
+    let (code, reason) = trainer_exit?;
+    LOST_CONTAINER_EXITS
+        .contains(&(*code, reason.as_str()))
+        .then(|| {
+            WorkerState::Preempted(format!(
+                "the trainer's container was lost with its node's container runtime (exit code {code}, {reason}){on_node}"
+            ))
+        })
 }
 
 /// Rule 8: the trainer exited non-zero, or the pod failed, on its own.
@@ -728,6 +749,20 @@ mod tests {
                 reason,
             ));
         }
+        for (code, reason) in LOST_CONTAINER_EXITS {
+            rows.push(row(
+                "a trainer lost with its node's container runtime is preempted",
+                terminated("Failed", *code, reason),
+                "Preempted",
+                "lost with its node's container runtime",
+            ));
+        }
+        rows.push(row(
+            "a trainer that exits 255 itself has failed",
+            terminated("Failed", 255, "Error"),
+            "Failed",
+            "trainer exited with code 255 (Error)",
+        ));
         rows.push(row(
             "NodeLost with phase Unknown is preemption",
             json!({"phase": "Unknown", "reason": "NodeLost"}),
