@@ -134,8 +134,8 @@ impl Executor {
                 Ok(())
             }
         };
-        // Held to the end of the round: a rejected write is recorded under it too.
-        let (writes, acted, _permit) = if ordered(decided.restart.is_some(), &actions) {
+        // Held until the round's writes are done: a rejected write is recorded under it too.
+        let (writes, acted, permit) = if ordered(decided.restart.is_some(), &actions) {
             watchdog::stage("carry out: status write");
             write.await?;
             watchdog::stage(watchdog::WIDENING_THE_PERMIT);
@@ -156,15 +156,21 @@ impl Executor {
         if decided.status.attempt > 0 && !self.memory.tell(&uid, decided.status.attempt) {
             plan::tell_attempt_start(&mut events, &decided.status, now);
         }
-        self.publish(&reference, events).await;
         // A rejected write is shown on the job; the error below retries it with backoff.
-        let (after, events) =
+        let (after, rejected) =
             rejection::after_writes(&decided.status, &writes, job.metadata.generation, now);
-        if after != decided.status {
+        let shown = if after != decided.status {
             watchdog::stage("carry out: rejection status write");
-            self.write_status(job, &after).await?;
-        }
+            self.write_status(job, &after).await
+        } else {
+            Ok(())
+        };
+        // The slots go back before the Events are queued: the publisher takes slots of its own
+        // to send them, and a round waiting for room in its queue must not hold any.
+        drop(permit);
         self.publish(&reference, events).await;
+        shown?;
+        self.publish(&reference, rejected).await;
         acted?;
         self.observe_recovery(&uid, &decided.status, creates_attempt, now);
         Ok(held_for)
@@ -639,10 +645,12 @@ mod tests {
 
     /// The harness's write gate has this many slots.
     const SLOTS: usize = 16;
+    /// The harness's Event queue holds this many batches.
+    const EVENTS_QUEUED: usize = 16;
 
     impl Harness {
         fn new(script: Script) -> Self {
-            let (events_tx, events) = mpsc::channel(16);
+            let (events_tx, events) = mpsc::channel(EVENTS_QUEUED);
             let metrics = Arc::new(Metrics::new());
             let (gate, _wakes) = WriteGate::new(
                 crate::write_limit::LimitConfig::up_to(SLOTS),
@@ -708,6 +716,15 @@ mod tests {
             checkpoint_withdrawal: None,
             steps_lost: None,
             decided_by: plan::PhaseName::Running,
+        }
+    }
+
+    fn event(reason: &str) -> JobEvent {
+        JobEvent {
+            kind: EventKind::Normal,
+            reason: reason.to_owned(),
+            note: String::new(),
+            starts_attempt: None,
         }
     }
 
@@ -953,6 +970,47 @@ mod tests {
                 .holds(Kind::Pod, "ml", "train-worker-0"),
             None
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_waiting_for_room_in_the_event_queue_holds_no_write_slot() {
+        let mut h = Harness::new(accept);
+        // The publisher is behind: its queue is full.
+        for _ in 0..EVENTS_QUEUED {
+            h.executor
+                .publish(&job().object_ref(&()), vec![event("Backlog")])
+                .await;
+        }
+        let (_, idle) = mpsc::channel(1);
+        let mut publisher = std::mem::replace(&mut h.events, idle);
+        let mut plan = round(vec![create_pod(0), create_pod(1)]);
+        plan.events = vec![event("Created")];
+        let mut creating = std::pin::pin!(h.carry_out(plan, true));
+        tokio::select! {
+            _ = &mut creating => panic!("the Event queue had no room"),
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        assert_eq!(
+            h.sent().len(),
+            3,
+            "the creates and the status write went out"
+        );
+        assert_eq!(
+            h.gate.counts().1,
+            0,
+            "no slot held while the round waits for the queue"
+        );
+        // The publisher takes a batch: the round queues its Event and ends.
+        assert_eq!(
+            publisher.recv().await.expect("a batch").1[0].reason,
+            "Backlog"
+        );
+        creating.await.expect("round");
+        let mut last = None;
+        while let Ok((_, events)) = publisher.try_recv() {
+            last = events.last().map(|e| e.reason.clone());
+        }
+        assert_eq!(last.as_deref(), Some("Created"));
     }
 
     #[tokio::test]
