@@ -141,8 +141,9 @@ impl AdaptiveLimit {
         self.sample_within(latency, throttled, || None)
     }
 
-    /// One answered write, as [`Self::sample`]; `resident` reads the resident set size in
-    /// bytes, once per closed window and only when there is a memory budget.
+    /// One answered write: how long it took, and whether the server throttled it (429);
+    /// `resident` reads the resident set size in bytes, once per closed window and only when
+    /// there is a memory budget.
     pub fn sample_within(
         &mut self,
         latency: Duration,

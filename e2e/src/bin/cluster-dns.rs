@@ -8,7 +8,7 @@
 //! - `<hostname>.<service>.<namespace>.svc.<domain>`: a pod with `hostname`/`subdomain`
 //!   (the Endpoints controller copies the hostname onto its address).
 //!
-//! usage: trainyard-cluster-dns HOSTS_DIR [DOMAIN]   (KUBECONFIG selects the cluster)
+//! usage: `trainyard-cluster-dns HOSTS_DIR [DOMAIN]` (KUBECONFIG selects the cluster)
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
