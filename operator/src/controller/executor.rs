@@ -20,10 +20,12 @@
 //! 3. Otherwise the status write and the creates are sent together (concurrently): a create is
 //!    idempotent by name and derived again from status plus observation on every round, so
 //!    persisting first would only cost a round trip.
-//! 4. Then the round's Events are queued; then, when a write was rejected for good (or the
-//!    first accepted write after a rejection clears it), the status with the `WriteRejected`
-//!    condition is written ([`rejection::after_writes`]), and its Event queued; then the first
-//!    failed action fails the round.
+//! 4. Then, when a write was rejected for good (or the first accepted write after a rejection
+//!    clears it), the status with the `WriteRejected` condition is written
+//!    ([`rejection::after_writes`]). The round then gives its slots back and queues its
+//!    Events (the rejection's last, once its status is written): the publisher sends them
+//!    under slots of its own, so a round waiting for room in its queue holds none. Then the
+//!    first failed action fails the round.
 //!
 //! The status is written only when the status cache says so (a change other than per-worker
 //! detail, or detail that has waited its batch). A round with nothing to write sends nothing.
