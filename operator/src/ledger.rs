@@ -6,9 +6,10 @@
 //! `Running` until the attempt ends, `Restarting` from a gang restart's decision to the next
 //! attempt running. When a stretch ends, [`end`] or [`running`] adds its wall time × the
 //! attempt's GPUs to the buckets of [`GpuMillis`], split by capacity type, and its price to
-//! [`LedgerCost`](crate::crd::LedgerCost). The ledger is folded from the status (the open stretch, its start, its GPUs)
-//! and what the round that ends it observes, never from pods that are gone: the status is the
-//! record, so an operator restart or a leader change mid-attempt loses nothing.
+//! [`LedgerCost`](crate::crd::LedgerCost). The ledger is folded from the status (the open
+//! stretch, its start, its GPUs) and what the round that ends it observes, never from pods
+//! that are gone: the status is the record, so an operator restart or a leader change
+//! mid-attempt loses nothing.
 //!
 //! Everything is integer: GPU-milliseconds, and micro-dollars from a price converted once per
 //! stretch to micro-dollars per GPU-hour. A stretch's cost is rounded down to the micro-dollar,
