@@ -18,11 +18,16 @@ def passed(run):
     return "error" not in run and not run["violations"]
 
 
+def cell(text):
+    """Text as one table cell: its lines joined, its pipes escaped."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip()).replace("|", "\\|")
+
+
 def row(r):
     if "error" in r:
         # The harness could not finish the run: its faults are the ones scheduled.
-        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | FAIL (unfinished): {r['error']} |"
-    result = "pass" if passed(r) else "FAIL: " + "; ".join(r["violations"])
+        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | FAIL (unfinished): {cell(r['error'])} |"
+    result = "pass" if passed(r) else "FAIL: " + cell("; ".join(r["violations"]))
     return (
         f"| {r['seed']} | {len(r['faults'])} | {r['attempt']} | {r['preemptions']} | "
         f"{r['failures']} | {r['hangs']} | {r['steps_lost']} | {r.get('checkpoints_read', '')} | "

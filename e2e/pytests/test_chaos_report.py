@@ -51,3 +51,9 @@ def test_a_doc_without_markers_is_named(tmp_path):
     doc.write_text("no markers\n")
     with pytest.raises(SystemExit, match="other.md lacks the markers"):
         chaos_report.main(str(results), str(doc))
+
+
+def test_an_error_of_several_lines_stays_in_its_row(tmp_path):
+    unfinished = dict(UNFINISHED, error="undoing LoseNode2: start failed: a\nb | c\n")
+    doc = write(tmp_path, [unfinished])
+    assert "| 3 | 1 | | | | | | | | FAIL (unfinished): undoing LoseNode2: start failed: a; b \\| c |" in doc
