@@ -721,15 +721,6 @@ mod tests {
         }
     }
 
-    fn event(reason: &str) -> JobEvent {
-        JobEvent {
-            kind: EventKind::Normal,
-            reason: reason.to_owned(),
-            note: String::new(),
-            starts_attempt: None,
-        }
-    }
-
     fn create_pod(rank: u32) -> PlanAction {
         PlanAction::CreatePod(Box::new(
             serde_json::from_value(json!({"metadata": {"name": format!("train-worker-{rank}")}}))
@@ -980,13 +971,16 @@ mod tests {
         // The publisher is behind: its queue is full.
         for _ in 0..EVENTS_QUEUED {
             h.executor
-                .publish(&job().object_ref(&()), vec![event("Backlog")])
+                .publish(
+                    &job().object_ref(&()),
+                    vec![JobEvent::normal("Backlog", "")],
+                )
                 .await;
         }
         let (_, idle) = mpsc::channel(1);
         let mut publisher = std::mem::replace(&mut h.events, idle);
         let mut plan = round(vec![create_pod(0), create_pod(1)]);
-        plan.events = vec![event("Created")];
+        plan.events = vec![JobEvent::normal("Created", "")];
         let mut creating = std::pin::pin!(h.carry_out(plan, true));
         tokio::select! {
             _ = &mut creating => panic!("the Event queue had no room"),
