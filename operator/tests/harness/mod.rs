@@ -25,6 +25,8 @@ use trainyard_operator::surface::TrainingJob;
 
 /// Taint on every fake node, so that nothing but the tests' pods lands there.
 pub const FAKE_TAINT: &str = "trainyard.dev/fake-node";
+/// The taint the API server puts on every new node until the node lifecycle controller sees it.
+const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 /// Label on every fake node of one test: its namespace.
 pub const RUN_LABEL: &str = "trainyard.dev/test-run";
 
@@ -144,7 +146,19 @@ pub async fn run_for_whole_seconds() {
 }
 
 /// Polls `f` until it returns Some, or panics naming `what`.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match poll_until(timeout, f).await {
+        Some(v) => v,
+        None => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// Polls `f` until it returns Some; None once `timeout` has passed.
+async fn poll_until<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -152,10 +166,10 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if let Some(v) = f().await {
-            return v;
+            return Some(v);
         }
         if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -320,8 +334,25 @@ impl TestEnv {
         )
         .await
         .expect("node status");
-        // The API server taints new nodes not-ready until the node lifecycle controller sees
-        // them Ready, which takes long on a busy cluster; this node is Ready from the start.
+        // The API server taints a new node not-ready; the node lifecycle controller takes that
+        // taint off once it sees the node, with a patch that writes the whole list as it read
+        // it: a taint written before that patch lands is lost (a notice a test put on the node
+        // went, and its pods were scheduled there: twice in about 20 runs). So wait for that patch, then
+        // put the fake-node taint back (it goes with the list on 1.20).
+        wait_for(
+            "the node lifecycle controller to untaint the new node",
+            WAIT,
+            || {
+                let api = api.clone();
+                let name = name.clone();
+                async move {
+                    let node = api.get(&name).await.ok()?;
+                    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+                    (!taints.iter().any(|t| t.key == NOT_READY_TAINT)).then_some(())
+                }
+            },
+        )
+        .await;
         let taints = json!({"spec": {"taints": [{"key": FAKE_TAINT, "value": "true", "effect": "NoSchedule"}]}});
         api.patch(&name, &PatchParams::default(), &Patch::Merge(taints))
             .await
@@ -450,12 +481,54 @@ impl TestEnv {
         f: impl Fn(&TrainingJob) -> bool,
     ) -> TrainingJob {
         let api = self.jobs();
-        wait_for(what, WAIT, || {
+        let found = poll_until(WAIT, || {
             let api = api.clone();
             let f = &f;
             async move { api.get(name).await.ok().filter(|j| f(j)) }
         })
-        .await
+        .await;
+        match found {
+            Some(job) => job,
+            None => panic!(
+                "timed out after {WAIT:?} waiting for {what}; what the cluster showed then:\n{}",
+                self.describe(name).await
+            ),
+        }
+    }
+
+    /// The job's status, its pods and the namespace's Events, for a failed wait's message.
+    async fn describe(&self, name: &str) -> String {
+        let mut out = match self.jobs().get(name).await {
+            Ok(j) => format!(
+                "job {name} status: {}\n",
+                serde_json::to_string(&j.status).unwrap_or_default()
+            ),
+            Err(e) => format!("job {name}: {e}\n"),
+        };
+        for p in self.pods().await {
+            let s = p.status.unwrap_or_default();
+            out += &format!(
+                "pod {} node {:?} phase {:?} conditions {}\n",
+                p.metadata.name.unwrap_or_default(),
+                p.spec.and_then(|s| s.node_name),
+                s.phase,
+                serde_json::to_string(&s.conditions).unwrap_or_default()
+            );
+        }
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        if let Ok(list) = events.list(&ListParams::default()).await {
+            for e in list.items {
+                out += &format!(
+                    "event {} {} {}: {}\n",
+                    e.type_.unwrap_or_default(),
+                    e.involved_object.name.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default()
+                );
+            }
+        }
+        out
     }
 
     /// Waits for the job `name` to be Succeeded.
