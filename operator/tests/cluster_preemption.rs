@@ -146,15 +146,21 @@ async fn each_preemption_signal_restarts_the_gang_from_the_checkpoint() {
     t.delete_node(&node).await;
     nodes.retain(|n| *n != node);
     nodes.push(t.add_node("e", &[], 4).await);
-    expect_gang_restart(&t, 6, "is gone").await;
+    pods = expect_gang_restart(&t, 6, "is gone").await;
+
+    // 7. The trainer was lost with its node's container runtime: containerd, restarted after
+    // its shims were killed, reports it exited 255 with reason Unknown (found by make chaos).
+    let (name, _) = on_node(&pods, "1");
+    t.end_pod(&name, 255, "Unknown").await;
+    expect_gang_restart(&t, 7, "lost with its node's container runtime").await;
 
     // The phase follows the pods in the next reconcile.
     let job = t
-        .wait_job("train", "phase Running on attempt 6", |j| {
+        .wait_job("train", "phase Running on attempt 7", |j| {
             j.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()) == Some("Running")
         })
         .await;
-    assert_eq!(counters(&job), (6, 6, 0));
+    assert_eq!(counters(&job), (7, 7, 0));
     op.stop().await;
     t.cleanup().await;
 }

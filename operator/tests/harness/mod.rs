@@ -578,8 +578,14 @@ impl TestEnv {
 
     /// The trainer exits with `code`.
     pub async fn exit_pod(&self, pod: &str, code: i32) {
-        let phase = if code == 0 { "Succeeded" } else { "Failed" };
         let reason = if code == 0 { "Completed" } else { "Error" };
+        self.end_pod(pod, code, reason).await;
+    }
+
+    /// Ends the pod's trainer with `code` and the runtime's `reason` (`Unknown`: containerd
+    /// lost the container with its shim).
+    pub async fn end_pod(&self, pod: &str, code: i32, reason: &str) {
+        let phase = if code == 0 { "Succeeded" } else { "Failed" };
         self.set_pod_status(pod, json!({"phase": phase, "containerStatuses": [{
             "name": "trainer", "ready": false, "restartCount": 0, "image": "trainyard/trainer:dev", "imageID": "",
             "state": {"terminated": {"exitCode": code, "reason": reason}}}]}))
