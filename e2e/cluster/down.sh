@@ -44,6 +44,15 @@ stop() { # stop NAME: SIGTERM, wait up to 10 s, then SIGKILL
   rm -f "$f"
 }
 
+# The hostPath provisioner's volumes (/tmp/hostpath_pv/<id>, outside $STATE): every PV that
+# names one goes with the cluster state, so they go too (a retained checkpoint claim's stayed).
+pv_dirs=()
+if [[ ${TRAINYARD_E2E_KEEP:-0} != 1 ]]; then
+  mapfile -t pv_dirs < <("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" --request-timeout 10s get pv \
+    -o jsonpath='{range .items[*]}{.spec.hostPath.path}{"\n"}{end}' 2>/dev/null |
+    grep -E '^/tmp/hostpath_pv/[0-9a-f-]+$')
+fi
+
 # The spot node first: its processes, namespaces, veth, route and cgroups.
 bash "$HERE/node2.sh" stop
 
@@ -147,6 +156,9 @@ if [[ ${TRAINYARD_E2E_KEEP:-0} != 1 ]]; then
     "${KUBELET_ROOT:?}/device-plugins" "${KUBELET_ROOT:?}/pod-resources" "${KUBELET_ROOT:?}/cpu_manager_state" \
     "${KUBELET_ROOT:?}/memory_manager_state"
   echo "down: removed $STATE"
+  if ((${#pv_dirs[@]})); then
+    rm -rf "${pv_dirs[@]}" && echo "down: removed ${#pv_dirs[@]} hostPath volume(s) under /tmp/hostpath_pv"
+  fi
 fi
 
 # Check, don't assume: nothing the harness made may outlive it. Exit 1 (make test fails)
