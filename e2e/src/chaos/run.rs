@@ -47,8 +47,32 @@ pub struct RunReport {
     pub violations: Vec<Violation>,
 }
 
-/// Steps of the chaos job: long enough to outlast a schedule of ten faults on this machine.
-const STEPS: u32 = 400;
+/// How long one training step of the chaos job takes (`STEP_SECONDS`).
+const STEP: Duration = Duration::from_millis(300);
+/// The fewest steps of the chaos job.
+const MIN_STEPS: u32 = 400;
+/// How far one API server restart may hold the rest of the schedule back: told to stop, the
+/// API server serves the connections it has (the watches) for up to 60 s before it exits, and
+/// the next control-plane fault waits until the new one is ready (62–64 s in every run here).
+const API_SERVER_RESTART: Duration = Duration::from_secs(75);
+/// Training still to do once the last fault of the schedule is undone: the job recovers from it.
+const AFTER_THE_LAST_FAULT: Duration = Duration::from_secs(30);
+
+/// Steps for the chaos job to train through its whole schedule, also when injections go in
+/// late: a fault is injected only into a job that still runs. Restarts make a job longer, but a
+/// seed may have none: at 400 steps, 7 faults of 20 seeds at 8a7f71c found the job ended (seed
+/// 11 had none, and its API server restart held the last four faults back 64 s).
+pub fn steps_to_outlast(schedule: &Schedule) -> u32 {
+    let api_restarts = schedule
+        .faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::RestartApiServer)
+        .count();
+    let held = API_SERVER_RESTART * u32::try_from(api_restarts).unwrap_or(u32::MAX);
+    let training = schedule.ends() + held + AFTER_THE_LAST_FAULT;
+    let steps = training.as_millis().div_ceil(STEP.as_millis());
+    u32::try_from(steps).unwrap_or(u32::MAX).max(MIN_STEPS)
+}
 
 /// Runs `schedule` against a fresh job; the chart must be installed and node 2 schedulable.
 pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
@@ -56,8 +80,19 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
     let name = format!("chaos-{}", schedule.seed);
     let baseline = format!("{name}-baseline");
     let ns = JOBS_NS;
-    create_job(client, ns, chaos_job(&name, json!({"policy": "Prefer"}))).await?;
-    create_job(client, ns, chaos_job(&baseline, json!({"policy": "Never"}))).await?;
+    let steps = steps_to_outlast(schedule);
+    create_job(
+        client,
+        ns,
+        chaos_job(&name, steps, json!({"policy": "Prefer"})),
+    )
+    .await?;
+    create_job(
+        client,
+        ns,
+        chaos_job(&baseline, steps, json!({"policy": "Never"})),
+    )
+    .await?;
     let checker = Arc::new(Mutex::new(Checker::new()));
     let watches = watch(client, ns, &name, checker.clone(), started);
     let reads = read_checkpoints(client, ns, &name, checker.clone(), started);
@@ -170,9 +205,11 @@ async fn play_and_end(
 }
 
 /// The chaos job: three workers of one GPU (two fit on the spot node), the example trainer
-/// reporting every second, checkpoints every 5 steps, hangs judged after 60 s.
-fn chaos_job(name: &str, spot: Value) -> Value {
-    let mut job = torch_job(name, 1, STEPS, "0.3", spot);
+/// training `steps` steps and reporting every second, checkpoints every 5 steps, hangs judged
+/// after 60 s.
+fn chaos_job(name: &str, steps: u32, spot: Value) -> Value {
+    let step_seconds = STEP.as_secs_f64().to_string();
+    let mut job = torch_job(name, 1, steps, &step_seconds, spot);
     let spec = &mut job["spec"];
     spec["workers"] = json!(3);
     spec["restartPolicy"] = json!({
@@ -687,5 +724,38 @@ mod tests {
         assert_eq!(t.undo_of(same_resource), None);
         assert_eq!(t.next(), Some((secs(106), 1, true)));
         assert_eq!(t.next(), None);
+    }
+
+    fn fault(at: u64, kind: FaultKind, hold: u64) -> super::super::schedule::Fault {
+        super::super::schedule::Fault {
+            at: secs(at),
+            kind,
+            hold: secs(hold),
+        }
+    }
+
+    #[test]
+    fn the_job_trains_past_the_last_undo_also_behind_an_api_server_restart() {
+        // Seed 11 at 8a7f71c: its last fault undone at t+238 s, one API server restart.
+        let schedule = Schedule {
+            seed: 11,
+            faults: vec![
+                fault(108, FaultKind::RestartApiServer, 0),
+                fault(219, FaultKind::GpuUnhealthy, 19),
+            ],
+        };
+        // 238 s + 75 s held + 30 s after = 343 s of training at 0.3 s a step.
+        assert_eq!(steps_to_outlast(&schedule), 1144);
+        let quiet = Schedule {
+            seed: 11,
+            faults: vec![fault(219, FaultKind::GpuUnhealthy, 19)],
+        };
+        assert_eq!(steps_to_outlast(&quiet), 894, "no restart to wait for");
+        // A short schedule (make test's fixed seed ends at t+80 s) keeps the fewest steps.
+        let short = Schedule {
+            seed: 20261125,
+            faults: vec![fault(70, FaultKind::GpuUnhealthy, 10)],
+        };
+        assert_eq!(steps_to_outlast(&short), MIN_STEPS);
     }
 }
