@@ -1,6 +1,7 @@
 //! Cost guard for the operator, run by `make test` against the local cluster: a small run of
-//! the `make bench` harness (10 jobs × 2 workers on 5 fake nodes, 2 of them preempted) that
-//! counts what the operator asks of the API server and how often it reconciles.
+//! the `make bench` harness (10 jobs × 2 workers on 5 fake nodes, 2 of them preempted, the
+//! operator's writes held to 4 in flight so that rounds wait for slots) that counts what the
+//! operator asks of the API server and how often it reconciles.
 //!
 //! It asserts counts only, never a time or a time ratio: how many requests, status writes and
 //! reconciles a job costs does not depend on how busy the machine is (the batching window of
@@ -14,6 +15,8 @@ use trainyard_bench::scenario::{self, OperatorBenchReport};
 const JOBS: u32 = 10;
 const WORKERS: u32 = 2;
 const PREEMPT: u32 = 2;
+/// The operator's write ceiling in this run (`--max-concurrent-writes`).
+const CEILING: u16 = 4;
 
 /// Upper bounds per job. Recorded on 2026-11-22 on the 2-CPU development machine in three
 /// runs of `cargo test -p trainyard-bench --test operator_count_guard -- --ignored --nocapture`
@@ -65,7 +68,12 @@ async fn operator_requests_status_writes_and_reconciles_per_job_stay_bounded() {
     let client = trainyard_e2e::client()
         .await
         .expect("a client for the local cluster");
-    let params = common::small_run(JOBS, PREEMPT, "target/count-guard");
+    let mut params = common::small_run(JOBS, PREEMPT, "target/count-guard");
+    // Creating a job asks for four write slots at once (two pods, the Service, the status):
+    // with this ceiling one creating round writes at a time and the others wait at the write
+    // gate, and a round that decided before the watch showed its job's pods must not create
+    // them again after its wait.
+    params.max_concurrent_writes = Some(CEILING);
     let report = scenario::run(&client, &params, std::future::pending()).await;
     assert!(
         report.error.is_none(),

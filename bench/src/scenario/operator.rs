@@ -166,6 +166,7 @@ async fn start_operator(
         log,
         params.leader_elect,
         identity,
+        params.max_concurrent_writes,
     )
     .await
 }
