@@ -323,6 +323,8 @@ pub struct Metrics {
     pub write_rounds_waiting: Family<UrgencyLabels, Gauge>,
     /// Status-only rounds that found the write gate full and parked their job.
     pub status_rounds_parked: Counter,
+    /// Write rounds that found no free slot and queued for one.
+    pub write_rounds_queued: Counter,
     /// Each job's goodput ledger, from its status (`trainyard_operator_gpu_seconds_total`,
     /// `trainyard_operator_cost_dollars_total`,
     /// `trainyard_operator_on_demand_equivalent_dollars_total`).
@@ -427,9 +429,12 @@ fn register_progress_metrics(
     (progress_reports, steps_lost, steps_per_second)
 }
 
-/// Registers the write limit gauge, the gauges of rounds waiting for a write slot and the
-/// count of parked status-only rounds.
-fn register_write_gate_metrics(r: &mut Registry) -> (Gauge, Family<UrgencyLabels, Gauge>, Counter) {
+/// The write gate's metrics: its limit, the rounds waiting by urgency, and the counts of
+/// rounds that queued for a slot and of status-only rounds that parked their job.
+type WriteGateMetrics = (Gauge, Family<UrgencyLabels, Gauge>, Counter, Counter);
+
+/// Registers the write gate's metrics.
+fn register_write_gate_metrics(r: &mut Registry) -> WriteGateMetrics {
     let write_limit = registered(
         r,
         "trainyard_operator_write_limit",
@@ -448,7 +453,18 @@ fn register_write_gate_metrics(r: &mut Registry) -> (Gauge, Family<UrgencyLabels
         "Status-only rounds that found every write slot taken and parked their job until one was free",
         Counter::default(),
     );
-    (write_limit, write_rounds_waiting, status_rounds_parked)
+    let write_rounds_queued = registered(
+        r,
+        "trainyard_operator_write_rounds_queued",
+        "Write rounds that found no free slot and queued for one (restarts, creates and deletes; status-only rounds park their job instead)",
+        Counter::default(),
+    );
+    (
+        write_limit,
+        write_rounds_waiting,
+        write_rounds_queued,
+        status_rounds_parked,
+    )
 }
 
 impl Metrics {
@@ -459,7 +475,7 @@ impl Metrics {
         let (restarts, preemption_recovery) = register_restart_metrics(&mut r);
         let (leader, state_entries) = register_controller_metrics(&mut r);
         let (progress_reports, steps_lost, steps_per_second) = register_progress_metrics(&mut r);
-        let (write_limit, write_rounds_waiting, status_rounds_parked) =
+        let (write_limit, write_rounds_waiting, write_rounds_queued, status_rounds_parked) =
             register_write_gate_metrics(&mut r);
         let ledgers = LedgerCollector::default();
         r.register_collector(Box::new(ledgers.clone()));
@@ -477,6 +493,7 @@ impl Metrics {
             steps_per_second,
             write_limit,
             status_rounds_parked,
+            write_rounds_queued,
             write_rounds_waiting,
             ledgers,
             ready: AtomicBool::new(false),

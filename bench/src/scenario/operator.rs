@@ -183,6 +183,7 @@ async fn record_metrics(operator: &OperatorProcess, report: &mut OperatorBenchRe
         "trainyard_operator_preemption_recovery_seconds_sum",
         "trainyard_operator_preemption_recovery_seconds_count",
         "trainyard_operator_write_limit",
+        "trainyard_operator_write_rounds_queued_total",
     ] {
         if let Some(v) = metric_value(&metrics, name) {
             report.operator_metrics.insert(name.to_owned(), v);

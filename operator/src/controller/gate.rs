@@ -263,6 +263,7 @@ impl WriteGate {
                 };
             }
             inner.waiting[urgency as usize].push_back((wanted.max(1), tx));
+            self.metrics.write_rounds_queued.inc();
             inner.limit.saturated();
             self.export_waiting(&inner);
         }
@@ -514,12 +515,22 @@ mod tests {
         )
         .await;
         assert_eq!(g.counts(), (1, 1, [0, 1, 2]));
+        assert_eq!(
+            g.metrics.write_rounds_queued.get(),
+            3,
+            "each queued round counted"
+        );
         drop(held);
         assert_eq!(
             queued.served().await,
             vec!["urgent", "routine-1", "routine-2"]
         );
         assert_eq!(g.counts().1, 0, "every slot given back");
+        assert_eq!(
+            g.metrics.write_rounds_queued.get(),
+            3,
+            "served: nothing more queued"
+        );
     }
 
     /// A round that only asks the trainers for a checkpoint (and records it in the status).
