@@ -112,6 +112,10 @@ async fn operator_requests_status_writes_and_reconciles_per_job_stay_bounded() {
          preemption: {preemption:?}"
     );
 
+    // The ceiling made rounds wait: the check below covers rounds that decided, then waited.
+    let queued = metric(&report, "trainyard_operator_write_rounds_queued_total");
+    println!("rounds queued for a write slot: {queued}");
+    assert!(queued > 0.0, "no round queued for a write slot");
     // Every pod is created exactly once: a duplicate create (even one answered 409) means
     // the expectations stopped holding back a repeat.
     assert_eq!(
