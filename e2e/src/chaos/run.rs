@@ -53,15 +53,15 @@ const STEP: Duration = Duration::from_millis(300);
 const MIN_STEPS: u32 = 400;
 /// How far one API server restart may hold the rest of the schedule back: told to stop, the
 /// API server serves the connections it has (the watches) for up to 60 s before it exits, and
-/// the next control-plane fault waits until the new one is ready (62–64 s in every run here).
+/// the next control-plane fault waits until the new one is ready (about 64 s on the local cluster).
 const API_SERVER_RESTART: Duration = Duration::from_secs(75);
 /// Training still to do once the last fault of the schedule is undone: the job recovers from it.
 const AFTER_THE_LAST_FAULT: Duration = Duration::from_secs(30);
 
 /// Steps for the chaos job to train through its whole schedule, also when injections go in
 /// late: a fault is injected only into a job that still runs. Restarts make a job longer, but a
-/// seed may have none: at 400 steps, 7 faults of 20 seeds at 8a7f71c found the job ended (seed
-/// 11 had none, and its API server restart held the last four faults back 64 s).
+/// seed may have none, and such a seed's job would end before its last faults (the finding of
+/// seeds 9 and 11 in docs/reliability.md).
 pub fn steps_to_outlast(schedule: &Schedule) -> u32 {
     let api_restarts = schedule
         .faults
