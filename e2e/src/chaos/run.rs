@@ -677,6 +677,7 @@ async fn component_restarts(client: &Client) -> Result<(usize, Vec<String>)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::schedule::Fault;
     use super::*;
 
     fn secs(s: u64) -> Duration {
@@ -726,8 +727,8 @@ mod tests {
         assert_eq!(t.next(), None);
     }
 
-    fn fault(at: u64, kind: FaultKind, hold: u64) -> super::super::schedule::Fault {
-        super::super::schedule::Fault {
+    fn fault(at: u64, kind: FaultKind, hold: u64) -> Fault {
+        Fault {
             at: secs(at),
             kind,
             hold: secs(hold),

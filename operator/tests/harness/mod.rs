@@ -337,8 +337,8 @@ impl TestEnv {
         // The API server taints a new node not-ready; the node lifecycle controller takes that
         // taint off once it sees the node, with a patch that writes the whole list as it read
         // it: a taint written before that patch lands is lost (a notice a test put on the node
-        // went, and its pods were scheduled there: twice in about 20 runs). So wait for that patch, then
-        // put the fake-node taint back (it goes with the list on 1.20).
+        // went, and its pods were scheduled there: twice in about 20 runs). So wait for that
+        // patch, then put the fake-node taint back (it goes with the list on 1.20).
         wait_for(
             "the node lifecycle controller to untaint the new node",
             WAIT,
