@@ -42,7 +42,8 @@ def render(runs):
     lines = [
         f"{len(runs)} runs, {ok} passed, {len(runs) - ok} failed; "
         f"{sum(len(r['faults']) for r in finished)} faults injected in the finished runs "
-        f"({sum(r['not_injected'] for r in finished)} not injected: the job had ended).",
+        f"({sum(r['not_injected'] for r in finished)} not injected: the job had ended; "
+        f"{sum(r.get('skipped', 0) for r in finished)} skipped: nothing to act on).",
         "",
         "| seed | faults | attempt | preemptions | failures | hangs | steps lost "
         "| latest.pt reads | wall (s) | result |",

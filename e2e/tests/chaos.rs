@@ -56,16 +56,12 @@ async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
         }
     };
     println!("{report:#?}");
-    let kinds: Vec<String> = report
-        .injected
-        .iter()
-        .map(|(_, k, _)| k.to_string())
-        .collect();
     writeln!(
         results,
         "{}",
         serde_json::json!({
-            "seed": report.seed, "faults": kinds, "not_injected": report.not_injected,
+            "seed": report.seed, "faults": report.kinds_injected(),
+            "not_injected": report.not_injected, "skipped": report.skipped(),
             "attempt": report.attempt, "preemptions": report.preemptions,
             "failures": report.failures, "hangs": report.hangs,
             "steps_lost": report.steps_lost, "checkpoints_read": report.checkpoints_read,

@@ -171,10 +171,18 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .context("a fault's action panicked")?
 }
 
+/// How the line of a fault that found nothing to act on begins: it was not injected.
+const SKIPPED: &str = "skipped: ";
+
+/// Whether a fault's line says it found nothing to act on ([`SKIPPED`]).
+pub fn was_skipped(what: &str) -> bool {
+    what.starts_with(SKIPPED)
+}
+
 fn skipped(kind: FaultKind, why: &str) -> Injected {
     Injected {
         kind,
-        what: format!("skipped: {why}"),
+        what: format!("{SKIPPED}{why}"),
         node: None,
     }
 }
@@ -354,7 +362,7 @@ async fn delete_device_plugin(client: &Client, node: &str) -> Result<String> {
         .labels("app.kubernetes.io/component=device-plugin")
         .fields(&format!("spec.nodeName={node}"));
     let Some(pod) = pods.list(&lp).await?.items.into_iter().next() else {
-        return Ok(format!("skipped: no device plugin pod on {node}"));
+        return Ok(format!("{SKIPPED}no device plugin pod on {node}"));
     };
     let name = pod.name_any();
     pods.delete(&name, &DeleteParams::default()).await?;

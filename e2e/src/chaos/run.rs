@@ -31,7 +31,8 @@ use crate::wait_for;
 #[derive(Debug)]
 pub struct RunReport {
     pub seed: u64,
-    /// Each fault as injected, from the start of the schedule.
+    /// Each fault as injected, from the start of the schedule, with what it did (or why it
+    /// was skipped: [`faults::was_skipped`]).
     pub injected: Vec<(Duration, FaultKind, String)>,
     /// Faults not injected because the job had ended first.
     pub not_injected: usize,
@@ -45,6 +46,26 @@ pub struct RunReport {
     pub checkpoints_read: u32,
     pub wall: Duration,
     pub violations: Vec<Violation>,
+}
+
+impl RunReport {
+    /// The kinds of the faults that went in, in order; those that found nothing to act on
+    /// ([`faults::was_skipped`]) are left out.
+    pub fn kinds_injected(&self) -> Vec<String> {
+        self.injected
+            .iter()
+            .filter(|(_, _, what)| !faults::was_skipped(what))
+            .map(|(_, kind, _)| kind.to_string())
+            .collect()
+    }
+
+    /// How many faults came due but found nothing to act on (no running worker, say).
+    pub fn skipped(&self) -> usize {
+        self.injected
+            .iter()
+            .filter(|(_, _, what)| faults::was_skipped(what))
+            .count()
+    }
 }
 
 /// How long one training step of the chaos job takes (`STEP_SECONDS`).
@@ -169,7 +190,7 @@ async fn play_and_end(
     let resumes = injected
         .iter()
         .filter(|(_, k, what)| {
-            k.counts_a_resume() && !what.starts_with("skipped") && !what.contains(faults::NO_RESUME)
+            k.counts_a_resume() && !faults::was_skipped(what) && !what.contains(faults::NO_RESUME)
         })
         .count();
 
@@ -695,6 +716,38 @@ mod tests {
         t.injected(1, secs(196), secs(29));
         assert_eq!(t.next(), Some((secs(225), 1, false)));
         assert_eq!(t.next(), None);
+    }
+
+    /// A fault that found nothing to act on is told apart from those that went in, so that
+    /// the results table never counts it as injected.
+    #[test]
+    fn a_skipped_fault_is_not_counted_as_injected() {
+        let report = RunReport {
+            seed: 11,
+            injected: vec![
+                (
+                    secs(20),
+                    FaultKind::RestartEtcd,
+                    "etcd restarted".to_owned(),
+                ),
+                (
+                    secs(262),
+                    FaultKind::DeleteWorkerPod,
+                    "skipped: no running worker to delete".to_owned(),
+                ),
+            ],
+            not_injected: 0,
+            attempt: 1,
+            preemptions: 0,
+            failures: 0,
+            hangs: 0,
+            steps_lost: 0,
+            checkpoints_read: 0,
+            wall: secs(270),
+            violations: Vec::new(),
+        };
+        assert_eq!(report.kinds_injected(), vec!["RestartEtcd".to_owned()]);
+        assert_eq!(report.skipped(), 1);
     }
 
     #[test]
