@@ -215,4 +215,60 @@ mod tests {
             SignedDuration::from_secs(5)
         );
     }
+
+    /// Found by the chaos run (seed 1, after the Lease fixes): a leader that stepped down
+    /// while the API server restarted exited, because its next campaign could not read the
+    /// Lease. The campaign reads it again, with a pause that doubles up to
+    /// [`MAX_BUILD_PAUSE`], until the API server answers.
+    #[tokio::test(start_paused = true)]
+    async fn a_campaign_reads_again_a_lease_it_cannot_read_with_a_growing_pause() {
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorder = asked.clone();
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            let asked = recorder.clone();
+            async move {
+                let n = {
+                    let mut asked = asked.lock().expect("log");
+                    asked.push(tokio::time::Instant::now());
+                    asked.len()
+                };
+                // The API server is away for the first five reads, then serves the Lease.
+                let (code, answer) = if n <= 5 {
+                    (
+                        503,
+                        serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                            "status": "Failure", "reason": "ServiceUnavailable", "code": 503}),
+                    )
+                } else {
+                    (
+                        200,
+                        serde_json::json!({"apiVersion": "coordination.k8s.io/v1",
+                            "kind": "Lease", "metadata": {"name": "l", "namespace": "ns"},
+                            "spec": {}}),
+                    )
+                };
+                let response = http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&answer).expect("json"),
+                    ))
+                    .expect("response");
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        let client = Client::new(service, "default");
+        let built = tokio::time::timeout(
+            Duration::from_secs(300),
+            build_manager(client, &election(15, 5)),
+        )
+        .await;
+        assert!(
+            built.is_ok(),
+            "the campaign gave up or never read the Lease"
+        );
+        let asked = asked.lock().expect("log").clone();
+        let pauses: Vec<u64> = asked.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 10], "pauses between the reads");
+    }
 }
