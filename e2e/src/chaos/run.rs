@@ -187,12 +187,6 @@ async fn play_and_end(
     };
     let mut pick = fastrand::Rng::with_seed(schedule.seed ^ 0x5eed);
     let (injected, not_injected) = play(&target, schedule, &mut pick).await?;
-    let resumes = injected
-        .iter()
-        .filter(|(_, k, what)| {
-            k.counts_a_resume() && !faults::was_skipped(what) && !what.contains(faults::NO_RESUME)
-        })
-        .count();
 
     let end = wait_phase(client, ns, name, "Succeeded", Duration::from_secs(900)).await;
     if let Err(e) = &end {
@@ -208,7 +202,7 @@ async fn play_and_end(
     let mut ending = Ending {
         job: job.clone(),
         succeeded: end.is_ok(),
-        resumes: u32::try_from(resumes).unwrap_or(u32::MAX),
+        resumes: resumes(&injected),
         restart_events,
         failures_caused: 0,
         digest,
@@ -223,6 +217,19 @@ async fn play_and_end(
         not_injected,
         ending,
     })
+}
+
+/// The resumes the faults caused: a `SuspendResume` counts when the job was `Suspended` when
+/// it was resumed (one that reached the job as it finished caused none: [`faults::NO_RESUME`])
+/// and when it went in at all.
+fn resumes(injected: &[(Duration, FaultKind, String)]) -> u32 {
+    let resumes = injected
+        .iter()
+        .filter(|(_, k, what)| {
+            k.counts_a_resume() && !faults::was_skipped(what) && !what.contains(faults::NO_RESUME)
+        })
+        .count();
+    u32::try_from(resumes).unwrap_or(u32::MAX)
 }
 
 /// The chaos job: three workers of one GPU (two fit on the spot node), the example trainer
@@ -748,6 +755,27 @@ mod tests {
         };
         assert_eq!(report.kinds_injected(), vec!["RestartEtcd".to_owned()]);
         assert_eq!(report.skipped(), 1);
+    }
+
+    /// Found by seed 9 at 75e90c6: a suspend that reached the job as it finished was counted
+    /// as a resume, so the run expected one attempt more than the job made.
+    #[test]
+    fn a_suspend_undone_after_the_job_ended_caused_no_resume() {
+        let line = |what: &str| (secs(90), FaultKind::SuspendResume, what.to_owned());
+        let resumed = line("job suspended");
+        let ended = line(&format!(
+            "job suspended: {} (phase Succeeded)",
+            faults::NO_RESUME
+        ));
+        let skipped = line("skipped: the job had no worker");
+        let other = (
+            secs(10),
+            FaultKind::DeleteWorkerPod,
+            "worker deleted".to_owned(),
+        );
+        assert_eq!(resumes(&[resumed.clone(), other]), 1);
+        assert_eq!(resumes(&[ended, skipped]), 0);
+        assert_eq!(resumes(&[resumed.clone(), resumed]), 2);
     }
 
     #[test]
