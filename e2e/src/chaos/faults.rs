@@ -488,6 +488,41 @@ fn run(command: &mut Command) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// Found by seed 6 at 11d3ce4: a control-plane restart counted as over once the API
+    /// server answered a read, and the etcd restart after it killed an API server whose
+    /// post-start hooks still ran. The restart is over only once `/readyz` says ready.
+    #[tokio::test]
+    async fn a_control_plane_restart_is_over_when_readyz_says_ready_not_when_reads_answer() {
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorder = asked.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let asked = recorder.clone();
+            async move {
+                let path = request.uri().path().to_owned();
+                let readyz = {
+                    let mut asked = asked.lock().expect("log");
+                    asked.push(path.clone());
+                    asked.iter().filter(|p| *p == "/readyz").count()
+                };
+                // Reads answer at once; /readyz fails until its third try (hooks still run).
+                let code = if path != "/readyz" || readyz >= 3 {
+                    200
+                } else {
+                    500
+                };
+                let response = http::Response::builder()
+                    .status(code)
+                    .body(kube::client::Body::from(b"ok".to_vec()))
+                    .expect("response");
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        let client = Client::new(service, "default");
+        api_serving(&client).await.expect("ready on the third try");
+        let asked = asked.lock().expect("log").clone();
+        assert_eq!(asked, ["/readyz", "/readyz", "/readyz"], "what was asked");
+    }
+
     #[test]
     fn a_lease_nobody_holds_has_no_leader_to_kill() {
         let lease = |holder: Option<&str>| Lease {
