@@ -40,12 +40,17 @@ def test_the_summary_counts_violations_and_unfinished_runs_as_failed(tmp_path):
 
 def test_faults_not_injected_and_skipped_are_told_apart_from_those_injected(tmp_path):
     ended = dict(PASSED, seed=4, faults=["RestartEtcd"], not_injected=2, skipped=1)
-    doc = write(tmp_path, [PASSED, ended])
+    doc = write(tmp_path, [dict(PASSED, skipped=0), ended])
     assert (
         "2 runs, 2 passed, 0 failed; 3 faults injected in the finished runs "
         "(2 not injected: the job had ended; 1 skipped: nothing to act on)." in doc
     )
     assert "| 4 | 1 | 2 | 1 | 0 | 0 | 3 | 180 | 200 | pass |" in doc
+
+
+def test_results_that_predate_the_skip_count_do_not_claim_none_was_skipped(tmp_path):
+    doc = write(tmp_path, [PASSED])
+    assert "skips not recorded" in doc and "0 skipped" not in doc
 
 
 def test_only_the_text_between_the_markers_is_replaced(tmp_path):

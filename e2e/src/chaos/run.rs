@@ -280,8 +280,9 @@ async fn play(
             let planned = &schedule.faults[i];
             let kind = planned.kind;
             // The schedule keeps two faults on one resource apart, but a fault injected late
-            // (behind a long API server restart) is held late too: wait for its undo.
-            let holds = |j: usize| schedule.faults[j].kind.resource() == kind.resource();
+            // (behind a long API server restart) is held late too: wait for its undo; a fault
+            // aimed at a worker also waits for a suspended job's resume.
+            let holds = |j: usize| kind.waits_for(schedule.faults[j].kind);
             if let Some(undone_at) = timeline.undo_of(holds) {
                 timeline.postpone(i, undone_at);
                 continue;

@@ -67,6 +67,18 @@ impl FaultKind {
         }
     }
 
+    /// Whether an injection of this fault waits until `held`, a fault still held, is undone:
+    /// two faults on one resource never overlap, and a fault aimed at a running worker waits
+    /// for the resume of a suspended job (seed 9 at a960525: a `TerminationTaint` due while the
+    /// job was suspended found no worker for 90 s and held back the resume).
+    pub fn waits_for(self, held: FaultKind) -> bool {
+        let aims_at_a_worker = matches!(
+            self,
+            FaultKind::DeleteWorkerPod | FaultKind::TerminationTaint
+        );
+        self.resource() == held.resource() || (aims_at_a_worker && held == FaultKind::SuspendResume)
+    }
+
     /// Whether the fault is undone after its `hold` (otherwise it is a single action).
     pub fn is_undone(self) -> bool {
         matches!(
@@ -232,6 +244,19 @@ fn draw(rng: &mut fastrand::Rng, (lo, hi): (Duration, Duration)) -> Duration {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    /// Seed 9 at a960525: a `TerminationTaint` due while the job was suspended waited 90 s for
+    /// a worker, and the suspend's undo waited behind it.
+    #[test]
+    fn a_fault_aimed_at_a_worker_waits_for_a_suspended_job_to_resume() {
+        use FaultKind::*;
+        assert!(TerminationTaint.waits_for(SuspendResume));
+        assert!(DeleteWorkerPod.waits_for(SuspendResume));
+        assert!(LoseNode2.waits_for(PartitionNode2), "one resource");
+        assert!(!GpuUnhealthy.waits_for(SuspendResume));
+        assert!(!TerminationTaint.waits_for(LoseNode2));
+        assert!(!SuspendResume.waits_for(TerminationTaint));
+    }
 
     #[test]
     fn a_seed_replays_its_schedule_and_another_seed_differs() {
