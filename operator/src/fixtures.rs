@@ -13,6 +13,17 @@ use crate::nodes::{
 };
 use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
 
+/// An API server's answer for a scripted `kube::Client`: `answer` as JSON with status `code`.
+pub fn json_response(code: u16, answer: &serde_json::Value) -> http::Response<kube::client::Body> {
+    http::Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(
+            serde_json::to_vec(answer).expect("json"),
+        ))
+        .expect("response")
+}
+
 /// Parses an RFC 3339 timestamp.
 pub fn ts(s: &str) -> Timestamp {
     s.parse().expect("valid timestamp")

@@ -247,14 +247,7 @@ mod tests {
                             "spec": {}}),
                     )
                 };
-                let response = http::Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(
-                        serde_json::to_vec(&answer).expect("json"),
-                    ))
-                    .expect("response");
-                Ok::<_, kube::Error>(response)
+                Ok::<_, kube::Error>(crate::fixtures::json_response(code, &answer))
             }
         });
         let client = Client::new(service, "default");

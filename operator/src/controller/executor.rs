@@ -625,14 +625,7 @@ mod tests {
                 };
                 log.lock().expect("log").push(sent.clone());
                 let (code, answer) = script(&sent);
-                let response = http::Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(
-                        serde_json::to_vec(&answer).expect("json"),
-                    ))
-                    .expect("response");
-                Ok::<_, kube::Error>(response)
+                Ok::<_, kube::Error>(crate::fixtures::json_response(code, &answer))
             }
         });
         (Client::new(service, "default"), log)
