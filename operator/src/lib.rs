@@ -32,6 +32,7 @@ mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod heartbeat;
+mod job_memory;
 mod leader;
 mod ledger;
 mod listen;
@@ -51,7 +52,8 @@ mod service;
 pub mod surface;
 mod trainer;
 mod validate;
-mod write_limit;
+mod watchdog;
+mod writes;
 
 // What a process needs to run the operator: the binary, and the tests that run it in-process.
 pub use config::{OperatorConfig, PriceEntry, ProgressChannel};
@@ -63,4 +65,4 @@ pub use error::Error;
 pub use leader::LeaderElection;
 pub use listen::HttpLimits;
 pub use progress::AudienceCheck;
-pub use write_limit::LimitConfig;
+pub use writes::limit::LimitConfig;

@@ -8,7 +8,7 @@
 //! ([`progress`]).
 
 pub use crate::config::OperatorConfig;
-pub use crate::controller::{CRD_NAME, FIELD_MANAGER};
+pub use crate::controller::CRD_NAME;
 pub use crate::crd::{
     JobCondition, LABEL_ATTEMPT, LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobSpec,
     TrainingJobStatus,
@@ -19,6 +19,7 @@ pub use crate::placement::{Placement, place};
 pub use crate::pods::{AttemptStart, desired_pod};
 pub use crate::service::desired_service;
 pub use crate::validate::{InvalidSpec, ValidJob, pod_name, validate};
+pub use crate::writes::FIELD_MANAGER;
 
 /// The progress endpoint: its router on a listener ([`serve`](progress::serve)), what it
 /// serves from ([`ProgressServer`](progress::ProgressServer)), and the two ports a test fakes

@@ -3,11 +3,9 @@
 //! - `wiring`: the watches, their reflector caches, which jobs a change to a node, a PVC or
 //!   a Service wakes (`triggers`), and the kube-runtime Controller built from them;
 //! - `observe`: what one reconcile reads from the caches (`observe::Caches`);
-//! - `status_cache`: the status the operator wrote last and the per-worker detail it has
-//!   not written yet, and when a decided status is written;
-//! - `executor`: carries out one round's decision, in the write order it documents, holds
-//!   writes back for their expectations, and publishes the Events (`events`);
-//! - `reconcile`: glues them together for one job.
+//! - `progress`: the progress channel's server and what a round tells the trainers;
+//! - `reconcile`: one round of one job: observe, decide once ([`crate::plan::decide`]) and hand
+//!   the decision to the write path ([`crate::writes`]), which carries it out.
 //!
 //! One kube-runtime Controller on TrainingJobs. Pods (owned), Nodes, Services and PVCs are
 //! each watched once into reflector caches that every reconcile reads, so a reconcile makes no
@@ -25,27 +23,18 @@ use kube::{Api, Client};
 
 use crate::config::OperatorConfig;
 use crate::error::Error;
+use crate::job_memory::JobMemory;
 use crate::leader::{LeaderElection, Leadership};
 use crate::metrics::Metrics;
-use job_memory::JobMemory;
 
 use crate::progress::store::ProgressStore;
 
-mod events;
-mod executor;
-mod gate;
-pub mod job_memory;
 mod observe;
 mod progress;
 mod reconcile;
-pub(crate) mod status_cache;
-pub mod status_write;
 mod triggers;
-mod watchdog;
 mod wiring;
 
-/// The one field manager for everything the operator writes.
-pub const FIELD_MANAGER: &str = "trainyard-operator";
 /// Name of the CRD the operator waits for.
 pub const CRD_NAME: &str = "trainingjobs.trainyard.dev";
 
@@ -66,10 +55,10 @@ pub struct RunConfig {
     pub instance: String,
     /// Serve the progress channel (`crate::progress`); None: trainers get no progress URL.
     pub progress: Option<ProgressServing>,
-    /// The bound on write requests in flight ([`crate::write_limit`]). Unbounded, a burst of
+    /// The bound on write requests in flight ([`crate::writes`]). Unbounded, a burst of
     /// jobs puts thousands of requests in front of the API server at the same time: every
     /// write gets slower and the operator's memory grows with the queue.
-    pub write_limit: crate::write_limit::LimitConfig,
+    pub write_limit: crate::writes::limit::LimitConfig,
 }
 
 /// How the leader serves the progress channel.
@@ -108,10 +97,8 @@ struct Context {
     config: OperatorConfig,
     /// What a reconcile reads.
     caches: observe::Caches,
-    /// What a reconcile writes, and the Events it publishes.
-    executor: executor::Executor,
-    /// Where rounds with writes wait for a slot, urgent ones first.
-    gate: Arc<gate::WriteGate>,
+    /// Where a decided round is carried out ([`crate::writes`]).
+    writes: crate::writes::Writes,
     /// What is kept per job between reconciles (the status cache among it), forgotten when the
     /// job goes.
     memory: Arc<JobMemory>,

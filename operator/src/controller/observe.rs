@@ -195,7 +195,7 @@ impl Caches {
             return Ok(());
         };
         let name = cached.name_any();
-        super::watchdog::stage("reading a sibling pod's placement");
+        crate::watchdog::stage("reading a sibling pod's placement");
         let whole = Api::<Pod>::namespaced(self.client.clone(), ns)
             .get(&name)
             .await

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::triggers::JobRef;
-use super::{Context, FIELD_MANAGER, ProgressServing};
+use super::{Context, ProgressServing};
 use crate::cached_pod::CachedPod;
 use crate::crd::TrainingJob;
 use crate::error::Error;
@@ -26,6 +26,7 @@ use crate::progress::auth::KubeTokenReviewer;
 use crate::progress::server::{self, ProgressServer, WorkerPods};
 use crate::progress::store::{JobProgress, ProgressStore};
 use crate::validate::ValidJob;
+use crate::writes::FIELD_MANAGER;
 
 /// Wakes queued by the endpoint before the controller takes them: beyond it a wake is
 /// dropped, and the job's next reconcile reads the store anyway.

@@ -1,27 +1,23 @@
-//! One reconcile of one job: read ([`super::observe`]), decide ([`plan::decide`]), schedule the
-//! status write ([`super::status_cache`]), carry the round out ([`super::executor`]) and say
-//! when to look again.
+//! One reconcile of one job: read ([`super::observe`]), decide once ([`plan::decide`]), hand
+//! the round to the write path ([`crate::writes`]) and say when to look again.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
+use kube::ResourceExt;
 use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::executor::slots_to_enter;
-use super::gate::{Permit, Urgency};
-use super::job_memory::error_key;
-use super::status_cache::Known;
-use super::status_write::StatusWrite;
-use super::watchdog::{self, Watched};
-use crate::crd::{TrainingJob, TrainingJobStatus};
+use crate::crd::TrainingJob;
 use crate::error::Error;
+use crate::job_memory::error_key;
 use crate::plan;
 use crate::validate::{InvalidSpec, ValidJob, validate};
+use crate::watchdog::{self, Watched};
+use crate::writes::status_cache::Known;
+use crate::writes::{Carried, Round};
 
 /// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).
 const RESYNC: Duration = Duration::from_secs(300);
@@ -90,7 +86,7 @@ impl Context {
     /// Sets the `trainyard_operator_state_entries` gauges.
     fn export_state_sizes(&self) {
         self.metrics
-            .set_state_sizes(&self.memory.sizes(self.executor.expectations()));
+            .set_state_sizes(&self.memory.sizes(self.writes.expectations()));
     }
 }
 
@@ -102,7 +98,7 @@ async fn reconcile_inner(
     ctx.caches.ready().await?;
     let job = match &obj.0 {
         Ok(job) => job,
-        Err(invalid) => return ctx.executor.report_malformed(invalid).await,
+        Err(invalid) => return ctx.writes.report_malformed(invalid).await,
     };
     if job.metadata.deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove pods, Service and (unless retained) the PVC.
@@ -129,38 +125,18 @@ async fn reconcile_inner(
             Err(e) => return Err(reject_invalid(ctx, job, &known, e, Timestamp::now()).await),
         },
     };
-    let Round {
-        plan: decided,
-        write,
-        now,
-        permit,
-        parked,
-    } = decide_with_slot(ctx, obj, job, &valid, known).await?;
-    let requeue_at = decided.requeue_at;
-    if parked {
+    let round = decide(ctx, &valid, known).await?;
+    let requeue_at = round.plan.requeue_at;
+    let follow_up = super::progress::FollowUp::of(&round.plan);
+    let look_again = match ctx.writes.carry_out(job, round).await? {
         // The gate wakes the job when a slot is free; the plan's own time stands as well.
-        return Ok(Action::requeue(requeue_after(requeue_at, None, None)));
-    }
-    let follow_up = super::progress::FollowUp::of(&decided);
-    // Boxed: a reconcile waiting at the gate then holds a pointer, not the executor's state.
-    // The executor gives the permit back when the round is done (it may widen it between the
-    // round's status write and its deletes).
-    let held_for =
-        Box::pin(
-            ctx.executor
-                .carry_out(job, decided, write == StatusWrite::Now, now, permit),
-        )
-        .await?;
-    ctx.follow_progress(follow_up);
-    let write_later = match write {
-        StatusWrite::Later(after) => Some(after),
-        StatusWrite::Now | StatusWrite::Unchanged => None,
+        Carried::Parked => None,
+        Carried::Done(within) => {
+            ctx.follow_progress(follow_up);
+            within
+        }
     };
-    Ok(Action::requeue(requeue_after(
-        requeue_at,
-        write_later,
-        held_for,
-    )))
+    Ok(Action::requeue(requeue_after(requeue_at, look_again)))
 }
 
 /// A job edited into a spec that does not validate runs on as last validly specified (its
@@ -190,141 +166,38 @@ async fn reject_invalid(
 ) -> Error {
     let (status, events) =
         plan::invalid_status(&known.current, &invalid, job.metadata.generation, now);
-    if status != known.written
-        && let Err(e) = ctx.executor.write_status(job, &status).await
-    {
-        return e;
+    match ctx.writes.show_invalid(job, known, &status, events).await {
+        Ok(()) => Error::InvalidSpec(invalid),
+        Err(e) => e,
     }
-    ctx.executor.publish(&job.object_ref(&()), events).await;
-    Error::InvalidSpec(invalid)
-}
-
-/// One decided round, and the write slot it holds when it writes.
-struct Round {
-    plan: plan::Plan,
-    write: StatusWrite,
-    now: Timestamp,
-    permit: Option<Permit>,
-    /// A status-only round that found the gate full: nothing is carried out, the job is
-    /// reconciled again when a slot is free.
-    parked: bool,
-}
-
-impl Round {
-    /// Whether carrying the round out sends anything to the API server (Events aside: they
-    /// go to the publisher's queue).
-    fn writes(&self) -> bool {
-        self.write == StatusWrite::Now || !self.plan.actions.is_empty()
-    }
-}
-
-/// Decides the round and, when it writes, takes the write slots of its first phase
-/// ([`slots_to_enter`], [`super::gate`]): at once when they are free; else after waiting behind
-/// the rounds ahead of it, and then decided again on what the caches show by then (the wait may
-/// be long, and the first decision stale). Once its first phase is under way a round is not
-/// decided again: the executor widens its permit itself.
-async fn decide_with_slot(
-    ctx: &Context,
-    obj: &DeserializeGuard<TrainingJob>,
-    job: &TrainingJob,
-    valid: &ValidJob,
-    known: Known,
-) -> Result<Round, Error> {
-    let round = decide(ctx, job, valid, &known).await?;
-    if !round.writes() {
-        return Ok(round);
-    }
-    let urgency = Urgency::of(&round.plan);
-    let wanted = slots_to_enter(&round.plan, round.write == StatusWrite::Now);
-    if urgency == Urgency::Routine {
-        // A status-only round does not hold a reconcile while it waits: parked, its job is
-        // reconciled again (and decided afresh) when a slot is free.
-        let permit = ctx.gate.enter_or_park(&ObjectRef::from_obj(obj), wanted);
-        return Ok(match permit {
-            Some(permit) => Round {
-                permit: Some(permit),
-                ..round
-            },
-            None => Round {
-                parked: true,
-                ..round
-            },
-        });
-    }
-    if let Some(permit) = ctx.gate.try_enter(urgency, wanted) {
-        return Ok(Round {
-            permit: Some(permit),
-            ..round
-        });
-    }
-    // Nothing of the first decision is kept while waiting: the memory of waiting reconciles.
-    drop((round, known));
-    watchdog::stage(watchdog::WAITING_FOR_A_SLOT);
-    let permit = ctx.gate.enter(urgency, wanted).await;
-    let known = ctx.memory.status.current(job);
-    let round = decide(ctx, job, valid, &known).await?;
-    Ok(Round {
-        permit: Some(permit),
-        ..round
-    })
-}
-
-/// Observes and decides now, tells the trainers what the round decided for them (a
-/// checkpoint request, before the round waits for any write slot), and schedules the decided
-/// status ([`super::status_cache`]).
-async fn decide(
-    ctx: &Context,
-    job: &TrainingJob,
-    valid: &ValidJob,
-    known: &Known,
-) -> Result<Round, Error> {
-    let now = Timestamp::now();
-    let plan = observe_and_decide(ctx, valid, &known.current, now).await?;
-    ctx.tell_trainers(valid, &plan);
-    let uid = job.metadata.uid.as_deref().unwrap_or_default();
-    let write = ctx.memory.status.schedule(uid, known, &plan.status);
-    Ok(Round {
-        plan,
-        write,
-        now,
-        permit: None,
-        parked: false,
-    })
 }
 
 /// Observes the job in the caches (with the placement of a half-created attempt's first pod
-/// when a missing rank must copy it: see `sibling_to_read`), then decides once.
-async fn observe_and_decide(
-    ctx: &Context,
-    valid: &ValidJob,
-    current: &TrainingJobStatus,
-    now: Timestamp,
-) -> Result<plan::Plan, Error> {
+/// when a missing rank must copy it: see `sibling_to_read`), decides the round once, and tells
+/// the trainers what it decided for them (a checkpoint request, before the round waits for any
+/// write slot).
+async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, Error> {
     watchdog::stage("observe and decide");
-    let mut observed = ctx.caches.observe(valid, current, now);
+    let now = Timestamp::now();
+    let mut observed = ctx.caches.observe(valid, &known.current, now);
     observed.progress = ctx.observe_progress(valid);
     ctx.caches
-        .read_sibling_placement(valid, current, &mut observed)
+        .read_sibling_placement(valid, &known.current, &mut observed)
         .await?;
-    Ok(plan::decide(valid, &observed, current, &ctx.config))
+    let plan = plan::decide(valid, &observed, &known.current, &ctx.config);
+    ctx.tell_trainers(valid, &plan);
+    Ok(Round { plan, known, now })
 }
 
 /// When to look at the job again: at the time the plan asked for (at least half a second from
 /// now), when deferred status detail is due, or when a held-back write's expectation lapses,
-/// whichever comes first, and within [`RESYNC`].
-fn requeue_after(
-    requeue_at: Option<Timestamp>,
-    write_later: Option<Duration>,
-    held_for: Option<Duration>,
-) -> Duration {
+/// whichever comes first (`look_again`), and within [`RESYNC`].
+fn requeue_after(requeue_at: Option<Timestamp>, look_again: Option<Duration>) -> Duration {
     let after = requeue_at
         .map(|at| {
             let wait = at.duration_since(Timestamp::now()).as_secs_f64().max(0.5);
             Duration::from_secs_f64(wait).min(RESYNC)
         })
         .unwrap_or(RESYNC);
-    [write_later, held_for]
-        .into_iter()
-        .flatten()
-        .fold(after, Duration::min)
+    look_again.map_or(after, |within| within.min(after))
 }

@@ -21,7 +21,7 @@ use crate::heartbeat;
 use crate::ownership::ObjectKind;
 
 /// A job to reconcile.
-pub(super) type JobRef = ObjectRef<DeserializeGuard<TrainingJob>>;
+pub(super) use crate::writes::JobRef;
 
 /// What about a node can change placement or classification.
 fn node_fingerprint(node: &Node) -> u64 {

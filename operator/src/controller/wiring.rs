@@ -14,26 +14,23 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
 use kube::core::PartialObjectMeta;
 use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::events::{EVENT_DRAIN, EVENT_QUEUE, publish_events};
-use super::executor::Executor;
-use super::gate::WriteGate;
-use super::job_memory::JobMemory;
 use super::observe::Caches;
 use super::reconcile::{error_policy, reconcile};
-use super::triggers::{JobRef, claim_triggers, node_triggers, service_triggers, silence_triggers};
-use super::{Context, FIELD_MANAGER, RunConfig};
+use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
+use super::{Context, RunConfig};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_JOB, TrainingJob};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
+use crate::job_memory::JobMemory;
 use crate::metrics::Metrics;
 use crate::progress::store::ProgressStore;
+use crate::writes::{self, EVENT_DRAIN, Writes};
 
 /// How long a write is held back waiting for its watch event ([`Expectations`]).
 const EXPECTATION_TTL: Duration = Duration::from_secs(15);
@@ -257,46 +254,6 @@ fn job_controller(
     )
 }
 
-/// Starts the write side: the write gate (with the stream of parked jobs it wakes), the
-/// Events publisher task and the executor.
-fn start_writes(
-    client: &Client,
-    config: &RunConfig,
-    metrics: &Arc<Metrics>,
-    expectations: &Arc<Expectations>,
-    memory: &Arc<JobMemory>,
-    jobs: &Store<DeserializeGuard<TrainingJob>>,
-) -> (
-    Arc<WriteGate>,
-    impl Stream<Item = JobRef> + Send + 'static,
-    Executor,
-    JoinHandle<()>,
-) {
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.to_owned(),
-        instance: Some(config.instance.clone()),
-    };
-    let (gate, parked_wakes) = WriteGate::new(config.write_limit, metrics.clone());
-    let (events_tx, events_rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
-    let publisher = tokio::spawn(publish_events(
-        client.clone(),
-        reporter,
-        gate.clone(),
-        memory.clone(),
-        events_rx,
-    ));
-    let executor = Executor::new(
-        client.clone(),
-        gate.clone(),
-        expectations.clone(),
-        events_tx,
-        metrics.clone(),
-        memory.clone(),
-        jobs.clone(),
-    );
-    (gate, parked_wakes, executor, publisher)
-}
-
 /// Marks the operator ready and runs the Controller until it stops, then ends the Lease watch
 /// and drains the Events.
 async fn run_until_stopped(
@@ -382,14 +339,20 @@ pub(super) async fn run_controller(
         .await?;
     }
 
-    let (gate, parked_wakes, executor, publisher) =
-        start_writes(&client, config, &metrics, &expectations, &memory, &jobs);
+    let (writes, parked_wakes, publisher) = Writes::start(writes::Shared {
+        client: client.clone(),
+        instance: config.instance.clone(),
+        limit: config.write_limit,
+        metrics: metrics.clone(),
+        expectations: expectations.clone(),
+        memory: memory.clone(),
+        jobs: jobs.clone(),
+    });
     let caches = Caches::new(client, expectations, pods, nodes, leases, services, claims);
     let ctx = Arc::new(Context {
         config: config.operator.clone(),
         caches,
-        executor,
-        gate,
+        writes,
         memory,
         metrics,
         progress,

@@ -21,10 +21,10 @@ use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
-use crate::controller::status_cache::StatusCache;
 use crate::crd::TrainingJob;
 use crate::expectations::Expectations;
 use crate::metrics::StateSizes;
+use crate::writes::status_cache::StatusCache;
 
 /// The per-job maps of the controller.
 #[derive(Debug, Default)]

@@ -14,7 +14,7 @@ tokio::task_local! {
 }
 
 /// Marks the stage the current reconcile enters (nothing outside a watched reconcile).
-pub(super) fn stage(name: &'static str) {
+pub(crate) fn stage(name: &'static str) {
     let _ = STAGE.try_with(|s| {
         if let Ok(mut current) = s.lock() {
             *current = name;
@@ -24,7 +24,7 @@ pub(super) fn stage(name: &'static str) {
 
 /// How a watched reconcile ended.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Watched<T> {
+pub(crate) enum Watched<T> {
     /// It finished, after warning once when it ran past `warn_after`.
     Done(T),
     /// It ran past the limit and was dropped at this stage.
@@ -33,15 +33,15 @@ pub(super) enum Watched<T> {
 
 /// Where a round waits its turn at the write gate: it may wait long in a burst, and is never
 /// abandoned there (it would lose its place in the queue).
-pub(super) const GATE_STAGES: &[&str] = &[WAITING_FOR_A_SLOT, WIDENING_THE_PERMIT];
+pub(crate) const GATE_STAGES: &[&str] = &[WAITING_FOR_A_SLOT, WIDENING_THE_PERMIT];
 /// The stage of a round waiting for its first write slots.
-pub(super) const WAITING_FOR_A_SLOT: &str = "write gate: waiting for a slot";
+pub(crate) const WAITING_FOR_A_SLOT: &str = "write gate: waiting for a slot";
 /// The stage of a round waiting for the slots of its deletes after its status write.
-pub(super) const WIDENING_THE_PERMIT: &str = "write gate: widening the permit";
+pub(crate) const WIDENING_THE_PERMIT: &str = "write gate: widening the permit";
 
 /// Runs `round`, logging a warning with its stage (`what` names the job) once it runs past
 /// `warn_after`, and dropping it past `limit` unless it waits at the write gate then.
-pub(super) async fn watch<T>(
+pub(crate) async fn watch<T>(
     what: &str,
     warn_after: Duration,
     limit: Duration,

@@ -48,17 +48,17 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::FIELD_MANAGER;
-use super::events::EventBatch;
 use super::gate::{Permit, WriteGate};
-use super::job_memory::JobMemory;
-use super::watchdog;
+use super::publisher::EventBatch;
 use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::events::JobEvent;
 use crate::expectations::{Expectations, Kind};
+use crate::job_memory::JobMemory;
 use crate::metrics::{Metrics, RestartLabels};
 use crate::plan::{self, Action as PlanAction};
 use crate::rejection::{self, Writes};
+use crate::watchdog;
 
 /// Writes what reconciles decide, in the order above, and queues their Events.
 pub(super) struct Executor {
@@ -648,7 +648,7 @@ mod tests {
             let (events_tx, events) = mpsc::channel(EVENTS_QUEUED);
             let metrics = Arc::new(Metrics::new());
             let (gate, _wakes) = WriteGate::new(
-                crate::write_limit::LimitConfig::up_to(SLOTS),
+                super::super::limit::LimitConfig::up_to(SLOTS),
                 metrics.clone(),
             );
             let (client, log) = recorded_client(script, gate.clone());

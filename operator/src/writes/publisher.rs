@@ -15,21 +15,21 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
 use super::gate::{Urgency, WriteGate};
-use super::job_memory::JobMemory;
 use crate::events::{EventKind, JobEvent, StartsAttempt, attempt_event_name};
+use crate::job_memory::JobMemory;
 
 /// The action of every Event the operator publishes.
 const ACTION: &str = "Reconcile";
 
 /// Event batches (one per reconcile) waiting to be published.
-pub(super) const EVENT_QUEUE: usize = 1024;
+pub(crate) const EVENT_QUEUE: usize = 1024;
 /// Event batches published at once.
 const EVENT_PUBLISHERS: usize = 8;
 /// How long a stopping operator keeps publishing the Events it has queued.
-pub(super) const EVENT_DRAIN: Duration = Duration::from_secs(1);
+pub(crate) const EVENT_DRAIN: Duration = Duration::from_secs(1);
 
 /// One reconcile's Events, for the publisher task.
-pub(super) type EventBatch = (ObjectReference, Vec<JobEvent>);
+pub(crate) type EventBatch = (ObjectReference, Vec<JobEvent>);
 
 /// Publishes queued Events, a few batches at once, each batch in order.
 ///
@@ -40,7 +40,7 @@ pub(super) type EventBatch = (ObjectReference, Vec<JobEvent>);
 /// An Event that starts an attempt is created under its own name instead
 /// ([`publish_attempt_start`]); when that fails, `memory` forgets it was told, so that a later
 /// round tells it again.
-pub(super) async fn publish_events(
+pub(crate) async fn publish_events(
     client: Client,
     reporter: Reporter,
     gate: Arc<WriteGate>,

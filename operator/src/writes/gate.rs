@@ -32,11 +32,11 @@ use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::triggers::JobRef;
+use super::JobRef;
 
+use super::limit::{AdaptiveLimit, Change, LimitConfig};
 use crate::metrics::Metrics;
 use crate::plan::Plan;
-use crate::write_limit::{AdaptiveLimit, Change, LimitConfig};
 
 /// Which writes go first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
