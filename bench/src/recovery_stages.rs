@@ -331,10 +331,10 @@ mod tests {
 
     use super::*;
 
-    const LINE: &str = "2026-11-23T16:20:37.064395Z  INFO reconciling object{object.ref=TrainingJob.v1alpha1.trainyard.dev/job-00099.tybench-8d4aee-operator object.reason=object updated}: trainyard_operator::controller::executor: gang restart job=tybench-8d4aee-operator/job-00099 attempt=1 reason=\"Preemption\"";
+    const LINE: &str = "2026-11-23T16:20:37.064395Z  INFO reconciling object{object.ref=TrainingJob.v1alpha1.trainyard.dev/job-00099.tybench-8d4aee-operator object.reason=object updated}: trainyard_operator::writes::executor: gang restart job=tybench-8d4aee-operator/job-00099 attempt=1 reason=\"Preemption\"";
 
     /// The same line as tracing-subscriber writes it with colour on.
-    const COLOURED: &str = "\x1b[2m2026-11-23T16:20:37.064395Z\x1b[0m \x1b[32m INFO\x1b[0m \x1b[1mreconciling object\x1b[0m\x1b[1m{\x1b[0m\x1b[3mobject.ref\x1b[0m\x1b[2m=\x1b[0mTrainingJob.v1alpha1.trainyard.dev/job-00099.tybench-8d4aee-operator\x1b[1m}\x1b[0m\x1b[2m:\x1b[0m \x1b[2mtrainyard_operator::controller::executor\x1b[0m\x1b[2m:\x1b[0m gang restart \x1b[3mjob\x1b[0m\x1b[2m=\x1b[0mtybench-8d4aee-operator/job-00099 \x1b[3mattempt\x1b[0m\x1b[2m=\x1b[0m1 \x1b[3mreason\x1b[0m\x1b[2m=\x1b[0m\"Preemption\"";
+    const COLOURED: &str = "\x1b[2m2026-11-23T16:20:37.064395Z\x1b[0m \x1b[32m INFO\x1b[0m \x1b[1mreconciling object\x1b[0m\x1b[1m{\x1b[0m\x1b[3mobject.ref\x1b[0m\x1b[2m=\x1b[0mTrainingJob.v1alpha1.trainyard.dev/job-00099.tybench-8d4aee-operator\x1b[1m}\x1b[0m\x1b[2m:\x1b[0m \x1b[2mtrainyard_operator::writes::executor\x1b[0m\x1b[2m:\x1b[0m gang restart \x1b[3mjob\x1b[0m\x1b[2m=\x1b[0mtybench-8d4aee-operator/job-00099 \x1b[3mattempt\x1b[0m\x1b[2m=\x1b[0m1 \x1b[3mreason\x1b[0m\x1b[2m=\x1b[0m\"Preemption\"";
 
     fn ts(s: &str) -> Timestamp {
         s.parse().expect("a valid timestamp")
@@ -361,7 +361,7 @@ mod tests {
 
     #[test]
     fn a_json_gang_restart_line_parses_too() {
-        let line = r#"{"timestamp":"2026-11-23T16:20:37.064395Z","level":"INFO","fields":{"message":"gang restart","job":"tybench-8d4aee-operator/job-00099","attempt":1,"reason":"Preemption"},"target":"trainyard_operator::controller::executor"}"#;
+        let line = r#"{"timestamp":"2026-11-23T16:20:37.064395Z","level":"INFO","fields":{"message":"gang restart","job":"tybench-8d4aee-operator/job-00099","attempt":1,"reason":"Preemption"},"target":"trainyard_operator::writes::executor"}"#;
         assert_eq!(parse_restart_line(line), Some(expected()));
     }
 

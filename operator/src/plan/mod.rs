@@ -10,7 +10,7 @@
 //! status transition, and every action is idempotent and derived again from status plus
 //! observation on the next round. The controller persists a status that deletes or restarts
 //! before acting on it, and sends creates together with the status write (the write order is
-//! stated once, in `controller/executor.rs`). So a crash between any two steps repeats
+//! stated once, in `writes/executor.rs`). So a crash between any two steps repeats
 //! actions, never decisions:
 //! - pods have deterministic names (`<job>-worker-<rank>`), so a repeated create cannot duplicate;
 //! - the next attempt's pods are created only after every older pod is gone;
@@ -215,7 +215,7 @@ impl SiblingPlacement {
     }
 }
 
-/// Something the controller must do (in the write order of `controller/executor.rs`).
+/// Something the controller must do (in the write order of `writes/executor.rs`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Create the rendezvous Service (AlreadyExists means it is there: never adopted).
@@ -262,7 +262,7 @@ impl Action {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     /// The status to write (before the actions when they delete or restart; see the write
-    /// order in `controller/executor.rs`).
+    /// order in `writes/executor.rs`).
     pub status: TrainingJobStatus,
     /// What to do.
     pub actions: Vec<Action>,
