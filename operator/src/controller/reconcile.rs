@@ -1,5 +1,5 @@
-//! One reconcile of one job: read ([`super::observe`]), decide once ([`plan::decide`]), hand
-//! the round to the write path ([`crate::writes`]) and say when to look again.
+//! One reconcile of one job: read ([`super::observe`]), decide ([`plan::decide`]), hand the
+//! round to the write path ([`crate::writes`]) and say when to look again.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,9 +126,22 @@ async fn reconcile_inner(
         },
     };
     let round = decide(ctx, &valid, known).await?;
-    let requeue_at = round.plan.requeue_at;
-    let follow_up = super::progress::FollowUp::of(&round.plan);
-    let look_again = match ctx.writes.carry_out(job, round).await? {
+    // The round as carried out: decided again when it waited for its write slots.
+    let mut decided = (
+        round.plan.requeue_at,
+        super::progress::FollowUp::of(&round.plan),
+    );
+    let decide_again = async || {
+        let round = decide(ctx, &valid, ctx.memory.status.current(job)).await?;
+        decided = (
+            round.plan.requeue_at,
+            super::progress::FollowUp::of(&round.plan),
+        );
+        Ok(round)
+    };
+    let carried = ctx.writes.carry_out(job, round, decide_again).await?;
+    let (requeue_at, follow_up) = decided;
+    let look_again = match carried {
         // The gate wakes the job when a slot is free; the plan's own time stands as well.
         Carried::Parked => None,
         Carried::Done(within) => {
@@ -173,7 +186,7 @@ async fn reject_invalid(
 }
 
 /// Observes the job in the caches (with the placement of a half-created attempt's first pod
-/// when a missing rank must copy it: see `sibling_to_read`), decides the round once, and tells
+/// when a missing rank must copy it: see `sibling_to_read`), decides the round, and tells
 /// the trainers what it decided for them (a checkpoint request, before the round waits for any
 /// write slot).
 async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, Error> {

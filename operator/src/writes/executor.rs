@@ -1086,4 +1086,64 @@ mod tests {
         assert_eq!(sent.len(), 1, "{sent:#?}");
         assert_eq!(sent[0].body["metadata"]["name"], json!("train-worker-1"));
     }
+
+    /// The round's status was written already: only its actions are left to send.
+    fn known_as(plan: &plan::Plan) -> crate::writes::status_cache::Known {
+        crate::writes::status_cache::Known {
+            written: plan.status.clone(),
+            current: plan.status.clone(),
+            detail_waiting: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_round_that_waits_for_its_slots_carries_out_what_is_decided_when_its_turn_comes() {
+        use crate::writes::{Carried, Round, Writes};
+        let Harness {
+            executor,
+            gate,
+            log,
+            ..
+        } = Harness::new(accept);
+        let writes = Writes {
+            executor,
+            gate: gate.clone(),
+            memory: Arc::new(JobMemory::default()),
+        };
+        let job = job();
+        // Decided while every slot is taken: the watch does not show the pod yet.
+        let first = round(vec![create_pod(0)]);
+        let taken = gate.try_enter(Urgency::Urgent, SLOTS).expect("every slot");
+        let decided_again = Arc::new(Mutex::new(0));
+        let counted = decided_again.clone();
+        let carried = writes.carry_out(
+            &job,
+            Round {
+                known: known_as(&first),
+                plan: first,
+                now: Timestamp::now(),
+            },
+            async move || {
+                *counted.lock().expect("count") += 1;
+                // By its turn the watch shows the pod its last round created: nothing to send.
+                let again = round(Vec::new());
+                Ok(Round {
+                    known: known_as(&again),
+                    plan: again,
+                    now: Timestamp::now(),
+                })
+            },
+        );
+        tokio::pin!(carried);
+        assert!(
+            futures::poll!(&mut carried).is_pending(),
+            "the round waits for a slot"
+        );
+        assert_eq!(*decided_again.lock().expect("count"), 0);
+        drop(taken);
+        assert_eq!(carried.await.expect("round"), Carried::Done(None));
+        assert_eq!(*decided_again.lock().expect("count"), 1);
+        // The create decided before the wait is never sent.
+        assert_eq!(log.lock().expect("log").clone(), []);
+    }
 }

@@ -1,8 +1,8 @@
 //! The write path: everything that carries a decided round out against the API server, behind
 //! one entry, [`Writes::carry_out`].
 //!
-//! The controller observes and decides once per round ([`crate::plan::decide`]) and hands the
-//! decision here as a [`Round`]. From there, in this order:
+//! The controller observes and decides ([`crate::plan::decide`]) and hands the decision here as
+//! a [`Round`]. From there, in this order:
 //!
 //! - `status_cache` and `status_write`: whether the decided status is written now, later (the
 //!   per-worker detail waits for its batch) or not at all;
@@ -10,9 +10,8 @@
 //!   first phase: at once when they are free; a status-only round that finds them taken parks
 //!   its job, which the gate wakes (and the controller decides afresh) when a slot is free; any
 //!   other round waits behind the rounds of its urgency, restarts and creates before status.
-//!   A waiting round keeps its decision: its deletes are uid-preconditioned (a pod replaced
-//!   meanwhile is not deleted), its creates are idempotent by name, and its status is the one
-//!   this replica decided last for the job, whose rounds run one at a time;
+//!   What is carried out is always a decision made while the round holds its slots: one that
+//!   had to wait is decided again when its turn comes ([`Writes::carry_out`] says why);
 //! - `executor`: the write order of one round (status before deletes, expectations, the
 //!   rejection shown on the job);
 //! - `publisher`: the Events, sent by a task of their own under slots of their own.
@@ -65,6 +64,12 @@ pub(crate) struct Round {
     pub(crate) known: Known,
     /// When it was decided.
     pub(crate) now: Timestamp,
+}
+
+/// A round once its status write is scheduled.
+struct Decided {
+    plan: Plan,
+    now: Timestamp,
 }
 
 /// What became of a round.
@@ -156,46 +161,64 @@ impl Writes {
 
     /// Carries out `round` of `job`: schedules its status ([`status_cache`]), takes its write
     /// slots (or parks the job, see the module) and sends its writes in the executor's order.
+    ///
+    /// A round that has to wait for its slots is not carried out as decided: the executor
+    /// checks each action against the caches' expectations when it sends it, so the decision
+    /// must be as fresh as that check (a create decided before the watch showed the last one,
+    /// and sent after, would be sent twice). Its decision is dropped while it waits, and the
+    /// round is decided by `decide_again` once it holds its slots; that decision is the one
+    /// carried out.
     pub(crate) async fn carry_out(
         &self,
         job: &TrainingJob,
         round: Round,
+        decide_again: impl AsyncFnOnce() -> Result<Round, Error>,
     ) -> Result<Carried, Error> {
-        let Round { plan, known, now } = round;
-        let uid = job.metadata.uid.as_deref().unwrap_or_default();
-        let write = self.memory.status.schedule(uid, &known, &plan.status);
-        // Nothing of the statuses is kept while the round waits: the memory of waiting rounds.
-        drop(known);
-        let write_now = write == StatusWrite::Now;
-        let write_later = match write {
-            StatusWrite::Later(after) => Some(after),
-            StatusWrite::Now | StatusWrite::Unchanged => None,
-        };
-        let permit = if write_now || !plan.actions.is_empty() {
-            let urgency = Urgency::of(&plan);
-            let wanted = slots_to_enter(&plan, write_now);
+        let (round, write) = self.schedule(job, round);
+        let (permit, round, write) = if write.now() || !round.plan.actions.is_empty() {
+            let urgency = Urgency::of(&round.plan);
+            let wanted = slots_to_enter(&round.plan, write.now());
             if urgency == Urgency::Routine {
                 // A status-only round does not hold a reconcile while it waits.
                 match self.gate.enter_or_park(&job_ref(job), wanted) {
-                    Some(permit) => Some(permit),
+                    Some(permit) => (Some(permit), round, write),
                     None => return Ok(Carried::Parked),
                 }
             } else if let Some(permit) = self.gate.try_enter(urgency, wanted) {
-                Some(permit)
+                (Some(permit), round, write)
             } else {
+                // Nothing of the first decision is kept while waiting: the memory of waiting
+                // rounds.
+                drop(round);
                 watchdog::stage(watchdog::WAITING_FOR_A_SLOT);
-                Some(self.gate.enter(urgency, wanted).await)
+                let permit = self.gate.enter(urgency, wanted).await;
+                let (round, write) = self.schedule(job, decide_again().await?);
+                (Some(permit), round, write)
             }
         } else {
-            None
+            (None, round, write)
         };
         // Boxed: a round waiting inside the executor holds a pointer, not its state. The
         // executor gives the permit back when the round is done (it may widen it between the
         // round's status write and its deletes).
-        let held_for = Box::pin(self.executor.carry_out(job, plan, write_now, now, permit)).await?;
+        let held_for =
+            Box::pin(
+                self.executor
+                    .carry_out(job, round.plan, write.now(), round.now, permit),
+            )
+            .await?;
         Ok(Carried::Done(
-            [write_later, held_for].into_iter().flatten().min(),
+            [write.later(), held_for].into_iter().flatten().min(),
         ))
+    }
+
+    /// Whether the round's status is written now, later or not at all ([`status_cache`]); the
+    /// statuses it was decided on are not kept beyond this.
+    fn schedule(&self, job: &TrainingJob, round: Round) -> (Decided, StatusWrite) {
+        let Round { plan, known, now } = round;
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        let write = self.memory.status.schedule(uid, &known, &plan.status);
+        (Decided { plan, now }, write)
     }
 
     /// Shows an invalid spec on `job`: writes `status` unless it is the one written last, then

@@ -28,6 +28,21 @@ pub enum StatusWrite {
     Later(std::time::Duration),
 }
 
+impl StatusWrite {
+    /// Whether the status is written in this round.
+    pub fn now(self) -> bool {
+        self == Self::Now
+    }
+
+    /// How long the status waits to be written, when it waits.
+    pub fn later(self) -> Option<Duration> {
+        match self {
+            Self::Later(after) => Some(after),
+            Self::Now | Self::Unchanged => None,
+        }
+    }
+}
+
 /// Decides when `desired` is written over `written` (what the API server holds).
 ///
 /// Everything but `status.workers` is a decision or a transition users and tools wait on
