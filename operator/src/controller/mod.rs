@@ -4,8 +4,9 @@
 //!   a Service wakes (`triggers`), and the kube-runtime Controller built from them;
 //! - `observe`: what one reconcile reads from the caches (`observe::Caches`);
 //! - `progress`: the progress channel's server and what a round tells the trainers;
-//! - `reconcile`: one round of one job: observe, decide once ([`crate::plan::decide`]) and hand
-//!   the decision to the write path ([`crate::writes`]), which carries it out.
+//! - `reconcile`: one round of one job: observe, decide ([`crate::plan::decide`]) and hand the
+//!   decision to the write path ([`crate::writes`]), which carries it out (and has a round that
+//!   waited for its write slots decided again).
 //!
 //! One kube-runtime Controller on TrainingJobs. Pods (owned), Nodes, Services and PVCs are
 //! each watched once into reflector caches that every reconcile reads, so a reconcile makes no
