@@ -18,12 +18,13 @@ use super::params::OperatorBenchParams;
 use crate::error::{Error, Result};
 
 /// Writes what a kubelet would once the containers run: phase Running, the trainer running.
+/// A pod that is gone by then (the operator replaced it) is skipped: returns how many were.
 pub(super) async fn report_running(
     client: &Client,
     ns: &str,
     pods: Vec<String>,
     concurrency: usize,
-) -> Result<()> {
+) -> Result<usize> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let now = Timestamp::now().to_string();
     let patch = json!({"status": {
@@ -39,20 +40,25 @@ pub(super) async fn report_running(
             "state": {"running": {"startedAt": now}},
         }],
     }});
-    let results: Vec<Result<()>> = stream::iter(pods)
+    let results: Vec<Result<bool>> = stream::iter(pods)
         .map(|name| {
             let (api, patch) = (api.clone(), &patch);
             async move {
-                api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                match api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
                     .await
-                    .map(|_| ())
-                    .map_err(Error::kube(format!("reporting pod {ns}/{name} Running")))
+                {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+                    Err(e) => Err(Error::kube(format!("reporting pod {ns}/{name} Running"))(e)),
+                }
             }
         })
         .buffer_unordered(concurrency)
         .collect()
         .await;
-    results.into_iter().collect()
+    let reported = results.into_iter().collect::<Result<Vec<bool>>>()?;
+    Ok(reported.iter().filter(|r| !**r).count())
 }
 
 /// Preempts one worker of each of the first K jobs at once, as a kubelet's graceful node

@@ -1,7 +1,7 @@
 //! The operator's preemption burst: K workers preempted at once, repeated in rounds on the same
 //! jobs, each job's recovery timed and split into stages.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kube::Client;
@@ -15,10 +15,10 @@ use super::results::OperatorBenchReport;
 use super::results::OperatorRequests;
 use super::results::OperatorUsage;
 use super::results::Recovery;
-use super::timing::wait_jobs_running;
+use super::timing::jobs_running;
 use super::timing::wait_recovered;
 use crate::cpu_profile::{CpuProfile, CpuSampler};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::operator_process::{OperatorProcess, metric_value};
 use crate::pod_tracker::{PodRecord, PodTracker};
 use crate::proxy::CountingProxy;
@@ -172,18 +172,47 @@ impl Burst<'_> {
     }
 
     /// The pods that are not deleted and that `which` takes reported Running, as kubelets
-    /// would, then every job Running; then a second for the status writes to settle.
+    /// would, then every job Running; then a second for the status writes to settle. A pod
+    /// the operator replaces meanwhile (a fake node taken for lost under load) is skipped and
+    /// its replacement reported Running in turn, as its node's kubelet would.
     async fn running_again(&self, which: impl Fn(&PodRecord) -> bool) -> Result<()> {
-        let pods: Vec<String> = self
-            .tracker
-            .records()
-            .into_iter()
-            .filter(|p| p.deleted.is_none() && which(p))
-            .map(|p| p.name)
-            .collect();
-        report_running(self.client, self.ns, pods, self.params.concurrency).await?;
+        let start = Instant::now();
+        let deadline = start + self.params.phase_timeout;
         let jobs = Api::namespaced(self.client.clone(), self.ns);
-        wait_jobs_running(&jobs, self.params.jobs, self.params.phase_timeout).await?;
+        let mut reported = HashSet::new();
+        let mut replaced = 0;
+        loop {
+            let (uids, pods): (Vec<String>, Vec<String>) = self
+                .tracker
+                .records()
+                .into_iter()
+                .filter(|p| p.deleted.is_none())
+                .filter(|p| which(p) || (p.seen > start && p.scheduled.is_some()))
+                .filter(|p| !reported.contains(&p.uid))
+                .map(|p| (p.uid, p.name))
+                .unzip();
+            replaced += report_running(self.client, self.ns, pods, self.params.concurrency).await?;
+            reported.extend(uids);
+            let running = jobs_running(&jobs).await?;
+            if running >= u64::from(self.params.jobs) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: "every TrainingJob Running".to_owned(),
+                    after: self.params.phase_timeout,
+                    progress: format!("{running} of {} Running", self.params.jobs),
+                });
+            }
+            // Listing every job is not free at 1,000 jobs; this phase is not timed.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        if replaced > 0 {
+            tracing::warn!(
+                replaced,
+                "pods replaced by the operator before they were reported Running"
+            );
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
         Ok(())
     }

@@ -90,35 +90,18 @@ async fn wait_created_scheduled(
     })
 }
 
-pub(super) async fn wait_jobs_running(
-    api: &Api<TrainingJob>,
-    jobs: u32,
-    timeout: Duration,
-) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let list = api
-            .list(&ListParams::default())
-            .await
-            .map_err(Error::kube("listing the TrainingJobs"))?;
-        let running = list
-            .items
-            .iter()
-            .filter(|j| j.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
-            .count();
-        if running as u64 >= u64::from(jobs) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Timeout {
-                what: "every TrainingJob Running".to_owned(),
-                after: timeout,
-                progress: format!("{running} of {jobs} Running"),
-            });
-        }
-        // Listing every job is not free at 1,000 jobs; this phase is not timed.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+/// How many TrainingJobs are Running now (one list).
+pub(super) async fn jobs_running(api: &Api<TrainingJob>) -> Result<u64> {
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing the TrainingJobs"))?;
+    let running = list
+        .items
+        .iter()
+        .filter(|j| j.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+        .count();
+    Ok(running as u64)
 }
 
 /// Waits until the watch saw every pod that is not deleted scheduled.
