@@ -36,11 +36,35 @@ impl Target {
     }
 }
 
-/// A fault that was injected, with what its undoing needs.
+/// What a fault came to, as the run counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// It went in.
+    Injected,
+    /// It found nothing to act on (no running worker, say): it did not go in.
+    Skipped,
+    /// A `SuspendResume` whose job had ended by the time it was undone: it went in, but the
+    /// operator had nothing to resume, so no attempt follows.
+    NoResume,
+}
+
+/// One fault's line in the run's report: when it came due, what it was, what it came to and
+/// what was done (with what undoing it found).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Line {
+    pub at: Duration,
+    pub kind: FaultKind,
+    pub effect: Effect,
+    pub what: String,
+}
+
+/// A fault as [`inject`] left it, with what its undoing needs.
 #[derive(Debug)]
 pub struct Injected {
     pub kind: FaultKind,
-    /// What was done, for the run's log.
+    /// Whether it went in ([`Effect::Injected`]) or found nothing to act on.
+    pub effect: Effect,
+    /// What was done (or why nothing was), for the run's log.
     pub what: String,
     /// The node a taint went on.
     node: Option<String>,
@@ -68,7 +92,11 @@ pub async fn inject(
         FaultKind::RestartKubelet => blocking(|| restart_process("kubelet")).await?,
         FaultKind::RestartDevicePlugin => {
             let nodes = [node_name(), node2_name()];
-            delete_device_plugin(&target.client, &nodes[pick.usize(..nodes.len())]).await?
+            let on = &nodes[pick.usize(..nodes.len())];
+            let Some(what) = delete_device_plugin(&target.client, on).await? else {
+                return Ok(skipped(kind, &format!("no device plugin pod on {on}")));
+            };
+            what
         }
         FaultKind::GpuUnhealthy => set_gpu_healthy(false)?,
         FaultKind::LoseNode2 => {
@@ -107,23 +135,29 @@ pub async fn inject(
             "job suspended".to_owned()
         }
     };
-    Ok(Injected { kind, what, node })
+    Ok(Injected {
+        kind,
+        effect: Effect::Injected,
+        what,
+        node,
+    })
 }
 
-/// What undoing a `SuspendResume` adds to its line when the job was not suspended when it
-/// was resumed (it had ended first): the operator had nothing to resume, so no attempt follows.
-pub const NO_RESUME: &str = "not suspended when resumed: no resume";
-
 /// Undoes a fault that [`FaultKind::is_undone`]; single actions have nothing to undo. Says
-/// what the undoing found, when that changes what the fault caused ([`NO_RESUME`]).
-pub async fn undo(target: &Target, fault: &Injected) -> Result<Option<String>> {
+/// what the undoing found when that changes what the fault came to, and in what words: a
+/// `SuspendResume` whose job was not suspended when it was resumed (it had ended first) is
+/// [`Effect::NoResume`].
+pub async fn undo(target: &Target, fault: &Injected) -> Result<Option<(Effect, String)>> {
     if fault.kind == FaultKind::SuspendResume {
         let phase = target.phase().await;
         set_suspend(target, false).await?;
         return Ok((phase.as_deref() != Some("Suspended")).then(|| {
-            format!(
-                "{NO_RESUME} (phase {})",
-                phase.as_deref().unwrap_or("unknown")
+            (
+                Effect::NoResume,
+                format!(
+                    "not suspended when resumed: no resume (phase {})",
+                    phase.as_deref().unwrap_or("unknown")
+                ),
             )
         }));
     }
@@ -171,18 +205,12 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .context("a fault's action panicked")?
 }
 
-/// How the line of a fault that found nothing to act on begins: it was not injected.
-const SKIPPED: &str = "skipped: ";
-
-/// Whether a fault's line says it found nothing to act on ([`SKIPPED`]).
-pub fn was_skipped(what: &str) -> bool {
-    what.starts_with(SKIPPED)
-}
-
+/// A fault that found nothing to act on, and why.
 fn skipped(kind: FaultKind, why: &str) -> Injected {
     Injected {
         kind,
-        what: format!("{SKIPPED}{why}"),
+        effect: Effect::Skipped,
+        what: format!("skipped: {why}"),
         node: None,
     }
 }
@@ -356,17 +384,18 @@ fn wait_gone(proc: &Path, limit: Duration) -> bool {
     }
 }
 
-async fn delete_device_plugin(client: &Client, node: &str) -> Result<String> {
+/// Deletes the device plugin pod on `node`; `None` when there is none.
+async fn delete_device_plugin(client: &Client, node: &str) -> Result<Option<String>> {
     let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
     let lp = ListParams::default()
         .labels("app.kubernetes.io/component=device-plugin")
         .fields(&format!("spec.nodeName={node}"));
     let Some(pod) = pods.list(&lp).await?.items.into_iter().next() else {
-        return Ok(format!("{SKIPPED}no device plugin pod on {node}"));
+        return Ok(None);
     };
     let name = pod.name_any();
     pods.delete(&name, &DeleteParams::default()).await?;
-    Ok(format!("device plugin pod {name} on {node} deleted"))
+    Ok(Some(format!("device plugin pod {name} on {node} deleted")))
 }
 
 /// Marks the first GPU of node 1's fake GPU file unhealthy, or every GPU healthy again.

@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK};
 
-use super::faults::{self, Injected, Target};
+use super::faults::{self, Effect, Injected, Line, Target};
 use super::invariants::{Checker, Ending, JobSeen, PodSeen, Violation};
 use super::schedule::{FaultKind, Schedule};
 use crate::jobs::{
@@ -31,9 +31,9 @@ use crate::wait_for;
 #[derive(Debug)]
 pub struct RunReport {
     pub seed: u64,
-    /// Each fault as injected, from the start of the schedule, with what it did (or why it
-    /// was skipped: [`faults::was_skipped`]).
-    pub injected: Vec<(Duration, FaultKind, String)>,
+    /// Each fault that came due while the job ran, from the start of the schedule, with what
+    /// it came to and did (or why it found nothing to act on).
+    pub injected: Vec<Line>,
     /// Faults not injected because the job had ended first.
     pub not_injected: usize,
     pub attempt: u32,
@@ -50,12 +50,12 @@ pub struct RunReport {
 
 impl RunReport {
     /// The kinds of the faults that went in, in order; those that found nothing to act on
-    /// ([`faults::was_skipped`]) are left out.
+    /// ([`Effect::Skipped`]) are left out.
     pub fn kinds_injected(&self) -> Vec<String> {
         self.injected
             .iter()
-            .filter(|(_, _, what)| !faults::was_skipped(what))
-            .map(|(_, kind, _)| kind.to_string())
+            .filter(|line| line.effect != Effect::Skipped)
+            .map(|line| line.kind.to_string())
             .collect()
     }
 
@@ -63,7 +63,7 @@ impl RunReport {
     pub fn skipped(&self) -> usize {
         self.injected
             .iter()
-            .filter(|(_, _, what)| faults::was_skipped(what))
+            .filter(|line| line.effect == Effect::Skipped)
             .count()
     }
 }
@@ -163,7 +163,7 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
 
 /// What [`play_and_end`] saw: the faults as injected and how the job ended.
 struct Played {
-    injected: Vec<(Duration, FaultKind, String)>,
+    injected: Vec<Line>,
     not_injected: usize,
     ending: Ending,
 }
@@ -219,15 +219,13 @@ async fn play_and_end(
     })
 }
 
-/// The resumes the faults caused: a `SuspendResume` counts when the job was `Suspended` when
-/// it was resumed (one that reached the job as it finished caused none: [`faults::NO_RESUME`])
-/// and when it went in at all.
-fn resumes(injected: &[(Duration, FaultKind, String)]) -> u32 {
+/// The resumes the faults caused: a `SuspendResume` counts when it went in and the job was
+/// `Suspended` when it was resumed (one that reached the job as it finished caused none:
+/// [`Effect::NoResume`]).
+fn resumes(injected: &[Line]) -> u32 {
     let resumes = injected
         .iter()
-        .filter(|(_, k, what)| {
-            k.counts_a_resume() && !faults::was_skipped(what) && !what.contains(faults::NO_RESUME)
-        })
+        .filter(|line| line.kind.counts_a_resume() && line.effect == Effect::Injected)
         .count();
     u32::try_from(resumes).unwrap_or(u32::MAX)
 }
@@ -251,8 +249,8 @@ fn chaos_job(name: &str, steps: u32, spot: Value) -> Value {
     job
 }
 
-/// The faults as injected (time, kind, what was done), and how many the end of the job left out.
-type Injections = (Vec<(Duration, FaultKind, String)>, usize);
+/// The faults' lines, and how many faults the end of the job left out.
+type Injections = (Vec<Line>, usize);
 
 /// Injects and undoes the schedule's faults at their times; stops injecting once the job has
 /// ended, but always undoes what it injected.
@@ -300,7 +298,12 @@ async fn play(
                 fault.what
             );
             position[i] = Some(injected.len());
-            injected.push((start.elapsed(), kind, fault.what.clone()));
+            injected.push(Line {
+                at: start.elapsed(),
+                kind,
+                effect: fault.effect,
+                what: fault.what.clone(),
+            });
             active[i] = Some(fault);
             if kind.is_undone() {
                 timeline.injected(i, start.elapsed(), planned.hold);
@@ -309,14 +312,20 @@ async fn play(
             let found = faults::undo(target, &fault)
                 .await
                 .with_context(|| format!("undoing {}", fault.kind))?;
-            let note = found.map(|f| format!(": {f}")).unwrap_or_default();
+            let note = found
+                .as_ref()
+                .map(|(_, f)| format!(": {f}"))
+                .unwrap_or_default();
             println!(
                 "chaos t+{:>4}s {} undone{note}",
                 start.elapsed().as_secs(),
                 fault.kind
             );
-            if let Some(entry) = position[i].and_then(|p| injected.get_mut(p)) {
-                entry.2.push_str(&note);
+            if let Some(line) = position[i].and_then(|p| injected.get_mut(p)) {
+                line.what.push_str(&note);
+                if let Some((effect, _)) = found {
+                    line.effect = effect;
+                }
             }
         }
     }
@@ -662,12 +671,12 @@ async fn delete_and_find_leftovers(
 /// killed it (`before`: the operator's container restarts when the run began).
 async fn component_trouble(
     client: &Client,
-    injected: &[(Duration, FaultKind, String)],
+    injected: &[Line],
     before: usize,
 ) -> Result<Vec<String>> {
     let kills = injected
         .iter()
-        .filter(|(_, k, _)| *k == FaultKind::KillOperatorLeader)
+        .filter(|line| line.kind == FaultKind::KillOperatorLeader)
         .count();
     let (restarts, mut trouble) = component_restarts(client).await?;
     if restarts.saturating_sub(before) > kills {
@@ -713,6 +722,15 @@ mod tests {
         Duration::from_secs(s)
     }
 
+    fn line(at: Duration, kind: FaultKind, effect: Effect, what: &str) -> Line {
+        Line {
+            at,
+            kind,
+            effect,
+            what: what.to_owned(),
+        }
+    }
+
     /// Seed 1: the API server restart before it took 80 s, and the suspend that followed was
     /// undone at the instant it went in (its undo had been timed from the schedule).
     #[test]
@@ -733,15 +751,17 @@ mod tests {
         let report = RunReport {
             seed: 11,
             injected: vec![
-                (
+                line(
                     secs(20),
                     FaultKind::RestartEtcd,
-                    "etcd restarted".to_owned(),
+                    Effect::Injected,
+                    "etcd restarted",
                 ),
-                (
+                line(
                     secs(262),
                     FaultKind::DeleteWorkerPod,
-                    "skipped: no running worker to delete".to_owned(),
+                    Effect::Skipped,
+                    "skipped: no running worker to delete",
                 ),
             ],
             not_injected: 0,
@@ -762,17 +782,15 @@ mod tests {
     /// as a resume, so the run expected one attempt more than the job made.
     #[test]
     fn a_suspend_undone_after_the_job_ended_caused_no_resume() {
-        let line = |what: &str| (secs(90), FaultKind::SuspendResume, what.to_owned());
-        let resumed = line("job suspended");
-        let ended = line(&format!(
-            "job suspended: {} (phase Succeeded)",
-            faults::NO_RESUME
-        ));
-        let skipped = line("skipped: the job had no worker");
-        let other = (
+        let suspend = |effect| line(secs(90), FaultKind::SuspendResume, effect, "job suspended");
+        let resumed = suspend(Effect::Injected);
+        let ended = suspend(Effect::NoResume);
+        let skipped = suspend(Effect::Skipped);
+        let other = line(
             secs(10),
             FaultKind::DeleteWorkerPod,
-            "worker deleted".to_owned(),
+            Effect::Injected,
+            "worker deleted",
         );
         assert_eq!(resumes(&[resumed.clone(), other]), 1);
         assert_eq!(resumes(&[ended, skipped]), 0);
