@@ -26,7 +26,14 @@ OUT=$ROOT/target/bench
 mkdir -p "$OUT"
 
 echo "bench: building release binaries"
-cargo build --release -p trainyard-operator -p trainyard-bench
+# The operator is built as the Dockerfile builds the image's binaries, together with the
+# device plugin: Cargo unifies the features of everything one command builds, so an operator
+# built beside the bench is a different binary from the one that ships. Building the bench
+# afterwards rebuilds the operator's library for it but leaves that binary as it is.
+cargo build --locked --release \
+  --package trainyard-operator --bin trainyard-operator \
+  --package trainyard-device-plugin --bin trainyard-device-plugin
+cargo build --locked --release -p trainyard-bench
 BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/release/trainyard-bench
 
 was_up=0

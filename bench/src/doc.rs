@@ -94,7 +94,9 @@ job) and one status write (server-side apply of phase Pending). The operator's t
 for all of these too, and the pods-only floor for the pods alone, so this is the fair \
 comparison for the operator's time to every pod created. Its pods are force-deleted before the \
 operator starts.
-- **Operator**: the release binary as a child process (`run --leader-elect=false --namespace`), \
+- **Operator**: the release binary, built as the Dockerfile builds the image's (together with \
+the device plugin, so with the same Cargo features), as a child process \
+(`run --leader-elect=false --namespace`), \
 started and idle before the clock starts; the benchmark then applies the TrainingJobs with the \
 same number in flight. Time runs from the first request to the last pod seen created (and \
 scheduled: `spec.nodeName` set by the real scheduler), both observed by the same pod watch for \
