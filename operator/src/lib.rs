@@ -5,7 +5,7 @@
 //! The reconcile is a pipeline of pure steps, each unit-tested without a cluster:
 //! [`validate::validate`] → [`plan::decide`] (an ordered table of named phases over a read-only
 //! view of the job; it uses [`placement`], [`preemption`] and the
-//! [`lost_peer`] rule and the [`pods`], [`service`] and [`pvc`] builders, and creates nothing
+//! [`lost_peer`] rule (both judged on the one [`liveness`] index) and the [`pods`], [`service`] and [`pvc`] builders, and creates nothing
 //! where [`ownership`] finds an object of the job's names that is not its own) → the thin
 //! [`controller`]: wiring, a status cache and an executor that writes the status and carries
 //! out the actions in one stated order, and shows the writes the API server rejects on the job
@@ -31,11 +31,11 @@ mod events;
 mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
-mod heartbeat;
 mod job_memory;
 mod leader;
 mod ledger;
 mod listen;
+mod liveness;
 mod lost_peer;
 mod metrics;
 mod nodes;

@@ -98,6 +98,10 @@ impl HttpLimits {
     }
 }
 
+/// Called for each connection closed at accept because the cap is full: the progress port
+/// counts it as trouble of the channel (a rank whose reports stop then is not quiet).
+pub type TurnedAway = Arc<dyn Fn() + Send + Sync>;
+
 /// Binds `addr` for the `what` server; the returned future serves `app` within `limits` until
 /// `shutdown` completes, then lets the connections in flight finish. Returns the bound address
 /// (port 0 picks one).
@@ -108,10 +112,23 @@ pub async fn serve(
     limits: HttpLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl Future<Output = io::Result<()>>), Error> {
+    serve_telling(what, addr, app, limits, None, shutdown).await
+}
+
+/// [`serve`], telling `turned_away` of every connection closed at accept.
+pub async fn serve_telling(
+    what: &'static str,
+    addr: SocketAddr,
+    app: Router,
+    limits: HttpLimits,
+    turned_away: Option<TurnedAway>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl Future<Output = io::Result<()>>), Error> {
     let failed = |source| Error::Listen { what, addr, source };
     let listener = TcpListener::bind(addr).await.map_err(failed)?;
     let local = listener.local_addr().map_err(failed)?;
-    Ok((local, accept_loop(what, listener, app, limits, shutdown)))
+    let accepting = accept_loop(what, listener, app, limits, turned_away, shutdown);
+    Ok((local, accepting))
 }
 
 async fn accept_loop(
@@ -119,6 +136,7 @@ async fn accept_loop(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    turned_away: Option<TurnedAway>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let builder = limits.http1();
@@ -140,6 +158,9 @@ async fn accept_loop(
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             // Closed before anything of it is read: a full cap costs no buffer.
             drop(stream);
+            if let Some(tell) = &turned_away {
+                tell();
+            }
             if warned_at.is_none_or(|at| at.elapsed() >= CAP_WARNING_INTERVAL) {
                 tracing::warn!(
                     server = what,
@@ -364,6 +385,32 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(answers, 1, "a freed slot serves the next connection");
+    }
+
+    /// A flood that fills the progress port's cap: each connection turned away is told, so
+    /// the ranks whose reports it closed are not taken for quiet.
+    #[tokio::test]
+    async fn a_connection_turned_away_at_accept_is_told() {
+        let told = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = told.clone();
+        let tell: TurnedAway = Arc::new(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let addr = "127.0.0.1:0".parse().expect("addr");
+        let (addr, serving) = serve_telling("test", addr, app, long_lived(1), Some(tell), async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("bind");
+        tokio::spawn(serving);
+        let _held = TcpStream::connect(addr).await.expect("connect");
+        for _ in 0..3 {
+            assert_eq!(healthz(addr).await, "");
+        }
+        assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 3);
+        drop(stop);
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@ use super::*;
 use crate::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, StretchUse, WorkerStatus};
 use crate::events::EventKind;
 use crate::fixtures::{job_yaml, node, ts};
+use crate::liveness::Heartbeats;
 use crate::validate::validate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde_json::json;
@@ -17,7 +18,8 @@ struct World {
     status: TrainingJobStatus,
     pods: Vec<Arc<Pod>>,
     nodes: Vec<Arc<Node>>,
-    leases: Vec<Arc<Lease>>,
+    /// What the operator saw of the kubelets' Lease renewals.
+    beats: Heartbeats,
     claim: Option<ObservedClaim>,
     service_exists: bool,
     now: Timestamp,
@@ -35,7 +37,7 @@ impl World {
             status: TrainingJobStatus::default(),
             pods: Vec::new(),
             nodes: vec![Arc::new(node("n-1").gpus(8).product("Tesla-T4").build())],
-            leases: Vec::new(),
+            beats: Heartbeats::default(),
             claim: None,
             service_exists: false,
             now: ts(T0),
@@ -55,7 +57,12 @@ impl World {
             progress: self.progress.clone(),
             foreign: Vec::new(),
             nodes: self.nodes.clone(),
-            node_leases: self.leases.clone(),
+            liveness: self.beats.view(
+                self.pods
+                    .iter()
+                    .filter_map(|p| p.spec.as_ref()?.node_name.as_deref()),
+                self.now,
+            ),
             claim: self.claim.clone(),
             service_exists: self.service_exists,
             now: self.now,
@@ -184,17 +191,30 @@ impl World {
         self.nodes.push(Arc::new(built));
     }
 
-    /// `node`'s kubelet renews its Lease now.
+    /// `node`'s kubelet renews its 40-s Lease now, and the operator sees it at once.
     fn heartbeat(&mut self, node: &str) {
-        let lease: Lease = serde_json::from_value(json!({
-            "metadata": {"name": node, "namespace": "kube-node-lease"},
-            "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
-                     "renewTime": self.now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
-        }))
-        .expect("Lease");
-        self.leases
-            .retain(|l| l.metadata.name.as_deref() != Some(node));
-        self.leases.push(Arc::new(lease));
+        self.heartbeat_seen(node, self.now, self.now);
+    }
+
+    /// `node`'s kubelet renews its 40-s Lease, stamped `renewed` on its clock; the operator
+    /// sees it at `seen`.
+    fn heartbeat_seen(&mut self, node: &str, renewed: Timestamp, seen: Timestamp) {
+        self.beats
+            .renewal(node, renewed, SignedDuration::from_secs(40), seen);
+    }
+
+    /// The operator has watched `nodes` renew on time every 10 s for the minute before now, so
+    /// the liveness margin is measured (a quiet cluster: the floor).
+    fn watched_a_quiet_minute(&mut self, nodes: &[&str]) {
+        for back in (1..=6).rev() {
+            let t = self
+                .now
+                .checked_sub(SignedDuration::from_secs(10 * back))
+                .expect("time");
+            for n in nodes {
+                self.heartbeat_seen(n, t, t);
+            }
+        }
     }
 
     /// The kubelet finishes every pending deletion.
@@ -529,6 +549,8 @@ fn failure_backs_off_then_restarts_against_the_failure_budget() {
 fn a_rank_that_fails_because_its_peers_node_vanished_counts_one_preemption() {
     let mut w =
         World::running_world("workers: 2\nrestartPolicy: {maxFailures: 0}\n").with_worker_1_on_n2();
+    w.watched_a_quiet_minute(&["n-1", "n-2"]);
+    w.heartbeat("n-1");
     w.heartbeat("n-2");
     w.advance(1);
     // n-2 vanishes: rank 0's collective breaks at once, long before n-2 is marked NotReady.
@@ -542,10 +564,13 @@ fn a_rank_that_fails_because_its_peers_node_vanished_counts_one_preemption() {
         Some(ts("2026-01-01T00:00:03Z")),
         "looks again soon"
     );
-    // n-2's Lease was renewed 1 s before the failure and never again: after two missed
-    // renewals (20 s of a 40 s Lease) while n-1's kubelet renewed its own, the node counts
-    // as lost.
-    w.advance(19);
+    // n-2's Lease was renewed 1 s before the failure and never again: past an interval and
+    // the margin (13 s on this quiet cluster), with n-1's kubelet renewing its own after n-2
+    // was due, the node counts as lost.
+    w.advance(9);
+    w.heartbeat("n-1");
+    assert_eq!(w.step().restart, None, "n-2 not due yet");
+    w.advance(10);
     w.heartbeat("n-1");
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
@@ -2320,6 +2345,7 @@ impl Channel {
             checkpoint_requested: p.checkpoint_requested,
             checkpoint_saved_on_request: p.checkpoint_saved_on_request,
             channel_refused_at: None,
+            report_cadence: p.report_cadence(),
         })
     }
 }
@@ -3068,6 +3094,7 @@ fn the_cost_fallback_leaves_an_unpriced_product_on_spot_and_says_why() {
 #[test]
 fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_ready() {
     let mut w = World::running_world("workers: 2\ngpusPerWorker: 1\n").with_worker_1_on_n2();
+    w.watched_a_quiet_minute(&["n-1", "n-2"]);
     let channel = Channel::new();
     w.heartbeat("n-1");
     w.heartbeat("n-2");
@@ -3075,8 +3102,8 @@ fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_re
     channel.report(&mut w, 1, 40, None);
     let plan = channel.step(&mut w);
     assert_eq!(plan.restart, None);
-    // n-2 goes silent; n-1 and rank 0 go on. 12 s is one renewal interval and the slack.
-    for _ in 0..12 {
+    // n-2 goes silent; n-1 and rank 0 go on. 13 s is one renewal interval and the margin.
+    for _ in 0..13 {
         w.advance(1);
         channel.report(&mut w, 0, 40, None);
         if w.now.as_second() % 10 == 0 {
@@ -3089,7 +3116,7 @@ fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_re
             plan.status.last_restart
         );
     }
-    w.advance(2);
+    w.advance(1);
     w.heartbeat("n-1");
     channel.report(&mut w, 0, 40, None);
     let plan = channel.step(&mut w);
@@ -3124,6 +3151,7 @@ fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_re
 #[test]
 fn a_late_lease_alone_loses_nothing_while_the_ranks_there_report() {
     let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    w.watched_a_quiet_minute(&["n-1", "n-2"]);
     let channel = Channel::new();
     w.heartbeat("n-1");
     w.heartbeat("n-2");
@@ -3145,6 +3173,7 @@ fn a_late_lease_alone_loses_nothing_while_the_ranks_there_report() {
 #[test]
 fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
     let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    w.watched_a_quiet_minute(&["n-1", "n-2"]);
     let channel = Channel::new();
     w.heartbeat("n-1");
     w.heartbeat("n-2");
@@ -3155,7 +3184,10 @@ fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
     w.exit("train-worker-0", 1);
     let plan = channel.step(&mut w);
     assert_eq!(plan.restart, None, "held until n-2 is known lost");
-    w.advance(12);
+    w.advance(9);
+    w.heartbeat("n-1");
+    assert_eq!(channel.step(&mut w).restart, None, "n-2 is due now");
+    w.advance(4);
     w.heartbeat("n-1");
     let plan = channel.step(&mut w);
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
@@ -3165,4 +3197,105 @@ fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
         detail.contains("worker 1 lost with its node") && detail.contains("worker 0 failed"),
         "{detail}"
     );
+}
+
+/// The review's repro on the local cluster: a trainer crashed with exit 1 while the other
+/// node's kubelet renewal was a few seconds late. A genuine failure is a Failure: the verdict
+/// waits for the late renewal, never takes the node for lost, and spends the failure budget.
+#[test]
+fn a_genuine_failure_beside_a_lease_twelve_and_a_half_seconds_old_is_a_failure() {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {maxFailures: 3}\n").with_worker_1_on_n2();
+    w.watched_a_quiet_minute(&["n-1", "n-2"]);
+    let channel = Channel::new();
+    w.heartbeat("n-1");
+    w.heartbeat("n-2");
+    channel.report(&mut w, 0, 40, None);
+    channel.report(&mut w, 1, 40, None);
+    channel.step(&mut w);
+    // Rank 0 crashes 2 s later; rank 1 blocks in its collective and reports no more.
+    w.advance(2);
+    w.exit("train-worker-0", 1);
+    // n-1 renews on time; n-2's renewal, due at 10 s, comes at 12.5 s.
+    for tenth in 21..125 {
+        w.now = ts(T0)
+            .saturating_add(SignedDuration::from_millis(tenth * 100))
+            .expect("time");
+        if tenth == 100 {
+            w.heartbeat("n-1");
+        }
+        let plan = channel.step(&mut w);
+        assert_eq!(
+            plan.restart, None,
+            "at {tenth}: {:?}",
+            plan.status.last_restart
+        );
+        assert!(!World::deleted(&plan, true).contains(&"train-worker-1"));
+    }
+    w.now = ts("2026-01-01T00:00:12.5Z");
+    w.heartbeat("n-2");
+    let mut plan = channel.step(&mut w);
+    for _ in 0..20 {
+        if plan.restart.is_some() {
+            break;
+        }
+        w.advance(1);
+        if w.now.as_second() % 10 == 0 {
+            w.heartbeat("n-1");
+        }
+        if w.now.as_second() % 10 == 2 {
+            w.heartbeat("n-2");
+        }
+        plan = channel.step(&mut w);
+    }
+    assert_eq!(
+        plan.restart,
+        Some(RestartReason::Failure),
+        "{:?}",
+        plan.status.last_restart
+    );
+    assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
+    assert_eq!(
+        World::deleted(&plan, false),
+        ["train-worker-1"],
+        "graceful: the trainer on n-2 saves"
+    );
+}
+
+/// A gang restart while one node's kubelet is late (silent) but its trainer still reports:
+/// the pod terminating there is deleted gracefully, never force-deleted, so its SIGTERM save
+/// runs.
+#[test]
+fn a_pod_on_a_late_node_whose_ranks_report_is_never_force_deleted() {
+    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+    w.watched_a_quiet_minute(&["n-1", "n-2"]);
+    let channel = Channel::new();
+    w.heartbeat("n-1");
+    w.heartbeat("n-2");
+    channel.report(&mut w, 0, 40, None);
+    channel.report(&mut w, 1, 40, None);
+    channel.step(&mut w);
+    // n-2's kubelet is late for 16 s (silent), its trainer reports on; rank 0 is preempted.
+    for _ in 0..16 {
+        w.advance(1);
+        channel.report(&mut w, 0, 41, None);
+        channel.report(&mut w, 1, 41, None);
+        if w.now.as_second() % 10 == 0 {
+            w.heartbeat("n-1");
+        }
+    }
+    w.preempt("train-worker-0");
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert!(World::deleted(&plan, true).is_empty());
+    for _ in 0..5 {
+        w.advance(1);
+        channel.report(&mut w, 1, 41, None);
+        let plan = channel.step(&mut w);
+        assert!(
+            World::deleted(&plan, true).is_empty(),
+            "forced on a node whose trainer reports: {:?}",
+            plan.actions
+        );
+    }
 }

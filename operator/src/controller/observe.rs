@@ -5,12 +5,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 
+use super::wiring::{SharedHeartbeats, heartbeats};
 use crate::cached_pod::CachedPod;
 use crate::crd::{MAX_WORKERS, TrainingJobStatus};
 use crate::error::Error;
@@ -26,8 +26,8 @@ pub(super) struct Caches {
     expectations: Arc<Expectations>,
     pods: Store<CachedPod>,
     nodes: Store<Node>,
-    /// The kubelets' Leases: a node whose Lease stops renewing is being lost (lost_peer).
-    leases: Store<Lease>,
+    /// What the kubelets' Lease renewals say (the liveness index the Lease watch feeds).
+    heartbeats: SharedHeartbeats,
     services: Store<PartialObjectMeta<Service>>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     /// Whether every cache a decision reads has been listed once (see [`Readiness`]).
@@ -112,7 +112,7 @@ impl Caches {
         expectations: Arc<Expectations>,
         pods: Store<CachedPod>,
         nodes: Store<Node>,
-        leases: Store<Lease>,
+        heartbeats: SharedHeartbeats,
         services: Store<PartialObjectMeta<Service>>,
         claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     ) -> Self {
@@ -122,7 +122,7 @@ impl Caches {
             expectations,
             pods,
             nodes,
-            leases,
+            heartbeats,
             services,
             claims,
             ready,
@@ -162,13 +162,15 @@ impl Caches {
         let claim = claim
             .filter(|c| ownership::present(ObjectKind::Claim, Some(&c.metadata), job, &mut foreign))
             .map(|c| ObservedClaim::of(&c.metadata, job));
+        let liveness =
+            heartbeats(&self.heartbeats).view(pods.iter().filter_map(|p| p.node_name()), now);
         Observed {
             pods,
             sibling_placement: None,
             progress: None,
             foreign,
             nodes: self.nodes.state(),
-            node_leases: self.leases.state(),
+            liveness,
             claim,
             service_exists,
             now,

@@ -65,6 +65,7 @@ fn as_observed(p: JobProgress, channel_refused_at: Option<jiff::Timestamp>) -> O
         checkpoint_requested: p.checkpoint_requested,
         checkpoint_saved_on_request: p.checkpoint_saved_on_request,
         channel_refused_at,
+        report_cadence: p.report_cadence(),
     }
 }
 

@@ -6,7 +6,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
 use futures::{Stream, StreamExt, future, stream};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
 use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
@@ -14,10 +13,10 @@ use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
+use super::wiring::SharedHeartbeats;
 use crate::cached_pod::CachedPod;
 use crate::condition::{self, condition_is_true};
 use crate::crd::{LABEL_JOB, Phase, TrainingJob};
-use crate::heartbeat;
 use crate::ownership::ObjectKind;
 
 /// A job to reconcile.
@@ -179,7 +178,7 @@ pub(super) fn node_triggers(
         .flat_map(move |name| stream::iter(jobs_for_node(&name, &pods, &jobs)))
 }
 
-/// How often the node Leases are read for kubelets that went silent (`heartbeat`): no event
+/// How often the liveness index is judged for kubelets that went silent: no event
 /// announces a renewal that does not come.
 const SILENCE_TICK: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -203,7 +202,7 @@ impl SilenceTracker {
 
 /// The jobs to wake as node kubelets fall silent, stay silent and come back.
 pub(super) fn silence_triggers(
-    leases: Store<Lease>,
+    heartbeats: SharedHeartbeats,
     pods: Store<CachedPod>,
     jobs: Store<DeserializeGuard<TrainingJob>>,
 ) -> impl Stream<Item = JobRef> + Send + 'static {
@@ -216,9 +215,7 @@ pub(super) fn silence_triggers(
         },
     );
     ticks.flat_map(move |_| {
-        let state: Vec<_> = leases.state();
-        let refs: Vec<&Lease> = state.iter().map(|l| &**l).collect();
-        let silent = heartbeat::silent_nodes(&refs, jiff::Timestamp::now());
+        let silent = super::wiring::heartbeats(&heartbeats).silent(jiff::Timestamp::now());
         let (changed, still) = tracker.tick(silent.into_keys().collect());
         let mut wake: Vec<JobRef> = changed
             .iter()

@@ -5,7 +5,7 @@
 //! decisions read.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
@@ -28,6 +28,7 @@ use crate::crd::{LABEL_JOB, TrainingJob};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::job_memory::JobMemory;
+use crate::liveness::Heartbeats;
 use crate::metrics::Metrics;
 use crate::progress::store::ProgressStore;
 use crate::writes::{self, EVENT_DRAIN, Writes};
@@ -126,26 +127,57 @@ fn watch_nodes(
     (store, events)
 }
 
-/// Node heartbeats, watched by a task of their own: nothing reconciles on them. Optional:
-/// without RBAC for Leases the store stays empty and the lost peer rule falls back to node
-/// conditions and its window.
-fn watch_node_leases(client: &Client) -> (Store<Lease>, JoinHandle<()>) {
-    let (store, writer) = reflector::store();
+/// The liveness index the Lease watch feeds and every reader judges.
+pub(super) type SharedHeartbeats = Arc<Mutex<Heartbeats>>;
+
+/// Locks the index; a reader that panicked left it whole (every update is one call).
+pub(super) fn heartbeats(shared: &SharedHeartbeats) -> MutexGuard<'_, Heartbeats> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One event of the node Lease watch, seen at `now`, into the index: a renewal counts when it
+/// is seen; an error or a re-list breaks the stream until events flow again.
+pub(super) fn feed_heartbeats(
+    beats: &mut Heartbeats,
+    event: &Result<watcher::Event<Lease>, watcher::Error>,
+    now: jiff::Timestamp,
+) {
+    match event {
+        Err(e) => {
+            tracing::debug!(error = %e, "node Lease watch");
+            beats.interrupted();
+        }
+        Ok(watcher::Event::Init) => beats.interrupted(),
+        Ok(watcher::Event::InitApply(lease)) => beats.observe(lease, now),
+        Ok(watcher::Event::InitDone) => beats.resumed(now),
+        Ok(watcher::Event::Apply(lease)) => {
+            if beats.is_interrupted() {
+                beats.resumed(now);
+            }
+            beats.observe(lease, now);
+        }
+        Ok(watcher::Event::Delete(lease)) => beats.forget(&lease.name_any()),
+    }
+}
+
+/// Node heartbeats, watched by a task of their own into the liveness index: nothing
+/// reconciles on them, and no Lease object is kept. Optional: without RBAC for Leases the
+/// index stays empty and the lost peer rule falls back to node conditions and its window.
+fn watch_node_leases(client: &Client) -> (SharedHeartbeats, JoinHandle<()>) {
+    let beats = SharedHeartbeats::default();
+    let feed = beats.clone();
     let task = tokio::spawn(
         watcher(
             Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE),
             watch_config(),
         )
-        .reflect(writer)
         .default_backoff()
-        .for_each(|ev| {
-            if let Err(e) = ev {
-                tracing::debug!(error = %e, "node Lease watch");
-            }
+        .for_each(move |ev| {
+            feed_heartbeats(&mut heartbeats(&feed), &ev, jiff::Timestamp::now());
             future::ready(())
         }),
     );
-    (store, task)
+    (beats, task)
 }
 
 /// Every Service or PVC, not only those labelled for a job: an object of a job's name that is
@@ -309,7 +341,7 @@ pub(super) async fn run_controller(
     let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
     let (pods, pod_stream) = watch_pods(&client, ns, &expectations);
     let (nodes, node_events) = watch_nodes(&client);
-    let (leases, lease_task) = watch_node_leases(&client);
+    let (heartbeats, lease_task) = watch_node_leases(&client);
     let (services, svc_events) =
         watch_metadata::<Service>(&client, ns, &expectations, Kind::Service);
     let (claims, claim_events) =
@@ -319,7 +351,7 @@ pub(super) async fn run_controller(
     let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
     let controller = job_controller(job_stream, jobs.clone(), config.write_limit.max);
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
-    let silence_triggers = silence_triggers(leases.clone(), pods.clone(), jobs.clone());
+    let silence_triggers = silence_triggers(heartbeats.clone(), pods.clone(), jobs.clone());
     let claim_triggers = claim_triggers(claim_events, jobs.clone());
     let service_triggers = service_triggers(svc_events, jobs.clone());
     let (wake, progress_triggers) = super::progress::wake_channel();
@@ -348,7 +380,15 @@ pub(super) async fn run_controller(
         memory: memory.clone(),
         jobs: jobs.clone(),
     });
-    let caches = Caches::new(client, expectations, pods, nodes, leases, services, claims);
+    let caches = Caches::new(
+        client,
+        expectations,
+        pods,
+        nodes,
+        heartbeats,
+        services,
+        claims,
+    );
     let ctx = Arc::new(Context {
         config: config.operator.clone(),
         caches,
@@ -379,6 +419,79 @@ pub(super) async fn run_controller(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn lease(node: &str, renewed: &str) -> Lease {
+        serde_json::from_value(json!({
+            "metadata": {"name": node, "namespace": NODE_LEASE_NAMESPACE},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": renewed},
+        }))
+        .expect("Lease")
+    }
+
+    /// A Lease watch that breaks makes no node silent until it works again, and then gives
+    /// every node an interval and the margin from then.
+    #[test]
+    fn a_broken_lease_watch_makes_no_node_silent() {
+        let t = |s: &str| s.parse::<jiff::Timestamp>().expect("time");
+        let mut beats = Heartbeats::default();
+        for i in 0..6 {
+            let at = format!("2026-01-01T00:00:{i}0Z");
+            for n in ["a", "b"] {
+                feed_heartbeats(
+                    &mut beats,
+                    &Ok(watcher::Event::Apply(lease(n, &at))),
+                    t(&at),
+                );
+            }
+        }
+        let at = "2026-01-01T00:01:00Z";
+        feed_heartbeats(
+            &mut beats,
+            &Ok(watcher::Event::Apply(lease("b", at))),
+            t(at),
+        );
+        let err = Err(watcher::Error::NoResourceVersion);
+        feed_heartbeats(&mut beats, &err, t("2026-01-01T00:01:01Z"));
+        assert!(
+            beats.silent(t("2026-01-01T00:01:30Z")).is_empty(),
+            "judgment waits"
+        );
+        // The watch works again at 1:40 with b's renewal; a gets an interval and the margin.
+        let at = "2026-01-01T00:01:40Z";
+        feed_heartbeats(
+            &mut beats,
+            &Ok(watcher::Event::Apply(lease("b", at))),
+            t(at),
+        );
+        assert!(beats.silent(t("2026-01-01T00:01:52Z")).is_empty());
+        let at = "2026-01-01T00:01:50Z";
+        feed_heartbeats(
+            &mut beats,
+            &Ok(watcher::Event::Apply(lease("b", at))),
+            t(at),
+        );
+        assert_eq!(
+            beats
+                .silent(t("2026-01-01T00:01:54Z"))
+                .into_keys()
+                .collect::<Vec<_>>(),
+            ["a"]
+        );
+        // A re-list repeats what is known: no renewal; a deleted Lease is forgotten.
+        feed_heartbeats(&mut beats, &Ok(watcher::Event::Init), t(at));
+        feed_heartbeats(
+            &mut beats,
+            &Ok(watcher::Event::InitApply(lease("b", at))),
+            t(at),
+        );
+        feed_heartbeats(&mut beats, &Ok(watcher::Event::InitDone), t(at));
+        feed_heartbeats(
+            &mut beats,
+            &Ok(watcher::Event::Delete(lease("a", at))),
+            t(at),
+        );
+        assert!(beats.silent(t("2026-01-01T00:03:00Z")).is_empty());
+    }
 
     #[test]
     fn cached_nodes_drop_image_lists_and_managed_fields() {

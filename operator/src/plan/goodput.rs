@@ -110,7 +110,7 @@ fn interrupted_at(view: &View<'_>) -> Timestamp {
     let census = &view.census;
     let last_heartbeat = |pod: &CachedPod| {
         let silent = census.silent.get(pod.node_name()?)?;
-        view.now.checked_sub(*silent).ok()
+        view.now.checked_sub(silent.since).ok()
     };
     census
         .states

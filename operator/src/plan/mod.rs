@@ -20,7 +20,6 @@
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ContainerStatus, Node, NodeAffinity, PersistentVolumeClaim, Pod, Service, Toleration,
 };
@@ -30,6 +29,7 @@ use crate::cached_pod::CachedPod;
 
 use crate::config::OperatorConfig;
 use crate::crd::{JobCondition, LABEL_JOB_UID, Phase, RestartReason, TrainingJobStatus};
+use crate::liveness::Liveness;
 use crate::ownership::Foreign;
 use crate::preemption::NodeView;
 use crate::validate::{InvalidSpec, ValidJob};
@@ -72,8 +72,9 @@ pub struct Observed {
     pub foreign: Vec<Foreign>,
     /// Every node.
     pub nodes: Vec<Arc<Node>>,
-    /// The kubelets' Leases in `kube-node-lease` (empty when the operator may not read them).
-    pub node_leases: Vec<Arc<Lease>>,
+    /// What the kubelets' Lease renewals say of the nodes (empty when the operator may not
+    /// read Leases): the silent nodes, and the heartbeats of the nodes of the job's pods.
+    pub liveness: Liveness,
     /// The checkpoint PVC, when it exists: the job's own, or the `existingClaim` it mounts.
     pub claim: Option<ObservedClaim>,
     /// Whether the job's own rendezvous Service exists.
@@ -137,6 +138,9 @@ pub struct ObservedProgress {
     /// server could not review, too many reports at once), from any job: reports that stop
     /// coming until then say nothing of the ranks that sent them.
     pub channel_refused_at: Option<Timestamp>,
+    /// The longest gap between two reports of one rank in this attempt, once a rank reported
+    /// twice: a rank is quiet only relative to it ([`crate::liveness::quiet_after`]).
+    pub report_cadence: Option<SignedDuration>,
 }
 
 /// One rank's reported progress.

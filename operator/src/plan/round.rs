@@ -218,13 +218,17 @@ impl Round {
     }
 }
 
-/// When a pod already terminating is force-deleted: never on a Ready node; at once when no
-/// node or kubelet will ever confirm the deletion; after the not-ready timeout otherwise.
+/// When a pod already terminating is force-deleted: never on a Ready node whose kubelet
+/// renews; at once when no node or kubelet will ever confirm the deletion; after the not-ready
+/// timeout otherwise.
 fn force_delete_at(view: &View<'_>, node_name: Option<&str>) -> Option<Timestamp> {
     let now = view.now;
-    if node_name.is_some_and(|n| view.census.silent.contains_key(n)) {
-        // Its kubelet went silent: it will confirm nothing, and the checkpoint is fenced
-        // against the trainers it may still run (docs/env-contract.md).
+    let lost =
+        |n: &str| view.census.lost.contains_key(n) || view.observed.liveness.gone_for_good(n);
+    if node_name.is_some_and(lost) {
+        // Lost by the liveness rule (silent, and its ranks quiet or two renewals missed): its
+        // kubelet will confirm nothing, and the checkpoint is fenced against the trainers it
+        // may still run (docs/env-contract.md). A node merely late stays graceful.
         return Some(now);
     }
     match node_name.map(|n| view.observed.node(n)) {

@@ -5,13 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::cached_pod::CachedPod;
-use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::coordination::v1::Lease;
+use jiff::Timestamp;
 
 use super::Observed;
 use crate::config::OperatorConfig;
 use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus, WorkerStatus};
-use crate::heartbeat;
+use crate::liveness::{self, Reports, Silence};
 use crate::pods::label_u32;
 use crate::preemption::{self, ClassifierConfig, WorkerPhase, WorkerState, min_time};
 use crate::validate::ValidJob;
@@ -67,30 +66,33 @@ pub(crate) fn resumes_as_new_attempt(job: &ValidJob, current: &TrainingJobStatus
     current.phase == Some(Phase::Suspended) && !job.spec.suspend && current.start_time.is_some()
 }
 
-/// The silent nodes and those lost to `attempt` (their workers are preempted). Lease
-/// renewals that stop wake no job by themselves: the controller's silence triggers do.
-fn judge_heartbeats(
-    view: &View<'_>,
-    attempt: u32,
-    current: &BTreeMap<u32, &Arc<CachedPod>>,
-    states: &BTreeMap<u32, WorkerState>,
-) -> (BTreeMap<String, SignedDuration>, BTreeMap<String, String>) {
+/// The nodes lost to the attempt whose trainers report ([`liveness::lost_nodes`]): judged for
+/// the pods of that attempt still running, whichever attempt the round works on, so that a
+/// pod of an attempt just ended is removed without its kubelet only where the rule says so.
+/// Lease renewals that stop wake no job by themselves: the controller's silence triggers do.
+fn judge_heartbeats(view: &View<'_>) -> BTreeMap<String, String> {
     let observed = view.observed;
-    let leases: Vec<&Lease> = observed.node_leases.iter().map(|l| &**l).collect();
-    let silent = heartbeat::silent_nodes(&leases, view.now);
-    let progress = observed.progress.as_ref().filter(|p| p.attempt == attempt);
-    let ranks: Vec<(u32, &str)> = current
+    let Some(progress) = observed.progress.as_ref() else {
+        return BTreeMap::new();
+    };
+    let ranks: Vec<(u32, &str)> = observed
+        .pods
         .iter()
-        .filter(|(r, _)| {
-            matches!(
-                states.get(r),
-                Some(WorkerState::Running { .. } | WorkerState::Pending { .. })
-            )
-        })
-        .filter_map(|(r, p)| Some((*r, p.node_name()?)))
+        .filter(|p| label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(progress.attempt))
+        .filter(|p| !super::is_finished(p))
+        .filter_map(|p| Some((label_u32(p.as_ref(), LABEL_RANK)?, p.node_name()?)))
         .collect();
-    let lost = heartbeat::lost_nodes(&silent, &leases, &ranks, progress, view.now);
-    (silent, lost)
+    let reported: Vec<(u32, Timestamp)> = progress
+        .ranks
+        .iter()
+        .map(|r| (r.rank, r.reported_at))
+        .collect();
+    let reports = Reports {
+        ranks: &reported,
+        cadence: progress.report_cadence,
+        channel_trouble_at: progress.channel_refused_at,
+    };
+    liveness::lost_nodes(&observed.liveness, &ranks, Some(reports), view.now)
 }
 
 /// The pods of the attempt a round works on, by rank, and how each worker stands. Built by
@@ -106,9 +108,12 @@ pub(crate) struct Census<'a> {
     pub states: BTreeMap<u32, WorkerState>,
     /// When a state may change without a watch event.
     pub recheck_at: Option<Timestamp>,
-    /// Nodes whose kubelet went silent ([`heartbeat::silent_nodes`]): no new pod goes there,
-    /// and a pod deleted there is removed at once.
-    pub silent: BTreeMap<String, SignedDuration>,
+    /// Nodes whose kubelet went silent ([`liveness::Heartbeats::silent`]): no new pod goes
+    /// there.
+    pub silent: BTreeMap<String, Silence>,
+    /// Nodes lost to the reporting attempt ([`liveness::lost_nodes`]), with the detail: their
+    /// running workers are preempted, and a pod deleted there is removed at once.
+    pub lost: BTreeMap<String, String>,
 }
 
 impl<'a> Census<'a> {
@@ -136,7 +141,8 @@ impl<'a> Census<'a> {
             recheck_at = min_time(recheck_at, c.recheck_at);
             states.insert(rank, c.state);
         }
-        let (silent, lost) = judge_heartbeats(view, attempt, &current, &states);
+        let silent = observed.liveness.silent.clone();
+        let lost = judge_heartbeats(view);
         // With a failed rank, the lost-peer rule judges the silent node (and names the
         // failure it caused).
         let failed = states.values().any(|s| matches!(s, WorkerState::Failed(_)));
@@ -170,6 +176,7 @@ impl<'a> Census<'a> {
             states,
             recheck_at,
             silent,
+            lost,
         }
     }
 

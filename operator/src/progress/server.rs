@@ -500,7 +500,11 @@ pub async fn serve_within(
     limits: HttpLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), Error> {
-    crate::listen::serve("progress", addr, router(server), limits, shutdown).await
+    let store = server.store.clone();
+    let turned_away: crate::listen::TurnedAway =
+        Arc::new(move || store.refused(jiff::Timestamp::now()));
+    let app = router(server);
+    crate::listen::serve_telling("progress", addr, app, limits, Some(turned_away), shutdown).await
 }
 
 #[cfg(test)]

@@ -38,6 +38,9 @@ pub struct RankProgress {
     pub reported_at: Timestamp,
     /// When its step last increased (or its first report).
     pub advanced_at: Timestamp,
+    /// The longest gap between two of its reports in this attempt (zero after one report):
+    /// how long it may go quiet ([`crate::liveness::quiet_after`]).
+    pub longest_gap: SignedDuration,
 }
 
 /// A job's progress in its latest reporting attempt.
@@ -91,6 +94,16 @@ impl JobProgress {
     /// The highest step any rank reported in this attempt.
     pub fn step(&self) -> Option<u64> {
         self.ranks.values().map(|r| r.step).max()
+    }
+
+    /// The longest gap between two reports of one rank in this attempt, once a rank reported
+    /// twice.
+    pub fn report_cadence(&self) -> Option<SignedDuration> {
+        self.ranks
+            .values()
+            .map(|r| r.longest_gap)
+            .max()
+            .filter(|g| g.is_positive())
     }
 
     /// When any rank's step last advanced: the hang check compares it with now.
@@ -175,6 +188,7 @@ impl Entry {
                         loss: report.loss,
                         reported_at: now,
                         advanced_at: now,
+                        longest_gap: SignedDuration::ZERO,
                     },
                 );
                 wake = true;
@@ -185,6 +199,7 @@ impl Entry {
                 }
                 rank.step = report.step;
                 rank.loss = report.loss.or(rank.loss);
+                rank.longest_gap = rank.longest_gap.max(now.duration_since(rank.reported_at));
                 rank.reported_at = now;
             }
         }
@@ -364,7 +379,7 @@ impl ProgressStore {
     /// The endpoint could not take a report at `now` for a reason of its own: the API server
     /// could not review its token, or too many reports came at once. Until then, a rank whose
     /// reports stopped may have sent them all along (a node is lost only from ranks quiet
-    /// while the channel took reports: `crate::heartbeat::lost_nodes`).
+    /// while the channel took reports: `crate::liveness::lost_nodes`).
     pub fn refused(&self, now: Timestamp) {
         let mut at = lock(&self.refused_at);
         *at = Some(at.map_or(now, |t| t.max(now)));
@@ -439,8 +454,14 @@ mod tests {
                 step: 11,
                 loss: Some(1.5),
                 reported_at: at(5),
-                advanced_at: at(5)
+                advanced_at: at(5),
+                longest_gap: SignedDuration::from_secs(5),
             }
+        );
+        assert_eq!(
+            p.report_cadence(),
+            Some(SignedDuration::from_secs(5)),
+            "the longest gap of any rank: rank 0's, 0 to 5"
         );
         assert_eq!(
             (p.ranks[&1].reported_at, p.ranks[&1].advanced_at),

@@ -10,6 +10,7 @@ use super::super::round::Round;
 use super::super::view::View;
 use super::super::{Flow, JobEvent, attempt_start, condition, failure_backoff};
 use crate::crd::{LastRestart, Phase, RestartReason};
+use crate::liveness::SinceFailure;
 use crate::lost_peer::{self, Judging, SilentPeer, Verdict};
 use crate::nodes;
 use crate::placement;
@@ -223,17 +224,21 @@ fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason,
 /// The [`lost_peer`] rule for a round whose problems are failures only.
 fn judge_lost_peer(view: &View<'_>) -> Verdict {
     let (observed, now) = (view.observed, view.now);
+    let liveness = &observed.liveness;
     let (current_pods, states) = (&view.census.current, &view.census.states);
     let failed: Vec<&Arc<CachedPod>> = states
         .iter()
         .filter(|(_, s)| matches!(s, WorkerState::Failed(_)))
         .filter_map(|(r, _)| current_pods.get(r).copied())
         .collect();
+    // On the operator's clock: the failed trainer's end as its node stamped it, shifted by
+    // that node's clock offset seen through its Lease.
     let failed_at = failed
         .iter()
-        .map(|p| lost_peer::failed_at(p, now))
+        .map(|p| liveness.on_operator_clock(p.node_name(), lost_peer::failed_at(p, now)))
         .min()
-        .unwrap_or(now);
+        .unwrap_or(now)
+        .min(now);
     let node_of = |p: &CachedPod| p.spec.node_name.clone();
     let failed_nodes: Vec<String> = failed.iter().filter_map(|p| node_of(p)).collect();
     let peers: Vec<SilentPeer<'_>> = states
@@ -242,21 +247,15 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
         .filter_map(|(r, _)| current_pods.get(r).map(|p| (*r, p)))
         .map(|(rank, pod)| {
             let node = observed.node_view(pod);
-            let heartbeat = match node {
-                NodeView::Present(n) => {
-                    lost_peer::heartbeat(observed.node_leases.iter().map(|l| &**l), nodes::name(n))
-                }
-                _ => None,
+            let lease = match node {
+                NodeView::Present(n) => liveness.since_failure(nodes::name(n), failed_at),
+                _ => SinceFailure::NoLease,
             };
             SilentPeer {
                 rank,
                 node,
-                heartbeat,
+                lease,
                 beside_failure: node_of(pod).is_some_and(|n| failed_nodes.contains(&n)),
-                silent: pod
-                    .node_name()
-                    .and_then(|n| view.census.silent.get(n))
-                    .copied(),
             }
         })
         .collect();
@@ -265,7 +264,6 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
         failed_at,
         termination_taints: &c.termination_taints,
         window: c.lost_peer_window,
-        lease_clock: lost_peer::lease_clock(observed.node_leases.iter().map(|l| &**l), now),
         now,
     };
     lost_peer::judge(&peers, &judging)
