@@ -3168,11 +3168,10 @@ fn a_late_lease_alone_loses_nothing_while_the_ranks_there_report() {
     }
 }
 
-/// The spot node under rank 1 vanishes and rank 0's collective breaks at once: rank 0 fails,
-/// and when node n-2 falls silent the lost-peer rule names both in one preemption.
-#[test]
-fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
-    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
+/// A running job with rank 1 on n-2, both ranks reporting, both kubelets renewing on time
+/// for the last minute.
+fn reporting_on_two_nodes(yaml: &str) -> (World, Channel) {
+    let mut w = World::running_world(yaml).with_worker_1_on_n2();
     w.watched_a_quiet_minute(&["n-1", "n-2"]);
     let channel = Channel::new();
     w.heartbeat("n-1");
@@ -3180,6 +3179,14 @@ fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
     channel.report(&mut w, 0, 40, None);
     channel.report(&mut w, 1, 40, None);
     channel.step(&mut w);
+    (w, channel)
+}
+
+/// The spot node under rank 1 vanishes and rank 0's collective breaks at once: rank 0 fails,
+/// and when node n-2 falls silent the lost-peer rule names both in one preemption.
+#[test]
+fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\n");
     w.advance(1);
     w.exit("train-worker-0", 1);
     let plan = channel.step(&mut w);
@@ -3204,15 +3211,7 @@ fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
 /// waits for the late renewal, never takes the node for lost, and spends the failure budget.
 #[test]
 fn a_genuine_failure_beside_a_lease_twelve_and_a_half_seconds_old_is_a_failure() {
-    let mut w =
-        World::running_world("workers: 2\nrestartPolicy: {maxFailures: 3}\n").with_worker_1_on_n2();
-    w.watched_a_quiet_minute(&["n-1", "n-2"]);
-    let channel = Channel::new();
-    w.heartbeat("n-1");
-    w.heartbeat("n-2");
-    channel.report(&mut w, 0, 40, None);
-    channel.report(&mut w, 1, 40, None);
-    channel.step(&mut w);
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\nrestartPolicy: {maxFailures: 3}\n");
     // Rank 0 crashes 2 s later; rank 1 blocks in its collective and reports no more.
     w.advance(2);
     w.exit("train-worker-0", 1);
@@ -3267,14 +3266,7 @@ fn a_genuine_failure_beside_a_lease_twelve_and_a_half_seconds_old_is_a_failure()
 /// runs.
 #[test]
 fn a_pod_on_a_late_node_whose_ranks_report_is_never_force_deleted() {
-    let mut w = World::running_world("workers: 2\n").with_worker_1_on_n2();
-    w.watched_a_quiet_minute(&["n-1", "n-2"]);
-    let channel = Channel::new();
-    w.heartbeat("n-1");
-    w.heartbeat("n-2");
-    channel.report(&mut w, 0, 40, None);
-    channel.report(&mut w, 1, 40, None);
-    channel.step(&mut w);
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\n");
     // n-2's kubelet is late for 16 s (silent), its trainer reports on; rank 0 is preempted.
     for _ in 0..16 {
         w.advance(1);
