@@ -45,7 +45,7 @@ bench: prereqs
 ## make chaos: CHAOS_SEEDS seeded chaos runs of CHAOS_FAULTS faults each on the local cluster
 ## (e2e/tests/chaos.rs); docs/reliability.md gets their results table, passed or not.
 CHAOS_SEEDS ?= 20
-CHAOS_FAULTS ?= 10
+CHAOS_FAULTS ?= 12
 chaos: prereqs
 	$(CARGO) build --workspace --bins
 	mkdir -p target/chaos && rm -f target/chaos/results.jsonl

@@ -2,19 +2,17 @@
 //! schedule of faults runs, every invariant of `trainyard_e2e::chaos::invariants` checked
 //! throughout. The seed is printed first; `TRAINYARD_CHAOS_SEED` replays it and
 //! `TRAINYARD_CHAOS_FAULTS` sets how many faults (`make test`: one fixed seed, 6 faults of
-//! 6 kinds; `make chaos`: many seeds of 10).
+//! 6 kinds, a genuine trainer failure among them; `make chaos`: many seeds of 12).
 //! `KUBECONFIG=/var/lib/trainyard-e2e/kubeconfig cargo test -p trainyard-e2e --test chaos -- --ignored`
 
 use std::io::Write;
 
 use anyhow::{Context, Result, ensure};
 use trainyard_e2e::chaos::run::run;
-use trainyard_e2e::chaos::schedule::{Schedule, ScheduleConfig};
+use trainyard_e2e::chaos::schedule::{MAKE_TEST_SEED, Schedule, ScheduleConfig};
 use trainyard_e2e::jobs::{install_chart, with_spot_node};
 use trainyard_e2e::repo_root;
 
-/// The seed `make test` runs.
-const FIXED_SEED: u64 = 20261125;
 
 fn env_number(name: &str, default: u64) -> Result<u64> {
     match std::env::var(name) {
@@ -28,7 +26,7 @@ fn env_number(name: &str, default: u64) -> Result<u64> {
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
-    let seed = env_number("TRAINYARD_CHAOS_SEED", FIXED_SEED)?;
+    let seed = env_number("TRAINYARD_CHAOS_SEED", MAKE_TEST_SEED)?;
     let faults = usize::try_from(env_number("TRAINYARD_CHAOS_FAULTS", 6)?)?;
     let config = ScheduleConfig {
         faults,

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use trainyard_api::crd::LABEL_JOB;
+use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK};
 use trainyard_api::spot::KARPENTER_DISRUPTED;
 
 use super::schedule::FaultKind;
@@ -133,6 +133,21 @@ pub async fn inject(
         FaultKind::SuspendResume => {
             set_suspend(target, true).await?;
             "job suspended".to_owned()
+        }
+        FaultKind::TrainerFailure => {
+            let pods = running_workers(target).await?;
+            let Some(pod) = pick.choice(&pods) else {
+                return Ok(skipped(kind, "no running worker to fail"));
+            };
+            let (name, job) = (pod.name_any(), target.job.clone());
+            let labels = pod.labels().clone();
+            let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+            let (rank, attempt) = (label(LABEL_RANK), label(LABEL_ATTEMPT));
+            let found = blocking(move || kill_training_process(&job, &rank, &attempt)).await?;
+            let Some(pid) = found else {
+                return Ok(skipped(kind, &format!("no training process of {name} within 60 s")));
+            };
+            format!("training process {pid} of {name} killed (SIGKILL): its trainer exits 1")
         }
     };
     Ok(Injected {
@@ -438,6 +453,41 @@ async fn running_workers(target: &Target) -> Result<Vec<Pod>> {
     };
     let waited = crate::wait_for("a running worker", Duration::from_secs(90), running).await;
     Ok(waited.unwrap_or_default())
+}
+
+/// The training process (a torchrun worker: it has `LOCAL_RANK`) of rank `rank`, attempt
+/// `attempt`, of the job `job`, found by its environment in `/proc` (the local cluster's
+/// containers run on this machine) and killed with SIGKILL, as the kernel's OOM killer kills
+/// a worker; torchrun then exits 1. Looks for up to 60 s (the worker may still be starting);
+/// None when there was none.
+fn kill_training_process(job: &str, rank: &str, attempt: &str) -> Result<Option<String>> {
+    let wanted = [
+        format!("{}={job}", trainyard_api::env::TRAINYARD_JOB),
+        format!("{}={rank}", trainyard_api::env::NODE_RANK),
+        format!("{}={attempt}", trainyard_api::env::TRAINYARD_ATTEMPT),
+    ];
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        for entry in std::fs::read_dir("/proc").context("listing /proc")?.flatten() {
+            let pid = entry.file_name().to_string_lossy().into_owned();
+            if !pid.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            // A process that ends meanwhile, or is not readable, is not ours.
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+            let has = |v: &str| vars.contains(&v.as_bytes());
+            let worker = vars.iter().any(|v| v.starts_with(b"LOCAL_RANK="));
+            if worker && wanted.iter().all(|w| has(w)) {
+                run(Command::new("kill").args(["-9", &pid]))?;
+                return Ok(Some(pid));
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Ok(None)
 }
 
 /// Adds or removes Karpenter's termination taint, keeping every other taint of the node.

@@ -8,7 +8,8 @@
 //! - `latest.pt`, read from the job's volume every second, is never torn.
 //!
 //! At the end: `attempt` = preemptions + failures + hangs + resumes, one restart Event per
-//! restart, no failure the schedule did not cause, the job Succeeded with the digest of the
+//! restart, no failure the schedule did not cause and every genuine failure it caused away
+//! from a gang restart counted as one failure, the job Succeeded with the digest of the
 //! same job run without faults, and nothing of the job left after its deletion.
 
 use std::collections::BTreeMap;
@@ -55,8 +56,11 @@ pub struct Ending {
     pub resumes: u32,
     /// Events the operator recorded for gang restarts and resumes.
     pub restart_events: u32,
-    /// Failures the schedule caused on purpose (none of today's faults is one).
+    /// Failures the schedule caused on purpose (`TrainerFailure` injected).
     pub failures_caused: u32,
+    /// Those of them with no fault that restarts the gang close by (from 60 s before to 30 s
+    /// after): each must be counted as a failure, never taken for a preemption.
+    pub failures_alone: u32,
     /// The final weights' digest, and that of the same job run without faults.
     pub digest: Option<String>,
     pub expected_digest: String,
@@ -211,6 +215,15 @@ impl Checker {
                 ),
             );
         }
+        if job.failures < end.failures_alone {
+            self.violate(
+                at,
+                format!(
+                    "{} failures counted, {} genuine failures injected away from any restart",
+                    job.failures, end.failures_alone
+                ),
+            );
+        }
         if !end.succeeded {
             self.violate(at, "the job did not succeed".to_owned());
         }
@@ -340,6 +353,7 @@ mod tests {
             resumes: 1,
             restart_events: 3,
             failures_caused: 0,
+            failures_alone: 0,
             digest: Some("abc".to_owned()),
             expected_digest: "abc".to_owned(),
             leftovers: Vec::new(),
@@ -376,6 +390,35 @@ mod tests {
         assert!(what[4].contains("final weights def differ"), "{what:?}");
         assert_eq!(what[5], "left after the job's deletion: Service demo");
         assert_eq!(what[6], "latest.pt was never read");
+    }
+
+    /// A genuine failure injected away from any restart that the operator took for a
+    /// preemption (the review's repro: a late Lease beside it) is a violation.
+    #[test]
+    fn a_genuine_failure_not_counted_as_one_is_named() {
+        let mut end = ending();
+        end.job = JobSeen {
+            attempt: 3,
+            preemptions: 3,
+            ..JobSeen::default()
+        };
+        end.resumes = 0;
+        end.failures_caused = 1;
+        end.failures_alone = 1;
+        let mut c = Checker::new();
+        c.checkpoint(t(5), None);
+        c.finish(t(9), &end);
+        let what: Vec<_> = c.violations().iter().map(|v| v.what.clone()).collect();
+        assert_eq!(
+            what,
+            ["0 failures counted, 1 genuine failures injected away from any restart"]
+        );
+        end.job.preemptions = 2;
+        end.job.failures = 1;
+        let mut c = Checker::new();
+        c.checkpoint(t(5), None);
+        c.finish(t(9), &end);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
     }
 
     #[test]

@@ -204,7 +204,8 @@ async fn play_and_end(
         succeeded: end.is_ok(),
         resumes: resumes(&injected),
         restart_events,
-        failures_caused: 0,
+        failures_caused: failures_caused(&injected),
+        failures_alone: failures_alone(&injected),
         digest,
         expected_digest,
         leftovers,
@@ -228,6 +229,40 @@ fn resumes(injected: &[Line]) -> u32 {
         .filter(|line| line.kind.counts_a_resume() && line.effect == Effect::Injected)
         .count();
     u32::try_from(resumes).unwrap_or(u32::MAX)
+}
+
+/// The genuine failures the faults caused: each `TrainerFailure` that went in.
+fn failures_caused(injected: &[Line]) -> u32 {
+    let n = injected
+        .iter()
+        .filter(|line| line.kind.counts_a_failure() && line.effect == Effect::Injected)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// How far from a fault that restarts the gang a genuine failure must be to be counted on its
+/// own: before it, the longest hold (30 s) and a restart; after it, the failure's own verdict.
+const RESTART_NEARBY: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(30));
+
+/// The genuine failures with no fault that restarts the gang near them ([`RESTART_NEARBY`]):
+/// each must be counted as exactly one failure.
+fn failures_alone(injected: &[Line]) -> u32 {
+    let restarts: Vec<Duration> = injected
+        .iter()
+        .filter(|l| l.kind.restarts_the_gang() && l.effect != Effect::Skipped)
+        .map(|l| l.at)
+        .collect();
+    let (before, after) = RESTART_NEARBY;
+    let n = injected
+        .iter()
+        .filter(|l| l.kind.counts_a_failure() && l.effect == Effect::Injected)
+        .filter(|l| {
+            !restarts
+                .iter()
+                .any(|&r| r + before >= l.at && r <= l.at + after)
+        })
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The chaos job: three workers of one GPU (two fit on the spot node), the example trainer
@@ -795,6 +830,20 @@ mod tests {
         assert_eq!(resumes(&[resumed.clone(), other]), 1);
         assert_eq!(resumes(&[ended, skipped]), 0);
         assert_eq!(resumes(&[resumed.clone(), resumed]), 2);
+    }
+
+    /// A genuine failure counts on its own only away from the faults that restart the gang:
+    /// close to a node loss it may be taken into that preemption.
+    #[test]
+    fn genuine_failures_count_alone_only_away_from_gang_restarts() {
+        let failure = |at| line(secs(at), FaultKind::TrainerFailure, Effect::Injected, "killed");
+        let lost = line(secs(100), FaultKind::LoseNode2, Effect::Injected, "node 2 lost");
+        let kubelet = line(secs(100), FaultKind::RestartKubelet, Effect::Injected, "restarted");
+        let skipped = line(secs(10), FaultKind::TrainerFailure, Effect::Skipped, "skipped");
+        let all = [failure(30), failure(120), failure(170), lost, kubelet, skipped];
+        assert_eq!(failures_caused(&all), 3);
+        // 30 s: 70 s before the loss (alone); 120 s: 20 s after it; 170 s: 70 s after it.
+        assert_eq!(failures_alone(&all), 2);
     }
 
     #[test]

@@ -36,11 +36,14 @@ pub enum FaultKind {
     DeleteWorkerPod,
     /// The job is suspended, and resumed after `hold`.
     SuspendResume,
+    /// A running worker's training process is killed (`SIGKILL`, as the kernel's OOM killer
+    /// would): its torchrun exits 1. A genuine failure of the job's own.
+    TrainerFailure,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order (the schedule's shuffles start from it).
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::KillOperatorLeader,
         FaultKind::RestartApiServer,
         FaultKind::RestartEtcd,
@@ -52,6 +55,7 @@ impl FaultKind {
         FaultKind::TerminationTaint,
         FaultKind::DeleteWorkerPod,
         FaultKind::SuspendResume,
+        FaultKind::TrainerFailure,
     ];
 
     /// The thing the fault acts on: two faults on one resource never overlap.
@@ -63,7 +67,9 @@ impl FaultKind {
             FaultKind::RestartDevicePlugin | FaultKind::GpuUnhealthy => Resource::Gpus,
             FaultKind::LoseNode2 | FaultKind::PartitionNode2 => Resource::Node2,
             FaultKind::TerminationTaint => Resource::Taint,
-            FaultKind::DeleteWorkerPod | FaultKind::SuspendResume => Resource::Job,
+            FaultKind::DeleteWorkerPod | FaultKind::SuspendResume | FaultKind::TrainerFailure => {
+                Resource::Job
+            }
         }
     }
 
@@ -95,6 +101,25 @@ impl FaultKind {
     /// resume of a started job is a `Resume`; the others may or may not restart the gang.
     pub fn counts_a_resume(self) -> bool {
         self == FaultKind::SuspendResume
+    }
+
+    /// Whether the fault is a failure of the job's own, to be counted as one failure.
+    pub fn counts_a_failure(self) -> bool {
+        self == FaultKind::TrainerFailure
+    }
+
+    /// Whether the fault restarts the gang as a preemption or resume (a node lost or noticed,
+    /// a worker deleted, a suspend): a genuine failure close to one of these may be taken
+    /// into that restart instead of counted on its own.
+    pub fn restarts_the_gang(self) -> bool {
+        matches!(
+            self,
+            FaultKind::LoseNode2
+                | FaultKind::PartitionNode2
+                | FaultKind::TerminationTaint
+                | FaultKind::DeleteWorkerPod
+                | FaultKind::SuspendResume
+        )
     }
 }
 
@@ -133,6 +158,9 @@ impl Fault {
     }
 }
 
+/// The seed `make test` runs (`e2e/tests/chaos.rs`).
+pub const MAKE_TEST_SEED: u64 = 20261132;
+
 /// The knobs of a schedule.
 #[derive(Clone, Debug)]
 pub struct ScheduleConfig {
@@ -153,6 +181,16 @@ impl Default for ScheduleConfig {
             gap: (Duration::from_secs(5), Duration::from_secs(25)),
             hold: (Duration::from_secs(5), Duration::from_secs(30)),
             excluded: Vec::new(),
+        }
+    }
+}
+
+impl ScheduleConfig {
+    /// `make test`'s run: 6 faults (of 6 kinds).
+    pub fn make_test() -> Self {
+        ScheduleConfig {
+            faults: 6,
+            ..ScheduleConfig::default()
         }
     }
 }
@@ -256,6 +294,23 @@ mod tests {
         assert!(!GpuUnhealthy.waits_for(SuspendResume));
         assert!(!TerminationTaint.waits_for(LoseNode2));
         assert!(!SuspendResume.waits_for(TerminationTaint));
+    }
+
+    /// `make test`'s seed has a genuine failure among its faults, beside a lost or
+    /// partitioned node and a control-plane restart.
+    #[test]
+    fn the_seed_of_make_test_has_a_genuine_failure_beside_node_and_control_plane_faults() {
+        let s = Schedule::generate(MAKE_TEST_SEED, &ScheduleConfig::make_test());
+        let kinds: HashSet<_> = s.faults.iter().map(|f| f.kind).collect();
+        assert!(kinds.contains(&FaultKind::TrainerFailure), "{s}");
+        assert!(
+            kinds.contains(&FaultKind::LoseNode2) || kinds.contains(&FaultKind::PartitionNode2),
+            "{s}"
+        );
+        assert!(
+            kinds.contains(&FaultKind::RestartApiServer) || kinds.contains(&FaultKind::RestartEtcd),
+            "{s}"
+        );
     }
 
     #[test]
