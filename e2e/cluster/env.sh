@@ -14,6 +14,8 @@ APISERVER_PORT=16443
 BRIDGE=tybr0
 POD_SUBNET=10.88.0.0/16
 BRIDGE_IP=10.88.0.1
+# Milliseconds trainyard-api-delay holds the pods' API traffic back (e2e/src/bin/api-delay.rs).
+API_DELAY_FILE=$STATE/api-delay-ms
 SERVICE_CIDR=10.96.0.0/16
 CONTAINERD_SOCK=$STATE/containerd/containerd.sock
 LOGS=$STATE/logs

@@ -159,9 +159,17 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
   --profiling=false
 wait_for kube-apiserver 90 "${KUBECTL[@]}" get --raw /readyz
 
-# Pods reach the API server at $BRIDGE_IP:$APISERVER_PORT: forward that to loopback.
-start apiserver-bridge-proxy /usr/bin/socat \
-  "TCP-LISTEN:$APISERVER_PORT,bind=$BRIDGE_IP,reuseaddr,fork" "TCP:127.0.0.1:$APISERVER_PORT"
+# Pods (and node 2) reach the API server at $BRIDGE_IP:$APISERVER_PORT: forwarded to
+# loopback by trainyard-api-delay, which holds every byte back for the milliseconds in
+# $API_DELAY_FILE (0: none; the chaos run's ApiLatency fault and the latency rows of the
+# hard-loss table write it).
+API_DELAY=${CARGO_TARGET_DIR:-$ROOT/target}/debug/trainyard-api-delay
+if [[ ! -x $API_DELAY ]]; then
+  (cd "$ROOT" && cargo build -q -p trainyard-e2e --bin trainyard-api-delay)
+fi
+alive apiserver-bridge-proxy || echo 0 >"$API_DELAY_FILE"
+start apiserver-bridge-proxy "$API_DELAY" \
+  "$BRIDGE_IP:$APISERVER_PORT" "127.0.0.1:$APISERVER_PORT" "$API_DELAY_FILE"
 
 # ---------- controller-manager and scheduler ----------
 # A short grace period before a silent node is NotReady, so that the tests of NotReady do not

@@ -13,7 +13,6 @@ use trainyard_e2e::chaos::schedule::{MAKE_TEST_SEED, Schedule, ScheduleConfig};
 use trainyard_e2e::jobs::{install_chart, with_spot_node};
 use trainyard_e2e::repo_root;
 
-
 fn env_number(name: &str, default: u64) -> Result<u64> {
     match std::env::var(name) {
         Ok(v) => v

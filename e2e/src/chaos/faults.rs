@@ -134,21 +134,15 @@ pub async fn inject(
             set_suspend(target, true).await?;
             "job suspended".to_owned()
         }
-        FaultKind::TrainerFailure => {
-            let pods = running_workers(target).await?;
-            let Some(pod) = pick.choice(&pods) else {
-                return Ok(skipped(kind, "no running worker to fail"));
-            };
-            let (name, job) = (pod.name_any(), target.job.clone());
-            let labels = pod.labels().clone();
-            let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
-            let (rank, attempt) = (label(LABEL_RANK), label(LABEL_ATTEMPT));
-            let found = blocking(move || kill_training_process(&job, &rank, &attempt)).await?;
-            let Some(pid) = found else {
-                return Ok(skipped(kind, &format!("no training process of {name} within 60 s")));
-            };
-            format!("training process {pid} of {name} killed (SIGKILL): its trainer exits 1")
+        FaultKind::ApiLatency => {
+            let ms = pick.u64(500..=2000);
+            set_api_delay(ms)?;
+            format!("{ms} ms of latency each way between the pods and the API server")
         }
+        FaultKind::TrainerFailure => match fail_a_trainer(target, pick).await? {
+            Ok(what) => what,
+            Err(why) => return Ok(skipped(kind, &why)),
+        },
     };
     Ok(Injected {
         kind,
@@ -182,6 +176,7 @@ pub async fn undo(target: &Target, fault: &Injected) -> Result<Option<(Effect, S
 async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
     match fault.kind {
         FaultKind::GpuUnhealthy => set_gpu_healthy(true).map(drop),
+        FaultKind::ApiLatency => set_api_delay(0),
         FaultKind::LoseNode2 => blocking(|| node2("start")).await,
         FaultKind::PartitionNode2 => blocking(|| node2("heal")).await,
         FaultKind::TerminationTaint => match &fault.node {
@@ -455,6 +450,36 @@ async fn running_workers(target: &Target) -> Result<Vec<Pod>> {
     Ok(waited.unwrap_or_default())
 }
 
+/// Sets the milliseconds `trainyard-api-delay` holds the pods' API traffic back
+/// (`e2e/cluster/up.sh`; it reads the file every 200 ms).
+pub fn set_api_delay(ms: u64) -> Result<()> {
+    let file = state_dir().join("api-delay-ms");
+    std::fs::write(&file, format!("{ms}\n")).with_context(|| format!("writing {}", file.display()))
+}
+
+/// Kills the training process of a running worker (what was done), or says why it could not
+/// (the fault is then skipped).
+async fn fail_a_trainer(
+    target: &Target,
+    pick: &mut fastrand::Rng,
+) -> Result<std::result::Result<String, String>> {
+    let pods = running_workers(target).await?;
+    let Some(pod) = pick.choice(&pods) else {
+        return Ok(Err("no running worker to fail".to_owned()));
+    };
+    let (name, job) = (pod.name_any(), target.job.clone());
+    let labels = pod.labels().clone();
+    let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+    let (rank, attempt) = (label(LABEL_RANK), label(LABEL_ATTEMPT));
+    let found = blocking(move || kill_training_process(&job, &rank, &attempt)).await?;
+    Ok(match found {
+        Some(pid) => Ok(format!(
+            "training process {pid} of {name} killed (SIGKILL): its trainer exits 1"
+        )),
+        None => Err(format!("no training process of {name} within 60 s")),
+    })
+}
+
 /// The training process (a torchrun worker: it has `LOCAL_RANK`) of rank `rank`, attempt
 /// `attempt`, of the job `job`, found by its environment in `/proc` (the local cluster's
 /// containers run on this machine) and killed with SIGKILL, as the kernel's OOM killer kills
@@ -468,7 +493,10 @@ fn kill_training_process(job: &str, rank: &str, attempt: &str) -> Result<Option<
     ];
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(60) {
-        for entry in std::fs::read_dir("/proc").context("listing /proc")?.flatten() {
+        for entry in std::fs::read_dir("/proc")
+            .context("listing /proc")?
+            .flatten()
+        {
             let pid = entry.file_name().to_string_lossy().into_owned();
             if !pid.bytes().all(|b| b.is_ascii_digit()) {
                 continue;

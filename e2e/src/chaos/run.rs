@@ -241,8 +241,9 @@ fn failures_caused(injected: &[Line]) -> u32 {
 }
 
 /// How far from a fault that restarts the gang a genuine failure must be to be counted on its
-/// own: before it, the longest hold (30 s) and a restart; after it, the failure's own verdict.
-const RESTART_NEARBY: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(30));
+/// own: after that fault, its longest hold (30 s) and the loss's detection; before it, the
+/// failure's own verdict (held until the other nodes' kubelets renew: at most two intervals).
+const RESTART_NEARBY: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(20));
 
 /// The genuine failures with no fault that restarts the gang near them ([`RESTART_NEARBY`]):
 /// each must be counted as exactly one failure.
@@ -836,13 +837,49 @@ mod tests {
     /// close to a node loss it may be taken into that preemption.
     #[test]
     fn genuine_failures_count_alone_only_away_from_gang_restarts() {
-        let failure = |at| line(secs(at), FaultKind::TrainerFailure, Effect::Injected, "killed");
-        let lost = line(secs(100), FaultKind::LoseNode2, Effect::Injected, "node 2 lost");
-        let kubelet = line(secs(100), FaultKind::RestartKubelet, Effect::Injected, "restarted");
-        let skipped = line(secs(10), FaultKind::TrainerFailure, Effect::Skipped, "skipped");
-        let all = [failure(30), failure(120), failure(170), lost, kubelet, skipped];
+        let failure = |at| {
+            line(
+                secs(at),
+                FaultKind::TrainerFailure,
+                Effect::Injected,
+                "killed",
+            )
+        };
+        let lost = line(
+            secs(100),
+            FaultKind::LoseNode2,
+            Effect::Injected,
+            "node 2 lost",
+        );
+        let kubelet = line(
+            secs(100),
+            FaultKind::RestartKubelet,
+            Effect::Injected,
+            "restarted",
+        );
+        let skipped = line(
+            secs(10),
+            FaultKind::TrainerFailure,
+            Effect::Skipped,
+            "skipped",
+        );
+        let all = [
+            failure(30),
+            failure(120),
+            failure(170),
+            lost,
+            kubelet,
+            skipped,
+        ];
         assert_eq!(failures_caused(&all), 3);
         // 30 s: 70 s before the loss (alone); 120 s: 20 s after it; 170 s: 70 s after it.
+        assert_eq!(
+            failures_alone(&[
+                failure(80),
+                line(secs(100), FaultKind::LoseNode2, Effect::Injected, "")
+            ]),
+            0
+        );
         assert_eq!(failures_alone(&all), 2);
     }
 

@@ -39,11 +39,15 @@ pub enum FaultKind {
     /// A running worker's training process is killed (`SIGKILL`, as the kernel's OOM killer
     /// would): its torchrun exits 1. A genuine failure of the job's own.
     TrainerFailure,
+    /// Every byte between the pods (the operator, the device plugins, node 2's kubelet) and
+    /// the API server held back 0.5 to 2 s each way (`trainyard-api-delay`), for `hold`:
+    /// late answers and a lagging watch.
+    ApiLatency,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order (the schedule's shuffles start from it).
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillOperatorLeader,
         FaultKind::RestartApiServer,
         FaultKind::RestartEtcd,
@@ -56,6 +60,7 @@ impl FaultKind {
         FaultKind::DeleteWorkerPod,
         FaultKind::SuspendResume,
         FaultKind::TrainerFailure,
+        FaultKind::ApiLatency,
     ];
 
     /// The thing the fault acts on: two faults on one resource never overlap.
@@ -67,6 +72,7 @@ impl FaultKind {
             FaultKind::RestartDevicePlugin | FaultKind::GpuUnhealthy => Resource::Gpus,
             FaultKind::LoseNode2 | FaultKind::PartitionNode2 => Resource::Node2,
             FaultKind::TerminationTaint => Resource::Taint,
+            FaultKind::ApiLatency => Resource::ApiPath,
             FaultKind::DeleteWorkerPod | FaultKind::SuspendResume | FaultKind::TrainerFailure => {
                 Resource::Job
             }
@@ -94,6 +100,7 @@ impl FaultKind {
                 | FaultKind::PartitionNode2
                 | FaultKind::TerminationTaint
                 | FaultKind::SuspendResume
+                | FaultKind::ApiLatency
         )
     }
 
@@ -139,6 +146,7 @@ pub enum Resource {
     Gpus,
     Taint,
     Job,
+    ApiPath,
 }
 
 /// One fault of a schedule.
@@ -159,7 +167,7 @@ impl Fault {
 }
 
 /// The seed `make test` runs (`e2e/tests/chaos.rs`).
-pub const MAKE_TEST_SEED: u64 = 20261132;
+pub const MAKE_TEST_SEED: u64 = 20261149;
 
 /// The knobs of a schedule.
 #[derive(Clone, Debug)]
@@ -296,13 +304,14 @@ mod tests {
         assert!(!SuspendResume.waits_for(TerminationTaint));
     }
 
-    /// `make test`'s seed has a genuine failure among its faults, beside a lost or
-    /// partitioned node and a control-plane restart.
+    /// `make test`'s seed has a genuine failure among its faults (while the API is slow),
+    /// beside a lost or partitioned node and a control-plane restart.
     #[test]
     fn the_seed_of_make_test_has_a_genuine_failure_beside_node_and_control_plane_faults() {
         let s = Schedule::generate(MAKE_TEST_SEED, &ScheduleConfig::make_test());
         let kinds: HashSet<_> = s.faults.iter().map(|f| f.kind).collect();
         assert!(kinds.contains(&FaultKind::TrainerFailure), "{s}");
+        assert!(kinds.contains(&FaultKind::ApiLatency), "{s}");
         assert!(
             kinds.contains(&FaultKind::LoseNode2) || kinds.contains(&FaultKind::PartitionNode2),
             "{s}"
