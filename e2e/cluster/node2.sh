@@ -107,6 +107,30 @@ make_credentials() {
       "$STATE/kube-proxy.kubeconfig" >"$NODE2_DIR/kube-proxy.kubeconfig"
 }
 
+# The node's kubelet, in its namespaces and cgroup.
+start_kubelet() {
+  start_in_node kubelet "$K8S_BIN/kubelet" \
+    --config "$NODE2_DIR/kubelet-config.yaml" --kubeconfig "$NODE2_DIR/kubelet.kubeconfig" \
+    --root-dir "$NODE2_KUBELET_ROOT" --hostname-override "$NODE2_NAME" --node-ip "$NODE2_IP" \
+    --container-runtime remote --container-runtime-endpoint "unix://$NODE2_CONTAINERD_SOCK" \
+    --runtime-request-timeout 5m --pod-infra-container-image docker.io/trainyard/pause:dev \
+    --cgroups-per-qos=false --enforce-node-allocatable= \
+    --node-labels "$SPOT_LABEL=spot" --v 1
+}
+
+# The kubelet stopped (SIGTERM, SIGKILL after 30 s) and started again, the node's
+# containers left running, as a kubelet upgrade or crash does.
+restart_kubelet() {
+  alive kubelet || { log "no kubelet running"; return 1; }
+  local pid
+  pid=$(cat "$N2PIDS/kubelet.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$N2PIDS/kubelet.pid"
+  start_kubelet
+}
+
 start_node() {
   [[ -f $STATE/pki/ca.crt ]] || { log "the control plane is not up (run up.sh)" >&2; exit 1; }
   make_namespaces
@@ -133,13 +157,7 @@ start_node() {
   sed -e "s#^address: .*#address: $NODE2_IP#" \
       -e "s#$STATE/pki/kubelet\.#$STATE/pki/kubelet-node2.#g" \
       "$STATE/kubelet-config.yaml" >"$NODE2_DIR/kubelet-config.yaml"
-  start_in_node kubelet "$K8S_BIN/kubelet" \
-    --config "$NODE2_DIR/kubelet-config.yaml" --kubeconfig "$NODE2_DIR/kubelet.kubeconfig" \
-    --root-dir "$NODE2_KUBELET_ROOT" --hostname-override "$NODE2_NAME" --node-ip "$NODE2_IP" \
-    --container-runtime remote --container-runtime-endpoint "unix://$NODE2_CONTAINERD_SOCK" \
-    --runtime-request-timeout 5m --pod-infra-container-image docker.io/trainyard/pause:dev \
-    --cgroups-per-qos=false --enforce-node-allocatable= \
-    --node-labels "$SPOT_LABEL=spot" --v 1
+  start_kubelet
   start_in_node kube-proxy "$K8S_BIN/kube-proxy" "${KUBE_PROXY_FLAGS[@]}" \
     --kubeconfig "$NODE2_DIR/kube-proxy.kubeconfig" --hostname-override "$NODE2_NAME"
   wait_for "node $NODE2_NAME Ready" 120 bash -c \
@@ -261,5 +279,6 @@ case ${1:-} in
   partition) partition_node ;;
   heal) heal_node ;;
   stop) stop_node ;;
-  *) echo "usage: node2.sh start|lose|partition|heal|stop" >&2; exit 2 ;;
+  restart-kubelet) restart_kubelet ;;
+  *) echo "usage: node2.sh start|lose|partition|heal|stop|restart-kubelet" >&2; exit 2 ;;
 esac

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -68,6 +68,8 @@ pub struct Injected {
     pub what: String,
     /// The node a taint went on.
     node: Option<String>,
+    /// A harness process stopped for the hold (`DnsOutage`).
+    stopped: Option<Stopped>,
 }
 
 /// Injects `kind`; `pick` chooses among candidates (seeded by the run).
@@ -76,20 +78,18 @@ pub async fn inject(
     kind: FaultKind,
     pick: &mut fastrand::Rng,
 ) -> Result<Injected> {
-    let mut node = None;
+    let (mut node, mut stopped) = (None, None);
     let what = match kind {
         FaultKind::KillOperatorLeader => kill_operator_leader(&target.client).await?,
-        FaultKind::RestartApiServer => {
-            let what = blocking(|| restart_process("kube-apiserver")).await?;
-            api_serving(&target.client).await?;
+        FaultKind::RestartApiServer
+        | FaultKind::RestartEtcd
+        | FaultKind::RestartKubelet
+        | FaultKind::KubeletsRestart
+        | FaultKind::DnsOutage => {
+            let (what, process) = process_fault(target, kind).await?;
+            stopped = process;
             what
         }
-        FaultKind::RestartEtcd => {
-            let what = blocking(|| restart_process("etcd")).await?;
-            api_serving(&target.client).await?;
-            what
-        }
-        FaultKind::RestartKubelet => blocking(|| restart_process("kubelet")).await?,
         FaultKind::RestartDevicePlugin => {
             let nodes = [node_name(), node2_name()];
             let on = &nodes[pick.usize(..nodes.len())];
@@ -149,6 +149,7 @@ pub async fn inject(
         effect: Effect::Injected,
         what,
         node,
+        stopped,
     })
 }
 
@@ -177,6 +178,13 @@ async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
     match fault.kind {
         FaultKind::GpuUnhealthy => set_gpu_healthy(true).map(drop),
         FaultKind::ApiLatency => set_api_delay(0),
+        FaultKind::DnsOutage => match &fault.stopped {
+            Some(dns) => {
+                let dns = dns.clone();
+                blocking(move || start_process(&dns).map(drop)).await
+            }
+            None => Ok(()),
+        },
         FaultKind::LoseNode2 => blocking(|| node2("start")).await,
         FaultKind::PartitionNode2 => blocking(|| node2("heal")).await,
         FaultKind::TerminationTaint => match &fault.node {
@@ -222,6 +230,7 @@ fn skipped(kind: FaultKind, why: &str) -> Injected {
         effect: Effect::Skipped,
         what: format!("skipped: {why}"),
         node: None,
+        stopped: None,
     }
 }
 
@@ -320,12 +329,31 @@ fn containerd_socket(node2: bool) -> PathBuf {
     }
 }
 
+/// A harness process stopped by [`stop_process`], with what starting it again needs.
+#[derive(Clone, Debug)]
+pub struct Stopped {
+    name: String,
+    pid: String,
+    argv: Vec<String>,
+    environ: Vec<String>,
+    cwd: PathBuf,
+}
+
 /// Stops a harness process by its PID file and starts it again with the same command line,
 /// environment and working directory (read from `/proc` before it stops), its output appended
 /// to its log, its new PID recorded where the harness keeps it.
 pub fn restart_process(name: &str) -> Result<String> {
-    let state = state_dir();
-    let pid_file = state.join(format!("pids/{name}.pid"));
+    let stopped = stop_process(name)?;
+    let pid = stopped.pid.clone();
+    let new = start_process(&stopped)?;
+    Ok(format!("{name} restarted (pid {pid} -> {new})"))
+}
+
+/// Stops a harness process by its PID file: SIGTERM first, as an operator stopping it would
+/// (the API server finishes its in-flight requests, up to its 60 s request timeout), SIGKILL
+/// if it is still there after that. What [`start_process`] needs is read before.
+pub fn stop_process(name: &str) -> Result<Stopped> {
+    let pid_file = state_dir().join(format!("pids/{name}.pid"));
     let pid = std::fs::read_to_string(&pid_file)
         .with_context(|| format!("reading {}", pid_file.display()))?;
     let pid = pid.trim().to_owned();
@@ -340,10 +368,10 @@ pub fn restart_process(name: &str) -> Result<String> {
     let argv = split(std::fs::read(proc.join("cmdline")).context("reading its command line")?);
     let environ = split(std::fs::read(proc.join("environ")).context("reading its environment")?);
     let cwd = std::fs::read_link(proc.join("cwd")).context("reading its working directory")?;
-    let (program, args) = argv.split_first().context("an empty command line")?;
-    // SIGTERM first, as an operator restarting it would: the API server finishes its
-    // in-flight requests (up to its 60 s request timeout). A process still there after
-    // that is killed, so that the component is never left stopped.
+    ensure!(
+        !argv.is_empty(),
+        "{name} (pid {pid}): an empty command line"
+    );
     run(Command::new("kill").arg(&pid))?;
     if !wait_gone(&proc, Duration::from_secs(75)) {
         run(Command::new("kill").args(["-9", &pid]))?;
@@ -351,10 +379,30 @@ pub fn restart_process(name: &str) -> Result<String> {
             bail!("{name} (pid {pid}) did not stop, even after SIGKILL");
         }
     }
+    Ok(Stopped {
+        name: name.to_owned(),
+        pid,
+        argv,
+        environ,
+        cwd,
+    })
+}
+
+/// Starts a process [`stop_process`] stopped, as it ran; returns its new PID.
+pub fn start_process(stopped: &Stopped) -> Result<u32> {
+    let Stopped {
+        name,
+        argv,
+        environ,
+        cwd,
+        ..
+    } = stopped;
+    let state = state_dir();
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(state.join(format!("logs/{name}.log")))?;
+    let (program, args) = argv.split_first().context("an empty command line")?;
     let mut command = Command::new(program);
     command
         .args(args)
@@ -368,8 +416,11 @@ pub fn restart_process(name: &str) -> Result<String> {
     let child = command
         .spawn()
         .with_context(|| format!("starting {name} again"))?;
-    std::fs::write(&pid_file, format!("{}\n", child.id()))?;
-    Ok(format!("{name} restarted (pid {pid} -> {})", child.id()))
+    std::fs::write(
+        state.join(format!("pids/{name}.pid")),
+        format!("{}\n", child.id()),
+    )?;
+    Ok(child.id())
 }
 
 /// Whether the process at `proc` exits within `limit`. A zombie has exited: a process this
@@ -455,6 +506,38 @@ async fn running_workers(target: &Target) -> Result<Vec<Pod>> {
 pub fn set_api_delay(ms: u64) -> Result<()> {
     let file = state_dir().join("api-delay-ms");
     std::fs::write(&file, format!("{ms}\n")).with_context(|| format!("writing {}", file.display()))
+}
+
+/// A fault on a harness process: a restart, or a stop until the fault is undone (then the
+/// stopped process comes back with it).
+async fn process_fault(target: &Target, kind: FaultKind) -> Result<(String, Option<Stopped>)> {
+    let what = match kind {
+        FaultKind::RestartApiServer | FaultKind::RestartEtcd => {
+            let name = if kind == FaultKind::RestartEtcd {
+                "etcd"
+            } else {
+                "kube-apiserver"
+            };
+            let what = blocking(move || restart_process(name)).await?;
+            api_serving(&target.client).await?;
+            what
+        }
+        FaultKind::RestartKubelet => blocking(|| restart_process("kubelet")).await?,
+        FaultKind::KubeletsRestart => {
+            let node1 = blocking(|| restart_process("kubelet"));
+            let node2 = blocking(|| node2("restart-kubelet"));
+            let (node1, node2) = tokio::join!(node1, node2);
+            node2?;
+            format!("{}, and node 2's kubelet at the same time", node1?)
+        }
+        FaultKind::DnsOutage => {
+            let dns = blocking(|| stop_process("dnsmasq")).await?;
+            let what = format!("cluster DNS (dnsmasq, pid {}) stopped", dns.pid);
+            return Ok((what, Some(dns)));
+        }
+        other => bail!("{other} is not a fault on a harness process"),
+    };
+    Ok((what, None))
 }
 
 /// Kills the training process of a running worker (what was done), or says why it could not

@@ -43,11 +43,16 @@ pub enum FaultKind {
     /// the API server held back 0.5 to 2 s each way (`trainyard-api-delay`), for `hold`:
     /// late answers and a lagging watch.
     ApiLatency,
+    /// The cluster DNS (dnsmasq) stopped, and started again after `hold`: trainers cannot
+    /// resolve their rendezvous or the progress Service meanwhile.
+    DnsOutage,
+    /// Both nodes' kubelets restarted at the same time: every Lease late together.
+    KubeletsRestart,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order (the schedule's shuffles start from it).
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::KillOperatorLeader,
         FaultKind::RestartApiServer,
         FaultKind::RestartEtcd,
@@ -61,20 +66,38 @@ impl FaultKind {
         FaultKind::SuspendResume,
         FaultKind::TrainerFailure,
         FaultKind::ApiLatency,
+        FaultKind::DnsOutage,
+        FaultKind::KubeletsRestart,
     ];
 
-    /// The thing the fault acts on: two faults on one resource never overlap.
-    pub fn resource(self) -> Resource {
+    /// The things the fault acts on: two faults on one resource never overlap.
+    pub fn resources(self) -> &'static [Resource] {
         match self {
-            FaultKind::KillOperatorLeader => Resource::Operator,
-            FaultKind::RestartApiServer | FaultKind::RestartEtcd => Resource::ControlPlane,
-            FaultKind::RestartKubelet => Resource::Node1,
-            FaultKind::RestartDevicePlugin | FaultKind::GpuUnhealthy => Resource::Gpus,
-            FaultKind::LoseNode2 | FaultKind::PartitionNode2 => Resource::Node2,
-            FaultKind::TerminationTaint => Resource::Taint,
-            FaultKind::ApiLatency => Resource::ApiPath,
+            FaultKind::KubeletsRestart => &[Resource::Node1, Resource::Node2],
+            kind => std::slice::from_ref(kind.resource()),
+        }
+    }
+
+    /// Whether two faults act on one thing.
+    pub fn shares_a_resource(self, other: FaultKind) -> bool {
+        self.resources()
+            .iter()
+            .any(|r| other.resources().contains(r))
+    }
+
+    /// The one thing a fault of one resource acts on.
+    fn resource(self) -> &'static Resource {
+        match self {
+            FaultKind::KillOperatorLeader => &Resource::Operator,
+            FaultKind::RestartApiServer | FaultKind::RestartEtcd => &Resource::ControlPlane,
+            FaultKind::RestartKubelet | FaultKind::KubeletsRestart => &Resource::Node1,
+            FaultKind::RestartDevicePlugin | FaultKind::GpuUnhealthy => &Resource::Gpus,
+            FaultKind::LoseNode2 | FaultKind::PartitionNode2 => &Resource::Node2,
+            FaultKind::TerminationTaint => &Resource::Taint,
+            FaultKind::ApiLatency => &Resource::ApiPath,
+            FaultKind::DnsOutage => &Resource::Dns,
             FaultKind::DeleteWorkerPod | FaultKind::SuspendResume | FaultKind::TrainerFailure => {
-                Resource::Job
+                &Resource::Job
             }
         }
     }
@@ -88,7 +111,7 @@ impl FaultKind {
             self,
             FaultKind::DeleteWorkerPod | FaultKind::TerminationTaint
         );
-        self.resource() == held.resource() || (aims_at_a_worker && held == FaultKind::SuspendResume)
+        self.shares_a_resource(held) || (aims_at_a_worker && held == FaultKind::SuspendResume)
     }
 
     /// Whether the fault is undone after its `hold` (otherwise it is a single action).
@@ -101,6 +124,7 @@ impl FaultKind {
                 | FaultKind::TerminationTaint
                 | FaultKind::SuspendResume
                 | FaultKind::ApiLatency
+                | FaultKind::DnsOutage
         )
     }
 
@@ -147,6 +171,7 @@ pub enum Resource {
     Taint,
     Job,
     ApiPath,
+    Dns,
 }
 
 /// One fault of a schedule.
@@ -167,7 +192,7 @@ impl Fault {
 }
 
 /// The seed `make test` runs (`e2e/tests/chaos.rs`).
-pub const MAKE_TEST_SEED: u64 = 20261149;
+pub const MAKE_TEST_SEED: u64 = 20262996;
 
 /// The knobs of a schedule.
 #[derive(Clone, Debug)]
@@ -232,7 +257,7 @@ impl Schedule {
             // A fault waits for the last one on its resource to be undone.
             let free = faults
                 .iter()
-                .filter(|f| f.kind.resource() == kind.resource())
+                .filter(|f| f.kind.shares_a_resource(kind))
                 .map(Fault::ends)
                 .max()
                 .unwrap_or(Duration::ZERO);
@@ -344,7 +369,7 @@ mod tests {
             }
             for (i, a) in s.faults.iter().enumerate() {
                 for b in &s.faults[i + 1..] {
-                    if a.kind.resource() == b.kind.resource() {
+                    if a.kind.shares_a_resource(b.kind) {
                         assert!(a.ends() < b.at, "seed {seed}: {a:?} overlaps {b:?}\n{s}");
                     }
                 }
