@@ -70,6 +70,8 @@ pub struct Injected {
     node: Option<String>,
     /// A harness process stopped for the hold (`DnsOutage`).
     stopped: Option<Stopped>,
+    /// The connections of a `ProgressFlood`: aborted when it is undone.
+    flood: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Injects `kind`; `pick` chooses among candidates (seeded by the run).
@@ -78,7 +80,7 @@ pub async fn inject(
     kind: FaultKind,
     pick: &mut fastrand::Rng,
 ) -> Result<Injected> {
-    let (mut node, mut stopped) = (None, None);
+    let (mut node, mut stopped, mut flood) = (None, None, None);
     let what = match kind {
         FaultKind::KillOperatorLeader => kill_operator_leader(&target.client).await?,
         FaultKind::RestartApiServer
@@ -118,21 +120,20 @@ pub async fn inject(
             node = Some(on.clone());
             format!("{KARPENTER_DISRUPTED} taint on {on}")
         }
-        FaultKind::DeleteWorkerPod => {
-            let pods = running_workers(target).await?;
-            let Some(pod) = pick.choice(&pods) else {
-                return Ok(skipped(kind, "no running worker to delete"));
-            };
-            let name = pod.name_any();
-            Api::<Pod>::namespaced(target.client.clone(), &target.namespace)
-                .delete(&name, &DeleteParams::default())
-                .await
-                .with_context(|| format!("deleting worker pod {name}"))?;
-            format!("worker pod {name} deleted")
-        }
+        FaultKind::DeleteWorkerPod => match delete_a_worker(target, pick).await? {
+            Some(what) => what,
+            None => return Ok(skipped(kind, "no running worker to delete")),
+        },
         FaultKind::SuspendResume => {
             set_suspend(target, true).await?;
             "job suspended".to_owned()
+        }
+        FaultKind::ProgressFlood => {
+            let Some(addr) = progress_endpoint(&target.client).await? else {
+                return Ok(skipped(kind, "no progress endpoint"));
+            };
+            flood = Some(tokio::spawn(hold_connections(addr, FLOOD_CONNECTIONS)));
+            format!("{FLOOD_CONNECTIONS} connections held open to the progress endpoint {addr}")
         }
         FaultKind::ApiLatency => {
             let ms = pick.u64(500..=2000);
@@ -150,6 +151,7 @@ pub async fn inject(
         what,
         node,
         stopped,
+        flood,
     })
 }
 
@@ -178,6 +180,12 @@ async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
     match fault.kind {
         FaultKind::GpuUnhealthy => set_gpu_healthy(true).map(drop),
         FaultKind::ApiLatency => set_api_delay(0),
+        FaultKind::ProgressFlood => {
+            if let Some(flood) = &fault.flood {
+                flood.abort();
+            }
+            Ok(())
+        }
         FaultKind::DnsOutage => match &fault.stopped {
             Some(dns) => {
                 let dns = dns.clone();
@@ -231,6 +239,7 @@ fn skipped(kind: FaultKind, why: &str) -> Injected {
         what: format!("skipped: {why}"),
         node: None,
         stopped: None,
+        flood: None,
     }
 }
 
@@ -506,6 +515,85 @@ async fn running_workers(target: &Target) -> Result<Vec<Pod>> {
 pub fn set_api_delay(ms: u64) -> Result<()> {
     let file = state_dir().join("api-delay-ms");
     std::fs::write(&file, format!("{ms}\n")).with_context(|| format!("writing {}", file.display()))
+}
+
+/// Deletes a running worker pod as a user would (what was done); None when none runs.
+async fn delete_a_worker(target: &Target, pick: &mut fastrand::Rng) -> Result<Option<String>> {
+    let pods = running_workers(target).await?;
+    let Some(pod) = pick.choice(&pods) else {
+        return Ok(None);
+    };
+    let name = pod.name_any();
+    Api::<Pod>::namespaced(target.client.clone(), &target.namespace)
+        .delete(&name, &DeleteParams::default())
+        .await
+        .with_context(|| format!("deleting worker pod {name}"))?;
+    Ok(Some(format!("worker pod {name} deleted")))
+}
+
+/// How many connections a `ProgressFlood` holds open (the endpoint's cap is 64).
+const FLOOD_CONNECTIONS: usize = 256;
+
+/// Where the leader serves the progress endpoint: the address of the progress Endpoints.
+async fn progress_endpoint(client: &Client) -> Result<Option<std::net::SocketAddr>> {
+    use k8s_openapi::api::core::v1::Endpoints;
+    let all = Api::<Endpoints>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default())
+        .await?;
+    let Some(eps) = all
+        .items
+        .into_iter()
+        .find(|e| e.name_any().ends_with("-progress"))
+    else {
+        return Ok(None);
+    };
+    let subset = eps.subsets.unwrap_or_default().into_iter().next();
+    let Some(subset) = subset else {
+        return Ok(None);
+    };
+    let ip = subset
+        .addresses
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .map(|a| a.ip);
+    let port = subset
+        .ports
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .map(|p| p.port);
+    let (Some(ip), Some(port)) = (ip, port) else {
+        return Ok(None);
+    };
+    let port = u16::try_from(port).context("the progress port")?;
+    Ok(Some(std::net::SocketAddr::new(
+        ip.parse().context("the progress address")?,
+        port,
+    )))
+}
+
+/// Holds `n` connections open to `addr`, each sending nothing and opened again as soon as
+/// the server closes it, until the task is aborted (which ends every connection).
+async fn hold_connections(addr: std::net::SocketAddr, n: usize) {
+    let mut held = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        held.spawn(async move {
+            loop {
+                if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
+                    let mut buf = [0_u8; 512];
+                    while let Ok(read) = tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await
+                    {
+                        if read == 0 {
+                            break;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+    while held.join_next().await.is_some() {}
 }
 
 /// A fault on a harness process: a restart, or a stop until the fault is undone (then the
