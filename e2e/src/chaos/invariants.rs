@@ -58,9 +58,11 @@ pub struct Ending {
     pub restart_events: u32,
     /// Failures the schedule caused on purpose (`TrainerFailure` injected).
     pub failures_caused: u32,
-    /// Those of them with no fault that restarts the gang close by (from 60 s before to 30 s
+    /// Those of them with no fault that restarts the gang close by (from 60 s before to 20 s
     /// after): each must be counted as a failure, never taken for a preemption.
     pub failures_alone: u32,
+    /// `ForceDeleted` Events on node 1, whose kubelet is never lost (only restarted).
+    pub forced_on_live_node: Vec<String>,
     /// The final weights' digest, and that of the same job run without faults.
     pub digest: Option<String>,
     pub expected_digest: String,
@@ -224,6 +226,12 @@ impl Checker {
                 ),
             );
         }
+        for forced in &end.forced_on_live_node {
+            self.violate(
+                at,
+                format!("a pod force-deleted on a node whose kubelet renewed: {forced}"),
+            );
+        }
         if !end.succeeded {
             self.violate(at, "the job did not succeed".to_owned());
         }
@@ -354,6 +362,7 @@ mod tests {
             restart_events: 3,
             failures_caused: 0,
             failures_alone: 0,
+            forced_on_live_node: Vec::new(),
             digest: Some("abc".to_owned()),
             expected_digest: "abc".to_owned(),
             leftovers: Vec::new(),
@@ -373,10 +382,12 @@ mod tests {
         bad.succeeded = false;
         bad.digest = Some("def".to_owned());
         bad.leftovers = vec!["Service demo".to_owned()];
+        bad.forced_on_live_node =
+            vec!["pod demo-worker-0 was stuck terminating on lost node node-1".to_owned()];
         let mut c = Checker::new();
         c.finish(t(9), &bad);
         let what: Vec<_> = c.violations().iter().map(|v| v.what.clone()).collect();
-        assert_eq!(what.len(), 7, "{what:?}");
+        assert_eq!(what.len(), 8, "{what:?}");
         assert!(
             what[0].contains("attempt 3 != 2 preemptions + 1 failures"),
             "{what:?}"
@@ -386,10 +397,11 @@ mod tests {
             "{what:?}"
         );
         assert!(what[2].contains("1 failures counted, 0 caused"), "{what:?}");
-        assert_eq!(what[3], "the job did not succeed");
-        assert!(what[4].contains("final weights def differ"), "{what:?}");
-        assert_eq!(what[5], "left after the job's deletion: Service demo");
-        assert_eq!(what[6], "latest.pt was never read");
+        assert!(what[3].starts_with("a pod force-deleted on a node whose kubelet renewed"));
+        assert_eq!(what[4], "the job did not succeed");
+        assert!(what[5].contains("final weights def differ"), "{what:?}");
+        assert_eq!(what[6], "left after the job's deletion: Service demo");
+        assert_eq!(what[7], "latest.pt was never read");
     }
 
     /// A genuine failure injected away from any restart that the operator took for a

@@ -206,6 +206,7 @@ async fn play_and_end(
         restart_events,
         failures_caused: failures_caused(&injected),
         failures_alone: failures_alone(&injected),
+        forced_on_live_node: force_deletes_on(client, ns, name, &crate::node_name()).await?,
         digest,
         expected_digest,
         leftovers,
@@ -644,6 +645,26 @@ async fn restart_events(client: &Client, ns: &str, job: &str) -> Result<u32> {
         .filter(|e| e.reason.as_deref().is_some_and(|r| restarts.contains(&r)))
         .map(|e| u32::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1))
         .sum())
+}
+
+/// The operator's `ForceDeleted` Events of the job that name `node`: node 1 is never lost in
+/// the chaos run (its kubelet is only restarted), so a pod removed there without its kubelet
+/// had its SIGTERM save taken from it.
+async fn force_deletes_on(client: &Client, ns: &str, job: &str, node: &str) -> Result<Vec<String>> {
+    use trainyard_operator::surface::reason;
+    let uid = tj_api(client, ns).get(job).await?.uid().context("no uid")?;
+    let list = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    let on = format!("node {node}");
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
+        .filter(|e| e.reason.as_deref() == Some(reason::FORCE_DELETED))
+        .filter_map(|e| e.message)
+        .filter(|m| m.ends_with(&on))
+        .collect())
 }
 
 /// Deletes the jobs and names what of them is left: pods, Services, Endpoints, and a claim
