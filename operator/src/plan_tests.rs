@@ -3291,3 +3291,144 @@ fn a_pod_on_a_late_node_whose_ranks_report_is_never_force_deleted() {
         );
     }
 }
+
+/// One thing the simulated cluster delivers to the operator, at the time it is seen.
+enum Delivery {
+    /// A kubelet's renewal, stamped on its node's skewed clock.
+    Renewal { node: &'static str, stamped: f64 },
+    /// A rank's progress report.
+    Report { rank: u32 },
+}
+
+/// A noisy two-node history for the World: both kubelets renew every 10 s with the 4 %
+/// jitter, stamped on clocks up to ±5 s off and seen after up to `max_delay` seconds (API
+/// latency and watch lag); both ranks report every 1 to 5 s, seen up to 1 s late. Node 2 is
+/// lost at `lost_at` (its renewals and rank 1's reports stop); after `silent_ranks_at`, both
+/// ranks stop reporting (a genuine failure broke the collective). Sorted by when seen.
+fn noisy_history(
+    rng: &mut fastrand::Rng,
+    max_delay: f64,
+    lost_at: Option<f64>,
+    silent_ranks_at: Option<f64>,
+) -> Vec<(f64, Delivery)> {
+    let mut out = Vec::new();
+    for node in ["n-1", "n-2"] {
+        let skew = rng.f64() * 10.0 - 5.0;
+        let mut t = rng.f64() * 10.0;
+        while t < 200.0 {
+            if node == "n-2" && lost_at.is_some_and(|l| t >= l) {
+                break;
+            }
+            let stamped = t + skew;
+            out.push((
+                t + rng.f64() * max_delay,
+                Delivery::Renewal { node, stamped },
+            ));
+            t += 10.0 * (1.0 + 0.04 * rng.f64());
+        }
+    }
+    for rank in [0_u32, 1] {
+        let cadence = 1.0 + rng.f64() * 4.0;
+        let mut t = rng.f64() * cadence;
+        while t < 200.0 {
+            let lost = rank == 1 && lost_at.is_some_and(|l| t >= l);
+            if lost || silent_ranks_at.is_some_and(|s| t >= s) {
+                break;
+            }
+            out.push((t + rng.f64(), Delivery::Report { rank }));
+            t += cadence;
+        }
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// Plays `history` into a World running a two-worker job (rank 1 on n-2) every 0.5 s until
+/// `until`, calling `check` with each round's plan and the time; rank 0 exits 1 at
+/// `failure_at`. Stops at the first restart and returns it, with its time.
+fn play_noisy(
+    history: &[(f64, Delivery)],
+    failure_at: Option<f64>,
+    until: f64,
+    check: &mut dyn FnMut(&Plan, f64),
+) -> Option<(RestartReason, f64)> {
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\nrestartPolicy: {maxFailures: 3}\n");
+    let start = w.now;
+    let at = |s: f64| {
+        start
+            .saturating_add(SignedDuration::from_secs_f64(s))
+            .expect("time")
+    };
+    let mut next = 0;
+    let mut tick = 0.5;
+    while tick <= until {
+        while next < history.len() && history[next].0 <= tick {
+            let (seen, delivery) = &history[next];
+            w.now = at(*seen);
+            match delivery {
+                Delivery::Renewal { node, stamped } => {
+                    w.heartbeat_seen(node, at(*stamped), at(*seen))
+                }
+                Delivery::Report { rank } => channel.report(&mut w, *rank, 40, None),
+            }
+            next += 1;
+        }
+        w.now = at(tick);
+        if failure_at.is_some_and(|f| tick >= f && tick < f + 0.5) {
+            w.exit("train-worker-0", 1);
+        }
+        let plan = channel.step(&mut w);
+        check(&plan, tick);
+        if let Some(reason) = plan.restart {
+            return Some((reason, tick));
+        }
+        tick += 0.5;
+    }
+    None
+}
+
+/// The World property of the liveness rule, over seeded noisy histories (up to 5 s of API
+/// latency and watch lag, ±5 s of skew on each node, report cadences of 1 to 5 s): a genuine
+/// failure (rank 0 exits 1, both ranks stop reporting) is a Failure and never force-deletes
+/// the healthy node's running pod; a healthy job is never restarted; a node really lost is a
+/// preemption within two renewal intervals and three report gaps of the loss.
+#[test]
+fn property_noisy_clusters_never_take_a_healthy_node_for_lost_and_still_find_a_lost_one() {
+    for seed in 0..60_u64 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let max_delay = rng.f64() * 5.0;
+        // A healthy job: nothing restarts.
+        let history = noisy_history(&mut rng, max_delay, None, None);
+        let quiet = play_noisy(&history, None, 150.0, &mut |_, _| {});
+        assert_eq!(quiet, None, "seed {seed}: a healthy job restarted");
+        // A genuine failure: a Failure, the healthy node's pod deleted gracefully.
+        let failure_at = 40.0 + rng.f64() * 60.0;
+        let history = noisy_history(&mut rng, max_delay, None, Some(failure_at));
+        let mut forced = Vec::new();
+        let verdict = play_noisy(&history, Some(failure_at), 190.0, &mut |plan, t| {
+            if World::deleted(plan, true).contains(&"train-worker-1") {
+                forced.push(t);
+            }
+        });
+        assert!(
+            matches!(verdict, Some((RestartReason::Failure, _))),
+            "seed {seed}: failure at {failure_at:.1} judged {verdict:?}"
+        );
+        assert!(
+            forced.is_empty(),
+            "seed {seed}: worker 1 force-deleted at {forced:?}"
+        );
+        // A lost node: a preemption, in time.
+        let lost_at = 40.0 + rng.f64() * 60.0;
+        let history = noisy_history(&mut rng, max_delay, Some(lost_at), None);
+        let verdict = play_noisy(&history, None, 190.0, &mut |_, _| {});
+        let Some((reason, decided)) = verdict else {
+            panic!("seed {seed}: node 2 lost at {lost_at:.1} never found");
+        };
+        assert_eq!(reason, RestartReason::Preemption, "seed {seed}");
+        assert!(
+            decided - lost_at <= 2.0 * 10.4 + 15.0 + max_delay + 1.0,
+            "seed {seed}: lost at {lost_at:.1}, decided at {decided}"
+        );
+    }
+}
