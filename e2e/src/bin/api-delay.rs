@@ -8,14 +8,17 @@
 //! The delay is read from `DELAY_FILE` (milliseconds; a missing or empty file is 0) every
 //! 200 ms and applies to each chunk as it is written, in both directions, in order: a chunk
 //! read at `t` is written at `t + delay`, so the delay adds latency without capping
-//! throughput.
+//! throughput. `DELAY_FILE.blocked`, read as often, lists source addresses (one a line) cut off
+//! from the API server: their connections are closed, and new ones refused, until they are
+//! gone from it (the chaos run's `Node2CutFromApi`: node 2's kubelet alone loses the API).
 //!
 //! usage: `trainyard-api-delay LISTEN UPSTREAM DELAY_FILE`
 
-use std::net::SocketAddr;
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -46,8 +49,42 @@ fn read_delay(file: &PathBuf) -> Result<u64> {
     }
 }
 
-/// Copies `from` to `to`, each chunk written `delay` after it was read.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Arc<AtomicU64>) {
+/// The sources cut off from the API server.
+type Blocked = Arc<RwLock<HashSet<IpAddr>>>;
+
+/// The addresses the blocked file lists: a missing file lists none; a line that is not an
+/// address is an error naming it.
+fn read_blocked(file: &PathBuf) -> Result<HashSet<IpAddr>> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashSet::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+    };
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            l.parse()
+                .with_context(|| format!("{}: {l:?} is not an address", file.display()))
+        })
+        .collect()
+}
+
+fn is_blocked(blocked: &Blocked, source: IpAddr) -> bool {
+    blocked
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .contains(&source)
+}
+
+/// Copies `from` to `to`, each chunk written `delay` after it was read, until the source is
+/// cut off.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    delay: Arc<AtomicU64>,
+    cut: impl Fn() -> bool,
+) {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
     let reader = async move {
         let mut buf = vec![0_u8; 64 * 1024];
@@ -66,7 +103,7 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Arc<Atomic
         while let Some((read_at, chunk)) = rx.recv().await {
             let ms = delay.load(Ordering::Relaxed);
             tokio::time::sleep_until(read_at + Duration::from_millis(ms)).await;
-            if to.write_all(&chunk).await.is_err() {
+            if cut() || to.write_all(&chunk).await.is_err() {
                 return;
             }
         }
@@ -75,7 +112,13 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Arc<Atomic
     tokio::join!(reader, writer);
 }
 
-async fn forward(client: TcpStream, upstream: SocketAddr, delay: Arc<AtomicU64>) {
+async fn forward(client: TcpStream, upstream: SocketAddr, delay: Arc<AtomicU64>, blocked: Blocked) {
+    let Ok(source) = client.peer_addr().map(|a| a.ip()) else {
+        return;
+    };
+    if is_blocked(&blocked, source) {
+        return;
+    }
     let Ok(server) = TcpStream::connect(upstream).await else {
         // The API server is away (a restart): the client sees its connection closed, as it
         // would with the API server itself.
@@ -85,9 +128,10 @@ async fn forward(client: TcpStream, upstream: SocketAddr, delay: Arc<AtomicU64>)
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
+    let cut = || is_blocked(&blocked, source);
     tokio::join!(
-        pump(client_read, server_write, delay.clone()),
-        pump(server_read, client_write, delay),
+        pump(client_read, server_write, delay.clone(), cut),
+        pump(server_read, client_write, delay, cut),
     );
 }
 
@@ -99,11 +143,26 @@ async fn main() -> Result<()> {
     let upstream: SocketAddr = args.next().context(usage)?.parse().context("UPSTREAM")?;
     let file = PathBuf::from(args.next().context(usage)?);
     let delay = Arc::new(AtomicU64::new(read_delay(&file)?));
+    let blocked_file = PathBuf::from(format!("{}.blocked", file.display()));
+    let blocked: Blocked = Arc::new(RwLock::new(read_blocked(&blocked_file)?));
     let watched = delay.clone();
+    let watched_blocked = blocked.clone();
     tokio::spawn(async move {
         let mut said = None;
         loop {
             tokio::time::sleep(REREAD).await;
+            match read_blocked(&blocked_file) {
+                Ok(now) => {
+                    let mut held = watched_blocked
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if *held != now {
+                        eprintln!("trainyard-api-delay: cut off: {now:?}");
+                        *held = now;
+                    }
+                }
+                Err(e) => eprintln!("trainyard-api-delay: {e:#}"),
+            }
             match read_delay(&file) {
                 Ok(ms) => {
                     if said != Some(ms) {
@@ -123,7 +182,7 @@ async fn main() -> Result<()> {
     loop {
         match listener.accept().await {
             Ok((client, _)) => {
-                tokio::spawn(forward(client, upstream, delay.clone()));
+                tokio::spawn(forward(client, upstream, delay.clone(), blocked.clone()));
             }
             Err(e) => {
                 eprintln!("trainyard-api-delay: accept: {e}");

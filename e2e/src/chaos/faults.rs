@@ -135,6 +135,11 @@ pub async fn inject(
             flood = Some(tokio::spawn(hold_connections(addr, FLOOD_CONNECTIONS)));
             format!("{FLOOD_CONNECTIONS} connections held open to the progress endpoint {addr}")
         }
+        FaultKind::Node2CutFromApi => {
+            let ip = node_ip(&target.client, &node2_name()).await?;
+            set_api_blocked(Some(&ip))?;
+            format!("node 2 ({ip}) cut off from the API server")
+        }
         FaultKind::ApiLatency => {
             let ms = pick.u64(500..=2000);
             set_api_delay(ms)?;
@@ -180,6 +185,7 @@ async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
     match fault.kind {
         FaultKind::GpuUnhealthy => set_gpu_healthy(true).map(drop),
         FaultKind::ApiLatency => set_api_delay(0),
+        FaultKind::Node2CutFromApi => set_api_blocked(None),
         FaultKind::ProgressFlood => {
             if let Some(flood) = &fault.flood {
                 flood.abort();
@@ -649,6 +655,31 @@ async fn fail_a_trainer(
         )),
         None => Err(format!("no training process of {name} within 60 s")),
     })
+}
+
+/// Cuts `ip` off from the API server through `trainyard-api-delay` (its `.blocked` file), or
+/// lets every source through again.
+pub fn set_api_blocked(ip: Option<&str>) -> Result<()> {
+    let file = state_dir().join("api-delay-ms.blocked");
+    match ip {
+        Some(ip) => std::fs::write(&file, format!("{ip}\n")),
+        None => match std::fs::remove_file(&file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            done => done,
+        },
+    }
+    .with_context(|| format!("writing {}", file.display()))
+}
+
+/// A node's InternalIP.
+async fn node_ip(client: &Client, name: &str) -> Result<String> {
+    let node = Api::<Node>::all(client.clone()).get(name).await?;
+    let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
+    addresses
+        .into_iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address)
+        .with_context(|| format!("node {name} has no InternalIP"))
 }
 
 /// The training process (a torchrun worker: it has `LOCAL_RANK`) of rank `rank`, attempt

@@ -51,11 +51,15 @@ pub enum FaultKind {
     /// 256 connections held open to the operator's progress endpoint for `hold`, each opened
     /// again as soon as it is closed: reports are turned away at accept.
     ProgressFlood,
+    /// Node 2's kubelet cut off from the API server for `hold` (its connections through
+    /// `trainyard-api-delay` closed, new ones refused), its trainers still reaching each other
+    /// and the operator: its Lease stops, its ranks go on reporting.
+    Node2CutFromApi,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order (the schedule's shuffles start from it).
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::KillOperatorLeader,
         FaultKind::RestartApiServer,
         FaultKind::RestartEtcd,
@@ -72,6 +76,7 @@ impl FaultKind {
         FaultKind::DnsOutage,
         FaultKind::KubeletsRestart,
         FaultKind::ProgressFlood,
+        FaultKind::Node2CutFromApi,
     ];
 
     /// The things the fault acts on: two faults on one resource never overlap.
@@ -96,7 +101,9 @@ impl FaultKind {
             FaultKind::RestartApiServer | FaultKind::RestartEtcd => &Resource::ControlPlane,
             FaultKind::RestartKubelet | FaultKind::KubeletsRestart => &Resource::Node1,
             FaultKind::RestartDevicePlugin | FaultKind::GpuUnhealthy => &Resource::Gpus,
-            FaultKind::LoseNode2 | FaultKind::PartitionNode2 => &Resource::Node2,
+            FaultKind::LoseNode2 | FaultKind::PartitionNode2 | FaultKind::Node2CutFromApi => {
+                &Resource::Node2
+            }
             FaultKind::TerminationTaint => &Resource::Taint,
             FaultKind::ApiLatency => &Resource::ApiPath,
             FaultKind::DnsOutage => &Resource::Dns,
@@ -131,6 +138,7 @@ impl FaultKind {
                 | FaultKind::ApiLatency
                 | FaultKind::DnsOutage
                 | FaultKind::ProgressFlood
+                | FaultKind::Node2CutFromApi
         )
     }
 
