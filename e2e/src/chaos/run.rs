@@ -198,6 +198,8 @@ async fn play_and_end(
     let expected_digest = final_digest(client, ns, baseline, counter(&base, "attempt")).await?;
     let digest = final_digest(client, ns, name, job.attempt).await.ok();
     let restart_events = restart_events(client, ns, name).await?;
+    // Read before the job is deleted: its Events are found by its uid.
+    let forced_on_live_node = force_deletes_on(client, ns, name, &crate::node_name()).await?;
     let leftovers = delete_and_find_leftovers(client, ns, &[name, baseline]).await?;
     let mut ending = Ending {
         job: job.clone(),
@@ -206,7 +208,7 @@ async fn play_and_end(
         restart_events,
         failures_caused: failures_caused(&injected),
         failures_alone: failures_alone(&injected),
-        forced_on_live_node: force_deletes_on(client, ns, name, &crate::node_name()).await?,
+        forced_on_live_node,
         digest,
         expected_digest,
         leftovers,
