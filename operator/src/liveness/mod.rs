@@ -19,6 +19,8 @@
 //!   the node clock's offset). The margin is [`MARGIN_FLOOR`] plus twice the largest of both
 //!   over the recent renewals of every node, at most one interval. A node seen renewing
 //!   fewer than [`MIN_GAPS`] + 1 times since the watch began gets a whole interval of margin.
+//!   A gap of more than two intervals is a node that was away (lost, partitioned, its
+//!   kubelet stopped), not noise, and is not learned from.
 //! - A node is **silent** when it has not been seen renewing for its interval plus the margin,
 //!   and another node, itself not stale, was seen renewing after this node was due: the
 //!   Lease stream works, this node does not use it. When every heartbeat is stale together
@@ -51,7 +53,7 @@ const GAPS: usize = 16;
 /// Seen gaps a node needs before the measured margin applies to it.
 pub const MIN_GAPS: usize = 3;
 /// A rank is quiet after this many times its job's longest report gap.
-pub const QUIET_CADENCES: i32 = 3;
+pub const QUIET_CADENCES: i32 = 2;
 /// The Lease duration a Lease that states none has (the kubelet's default).
 const DEFAULT_DURATION: SignedDuration = SignedDuration::from_secs(40);
 
@@ -154,12 +156,16 @@ impl Heartbeats {
         match self.nodes.get_mut(node) {
             Some(beat) if renewed <= beat.renewed => return,
             Some(beat) => {
-                if counts && resumed_at.is_none_or(|r| beat.seen >= r) {
+                let gap = now.duration_since(beat.seen);
+                // A gap of more than two intervals is the node away (lost, partitioned, its
+                // kubelet stopped), not the noise of one that renews: it teaches no margin.
+                let noise = gap <= interval * 2;
+                if counts && noise && resumed_at.is_none_or(|r| beat.seen >= r) {
                     if beat.gaps.len() == GAPS {
                         beat.gaps.pop_front();
                         beat.lags.pop_front();
                     }
-                    beat.gaps.push_back(now.duration_since(beat.seen));
+                    beat.gaps.push_back(gap);
                     beat.lags.push_back(lag);
                 }
                 beat.renewed = renewed;

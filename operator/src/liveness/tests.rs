@@ -347,3 +347,20 @@ fn property_no_healthy_node_is_silent_and_a_lost_one_is_found_in_time() {
         }
     }
 }
+
+/// Found by the hard-loss scenarios: node 2 lost for a minute and back made its next gap
+/// 70 s, which raised the margin to a whole interval for every node, and the next loss was
+/// found 7 s later. A node away teaches no margin.
+#[test]
+fn a_node_that_was_away_and_came_back_teaches_no_margin() {
+    let mut beats = warmed(&["a", "b"]);
+    for t in [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0] {
+        beats.renewal("a", at(t), DURATION, at(t));
+    }
+    beats.renewal("b", at(70.0), DURATION, at(70.0));
+    assert_eq!(beats.margin(), MARGIN_FLOOR);
+    // A kubelet 5 s late is noise: it is learned (3 s + 2 × 5 s, at most one interval).
+    beats.renewal("a", at(80.0), DURATION, at(80.0));
+    beats.renewal("b", at(85.0), DURATION, at(85.0));
+    assert_eq!(beats.margin(), secs(10.0));
+}
