@@ -159,15 +159,26 @@ const MAX_BUILD_PAUSE: Duration = Duration::from_secs(10);
 /// [`renew_deadline`]. Reads the Lease every [`RENEWAL_CHECK`]; a read that fails (the API
 /// server away) leaves the last renewal seen, which then ages on this replica's clock, the
 /// clock the lease manager stamps its renewals with.
+///
+/// A read may take as long as the deadline leaves (found with 1 s of API latency each way: a
+/// read bounded to one second never came back, so a leader whose renewals all went through
+/// stepped down every 13 s and the replicas took turns).
 async fn renewal_overdue(lease: &Api<Lease>, election: &LeaderElection) -> SignedDuration {
     let deadline = renew_deadline(election);
     // Just acquired: renewed no earlier than now minus one check.
     let mut renewed =
         Timestamp::now() - SignedDuration::try_from(RENEWAL_CHECK).unwrap_or_default();
     let mut tick = tokio::time::interval(RENEWAL_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let read = tokio::time::timeout(RENEWAL_CHECK, lease.get_opt(&election.lease_name)).await;
+        let now = Timestamp::now();
+        if overdue(renewed, now, deadline) {
+            return now.duration_since(renewed);
+        }
+        let left = deadline - now.duration_since(renewed);
+        let wait = Duration::try_from(left).unwrap_or(RENEWAL_CHECK);
+        let read = tokio::time::timeout(wait, lease.get_opt(&election.lease_name)).await;
         if let Ok(Ok(Some(l))) = read {
             let spec = l.spec.unwrap_or_default();
             if spec.holder_identity.as_deref() == Some(election.identity.as_str())
@@ -214,6 +225,30 @@ mod tests {
             renew_deadline(&election(6, 3)),
             SignedDuration::from_secs(5)
         );
+    }
+
+    /// Found with 1 s of API latency each way: every read of the Lease took longer than the
+    /// one second the check gave it, so a leader whose renewals went through stepped down.
+    #[tokio::test]
+    async fn a_slow_api_server_does_not_make_a_renewing_leader_step_down() {
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| async move {
+            // Every read answers after 1.5 s with the Lease renewed as it is read.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let renewed = Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+                .to_string();
+            let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease", "metadata": {"name": "l", "namespace": "ns"},
+                "spec": {"holderIdentity": "me", "renewTime": renewed}});
+            Ok::<_, kube::Error>(crate::fixtures::json_response(200, &lease))
+        });
+        let client = Client::new(service, "default");
+        let lease: Api<Lease> = Api::namespaced(client, "ns");
+        // A 6-s Lease (the component tests'): the deadline is 5 s, longer than a read.
+        let el = election(6, 3);
+        let stepped_down =
+            tokio::time::timeout(Duration::from_secs(8), renewal_overdue(&lease, &el)).await;
+        assert!(stepped_down.is_err(), "stepped down: {stepped_down:?}");
     }
 
     /// Found by the chaos run (seed 1, after the Lease fixes): a leader that stepped down
