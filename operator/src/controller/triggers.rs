@@ -215,7 +215,24 @@ pub(super) fn silence_triggers(
         },
     );
     ticks.flat_map(move |_| {
-        let silent = super::wiring::heartbeats(&heartbeats).silent(jiff::Timestamp::now());
+        let (silent, margin) = {
+            let beats = super::wiring::heartbeats(&heartbeats);
+            (beats.silent(jiff::Timestamp::now()), beats.margin())
+        };
+        let was: BTreeSet<String> = tracker.silent.clone();
+        for (node, silence) in &silent {
+            if !was.contains(node) {
+                tracing::info!(
+                    node = %node,
+                    since_s = silence.since.as_secs(),
+                    margin_s = margin.as_secs(),
+                    "a node's kubelet fell silent"
+                );
+            }
+        }
+        for node in was.iter().filter(|n| !silent.contains_key(*n)) {
+            tracing::info!(node = %node, "a silent node's kubelet renews again");
+        }
         let (changed, still) = tracker.tick(silent.into_keys().collect());
         let mut wake: Vec<JobRef> = changed
             .iter()
