@@ -219,21 +219,18 @@ pub(super) fn silence_triggers(
             let beats = super::wiring::heartbeats(&heartbeats);
             (beats.silent(jiff::Timestamp::now()), beats.margin())
         };
-        let was: BTreeSet<String> = tracker.silent.clone();
-        for (node, silence) in &silent {
-            if !was.contains(node) {
-                tracing::info!(
+        let (changed, still) = tracker.tick(silent.keys().cloned().collect());
+        for node in &changed {
+            match silent.get(node) {
+                Some(silence) => tracing::info!(
                     node = %node,
                     since_s = silence.since.as_secs(),
                     margin_s = margin.as_secs(),
                     "a node's kubelet fell silent"
-                );
+                ),
+                None => tracing::info!(node = %node, "a silent node's kubelet renews again"),
             }
         }
-        for node in was.iter().filter(|n| !silent.contains_key(*n)) {
-            tracing::info!(node = %node, "a silent node's kubelet renews again");
-        }
-        let (changed, still) = tracker.tick(silent.into_keys().collect());
         let mut wake: Vec<JobRef> = changed
             .iter()
             .flat_map(|n| jobs_for_node(n, &pods, &jobs))

@@ -143,9 +143,14 @@ impl Heartbeats {
         now: Timestamp,
     ) {
         let interval = duration / 4;
+        // The threshold costs a pass over every node; a gap within the margin's floor (every
+        // renewal of a busy cluster) cannot pass it.
+        let broke = |gap: SignedDuration| {
+            gap > MARGIN_FLOOR && gap > self.stream_interval() + self.margin()
+        };
         if self
             .last_seen
-            .is_some_and(|last| now.duration_since(last) > self.stream_interval() + self.margin())
+            .is_some_and(|last| broke(now.duration_since(last)))
         {
             // Nothing from any node for longer than any kubelet should take: the stream broke.
             self.resumed_at = Some(now);
@@ -240,11 +245,15 @@ impl Heartbeats {
 
     /// The nodes silent at `now` (the module doc).
     pub fn silent(&self, now: Timestamp) -> BTreeMap<String, Silence> {
+        self.silent_with(self.margin(), now)
+    }
+
+    /// [`Self::silent`], with the margin already measured.
+    fn silent_with(&self, margin: SignedDuration, now: Timestamp) -> BTreeMap<String, Silence> {
         let mut silent = BTreeMap::new();
         if self.interrupted {
             return silent;
         }
-        let margin = self.margin();
         // The two freshest nodes, and whether each is itself fresh: a node's witness is the
         // freshest other one.
         type Seen<'n> = Option<(&'n str, Timestamp, bool)>;
@@ -281,8 +290,14 @@ impl Heartbeats {
     /// Whether `b` has gone `renewals` intervals and its margin without a seen renewal,
     /// counted from the stream's last resume when that is later.
     fn stale(&self, b: &NodeBeat, margin: SignedDuration, now: Timestamp, renewals: i32) -> bool {
-        let from = self.resumed_at.map_or(b.seen, |r| r.max(b.seen));
-        now.duration_since(from) > b.interval * renewals + self.node_margin(b, margin)
+        now.duration_since(self.counted_from(b))
+            > b.interval * renewals + self.node_margin(b, margin)
+    }
+
+    /// Where `b`'s silence counts from: its last renewal seen, or the stream's last resume
+    /// when that is later.
+    fn counted_from(&self, b: &NodeBeat) -> Timestamp {
+        self.resumed_at.map_or(b.seen, |r| r.max(b.seen))
     }
 
     /// What one decision reads: the silent nodes, and the heartbeats of `nodes` (the nodes of
@@ -293,7 +308,7 @@ impl Heartbeats {
             .into_iter()
             .filter_map(|n| {
                 let b = self.nodes.get(n)?;
-                let from = self.resumed_at.map_or(b.seen, |r| r.max(b.seen));
+                let from = self.counted_from(b);
                 Some((
                     n.to_owned(),
                     Beat {
@@ -308,7 +323,7 @@ impl Heartbeats {
             })
             .collect();
         Liveness {
-            silent: self.silent(now),
+            silent: self.silent_with(margin, now),
             beats,
             margin,
         }
