@@ -20,7 +20,7 @@ use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK};
 
 use super::faults::{self, Effect, Injected, Line, Target};
 use super::invariants::{Checker, Ending, JobSeen, PodSeen, Violation};
-use super::schedule::{FaultKind, Schedule};
+use super::schedule::{FaultKind, Schedule, near_a_restart};
 use crate::jobs::{
     JOBS_NS, RELEASE_NS, create_job, final_digest, job_pods, job_status, running_pods, tj_api,
     torch_job, wait_phase,
@@ -227,44 +227,32 @@ async fn play_and_end(
 /// `Suspended` when it was resumed (one that reached the job as it finished caused none:
 /// [`Effect::NoResume`]).
 fn resumes(injected: &[Line]) -> u32 {
-    let resumes = injected
-        .iter()
-        .filter(|line| line.kind.counts_a_resume() && line.effect == Effect::Injected)
-        .count();
-    u32::try_from(resumes).unwrap_or(u32::MAX)
+    went_in(injected, |line| line.kind.counts_a_resume())
 }
 
 /// The genuine failures the faults caused: each `TrainerFailure` that went in.
 fn failures_caused(injected: &[Line]) -> u32 {
-    let n = injected
-        .iter()
-        .filter(|line| line.kind.counts_a_failure() && line.effect == Effect::Injected)
-        .count();
-    u32::try_from(n).unwrap_or(u32::MAX)
+    went_in(injected, |line| line.kind.counts_a_failure())
 }
 
-/// How far from a fault that restarts the gang a genuine failure must be to be counted on its
-/// own: after that fault, its longest hold (30 s) and the loss's detection; before it, the
-/// failure's own verdict (held until the other nodes' kubelets renew: at most two intervals).
-const RESTART_NEARBY: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(20));
-
-/// The genuine failures with no fault that restarts the gang near them ([`RESTART_NEARBY`]):
-/// each must be counted as exactly one failure.
+/// The genuine failures with no fault that restarts the gang near them
+/// ([`near_a_restart`]): each must be counted as exactly one failure.
 fn failures_alone(injected: &[Line]) -> u32 {
     let restarts: Vec<Duration> = injected
         .iter()
         .filter(|l| l.kind.restarts_the_gang() && l.effect != Effect::Skipped)
         .map(|l| l.at)
         .collect();
-    let (before, after) = RESTART_NEARBY;
+    went_in(injected, |l| {
+        l.kind.counts_a_failure() && !restarts.iter().any(|&r| near_a_restart(l.at, r))
+    })
+}
+
+/// How many of the faults that `counts` went in ([`Effect::Injected`]).
+fn went_in(injected: &[Line], counts: impl Fn(&Line) -> bool) -> u32 {
     let n = injected
         .iter()
-        .filter(|l| l.kind.counts_a_failure() && l.effect == Effect::Injected)
-        .filter(|l| {
-            !restarts
-                .iter()
-                .any(|&r| r + before >= l.at && r <= l.at + after)
-        })
+        .filter(|line| line.effect == Effect::Injected && counts(line))
         .count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
