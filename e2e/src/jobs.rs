@@ -76,6 +76,10 @@ pub async fn install_chart(client: &Client) -> Result<()> {
     if std::env::var_os("TRAINYARD_DEFAULT_TIMERS").is_some() {
         operator["config"] = json!({"nodeNotReadyTimeoutSeconds": 60});
     }
+    // TRAINYARD_E2E_OPERATOR_LOG: the operator's tracing filter (RUST_LOG), to look closer.
+    if let Ok(filter) = std::env::var("TRAINYARD_E2E_OPERATOR_LOG") {
+        operator["logLevel"] = json!(filter);
+    }
     if !already {
         crate::helm(&[
             "install",

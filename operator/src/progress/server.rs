@@ -396,7 +396,14 @@ fn record(
 }
 
 /// Checks and records one report; the answer is whether to checkpoint.
-async fn handle(shared: &Shared, request: Request) -> Result<bool, Rejection> {
+///
+/// The review and the record run in a task of their own, to the end, even when the trainer
+/// stops waiting: a trainer gives a report 2 s (docs/env-contract.md), and a review over a
+/// slow API server takes longer (1 s of latency each way: every first report of a pod timed
+/// out, was dropped with its review, and was never cached, so no rank of the job ever counted
+/// as reporting and a lost node waited for NotReady). Now the review lands in the cache and
+/// the report in the store, and the trainer's next report is answered from the cache.
+async fn handle(shared: Arc<Shared>, request: Request) -> Result<bool, Rejection> {
     let Some(token) = bearer(request.headers()) else {
         return Err(Rejection::new(
             StatusCode::UNAUTHORIZED,
@@ -414,14 +421,27 @@ async fn handle(shared: &Shared, request: Request) -> Result<bool, Rejection> {
     let bytes = read_body(request).await?;
     let (job, report) = ReportBody::parse(&bytes)?;
 
-    let identity = review(shared, token).await?;
-    let server = &shared.server;
-    let job_uid = check_worker(server.pods.as_ref(), &identity, &job, &report)?;
-    Ok(record(server, identity.namespace, job, &job_uid, &report))
+    let checked = tokio::spawn(async move {
+        let identity = review(&shared, token).await.inspect_err(|rejection| {
+            if rejection.outcome == Outcome::Overloaded {
+                shared.server.store.refused(jiff::Timestamp::now());
+            }
+        })?;
+        let server = &shared.server;
+        let job_uid = check_worker(server.pods.as_ref(), &identity, &job, &report)?;
+        Ok(record(server, identity.namespace, job, &job_uid, &report))
+    });
+    checked.await.unwrap_or_else(|e| {
+        Err(Rejection::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Outcome::Overloaded,
+            format!("the report's check ended early: {e}"),
+        ))
+    })
 }
 
 async fn report(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    let (outcome, response) = match handle(&shared, request).await {
+    let (outcome, response) = match handle(shared.clone(), request).await {
         Ok(checkpoint) => (
             Outcome::Accepted,
             json_response(
@@ -430,9 +450,6 @@ async fn report(State(shared): State<Arc<Shared>>, request: Request) -> Response
             ),
         ),
         Err(rejection) => {
-            if rejection.outcome == Outcome::Overloaded {
-                shared.server.store.refused(jiff::Timestamp::now());
-            }
             tracing::debug!(
                 outcome = rejection.outcome.label(),
                 message = %rejection.message,
@@ -668,6 +685,43 @@ mod tests {
             h.woken.try_recv(),
             Ok(("ml".to_owned(), "train".to_owned()))
         );
+    }
+
+    /// A trainer gives a report 2 s; over a slow API server the review takes longer. The
+    /// report whose trainer stopped waiting is still reviewed and recorded (a rank that
+    /// reports counts as reporting), and its review is not cancelled halfway.
+    #[tokio::test]
+    async fn a_report_whose_trainer_stopped_waiting_is_still_reviewed_and_recorded() {
+        let gate = Arc::new(Semaphore::new(0));
+        let reviewer = FakeReviewer {
+            gate: Some(gate.clone()),
+            waiting: Arc::default(),
+        };
+        let waiting = reviewer.waiting.clone();
+        let h = harness_with(
+            Arc::new(reviewer),
+            FakePods::of(&[("train", 2)]),
+            MAX_CONCURRENT_REVIEWS,
+        );
+        let sent = post(&h.router, "tok-train-worker-1", good(1, 7));
+        let gave_up = tokio::time::timeout(Duration::from_millis(50), sent).await;
+        assert!(gave_up.is_err(), "the review waits at the gate");
+        assert_eq!(waiting.load(Ordering::SeqCst), 1);
+        assert!(h.server.store.snapshot("ml", "train").is_none());
+        gate.add_permits(1);
+        let recorded = async {
+            loop {
+                if let Some(p) = h.server.store.snapshot("ml", "train") {
+                    return p;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let p = tokio::time::timeout(Duration::from_secs(5), recorded)
+            .await
+            .expect("the report is recorded after its trainer left");
+        assert_eq!((p.attempt, p.step()), (1, Some(7)));
+        assert!(h.server.store.last_refusal().is_none(), "nothing was refused");
     }
 
     #[tokio::test]
