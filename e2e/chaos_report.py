@@ -26,12 +26,12 @@ def cell(text):
 def row(r):
     if "error" in r:
         # The harness could not finish the run: its faults are the ones scheduled.
-        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | FAIL (unfinished): {cell(r['error'])} |"
+        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | | FAIL (unfinished): {cell(r['error'])} |"
     result = "pass" if passed(r) else "FAIL: " + cell("; ".join(r["violations"]))
     return (
         f"| {r['seed']} | {len(r['faults'])} | {r['attempt']} | {r['preemptions']} | "
         f"{r['failures']} | {r['hangs']} | {r['steps_lost']} | {r.get('checkpoints_read', '')} | "
-        f"{r['wall_seconds']} | {result} |"
+        f"{r.get('proc_scans', '')} | {r['wall_seconds']} | {result} |"
     )
 
 
@@ -54,8 +54,8 @@ def render(runs):
         f"{skips(finished)}).",
         "",
         "| seed | faults | attempt | preemptions | failures | hangs | steps lost "
-        "| latest.pt reads | wall (s) | result |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| latest.pt reads | /proc scans | wall (s) | result |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [row(r) for r in runs]
     lines += ["", "Faults injected, by kind:", "", "| kind | injected |", "|---|---:|"]

@@ -7,7 +7,7 @@ pkgs=(golang-go etcd-server containerd runc containernetworking-plugins iproute2
       conntrack socat ethtool util-linux mount rsync make gcc libc6-dev dpkg-dev curl ca-certificates jq
       openssl busybox-static python3 python3-venv python3-pip
       dnsmasq-base debootstrap python3-matplotlib buildah
-      lua5.1 prometheus)
+      lua5.1 prometheus libfaketime)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -15,6 +15,7 @@ use serde_json::json;
 use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK};
 use trainyard_api::spot::KARPENTER_DISRUPTED;
 
+use super::noise::{self, Restore};
 use super::schedule::FaultKind;
 use crate::jobs::{RELEASE, RELEASE_NS, tj_api};
 use crate::{node_name, node2, node2_name, state_dir};
@@ -70,8 +71,10 @@ pub struct Injected {
     node: Option<String>,
     /// A harness process stopped for the hold (`DnsOutage`).
     stopped: Option<Stopped>,
-    /// The connections of a `ProgressFlood`: aborted when it is undone.
+    /// The connections of a `ProgressFlood` or `PluginMetricsFlood`: aborted when it is undone.
     flood: Option<tokio::task::JoinHandle<()>>,
+    /// What a fault on a node's plumbing changed (`SlowEtcdDisk`, `ImagePullFailure`).
+    restore: Option<Restore>,
 }
 
 /// Injects `kind`; `pick` chooses among candidates (seeded by the run).
@@ -80,7 +83,7 @@ pub async fn inject(
     kind: FaultKind,
     pick: &mut fastrand::Rng,
 ) -> Result<Injected> {
-    let (mut node, mut stopped, mut flood) = (None, None, None);
+    let (mut node, mut stopped) = (None, None);
     let what = match kind {
         FaultKind::KillOperatorLeader => kill_operator_leader(&target.client).await?,
         FaultKind::RestartApiServer
@@ -128,6 +131,38 @@ pub async fn inject(
             set_suspend(target, true).await?;
             "job suspended".to_owned()
         }
+        FaultKind::TrainerFailure => match fail_a_trainer(target, pick).await? {
+            Ok(what) => what,
+            Err(why) => return Ok(skipped(kind, &why)),
+        },
+        FaultKind::ProgressFlood
+        | FaultKind::Node2CutFromApi
+        | FaultKind::ApiLatency
+        | FaultKind::PluginMetricsFlood
+        | FaultKind::SlowEtcdDisk
+        | FaultKind::ImagePullFailure
+        | FaultKind::OperatorClockSkew => return inject_noise(target, kind, pick).await,
+    };
+    Ok(Injected {
+        kind,
+        effect: Effect::Injected,
+        what,
+        node,
+        stopped,
+        flood: None,
+        restore: None,
+    })
+}
+
+/// Injects a fault of a noisy cluster: a slow or cut path to the API server, a flooded port,
+/// a node's plumbing ([`noise`]), the operator's clock.
+async fn inject_noise(
+    target: &Target,
+    kind: FaultKind,
+    pick: &mut fastrand::Rng,
+) -> Result<Injected> {
+    let (mut flood, mut restore) = (None, None);
+    let what = match kind {
         FaultKind::ProgressFlood => {
             let Some(addr) = progress_endpoint(&target.client).await? else {
                 return Ok(skipped(kind, "no progress endpoint"));
@@ -145,18 +180,56 @@ pub async fn inject(
             set_api_delay(ms)?;
             format!("{ms} ms of latency each way between the pods and the API server")
         }
-        FaultKind::TrainerFailure => match fail_a_trainer(target, pick).await? {
-            Ok(what) => what,
-            Err(why) => return Ok(skipped(kind, &why)),
-        },
+        FaultKind::PluginMetricsFlood => {
+            let nodes = [node_name(), node2_name()];
+            let on = &nodes[pick.usize(..nodes.len())];
+            let Some(addr) = noise::plugin_metrics(&target.client, on).await? else {
+                return Ok(skipped(kind, &format!("no device plugin serving on {on}")));
+            };
+            flood = Some(tokio::spawn(hold_connections(addr, FLOOD_CONNECTIONS)));
+            format!(
+                "{FLOOD_CONNECTIONS} connections held open to {on}'s device plugin metrics {addr}"
+            )
+        }
+        FaultKind::OperatorClockSkew => {
+            let offset = pick.i64(2..=5) * if pick.bool() { 1 } else { -1 };
+            let (what, undo) = noise::skew_operator_clock(&target.client, offset).await?;
+            restore = Some(undo);
+            what
+        }
+        FaultKind::SlowEtcdDisk => {
+            let iops = pick.u32(20..=60);
+            let (what, undo) = blocking(move || noise::slow_etcd_disk(iops)).await?;
+            restore = Some(undo);
+            what
+        }
+        FaultKind::ImagePullFailure => {
+            let (what, undo) = blocking(noise::hide_trainer_image).await?;
+            // The restart that needs the image: a worker deleted, as a user would.
+            let deleted = delete_a_worker(target, pick).await;
+            let deleted = match deleted {
+                Ok(Some(deleted)) => deleted,
+                done => {
+                    undo.undo(&target.client).await?;
+                    return match done {
+                        Err(e) => Err(e),
+                        _ => Ok(skipped(kind, "no running worker to delete")),
+                    };
+                }
+            };
+            restore = Some(undo);
+            format!("{what}; {deleted}")
+        }
+        other => bail!("{other} is not a fault of a noisy cluster"),
     };
     Ok(Injected {
         kind,
         effect: Effect::Injected,
         what,
-        node,
-        stopped,
+        node: None,
+        stopped: None,
         flood,
+        restore,
     })
 }
 
@@ -186,7 +259,7 @@ async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
         FaultKind::GpuUnhealthy => set_gpu_healthy(true).map(drop),
         FaultKind::ApiLatency => set_api_delay(0),
         FaultKind::Node2CutFromApi => set_api_blocked(None),
-        FaultKind::ProgressFlood => {
+        FaultKind::ProgressFlood | FaultKind::PluginMetricsFlood => {
             if let Some(flood) = &fault.flood {
                 flood.abort();
             }
@@ -199,6 +272,12 @@ async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
             }
             None => Ok(()),
         },
+        FaultKind::SlowEtcdDisk | FaultKind::ImagePullFailure | FaultKind::OperatorClockSkew => {
+            match &fault.restore {
+                Some(restore) => restore.undo(&target.client).await,
+                None => Ok(()),
+            }
+        }
         FaultKind::LoseNode2 => blocking(|| node2("start")).await,
         FaultKind::PartitionNode2 => blocking(|| node2("heal")).await,
         FaultKind::TerminationTaint => match &fault.node {
@@ -246,6 +325,7 @@ fn skipped(kind: FaultKind, why: &str) -> Injected {
         node: None,
         stopped: None,
         flood: None,
+        restore: None,
     }
 }
 
@@ -335,7 +415,8 @@ async fn leader_container(client: &Client) -> Result<Option<(String, String, Pat
     Ok(Some((holder, id, socket)))
 }
 
-fn containerd_socket(node2: bool) -> PathBuf {
+/// The containerd socket of node 1, or of node 2.
+pub(super) fn containerd_socket(node2: bool) -> PathBuf {
     let state = state_dir();
     if node2 {
         state.join("node2/containerd/containerd.sock")

@@ -5,15 +5,22 @@
 //! - the counters (`attempt`, `preemptions`, `failures`, `hangs`) never decrease, and
 //!   `attempt` is never below the restarts counted;
 //! - the reported checkpoint step never goes backwards;
-//! - `latest.pt`, read from the job's volume every second, is never torn.
+//! - `latest.pt`, read from the job's volume every second, is never torn, and the step stored
+//!   in it never goes backwards (a rollback of the file itself);
+//! - no process of an older attempt, found in `/proc` on either node, is alive after a newer
+//!   attempt has trained a step; except on node 2 while it is cut off (partitioned, lost, or
+//!   cut from the API server: nothing can kill its processes then, fencing guards the
+//!   checkpoint) and for a grace period after, while its kubelet kills them.
 //!
 //! At the end: `attempt` = preemptions + failures + hangs + resumes, one restart Event per
 //! restart, no failure the schedule did not cause and every genuine failure it caused away
 //! from a gang restart counted as one failure, the job Succeeded with the digest of the
-//! same job run without faults, and nothing of the job left after its deletion.
+//! same job run without faults, nothing of the job left after its deletion, and
+//! `latest.pt` and `/proc` both looked at.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::ops::Bound;
 use std::time::Duration;
 
 /// A pod of the job, as the API server shows it.
@@ -37,6 +44,35 @@ pub struct JobSeen {
     pub checkpoint_step: Option<u64>,
     /// `status.progress.stepsLost`, with the attempt it belongs to (`status.progress.attempt`).
     pub steps_lost: Option<(u32, u64)>,
+    /// `status.progress`: how far its attempt has got.
+    pub progress: Option<ProgressSeen>,
+}
+
+/// `status.progress`'s attempt, `step` and `resumedFrom`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgressSeen {
+    pub attempt: u32,
+    pub step: u64,
+    pub resumed_from: Option<u64>,
+}
+
+impl ProgressSeen {
+    /// Whether the attempt has trained a step: its step is past the one it resumed from (0 in
+    /// a fresh start). Status shows it after the fact, so an older attempt's process alive
+    /// after the status came was alive after the attempt's true first step.
+    fn trained(&self) -> bool {
+        self.step > self.resumed_from.unwrap_or(0)
+    }
+}
+
+/// A process of the job alive on this machine, found in `/proc` by its environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSeen {
+    pub pid: u32,
+    /// `TRAINYARD_ATTEMPT`.
+    pub attempt: u32,
+    /// It runs on node 2 (in a pod below node 2's network namespace).
+    pub on_node2: bool,
 }
 
 impl JobSeen {
@@ -93,11 +129,36 @@ pub struct Checker {
     steps_lost: std::collections::BTreeMap<u32, u64>,
     /// How often `latest.pt` was read (a run that never read it checked nothing).
     checkpoints_read: u32,
+    /// The highest step read from `latest.pt` itself.
+    file_step: Option<u64>,
+    /// How often a step was read from `latest.pt`.
+    steps_read: u32,
+    /// Why a whole `latest.pt` had no step to read, each reason reported once.
+    unreadable: BTreeSet<String>,
+    /// When each attempt was first seen to have trained a step (`status.progress`).
+    trained: BTreeMap<u32, Duration>,
+    /// When node 2 was cut off (a fault held on it), each with when it was back.
+    node2_cut: Vec<(Duration, Option<Duration>)>,
+    /// How long node 2's kubelet may take, once the node is back, to kill the processes of
+    /// pods deleted meanwhile.
+    kill_grace: Duration,
+    /// The older attempts' processes already reported (pid, attempt): one that lingers is
+    /// named once, not at every scan.
+    lingering: BTreeSet<(u32, u32)>,
+    /// How often `/proc` was scanned for the job's processes.
+    proc_scans: u32,
 }
 
 impl Checker {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// How long node 2's kubelet may take, once the node is back, to kill an older attempt's
+    /// processes (none by default).
+    pub fn with_kill_grace(mut self, grace: Duration) -> Self {
+        self.kill_grace = grace;
+        self
     }
 
     /// The steps lost over every restart seen, each counted once.
@@ -142,10 +203,103 @@ impl Checker {
         self.checkpoints_read
     }
 
+    /// The step stored in a whole `latest.pt` ([`super::checkpoint::step`]), or why it could
+    /// not be read: a file whose step cannot be read is not a checkpoint a trainer can resume
+    /// from, or the run cannot check it; either way it is named (once per reason).
+    pub fn checkpoint_step(&mut self, at: Duration, step: Result<u64, String>) {
+        let step = match step {
+            Ok(step) => step,
+            Err(why) => {
+                if self.unreadable.insert(why.clone()) {
+                    self.violate(
+                        at,
+                        format!("the step in latest.pt could not be read: {why}"),
+                    );
+                }
+                return;
+            }
+        };
+        self.steps_read = self.steps_read.saturating_add(1);
+        if let Some(high) = self.file_step
+            && step < high
+        {
+            self.violate(
+                at,
+                format!("latest.pt went back from step {high} to step {step}"),
+            );
+        }
+        self.file_step = self.file_step.max(Some(step));
+    }
+
+    /// How often a step was read from `latest.pt`.
+    pub fn steps_read(&self) -> u32 {
+        self.steps_read
+    }
+
+    /// Node 2 is cut off from here on: partitioned, lost, or cut from the API server.
+    pub fn node2_cut_off(&mut self, at: Duration) {
+        self.node2_cut.push((at, None));
+    }
+
+    /// Node 2 is back (the fault that cut it off the longest ago is undone; windows that
+    /// overlap cover the same span whichever is closed first).
+    pub fn node2_back(&mut self, at: Duration) {
+        if let Some((_, back)) = self.node2_cut.iter_mut().find(|(_, back)| back.is_none()) {
+            *back = Some(at);
+        }
+    }
+
+    /// Whether an older attempt's process on node 2 may still be alive at `at`: the node is
+    /// cut off, or was back less than the kill grace ago.
+    fn node2_excused(&self, at: Duration) -> bool {
+        self.node2_cut
+            .iter()
+            .any(|&(cut, back)| cut <= at && back.is_none_or(|back| at <= back + self.kill_grace))
+    }
+
+    /// One scan of `/proc` that started at `at`: the job's processes alive then (each was alive
+    /// at some moment of the scan, so no sooner than `at`).
+    pub fn processes(&mut self, at: Duration, alive: &[ProcessSeen]) {
+        self.proc_scans = self.proc_scans.saturating_add(1);
+        for p in alive {
+            let newer = self
+                .trained
+                .range((Bound::Excluded(p.attempt), Bound::Unbounded))
+                .filter(|&(_, &trained)| trained < at)
+                .min_by_key(|&(_, &trained)| trained);
+            let Some((&newer, &trained)) = newer else {
+                continue;
+            };
+            if p.on_node2 && self.node2_excused(at) {
+                continue;
+            }
+            if self.lingering.insert((p.pid, p.attempt)) {
+                let node = if p.on_node2 { 2 } else { 1 };
+                self.violate(
+                    at,
+                    format!(
+                        "process {} of attempt {} alive on node {node} after attempt {newer} trained a step (status at t+{:.1}s)",
+                        p.pid,
+                        p.attempt,
+                        trained.as_secs_f64()
+                    ),
+                );
+            }
+        }
+    }
+
+    /// How often `/proc` was scanned.
+    pub fn proc_scans(&self) -> u32 {
+        self.proc_scans
+    }
+
     /// One status of the job.
     pub fn job(&mut self, at: Duration, job: &JobSeen) {
         if let Some((attempt, lost)) = job.steps_lost {
             self.steps_lost.insert(attempt, lost);
+        }
+        if let Some(p) = job.progress.filter(ProgressSeen::trained) {
+            self.trained.entry(p.attempt).or_insert(at);
         }
         if u64::from(job.attempt) < job.restarts() {
             self.violate(
@@ -251,6 +405,12 @@ impl Checker {
         }
         if self.checkpoints_read == 0 {
             self.violate(at, "latest.pt was never read".to_owned());
+        }
+        if self.proc_scans == 0 {
+            self.violate(
+                at,
+                "/proc was never scanned for the job's processes".to_owned(),
+            );
         }
     }
 
@@ -373,6 +533,7 @@ mod tests {
     fn a_clean_ending_passes_and_each_broken_promise_is_named() {
         let mut c = Checker::new();
         c.checkpoint(t(5), None);
+        c.processes(t(5), &[]);
         c.finish(t(9), &ending());
         assert!(c.violations().is_empty(), "{:?}", c.violations());
 
@@ -387,7 +548,7 @@ mod tests {
         let mut c = Checker::new();
         c.finish(t(9), &bad);
         let what: Vec<_> = c.violations().iter().map(|v| v.what.clone()).collect();
-        assert_eq!(what.len(), 8, "{what:?}");
+        assert_eq!(what.len(), 9, "{what:?}");
         assert!(
             what[0].contains("attempt 3 != 2 preemptions + 1 failures"),
             "{what:?}"
@@ -402,6 +563,7 @@ mod tests {
         assert!(what[5].contains("final weights def differ"), "{what:?}");
         assert_eq!(what[6], "left after the job's deletion: Service demo");
         assert_eq!(what[7], "latest.pt was never read");
+        assert_eq!(what[8], "/proc was never scanned for the job's processes");
     }
 
     /// A genuine failure injected away from any restart that the operator took for a
@@ -419,6 +581,7 @@ mod tests {
         end.failures_alone = 1;
         let mut c = Checker::new();
         c.checkpoint(t(5), None);
+        c.processes(t(5), &[]);
         c.finish(t(9), &end);
         let what: Vec<_> = c.violations().iter().map(|v| v.what.clone()).collect();
         assert_eq!(
@@ -429,6 +592,7 @@ mod tests {
         end.job.failures = 1;
         let mut c = Checker::new();
         c.checkpoint(t(5), None);
+        c.processes(t(5), &[]);
         c.finish(t(9), &end);
         assert!(c.violations().is_empty(), "{:?}", c.violations());
     }
@@ -446,5 +610,151 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["t+2.0s: latest.pt is torn: not a whole zip archive (10 bytes)"]
         );
+    }
+
+    fn what(c: &Checker) -> Vec<String> {
+        c.violations().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn the_step_in_latest_pt_going_back_is_a_violation_the_same_or_higher_is_not() {
+        let mut c = Checker::new();
+        for (at, step) in [(1, 5), (2, 5), (3, 10), (4, 10), (5, 15)] {
+            c.checkpoint_step(t(at), Ok(step));
+        }
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        c.checkpoint_step(t(6), Ok(10));
+        // Back from the highest step ever read, not only from the last one.
+        c.checkpoint_step(t(7), Ok(12));
+        c.checkpoint_step(t(8), Ok(20));
+        assert_eq!(c.steps_read(), 8);
+        assert_eq!(
+            what(&c),
+            [
+                "t+6.0s: latest.pt went back from step 15 to step 10",
+                "t+7.0s: latest.pt went back from step 15 to step 12",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_step_that_cannot_be_read_is_named_once_per_reason() {
+        let mut c = Checker::new();
+        let no_step =
+            || Err(r#"archive/data.pkl has no non-negative integer "step": None"#.to_owned());
+        c.checkpoint_step(t(1), no_step());
+        c.checkpoint_step(t(2), no_step());
+        c.checkpoint_step(t(3), Err("python3: not found".to_owned()));
+        assert_eq!(c.steps_read(), 0);
+        assert_eq!(
+            what(&c),
+            [
+                r#"t+1.0s: the step in latest.pt could not be read: archive/data.pkl has no non-negative integer "step": None"#,
+                "t+3.0s: the step in latest.pt could not be read: python3: not found",
+            ]
+        );
+    }
+
+    fn process(pid: u32, attempt: u32, on_node2: bool) -> ProcessSeen {
+        ProcessSeen {
+            pid,
+            attempt,
+            on_node2,
+        }
+    }
+
+    /// Attempt `attempt`'s status, `step` steps done after resuming from step 100.
+    fn progress(attempt: u32, step: u64) -> JobSeen {
+        JobSeen {
+            progress: Some(ProgressSeen {
+                attempt,
+                step,
+                resumed_from: Some(100),
+            }),
+            ..seen(attempt, attempt, Some(100))
+        }
+    }
+
+    #[test]
+    fn an_older_attempts_process_alive_after_the_newer_one_trained_is_a_violation() {
+        let mut c = Checker::new();
+        c.job(t(10), &progress(1, 100)); // attempt 1 resumed, no step trained yet
+        c.processes(t(11), &[process(40, 0, false), process(50, 1, false)]);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        c.job(t(12), &progress(1, 101));
+        c.processes(t(12), &[process(40, 0, false)]); // the scan began as the status came
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        c.processes(t(13), &[process(40, 0, false), process(50, 1, false)]);
+        // Still there at the next scan: named once.
+        c.processes(t(14), &[process(40, 0, false)]);
+        assert_eq!(c.proc_scans(), 4);
+        assert_eq!(
+            what(&c),
+            [
+                "t+13.0s: process 40 of attempt 0 alive on node 1 after attempt 1 trained a step (status at t+12.0s)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fresh_start_has_trained_once_its_step_is_past_zero() {
+        let fresh = |step| JobSeen {
+            progress: Some(ProgressSeen {
+                attempt: 2,
+                step,
+                resumed_from: None,
+            }),
+            ..seen(2, 2, None)
+        };
+        let mut c = Checker::new();
+        c.job(t(1), &fresh(0));
+        c.processes(t(2), &[process(7, 1, false)]);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        c.job(t(3), &fresh(1));
+        c.processes(t(4), &[process(7, 1, false)]);
+        assert_eq!(c.violations().len(), 1, "{:?}", c.violations());
+    }
+
+    #[test]
+    fn old_processes_on_node_2_are_excused_while_it_is_cut_off_and_for_the_kill_grace_after() {
+        let mut c = Checker::new().with_kill_grace(t(50));
+        c.job(t(10), &progress(1, 101));
+        c.node2_cut_off(t(20));
+        c.processes(t(30), &[process(60, 0, true)]);
+        c.node2_back(t(40));
+        c.processes(t(90), &[process(60, 0, true)]);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        // Node 1 is never excused, not even while node 2 is cut off.
+        c.processes(t(35), &[process(70, 0, false)]);
+        // Past the grace, and before the cut.
+        c.processes(t(91), &[process(60, 0, true)]);
+        let mut before = Checker::new().with_kill_grace(t(50));
+        before.job(t(10), &progress(1, 101));
+        before.processes(t(15), &[process(61, 0, true)]);
+        before.node2_cut_off(t(20));
+        assert_eq!(
+            what(&c),
+            [
+                "t+35.0s: process 70 of attempt 0 alive on node 1 after attempt 1 trained a step (status at t+10.0s)",
+                "t+91.0s: process 60 of attempt 0 alive on node 2 after attempt 1 trained a step (status at t+10.0s)",
+            ]
+        );
+        assert_eq!(before.violations().len(), 1, "{:?}", before.violations());
+    }
+
+    #[test]
+    fn a_node_2_cut_still_held_excuses_after_another_one_is_undone() {
+        let mut c = Checker::new().with_kill_grace(t(5));
+        c.job(t(1), &progress(1, 101));
+        c.node2_cut_off(t(10));
+        c.node2_cut_off(t(20));
+        c.node2_back(t(30));
+        c.processes(t(60), &[process(8, 0, true)]);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        c.node2_back(t(70));
+        c.processes(t(75), &[process(8, 0, true)]);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        c.processes(t(76), &[process(8, 0, true)]);
+        assert_eq!(c.violations().len(), 1, "{:?}", c.violations());
     }
 }

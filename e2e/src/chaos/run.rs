@@ -16,10 +16,11 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher::Config};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK};
+use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, TrainingJobSpec};
 
+use super::checkpoint;
 use super::faults::{self, Effect, Injected, Line, Target};
-use super::invariants::{Checker, Ending, JobSeen, PodSeen, Violation};
+use super::invariants::{Checker, Ending, JobSeen, PodSeen, ProgressSeen, Violation};
 use super::schedule::{FaultKind, Schedule, near_a_restart};
 use crate::jobs::{
     JOBS_NS, RELEASE_NS, create_job, final_digest, job_pods, job_status, running_pods, tj_api,
@@ -44,6 +45,10 @@ pub struct RunReport {
     pub steps_lost: u64,
     /// How often `latest.pt` was read from the job's volume and checked.
     pub checkpoints_read: u32,
+    /// How often the step stored in `latest.pt` was read (from the whole ones).
+    pub steps_read: u32,
+    /// How often `/proc` was scanned for the job's processes on both nodes.
+    pub proc_scans: u32,
     pub wall: Duration,
     pub violations: Vec<Violation>,
 }
@@ -102,24 +107,27 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
     let baseline = format!("{name}-baseline");
     let ns = JOBS_NS;
     let steps = steps_to_outlast(schedule);
-    create_job(
-        client,
-        ns,
-        chaos_job(&name, steps, json!({"policy": "Prefer"})),
-    )
-    .await?;
+    let job = chaos_job(&name, steps, json!({"policy": "Prefer"}));
+    let kill_grace = node2_kill_grace(&job)?;
+    create_job(client, ns, job).await?;
     create_job(
         client,
         ns,
         chaos_job(&baseline, steps, json!({"policy": "Never"})),
     )
     .await?;
-    let checker = Arc::new(Mutex::new(Checker::new()));
-    let watches = watch(client, ns, &name, checker.clone(), started);
-    let reads = read_checkpoints(client, ns, &name, checker.clone(), started);
-    let played = play_and_end(client, schedule, &name, &baseline).await;
+    let checker = Arc::new(Mutex::new(Checker::new().with_kill_grace(kill_grace)));
+    let feed = Feed {
+        checker: checker.clone(),
+        started,
+    };
+    let watches = watch(client, ns, &name, feed.clone());
+    let reads = read_checkpoints(client, ns, &name, feed.clone());
+    let scans = super::procs::scan_processes(&name, feed.clone());
+    let played = play_and_end(client, schedule, &name, &baseline, &feed).await;
     watches.abort();
     reads.abort();
+    scans.abort();
     let Played {
         injected,
         not_injected,
@@ -134,7 +142,7 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
             return Err(e);
         }
     };
-    let (violations, steps_lost, checkpoints_read) = {
+    let (violations, steps_lost, checkpoints_read, steps_read, proc_scans) = {
         let mut checker = checker
             .lock()
             .map_err(|_| anyhow::anyhow!("checker poisoned"))?;
@@ -144,6 +152,8 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
             checker.violations().to_vec(),
             checker.steps_lost(),
             checker.checkpoints_read(),
+            checker.steps_read(),
+            checker.proc_scans(),
         )
     };
     Ok(RunReport {
@@ -156,9 +166,29 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
         hangs: ending.job.hangs,
         steps_lost,
         checkpoints_read,
+        steps_read,
+        proc_scans,
         wall: started.elapsed(),
         violations,
     })
+}
+
+/// The checker, shared by the run's watches, its reads of `latest.pt` and `/proc`, and its
+/// play of the schedule, with the start of the run that their times count from.
+#[derive(Clone)]
+pub(super) struct Feed {
+    checker: Arc<Mutex<Checker>>,
+    pub(super) started: Instant,
+}
+
+impl Feed {
+    /// Hands the checker to `f` with the time from the start of the run.
+    pub(super) fn tell(&self, f: impl FnOnce(&mut Checker, Duration)) {
+        let at = self.started.elapsed();
+        if let Ok(mut checker) = self.checker.lock() {
+            f(&mut checker, at);
+        }
+    }
 }
 
 /// What [`play_and_end`] saw: the faults as injected and how the job ended.
@@ -175,6 +205,7 @@ async fn play_and_end(
     schedule: &Schedule,
     name: &str,
     baseline: &str,
+    feed: &Feed,
 ) -> Result<Played> {
     let ns = JOBS_NS;
     let (restarts_before, _) = component_restarts(client).await?;
@@ -186,7 +217,7 @@ async fn play_and_end(
         job: name.to_owned(),
     };
     let mut pick = fastrand::Rng::with_seed(schedule.seed ^ 0x5eed);
-    let (injected, not_injected) = play(&target, schedule, &mut pick).await?;
+    let (injected, not_injected) = play(&target, schedule, &mut pick, feed).await?;
 
     let end = wait_phase(client, ns, name, "Succeeded", Duration::from_secs(900)).await;
     if let Err(e) = &end {
@@ -280,11 +311,12 @@ fn chaos_job(name: &str, steps: u32, spot: Value) -> Value {
 type Injections = (Vec<Line>, usize);
 
 /// Injects and undoes the schedule's faults at their times; stops injecting once the job has
-/// ended, but always undoes what it injected.
+/// ended, but always undoes what it injected. Tells the checker while node 2 is cut off.
 async fn play(
     target: &Target,
     schedule: &Schedule,
     pick: &mut fastrand::Rng,
+    feed: &Feed,
 ) -> Result<Injections> {
     let start = Instant::now();
     // Injections at their scheduled times; each undo is queued when its fault goes in, a
@@ -312,6 +344,10 @@ async fn play(
                 timeline.postpone(i, undone_at);
                 continue;
             }
+            // From before it acts: the node's processes may be out of reach from then on.
+            if cuts_off_node2(kind) {
+                feed.tell(|c, at| c.node2_cut_off(at));
+            }
             let fault = match faults::inject(target, kind, pick).await {
                 Ok(fault) => fault,
                 Err(e) => {
@@ -336,28 +372,68 @@ async fn play(
                 timeline.injected(i, start.elapsed(), planned.hold);
             }
         } else if let Some(fault) = active[i].take() {
-            let found = faults::undo(target, &fault)
-                .await
-                .with_context(|| format!("undoing {}", fault.kind))?;
-            let note = found
-                .as_ref()
-                .map(|(_, f)| format!(": {f}"))
-                .unwrap_or_default();
-            println!(
-                "chaos t+{:>4}s {} undone{note}",
-                start.elapsed().as_secs(),
-                fault.kind
-            );
-            if let Some(line) = position[i].and_then(|p| injected.get_mut(p)) {
-                line.what.push_str(&note);
-                if let Some((effect, _)) = found {
-                    line.effect = effect;
-                }
-            }
+            let line = position[i].and_then(|p| injected.get_mut(p));
+            undo_one(target, &fault, line, start, feed).await?;
         }
     }
     Ok((injected, not_injected))
 }
+
+/// Undoes `fault` of the schedule played since `start`, adds what undoing it found to its
+/// `line`, and tells the checker when node 2 is back.
+async fn undo_one(
+    target: &Target,
+    fault: &Injected,
+    line: Option<&mut Line>,
+    start: Instant,
+    feed: &Feed,
+) -> Result<()> {
+    let found = faults::undo(target, fault)
+        .await
+        .with_context(|| format!("undoing {}", fault.kind))?;
+    if cuts_off_node2(fault.kind) {
+        feed.tell(|c, at| c.node2_back(at));
+    }
+    let note = found
+        .as_ref()
+        .map(|(_, f)| format!(": {f}"))
+        .unwrap_or_default();
+    println!(
+        "chaos t+{:>4}s {} undone{note}",
+        start.elapsed().as_secs(),
+        fault.kind
+    );
+    if let Some(line) = line {
+        line.what.push_str(&note);
+        if let Some((effect, _)) = found {
+            line.effect = effect;
+        }
+    }
+    Ok(())
+}
+
+/// The faults that cut node 2 off while they are held (partitioned, lost, or cut from the API
+/// server): nobody can kill its processes until it is back, and then its kubelet does.
+fn cuts_off_node2(kind: FaultKind) -> bool {
+    matches!(
+        kind,
+        FaultKind::PartitionNode2 | FaultKind::LoseNode2 | FaultKind::Node2CutFromApi
+    )
+}
+
+/// How long after node 2 is back its kubelet may take to kill the processes of an older
+/// attempt's pods (deleted while it was cut off): the job's termination grace period, and
+/// [`KUBELET_CATCH_UP`].
+fn node2_kill_grace(job: &Value) -> Result<Duration> {
+    let spec: TrainingJobSpec =
+        serde_json::from_value(job["spec"].clone()).context("reading the chaos job's spec")?;
+    let grace = u64::try_from(spec.termination_grace_period_seconds).unwrap_or(0);
+    Ok(Duration::from_secs(grace) + KUBELET_CATCH_UP)
+}
+
+/// How long a kubelet back in touch with the API server may take to learn that its pods were
+/// deleted and start killing them.
+const KUBELET_CATCH_UP: Duration = Duration::from_secs(30);
 
 /// The run's actions still to come, from the start of the schedule: each fault's injection
 /// at its scheduled time, and each undo a hold after its fault actually went in.
@@ -424,18 +500,11 @@ async fn job_ended(target: &Target) -> bool {
 }
 
 /// Watches the job's pods and its status, feeding every change to the checker.
-fn watch(
-    client: &Client,
-    ns: &str,
-    job: &str,
-    checker: Arc<Mutex<Checker>>,
-    started: Instant,
-) -> tokio::task::JoinHandle<()> {
+fn watch(client: &Client, ns: &str, job: &str, feed: Feed) -> tokio::task::JoinHandle<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pod_config = Config::default().labels(&format!("{LABEL_JOB}={job}"));
     let jobs = tj_api(client, ns);
     let job_config = Config::default().fields(&format!("metadata.name={job}"));
-    let pod_checker = checker.clone();
     tokio::spawn(async move {
         let mut known: std::collections::BTreeMap<String, PodSeen> = Default::default();
         let mut pod_events = watcher::watcher(pods, pod_config).default_backoff().boxed();
@@ -456,15 +525,11 @@ fn watch(
                         _ => continue,
                     }
                     let list: Vec<PodSeen> = known.values().cloned().collect();
-                    if let Ok(mut c) = pod_checker.lock() {
-                        c.pods(started.elapsed(), &list);
-                    }
+                    feed.tell(|c, at| c.pods(at, &list));
                 }
                 Some(Ok(obj)) = job_events.next() => {
                     let st = obj.data.get("status").cloned().unwrap_or(Value::Null);
-                    if let Ok(mut c) = checker.lock() {
-                        c.job(started.elapsed(), &seen(&st));
-                    }
+                    feed.tell(|c, at| c.job(at, &seen(&st)));
                 }
                 else => break,
             }
@@ -476,15 +541,15 @@ fn watch(
 const CHECKPOINT_READS: Duration = Duration::from_secs(1);
 
 /// Reads the job's `latest.pt` from its volume every second and feeds the checker whether it
-/// is whole. The local cluster's claims are hostPath volumes that both nodes share with this
-/// machine, so the file is read where the trainers write it; a rank 0 that renames a finished
-/// file over it (as `examples/train.py` does) never shows a torn one.
+/// is whole and, when it is, the step stored in it. The local cluster's claims are hostPath
+/// volumes that both nodes share with this machine, so the file is read where the trainers
+/// write it; a rank 0 that renames a finished file over it (as `examples/train.py` does)
+/// never shows a torn one. The job is created once per run, so its steps are one sequence.
 fn read_checkpoints(
     client: &Client,
     ns: &str,
     job: &str,
-    checker: Arc<Mutex<Checker>>,
-    started: Instant,
+    feed: Feed,
 ) -> tokio::task::JoinHandle<()> {
     let (client, ns, claim) = (client.clone(), ns.to_owned(), format!("{job}-checkpoints"));
     tokio::spawn(async move {
@@ -498,16 +563,22 @@ fn read_checkpoints(
             let Some(file) = dir.as_ref().map(|d| d.join("latest.pt")) else {
                 continue;
             };
-            match tokio::fs::read(&file).await {
-                Ok(bytes) => {
-                    let torn = super::checkpoint::torn(&bytes);
-                    if let Ok(mut c) = checker.lock() {
-                        c.checkpoint(started.elapsed(), torn);
-                    }
-                }
+            let bytes = match tokio::fs::read(&file).await {
+                Ok(bytes) => bytes,
                 // Not saved yet.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => println!("chaos: reading {}: {e}", file.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    println!("chaos: reading {}: {e}", file.display());
+                    continue;
+                }
+            };
+            let torn = checkpoint::torn(&bytes);
+            let whole = torn.is_none();
+            feed.tell(|c, at| c.checkpoint(at, torn));
+            // A torn file is a violation already; the step of a whole one must not go back.
+            if whole {
+                let step = checkpoint::step(&bytes).await.map_err(|e| format!("{e:#}"));
+                feed.tell(|c, at| c.checkpoint_step(at, step));
             }
         }
     })
@@ -541,16 +612,25 @@ fn counter(st: &Value, key: &str) -> u32 {
 }
 
 fn seen(st: &Value) -> JobSeen {
+    let progress = &st["progress"];
     JobSeen {
         attempt: counter(st, "attempt"),
         preemptions: counter(st, "preemptions"),
         failures: counter(st, "failures"),
         hangs: counter(st, "hangs"),
-        checkpoint_step: st["progress"]["checkpointStep"].as_u64(),
-        steps_lost: st["progress"]["stepsLost"].as_u64().map(|lost| {
-            let attempt = st["progress"]["attempt"].as_u64().unwrap_or(0);
+        checkpoint_step: progress["checkpointStep"].as_u64(),
+        steps_lost: progress["stepsLost"].as_u64().map(|lost| {
+            let attempt = progress["attempt"].as_u64().unwrap_or(0);
             (u32::try_from(attempt).unwrap_or(u32::MAX), lost)
         }),
+        progress: progress["attempt"]
+            .as_u64()
+            .zip(progress["step"].as_u64())
+            .map(|(attempt, step)| ProgressSeen {
+                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                step,
+                resumed_from: progress["resumedFrom"].as_u64(),
+            }),
     }
 }
 
@@ -818,6 +898,8 @@ mod tests {
             hangs: 0,
             steps_lost: 0,
             checkpoints_read: 0,
+            steps_read: 0,
+            proc_scans: 0,
             wall: secs(270),
             violations: Vec::new(),
         };
@@ -955,5 +1037,35 @@ mod tests {
             faults: vec![fault(70, FaultKind::GpuUnhealthy, 10)],
         };
         assert_eq!(steps_to_outlast(&short), MIN_STEPS);
+    }
+
+    #[test]
+    fn the_attempts_progress_is_read_from_the_status() {
+        let st = json!({"attempt": 2, "progress": {
+            "attempt": 2, "step": 130, "resumedFrom": 125, "checkpointStep": 125, "stepsLost": 3,
+        }});
+        let job = seen(&st);
+        assert_eq!(
+            job.progress,
+            Some(ProgressSeen {
+                attempt: 2,
+                step: 130,
+                resumed_from: Some(125),
+            })
+        );
+        assert_eq!(job.steps_lost, Some((2, 3)));
+        assert_eq!(seen(&json!({"attempt": 0})).progress, None);
+    }
+
+    #[test]
+    fn node_2_is_given_the_jobs_grace_period_and_the_kubelets_catch_up_to_kill() {
+        let job = chaos_job("chaos-1", MIN_STEPS, json!({"policy": "Prefer"}));
+        assert_eq!(node2_kill_grace(&job).expect("grace"), secs(20 + 30));
+        let mut unset = job;
+        if let Some(spec) = unset["spec"].as_object_mut() {
+            spec.remove("terminationGracePeriodSeconds");
+        }
+        // The CRD's default.
+        assert_eq!(node2_kill_grace(&unset).expect("grace"), secs(60 + 30));
     }
 }

@@ -55,11 +55,23 @@ pub enum FaultKind {
     /// `trainyard-api-delay` closed, new ones refused), its trainers still reaching each other
     /// and the operator: its Lease stops, its ranks go on reporting.
     Node2CutFromApi,
+    /// 256 connections held open to a device plugin's metrics port for `hold`, each opened
+    /// again as soon as it is closed: the plugin must go on serving the kubelet.
+    PluginMetricsFlood,
+    /// etcd's writes to its disk throttled to 20 to 60 operations a second (a blkio cgroup) for
+    /// `hold`: every write through the API server waits for a slow fsync.
+    SlowEtcdDisk,
+    /// The trainer image hidden on both nodes (its name untagged in containerd) for `hold`,
+    /// and a worker pod deleted: the restart's pods cannot get their image until it is back.
+    ImagePullFailure,
+    /// Both operator replicas rolled onto a clock 2 to 5 s ahead of or behind the cluster's
+    /// (libfaketime), and back after `hold`.
+    OperatorClockSkew,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order (the schedule's shuffles start from it).
-    pub const ALL: [FaultKind; 17] = [
+    pub const ALL: [FaultKind; 21] = [
         FaultKind::KillOperatorLeader,
         FaultKind::RestartApiServer,
         FaultKind::RestartEtcd,
@@ -77,6 +89,10 @@ impl FaultKind {
         FaultKind::KubeletsRestart,
         FaultKind::ProgressFlood,
         FaultKind::Node2CutFromApi,
+        FaultKind::PluginMetricsFlood,
+        FaultKind::SlowEtcdDisk,
+        FaultKind::ImagePullFailure,
+        FaultKind::OperatorClockSkew,
     ];
 
     /// The things the fault acts on: two faults on one resource never overlap.
@@ -97,10 +113,14 @@ impl FaultKind {
     /// The one thing a fault of one resource acts on.
     fn resource(self) -> &'static Resource {
         match self {
-            FaultKind::KillOperatorLeader => &Resource::Operator,
-            FaultKind::RestartApiServer | FaultKind::RestartEtcd => &Resource::ControlPlane,
+            FaultKind::KillOperatorLeader | FaultKind::OperatorClockSkew => &Resource::Operator,
+            FaultKind::RestartApiServer | FaultKind::RestartEtcd | FaultKind::SlowEtcdDisk => {
+                &Resource::ControlPlane
+            }
             FaultKind::RestartKubelet | FaultKind::KubeletsRestart => &Resource::Node1,
-            FaultKind::RestartDevicePlugin | FaultKind::GpuUnhealthy => &Resource::Gpus,
+            FaultKind::RestartDevicePlugin
+            | FaultKind::GpuUnhealthy
+            | FaultKind::PluginMetricsFlood => &Resource::Gpus,
             FaultKind::LoseNode2 | FaultKind::PartitionNode2 | FaultKind::Node2CutFromApi => {
                 &Resource::Node2
             }
@@ -108,9 +128,10 @@ impl FaultKind {
             FaultKind::ApiLatency => &Resource::ApiPath,
             FaultKind::DnsOutage => &Resource::Dns,
             FaultKind::ProgressFlood => &Resource::Progress,
-            FaultKind::DeleteWorkerPod | FaultKind::SuspendResume | FaultKind::TrainerFailure => {
-                &Resource::Job
-            }
+            FaultKind::DeleteWorkerPod
+            | FaultKind::SuspendResume
+            | FaultKind::TrainerFailure
+            | FaultKind::ImagePullFailure => &Resource::Job,
         }
     }
 
@@ -121,7 +142,7 @@ impl FaultKind {
     pub fn waits_for(self, held: FaultKind) -> bool {
         let aims_at_a_worker = matches!(
             self,
-            FaultKind::DeleteWorkerPod | FaultKind::TerminationTaint
+            FaultKind::DeleteWorkerPod | FaultKind::TerminationTaint | FaultKind::ImagePullFailure
         );
         self.shares_a_resource(held) || (aims_at_a_worker && held == FaultKind::SuspendResume)
     }
@@ -139,6 +160,10 @@ impl FaultKind {
                 | FaultKind::DnsOutage
                 | FaultKind::ProgressFlood
                 | FaultKind::Node2CutFromApi
+                | FaultKind::PluginMetricsFlood
+                | FaultKind::SlowEtcdDisk
+                | FaultKind::ImagePullFailure
+                | FaultKind::OperatorClockSkew
         )
     }
 
@@ -163,6 +188,7 @@ impl FaultKind {
                 | FaultKind::PartitionNode2
                 | FaultKind::TerminationTaint
                 | FaultKind::DeleteWorkerPod
+                | FaultKind::ImagePullFailure
                 | FaultKind::SuspendResume
         )
     }
@@ -215,7 +241,7 @@ pub fn near_a_restart(failure: Duration, restart: Duration) -> bool {
 }
 
 /// The seed `make test` runs (`e2e/tests/chaos.rs`).
-pub const MAKE_TEST_SEED: u64 = 20262996;
+pub const MAKE_TEST_SEED: u64 = 20294459;
 
 /// The knobs of a schedule.
 #[derive(Clone, Debug)]
@@ -353,7 +379,7 @@ mod tests {
     }
 
     /// `make test`'s seed has a genuine failure among its faults, while the API is slow and
-    /// away from other restarts, beside a lost or partitioned node and a control-plane restart.
+    /// away from other restarts, beside a lost or partitioned node and a control-plane fault.
     #[test]
     fn the_seed_of_make_test_has_a_genuine_failure_beside_node_and_control_plane_faults() {
         let s = Schedule::generate(MAKE_TEST_SEED, &ScheduleConfig::make_test());
@@ -382,7 +408,13 @@ mod tests {
             "{s}"
         );
         assert!(
-            kinds.contains(&FaultKind::RestartApiServer) || kinds.contains(&FaultKind::RestartEtcd),
+            [
+                FaultKind::RestartApiServer,
+                FaultKind::RestartEtcd,
+                FaultKind::SlowEtcdDisk
+            ]
+            .iter()
+            .any(|k| kinds.contains(k)),
             "{s}"
         );
     }

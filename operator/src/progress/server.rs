@@ -721,7 +721,10 @@ mod tests {
             .await
             .expect("the report is recorded after its trainer left");
         assert_eq!((p.attempt, p.step()), (1, Some(7)));
-        assert!(h.server.store.last_refusal().is_none(), "nothing was refused");
+        assert!(
+            h.server.store.last_refusal().is_none(),
+            "nothing was refused"
+        );
     }
 
     #[tokio::test]
