@@ -58,10 +58,27 @@ pub struct OperatorConfig {
     /// How long after a rank fails its verdict is held while a peer's node may have been lost
     /// ([`crate::lost_peer`]): a lost peer is a preemption, not a failure.
     pub lost_peer_window_seconds: u64,
+    /// What the operator refuses in a TrainingJob's pod template, beyond what admission
+    /// enforces (docs/security.md).
+    pub template_policy: TemplatePolicy,
     /// The progress channel trainers report to, when the operator serves it (set from the
     /// command line, `--progress-url`, never from the config file).
     #[serde(skip)]
     pub progress_channel: Option<ProgressChannel>,
+}
+
+/// What the operator refuses in a pod template (condition `InvalidSpec`, naming the field):
+/// the worker pods are created with the operator's rights, so a cluster without a policy
+/// engine on tenant namespaces can refuse here what reaches the node.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct TemplatePolicy {
+    /// Refuse `nodeName`, `hostNetwork`, `hostPID`, `hostIPC`, `hostPath` volumes, privileged
+    /// containers and capabilities beyond Pod Security's baseline.
+    pub refuse_host_access: bool,
+    /// When not empty, the only `serviceAccountName`s a template may use (`default` when it
+    /// names none).
+    pub service_accounts: Vec<String>,
 }
 
 /// Where trainers report their progress, and the audience of the token they report with.
@@ -135,6 +152,7 @@ impl Default for OperatorConfig {
             node_not_ready_timeout_seconds: 60,
             container_waiting_timeout_seconds: 300,
             lost_peer_window_seconds: 60,
+            template_policy: TemplatePolicy::default(),
             progress_channel: None,
         }
     }
@@ -213,6 +231,16 @@ impl OperatorConfig {
                 self.on_demand_multiplier
             ));
         }
+        if let Some(i) = self
+            .template_policy
+            .service_accounts
+            .iter()
+            .position(|a| a.trim().is_empty())
+        {
+            return Err(format!(
+                "templatePolicy.serviceAccounts[{i}] must name a ServiceAccount"
+            ));
+        }
         for (i, p) in self.prices.iter().enumerate() {
             if p.match_.trim().is_empty() {
                 return Err(format!("prices[{i}].match must not be empty"));
@@ -278,6 +306,29 @@ mod tests {
         let text = include_str!("../config/default.yaml");
         let parsed = OperatorConfig::from_yaml(text).expect("default.yaml parses");
         assert_eq!(parsed, OperatorConfig::default());
+    }
+
+    #[test]
+    fn the_template_policy_is_read_and_an_empty_account_name_is_refused() {
+        let config = OperatorConfig::from_yaml(
+            "templatePolicy: {refuseHostAccess: true, serviceAccounts: [trainer]}\n",
+        )
+        .expect("parses");
+        assert_eq!(
+            config.template_policy,
+            TemplatePolicy {
+                refuse_host_access: true,
+                service_accounts: vec!["trainer".to_owned()],
+            }
+        );
+        let err = OperatorConfig::from_yaml("templatePolicy: {serviceAccounts: [\"\"]}\n")
+            .expect_err("an empty name")
+            .to_string();
+        assert!(err.contains("templatePolicy.serviceAccounts[0]"), "{err}");
+        let err = OperatorConfig::from_yaml("templatePolicy: {refuseHostPath: true}\n")
+            .expect_err("an unknown field")
+            .to_string();
+        assert!(err.contains("refuseHostPath"), "{err}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 
+use crate::config::TemplatePolicy;
 use crate::crd::{
     AccessMode, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER, MAX_GRACE_SECONDS,
     MAX_MIN_MEMORY_GIB, MAX_RESTARTS, MAX_WORKERS, TrainingJob, TrainingJobSpec,
@@ -257,6 +258,7 @@ fn check_template(spec: &TrainingJobSpec) -> Result<usize, InvalidSpec> {
         ));
     }
     let trainer_index = trainer::trainer_index(containers).unwrap_or(0);
+    check_reserved_env(spec)?;
     if spec.gpus_per_worker > 0 && spec.gpu.resource_name.trim().is_empty() {
         return Err(InvalidSpec::new(
             "spec.gpu.resourceName",
@@ -264,6 +266,155 @@ fn check_template(spec: &TrainingJobSpec) -> Result<usize, InvalidSpec> {
         ));
     }
     Ok(trainer_index)
+}
+
+/// The prefix of the variables the operator sets in every worker (the attempt, its fence
+/// token, its rendezvous id, ...): a template that set one would run every attempt with the
+/// template's value, a fence token that never changes among them.
+pub const RESERVED_ENV_PREFIX: &str = "TRAINYARD_";
+
+/// No container of the template sets a [`RESERVED_ENV_PREFIX`] variable.
+fn check_reserved_env(spec: &TrainingJobSpec) -> Result<(), InvalidSpec> {
+    let Some(pod) = spec.template.spec.as_ref() else {
+        return Ok(());
+    };
+    let lists = [
+        ("containers", pod.containers.as_slice()),
+        (
+            "initContainers",
+            pod.init_containers.as_deref().unwrap_or_default(),
+        ),
+    ];
+    for (list, containers) in lists {
+        for (i, container) in containers.iter().enumerate() {
+            let env = container.env.as_deref().unwrap_or_default();
+            if let Some((j, var)) = env
+                .iter()
+                .enumerate()
+                .find(|(_, v)| v.name.starts_with(RESERVED_ENV_PREFIX))
+            {
+                return Err(InvalidSpec::new(
+                    &format!("spec.template.spec.{list}[{i}].env[{j}].name"),
+                    format!(
+                        "{} is set by the operator for each attempt; a template must not set \
+                         {RESERVED_ENV_PREFIX}* variables",
+                        var.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The capabilities Pod Security's baseline lets a container add.
+const BASELINE_CAPABILITIES: [&str; 13] = [
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+];
+
+/// Checks a template against the operator's [`TemplatePolicy`]: what reaches the node or
+/// names a ServiceAccount the policy does not allow is refused, naming the field.
+pub fn check_policy(spec: &TrainingJobSpec, policy: &TemplatePolicy) -> Result<(), InvalidSpec> {
+    let Some(pod) = spec.template.spec.as_ref() else {
+        return Ok(());
+    };
+    if !policy.service_accounts.is_empty() {
+        // `serviceAccount` is the deprecated name the API server still honours.
+        let account = [&pod.service_account_name, &pod.service_account]
+            .into_iter()
+            .find_map(|a| a.as_deref().filter(|a| !a.is_empty()))
+            .unwrap_or("default");
+        if !policy.service_accounts.iter().any(|a| a == account) {
+            return Err(InvalidSpec::new(
+                "spec.template.spec.serviceAccountName",
+                format!(
+                    "ServiceAccount {account:?} is not among those the operator's template \
+                     policy allows ({})",
+                    policy.service_accounts.join(", ")
+                ),
+            ));
+        }
+    }
+    if policy.refuse_host_access {
+        check_host_access(pod)?;
+    }
+    Ok(())
+}
+
+/// A template that reaches the host (a named node, a host namespace, a hostPath volume, a
+/// privileged container or a capability beyond the baseline) is refused, naming the field.
+fn check_host_access(pod: &k8s_openapi::api::core::v1::PodSpec) -> Result<(), InvalidSpec> {
+    let refused = |field: String, what: &str| {
+        Err(InvalidSpec::new(
+            &field,
+            format!("{what}: the operator's template policy refuses access to the host"),
+        ))
+    };
+    if pod.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        return refused(
+            "spec.template.spec.nodeName".to_owned(),
+            "a node named in the template skips the scheduler",
+        );
+    }
+    for (field, set) in [
+        ("hostNetwork", pod.host_network),
+        ("hostPID", pod.host_pid),
+        ("hostIPC", pod.host_ipc),
+    ] {
+        if set == Some(true) {
+            return refused(format!("spec.template.spec.{field}"), "a host namespace");
+        }
+    }
+    for (i, volume) in pod.volumes.iter().flatten().enumerate() {
+        if volume.host_path.is_some() {
+            return refused(
+                format!("spec.template.spec.volumes[{i}].hostPath"),
+                "a hostPath volume",
+            );
+        }
+    }
+    let lists = [
+        ("containers", pod.containers.as_slice()),
+        (
+            "initContainers",
+            pod.init_containers.as_deref().unwrap_or_default(),
+        ),
+    ];
+    for (list, containers) in lists {
+        for (i, container) in containers.iter().enumerate() {
+            let Some(context) = container.security_context.as_ref() else {
+                continue;
+            };
+            let at = format!("spec.template.spec.{list}[{i}].securityContext");
+            if context.privileged == Some(true) {
+                return refused(format!("{at}.privileged"), "a privileged container");
+            }
+            let added = context.capabilities.as_ref().and_then(|c| c.add.as_deref());
+            if let Some(cap) = added
+                .unwrap_or_default()
+                .iter()
+                .find(|c| !BASELINE_CAPABILITIES.contains(&c.trim_start_matches("CAP_")))
+            {
+                return refused(
+                    format!("{at}.capabilities.add"),
+                    &format!("capability {cap} beyond Pod Security's baseline"),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `spec.gpu.minCudaVersion` and `spec.gpu.minComputeCapability`.
@@ -357,6 +508,119 @@ mod tests {
         assert_eq!(
             validate(&tj).expect_err("invalid").field,
             "spec.template.spec.containers"
+        );
+    }
+
+    /// A fence token (or any TRAINYARD_* variable) in the template would outlive its attempt:
+    /// refused, naming the field.
+    #[test]
+    fn a_template_setting_a_trainyard_variable_is_invalid_naming_the_field() {
+        let mut job = job_yaml("workers: 1\n");
+        let pod = job.spec.template.spec.as_mut().expect("pod spec");
+        pod.containers[0].env = Some(vec![
+            k8s_openapi::api::core::v1::EnvVar {
+                name: "LR".to_owned(),
+                value: Some("0.1".to_owned()),
+                ..Default::default()
+            },
+            k8s_openapi::api::core::v1::EnvVar {
+                name: "TRAINYARD_FENCE_TOKEN".to_owned(),
+                value: Some("1:0:mine".to_owned()),
+                ..Default::default()
+            },
+        ]);
+        let err = validate(&job).expect_err("a reserved variable");
+        assert_eq!(err.field, "spec.template.spec.containers[0].env[1].name");
+        assert!(err.message.contains("TRAINYARD_FENCE_TOKEN"), "{err}");
+
+        let mut job = job_yaml("workers: 1\n");
+        let pod = job.spec.template.spec.as_mut().expect("pod spec");
+        let mut init = pod.containers[0].clone();
+        init.env = Some(vec![k8s_openapi::api::core::v1::EnvVar {
+            name: "TRAINYARD_ATTEMPT".to_owned(),
+            value: Some("0".to_owned()),
+            ..Default::default()
+        }]);
+        pod.init_containers = Some(vec![init]);
+        let err = validate(&job).expect_err("in an init container too");
+        assert_eq!(
+            err.field,
+            "spec.template.spec.initContainers[0].env[0].name"
+        );
+    }
+
+    /// The template policy: off by default; with host access refused, each way to the host
+    /// is named; with an allow-list, only those ServiceAccounts (the default one when the
+    /// template names none).
+    #[test]
+    fn the_template_policy_refuses_what_reaches_the_host_naming_the_field() {
+        let strict = TemplatePolicy {
+            refuse_host_access: true,
+            service_accounts: Vec::new(),
+        };
+        let refused = |yaml: &str, policy: &TemplatePolicy| {
+            let job = validate(&job_yaml(yaml)).expect("valid without a policy");
+            check_policy(&job.spec, policy).map_err(|e| e.field)
+        };
+        let template = |pod: &str| {
+            format!(
+                "workers: 1\ntemplate:\n  spec:\n    containers: [{{name: trainer, image: t}}]\n{pod}"
+            )
+        };
+        let plain = template("");
+        assert_eq!(refused(&plain, &strict), Ok(()));
+        for (pod, field) in [
+            ("    nodeName: gpu-7\n", "spec.template.spec.nodeName"),
+            ("    hostNetwork: true\n", "spec.template.spec.hostNetwork"),
+            ("    hostPID: true\n", "spec.template.spec.hostPID"),
+            (
+                "    volumes: [{name: c, emptyDir: {}}, {name: h, hostPath: {path: /}}]\n",
+                "spec.template.spec.volumes[1].hostPath",
+            ),
+        ] {
+            let yaml = template(pod);
+            assert_eq!(refused(&yaml, &TemplatePolicy::default()), Ok(()), "{pod}");
+            assert_eq!(refused(&yaml, &strict), Err(field.to_owned()), "{pod}");
+        }
+        let container = |security: &str| {
+            format!(
+                "workers: 1\ntemplate:\n  spec:\n    containers:\n    - {{name: trainer, image: t, securityContext: {security}}}\n"
+            )
+        };
+        let at = "spec.template.spec.containers[0].securityContext";
+        assert_eq!(
+            refused(&container("{privileged: true}"), &strict),
+            Err(format!("{at}.privileged"))
+        );
+        assert_eq!(
+            refused(&container("{capabilities: {add: [SYS_ADMIN]}}"), &strict),
+            Err(format!("{at}.capabilities.add"))
+        );
+        assert_eq!(
+            refused(
+                &container("{capabilities: {add: [CAP_NET_BIND_SERVICE]}}"),
+                &strict
+            ),
+            Ok(()),
+            "within the baseline"
+        );
+
+        let allowed = TemplatePolicy {
+            refuse_host_access: false,
+            service_accounts: vec!["trainer".to_owned()],
+        };
+        assert_eq!(
+            refused(&plain, &allowed),
+            Err("spec.template.spec.serviceAccountName".to_owned()),
+            "the default ServiceAccount is not on the list"
+        );
+        assert_eq!(
+            refused(&template("    serviceAccountName: trainer\n"), &allowed),
+            Ok(())
+        );
+        assert_eq!(
+            refused(&template("    serviceAccount: admin\n"), &allowed),
+            Err("spec.template.spec.serviceAccountName".to_owned())
         );
     }
 

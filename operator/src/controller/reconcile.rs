@@ -115,7 +115,10 @@ async fn reconcile_inner(
         &uid,
         known.current.ledger.as_ref(),
     );
-    let valid = match validate(job) {
+    let checked = validate(job).and_then(|v| {
+        crate::validate::check_policy(&v.spec, &ctx.config.template_policy).map(|()| v)
+    });
+    let valid = match checked {
         Ok(v) => {
             ctx.memory.remember_valid(&uid, obj);
             v

@@ -74,6 +74,57 @@ pub trait TokenReviewer: Send + Sync + 'static {
     fn known(&self, _token: &str) -> Option<Result<Identity, AuthError>> {
         None
     }
+
+    /// Refuses, before any review, what cannot be a token this reviewer would accept: the
+    /// server asks it first, so garbage costs no `TokenReview` and no permit.
+    fn precheck(&self, _token: &str) -> Result<(), AuthError> {
+        Ok(())
+    }
+}
+
+/// Why `token` cannot be a projected service-account token for `audience`, read from its
+/// shape alone (nothing is verified here: the `TokenReview` that follows does that): a JWT of
+/// three base64url parts whose header names a signing algorithm and whose claims list
+/// `audience` in `aud` and carry an expiry. A token that passes may still be forged; one that
+/// fails is refused without asking the API server, so a flood of garbage or of tokens meant
+/// for someone else costs the flooder, not the API server.
+pub fn precheck(token: &str, audience: &str) -> Result<(), String> {
+    use base64::Engine as _;
+    let parts: Vec<&str> = token.split('.').collect();
+    let [header, claims, signature] = parts.as_slice() else {
+        return Err(format!(
+            "not a JWT: {} dot-separated parts, not 3",
+            parts.len()
+        ));
+    };
+    if signature.is_empty() {
+        return Err("not a JWT: no signature".to_owned());
+    }
+    let decode = |what: &str, part: &str| -> Result<serde_json::Value, String> {
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(part)
+            .map_err(|e| format!("not a JWT: its {what} is not base64url: {e}"))?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| format!("not a JWT: its {what} is not JSON: {e}"))
+    };
+    let header = decode("header", header)?;
+    match header.get("alg").and_then(|a| a.as_str()) {
+        Some(alg) if !alg.is_empty() && !alg.eq_ignore_ascii_case("none") => {}
+        _ => return Err("the token is not signed (no alg, or alg none)".to_owned()),
+    }
+    let claims = decode("claims", claims)?;
+    let listed = match claims.get("aud") {
+        Some(serde_json::Value::String(aud)) => aud == audience,
+        Some(serde_json::Value::Array(auds)) => auds.iter().any(|a| a.as_str() == Some(audience)),
+        _ => false,
+    };
+    if !listed {
+        return Err(format!("the token is not for the audience {audience}"));
+    }
+    if !claims.get("exp").is_some_and(serde_json::Value::is_number) {
+        return Err("the token has no expiry: not a projected service-account token".to_owned());
+    }
+    Ok(())
 }
 
 /// What a `TokenReview` answer must show of the audience it was asked about.
@@ -346,6 +397,10 @@ impl TokenReviewer for KubeTokenReviewer {
     fn known(&self, token: &str) -> Option<Result<Identity, AuthError>> {
         lock(&self.cache).get(&token_key(token), Instant::now())
     }
+
+    fn precheck(&self, token: &str) -> Result<(), AuthError> {
+        precheck(token, &self.audience).map_err(AuthError::Unauthenticated)
+    }
 }
 
 #[cfg(test)]
@@ -526,7 +581,93 @@ pub(crate) mod tests {
         assert!(cache.entries.keys().all(|k| *k != token_key("t3")));
     }
 
-    /// A client whose TokenReviews are answered by token: `good:<ns>:<pod>` is a bound token of
+    /// A JWT-shaped token for [`AUDIENCE`] (it passes [`precheck`]) that [`reviewing_client`]
+    /// answers as `marker` (carried as its signature).
+    pub(crate) fn jwt(marker: &str) -> String {
+        jwt_with(
+            &json!({"alg": "RS256", "kid": "k"}),
+            &json!({"aud": [AUDIENCE], "exp": 4_102_444_800_u64, "sub": "system:serviceaccount:ml:trainer"}),
+            marker,
+        )
+    }
+
+    fn jwt_with(header: &Value, claims: &Value, marker: &str) -> String {
+        use base64::Engine as _;
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        format!(
+            "{}.{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes()),
+            b64(marker.as_bytes())
+        )
+    }
+
+    /// The marker a [`jwt`] carries, or the token itself when it is not one.
+    fn marker_of(token: &str) -> String {
+        use base64::Engine as _;
+        let parts: Vec<&str> = token.split('.').collect();
+        let [_, _, signature] = parts.as_slice() else {
+            return token.to_owned();
+        };
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(signature)
+            .ok()
+            .and_then(|m| String::from_utf8(m).ok())
+            .unwrap_or_else(|| token.to_owned())
+    }
+
+    /// Garbage, unsigned tokens and tokens for another audience fail the shape check; a
+    /// projected token for the audience passes it (the review still decides).
+    #[test]
+    fn only_a_signed_jwt_for_the_audience_with_an_expiry_passes_the_precheck() {
+        assert_eq!(precheck(&jwt("good:ml:p"), AUDIENCE), Ok(()));
+        let one_audience = json!({"aud": AUDIENCE, "exp": 1});
+        let signed = json!({"alg": "RS256"});
+        assert_eq!(
+            precheck(&jwt_with(&signed, &one_audience, "x"), AUDIENCE),
+            Ok(())
+        );
+        let refused = |token: &str, says: &str| {
+            let why = precheck(token, AUDIENCE).expect_err(token);
+            assert!(why.contains(says), "{token}: {why}");
+        };
+        refused("forged", "1 dot-separated parts");
+        refused("a.b.c.d", "4 dot-separated parts");
+        refused("a.b.", "no signature");
+        refused("!!.b.c", "header is not base64url");
+        refused(
+            &jwt_with(&json!({"alg": "none"}), &one_audience, "x"),
+            "not signed",
+        );
+        refused(&jwt_with(&json!({}), &one_audience, "x"), "not signed");
+        let other = json!({"aud": ["https://kubernetes.default.svc"], "exp": 1});
+        refused(
+            &jwt_with(&signed, &other, "x"),
+            "not for the audience trainyard-progress",
+        );
+        refused(
+            &jwt_with(&signed, &json!({"exp": 1}), "x"),
+            "not for the audience",
+        );
+        refused(
+            &jwt_with(&signed, &json!({"aud": AUDIENCE}), "x"),
+            "no expiry",
+        );
+        let not_json = {
+            use base64::Engine as _;
+            let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+            format!(
+                "{}.{}.{}",
+                b64("{\"alg\":\"RS256\"}"),
+                b64("not json"),
+                b64("x")
+            )
+        };
+        refused(&not_json, "claims is not JSON");
+    }
+
+    /// A client whose TokenReviews are answered by token (or the marker of a [`jwt`]):
+    /// `good:<ns>:<pod>` is a bound token of
     /// pod `<pod>` (uid `uid-<pod>`) in `<ns>`, `noaud:<ns>:<pod>` the same from a server that
     /// lists no audiences, anything else is refused. Counts the reviews and keeps the last
     /// request body.
@@ -546,10 +687,7 @@ pub(crate) mod tests {
                 let sent: Value =
                     serde_json::from_slice(&body.collect_bytes().await?).unwrap_or(Value::Null);
                 counter.fetch_add(1, Ordering::SeqCst);
-                let token = sent["spec"]["token"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
+                let token = marker_of(sent["spec"]["token"].as_str().unwrap_or_default());
                 let status = match token.split(':').collect::<Vec<_>>().as_slice() {
                     [kind @ ("good" | "noaud"), ns, pod] => json!({
                         "authenticated": true,

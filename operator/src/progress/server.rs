@@ -309,6 +309,15 @@ async fn read_body(request: Request) -> Result<Bytes, Rejection> {
 /// [`REVIEW_TIMEOUT`] that holds one of the permits.
 async fn review(shared: &Shared, token: String) -> Result<Identity, Rejection> {
     let reviewer = shared.server.reviewer.as_ref();
+    if let Err(AuthError::Unauthenticated(why) | AuthError::Unavailable(why)) =
+        reviewer.precheck(&token)
+    {
+        return Err(Rejection::new(
+            StatusCode::UNAUTHORIZED,
+            Outcome::Unauthenticated,
+            why,
+        ));
+    }
     let answer = match reviewer.known(&token) {
         Some(known) => known,
         None => {
@@ -536,7 +545,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::progress::auth::tests::reviewing_client;
+    use crate::progress::auth::tests::{jwt, reviewing_client};
     use crate::progress::auth::{Identity, KubeTokenReviewer};
 
     /// Tokens `tok-<pod>` of pods in `ml`, each a worker `<job>-worker-<rank>` (uid
@@ -1129,9 +1138,10 @@ mod tests {
             FakePods::of(&[("train", 1)]),
             MAX_CONCURRENT_REVIEWS,
         );
+        let forged = jwt("forged");
         for _ in 0..50 {
             assert_eq!(
-                post(&h.router, "forged", good(0, 1)).await.0,
+                post(&h.router, &forged, good(0, 1)).await.0,
                 StatusCode::UNAUTHORIZED
             );
         }
@@ -1139,22 +1149,48 @@ mod tests {
         assert!(counted_n(&h.server, "unauthenticated", 50));
     }
 
+    /// What cannot be a projected token for the operator's audience (garbage, another
+    /// audience's token) is refused from its shape: no review, no permit, no trouble of the
+    /// channel.
+    #[tokio::test]
+    async fn a_garbage_token_makes_no_token_review() {
+        let (client, reviews, _) = reviewing_client();
+        let h = harness_with(
+            Arc::new(KubeTokenReviewer::new(client, "trainyard-progress")),
+            FakePods::of(&[("train", 1)]),
+            0,
+        );
+        for i in 0..100 {
+            let (status, answer) = post(&h.router, &format!("garbage-{i}"), good(0, 1)).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED);
+            assert!(
+                answer["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("not a JWT")),
+                "{answer}"
+            );
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), 0, "no TokenReview was made");
+        assert_eq!(h.server.store.last_refusal(), None);
+        assert!(counted_n(&h.server, "unauthenticated", 100));
+    }
+
     #[tokio::test]
     async fn a_cached_token_is_answered_without_a_permit() {
         let (client, reviews, _) = reviewing_client();
         let reviewer = Arc::new(KubeTokenReviewer::new(client, "trainyard-progress"));
-        let known = "good:ml:train-worker-0".to_owned();
+        let (known, forged) = (jwt("good:ml:train-worker-0"), jwt("forged"));
         reviewer.review(known.clone()).await.expect("accepted");
-        let _ = reviewer.review("forged".to_owned()).await;
+        let _ = reviewer.review(forged.clone()).await;
         // No permit at all: only what the reviewer already knows can be answered.
         let h = harness_with(reviewer, FakePods::of(&[("train", 1)]), 0);
         assert_eq!(post(&h.router, &known, good(0, 1)).await.0, StatusCode::OK);
         assert_eq!(
-            post(&h.router, "forged", good(0, 1)).await.0,
+            post(&h.router, &forged, good(0, 1)).await.0,
             StatusCode::UNAUTHORIZED
         );
         assert_eq!(
-            post(&h.router, "good:ml:train-worker-1", good(1, 1)).await,
+            post(&h.router, &jwt("good:ml:train-worker-1"), good(1, 1)).await,
             (
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": "overloaded"})
@@ -1197,7 +1233,7 @@ mod tests {
         for round in 0..2u64 {
             for job in ["a", "b"] {
                 for rank in 0..RANKS {
-                    let token = format!("good:ml:{job}-worker-{rank}");
+                    let token = jwt(&format!("good:ml:{job}-worker-{rank}"));
                     let body = json!({"job": job, "rank": rank, "attempt": 1, "step": round});
                     assert_eq!(post(&h.router, &token, body).await.0, StatusCode::OK);
                 }
@@ -1225,7 +1261,7 @@ mod tests {
         ));
         let h = harness_with(small.clone(), FakePods::of(&[("a", RANKS)]), 8);
         for rank in 0..RANKS {
-            let token = format!("good:ml:a-worker-{rank}");
+            let token = jwt(&format!("good:ml:a-worker-{rank}"));
             let body = json!({"job": "a", "rank": rank, "attempt": 1, "step": 1});
             assert_eq!(post(&h.router, &token, body).await.0, StatusCode::OK);
             assert!(small.cached() <= 300);
