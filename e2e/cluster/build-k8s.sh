@@ -22,15 +22,20 @@ mkdir -p "$SRC_ROOT" "$BIN"
 # 1. Debian source package (needs a deb-src entry).
 if ! ls "$SRC_ROOT"/kubernetes-*/Makefile >/dev/null 2>&1; then
   if ! apt-get indextargets 2>/dev/null | grep -q 'Created-By: Sources'; then
-    cat > /etc/apt/sources.list.d/trainyard-deb-src.sources <<'SRC'
+    # The source entries of the machine's own binary sources (its mirror or proxy).
+    # shellcheck source=apt-mirror.sh
+    source "$(dirname "$0")/apt-mirror.sh"
+    archive=$(debian_mirror Debian)
+    security=$(debian_mirror Debian-Security)
+    cat > /etc/apt/sources.list.d/trainyard-deb-src.sources <<SRC
 Types: deb-src
-URIs: http://deb.debian.org/debian
+URIs: $archive
 Suites: bookworm bookworm-updates
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 Types: deb-src
-URIs: http://deb.debian.org/debian-security
+URIs: $security
 Suites: bookworm-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg

@@ -26,6 +26,8 @@ ROOT=$(cd "$HERE/../.." && pwd)
 source "$HERE/env.sh"
 # shellcheck source=standins.sh
 source "$HERE/standins.sh"
+# shellcheck source=apt-mirror.sh
+source "$HERE/apt-mirror.sh"
 WORK=$STATE/images
 mkdir -p "$WORK"
 
@@ -95,7 +97,6 @@ check_image_config() { # check_image_config TARGET: the built image's config aga
 
 # The recipe of the cached PyTorch layer: change it and the hash (so the cache) changes.
 TORCH_SUITE=bookworm
-TORCH_MIRROR=${TRAINYARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TORCH_PACKAGES="python3-torch"
 TORCH_RECIPE_VERSION=1
 CACHE=${TRAINYARD_CACHE:-$HOME/.cache/trainyard}
@@ -111,7 +112,9 @@ torch_base_layer() { # prints the path of the cached layer, building it when mis
   fs=$WORK/torch-base-rootfs
   rm -rf "$fs"; mkdir -p "$CACHE"
   echo "images: torch-trainer: debootstrap $TORCH_SUITE + $TORCH_PACKAGES (cached after this run)" >&2
-  debootstrap --variant=minbase "$TORCH_SUITE" "$fs" "$TORCH_MIRROR" >"$WORK/torch-debootstrap.log" 2>&1 \
+  local mirror
+  mirror=$(debian_mirror Debian) || exit 1
+  debootstrap --variant=minbase "$TORCH_SUITE" "$fs" "$mirror" >"$WORK/torch-debootstrap.log" 2>&1 \
     || { tail -20 "$WORK/torch-debootstrap.log" >&2; echo "images: debootstrap failed (log: $WORK/torch-debootstrap.log)" >&2; exit 1; }
   cp /etc/resolv.conf "$fs/etc/resolv.conf"
   # apt inside the root filesystem, with its own /proc in a private mount namespace so

@@ -24,6 +24,8 @@
 set -euo pipefail
 
 STANDINS_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=apt-mirror.sh
+source "$STANDINS_HERE/apt-mirror.sh"
 CACHE=${TRAINYARD_CACHE:-$HOME/.cache/trainyard}
 # buildah's image store and the parent of its RUN --mount=type=cache directories (buildah
 # puts them under $TMPDIR) live in the cache, so warm runs keep both.
@@ -40,7 +42,6 @@ bh() { # buildah on the harness's own vfs store; RUN steps in a chroot
 }
 
 STANDIN_SUITE=bookworm
-STANDIN_MIRROR=${TRAINYARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 STANDIN_LABEL=dev.trainyard.stand-in
 RUST_STANDIN=docker.io/library/rust:1.89-bookworm
 RUST_STANDIN_PACKAGES="gcc libc6-dev ca-certificates"
@@ -62,14 +63,15 @@ standin_current() { # standin_current IMAGE KEY: true when IMAGE exists with rec
 }
 
 rust_standin_rootfs() { # prints the cached bookworm + gcc root filesystem tarball, building it when missing
-  local key tarball fs log
+  local key tarball fs log mirror
   key=$(standin_key "$RUST_STANDIN_RECIPE_VERSION" "$STANDIN_SUITE" "$RUST_STANDIN_PACKAGES")
   tarball=$CACHE/standin-rust-rootfs-$key.tar
   if [[ -f $tarball ]]; then echo "$tarball"; return; fi
   fs=$STANDIN_WORK/rust-rootfs log=$STANDIN_WORK/rust-rootfs.log
   rm -rf "$fs"; mkdir -p "$fs" "$CACHE"
   echo "standins: rust: debootstrap $STANDIN_SUITE + $RUST_STANDIN_PACKAGES (cached after this run)" >&2
-  debootstrap --variant=minbase "$STANDIN_SUITE" "$fs" "$STANDIN_MIRROR" >"$log" 2>&1 \
+  mirror=$(debian_mirror Debian) || return 1
+  debootstrap --variant=minbase "$STANDIN_SUITE" "$fs" "$mirror" >"$log" 2>&1 \
     || { tail -20 "$log" >&2; echo "standins: debootstrap failed (log: $log)" >&2; return 1; }
   cp /etc/resolv.conf "$fs/etc/resolv.conf"
   # apt in the root filesystem, its /proc in a private mount namespace (nothing stays mounted).
