@@ -9,7 +9,8 @@ use kube::Resource;
 use crate::config::TemplatePolicy;
 use crate::crd::{
     AccessMode, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER, MAX_GRACE_SECONDS,
-    MAX_MIN_MEMORY_GIB, MAX_RESTARTS, MAX_WORKERS, TrainingJob, TrainingJobSpec,
+    MAX_MIN_MEMORY_GIB, MAX_PROGRESS_TIMEOUT_SECONDS, MAX_RESTARTS, MAX_WORKERS,
+    MIN_PROGRESS_TIMEOUT_SECONDS, TrainingJob, TrainingJobSpec,
 };
 use crate::trainer;
 use trainyard_api::Version;
@@ -150,6 +151,20 @@ fn check_bounds(spec: &TrainingJobSpec) -> Result<(), InvalidSpec> {
         0,
         MAX_BACKOFF_SECONDS,
     )?;
+    within(
+        "spec.restartPolicy.maxHangs",
+        policy.max_hangs,
+        0,
+        MAX_RESTARTS,
+    )?;
+    if let Some(timeout) = policy.progress_timeout_seconds {
+        within(
+            "spec.restartPolicy.progressTimeoutSeconds",
+            timeout,
+            MIN_PROGRESS_TIMEOUT_SECONDS,
+            MAX_PROGRESS_TIMEOUT_SECONDS,
+        )?;
+    }
     within(
         "spec.terminationGracePeriodSeconds",
         spec.termination_grace_period_seconds,
@@ -679,6 +694,18 @@ mod tests {
                 "spec.restartPolicy.backoffSeconds",
             ),
             (
+                "restartPolicy: {maxHangs: 10001}\n",
+                "spec.restartPolicy.maxHangs",
+            ),
+            (
+                "restartPolicy: {progressTimeoutSeconds: 9}\n",
+                "spec.restartPolicy.progressTimeoutSeconds",
+            ),
+            (
+                "restartPolicy: {progressTimeoutSeconds: 86401}\n",
+                "spec.restartPolicy.progressTimeoutSeconds",
+            ),
+            (
                 "terminationGracePeriodSeconds: 86401\n",
                 "spec.terminationGracePeriodSeconds",
             ),
@@ -701,7 +728,7 @@ mod tests {
     #[test]
     fn values_at_the_crd_limits_are_valid() {
         let mut tj = job_yaml(
-            "workers: 10000\ngpusPerWorker: 64\ngpu: {minMemoryGiB: 1024}\nspot: {fallbackToOnDemandAfter: 10000}\nrestartPolicy: {maxPreemptions: 10000, maxFailures: 10000, backoffSeconds: 600}\nterminationGracePeriodSeconds: 86400\nactiveDeadlineSeconds: 31536000\n",
+            "workers: 10000\ngpusPerWorker: 64\ngpu: {minMemoryGiB: 1024}\nspot: {fallbackToOnDemandAfter: 10000}\nrestartPolicy: {maxPreemptions: 10000, maxFailures: 10000, backoffSeconds: 600, maxHangs: 10000, progressTimeoutSeconds: 86400}\nterminationGracePeriodSeconds: 86400\nactiveDeadlineSeconds: 31536000\n",
         );
         tj.metadata.name = Some("t".into());
         validate(&tj).expect("valid");
