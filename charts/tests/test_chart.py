@@ -827,8 +827,23 @@ def test_device_plugin_args_follow_the_cli_contract(chart: Any) -> None:
         "--metrics-addr=0.0.0.0:9400",
         "--device-list-strategy=envvar",
         "--log-format=json",
+        "--state-dir=/var/lib/trainyard/device-plugin",
     ]
     assert env_of(c)["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_device_plugin_keeps_owed_resets_in_a_node_directory_unless_turned_off(chart: Any) -> None:
+    daemonset = device_plugin_daemonset(render(chart))
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["hostPath"] == {
+        "path": "/var/lib/trainyard/device-plugin",
+        "type": "DirectoryOrCreate",
+    }
+    mounts = {m["name"]: m["mountPath"] for m in container(daemonset)["volumeMounts"]}
+    assert mounts["state"] == "/var/lib/trainyard/device-plugin"
+    off = device_plugin_daemonset(render(chart, {"devicePlugin": {"stateDir": ""}}))
+    assert "state" not in {v["name"] for v in off["spec"]["template"]["spec"]["volumes"]}
+    assert not any(a.startswith("--state-dir") for a in container(off)["args"])
 
 
 def test_device_plugin_passes_device_specs_only_when_asked(chart: Any) -> None:

@@ -164,6 +164,10 @@ pub struct RunArgs {
     /// Address for /metrics, /healthz and /readyz, e.g. 0.0.0.0:9400; off when unset.
     #[arg(long, env = "TRAINYARD_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// A directory on the node where the GPU resets still owed are kept across restarts of
+    /// the plugin (a hostPath); not kept when unset.
+    #[arg(long, value_name = "DIR", env = "TRAINYARD_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// How often GPU telemetry is sampled.
     #[arg(long, default_value = "10s", env = "TRAINYARD_METRICS_INTERVAL")]
     pub metrics_interval: String,
@@ -307,6 +311,8 @@ pub struct RunConfig {
     pub pass_device_specs: bool,
     /// Where to serve metrics, if anywhere.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the owed GPU resets are kept on the node, if anywhere.
+    pub state_dir: Option<PathBuf>,
     /// Telemetry sampling interval.
     pub metrics_interval: Duration,
     /// Health rules.
@@ -336,6 +342,7 @@ impl RunConfig {
             device_list_strategy: DeviceListStrategy::default(),
             pass_device_specs: false,
             metrics_addr: None,
+            state_dir: None,
             metrics_interval: Duration::from_secs(10),
             health: HealthPolicy::default(),
             probe_interval: Duration::from_secs(5),
@@ -433,6 +440,7 @@ impl TryFrom<RunArgs> for RunConfig {
             device_list_strategy: args.device_list_strategy.parse()?,
             pass_device_specs: args.pass_device_specs,
             metrics_addr: args.metrics_addr,
+            state_dir: args.state_dir.filter(|d| !d.as_os_str().is_empty()),
             metrics_interval,
             health: HealthPolicy {
                 ignored_xids,

@@ -328,6 +328,20 @@ pub enum ResetVerdict {
     Owed(Transition),
 }
 
+/// A GPU reset a GPU owes, as the node keeps it across plugin restarts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwedReset {
+    /// Why the reset is owed (the first reason the GPU became Unhealthy).
+    pub reason: String,
+    /// The backend's reset count at the fault, when one was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resets_at_fault: Option<u64>,
+    /// Whether the GPU was seen in a state only a reset clears after the fault.
+    #[serde(default)]
+    pub seen_owed: bool,
+}
+
 /// Health of every GPU of the node.
 #[derive(Debug, Clone)]
 pub struct HealthTracker {
@@ -586,6 +600,58 @@ impl HealthTracker {
         }
     }
 
+    /// The GPU resets still owed, by GPU: what the node keeps across plugin restarts
+    /// ([`crate::owed`]), so that a restarted plugin does not advertise a GPU whose fault
+    /// left no evidence it could read again (XID 62, 119 or 120 on a driver without the
+    /// recovery-action field).
+    pub fn owed_resets(&self) -> BTreeMap<String, OwedReset> {
+        self.gpus
+            .iter()
+            .filter_map(|(uuid, health)| match health {
+                Health::Unhealthy {
+                    reason, awaiting, ..
+                } if awaiting.contains(&ResetCheck::GpuReset) => {
+                    let since = self.since_fault.get(uuid).cloned().unwrap_or_default();
+                    Some((
+                        uuid.clone(),
+                        OwedReset {
+                            reason: reason.clone(),
+                            resets_at_fault: since.resets_at_fault,
+                            seen_owed: since.seen_owed,
+                        },
+                    ))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Takes back the resets a previous run of the plugin recorded as owed: each GPU of
+    /// `owed` that is tracked waits for a GPU reset again, judged against the reset count
+    /// at its fault; GPUs no longer present are ignored.
+    pub fn restore_owed(
+        &mut self,
+        owed: &BTreeMap<String, OwedReset>,
+        now: Instant,
+    ) -> Vec<Transition> {
+        let mut transitions = Vec::new();
+        for (uuid, reset) in owed {
+            if !self.gpus.contains_key(uuid) {
+                continue;
+            }
+            let reason = format!("{} (owed before the plugin restarted)", reset.reason);
+            transitions.extend(self.mark_unhealthy(uuid, reason, Some(ResetCheck::GpuReset), now));
+            self.since_fault.insert(
+                uuid.clone(),
+                SinceFault {
+                    resets_at_fault: reset.resets_at_fault,
+                    seen_owed: reset.seen_owed,
+                },
+            );
+        }
+        transitions
+    }
+
     /// Number of healthy and unhealthy GPUs.
     pub fn counts(&self) -> (usize, usize) {
         let healthy = self.gpus.values().filter(|h| h.is_healthy()).count();
@@ -833,6 +899,41 @@ mod tests {
             t.on_reset_evidence("GPU-a", &only_counted, now),
             ResetVerdict::Shown
         );
+    }
+
+    /// XID 62 on a driver without the recovery-action field leaves evidence that reads
+    /// clean: only the tracker knows the reset is owed. What it owes goes to the node's file
+    /// and comes back in the next run, which waits for the same reset (a count past the one
+    /// at the fault), not for evidence that merely reads clean.
+    #[test]
+    fn an_owed_reset_is_taken_over_by_the_next_run_and_cleared_only_by_the_reset() {
+        let (mut t, now) = tracker(0);
+        t.on_reset_evidence("GPU-a", &reset_counted(4), now);
+        t.on_xid(Some("GPU-a"), 62, now);
+        let owed = t.owed_resets();
+        assert_eq!(owed.keys().collect::<Vec<_>>(), ["GPU-a"]);
+        assert_eq!(owed["GPU-a"].resets_at_fault, Some(4));
+
+        // The next run: everything starts Healthy, and clean evidence alone would keep it so.
+        let (mut next, now) = tracker(0);
+        assert!(next.owed_resets().is_empty());
+        let restored = next.restore_owed(&owed, now);
+        assert_eq!(restored.len(), 1, "GPU-a becomes Unhealthy again");
+        assert!(!next.health("GPU-a").is_some_and(Health::is_healthy));
+        assert!(next.health("GPU-b").is_some_and(Health::is_healthy));
+        assert_eq!(next.awaiting_reset(), ["GPU-a"]);
+        assert!(matches!(
+            next.on_reset_evidence("GPU-a", &reset_counted(4), now),
+            ResetVerdict::Pending(_)
+        ));
+        assert_eq!(
+            next.on_reset_evidence("GPU-a", &reset_counted(5), now),
+            ResetVerdict::Shown
+        );
+        assert!(next.owed_resets().is_empty(), "the reset cleared it");
+        // A GPU the node no longer has is not restored.
+        let gone = BTreeMap::from([("GPU-z".to_owned(), owed["GPU-a"].clone())]);
+        assert!(next.restore_owed(&gone, now).is_empty());
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod kubelet;
 pub mod kubelet_api;
 pub mod labels;
 pub mod metrics;
+pub mod owed;
 pub mod service;
 pub mod uds_authority;
 

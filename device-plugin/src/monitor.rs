@@ -23,6 +23,7 @@ use crate::calls::{BoundedCalls, CallError};
 use crate::devices::{DeviceState, StateReceiver};
 use crate::health::{HealthTracker, ResetVerdict, Transition, XidVerdict};
 use crate::metrics::Metrics;
+use crate::owed::OwedStore;
 
 /// Errors that stop the monitor from starting.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +80,8 @@ pub struct Monitor {
     metrics: Arc<Metrics>,
     probe_interval: Duration,
     calls: Arc<BoundedCalls>,
+    /// Where the resets still owed are kept on the node, if anywhere.
+    owed: Option<OwedStore>,
 }
 
 /// Key of the inventory read among the bounded calls.
@@ -104,6 +107,7 @@ impl Monitor {
         metrics: Arc<Metrics>,
         probe_interval: Duration,
         calls: Arc<BoundedCalls>,
+        mut owed: Option<OwedStore>,
     ) -> Result<(Self, StateReceiver), MonitorError> {
         let inventory = {
             let backend = Arc::clone(&backend);
@@ -111,6 +115,13 @@ impl Monitor {
         };
         let topology = Arc::new(Topology::new(&inventory.gpus)?);
         tracker.sync(inventory.device_ids().iter().map(String::as_str));
+        // The resets a previous run left owed: their GPUs are never advertised before the
+        // reset, even where the evidence reads clean.
+        if let Some(store) = owed.as_mut() {
+            for transition in tracker.restore_owed(&store.load(), Instant::now()) {
+                Self::log_transition(&transition);
+            }
+        }
         let initial = Arc::new(DeviceState {
             inventory: inventory.clone(),
             health: Default::default(),
@@ -126,6 +137,7 @@ impl Monitor {
             metrics,
             probe_interval,
             calls,
+            owed,
         };
         monitor.apply_faults(Instant::now());
         monitor.probe_all().await;
@@ -133,7 +145,10 @@ impl Monitor {
         Ok((monitor, receiver))
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
+        if let Some(store) = self.owed.as_mut() {
+            store.save(&self.tracker.owed_resets());
+        }
         let health = self
             .inventory
             .device_ids()
@@ -637,6 +652,21 @@ mod tests {
         Arc<Metrics>,
         CancellationToken,
     ) {
+        start_keeping(backend, probe_interval, call_deadline, None).await
+    }
+
+    async fn start_keeping(
+        backend: ScriptedBackend,
+        probe_interval: Duration,
+        call_deadline: Duration,
+        owed: Option<OwedStore>,
+    ) -> (
+        Arc<ScriptedBackend>,
+        StateReceiver,
+        UnboundedSender<BackendEvent>,
+        Arc<Metrics>,
+        CancellationToken,
+    ) {
         let backend = Arc::new(backend);
         let metrics = Arc::new(Metrics::new("n"));
         let tracker = HealthTracker::new(HealthPolicy {
@@ -649,6 +679,7 @@ mod tests {
             Arc::clone(&metrics),
             probe_interval,
             Arc::new(BoundedCalls::new(call_deadline)),
+            owed,
         )
         .await
         .unwrap();
@@ -895,6 +926,47 @@ mod tests {
         backend.evidence_of.lock().unwrap().clear();
         wait(&mut state, "both recover", |s| s.health_counts() == (3, 0)).await;
         shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_reset_owed_before_the_plugin_restarts_is_still_owed_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = || Some(OwedStore::open(dir.path()).unwrap());
+        let fast = Duration::from_millis(20);
+        let two = || ScriptedBackend::new(2, BTreeMap::new());
+        let (_backend, mut state, tx, _metrics, shutdown) =
+            start_keeping(two(), fast, HANG_LIMIT, store()).await;
+        // XID 62 on a driver without the recovery-action field: only this run saw it.
+        tx.send(BackendEvent::Xid {
+            uuid: Some("GPU-0".into()),
+            xid: 62,
+        })
+        .unwrap();
+        wait(&mut state, "GPU-0 is unhealthy", |s| !s.is_healthy("GPU-0")).await;
+        shutdown.cancel();
+        let file = dir.path().join(crate::owed::FILE_NAME);
+        assert!(std::fs::read_to_string(&file).unwrap().contains("GPU-0"));
+
+        // The next run sees clean evidence and no XID, and still waits for the reset.
+        let (backend, mut state, _tx, _metrics, shutdown) =
+            start_keeping(two(), fast, HANG_LIMIT, store()).await;
+        assert!(!state.borrow().is_healthy("GPU-0"), "from the first state");
+        assert!(state.borrow().is_healthy("GPU-1"));
+        backend.checked_again("GPU-0", 3).await;
+        assert!(!state.borrow().is_healthy("GPU-0"));
+        backend.evidence_of.lock().unwrap().insert(
+            "GPU-0".into(),
+            ResetEvidence {
+                resets: Some(1),
+                ..clean()
+            },
+        );
+        wait(&mut state, "GPU-0 recovers", |s| {
+            s.health_counts() == (2, 0)
+        })
+        .await;
+        shutdown.cancel();
+        assert!(!std::fs::read_to_string(&file).unwrap().contains("GPU-0"));
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ use crate::kubelet::{self, KubeletSettings};
 use crate::labels;
 use crate::metrics::{self, Metrics, MetricsError};
 use crate::monitor::{self, Monitor, MonitorError};
+use crate::owed::OwedStore;
 use crate::service::AllocateOptions;
 
 /// Why the plugin could not start.
@@ -35,6 +36,14 @@ pub enum RunError {
     /// The GPUs cannot be turned into a topology.
     #[error(transparent)]
     Topology(#[from] AllocationError),
+    /// The state directory (`--state-dir`) cannot be used.
+    #[error("state directory {}: {source}", dir.display())]
+    StateDir {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Opens the backend the configuration names.
@@ -70,12 +79,20 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     );
     let tracker = HealthTracker::new(config.health.clone());
     let calls = Arc::new(BoundedCalls::new(config.gpu_call_timeout));
+    let owed = match &config.state_dir {
+        Some(dir) => Some(OwedStore::open(dir).map_err(|source| RunError::StateDir {
+            dir: dir.clone(),
+            source,
+        })?),
+        None => None,
+    };
     let (monitor, state) = Monitor::start(
         Arc::clone(&backend),
         tracker,
         Arc::clone(&metrics),
         config.probe_interval,
         Arc::clone(&calls),
+        owed,
     )
     .await?;
     log_discovered(backend.name(), &state.borrow());
