@@ -10,6 +10,9 @@
 //! The label keys it writes, the default resource name and "major.minor"
 //! parsing come from the contract crate `trainyard_api`, which the operator
 //! reads them with.
+//!
+//! Its metrics and health port serves through `trainyard_listen`, the bounded
+//! HTTP listener the operator's ports use too.
 
 #![forbid(unsafe_code)]
 

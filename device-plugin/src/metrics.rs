@@ -23,6 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 use tokio_util::sync::CancellationToken;
+use trainyard_listen::HttpLimits;
 
 use crate::backend::{GpuFault, GpuInfo, Telemetry, ThrottleReason};
 use crate::devices::DeviceState;
@@ -551,32 +552,38 @@ async fn readyz_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoRespons
     }
 }
 
-/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until `shutdown`.
+/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until `shutdown`, within
+/// [`HttpLimits::METRICS`]: this port is reachable from pods the plugin does not trust, so
+/// the connections it holds, how long a request head may take and how large it may be are
+/// bounded (see [`trainyard_listen`]).
 ///
-/// Binding happens before this returns, so a taken port is a start-up error.
+/// Binding happens before this returns, so a taken port is a start-up error. Returns the
+/// bound address (port 0 picks one) and the serving task.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>, MetricsError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    let local = listener.local_addr().unwrap_or(addr);
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsError> {
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz_handler))
         .route("/readyz", get(readyz_handler))
         .with_state(metrics);
+    let stopped = shutdown.cancelled_owned();
+    let (local, serving) =
+        trainyard_listen::serve("metrics", addr, app, HttpLimits::METRICS, stopped)
+            .await
+            .map_err(|e| MetricsError::Bind {
+                addr: e.addr,
+                source: e.source,
+            })?;
     tracing::info!(addr = %local, "serving metrics");
-    Ok(tokio::spawn(async move {
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-        if let Err(e) = result {
+    let task = tokio::spawn(async move {
+        if let Err(e) = serving.await {
             tracing::error!(error = %e, "metrics server stopped");
         }
-    }))
+    });
+    Ok((local, task))
 }
 
 #[cfg(test)]

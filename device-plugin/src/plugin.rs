@@ -102,7 +102,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
 
     let mut handles = Vec::new();
     if let Some(addr) = config.metrics_addr {
-        handles.push(metrics::serve(addr, Arc::clone(&metrics), tasks.clone()).await?);
+        let (_, serving) = metrics::serve(addr, Arc::clone(&metrics), tasks.clone()).await?;
+        handles.push(serving);
     }
     handles.push(tokio::spawn(monitor.run(events_rx, tasks.clone())));
     handles.push(tokio::spawn(monitor::run_telemetry(

@@ -81,6 +81,13 @@ pub enum Error {
     },
 }
 
+impl From<trainyard_listen::ListenError> for Error {
+    fn from(e: trainyard_listen::ListenError) -> Self {
+        let trainyard_listen::ListenError { what, addr, source } = e;
+        Error::Listen { what, addr, source }
+    }
+}
+
 impl Error {
     /// A low-cardinality label for metrics.
     pub fn metric_label(&self) -> &'static str {

@@ -34,7 +34,6 @@ pub(crate) mod fixtures;
 mod job_memory;
 mod leader;
 mod ledger;
-mod listen;
 mod liveness;
 mod lost_peer;
 mod metrics;
@@ -63,6 +62,6 @@ pub use controller::{
 pub use crdgen::crd_yaml;
 pub use error::Error;
 pub use leader::LeaderElection;
-pub use listen::HttpLimits;
 pub use progress::AudienceCheck;
+pub use trainyard_listen::HttpLimits;
 pub use writes::limit::LimitConfig;

@@ -613,7 +613,7 @@ async fn readyz(State(m): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
 pub async fn serve(
     addr: SocketAddr,
     metrics_: Arc<Metrics>,
-    limits: crate::listen::HttpLimits,
+    limits: trainyard_listen::HttpLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<
     (
@@ -627,7 +627,7 @@ pub async fn serve(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(metrics_);
-    crate::listen::serve("metrics", addr, app, limits, shutdown).await
+    Ok(trainyard_listen::serve("metrics", addr, app, limits, shutdown).await?)
 }
 
 #[cfg(test)]
@@ -800,7 +800,7 @@ mod http_tests {
         let (addr, server) = serve(
             "127.0.0.1:0".parse().expect("addr"),
             m.clone(),
-            crate::listen::HttpLimits::METRICS,
+            trainyard_listen::HttpLimits::METRICS,
             async {
                 let _ = rx.await;
             },
@@ -829,5 +829,30 @@ mod http_tests {
 
         let _ = tx.send(());
         server.await.expect("join").expect("server stops cleanly");
+    }
+
+    /// The metrics port serves within the limits it is given; each bound itself is tested in
+    /// trainyard-listen.
+    #[tokio::test]
+    async fn the_metrics_port_closes_a_connection_beyond_its_cap_at_accept() {
+        let limits = trainyard_listen::HttpLimits {
+            max_connections: 1,
+            ..trainyard_listen::HttpLimits::METRICS
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let addr = "127.0.0.1:0".parse().expect("addr");
+        let (addr, server) = serve(addr, Arc::new(Metrics::new()), limits, async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("bind");
+        tokio::spawn(server);
+
+        let _held = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut beyond = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut out = Vec::new();
+        let _ = beyond.read_to_end(&mut out).await;
+        assert!(out.is_empty(), "closed unanswered: {out:?}");
+        drop(tx);
     }
 }

@@ -48,8 +48,8 @@ pub struct RunConfig {
     pub operator: OperatorConfig,
     /// Serve `/metrics`, `/healthz` and `/readyz` here.
     pub metrics_addr: Option<SocketAddr>,
-    /// What the metrics port allows a connection ([`crate::listen`]).
-    pub metrics_limits: crate::listen::HttpLimits,
+    /// What the metrics port allows a connection ([`trainyard_listen`]).
+    pub metrics_limits: trainyard_listen::HttpLimits,
     /// Take a Lease before reconciling; None reconciles at once.
     pub leader_election: Option<LeaderElection>,
     /// Name of this replica in Events (`reportingInstance`).
@@ -74,8 +74,8 @@ pub struct ProgressServing {
     pub endpoints: Option<(String, String)>,
     /// This replica's pod IP.
     pub pod_ip: Option<String>,
-    /// What the progress port allows a connection ([`crate::listen`]).
-    pub limits: crate::listen::HttpLimits,
+    /// What the progress port allows a connection ([`trainyard_listen`]).
+    pub limits: trainyard_listen::HttpLimits,
     /// Whether a TokenReview answer that lists no audiences is taken as checked
     /// ([`crate::progress::auth::AudienceCheck`]).
     pub audiences: crate::progress::auth::AudienceCheck,
@@ -217,7 +217,7 @@ async fn lead(
 async fn serve_metrics(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
-    limits: crate::listen::HttpLimits,
+    limits: trainyard_listen::HttpLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let (local, server) = crate::metrics::serve(addr, metrics, limits, shutdown).await?;

@@ -317,9 +317,9 @@ mod tests {
     use futures::FutureExt;
     use kube::runtime::reflector;
     use serde_json::Value;
+    use trainyard_listen::HttpLimits;
 
     use super::*;
-    use crate::listen::HttpLimits;
     use crate::progress::auth::AudienceCheck;
 
     /// A request as the fake API server saw it: method, path, content type, body.

@@ -51,7 +51,7 @@
 //! # Bounds
 //!
 //! The listener bounds connections, how long a request head may take and how large it may be
-//! ([`crate::listen`]). A report takes one of [`server::MAX_CONCURRENT_REVIEWS`] permits only
+//! ([`trainyard_listen`]). A report takes one of [`server::MAX_CONCURRENT_REVIEWS`] permits only
 //! for a token review the reviewer cannot answer from its caches, after its token is well
 //! formed and its body has arrived; without a permit it is answered 503 at once. So neither a
 //! missing token, nor a body that never comes, nor a flood of one forged token holds a permit,

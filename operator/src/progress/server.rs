@@ -2,26 +2,28 @@
 //! docs of [`crate::progress`]).
 //!
 //! A report is checked in this order, each step answering its own status: the bearer token's
-//! shape (401), the content type (415), the body's size and arrival (413, 408), the JSON and
-//! its ranges (400), the token review (401, or 503 when the review cannot be made or too many
-//! are in flight), and the pod the token is bound to, which must be that job's worker of that
-//! rank and attempt (403). Only then is the report recorded, and the job's reconcile woken
+//! presence (401), the content type (415), the body's size and arrival (413, 408), the JSON and
+//! its ranges (400), the token's shape (401, without a review), the token review (401; 429 when
+//! its source already has [`MAX_REVIEWS_PER_SOURCE`] reviews in flight; 503 when the review
+//! cannot be made or too many are in flight), and the pod the token is bound to, which must be
+//! that job's worker of that rank and attempt (403). Only then is the report recorded, and the job's reconcile woken
 //! when the store says the plan should look.
 //!
 //! Only a token review that the reviewer cannot answer from its caches takes one of the
 //! [`MAX_CONCURRENT_REVIEWS`] permits, so nothing a client does before that (a missing token,
 //! a body that never comes, a forged token already rejected) holds one, and a rank whose token
 //! is cached is never refused for load. Connections themselves are bounded by the listener
-//! ([`crate::listen`]).
+//! ([`trainyard_listen`]).
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -31,13 +33,13 @@ use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
+use trainyard_listen::HttpLimits;
 
 use super::auth::{AuthError, Identity, TokenReviewer};
 use super::store::{ProgressStore, Report};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
 use crate::error::Error;
-use crate::listen::HttpLimits;
 use crate::metrics::Metrics;
 
 /// The path reports are posted to.
@@ -49,6 +51,10 @@ pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 /// How many token reviews are in flight at once; a report that needs one more is answered 503
 /// at once.
 pub const MAX_CONCURRENT_REVIEWS: usize = 64;
+/// How many of them one source address may hold: a pod that floods the port with tokens that
+/// look right costs the API server at most this many reviews at a time, and leaves the other
+/// permits to everyone else. A trainer needs one review per token it reports with.
+pub const MAX_REVIEWS_PER_SOURCE: usize = 4;
 /// How long a body may take to arrive.
 const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a token review may take while it holds one of the permits.
@@ -145,6 +151,7 @@ enum Outcome {
     Invalid,
     TooLarge,
     Overloaded,
+    Throttled,
     UnknownJob,
 }
 
@@ -157,6 +164,7 @@ impl Outcome {
             Outcome::Invalid => "invalid",
             Outcome::TooLarge => "too_large",
             Outcome::Overloaded => "overloaded",
+            Outcome::Throttled => "throttled",
             Outcome::UnknownJob => "unknown_job",
         }
     }
@@ -283,6 +291,49 @@ fn is_json(headers: &HeaderMap) -> bool {
 struct Shared {
     server: Arc<ProgressServer>,
     permits: Semaphore,
+    per_source: PerSource,
+}
+
+/// Token reviews in flight by source address, each source at most
+/// [`MAX_REVIEWS_PER_SOURCE`]; a source leaves the map with its last review, so it holds no
+/// more entries than there are reviews in flight.
+#[derive(Default)]
+struct PerSource(std::sync::Mutex<HashMap<IpAddr, usize>>);
+
+impl PerSource {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        // A count is updated whole under the lock: a panic elsewhere cannot tear it.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One more review for `source`, unless it holds as many as it may.
+    fn take(&self, source: IpAddr) -> Option<SourceSlot<'_>> {
+        let mut counts = self.counts();
+        let held = counts.entry(source).or_insert(0);
+        if *held >= MAX_REVIEWS_PER_SOURCE {
+            return None;
+        }
+        *held += 1;
+        Some(SourceSlot { of: self, source })
+    }
+}
+
+/// A review of one source in flight; given back when dropped.
+struct SourceSlot<'a> {
+    of: &'a PerSource,
+    source: IpAddr,
+}
+
+impl Drop for SourceSlot<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.of.counts();
+        if let Some(held) = counts.get_mut(&self.source) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                counts.remove(&self.source);
+            }
+        }
+    }
 }
 
 /// Reads the body within [`BODY_TIMEOUT`], refusing one that is late, too large or unreadable.
@@ -307,7 +358,11 @@ async fn read_body(request: Request) -> Result<Bytes, Rejection> {
 
 /// The pod `token` was issued to: from what the reviewer knows, or else from a review within
 /// [`REVIEW_TIMEOUT`] that holds one of the permits.
-async fn review(shared: &Shared, token: String) -> Result<Identity, Rejection> {
+async fn review(
+    shared: &Shared,
+    token: String,
+    source: Option<IpAddr>,
+) -> Result<Identity, Rejection> {
     let reviewer = shared.server.reviewer.as_ref();
     if let Err(AuthError::Unauthenticated(why) | AuthError::Unavailable(why)) =
         reviewer.precheck(&token)
@@ -321,6 +376,20 @@ async fn review(shared: &Shared, token: String) -> Result<Identity, Rejection> {
     let answer = match reviewer.known(&token) {
         Some(known) => known,
         None => {
+            // Refused for its source alone: not the channel's trouble, the other ranks'
+            // reports still count.
+            let _slot = match source {
+                Some(source) => Some(shared.per_source.take(source).ok_or_else(|| {
+                    Rejection::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        Outcome::Throttled,
+                        format!(
+                            "{source} has {MAX_REVIEWS_PER_SOURCE} token reviews in flight already"
+                        ),
+                    )
+                })?),
+                None => None,
+            };
             let Ok(_permit) = shared.permits.try_acquire() else {
                 return Err(Rejection::overloaded("overloaded"));
             };
@@ -427,15 +496,22 @@ async fn handle(shared: Arc<Shared>, request: Request) -> Result<bool, Rejection
             "Content-Type is not application/json",
         ));
     }
+    // The connection's peer (the listener puts it on every request).
+    let source = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip());
     let bytes = read_body(request).await?;
     let (job, report) = ReportBody::parse(&bytes)?;
 
     let checked = tokio::spawn(async move {
-        let identity = review(&shared, token).await.inspect_err(|rejection| {
-            if rejection.outcome == Outcome::Overloaded {
-                shared.server.store.refused(jiff::Timestamp::now());
-            }
-        })?;
+        let identity = review(&shared, token, source)
+            .await
+            .inspect_err(|rejection| {
+                if rejection.outcome == Outcome::Overloaded {
+                    shared.server.store.refused(jiff::Timestamp::now());
+                }
+            })?;
         let server = &shared.server;
         let job_uid = check_worker(server.pods.as_ref(), &identity, &job, &report)?;
         Ok(record(server, identity.namespace, job, &job_uid, &report))
@@ -499,6 +575,7 @@ fn router_with_permits(server: Arc<ProgressServer>, permits: usize) -> Router {
     let shared = Arc::new(Shared {
         server,
         permits: Semaphore::new(permits),
+        per_source: PerSource::default(),
     });
     Router::new()
         .route(PATH, post(report))
@@ -527,10 +604,13 @@ pub async fn serve_within(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), Error> {
     let store = server.store.clone();
-    let turned_away: crate::listen::TurnedAway =
+    let turned_away: trainyard_listen::TurnedAway =
         Arc::new(move || store.refused(jiff::Timestamp::now()));
     let app = router(server);
-    crate::listen::serve_telling("progress", addr, app, limits, Some(turned_away), shutdown).await
+    let serving =
+        trainyard_listen::serve_telling("progress", addr, app, limits, Some(turned_away), shutdown)
+            .await?;
+    Ok(serving)
 }
 
 #[cfg(test)]
@@ -1147,6 +1227,58 @@ mod tests {
         }
         assert_eq!(reviews.load(Ordering::SeqCst), 1);
         assert!(counted_n(&h.server, "unauthenticated", 50));
+    }
+
+    /// One source holds at most [`MAX_REVIEWS_PER_SOURCE`] reviews: its next report that needs
+    /// one is 429 at once, without a review or the channel's trouble, while another source is
+    /// still reviewed.
+    #[tokio::test]
+    async fn one_source_holds_at_most_its_share_of_the_token_reviews() {
+        let gate = Arc::new(Semaphore::new(0));
+        let reviewer = FakeReviewer {
+            gate: Some(gate.clone()),
+            waiting: Arc::default(),
+        };
+        let waiting = reviewer.waiting.clone();
+        let h = harness_with(
+            Arc::new(reviewer),
+            FakePods::of(&[("train", 8)]),
+            MAX_CONCURRENT_REVIEWS,
+        );
+        let from = |ip: [u8; 4], rank: u32| {
+            let mut req = request(
+                Some(&format!("tok-train-worker-{rank}")),
+                good(rank, 1).to_string(),
+            );
+            let peer = SocketAddr::from((ip, 40000));
+            req.extensions_mut().insert(ConnectInfo(peer));
+            tokio::spawn(send_owned(h.router.clone(), req))
+        };
+        let held: Vec<_> = (0..4).map(|rank| from([10, 0, 0, 1], rank)).collect();
+        while waiting.load(Ordering::SeqCst) < 4 {
+            tokio::task::yield_now().await;
+        }
+        let (status, answer) = from([10, 0, 0, 1], 4).await.expect("join");
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+        assert!(counted(&h.server, "throttled"));
+        assert_eq!(
+            h.server.store.last_refusal(),
+            None,
+            "not the channel's trouble"
+        );
+        let other = from([10, 0, 0, 2], 5);
+        while waiting.load(Ordering::SeqCst) < 5 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(8);
+        for task in held.into_iter().chain([other]) {
+            assert_eq!(task.await.expect("join").0, StatusCode::OK);
+        }
+        // The source's slots came back: it is reviewed again.
+        assert_eq!(
+            from([10, 0, 0, 1], 6).await.expect("join").0,
+            StatusCode::OK
+        );
     }
 
     /// What cannot be a projected token for the operator's audience (garbage, another

@@ -1,0 +1,212 @@
+//! The listener against a small router on a real loopback port.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::routing::get;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+use super::*;
+
+/// A router that answers `GET /healthz` "ok".
+fn healthz_router() -> Router {
+    Router::new().route("/healthz", get(|| async { "ok" }))
+}
+
+/// [`healthz_router`] on a free loopback port within `limits`, telling `turned_away`; the
+/// address, and what stops it.
+async fn serving_within(
+    limits: HttpLimits,
+    turned_away: Option<TurnedAway>,
+) -> (SocketAddr, oneshot::Sender<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let addr = "127.0.0.1:0".parse().expect("addr");
+    let app = healthz_router();
+    let (local, serving) = serve_telling("test", addr, app, limits, turned_away, async {
+        let _ = stopped.await;
+    })
+    .await
+    .expect("bind");
+    tokio::spawn(serving);
+    (local, stop)
+}
+
+/// What the server sent on `stream` until it closed it.
+async fn read_all(stream: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    // A reset after an answer still leaves the answer read.
+    let _ = stream.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn healthz(addr: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let request = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    read_all(&mut stream).await
+}
+
+/// Every request knows the connection's peer, as axum's `ConnectInfo` (for per-source
+/// limits).
+#[tokio::test]
+async fn a_request_carries_its_peer() {
+    let app = Router::new().route(
+        "/healthz",
+        get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.ip().to_string() }),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let addr = "127.0.0.1:0".parse().expect("addr");
+    let (addr, serving) = serve("test", addr, app, long_lived(4), async {
+        let _ = stopped.await;
+    })
+    .await
+    .expect("bind");
+    tokio::spawn(serving);
+    let answer = healthz(addr).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("127.0.0.1"), "{answer}");
+    drop(stop);
+}
+
+fn long_lived(max_connections: usize) -> HttpLimits {
+    HttpLimits {
+        header_timeout: Duration::from_secs(3600),
+        idle_timeout: Duration::from_secs(3600),
+        ..HttpLimits::with_max_connections(max_connections)
+    }
+}
+
+#[tokio::test]
+async fn a_connection_beyond_the_cap_is_closed_at_accept_and_a_freed_slot_serves_again() {
+    let (addr, _stop) = serving_within(long_lived(2), None).await;
+    // Two connections that send nothing hold both slots.
+    let held = [
+        TcpStream::connect(addr).await.expect("connect"),
+        TcpStream::connect(addr).await.expect("connect"),
+    ];
+    for _ in 0..3 {
+        assert_eq!(
+            healthz(addr).await,
+            "",
+            "closed before anything was read or answered"
+        );
+    }
+    drop(held);
+    let mut answers = 0;
+    for _ in 0..1000 {
+        if healthz(addr).await.starts_with("HTTP/1.1 200") {
+            answers += 1;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(answers, 1, "a freed slot serves the next connection");
+}
+
+/// A flood that fills the progress port's cap: each connection turned away is told, so
+/// the ranks whose reports it closed are not taken for quiet.
+#[tokio::test]
+async fn a_connection_turned_away_at_accept_is_told() {
+    let told = Arc::new(AtomicUsize::new(0));
+    let counter = told.clone();
+    let tell: TurnedAway = Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let (addr, _stop) = serving_within(long_lived(1), Some(tell)).await;
+    let _held = TcpStream::connect(addr).await.expect("connect");
+    for _ in 0..3 {
+        assert_eq!(healthz(addr).await, "");
+    }
+    assert_eq!(told.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_head_over_the_limit_is_answered_431_and_closed() {
+    let limits = HttpLimits {
+        max_header_bytes: 2 * 1024,
+        ..long_lived(4)
+    };
+    let (addr, _stop) = serving_within(limits, None).await;
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(4096)
+    );
+    let _ = stream.write_all(head.as_bytes()).await;
+    let answer = read_all(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // One within the limit is served.
+    assert!(healthz(addr).await.starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_that_is_not_complete_in_time_and_an_idle_kept_alive_connection_are_closed() {
+    let limits = HttpLimits {
+        header_timeout: Duration::from_secs(10),
+        ..long_lived(4)
+    };
+    let (addr, _stop) = serving_within(limits, None).await;
+    // The guard only stops a connection that is never closed: paused time runs ahead.
+    let guard = Duration::from_secs(24 * 3600);
+
+    let mut partial = TcpStream::connect(addr).await.expect("connect");
+    partial
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    let answer = tokio::time::timeout(guard, read_all(&mut partial)).await;
+    let answer = answer.expect("the connection is closed");
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+
+    let mut kept = TcpStream::connect(addr).await.expect("connect");
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = tokio::time::timeout(guard, read_all(&mut kept)).await;
+    let answer = answer.expect("the idle connection is closed");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "answered first: {answer}"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_the_serving_future_ends() {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let addr = "127.0.0.1:0".parse().expect("addr");
+    let (addr, serving) = serve("test", addr, healthz_router(), long_lived(4), async {
+        let _ = stopped.await;
+    })
+    .await
+    .expect("bind");
+    let serving = tokio::spawn(serving);
+    assert!(healthz(addr).await.starts_with("HTTP/1.1 200"));
+    let _ = stop.send(());
+    let ended = serving.await.expect("the serving task");
+    assert!(ended.is_ok());
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "the port is closed"
+    );
+}
+
+#[tokio::test]
+async fn a_taken_address_fails_naming_the_server_and_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let Err(error) = serve("metrics", addr, healthz_router(), long_lived(4), async {}).await else {
+        panic!("bound a taken address");
+    };
+    assert_eq!((error.what, error.addr), ("metrics", addr));
+    assert_eq!(error.source.kind(), io::ErrorKind::AddrInUse);
+    assert_eq!(
+        error.to_string(),
+        format!("metrics server on {addr}: {}", error.source)
+    );
+}
