@@ -293,6 +293,31 @@ fn check_reserved_env(spec: &TrainingJobSpec) -> Result<(), InvalidSpec> {
     let Some(pod) = spec.template.spec.as_ref() else {
         return Ok(());
     };
+    for (at, container) in containers(pod) {
+        let env = container.env.as_deref().unwrap_or_default();
+        if let Some((j, var)) = env
+            .iter()
+            .enumerate()
+            .find(|(_, v)| v.name.starts_with(RESERVED_ENV_PREFIX))
+        {
+            return Err(InvalidSpec::new(
+                &format!("{at}.env[{j}].name"),
+                format!(
+                    "{} is set by the operator for each attempt; a template must not set \
+                     {RESERVED_ENV_PREFIX}* variables",
+                    var.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every container and init container of a pod template, each with its field path
+/// (`spec.template.spec.containers[0]`).
+fn containers(
+    pod: &k8s_openapi::api::core::v1::PodSpec,
+) -> impl Iterator<Item = (String, &k8s_openapi::api::core::v1::Container)> {
     let lists = [
         ("containers", pod.containers.as_slice()),
         (
@@ -300,26 +325,12 @@ fn check_reserved_env(spec: &TrainingJobSpec) -> Result<(), InvalidSpec> {
             pod.init_containers.as_deref().unwrap_or_default(),
         ),
     ];
-    for (list, containers) in lists {
-        for (i, container) in containers.iter().enumerate() {
-            let env = container.env.as_deref().unwrap_or_default();
-            if let Some((j, var)) = env
-                .iter()
-                .enumerate()
-                .find(|(_, v)| v.name.starts_with(RESERVED_ENV_PREFIX))
-            {
-                return Err(InvalidSpec::new(
-                    &format!("spec.template.spec.{list}[{i}].env[{j}].name"),
-                    format!(
-                        "{} is set by the operator for each attempt; a template must not set \
-                         {RESERVED_ENV_PREFIX}* variables",
-                        var.name
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
+    lists.into_iter().flat_map(|(list, containers)| {
+        containers
+            .iter()
+            .enumerate()
+            .map(move |(i, c)| (format!("spec.template.spec.{list}[{i}]"), c))
+    })
 }
 
 /// The capabilities Pod Security's baseline lets a container add.
@@ -400,33 +411,24 @@ fn check_host_access(pod: &k8s_openapi::api::core::v1::PodSpec) -> Result<(), In
             );
         }
     }
-    let lists = [
-        ("containers", pod.containers.as_slice()),
-        (
-            "initContainers",
-            pod.init_containers.as_deref().unwrap_or_default(),
-        ),
-    ];
-    for (list, containers) in lists {
-        for (i, container) in containers.iter().enumerate() {
-            let Some(context) = container.security_context.as_ref() else {
-                continue;
-            };
-            let at = format!("spec.template.spec.{list}[{i}].securityContext");
-            if context.privileged == Some(true) {
-                return refused(format!("{at}.privileged"), "a privileged container");
-            }
-            let added = context.capabilities.as_ref().and_then(|c| c.add.as_deref());
-            if let Some(cap) = added
-                .unwrap_or_default()
-                .iter()
-                .find(|c| !BASELINE_CAPABILITIES.contains(&c.trim_start_matches("CAP_")))
-            {
-                return refused(
-                    format!("{at}.capabilities.add"),
-                    &format!("capability {cap} beyond Pod Security's baseline"),
-                );
-            }
+    for (at, container) in containers(pod) {
+        let Some(context) = container.security_context.as_ref() else {
+            continue;
+        };
+        let at = format!("{at}.securityContext");
+        if context.privileged == Some(true) {
+            return refused(format!("{at}.privileged"), "a privileged container");
+        }
+        let added = context.capabilities.as_ref().and_then(|c| c.add.as_deref());
+        if let Some(cap) = added
+            .unwrap_or_default()
+            .iter()
+            .find(|c| !BASELINE_CAPABILITIES.contains(&c.trim_start_matches("CAP_")))
+        {
+            return refused(
+                format!("{at}.capabilities.add"),
+                &format!("capability {cap} beyond Pod Security's baseline"),
+            );
         }
     }
     Ok(())

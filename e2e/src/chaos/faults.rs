@@ -543,13 +543,10 @@ fn wait_gone(proc: &Path, limit: Duration) -> bool {
 
 /// Deletes the device plugin pod on `node`; `None` when there is none.
 async fn delete_device_plugin(client: &Client, node: &str) -> Result<Option<String>> {
-    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
-    let lp = ListParams::default()
-        .labels("app.kubernetes.io/component=device-plugin")
-        .fields(&format!("spec.nodeName={node}"));
-    let Some(pod) = pods.list(&lp).await?.items.into_iter().next() else {
+    let Some(pod) = noise::device_plugin_pod(client, node).await? else {
         return Ok(None);
     };
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
     let name = pod.name_any();
     pods.delete(&name, &DeleteParams::default()).await?;
     Ok(Some(format!("device plugin pod {name} on {node} deleted")))

@@ -19,7 +19,7 @@ use crate::jobs::RELEASE_NS;
 use crate::state_dir;
 
 /// What undoing a fault of this module needs.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Restore {
     /// etcd (`pid`) was moved into the throttled cgroup `cgroup`; `root` is its hierarchy's
     /// root, where it goes back.
@@ -60,55 +60,18 @@ impl Restore {
                 Ok(())
             }
             restore => {
-                let restore = restore.host_side();
-                tokio::task::spawn_blocking(move || restore.map_or(Ok(()), |r| r.undo_here()))
+                let restore = restore.clone();
+                tokio::task::spawn_blocking(move || restore.undo_here())
                     .await
                     .context("undoing a fault panicked")?
             }
         }
     }
 
-    /// What this machine undoes by itself (no API call), as an owned value for a blocking
-    /// task.
-    fn host_side(&self) -> Option<HostSide> {
-        match self {
-            Restore::Throttled { pid, cgroup, root } => Some(HostSide::Throttled {
-                pid: pid.clone(),
-                cgroup: cgroup.clone(),
-                root: root.clone(),
-            }),
-            Restore::Hidden {
-                image,
-                hidden,
-                sockets,
-            } => Some(HostSide::Hidden {
-                image: image.clone(),
-                hidden: hidden.clone(),
-                sockets: sockets.clone(),
-            }),
-            Restore::Skewed { .. } => None,
-        }
-    }
-}
-
-/// The part of a [`Restore`] undone on this machine.
-enum HostSide {
-    Throttled {
-        pid: String,
-        cgroup: PathBuf,
-        root: PathBuf,
-    },
-    Hidden {
-        image: String,
-        hidden: String,
-        sockets: Vec<PathBuf>,
-    },
-}
-
-impl HostSide {
+    /// Undoes what this machine undoes by itself (no API call), in a blocking task.
     fn undo_here(&self) -> Result<()> {
         match self {
-            HostSide::Throttled { pid, cgroup, root } => {
+            Restore::Throttled { pid, cgroup, root } => {
                 // A process that exited meanwhile has left the cgroup by itself.
                 let moved = std::fs::write(root.join("cgroup.procs"), format!("{pid}\n"));
                 if let Err(e) = moved
@@ -120,7 +83,7 @@ impl HostSide {
                 std::fs::remove_dir(cgroup)
                     .with_context(|| format!("removing the cgroup {}", cgroup.display()))
             }
-            HostSide::Hidden {
+            Restore::Hidden {
                 image,
                 hidden,
                 sockets,
@@ -130,6 +93,8 @@ impl HostSide {
                 }
                 Ok(())
             }
+            // Undone through the API server ([`Restore::undo`]).
+            Restore::Skewed { .. } => Ok(()),
         }
     }
 }
@@ -269,11 +234,7 @@ fn rename_image(socket: &Path, from: &str, to: &str) -> Result<()> {
 
 /// The metrics endpoint (pod IP and port) of the device plugin on `node`, if it runs.
 pub async fn plugin_metrics(client: &Client, node: &str) -> Result<Option<std::net::SocketAddr>> {
-    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
-    let lp = ListParams::default()
-        .labels("app.kubernetes.io/component=device-plugin")
-        .fields(&format!("spec.nodeName={node}"));
-    let Some(pod) = pods.list(&lp).await?.items.into_iter().next() else {
+    let Some(pod) = device_plugin_pod(client, node).await? else {
         return Ok(None);
     };
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
@@ -292,6 +253,15 @@ pub async fn plugin_metrics(client: &Client, node: &str) -> Result<Option<std::n
         .parse()
         .with_context(|| format!("{}'s pod IP {ip}", pod.name_any()))?;
     Ok(Some(std::net::SocketAddr::new(ip, port)))
+}
+
+/// The device plugin's pod on `node`, if it has one.
+pub async fn device_plugin_pod(client: &Client, node: &str) -> Result<Option<Pod>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
+    let lp = ListParams::default()
+        .labels("app.kubernetes.io/component=device-plugin")
+        .fields(&format!("spec.nodeName={node}"));
+    Ok(pods.list(&lp).await?.items.into_iter().next())
 }
 
 /// Where the host keeps libfaketime (Debian's `libfaketime`).
