@@ -187,23 +187,28 @@ pub fn hide_trainer_image() -> Result<(String, Restore)> {
         .map(super::faults::containerd_socket)
         .filter(|s| s.exists())
         .collect();
-    let mut done: Vec<&PathBuf> = Vec::new();
-    for socket in &sockets {
-        if let Err(e) = rename_image(socket, TRAINER_IMAGE, &hidden) {
-            // Put back what was already hidden before saying why.
-            for socket in &done {
-                let _ = rename_image(socket, &hidden, TRAINER_IMAGE);
-            }
-            return Err(e);
+    // Node 1's containerd always runs; node 2's is down while node 2 is lost (make chaos at
+    // eb1aa11, seed 10: its socket file stays behind, and the fault failed the run). A node
+    // whose containerd does not answer is left as it is: it starts no pod meanwhile.
+    let mut done: Vec<PathBuf> = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, socket) in sockets.iter().enumerate() {
+        match rename_image(socket, TRAINER_IMAGE, &hidden) {
+            Ok(()) => done.push(socket.clone()),
+            Err(e) if i > 0 => skipped.push(format!("{e:#}")),
+            Err(e) => return Err(e),
         }
-        done.push(socket);
+    }
+    let mut what = format!("image {TRAINER_IMAGE} hidden on {} node(s)", done.len());
+    if !skipped.is_empty() {
+        what.push_str(&format!(" (node 2 left as it is: {})", skipped.join("; ")));
     }
     Ok((
-        format!("image {TRAINER_IMAGE} hidden on {} node(s)", sockets.len()),
+        what,
         Restore::Hidden {
             image: TRAINER_IMAGE.to_owned(),
             hidden,
-            sockets,
+            sockets: done,
         },
     ))
 }
