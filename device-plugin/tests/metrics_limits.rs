@@ -9,10 +9,13 @@
 //! tokio's virtual clock, so the durations asserted are that clock's, never the machine's
 //! speed.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::status_kib;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -161,16 +164,6 @@ async fn healthz(addr: SocketAddr) -> String {
     let mut answer = String::new();
     let _ = stream.read_to_string(&mut answer).await;
     answer
-}
-
-/// A field (KiB) of this process's `/proc/self/status`, e.g. `VmRSS` or `VmHWM`.
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }
 
 /// Heads within the size limit, a KiB a second, never finished: without the header timeout

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{gpus_with_links, plugin_client};
+use common::{gpus_with_links, plugin_client, status_kib};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
@@ -226,16 +226,6 @@ async fn a_client_that_connects_and_sends_nothing_is_dropped_after_the_first_fra
     wait_open(&gate, 0).await;
     served(root.path()).await;
     stop.cancel();
-}
-
-/// A field (KiB) of this process's `/proc/self/status`, e.g. `VmRSS` or `VmHWM`.
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }
 
 /// Size of the indexed header value in the hostile block.

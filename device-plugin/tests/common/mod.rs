@@ -382,3 +382,13 @@ pub fn cube_mesh_pair_16() -> Vec<trainyard_device_plugin::backend::GpuInfo> {
     links.extend((0..8).map(|i| (i, i + 8, 1)));
     gpus_with_links(16, 4, &links)
 }
+
+/// A field (KiB) of this process's `/proc/self/status`, e.g. `VmRSS` or `VmHWM`.
+pub fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
