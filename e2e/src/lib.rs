@@ -44,6 +44,16 @@ pub fn state_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/lib/trainyard-e2e"))
 }
 
+/// The container port named `name` of a pod's first container (the chart's pods have one).
+pub fn named_port(pod: &Pod, name: &str) -> Option<i32> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.ports.as_ref())
+        .and_then(|ports| ports.iter().find(|p| p.name.as_deref() == Some(name)))
+        .map(|p| p.container_port)
+}
+
 /// The node the harness's kubelet registers.
 pub fn node_name() -> String {
     std::env::var("TRAINYARD_NODE_NAME").unwrap_or_else(|_| "trainyard-node".to_owned())

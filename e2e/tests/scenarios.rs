@@ -356,13 +356,7 @@ async fn plugin_registrations(client: &Client, node: &str) -> Result<PluginRegis
         .into_iter()
         .find(|p| p.name_any().contains("device-plugin") && node_of(p) == node)
         .with_context(|| format!("no device plugin pod on {node}"))?;
-    let port = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.ports.as_ref())
-        .and_then(|ports| ports.iter().find(|p| p.name.as_deref() == Some("metrics")))
-        .map(|p| p.container_port)
+    let port = trainyard_e2e::named_port(&pod, "metrics")
         .context("the plugin pod names no metrics port")?;
     let path = format!(
         "/api/v1/namespaces/{RELEASE_NS}/pods/{}:{port}/proxy/metrics",

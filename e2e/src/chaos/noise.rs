@@ -243,13 +243,7 @@ pub async fn plugin_metrics(client: &Client, node: &str) -> Result<Option<std::n
         return Ok(None);
     };
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
-    let port = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.ports.as_ref())
-        .and_then(|ports| ports.iter().find(|p| p.name.as_deref() == Some("metrics")))
-        .map(|p| p.container_port);
+    let port = crate::named_port(&pod, "metrics");
     let (Some(ip), Some(port)) = (ip, port) else {
         return Ok(None);
     };
