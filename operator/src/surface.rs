@@ -19,7 +19,7 @@ pub use crate::placement::{Placement, place};
 pub use crate::pods::{AttemptStart, desired_pod};
 pub use crate::service::desired_service;
 pub use crate::validate::{InvalidSpec, ValidJob, pod_name, validate};
-pub use crate::writes::FIELD_MANAGER;
+pub use crate::writes::{FIELD_MANAGER, apply_status};
 
 /// The progress endpoint: its router on a listener ([`serve`](progress::serve)), what it
 /// serves from ([`ProgressServer`](progress::ProgressServer)), and the two ports a test fakes

@@ -7,9 +7,10 @@ mod harness;
 use harness::{TestEnv, WAIT, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
-use kube::Api;
 use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
+use trainyard_operator::surface::{TrainingJobStatus, apply_status};
 
 async fn holder(leases: &Api<Lease>) -> Option<String> {
     leases
@@ -181,5 +182,39 @@ async fn a_restart_its_leader_never_told_is_told_once_by_the_next() {
     t.wait_running(0, 1).await;
     assert_eq!(attempt_events(&t, &uid).await, told);
     third.stop().await;
+    t.cleanup().await;
+}
+
+/// A deposed leader's status write, delayed until after its successor wrote, is refused by
+/// the API server: the operator's status write ([`apply_status`]) is conditioned on the
+/// resourceVersion its round decided on, so the successor's status stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_status_write_by_a_deposed_leader_does_not_land() {
+    let t = TestEnv::new("ty-deposed").await;
+    t.create_job("fenced", one_gpu()).await;
+    // Both leaders decided on the job as it was created.
+    let seen = t.jobs().get("fenced").await.expect("job");
+    let at = |attempt: u32| TrainingJobStatus {
+        attempt,
+        ..TrainingJobStatus::default()
+    };
+    // The successor writes first (attempt 2); the deposed leader's write (attempt 1) arrives
+    // after it.
+    let successor = apply_status(&t.client, &seen, seen.resource_version(), &at(2))
+        .await
+        .expect("the successor's write");
+    let late = apply_status(&t.client, &seen, seen.resource_version(), &at(1)).await;
+    match late {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 409, "{s:?}"),
+        other => panic!("the deposed leader's write was not refused: {other:?}"),
+    }
+    let now = t.jobs().get("fenced").await.expect("job");
+    assert_eq!(now.status.as_ref().map(|s| s.attempt), Some(2));
+    assert_eq!(now.resource_version(), successor.resource_version());
+    // A leader that decided on the current job writes.
+    apply_status(&t.client, &now, now.resource_version(), &at(3))
+        .await
+        .expect("a write on the current version");
     t.cleanup().await;
 }

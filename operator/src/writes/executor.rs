@@ -226,19 +226,10 @@ impl Executor {
     ) -> Result<(), Error> {
         let ns = job.namespace().unwrap_or_default();
         let name = job.name_any();
-        let api: Api<TrainingJob> = Api::namespaced(self.client.clone(), &ns);
-        let patch = json!({
-            "apiVersion": TrainingJob::api_version(&()),
-            "kind": TrainingJob::kind(&()),
-            "status": status,
-        });
+        let seen = self.memory.status.freshest_rv(job);
         let written = self
             .gate
-            .timed(api.patch_status(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            ))
+            .timed(apply_status(&self.client, job, seen, status))
             .await
             .map_err(Error::kube(format!(
                 "writing status of TrainingJob {ns}/{name}"
@@ -454,6 +445,33 @@ where
 /// restarts the gang or deletes a pod.
 fn ordered(restarts: bool, actions: &[PlanAction]) -> bool {
     restarts || actions.iter().any(PlanAction::deletes)
+}
+
+/// Writes `status` to `job` with server-side apply, conditioned on `seen`, the
+/// resourceVersion the writer decided on: if anyone wrote the job since (a successor that took
+/// over while a deposed leader's write was on its way), the API server refuses the write with
+/// a conflict (409) and the writer's next round decides on the newer job. `None` writes
+/// unconditionally.
+pub async fn apply_status(
+    client: &Client,
+    job: &TrainingJob,
+    seen: Option<String>,
+    status: &TrainingJobStatus,
+) -> Result<TrainingJob, kube::Error> {
+    let api: Api<TrainingJob> =
+        Api::namespaced(client.clone(), &job.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "metadata": {"resourceVersion": seen},
+        "status": status,
+    });
+    api.patch_status(
+        &job.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
 }
 
 /// The slots a round enters the write gate with: one per request of its first phase. A round
@@ -847,6 +865,37 @@ mod tests {
             assert_eq!(sent.len(), 1, "{sent:#?}");
             assert!(sent[0].is("PATCH", STATUS));
         }
+    }
+
+    /// A replica that decided a restart on the job at version 1, while its successor has
+    /// written version 2 (the deposed leader's write arrives late): the API server refuses the
+    /// write conditioned on version 1 as it refuses any stale update, and the round deletes
+    /// nothing. The fake answers as a 1.20 API server does (checked on the local cluster).
+    #[tokio::test]
+    async fn a_deposed_leaders_restart_is_conditioned_on_what_it_read_and_deletes_nothing() {
+        let h = Harness::new(|sent| match sent.method.as_str() {
+            "PATCH" if sent.body["metadata"]["resourceVersion"] != json!("2") => (
+                409,
+                api_status(409, "Conflict", "the object has been modified"),
+            ),
+            _ => accept(sent),
+        });
+        let err = h
+            .carry_out(restart_of_three(), true)
+            .await
+            .expect_err("a stale write lands");
+        assert_eq!(err.metric_label(), "kube_conflict", "{err}");
+        let sent = h.sent();
+        assert_eq!(sent.len(), 1, "{sent:#?}");
+        assert_eq!(sent[0].body["metadata"]["resourceVersion"], json!("1"));
+        // The same round on the job as it is now goes through, deletes and all.
+        let mut current = job();
+        current.metadata.resource_version = Some("2".to_owned());
+        h.executor
+            .carry_out(&current, restart_of_three(), true, Timestamp::now(), None)
+            .await
+            .expect("round on the current job");
+        assert_eq!(h.sent().len(), 1 + 1 + 3);
     }
 
     #[tokio::test]

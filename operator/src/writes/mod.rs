@@ -44,6 +44,7 @@ mod publisher;
 pub(crate) mod status_cache;
 pub mod status_write;
 
+pub use executor::apply_status;
 use executor::{Executor, slots_to_enter};
 use gate::{Urgency, WriteGate};
 pub(crate) use publisher::EVENT_DRAIN;

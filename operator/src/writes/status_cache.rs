@@ -102,6 +102,20 @@ impl StatusCache {
         job.status.clone().unwrap_or_default()
     }
 
+    /// The resourceVersion the job's next status write is conditioned on: the one our last
+    /// write produced while the TrainingJob cache trails it, the cached one otherwise. A write
+    /// conditioned on it lands only if nobody wrote the job since this replica last saw it, so
+    /// a deposed leader's delayed write cannot land after its successor's ([`super::executor`]).
+    pub(crate) fn freshest_rv(&self, job: &TrainingJob) -> Option<String> {
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        let cached = job.metadata.resource_version.as_deref();
+        let cached_rv = cached.and_then(|rv| rv.parse::<u64>().ok());
+        match (lock(&self.written).get(uid), cached_rv) {
+            (Some((rv, _)), Some(c)) if *rv > c => Some(rv.to_string()),
+            _ => cached.map(str::to_owned),
+        }
+    }
+
     /// The written status with the worker detail still waiting to be written, and how long
     /// that has waited.
     pub(crate) fn with_deferred_detail(
@@ -114,6 +128,7 @@ impl StatusCache {
         match deferred.get(uid) {
             Some((status, since)) if status.attempt == written.attempt => {
                 current.workers = status.workers.clone();
+                current.worker_summary = status.worker_summary.clone();
                 (current, Some(since.elapsed()))
             }
             Some(_) => {
@@ -212,10 +227,15 @@ mod tests {
             cache.schedule("uid-1", &after, &detail),
             StatusWrite::Unchanged
         );
+        // A write is conditioned on our own newer write, not on the trailing cache.
+        assert_eq!(cache.freshest_rv(&job).as_deref(), Some("6"));
         // The job cache caught up: our copy is dropped.
         job.metadata.resource_version = Some("6".to_owned());
         job.status = Some(detail.clone());
         assert_eq!(cache.current(&job).written, detail);
         assert_eq!(cache.sizes(), (0, 0));
+        // Someone else wrote after us: the cache's newer version is the condition.
+        job.metadata.resource_version = Some("9".to_owned());
+        assert_eq!(cache.freshest_rv(&job).as_deref(), Some("9"));
     }
 }
