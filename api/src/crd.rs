@@ -12,6 +12,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::ranks::RankSet;
+
 /// API group of every trainyard resource.
 pub const GROUP: &str = "trainyard.dev";
 /// Label carrying the owning job's name on pods, Services and PVCs.
@@ -34,6 +36,19 @@ pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Most workers (`spec.workers`): one pod each, and a gang this large is already far beyond
 /// what one rendezvous holds.
 pub const MAX_WORKERS: u32 = 10_000;
+/// Most entries of `status.workers`: a gang this small is listed whole; of a larger one, the
+/// workers that are not running come first, and `status.workerSummary` counts them all, so a
+/// status stays a few KiB at 10,000 workers.
+pub const MAX_WORKER_ENTRIES: usize = 32;
+/// Longest `status.workers[].reason`: a kubelet's or scheduler's message is cut there.
+pub const MAX_REASON_CHARS: usize = 256;
+/// Longest condition message and `lastRestart.detail`: they quote kubelets, the scheduler
+/// and pod messages, whose length trainyard does not choose.
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+/// Longest rank set of `status.workerSummary`, above the longest any set of ranks below
+/// [`MAX_WORKERS`] can be written as (pairs with a rank left out between them,
+/// "0-1,3-4,…", about 33,000 characters); a whole gang is "0-9999".
+pub const MAX_RANK_SET_CHARS: usize = 40_000;
 /// Most GPUs per worker (`spec.gpusPerWorker`): the largest nodes have 8 or 16 GPUs, and 8
 /// GPUs split into 7 MIG slices each expose 56 devices; it is also `NPROC_PER_NODE`.
 pub const MAX_GPUS_PER_WORKER: u32 = 64;
@@ -462,9 +477,16 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selected_gpu: Option<SelectedGpu>,
 
-    /// The current attempt's workers, as the operator has seen them.
+    /// The current attempt's workers, as the operator has seen them: every worker of a gang
+    /// of up to 32 ([`MAX_WORKER_ENTRIES`]); of a larger gang, 32 of them, those that are not
+    /// running first (failed, preempted, pending, succeeded). `workerSummary` counts them all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_WORKER_ENTRIES))]
     pub workers: Vec<WorkerStatus>,
+
+    /// The current attempt's workers in numbers, and which ranks the operator has seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_summary: Option<WorkerSummary>,
 
     /// The latest gang restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -572,8 +594,9 @@ pub struct JobCondition {
     /// CamelCase reason.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
-    /// Human-readable detail.
+    /// Human-readable detail, cut to 1024 characters ([`MAX_MESSAGE_CHARS`]).
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_MESSAGE_CHARS))]
     pub message: String,
     /// When `status` last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -609,15 +632,93 @@ pub struct WorkerStatus {
     #[schemars(range(min = 0, max = MAX_WORKERS - 1))]
     pub rank: u32,
     /// Pod name.
+    #[schemars(length(max = 253))]
     pub pod: String,
     /// Node the pod runs on, once scheduled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub node: Option<String>,
     /// Pending, Running, Succeeded, Preempted or Failed.
+    #[schemars(length(max = 16))]
     pub phase: String,
-    /// Why the worker is not running yet, or how it ended (e.g. ImagePullBackOff).
+    /// Why the worker is not running yet, or how it ended (e.g. ImagePullBackOff), cut to 256
+    /// characters ([`MAX_REASON_CHARS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_REASON_CHARS))]
     pub reason: Option<String>,
+}
+
+/// The current attempt's workers in numbers (all of them, however many `workers` lists), and
+/// which ranks the operator has seen, as ranges (`"0-9999"`, `"0-3,5"`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerSummary {
+    /// Workers waiting for a node or for their containers.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_WORKERS))]
+    pub pending: u32,
+    /// Workers running.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_WORKERS))]
+    pub running: u32,
+    /// Workers that finished.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_WORKERS))]
+    pub succeeded: u32,
+    /// Workers lost to a preemption.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_WORKERS))]
+    pub preempted: u32,
+    /// Workers that failed.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_WORKERS))]
+    pub failed: u32,
+    /// The ranks of the current attempt whose pods the operator has seen: a rank seen whose
+    /// pod is gone without trainyard deleting it was preempted (or succeeded, below).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_RANK_SET_CHARS))]
+    pub seen_ranks: String,
+    /// The ranks that succeeded.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_RANK_SET_CHARS))]
+    pub succeeded_ranks: String,
+}
+
+impl TrainingJobStatus {
+    /// The ranks of the current attempt the operator has recorded: `workerSummary.seenRanks`
+    /// and every rank `workers` lists (a status written before the summary existed lists them
+    /// all there).
+    pub fn recorded_ranks(&self) -> RankSet {
+        let mut ranks = self.summary_ranks(|s| &s.seen_ranks);
+        ranks.extend(self.workers.iter().map(|w| w.rank));
+        ranks
+    }
+
+    /// The ranks recorded as succeeded: `workerSummary.succeededRanks` and those `workers`
+    /// lists as `Succeeded`.
+    pub fn succeeded_ranks(&self) -> RankSet {
+        let mut ranks = self.summary_ranks(|s| &s.succeeded_ranks);
+        ranks.extend(
+            self.workers
+                .iter()
+                .filter(|w| w.phase == "Succeeded")
+                .map(|w| w.rank),
+        );
+        ranks
+    }
+
+    /// Forgets the workers of the attempt (a restart, a suspend).
+    pub fn clear_workers(&mut self) {
+        self.workers.clear();
+        self.worker_summary = None;
+    }
+
+    fn summary_ranks(&self, field: impl Fn(&WorkerSummary) -> &String) -> RankSet {
+        self.worker_summary
+            .as_ref()
+            .map(|s| RankSet::parse(field(s)))
+            .unwrap_or_default()
+    }
 }
 
 /// The latest gang restart.
@@ -628,8 +729,10 @@ pub struct LastRestart {
     pub time: Time,
     /// Preemption, Failure or Resume.
     pub reason: RestartReason,
-    /// What happened, e.g. "worker 1: DisruptionTarget/TerminationByKubelet on node n-3".
+    /// What happened, e.g. "worker 1: DisruptionTarget/TerminationByKubelet on node n-3", cut
+    /// to 1024 characters ([`MAX_MESSAGE_CHARS`]).
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_MESSAGE_CHARS))]
     pub detail: String,
 }
 

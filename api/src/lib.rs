@@ -11,6 +11,7 @@
 pub mod crd;
 pub mod env;
 pub mod gpu_labels;
+pub mod ranks;
 pub mod spot;
 pub mod version;
 

@@ -3,7 +3,7 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::crd::JobCondition;
+use crate::crd::{JobCondition, MAX_MESSAGE_CHARS};
 
 /// Every worker runs.
 pub const RUNNING: &str = "Running";
@@ -45,14 +45,14 @@ pub fn set_condition(
                 c.last_transition_time = Some(Time(now));
             }
             c.reason = reason.to_owned();
-            c.message = message.to_owned();
+            c.message = cut_to_chars(message, MAX_MESSAGE_CHARS);
             c.observed_generation = generation;
         }
         None => conditions.push(JobCondition {
             type_: type_.to_owned(),
             status: status_str.to_owned(),
             reason: reason.to_owned(),
-            message: message.to_owned(),
+            message: cut_to_chars(message, MAX_MESSAGE_CHARS),
             last_transition_time: Some(Time(now)),
             observed_generation: generation,
         }),
@@ -64,4 +64,30 @@ pub fn condition_is_true(conditions: &[JobCondition], type_: &str) -> bool {
     conditions
         .iter()
         .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// `text` cut to at most `max` characters, ending with "…" when it was longer: messages and
+/// reasons in status quote kubelets, the scheduler and pods, whose length trainyard does not
+/// choose.
+pub fn cut_to_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some(_) => {
+            let keep: String = text.chars().take(max.saturating_sub(1)).collect();
+            keep + "…"
+        }
+    }
+}
+
+#[cfg(test)]
+mod cut_tests {
+    use super::*;
+
+    #[test]
+    fn text_is_cut_at_a_character_not_a_byte() {
+        assert_eq!(cut_to_chars("short", 8), "short");
+        assert_eq!(cut_to_chars("exactly8", 8), "exactly8");
+        assert_eq!(cut_to_chars("nine char", 8), "nine ch…");
+        assert_eq!(cut_to_chars("ééééééééé", 8).chars().count(), 8);
+    }
 }

@@ -3432,3 +3432,59 @@ fn property_noisy_clusters_never_take_a_healthy_node_for_lost_and_still_find_a_l
         );
     }
 }
+
+/// Status is bounded by design: 10,000 workers that no node can take, each with the
+/// scheduler's long message, give a status of a few KiB, with every worker counted and every
+/// rank recorded.
+#[test]
+fn ten_thousand_unschedulable_workers_give_a_status_under_64_kib() {
+    let mut w = World::new("workers: 10000\ngpusPerWorker: 16\n");
+    w.step();
+    assert_eq!(w.pods.len(), 10_000);
+    let message = format!(
+        "0/3 nodes are available: {}",
+        "Insufficient nvidia.com/gpu. ".repeat(40)
+    );
+    for p in &mut w.pods {
+        let mut pod = (**p).clone();
+        pod.spec.as_mut().expect("spec").node_name = None;
+        pod.status = serde_json::from_value(json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": message}]}))
+        .ok();
+        *p = Arc::new(pod);
+    }
+    w.advance(60);
+    let plan = w.step();
+    let bytes = serde_json::to_vec(&plan.status).expect("status").len();
+    assert!(bytes < 64 * 1024, "{bytes} bytes");
+    assert_eq!(plan.status.workers.len(), crate::crd::MAX_WORKER_ENTRIES);
+    let summary = plan.status.worker_summary.clone().expect("summary");
+    assert_eq!((summary.pending, summary.running), (10_000, 0));
+    assert_eq!(summary.seen_ranks, "0-9999");
+    for w in &plan.status.workers {
+        let reason = w.reason.as_deref().expect("reason");
+        assert!(
+            reason.chars().count() <= crate::crd::MAX_REASON_CHARS,
+            "{reason}"
+        );
+    }
+}
+
+/// A gang larger than `status.workers` lists: a running rank that is not listed and
+/// disappears is still a preemption, since the decision reads the recorded ranks.
+#[test]
+fn an_unlisted_rank_that_disappears_from_a_large_gang_was_preempted() {
+    let mut w = World::new("workers: 100\ngpusPerWorker: 0\n");
+    w.step();
+    w.run_all();
+    w.step();
+    assert_eq!(w.status.phase, Some(Phase::Running));
+    assert!(w.status.workers.iter().all(|x| x.rank != 77));
+    w.pods
+        .retain(|p| p.metadata.name.as_deref() != Some("train-worker-77"));
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    let detail = plan.status.last_restart.expect("restart").detail;
+    assert!(detail.contains("train-worker-77"), "{detail}");
+}

@@ -218,9 +218,8 @@ impl Caches {
 /// lookups. A recorded rank no spec can have (≥ [`MAX_WORKERS`]) is ignored.
 fn ranks_to_observe(workers: u32, current: &TrainingJobStatus) -> impl Iterator<Item = u32> {
     let beyond: BTreeSet<u32> = current
-        .workers
+        .recorded_ranks()
         .iter()
-        .map(|w| w.rank)
         .filter(|rank| (workers..MAX_WORKERS).contains(rank))
         .collect();
     (0..workers).chain(beyond)

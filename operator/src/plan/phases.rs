@@ -153,7 +153,7 @@ fn suspend(view: &View<'_>, round: &mut Round) -> Flow {
         ));
     }
     round.st.phase = Some(Phase::Suspended);
-    round.st.workers.clear();
+    round.st.clear_workers();
     round.condition(
         view,
         condition::RUNNING,
@@ -191,7 +191,7 @@ fn resume(view: &View<'_>, round: &mut Round) -> Flow {
         return Flow::Stop;
     };
     st.attempt = next;
-    st.workers.clear();
+    st.clear_workers();
     st.start_time = Some(Time(view.now));
     st.last_restart = Some(LastRestart {
         time: Time(view.now),
@@ -421,10 +421,8 @@ fn withdrawn_notice(view: &View<'_>, round: &mut Round) -> Flow {
     ));
     round.remove_pods(view, stuck.iter().map(|(_, p)| *p));
     // Deleted on purpose: not recorded, so their going is not taken for a lost pod.
-    round
-        .st
-        .workers
-        .retain(|w| !stuck.iter().any(|(rank, _)| *rank == w.rank));
+    let stuck: Vec<u32> = stuck.iter().map(|(rank, _)| *rank).collect();
+    round.record_workers_except(view, &stuck);
     Flow::Stop
 }
 

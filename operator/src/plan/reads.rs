@@ -10,7 +10,7 @@ use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, TrainingJobStatus};
 /// The pod whose placement a missing rank of the current attempt copies (the lowest rank
 /// present), when some missing rank is one this round would create: not one the operator has
 /// just created (`held`: its create is on its way into the cache), nor one recorded in
-/// `current.workers` (seen and gone: a preemption or a success, never created again in this
+/// `current` as seen (seen and gone: a preemption or a success, never created again in this
 /// attempt, since a preempted rank restarts the gang). Only then do the cached pods, stripped
 /// of their placement, not suffice, and a round trip before the round is worth it.
 pub fn sibling_to_read<'p>(
@@ -20,7 +20,8 @@ pub fn sibling_to_read<'p>(
     held: impl Fn(u32) -> bool,
 ) -> Option<&'p CachedPod> {
     let attempt = current.attempt;
-    let recorded = |rank| current.workers.iter().any(|w| w.rank == rank);
+    let recorded = current.recorded_ranks();
+    let recorded = |rank| recorded.contains(rank);
     let mut present: Vec<(u32, &Arc<CachedPod>)> = pods
         .iter()
         .filter(|p| crate::pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(attempt))

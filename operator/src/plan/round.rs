@@ -12,12 +12,16 @@ use super::{
     Action, JobEvent, PhaseName, Plan, condition, condition_is_true, is_finished, pod_name,
     set_condition, write_invalid_spec,
 };
-use crate::crd::{Phase, RestartReason, TrainingJobStatus, WorkerStatus};
+use crate::crd::{
+    MAX_REASON_CHARS, MAX_WORKER_ENTRIES, Phase, RestartReason, TrainingJobStatus, WorkerStatus,
+    WorkerSummary,
+};
 use crate::nodes;
 use crate::placement::Placement;
 use crate::preemption::{WorkerPhase, WorkerState, min_time};
 use crate::reason;
 use crate::validate::InvalidSpec;
+use trainyard_api::ranks::RankSet;
 
 /// What the phases of one round have decided so far.
 pub(crate) struct Round {
@@ -180,10 +184,17 @@ impl Round {
 
     /// status.workers: the current attempt's workers the operator has seen.
     pub fn record_workers(&mut self, view: &View<'_>) {
+        self.record_workers_except(view, &[]);
+    }
+
+    /// [`Round::record_workers`] without the ranks `unrecorded`: pods deleted on purpose,
+    /// whose going must not be taken for a lost worker.
+    pub fn record_workers_except(&mut self, view: &View<'_>, unrecorded: &[u32]) {
         let census = &view.census;
         let mut workers: Vec<WorkerStatus> = census
             .current
             .iter()
+            .filter(|(rank, _)| !unrecorded.contains(rank))
             .map(|(&rank, pod)| WorkerStatus {
                 rank,
                 pod: pod_name(pod),
@@ -201,21 +212,73 @@ impl Round {
                     .map(str::to_owned),
             })
             .collect();
-        // A recorded worker whose pod is gone stays recorded until a restart clears the list,
-        // so that its disappearance is noticed again after a crash; a rank the spec does not
-        // have (status is input too) is dropped.
-        for w in &self.st.workers {
-            if WorkerPhase::parse(&w.phase) == Some(WorkerPhase::Succeeded)
-                && w.rank < view.workers
-                && !census.current.contains_key(&w.rank)
-            {
-                workers.push(w.clone());
+        // A worker recorded as succeeded whose pod is gone stays recorded until a restart
+        // clears the list, so that it is not taken for a preemption after a crash; a rank the
+        // spec does not have (status is input too) is dropped.
+        let succeeded = self.st.succeeded_ranks();
+        for rank in succeeded.iter().filter(|r| *r < view.workers) {
+            if !census.current.contains_key(&rank) {
+                workers.push(WorkerStatus {
+                    rank,
+                    pod: view.job.pod_name(rank),
+                    node: None,
+                    phase: WorkerPhase::Succeeded.as_str().to_owned(),
+                    reason: None,
+                });
             }
         }
         workers.sort_by_key(|w| w.rank);
         workers.dedup_by_key(|w| w.rank);
-        self.st.workers = workers;
+        let (listed, summary) = compact_workers(workers);
+        self.st.workers = listed;
+        self.st.worker_summary = summary;
     }
+}
+
+/// `status.workers` within bounds: every worker of a gang of up to [`MAX_WORKER_ENTRIES`]; of
+/// a larger one, the workers that are not running first (failed, preempted, pending,
+/// succeeded), then by rank; each reason cut to [`MAX_REASON_CHARS`] characters. The summary
+/// counts every worker and records every rank seen, which is what later rounds decide on
+/// ([`TrainingJobStatus::recorded_ranks`]); none when there is no worker.
+fn compact_workers(mut workers: Vec<WorkerStatus>) -> (Vec<WorkerStatus>, Option<WorkerSummary>) {
+    if workers.is_empty() {
+        return (workers, None);
+    }
+    let mut summary = WorkerSummary::default();
+    let mut seen = RankSet::default();
+    let mut succeeded = RankSet::default();
+    for w in &mut workers {
+        seen.insert(w.rank);
+        let count = match WorkerPhase::parse(&w.phase) {
+            Some(WorkerPhase::Running) => &mut summary.running,
+            Some(WorkerPhase::Succeeded) => {
+                succeeded.insert(w.rank);
+                &mut summary.succeeded
+            }
+            Some(WorkerPhase::Preempted) => &mut summary.preempted,
+            Some(WorkerPhase::Failed) => &mut summary.failed,
+            Some(WorkerPhase::Pending) | None => &mut summary.pending,
+        };
+        *count = count.saturating_add(1);
+        if let Some(reason) = &mut w.reason {
+            *reason = crate::condition::cut_to_chars(reason, MAX_REASON_CHARS);
+        }
+    }
+    summary.seen_ranks = seen.to_string();
+    summary.succeeded_ranks = succeeded.to_string();
+    if workers.len() > MAX_WORKER_ENTRIES {
+        let interest = |w: &WorkerStatus| match WorkerPhase::parse(&w.phase) {
+            Some(WorkerPhase::Failed) => 0,
+            Some(WorkerPhase::Preempted) => 1,
+            Some(WorkerPhase::Pending) | None => 2,
+            Some(WorkerPhase::Succeeded) => 3,
+            Some(WorkerPhase::Running) => 4,
+        };
+        workers.sort_by_key(|w| (interest(w), w.rank));
+        workers.truncate(MAX_WORKER_ENTRIES);
+        workers.sort_by_key(|w| w.rank);
+    }
+    (workers, Some(summary))
 }
 
 /// When a pod already terminating is force-deleted: never on a Ready node whose kubelet

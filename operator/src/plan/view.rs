@@ -9,11 +9,12 @@ use jiff::Timestamp;
 
 use super::Observed;
 use crate::config::OperatorConfig;
-use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus, WorkerStatus};
+use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus};
 use crate::liveness::{self, Reports, Silence};
 use crate::pods::label_u32;
-use crate::preemption::{self, ClassifierConfig, WorkerPhase, WorkerState, min_time};
+use crate::preemption::{self, ClassifierConfig, WorkerState, min_time};
 use crate::validate::ValidJob;
+use trainyard_api::ranks::RankSet;
 
 /// The inputs of one decision.
 pub(crate) struct View<'a> {
@@ -51,11 +52,11 @@ impl<'a> View<'a> {
         };
         // A resume in this round starts the next attempt, with no worker recorded yet.
         let (attempt, recorded) = if resumes_as_new_attempt(job, current) {
-            (current.attempt.saturating_add(1), &[][..])
+            (current.attempt.saturating_add(1), Recorded::default())
         } else {
-            (current.attempt, &current.workers[..])
+            (current.attempt, Recorded::of(current))
         };
-        view.census = Census::take(&view, attempt, recorded);
+        view.census = Census::take(&view, attempt, &recorded);
         view
     }
 }
@@ -116,10 +117,26 @@ pub(crate) struct Census<'a> {
     pub lost: BTreeMap<String, String>,
 }
 
+/// The ranks of an attempt the status records: seen, and of those, succeeded.
+#[derive(Default)]
+struct Recorded {
+    seen: RankSet,
+    succeeded: RankSet,
+}
+
+impl Recorded {
+    fn of(status: &TrainingJobStatus) -> Self {
+        Self {
+            seen: status.recorded_ranks(),
+            succeeded: status.succeeded_ranks(),
+        }
+    }
+}
+
 impl<'a> Census<'a> {
-    /// Splits the pods by attempt `attempt` and classifies its workers; `recorded` is
-    /// `status.workers`.
-    fn take(view: &View<'a>, attempt: u32, recorded: &[WorkerStatus]) -> Self {
+    /// Splits the pods by attempt `attempt` and classifies its workers; `recorded` is what
+    /// the status recorded of them.
+    fn take(view: &View<'a>, attempt: u32, recorded: &Recorded) -> Self {
         let observed = view.observed;
         let mut current: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
         let mut old: Vec<&Arc<CachedPod>> = Vec::new();
@@ -157,17 +174,17 @@ impl<'a> Census<'a> {
                 *state = WorkerState::Preempted(detail.clone());
             }
         }
-        for w in recorded {
-            if w.rank < view.workers && !states.contains_key(&w.rank) {
-                let state = if WorkerPhase::parse(&w.phase) == Some(WorkerPhase::Succeeded) {
+        for rank in recorded.seen.iter() {
+            if rank < view.workers && !states.contains_key(&rank) {
+                let state = if recorded.succeeded.contains(rank) {
                     WorkerState::Succeeded
                 } else {
                     WorkerState::Preempted(format!(
                         "pod {} disappeared without trainyard deleting it",
-                        w.pod
+                        view.job.pod_name(rank)
                     ))
                 };
-                states.insert(w.rank, state);
+                states.insert(rank, state);
             }
         }
         Self {

@@ -45,7 +45,7 @@ impl StatusWrite {
 
 /// Decides when `desired` is written over `written` (what the API server holds).
 ///
-/// Everything but `status.workers` is a decision or a transition users and tools wait on
+/// Everything but `status.workers` and `status.workerSummary` is a decision or a transition users and tools wait on
 /// (phase, attempt, counters, conditions, selected GPU): written at once. `status.workers` is
 /// per-worker detail that moves with every pod event (a pod seen, bound to a node, started):
 /// one write per worker per step would be most of the operator's API traffic (several status
@@ -67,9 +67,11 @@ pub fn status_write(
     }
     let decisions_equal = TrainingJobStatus {
         workers: Vec::new(),
+        worker_summary: None,
         ..desired.clone()
     } == TrainingJobStatus {
         workers: Vec::new(),
+        worker_summary: None,
         ..written.clone()
     };
     if !decisions_equal {

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::super::round::Round;
 use super::super::view::View;
 use super::super::{Flow, JobEvent, attempt_start, condition, failure_backoff};
-use crate::crd::{LastRestart, Phase, RestartReason};
+use crate::crd::{LastRestart, MAX_MESSAGE_CHARS, Phase, RestartReason};
 use crate::liveness::SinceFailure;
 use crate::lost_peer::{self, Judging, SilentPeer, Verdict};
 use crate::nodes;
@@ -186,11 +186,11 @@ fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason,
     let st = &mut round.st;
     st.attempt = next;
     st.phase = Some(Phase::Restarting);
-    st.workers.clear();
+    st.clear_workers();
     st.last_restart = Some(LastRestart {
         time: Time(now),
         reason,
-        detail: detail.to_owned(),
+        detail: crate::condition::cut_to_chars(detail, MAX_MESSAGE_CHARS),
     });
     let message = format!("attempt {next} after {}: {detail}", reason.as_str());
     round.condition(view, condition::RESTARTING, true, reason.as_str(), &message);
