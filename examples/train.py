@@ -15,6 +15,12 @@ PET_MASTER_PORT, which torchrun reads as its flags. What this script relies on
   in the same directory, fsync, then rename over latest.pt, so a node lost in the middle of
   a save never leaves a torn checkpoint.
 - RESUME_FROM: set by the operator on every attempt after the first; the checkpoint to load.
+  Rank 0 gives every checkpoint a second, step-addressed name that nothing ever replaces
+  (ckpt-c<created>-a<attempt>-s<step>.pt, a hard link to the same bytes) and reports it as
+  checkpointFile; the operator then names that file in RESUME_FROM, so a writer of an older
+  attempt that replaces latest.pt cannot move the resume point back. It keeps the newest
+  KEEP_CHECKPOINTS (3) of them and the one it resumed from. A RESUME_FROM that is gone (pruned)
+  falls back to latest.pt.
 - TRAINYARD_FENCE_TOKEN: set by the operator on every attempt. Every rank claims the
   checkpoint directory's fence before it loads RESUME_FROM, and rank 0 renames a new
   checkpoint only while the fence holds its token (trainyard_fence.py, beside this file), so
@@ -57,12 +63,15 @@ The peers' collective fails after COLLECTIVE_TIMEOUT_SECONDS (a Failure, not a H
 restartPolicy.progressTimeoutSeconds well below it. The next attempt runs normally.
 """
 
+import contextlib
 import datetime
 import hashlib
 import io
 import json
 import math
 import os
+import re
+import shutil
 import sys
 import threading
 import time
@@ -105,6 +114,7 @@ def env_float(name, default, minimum=0):
 
 TOTAL_STEPS = env_int("TOTAL_STEPS", 200, minimum=1)
 CHECKPOINT_EVERY = env_int("CHECKPOINT_EVERY", 10, minimum=1)
+KEEP_CHECKPOINTS = env_int("KEEP_CHECKPOINTS", 3, minimum=1)
 STEP_SECONDS = env_float("STEP_SECONDS", 0)
 COLLECTIVE_TIMEOUT = env_int("COLLECTIVE_TIMEOUT_SECONDS", 120, minimum=1)
 CHECKPOINT_PATH = os.environ.get("CHECKPOINT_PATH", "/mnt/checkpoints/latest.pt")
@@ -179,9 +189,14 @@ class ProgressReporter:
             else:
                 self.progress.pop("loss", None)
 
-    def checkpointed(self, step):
-        """A checkpoint of `step` is durably saved: report it at once."""
+    def checkpointed(self, step, name=None):
+        """A checkpoint of `step` is durably saved (as `name` too, step-addressed, in the
+        checkpoint directory): report it at once."""
         with self.lock:
+            if name:
+                self.progress["checkpointFile"] = name
+            elif self.progress.get("checkpointStep") != step:
+                self.progress.pop("checkpointFile", None)
             self.progress["checkpointStep"] = step
         self.wake.set()
 
@@ -253,7 +268,7 @@ class NoProgressReporter:
     def completed(self, step, loss):
         pass
 
-    def checkpointed(self, step):
+    def checkpointed(self, step, name=None):
         pass
 
     def take_checkpoint_request(self):
@@ -296,9 +311,31 @@ def batch(step, rank):
     return x, target
 
 
+STEP_FILE = re.compile(r"ckpt-c([0-9]{10})-a([0-9]{6})-s([0-9]{9,})\.pt")
+
+
+def step_file(fence, step):
+    """The step-addressed name of this attempt's checkpoint of `step`: ordered by the fence
+    token's (created, attempt), then the step, so that names sort oldest first."""
+    created, attempt = getattr(fence, "order", (0, int(ATTEMPT)))
+    return f"ckpt-c{created:010d}-a{attempt:06d}-s{step:09d}.pt"
+
+
+def prune(directory, keep):
+    """Removes step-addressed checkpoints but the newest KEEP_CHECKPOINTS and those in
+    `keep` (the one this attempt resumed from: the operator may still name it)."""
+    names = sorted(n for n in os.listdir(directory) if STEP_FILE.fullmatch(n))
+    for name in names[:-KEEP_CHECKPOINTS]:
+        if name not in keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+
+
 def save(model, optimizer, step, path, fence):
     """Atomic: a reader sees the previous checkpoint or this one, never half of one. Fenced:
-    raises trainyard_fence.Fenced, and publishes nothing, once a newer attempt has claimed."""
+    raises trainyard_fence.Fenced, and publishes nothing, once a newer attempt has claimed.
+    Returns the checkpoint's step-addressed name (a second name of the same file, created
+    here and never replaced)."""
     state = {
         "step": step,
         "model": model.state_dict(),
@@ -316,12 +353,30 @@ def save(model, optimizer, step, path, fence):
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
-    fence.replace(tmp, path)
+    name = step_file(fence, step)
+    addressed = os.path.join(directory, name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(addressed)  # one this attempt saved before a crash, at the same step
+    try:
+        os.link(tmp, addressed)
+    except OSError:
+        # A file system without hard links: a copy, published by its own rename.
+        copy = f"{tmp}.copy"
+        shutil.copyfile(tmp, copy)
+        os.replace(copy, addressed)
+    try:
+        fence.replace(tmp, path)
+    except trainyard_fence.Fenced:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(addressed)
+        raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    prune(directory, keep={os.path.basename(RESUME_FROM)})
+    return name
 
 
 def load(model, optimizer, path, world_size):
@@ -355,12 +410,17 @@ def claim(rank, fence):
 
 def resume(rank, world, model, optimizer):
     """The step to start from, and the step loaded (None in a fresh start)."""
-    if RESUME_FROM and os.path.exists(RESUME_FROM):
-        step = load(model, optimizer, RESUME_FROM, world)
-        log(rank, f"resuming from step {step} ({RESUME_FROM})")
+    path = RESUME_FROM
+    if path and not os.path.exists(path) and os.path.exists(CHECKPOINT_PATH):
+        # A step-addressed checkpoint pruned before the operator learnt of a newer one.
+        log(rank, f"RESUME_FROM={path} is gone: resuming from {CHECKPOINT_PATH}")
+        path = CHECKPOINT_PATH
+    if path and os.path.exists(path):
+        step = load(model, optimizer, path, world)
+        log(rank, f"resuming from step {step} ({path})")
         return step, step
-    if RESUME_FROM:
-        log(rank, f"RESUME_FROM={RESUME_FROM} does not exist yet")
+    if path:
+        log(rank, f"RESUME_FROM={path} does not exist yet")
     log(rank, "starting from step 0")
     return 0, None
 
@@ -429,10 +489,10 @@ def main():
         nonlocal saved
         with sigterm.state:
             if rank == 0 and step > saved:
-                save(model, optimizer, step, CHECKPOINT_PATH, fence)
+                name = save(model, optimizer, step, CHECKPOINT_PATH, fence)
                 saved = step
-                log(rank, f"{reason} at step {step}")
-                progress.checkpointed(step)
+                log(rank, f"{reason} at step {step} ({name})")
+                progress.checkpointed(step, name)
 
     def stuck():
         # On the SIGTERM thread, the main thread blocked: the parameters hold `step`.

@@ -12,6 +12,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::env::MAX_CHECKPOINT_FILE_BYTES;
 use crate::ranks::RankSet;
 
 /// API group of every trainyard resource.
@@ -492,6 +493,12 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart: Option<LastRestart>,
 
+    /// The step-addressed checkpoint the next attempt resumes from (`RESUME_FROM`): the
+    /// newest one the workers of the newest attempt that saved one reported. A writer of an
+    /// older attempt that replaces `latest.pt` cannot move it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_point: Option<ResumePoint>,
+
     /// The PVC holding the checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_claim: Option<String>,
@@ -524,6 +531,11 @@ pub struct ProgressStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = MAX_STEP))]
     pub checkpoint_step: Option<u64>,
+    /// The file in the checkpoint directory that holds the checkpoint at `checkpointStep`,
+    /// when the report named one (a step-addressed checkpoint, docs/env-contract.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_CHECKPOINT_FILE_BYTES))]
+    pub checkpoint_file: Option<String>,
     /// When that checkpoint was first reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_time: Option<Time>,
@@ -541,6 +553,21 @@ pub struct ProgressStatus {
     /// so that a later notice asks for a new checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_requested_time: Option<Time>,
+}
+
+/// A step-addressed checkpoint a worker reported saved.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumePoint {
+    /// The attempt that saved it.
+    #[schemars(range(min = 0, max = u32::MAX))]
+    pub attempt: u32,
+    /// Its step.
+    #[schemars(range(min = 0, max = MAX_STEP))]
+    pub step: u64,
+    /// Its file in the checkpoint directory.
+    #[schemars(length(max = MAX_CHECKPOINT_FILE_BYTES))]
+    pub file: String,
 }
 
 /// Job phase.

@@ -8,6 +8,22 @@ pub const CHECKPOINT_PATH: &str = "CHECKPOINT_PATH";
 /// The checkpoint to resume from; set on every attempt after the first, and on the first
 /// when the checkpoint claim was there before the job.
 pub const RESUME_FROM: &str = "RESUME_FROM";
+/// The longest `checkpointFile` a report may name (a file name on Linux file systems).
+pub const MAX_CHECKPOINT_FILE_BYTES: usize = 255;
+
+/// Whether `name` may be a report's `checkpointFile`, which the operator names in
+/// [`RESUME_FROM`] as `<CHECKPOINT_DIR>/<name>`: a plain file name in the checkpoint
+/// directory (no `/`, not `.` or `..`, not hidden, no control characters), at most
+/// [`MAX_CHECKPOINT_FILE_BYTES`] bytes. Status is input too, so the operator checks it again
+/// before it sets the variable.
+pub fn is_checkpoint_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_CHECKPOINT_FILE_BYTES
+        && !name.starts_with('.')
+        && !name.contains('/')
+        && !name.chars().any(char::is_control)
+}
+
 /// The job's name.
 pub const TRAINYARD_JOB: &str = "TRAINYARD_JOB";
 /// The 0-based attempt.
@@ -101,6 +117,27 @@ mod tests {
                 doc.contains(&format!("`{name}`")),
                 "{name} is not in docs/env-contract.md"
             );
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_file_is_a_plain_name_inside_the_checkpoint_directory() {
+        for good in ["step-000000120-a3.pt", "latest.pt", "ckpt 7.pt"] {
+            assert!(is_checkpoint_file_name(good), "{good}");
+        }
+        let long = "a".repeat(MAX_CHECKPOINT_FILE_BYTES + 1);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x.pt",
+            "a/b.pt",
+            "/etc/passwd",
+            ".hidden",
+            "a\nb",
+            &long,
+        ] {
+            assert!(!is_checkpoint_file_name(bad), "{bad:?}");
         }
     }
 }

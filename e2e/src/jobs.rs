@@ -444,6 +444,17 @@ pub async fn recovery_stages(
     })
 }
 
+/// The host directory of a claim's hostPath volume, once it is bound: the local cluster's
+/// claims are hostPath volumes that both nodes share with this machine, so a test reads (and
+/// writes) the files where the trainers do.
+pub async fn volume_dir(client: &Client, ns: &str, claim: &str) -> Option<PathBuf> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let volume = claims.get_opt(claim).await.ok()??.spec?.volume_name?;
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    let path = volumes.get_opt(&volume).await.ok()??.spec?.host_path?.path;
+    Some(path.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1583,3 +1583,130 @@ async fn a_job_deleted_and_applied_again_resumes_from_its_retained_checkpoint() 
     ns.cleanup().await?;
     res
 }
+
+/// `status.resumePoint` once the job's trainers reported a step-addressed checkpoint of
+/// `attempt` at `at_least` or later: (step, file).
+async fn resume_point(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    attempt: u32,
+    at_least: u64,
+) -> Result<(u64, String)> {
+    wait_for(
+        &format!("{job}'s resume point in attempt {attempt} at step {at_least} or later"),
+        Duration::from_secs(180),
+        || async move {
+            let point = job_status(client, ns, job).await?["resumePoint"].clone();
+            let step = point["step"].as_u64().unwrap_or_default();
+            let file = point["file"].as_str().unwrap_or_default().to_owned();
+            Ok((point["attempt"] == attempt && step >= at_least).then_some((step, file)))
+        },
+    )
+    .await
+}
+
+/// Sets `spec.suspend`; suspending waits until the job's pods are gone.
+async fn set_suspend(client: &Client, ns: &str, job: &str, on: bool) -> Result<()> {
+    let patch = json!({"spec": {"suspend": on}});
+    tj_api(client, ns)
+        .patch(job, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    if on {
+        wait_for(
+            "the suspended job's pods to be gone",
+            Duration::from_secs(120),
+            || async { Ok(job_pods(client, ns, job).await?.is_empty().then_some(())) },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The value of the trainer's environment variable `name` in `pod`.
+fn env_of(pod: &Pod, name: &str) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .first()?
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == name)?
+        .value
+        .clone()
+}
+
+/// A trainer of an old attempt that ignores the fence, still running after its pod went,
+/// renames its older checkpoint over `latest.pt` after the newer attempt saved. The next
+/// attempt still resumes from the newest step the trainers reported (`status.resumePoint`,
+/// named in `RESUME_FROM`), not from what `latest.pt` holds. The stale write happens while
+/// the job is suspended, so that no trainer of the job can save over it before the next
+/// attempt loads.
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn an_unfenced_stale_writer_cannot_move_the_resume_point_back() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = async {
+        let name = "unfenced";
+        create_job(
+            &client,
+            &ns.name,
+            torch_job(name, 1, 80, "0.3", json!({"policy": "Never"})),
+        )
+        .await?;
+        running_pods(&client, &ns.name, name, 0, 2).await?;
+        let dir = wait_for("the checkpoint volume", Duration::from_secs(60), || async {
+            Ok(volume_dir(&client, &ns.name, &format!("{name}-checkpoints")).await)
+        })
+        .await?;
+        // What the stale writer holds: an early checkpoint of the job.
+        let (old_step, old_file) = resume_point(&client, &ns.name, name, 0, 5).await?;
+        let stale = tokio::fs::read(dir.join(&old_file)).await?;
+        let (newer, _) = resume_point(&client, &ns.name, name, 0, old_step + 10).await?;
+
+        set_suspend(&client, &ns.name, name, true).await?;
+        // The stale writer's rename, as a trainer makes it.
+        let tmp = dir.join(".latest.pt.tmp.stale");
+        tokio::fs::write(&tmp, &stale).await?;
+        tokio::fs::rename(&tmp, dir.join("latest.pt")).await?;
+        let latest = tokio::fs::read(dir.join("latest.pt")).await?;
+        ensure!(trainyard_e2e::chaos::checkpoint::step(&latest).await? == old_step);
+        let (point, file) = resume_point(&client, &ns.name, name, 0, newer).await?;
+
+        set_suspend(&client, &ns.name, name, false).await?;
+        let pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+        for p in &pods {
+            let resume = env_of(p, RESUME_FROM).unwrap_or_default();
+            ensure!(
+                resume.ends_with(&format!("/{file}")),
+                "{}: RESUME_FROM={resume}",
+                p.name_any()
+            );
+        }
+        let p = reported_progress(&client, &ns.name, name, 1).await?;
+        ensure!(
+            p["resumedFrom"].as_u64() == Some(point),
+            "attempt 1 resumed from {} (latest.pt holds step {old_step}), not the resume \
+             point {point}: {p}",
+            p["resumedFrom"]
+        );
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        ensure!(
+            st["failures"] == 0 && st["preemptions"] == 0,
+            "status: {st}"
+        );
+        Ok(())
+    }
+    .await;
+    ns.cleanup().await?;
+    res
+}

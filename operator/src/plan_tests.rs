@@ -2304,6 +2304,7 @@ impl Channel {
             step,
             loss: None,
             checkpoint_step: checkpoint,
+            checkpoint_file: None,
             resumed_from: None,
         };
         self.store.record("ml", "train", "uid-1", &report, w.now);
@@ -2340,6 +2341,7 @@ impl Channel {
                 })
                 .collect(),
             checkpoint: p.checkpoint_step.zip(p.checkpoint_at),
+            checkpoint_file: p.checkpoint_file.clone(),
             resumed_from: p.resumed_from,
             previous_attempt_step: p.previous_attempt_step,
             checkpoint_requested: p.checkpoint_requested,
@@ -3487,4 +3489,50 @@ fn an_unlisted_rank_that_disappears_from_a_large_gang_was_preempted() {
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
     let detail = plan.status.last_restart.expect("restart").detail;
     assert!(detail.contains("train-worker-77"), "{detail}");
+}
+
+/// A step-addressed checkpoint the trainers reported is what the next attempt resumes from,
+/// whatever a stale writer does to `latest.pt`; a later attempt's checkpoint moves the point
+/// on, and a report without a file leaves it where it is.
+#[test]
+fn the_next_attempt_resumes_from_the_newest_reported_checkpoint_file() {
+    let mut w = World::running_world("workers: 2\n");
+    let saved = |w: &mut World, step: u64, file: Option<&str>| {
+        let mut p = reports(w.status.attempt, &[(0, step), (1, step)], w.now);
+        p.checkpoint = Some((step, w.now));
+        p.checkpoint_file = file.map(str::to_owned);
+        w.progress = Some(p);
+        w.step()
+    };
+    let plan = saved(&mut w, 120, Some("step-000000120-a0.pt"));
+    let point = plan.status.resume_point.clone().expect("resume point");
+    assert_eq!((point.attempt, point.step), (0, 120));
+    assert_eq!(
+        plan.status
+            .progress
+            .and_then(|p| p.checkpoint_file)
+            .as_deref(),
+        Some("step-000000120-a0.pt")
+    );
+    w.preempt("train-worker-1");
+    assert_eq!(w.step().restart, Some(RestartReason::Preemption));
+    w.kubelet_removes_deleted();
+    let created = created_pods(&w.step());
+    assert_eq!(created.len(), 2);
+    for pod in &created {
+        assert_eq!(
+            env(pod, "RESUME_FROM").as_deref(),
+            Some("/mnt/checkpoints/step-000000120-a0.pt")
+        );
+    }
+    // Attempt 1 reports the step it resumed from (no file): the point stays.
+    let plan = saved(&mut w, 120, None);
+    assert_eq!(plan.status.resume_point.map(|p| p.attempt), Some(0));
+    // Its own checkpoint moves it on.
+    let plan = saved(&mut w, 130, Some("step-000000130-a1.pt"));
+    let point = plan.status.resume_point.expect("resume point");
+    assert_eq!(
+        (point.attempt, point.step, point.file.as_str()),
+        (1, 130, "step-000000130-a1.pt")
+    );
 }

@@ -71,11 +71,15 @@ impl AttemptStart {
 }
 
 /// The environment the operator gives the trainer, in a stable order.
+///
+/// `RESUME_FROM` names `resume_file` in the checkpoint directory when the trainers reported a
+/// step-addressed checkpoint (`status.resumePoint`), `latest.pt` otherwise.
 pub fn trainer_env(
     job: &ValidJob,
     rank: u32,
     attempt: u32,
     start: AttemptStart,
+    resume_file: Option<&str>,
 ) -> Vec<(String, String)> {
     let dir = job.spec.checkpoint.mount_path.trim_end_matches('/');
     let dir = if dir.is_empty() { "/" } else { dir };
@@ -89,7 +93,12 @@ pub fn trainer_env(
         (env::CHECKPOINT_PATH.to_owned(), checkpoint.clone()),
     ];
     if start.resumes() {
-        env.push((env::RESUME_FROM.to_owned(), checkpoint));
+        // Status is input too: a name that is not a plain file in the directory is not used.
+        let resume = match resume_file.filter(|f| env::is_checkpoint_file_name(f)) {
+            Some(file) => format!("{}/{file}", dir.trim_end_matches('/')),
+            None => checkpoint,
+        };
+        env.push((env::RESUME_FROM.to_owned(), resume));
     }
     let reason = start.reason();
     env.extend(
@@ -197,6 +206,7 @@ pub fn desired_pod(
     rank: u32,
     attempt: u32,
     start: AttemptStart,
+    resume_file: Option<&str>,
     placement: &Placement,
     progress: Option<&ProgressChannel>,
 ) -> Pod {
@@ -215,7 +225,7 @@ pub fn desired_pod(
     place(&mut spec, placement);
     mount_checkpoint_claim(&mut spec, job);
     if let Some(trainer) = spec.containers.get_mut(job.trainer_index) {
-        equip_trainer(trainer, job, rank, attempt, start);
+        equip_trainer(trainer, job, rank, attempt, start, resume_file);
     }
     if let Some(channel) = progress {
         connect_progress_channel(&mut spec, job.trainer_index, channel);
@@ -326,10 +336,11 @@ fn equip_trainer(
     rank: u32,
     attempt: u32,
     start: AttemptStart,
+    resume_file: Option<&str>,
 ) {
     let env = trainer.env.get_or_insert_with(Vec::new);
     // Values the user sets win: ours only fill in what is missing.
-    for (k, v) in trainer_env(job, rank, attempt, start) {
+    for (k, v) in trainer_env(job, rank, attempt, start, resume_file) {
         if !env.iter().any(|e| e.name == k) {
             env.push(EnvVar {
                 name: k,
@@ -392,7 +403,7 @@ mod tests {
         let n = node("n-1").gpus(8).product("NVIDIA-A100-SXM4-80GB").build();
         let placement = place(&job, &OperatorConfig::default(), &[&n], 0);
         let start = AttemptStart::of(attempt, restart, false);
-        desired_pod(&job, rank, attempt, start, &placement, None)
+        desired_pod(&job, rank, attempt, start, None, &placement, None)
     }
 
     #[test]
@@ -477,7 +488,7 @@ mod tests {
             let attempt = parts.next().and_then(|a| a.parse().ok()).expect("attempt");
             (created, attempt)
         };
-        let env: BTreeMap<_, _> = trainer_env(&old, 0, 5, AttemptStart::of(5, None, false))
+        let env: BTreeMap<_, _> = trainer_env(&old, 0, 5, AttemptStart::of(5, None, false), None)
             .into_iter()
             .collect();
         let old_token = env[env::TRAINYARD_FENCE_TOKEN].clone();
@@ -494,15 +505,41 @@ mod tests {
     fn first_attempt_on_a_claim_that_was_there_resumes_from_it() {
         let job = validate(&job_yaml("workers: 2\n")).expect("valid");
         let start = AttemptStart::of(0, None, true);
-        let env: BTreeMap<_, _> = trainer_env(&job, 0, 0, start).into_iter().collect();
+        let env: BTreeMap<_, _> = trainer_env(&job, 0, 0, start, None).into_iter().collect();
         assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
         assert_eq!(env[env::TRAINYARD_ATTEMPT], "0");
         assert_eq!(env[env::TRAINYARD_RESTART_REASON], "ExistingClaim");
         // A later attempt on such a claim says why it restarted.
         let later = AttemptStart::of(1, Some(RestartReason::Hang), true);
-        let env: BTreeMap<_, _> = trainer_env(&job, 0, 1, later).into_iter().collect();
+        let env: BTreeMap<_, _> = trainer_env(&job, 0, 1, later, None).into_iter().collect();
         assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
         assert_eq!(env[env::TRAINYARD_RESTART_REASON], "Hang");
+    }
+
+    #[test]
+    fn a_reported_step_addressed_checkpoint_is_what_the_next_attempt_resumes_from() {
+        let job = validate(&job_yaml("workers: 2\n")).expect("valid");
+        let later = AttemptStart::of(3, Some(RestartReason::Preemption), false);
+        let resume = |file| -> String {
+            let env: BTreeMap<_, _> = trainer_env(&job, 1, 3, later, file).into_iter().collect();
+            env[env::RESUME_FROM].clone()
+        };
+        assert_eq!(
+            resume(Some("step-000000120-a2.pt")),
+            "/mnt/checkpoints/step-000000120-a2.pt"
+        );
+        // A name written into status that leaves the directory is not used.
+        assert_eq!(
+            resume(Some("../../etc/shadow")),
+            "/mnt/checkpoints/latest.pt"
+        );
+        assert_eq!(resume(None), "/mnt/checkpoints/latest.pt");
+        // A fresh start resumes from nothing, whatever the status says.
+        let fresh: BTreeMap<_, _> =
+            trainer_env(&job, 0, 0, AttemptStart::Fresh, Some("step-1-a0.pt"))
+                .into_iter()
+                .collect();
+        assert!(!fresh.contains_key(env::RESUME_FROM));
     }
 
     #[test]
@@ -651,7 +688,15 @@ mod tests {
             url: "http://trainyard-progress.ops.svc.cluster.local:8082/v1/progress".to_owned(),
             audience: "trainyard-progress".to_owned(),
         };
-        let pod = desired_pod(&job, 1, 0, AttemptStart::Fresh, &placement, Some(&channel));
+        let pod = desired_pod(
+            &job,
+            1,
+            0,
+            AttemptStart::Fresh,
+            None,
+            &placement,
+            Some(&channel),
+        );
         let env = env_of(&pod);
         assert_eq!(env[env::TRAINYARD_PROGRESS_URL], channel.url);
         assert_eq!(
@@ -685,7 +730,7 @@ mod tests {
         );
 
         // Without the channel the pod is as before: no URL, no token.
-        let plain = desired_pod(&job, 1, 0, AttemptStart::Fresh, &placement, None);
+        let plain = desired_pod(&job, 1, 0, AttemptStart::Fresh, None, &placement, None);
         assert!(!env_of(&plain).contains_key(env::TRAINYARD_PROGRESS_URL));
         assert!(
             plain

@@ -92,7 +92,7 @@ pub(super) fn floor_pods(
                 .map(|rank| {
                     let restart = (attempt > 0).then_some(RestartReason::Preemption);
                     let start = AttemptStart::of(attempt, restart, false);
-                    let mut pod = desired_pod(&valid, rank, attempt, start, &place, None);
+                    let mut pod = desired_pod(&valid, rank, attempt, start, None, &place, None);
                     pod.metadata.owner_references = None;
                     pod
                 })

@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{
-    Endpoints, PersistentVolume, PersistentVolumeClaim, Pod, Service,
-};
+use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Pod, Service};
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher::Config};
@@ -558,7 +556,7 @@ fn read_checkpoints(
         loop {
             tick.tick().await;
             if dir.is_none() {
-                dir = volume_dir(&client, &ns, &claim).await;
+                dir = crate::jobs::volume_dir(&client, &ns, &claim).await;
             }
             let Some(file) = dir.as_ref().map(|d| d.join("latest.pt")) else {
                 continue;
@@ -582,15 +580,6 @@ fn read_checkpoints(
             }
         }
     })
-}
-
-/// The host directory of a claim's hostPath volume, once it is bound.
-async fn volume_dir(client: &Client, ns: &str, claim: &str) -> Option<std::path::PathBuf> {
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let volume = claims.get_opt(claim).await.ok()??.spec?.volume_name?;
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let path = volumes.get_opt(&volume).await.ok()??.spec?.host_path?.path;
-    Some(path.into())
 }
 
 fn pod_seen(p: &Pod) -> PodSeen {

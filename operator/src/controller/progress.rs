@@ -60,6 +60,7 @@ fn as_observed(p: JobProgress, channel_refused_at: Option<jiff::Timestamp>) -> O
             })
             .collect(),
         checkpoint: p.checkpoint_step.zip(p.checkpoint_at),
+        checkpoint_file: p.checkpoint_file.clone(),
         resumed_from: p.resumed_from,
         previous_attempt_step: p.previous_attempt_step,
         checkpoint_requested: p.checkpoint_requested,

@@ -126,6 +126,8 @@ pub struct ObservedProgress {
     pub ranks: Vec<RankProgress>,
     /// The latest checkpoint step reported, and when it first was.
     pub checkpoint: Option<(u64, Timestamp)>,
+    /// The file holding that checkpoint, when its report named one.
+    pub checkpoint_file: Option<String>,
     /// The step the attempt resumed from.
     pub resumed_from: Option<u64>,
     /// The highest step reported in the attempt before this one.

@@ -471,6 +471,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
             rank,
             st.attempt,
             start,
+            st.resume_point.as_ref().map(|r| r.file.as_str()),
             &placement,
             view.config.progress_channel.as_ref(),
         );

@@ -230,6 +230,8 @@ struct ReportBody {
     #[serde(default)]
     checkpoint_step: Option<u64>,
     #[serde(default)]
+    checkpoint_file: Option<String>,
+    #[serde(default)]
     resumed_from: Option<u64>,
 }
 
@@ -254,6 +256,20 @@ impl ReportBody {
         if body.loss.is_some_and(|l| !l.is_finite()) {
             return Err(Rejection::invalid("loss is not finite"));
         }
+        if let Some(file) = &body.checkpoint_file {
+            if !trainyard_api::env::is_checkpoint_file_name(file) {
+                return Err(Rejection::invalid(format!(
+                    "checkpointFile must be a plain file name in the checkpoint directory (no \
+                     '/', not hidden, at most {} bytes)",
+                    trainyard_api::env::MAX_CHECKPOINT_FILE_BYTES
+                )));
+            }
+            if body.checkpoint_step.is_none() {
+                return Err(Rejection::invalid(
+                    "checkpointFile names the checkpoint of checkpointStep, which is missing",
+                ));
+            }
+        }
         Ok((
             body.job,
             Report {
@@ -262,6 +278,7 @@ impl ReportBody {
                 step: body.step,
                 loss: body.loss,
                 checkpoint_step: body.checkpoint_step,
+                checkpoint_file: body.checkpoint_file,
                 resumed_from: body.resumed_from,
             },
         ))
@@ -774,6 +791,45 @@ mod tests {
             h.woken.try_recv(),
             Ok(("ml".to_owned(), "train".to_owned()))
         );
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_file_is_recorded_only_as_a_plain_name_with_its_step() {
+        let mut h = harness();
+        for (body, refused) in [
+            (
+                json!({"checkpointStep": 40, "checkpointFile": "../latest.pt"}),
+                "checkpointFile",
+            ),
+            (
+                json!({"checkpointStep": 40, "checkpointFile": ".fence"}),
+                "checkpointFile",
+            ),
+            (json!({"checkpointFile": "step-40-a1.pt"}), "checkpointStep"),
+        ] {
+            let mut report = good(0, 42);
+            report
+                .as_object_mut()
+                .expect("object")
+                .extend(body.as_object().expect("object").clone());
+            let (status, answer) = post(&h.router, "tok-train-worker-0", report).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+            assert!(
+                answer["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains(refused)),
+                "{answer}"
+            );
+        }
+        assert!(h.server.store.snapshot("ml", "train").is_none());
+        let report = json!({"job": "train", "rank": 0, "attempt": 1, "step": 42,
+                            "checkpointStep": 40, "checkpointFile": "step-000000040-a1.pt"});
+        let (status, _) = post(&h.router, "tok-train-worker-0", report).await;
+        assert_eq!(status, StatusCode::OK);
+        let p = h.server.store.snapshot("ml", "train").expect("recorded");
+        assert_eq!(p.checkpoint_step, Some(40));
+        assert_eq!(p.checkpoint_file.as_deref(), Some("step-000000040-a1.pt"));
+        let _ = h.woken.try_recv();
     }
 
     /// A trainer gives a report 2 s; over a slow API server the review takes longer. The

@@ -23,6 +23,8 @@ pub struct Report {
     pub loss: Option<f64>,
     /// The step of the latest checkpoint it knows is saved.
     pub checkpoint_step: Option<u64>,
+    /// The file (in the checkpoint directory) holding that checkpoint, if it named one.
+    pub checkpoint_file: Option<String>,
     /// The step this attempt resumed from.
     pub resumed_from: Option<u64>,
 }
@@ -56,6 +58,8 @@ pub struct JobProgress {
     /// The highest `checkpointStep` reported in this attempt, each at or below the step of
     /// the report that carried it.
     pub checkpoint_step: Option<u64>,
+    /// The file holding that checkpoint, when its report named one.
+    pub checkpoint_file: Option<String>,
     /// When that checkpoint step was first reported.
     pub checkpoint_at: Option<Timestamp>,
     /// The highest `resumedFrom` reported in this attempt.
@@ -82,6 +86,7 @@ impl JobProgress {
             attempt,
             ranks: BTreeMap::new(),
             checkpoint_step: None,
+            checkpoint_file: None,
             checkpoint_at: None,
             resumed_from: None,
             previous_attempt_step: None,
@@ -205,12 +210,21 @@ impl Entry {
         }
         // A checkpoint past the steps its own report says are done is not one: it neither
         // counts nor answers a request.
-        if let Some(step) = report.checkpoint_step.filter(|&c| c <= report.step)
-            && p.checkpoint_step.is_none_or(|known| step > known)
-        {
-            p.checkpoint_step = Some(step);
-            p.checkpoint_at = Some(now);
-            wake = true;
+        if let Some(step) = report.checkpoint_step.filter(|&c| c <= report.step) {
+            if p.checkpoint_step.is_none_or(|known| step > known) {
+                p.checkpoint_step = Some(step);
+                p.checkpoint_file.clone_from(&report.checkpoint_file);
+                p.checkpoint_at = Some(now);
+                wake = true;
+            } else if p.checkpoint_step == Some(step)
+                && p.checkpoint_file.is_none()
+                && report.checkpoint_file.is_some()
+            {
+                // The rank that saved it names the file; another may have reported the step
+                // it resumed from first.
+                p.checkpoint_file.clone_from(&report.checkpoint_file);
+                wake = true;
+            }
         }
         if let Some(step) = report.resumed_from
             && p.resumed_from.is_none_or(|known| step > known)
@@ -416,6 +430,7 @@ mod tests {
             step,
             loss: None,
             checkpoint_step: None,
+            checkpoint_file: None,
             resumed_from: None,
         }
     }

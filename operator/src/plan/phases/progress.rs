@@ -12,7 +12,7 @@ use super::super::round::Round;
 use super::super::view::View;
 use super::super::{Flow, JobEvent, ObservedProgress, condition};
 use super::restart::{self, Cause};
-use crate::crd::{ProgressStatus, RestartReason};
+use crate::crd::{ProgressStatus, RestartReason, ResumePoint};
 use crate::nodes;
 use crate::preemption::{NodeView, WorkerState};
 use crate::reason;
@@ -61,7 +61,15 @@ pub(in crate::plan) fn record_progress(view: &View<'_>, round: &mut Round) -> Fl
         && st.checkpoint_step.is_none_or(|recorded| step > recorded)
     {
         st.checkpoint_step = Some(step);
+        st.checkpoint_file.clone_from(&p.checkpoint_file);
         st.checkpoint_time = Some(Time(at));
+    } else if p.checkpoint.map(|(step, _)| step) == st.checkpoint_step
+        && st.checkpoint_file.is_none()
+    {
+        st.checkpoint_file.clone_from(&p.checkpoint_file);
+    }
+    if let (Some(step), Some(file)) = (st.checkpoint_step, &st.checkpoint_file) {
+        advance_resume_point(&mut round.st.resume_point, p.attempt, step, file);
     }
     if st.resumed_from.is_none()
         && let Some(resumed) = p.resumed_from
@@ -84,6 +92,25 @@ pub(in crate::plan) fn record_progress(view: &View<'_>, round: &mut Round) -> Fl
     round.requeue(view.now.saturating_add(PROGRESS_REFRESH).ok());
     report_channel(view, round, p);
     Flow::Continue
+}
+
+/// Moves the resume point to the step-addressed checkpoint `file` of `step`, saved by
+/// attempt `attempt`, when it is newer: of a later attempt, or of the same attempt and a
+/// later step. A later attempt resumed from the newest point, so its checkpoints are the
+/// newest even at a lower step (an attempt that found nothing to load starts again from 0,
+/// and must not be sent back to a file it could not read). Reports come only from the
+/// workers of the current attempt (pod-bound tokens), so a stale writer cannot move it.
+fn advance_resume_point(point: &mut Option<ResumePoint>, attempt: u32, step: u64, file: &str) {
+    let newer = point
+        .as_ref()
+        .is_none_or(|p| (attempt, step) > (p.attempt, p.step));
+    if newer && trainyard_api::env::is_checkpoint_file_name(file) {
+        *point = Some(ResumePoint {
+            attempt,
+            step,
+            file: file.to_owned(),
+        });
+    }
 }
 
 /// The condition `ProgressChannel`: True while the attempt's reports arrive; False (reason
