@@ -153,6 +153,7 @@ enum Outcome {
     Overloaded,
     Throttled,
     UnknownJob,
+    Internal,
 }
 
 impl Outcome {
@@ -166,6 +167,7 @@ impl Outcome {
             Outcome::Overloaded => "overloaded",
             Outcome::Throttled => "throttled",
             Outcome::UnknownJob => "unknown_job",
+            Outcome::Internal => "internal",
         }
     }
 }
@@ -534,9 +536,11 @@ async fn handle(shared: Arc<Shared>, request: Request) -> Result<bool, Rejection
         Ok(record(server, identity.namespace, job, &job_uid, &report))
     });
     checked.await.unwrap_or_else(|e| {
+        // A bug of ours, not load: counted apart, so that an alert on "overloaded" means load.
+        tracing::error!(error = %e, "progress report: the check ended early");
         Err(Rejection::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            Outcome::Overloaded,
+            Outcome::Internal,
             format!("the report's check ended early: {e}"),
         ))
     })
@@ -712,7 +716,11 @@ mod tests {
         woken: mpsc::Receiver<(String, String)>,
     }
 
-    fn harness_with(reviewer: Arc<dyn TokenReviewer>, pods: FakePods, permits: usize) -> Harness {
+    fn harness_with(
+        reviewer: Arc<dyn TokenReviewer>,
+        pods: impl PodLookup + 'static,
+        permits: usize,
+    ) -> Harness {
         let (wake, woken) = mpsc::channel(16);
         let server = Arc::new(ProgressServer {
             store: Arc::new(ProgressStore::default()),
@@ -830,6 +838,27 @@ mod tests {
         assert_eq!(p.checkpoint_step, Some(40));
         assert_eq!(p.checkpoint_file.as_deref(), Some("step-000000040-a1.pt"));
         let _ = h.woken.try_recv();
+    }
+
+    /// A bug in checking a report (here, a pod lookup that panics) answers 500 and is
+    /// counted as `internal`, not as load.
+    #[tokio::test]
+    async fn a_check_that_panics_is_an_internal_error_not_overload() {
+        struct Panicking;
+        impl PodLookup for Panicking {
+            fn worker(&self, _: &str, _: &str) -> Option<WorkerIdentity> {
+                panic!("a bug in the lookup")
+            }
+        }
+        let h = harness_with(
+            Arc::new(FakeReviewer::default()),
+            Panicking,
+            MAX_CONCURRENT_REVIEWS,
+        );
+        let (status, _) = post(&h.router, "tok-train-worker-0", good(0, 1)).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(counted(&h.server, "internal"));
+        assert!(!counted(&h.server, "overloaded"));
     }
 
     /// A trainer gives a report 2 s; over a slow API server the review takes longer. The
