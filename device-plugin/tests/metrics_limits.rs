@@ -28,6 +28,9 @@ use trainyard_listen::HttpLimits;
 const LIMITS: HttpLimits = HttpLimits::METRICS;
 /// Connections in a flood: four times the cap, all open at once.
 const FLOOD: usize = 4 * LIMITS.max_connections;
+/// The flood's source addresses (127.0.0.1 and up): as many as it takes for their shares to
+/// fill the whole cap, so that the total cap is what the flood meets.
+const SOURCES: usize = LIMITS.max_connections / LIMITS.max_connections_per_source;
 /// The start of a request head that never ends: the rest is one header's value.
 const HEAD: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ";
 const PAD: [u8; 4096] = [b'a'; 4096];
@@ -107,12 +110,13 @@ async fn drip_head(
 async fn flood(addr: SocketAddr, drip: Drip) -> (Vec<Fate>, Vec<Fate>) {
     let (go, going) = watch::channel(false);
     let (closed, mut fates) = mpsc::unbounded_channel();
-    for _ in 0..FLOOD {
+    for i in 0..FLOOD {
         // One at a time, so that the listener's accept queue (128) never overflows: a
         // connection it dropped would wait a second for its SYN to be sent again.
         // Taken before connecting: the server's clock for the connection starts later.
         let opened = Instant::now();
-        let stream = TcpStream::connect(addr).await.expect("connect");
+        let source = u8::try_from(1 + i % SOURCES).expect("a loopback address");
+        let stream = connect_from([127, 0, 0, source], addr).await;
         tokio::spawn(drip_head(
             (stream, opened),
             drip,
@@ -157,8 +161,22 @@ fn assert_closed_at_accept(turned_away: &[Fate]) {
     }
 }
 
+/// A connection to `addr` from the loopback address `source` (Linux answers on all of
+/// 127.0.0.0/8).
+async fn connect_from(source: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from((source, 0)))
+        .expect("bind the source");
+    socket.connect(addr).await.expect("connect")
+}
+
 async fn healthz(addr: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    healthz_from([127, 0, 0, 1], addr).await
+}
+
+async fn healthz_from(source: [u8; 4], addr: SocketAddr) -> String {
+    let mut stream = connect_from(source, addr).await;
     let request = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     stream.write_all(request.as_bytes()).await.expect("write");
     let mut answer = String::new();
@@ -239,5 +257,24 @@ async fn large_heads_sent_slowly_are_cut_at_the_header_limit_and_memory_stays_bo
         "peak RSS grew by {peak_growth} KiB, over the {PEAK_GROWTH_BOUND_KIB} KiB bound"
     );
     assert!(healthz(addr).await.starts_with("HTTP/1.1 200"));
+    stop.cancel();
+}
+
+/// One pod flooding the port (every connection from one address) holds its share of the cap
+/// and no more: the kubelet's liveness probe, from the node's address, is answered while the
+/// flood holds its connections.
+#[tokio::test]
+async fn a_flood_from_one_address_leaves_the_kubelets_probe_answered() {
+    let (addr, stop) = start().await;
+    let mut held = Vec::new();
+    for _ in 0..LIMITS.max_connections {
+        let mut stream = connect_from([127, 0, 0, 1], addr).await;
+        // Part of a head, so that an admitted connection holds its slot.
+        let _ = stream.write_all(HEAD).await;
+        held.push(stream);
+    }
+    let probe = healthz_from([127, 0, 0, 2], addr).await;
+    assert!(probe.starts_with("HTTP/1.1 200"), "{probe}");
+    drop(held);
     stop.cancel();
 }

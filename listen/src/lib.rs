@@ -10,6 +10,9 @@
 //! - at most `max_connections` at once: one more is closed as soon as it is accepted, before
 //!   anything of it is read (never queued or buffered), so a flood of connections holds no
 //!   more than the cap's worth of buffers;
+//! - at most `max_connections_per_source` of them from one IP address, closed the same way:
+//!   one pod cannot take the whole cap, so the kubelet's probes (from the node's address) and
+//!   the other pods' connections are still served while it floods;
 //! - a request head must be complete within `header_timeout` of the connection opening or of
 //!   its previous answer, so the same bound closes a kept-alive connection that sits idle, and
 //!   a head sent a byte at a time holds its slot no longer than that;
@@ -24,10 +27,11 @@
 
 mod idle_timeout;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
@@ -71,6 +75,8 @@ const CAP_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 pub struct HttpLimits {
     /// Connections held at once; more are closed at accept.
     pub max_connections: usize,
+    /// Connections held at once from one IP address; more from it are closed at accept.
+    pub max_connections_per_source: usize,
     /// How long a request head may take, counted from the connection opening or its previous
     /// answer.
     pub header_timeout: Duration,
@@ -82,10 +88,15 @@ pub struct HttpLimits {
 }
 
 impl HttpLimits {
-    /// The default limits, with a cap of `max_connections`.
+    /// The default limits, with a cap of `max_connections`, an eighth of it (at least one)
+    /// per source: the progress port's 2,048 leave 256 to one address (a node whose worker
+    /// pods share its address with host networking holds a few), the metrics port's 64
+    /// leave 8 (a probe or a scrape holds one, briefly).
     pub const fn with_max_connections(max_connections: usize) -> Self {
+        let per_source = max_connections / 8;
         Self {
             max_connections,
+            max_connections_per_source: if per_source == 0 { 1 } else { per_source },
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
@@ -165,6 +176,7 @@ async fn accept_loop(
 ) -> io::Result<()> {
     let builder = limits.http1();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let sources = Sources::new(limits.max_connections_per_source);
     let graceful = GracefulShutdown::new();
     let mut warned_at: Option<Instant> = None;
     let mut shutdown = std::pin::pin!(shutdown);
@@ -179,21 +191,35 @@ async fn accept_loop(
                 }
             },
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Closed before anything of it is read: a full cap costs no buffer.
-            drop(stream);
-            if let Some(tell) = &turned_away {
-                tell();
+        // The source's share first, so that a source at its cap takes no global slot.
+        let admitted = sources
+            .admit(peer.ip())
+            .map_err(|()| "per-source")
+            .and_then(|held| {
+                let slot = slots.clone().try_acquire_owned().map_err(|_| "total")?;
+                Ok((held, slot))
+            });
+        let slot = match admitted {
+            Ok(slot) => slot,
+            Err(cap) => {
+                // Closed before anything of it is read: a full cap costs no buffer.
+                drop(stream);
+                if let Some(tell) = &turned_away {
+                    tell();
+                }
+                if warned_at.is_none_or(|at| at.elapsed() >= CAP_WARNING_INTERVAL) {
+                    tracing::warn!(
+                        server = what,
+                        cap,
+                        source = %peer.ip(),
+                        max_connections = limits.max_connections,
+                        max_connections_per_source = limits.max_connections_per_source,
+                        "connection cap reached: closing new connections at once"
+                    );
+                    warned_at = Some(Instant::now());
+                }
+                continue;
             }
-            if warned_at.is_none_or(|at| at.elapsed() >= CAP_WARNING_INTERVAL) {
-                tracing::warn!(
-                    server = what,
-                    max_connections = limits.max_connections,
-                    "connection cap reached: closing new connections at once"
-                );
-                warned_at = Some(Instant::now());
-            }
-            continue;
         };
         let io = TokioIo::new(IdleTimeout::new(stream, limits.idle_timeout));
         // The peer rides on every request of the connection (axum's `ConnectInfo`), so that
@@ -216,6 +242,59 @@ async fn accept_loop(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// The connections held per source address, each at most `cap`. A source leaves the map
+/// with its last connection, so the map holds no more entries than there are connections.
+struct Sources {
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    cap: usize,
+}
+
+/// One admitted connection's place in its source's count, given back when dropped.
+struct SourceSlot {
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    source: IpAddr,
+}
+
+impl Sources {
+    fn new(cap: usize) -> Self {
+        Self {
+            held: Arc::default(),
+            cap,
+        }
+    }
+
+    /// A place for one more connection from `source`, unless it holds its cap already.
+    fn admit(&self, source: IpAddr) -> Result<SourceSlot, ()> {
+        let mut held = lock(&self.held);
+        let count = held.entry(source).or_default();
+        if *count >= self.cap {
+            return Err(());
+        }
+        *count += 1;
+        Ok(SourceSlot {
+            held: self.held.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut held = lock(&self.held);
+        if let Some(count) = held.get_mut(&self.source) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                held.remove(&self.source);
+            }
+        }
+    }
+}
+
+/// The map's lock: each update is whole, so a panic elsewhere cannot leave it torn.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Waits out an accept error that is not one connection's own (those need no wait).

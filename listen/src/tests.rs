@@ -75,8 +75,87 @@ fn long_lived(max_connections: usize) -> HttpLimits {
     HttpLimits {
         header_timeout: Duration::from_secs(3600),
         idle_timeout: Duration::from_secs(3600),
+        max_connections_per_source: max_connections,
         ..HttpLimits::with_max_connections(max_connections)
     }
+}
+
+/// A connection to `addr` from the loopback address `source` (Linux answers on all of
+/// 127.0.0.0/8).
+async fn connect_from(source: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from((source, 0)))
+        .expect("bind the source");
+    socket.connect(addr).await.expect("connect")
+}
+
+async fn healthz_from(source: [u8; 4], addr: SocketAddr) -> String {
+    let mut stream = connect_from(source, addr).await;
+    let request = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    read_all(&mut stream).await
+}
+
+/// One source flooding the port holds its share of the cap and no more: another source (the
+/// kubelet's probes come from the node's address) is still answered, and the flooding
+/// source is admitted again once its connections close.
+#[tokio::test]
+async fn one_source_holds_its_share_of_the_cap_and_another_is_still_served() {
+    let told = Arc::new(AtomicUsize::new(0));
+    let counter = told.clone();
+    let tell: TurnedAway = Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let limits = HttpLimits {
+        max_connections_per_source: 2,
+        ..long_lived(8)
+    };
+    let (addr, _stop) = serving_within(limits, Some(tell)).await;
+    let flood = [127, 0, 0, 1];
+    let held = [
+        connect_from(flood, addr).await,
+        connect_from(flood, addr).await,
+    ];
+    for _ in 0..3 {
+        assert_eq!(
+            healthz_from(flood, addr).await,
+            "",
+            "over its share: closed at once"
+        );
+    }
+    assert_eq!(
+        told.load(Ordering::SeqCst),
+        3,
+        "each one turned away is told"
+    );
+    let probe = healthz_from([127, 0, 0, 2], addr).await;
+    assert!(probe.starts_with("HTTP/1.1 200"), "{probe}");
+    drop(held);
+    let mut served = false;
+    for _ in 0..1000 {
+        if healthz_from(flood, addr).await.starts_with("HTTP/1.1 200") {
+            served = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        served,
+        "the source's closed connections gave its share back"
+    );
+}
+
+#[test]
+fn each_source_gets_an_eighth_of_the_cap_and_at_least_one() {
+    assert_eq!(HttpLimits::PROGRESS.max_connections_per_source, 256);
+    assert_eq!(HttpLimits::METRICS.max_connections_per_source, 8);
+    assert_eq!(
+        HttpLimits::with_max_connections(3).max_connections_per_source,
+        1
+    );
 }
 
 #[tokio::test]

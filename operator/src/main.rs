@@ -150,11 +150,12 @@ impl RunArgs {
     fn http_limits(&self, max_connections: u64) -> HttpLimits {
         // Both within the ranges clap checked, far below usize::MAX.
         let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        // An eighth of the cap per source address, as by default.
         HttpLimits {
-            max_connections: as_usize(max_connections),
             header_timeout: std::time::Duration::from_secs(self.http_header_timeout_seconds),
             idle_timeout: std::time::Duration::from_secs(self.http_idle_timeout_seconds),
             max_header_bytes: as_usize(self.http_max_header_bytes),
+            ..HttpLimits::with_max_connections(as_usize(max_connections))
         }
     }
 }

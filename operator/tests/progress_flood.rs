@@ -241,9 +241,13 @@ impl Endpoint {
             metrics: Arc::new(Metrics::new()),
             wake,
         });
+        // Flood and ranks all come from 127.0.0.1 here, so the per-source share is the whole
+        // cap: this is the total cap under a flood (one source's share is tested in
+        // trainyard-listen).
         let limits = HttpLimits {
             header_timeout: Duration::from_secs(3600),
             idle_timeout: Duration::from_secs(3600),
+            max_connections_per_source: MAX_CONNECTIONS,
             ..HttpLimits::with_max_connections(MAX_CONNECTIONS)
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -167,7 +167,11 @@ async fn inject_noise(
             let Some(addr) = progress_endpoint(&target.client).await? else {
                 return Ok(skipped(kind, "no progress endpoint"));
             };
-            flood = Some(tokio::spawn(hold_connections(addr, FLOOD_CONNECTIONS)));
+            flood = Some(tokio::spawn(hold_connections(
+                None,
+                addr,
+                FLOOD_CONNECTIONS,
+            )));
             format!("{FLOOD_CONNECTIONS} connections held open to the progress endpoint {addr}")
         }
         FaultKind::Node2CutFromApi => {
@@ -186,9 +190,13 @@ async fn inject_noise(
             let Some(addr) = noise::plugin_metrics(&target.client, on).await? else {
                 return Ok(skipped(kind, &format!("no device plugin serving on {on}")));
             };
-            flood = Some(tokio::spawn(hold_connections(addr, FLOOD_CONNECTIONS)));
+            // Not from the node's address, which the kubelet probes from ([`FLOOD_SOURCE`]).
+            let from = FLOOD_SOURCE;
+            let held = hold_connections(Some(from), addr, FLOOD_CONNECTIONS);
+            flood = Some(tokio::spawn(held));
             format!(
-                "{FLOOD_CONNECTIONS} connections held open to {on}'s device plugin metrics {addr}"
+                "{FLOOD_CONNECTIONS} connections from {from} held open to {on}'s device plugin \
+                 metrics {addr}"
             )
         }
         FaultKind::OperatorClockSkew => {
@@ -615,8 +623,13 @@ async fn delete_a_worker(target: &Target, pick: &mut fastrand::Rng) -> Result<Op
     Ok(Some(format!("worker pod {name} deleted")))
 }
 
-/// How many connections a `ProgressFlood` holds open (the endpoint's cap is 64).
+/// How many connections a flood holds open: four times the device plugin metrics port's cap
+/// (64), all of the progress port's per-source share (256 of 2,048).
 const FLOOD_CONNECTIONS: usize = 256;
+/// The source address of the device plugin metrics flood: the host's end of node 2's link
+/// (`NODE2_HOST_IP` in e2e/cluster/env.sh), which neither kubelet probes from (each probes
+/// from its own node's bridge).
+const FLOOD_SOURCE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 91, 0, 1);
 
 /// Where the leader serves the progress endpoint: the address of the progress Endpoints.
 async fn progress_endpoint(client: &Client) -> Result<Option<std::net::SocketAddr>> {
@@ -659,12 +672,19 @@ async fn progress_endpoint(client: &Client) -> Result<Option<std::net::SocketAdd
 
 /// Holds `n` connections open to `addr`, each sending nothing and opened again as soon as
 /// the server closes it, until the task is aborted (which ends every connection).
-async fn hold_connections(addr: std::net::SocketAddr, n: usize) {
+async fn hold_connections(from: Option<std::net::Ipv4Addr>, addr: std::net::SocketAddr, n: usize) {
+    let connect = move || async move {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        if let Some(from) = from {
+            socket.bind(std::net::SocketAddr::from((from, 0)))?;
+        }
+        socket.connect(addr).await
+    };
     let mut held = tokio::task::JoinSet::new();
     for _ in 0..n {
         held.spawn(async move {
             loop {
-                if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
+                if let Ok(mut stream) = connect().await {
                     let mut buf = [0_u8; 512];
                     while let Ok(read) = tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await
                     {
