@@ -1710,3 +1710,133 @@ async fn an_unfenced_stale_writer_cannot_move_the_resume_point_back() -> Result<
     ns.cleanup().await?;
     res
 }
+
+/// The resident set of process `pid`, in MiB.
+fn rss_mib(pid: u32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmRSS for {pid}"))?;
+    Ok(kib / 1024.0)
+}
+
+/// The process of pod `pod` of the release: the operator's by its `POD_NAME`, a device
+/// plugin's by its `NODE_NAME` and its command line.
+fn process_of(pod: &Pod) -> Result<u32> {
+    let name = pod.name_any();
+    let pids = if name.contains("device-plugin") {
+        let node = node_of(pod);
+        processes_with_env("NODE_NAME", |v| v == node)?
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("trainyard-device-plugin"))
+            })
+            .collect()
+    } else {
+        processes_with_env("POD_NAME", |v| v == name)?
+    };
+    pids.first()
+        .copied()
+        .with_context(|| format!("no process of {name}"))
+}
+
+/// Restarts and readiness of the release's pods, by name.
+async fn release_pods(client: &Client) -> Result<Vec<(Pod, i32, bool)>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    Ok(pods
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let st = p.status.clone().unwrap_or_default();
+            let restarts = st
+                .container_statuses
+                .iter()
+                .flatten()
+                .map(|c| c.restart_count)
+                .sum();
+            let ready = st
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (p, restarts, ready)
+        })
+        .collect())
+}
+
+/// Every port of both binaries flooded at once from an address that is not a node's (as a
+/// pod's would be): connections past each port's per-source share held open to each
+/// operator replica's progress and metrics ports and to each device plugin's metrics port,
+/// opened again as soon as they are closed, for 30 s. No pod of the release restarts or turns unready (the kubelet's probes,
+/// from the node's address, keep being answered), and each binary's resident set stays under
+/// its memory limit in the chart (operator 256 Mi, device plugin 128 Mi).
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_flood_of_every_port_leaves_the_probes_green_and_memory_under_the_limits() -> Result<()> {
+    use trainyard_e2e::chaos::faults::{FLOOD_SOURCE, hold_connections};
+    let (_guard, client) = installed().await?;
+    let before = release_pods(&client).await?;
+    let mut floods = Vec::new();
+    for (pod, _, ready) in &before {
+        ensure!(*ready, "{} is not ready before the flood", pod.name_any());
+        let ip: std::net::IpAddr = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .context("pod IP")?
+            .parse()?;
+        // Past each port's per-source share (8 of a metrics port's 64, 256 of the progress
+        // port's 2,048), not so far past it that reopening the closed ones starves the CPU.
+        for (port, connections) in [("metrics", 16), ("progress", 300)] {
+            if let Some(port) =
+                trainyard_e2e::named_port(pod, port).and_then(|p| u16::try_from(p).ok())
+            {
+                let addr = std::net::SocketAddr::new(ip, port);
+                let held = hold_connections(Some(FLOOD_SOURCE), addr, connections);
+                floods.push(tokio::spawn(held));
+            }
+        }
+    }
+    ensure!(floods.len() >= 4, "ports flooded: {}", floods.len());
+    let mut peak: std::collections::BTreeMap<String, f64> = Default::default();
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for (pod, _, _) in &before {
+            let mib = rss_mib(process_of(pod)?)?;
+            let top = peak.entry(pod.name_any()).or_default();
+            *top = top.max(mib);
+        }
+    }
+    for flood in &floods {
+        flood.abort();
+    }
+    // Past a probe period after the flood, with the flood's effects, if any, visible.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = release_pods(&client).await?;
+    for (pod, restarts, _) in &before {
+        let name = pod.name_any();
+        let now = after.iter().find(|(p, _, _)| p.name_any() == name);
+        let (_, restarts_now, ready) = now.with_context(|| format!("{name} is gone"))?;
+        ensure!(restarts_now == restarts, "{name} restarted under the flood");
+        ensure!(*ready, "{name} turned unready under the flood");
+        let limit = if name.contains("device-plugin") {
+            128.0
+        } else {
+            256.0
+        };
+        let top = peak[&name];
+        println!("flood: {name} peak RSS {top:.1} MiB (limit {limit} MiB)");
+        ensure!(
+            top < limit,
+            "{name} peaked at {top:.1} MiB, over its {limit} MiB limit"
+        );
+    }
+    Ok(())
+}

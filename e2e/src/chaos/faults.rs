@@ -629,7 +629,7 @@ const FLOOD_CONNECTIONS: usize = 256;
 /// The source address of the device plugin metrics flood: the host's end of node 2's link
 /// (`NODE2_HOST_IP` in e2e/cluster/env.sh), which neither kubelet probes from (each probes
 /// from its own node's bridge).
-const FLOOD_SOURCE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 91, 0, 1);
+pub const FLOOD_SOURCE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 91, 0, 1);
 
 /// Where the leader serves the progress endpoint: the address of the progress Endpoints.
 async fn progress_endpoint(client: &Client) -> Result<Option<std::net::SocketAddr>> {
@@ -672,7 +672,7 @@ async fn progress_endpoint(client: &Client) -> Result<Option<std::net::SocketAdd
 
 /// Holds `n` connections open to `addr`, each sending nothing and opened again as soon as
 /// the server closes it, until the task is aborted (which ends every connection).
-async fn hold_connections(from: Option<std::net::Ipv4Addr>, addr: std::net::SocketAddr, n: usize) {
+pub async fn hold_connections(from: Option<std::net::Ipv4Addr>, addr: std::net::SocketAddr, n: usize) {
     let connect = move || async move {
         let socket = tokio::net::TcpSocket::new_v4()?;
         if let Some(from) = from {
