@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use trainyard_device_plugin::metrics::{self, Metrics};
 use trainyard_listen::HttpLimits;
+use trainyard_listen::testing::connect_from;
 
 /// What the port allows: the defaults `run` serves it with.
 const LIMITS: HttpLimits = HttpLimits::METRICS;
@@ -159,16 +160,6 @@ fn assert_closed_at_accept(turned_away: &[Fate]) {
     for fate in turned_away {
         assert!(fate.answer.is_empty(), "{}", fate.answer);
     }
-}
-
-/// A connection to `addr` from the loopback address `source` (Linux answers on all of
-/// 127.0.0.0/8).
-async fn connect_from(source: [u8; 4], addr: SocketAddr) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket
-        .bind(SocketAddr::from((source, 0)))
-        .expect("bind the source");
-    socket.connect(addr).await.expect("connect")
 }
 
 async fn healthz(addr: SocketAddr) -> String {

@@ -310,5 +310,26 @@ async fn accept_failed(what: &'static str, e: &io::Error) {
     tokio::time::sleep(ACCEPT_BACKOFF).await;
 }
 
+/// For tests of the servers behind the listener.
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing {
+    use std::net::SocketAddr;
+
+    use tokio::net::{TcpSocket, TcpStream};
+
+    /// A connection to `addr` from the loopback address `source`: Linux answers on all of
+    /// 127.0.0.0/8, so one test can be several sources.
+    ///
+    /// # Panics
+    /// When the socket cannot be made, bound or connected: a test's failure.
+    pub async fn connect_from(source: [u8; 4], addr: SocketAddr) -> TcpStream {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from((source, 0)))
+            .expect("bind the source");
+        socket.connect(addr).await.expect("connect")
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
+use super::testing::connect_from;
 use super::*;
 
 /// A router that answers `GET /healthz` "ok".
@@ -41,12 +42,7 @@ async fn read_all(stream: &mut TcpStream) -> String {
 }
 
 async fn healthz(addr: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let request = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return String::new();
-    }
-    read_all(&mut stream).await
+    healthz_from([127, 0, 0, 1], addr).await
 }
 
 /// Every request knows the connection's peer, as axum's `ConnectInfo` (for per-source
@@ -78,16 +74,6 @@ fn long_lived(max_connections: usize) -> HttpLimits {
         max_connections_per_source: max_connections,
         ..HttpLimits::with_max_connections(max_connections)
     }
-}
-
-/// A connection to `addr` from the loopback address `source` (Linux answers on all of
-/// 127.0.0.0/8).
-async fn connect_from(source: [u8; 4], addr: SocketAddr) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket
-        .bind(SocketAddr::from((source, 0)))
-        .expect("bind the source");
-    socket.connect(addr).await.expect("connect")
 }
 
 async fn healthz_from(source: [u8; 4], addr: SocketAddr) -> String {
