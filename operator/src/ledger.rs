@@ -334,5 +334,4 @@ fn add(into: &mut GpuMillis, more: &GpuMillis) {
 }
 
 #[cfg(test)]
-#[path = "ledger_tests.rs"]
 mod tests;

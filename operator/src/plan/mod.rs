@@ -446,5 +446,4 @@ fn is_finished(pod: &CachedPod) -> bool {
 }
 
 #[cfg(test)]
-#[path = "../plan_tests.rs"]
 mod tests;
