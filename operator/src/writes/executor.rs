@@ -67,7 +67,7 @@ pub(super) struct Executor {
     gate: Arc<WriteGate>,
     /// Writes the caches do not show yet, and that must not be repeated meanwhile.
     expectations: Arc<Expectations>,
-    /// Events go to a publisher task ([`super::events`]).
+    /// Events go to a publisher task ([`super::publisher`]).
     events: mpsc::Sender<EventBatch>,
     metrics: Arc<Metrics>,
     /// Where status writes, restarts and malformed reports are remembered.

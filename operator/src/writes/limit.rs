@@ -24,7 +24,7 @@
 //! limit cut at every window in which it grew a little (the caches grow as jobs come) would
 //! sink to the floor and stay there.
 //!
-//! Pure: the clock and the memory reading are the caller's ([`super::controller`]'s write gate
+//! Pure: the clock and the memory reading are the caller's (the write gate, [`super::gate`],
 //! feeds them).
 
 use std::time::Duration;
