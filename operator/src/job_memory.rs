@@ -1,9 +1,11 @@
-//! What the controller remembers about each TrainingJob between reconciles, and when it
-//! forgets it.
+//! When what the operator remembers about each TrainingJob between reconciles is forgotten.
 //!
-//! Every entry here belongs to one job (by uid, or by namespace/name for the error backoff),
-//! so it must go when the job goes, or an operator that runs for months grows with every job
-//! it ever saw. Three paths forget:
+//! Each part of the operator keeps its own per-job state ([`crate::writes::memory`]: the status
+//! cache, restarts and Events told, malformed objects reported; `controller::memory`: the error
+//! backoff and the last valid object) and hands it here as a [`PerJob`]. Every entry belongs
+//! to one job (by uid, or by namespace/name for the error backoff), so it must go when the job
+//! goes, or an operator that runs for months grows with every job it ever saw. Three paths
+//! forget:
 //! - the job watch's Delete event forgets the job at once ([`JobMemory::on_job_event`]);
 //! - the end of a re-list (after a watch gap, which loses Delete events) keeps only the jobs
 //!   listed;
@@ -12,9 +14,8 @@
 //!
 //! [`Expectations`] are keyed by the objects a job owns; they are forgotten with the job too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::error_boundary::DeserializeGuard;
@@ -24,31 +25,28 @@ use kube::runtime::watcher;
 use crate::crd::TrainingJob;
 use crate::expectations::Expectations;
 use crate::metrics::StateSizes;
-use crate::writes::status_cache::StatusCache;
 
-/// The per-job maps of the controller.
-#[derive(Debug, Default)]
-pub struct JobMemory {
-    /// Status written and worker detail not written yet ([`StatusCache`]).
-    pub(crate) status: StatusCache,
-    /// When a restart was decided, by uid, with the attempt it starts (for the recovery
-    /// histogram).
-    detected: Mutex<HashMap<String, (u32, Instant)>>,
-    /// The attempt whose Event this replica last published (or queued), by uid
-    /// ([`crate::plan::tell_attempt_start`]).
-    told: Mutex<HashMap<String, u32>>,
-    /// Consecutive transient errors, by namespace/name.
-    error_counts: Mutex<HashMap<String, u32>>,
-    /// Malformed objects already reported, by uid → generation.
-    reported_malformed: Mutex<HashMap<String, String>>,
-    /// The job object last seen valid, by uid: the job runs on as it while an edit does not
-    /// validate. The same allocation as the job cache's entry until the job changes, so it
-    /// costs a map entry per job, and one object per job whose spec was edited.
-    last_valid: Mutex<HashMap<String, Arc<DeserializeGuard<TrainingJob>>>>,
+/// Per-job state of one part of the operator, forgotten with the job.
+pub(crate) trait PerJob: std::fmt::Debug + Send + Sync {
+    /// Forgets the job of `uid` (and `namespace/name` `path`).
+    fn forget(&self, uid: &str, path: &str);
+    /// Keeps only the jobs `live` names.
+    fn retain(&self, live: &LiveJobs);
+    /// Entries of its largest map.
+    fn largest(&self) -> usize;
+    /// Sets its maps' sizes in `sizes`.
+    fn add_sizes(&self, sizes: &mut StateSizes);
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere cannot leave these maps inconsistent: every update is one insert/remove.
+/// Every part's per-job state, and when it is forgotten.
+#[derive(Debug)]
+pub struct JobMemory {
+    owners: Vec<Arc<dyn PerJob>>,
+}
+
+/// A map's lock: every update is one insert or remove, so a panic elsewhere cannot leave a map
+/// inconsistent.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -59,7 +57,7 @@ pub fn error_key(namespace: &str, name: &str) -> String {
 
 /// The jobs that exist, as the keys the maps use.
 #[derive(Debug, Default)]
-struct LiveJobs {
+pub(crate) struct LiveJobs {
     uids: HashSet<String>,
     paths: HashSet<String>,
 }
@@ -73,6 +71,16 @@ impl LiveJobs {
             live.paths.insert(path(meta));
         }
         live
+    }
+
+    /// Whether the job of `uid` exists.
+    pub(crate) fn has_uid(&self, uid: &str) -> bool {
+        self.uids.contains(uid)
+    }
+
+    /// Whether the job at `namespace/name` exists.
+    pub(crate) fn has_path(&self, path: &str) -> bool {
+        self.paths.contains(path)
     }
 }
 
@@ -91,142 +99,49 @@ fn path(meta: &ObjectMeta) -> String {
 }
 
 impl JobMemory {
-    /// The sizes of `memory` and `expectations` now.
+    /// The forgetting of `owners`' per-job state.
+    pub(crate) fn new(owners: Vec<Arc<dyn PerJob>>) -> Self {
+        Self { owners }
+    }
+
+    /// The sizes of every part's maps and of `expectations` now.
     pub fn sizes(&self, expectations: &Expectations) -> StateSizes {
-        let (written, deferred) = self.status.sizes();
-        StateSizes {
-            written,
-            deferred,
-            detected: lock(&self.detected).len(),
-            error_counts: lock(&self.error_counts).len(),
-            reported_malformed: lock(&self.reported_malformed).len(),
-            last_valid: lock(&self.last_valid).len(),
+        let mut sizes = StateSizes {
             expectations: expectations.len(),
+            ..StateSizes::default()
+        };
+        for owner in &self.owners {
+            owner.add_sizes(&mut sizes);
         }
+        sizes
     }
 
-    /// A restart into `attempt` was decided now.
-    pub fn restart_detected(&self, uid: &str, attempt: u32) {
-        lock(&self.detected).insert(uid.to_owned(), (attempt, Instant::now()));
-    }
-
-    /// The pods of a new attempt are being created: when its restart was decided, if known.
-    pub fn take_detected(&self, uid: &str) -> Option<(u32, Instant)> {
-        lock(&self.detected).remove(uid)
-    }
-
-    /// Whether this replica has told the job's `attempt` (queued the Event that starts it); marks it
-    /// told from now on.
-    pub fn tell(&self, uid: &str, attempt: u32) -> bool {
-        let mut told = lock(&self.told);
-        if told.get(uid) == Some(&attempt) {
-            return true;
+    fn forget(&self, uid: &str, path: &str) {
+        for owner in &self.owners {
+            owner.forget(uid, path);
         }
-        told.insert(uid.to_owned(), attempt);
-        false
-    }
-
-    /// Publishing the Event that starts `attempt` failed: a later round tells it again.
-    pub fn untell(&self, uid: &str, attempt: u32) {
-        let mut told = lock(&self.told);
-        if told.get(uid) == Some(&attempt) {
-            told.remove(uid);
-        }
-    }
-
-    /// One more consecutive transient error of a job; returns how many in a row.
-    pub fn count_error(&self, key: &str) -> u32 {
-        let mut counts = lock(&self.error_counts);
-        let n = counts.entry(key.to_owned()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    }
-
-    /// A reconcile of the job succeeded.
-    pub fn clear_errors(&self, key: &str) {
-        let mut counts = lock(&self.error_counts);
-        if !counts.is_empty() {
-            counts.remove(key);
-        }
-    }
-
-    /// Whether this generation of a malformed object was reported already.
-    pub fn malformed_reported(&self, uid: &str, generation: &str) -> bool {
-        lock(&self.reported_malformed)
-            .get(uid)
-            .is_some_and(|g| g == generation)
-    }
-
-    /// This generation of a malformed object has been reported.
-    pub fn remember_malformed(&self, uid: &str, generation: &str) {
-        lock(&self.reported_malformed).insert(uid.to_owned(), generation.to_owned());
-    }
-
-    /// The object parses again.
-    pub fn forget_malformed(&self, uid: &str) {
-        let mut reported = lock(&self.reported_malformed);
-        if !reported.is_empty() {
-            reported.remove(uid);
-        }
-    }
-
-    /// `job` (with this uid) validated: the spec it runs on if a later edit does not.
-    pub fn remember_valid(&self, uid: &str, job: &Arc<DeserializeGuard<TrainingJob>>) {
-        let mut last = lock(&self.last_valid);
-        match last.get_mut(uid) {
-            Some(known) if Arc::ptr_eq(known, job) => {}
-            Some(known) => *known = job.clone(),
-            None => {
-                last.insert(uid.to_owned(), job.clone());
-            }
-        }
-    }
-
-    /// The job object last seen valid, if this operator saw one since it started.
-    pub fn last_valid(&self, uid: &str) -> Option<Arc<DeserializeGuard<TrainingJob>>> {
-        lock(&self.last_valid).get(uid).cloned()
-    }
-
-    /// Forgets everything about one job.
-    pub fn forget(&self, uid: &str, path: &str) {
-        self.status.forget(uid);
-        lock(&self.detected).remove(uid);
-        lock(&self.told).remove(uid);
-        lock(&self.reported_malformed).remove(uid);
-        lock(&self.last_valid).remove(uid);
-        lock(&self.error_counts).remove(path);
     }
 
     fn retain(&self, live: &LiveJobs) {
-        self.status.retain(|uid| live.uids.contains(uid));
-        lock(&self.detected).retain(|uid, _| live.uids.contains(uid));
-        lock(&self.told).retain(|uid, _| live.uids.contains(uid));
-        lock(&self.reported_malformed).retain(|uid, _| live.uids.contains(uid));
-        lock(&self.last_valid).retain(|uid, _| live.uids.contains(uid));
-        lock(&self.error_counts).retain(|path, _| live.paths.contains(path));
-    }
-
-    fn largest(&self) -> usize {
-        let (written, deferred) = self.status.sizes();
-        [
-            written,
-            deferred,
-            lock(&self.detected).len(),
-            lock(&self.told).len(),
-            lock(&self.error_counts).len(),
-            lock(&self.reported_malformed).len(),
-            lock(&self.last_valid).len(),
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(0)
+        for owner in &self.owners {
+            owner.retain(live);
+        }
     }
 
     /// The backstop: a reconcile in flight when its job was deleted may write an entry after the
     /// Delete event forgot the job. Once a map outgrows the jobs, keep only the jobs that exist.
     pub fn sweep_if_outgrown(&self, jobs: &Store<DeserializeGuard<TrainingJob>>) {
-        if self.largest() > 2 * jobs.len() + 16 {
+        let largest = self.owners.iter().map(|o| o.largest()).max().unwrap_or(0);
+        if largest > 2 * jobs.len() + 16 {
             self.retain(&LiveJobs::of(jobs));
+        }
+    }
+
+    /// The sweep of this memory against `jobs`.
+    pub(crate) fn sweep(self: &Arc<Self>, jobs: Store<DeserializeGuard<TrainingJob>>) -> Sweep {
+        Sweep {
+            memory: self.clone(),
+            jobs,
         }
     }
 
@@ -251,24 +166,61 @@ impl JobMemory {
             watcher::Event::InitDone => {
                 let live = LiveJobs::of(jobs);
                 self.retain(&live);
-                expectations.retain_jobs(|ns, job| live.paths.contains(&error_key(ns, job)));
+                expectations.retain_jobs(|ns, job| live.has_path(&error_key(ns, job)));
             }
             watcher::Event::Apply(_) | watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
     }
 }
 
+/// [`JobMemory::sweep_if_outgrown`] against the jobs that exist, for a writer that adds
+/// entries after the job may be gone.
+#[derive(Clone)]
+pub(crate) struct Sweep {
+    memory: Arc<JobMemory>,
+    jobs: Store<DeserializeGuard<TrainingJob>>,
+}
+
+impl Sweep {
+    /// Keeps only the jobs that exist once a map outgrows them.
+    pub(crate) fn if_outgrown(&self) {
+        self.memory.sweep_if_outgrown(&self.jobs);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::memory::ReconcileMemory;
     use crate::crd::TrainingJobStatus;
     use crate::expectations::Kind;
     use crate::fixtures::job_yaml;
+    use crate::writes::memory::WriteMemory;
     use kube::core::error_boundary::InvalidObject;
     use kube::runtime::reflector;
     use std::time::Duration;
 
     const JOBS: usize = 1000;
+
+    /// The parts' memories, as the controller wires them.
+    struct Memory {
+        all: JobMemory,
+        writes: Arc<WriteMemory>,
+        reconciles: Arc<ReconcileMemory>,
+    }
+
+    impl Memory {
+        fn new() -> Self {
+            let writes = Arc::new(WriteMemory::default());
+            let reconciles = Arc::new(ReconcileMemory::default());
+            let all = JobMemory::new(vec![writes.clone(), reconciles.clone()]);
+            Self {
+                all,
+                writes,
+                reconciles,
+            }
+        }
+    }
 
     fn job(i: usize) -> DeserializeGuard<TrainingJob> {
         let mut tj = job_yaml("workers: 2\n");
@@ -287,34 +239,35 @@ mod tests {
     }
 
     /// The entries one job leaves behind, through the calls the controller makes.
-    fn remember(
-        memory: &JobMemory,
-        expectations: &Expectations,
-        job: &DeserializeGuard<TrainingJob>,
-    ) {
+    fn remember(memory: &Memory, expectations: &Expectations, job: &DeserializeGuard<TrainingJob>) {
         let meta = guard_meta(job);
         let uid = meta.uid.as_deref().unwrap_or_default();
         let ns = meta.namespace.as_deref().unwrap_or_default();
         let name = meta.name.as_deref().unwrap_or_default();
         let Ok(tj) = &job.0 else {
-            memory.remember_malformed(uid, "1");
-            assert!(memory.malformed_reported(uid, "1"));
+            memory.writes.remember_malformed(uid, "1");
+            assert!(memory.writes.malformed_reported(uid, "1"));
             return;
         };
         let status = TrainingJobStatus {
             attempt: 1,
             ..TrainingJobStatus::default()
         };
-        memory.status.remember_written(uid, Some("11"), &status);
+        memory
+            .writes
+            .status
+            .remember_written(uid, Some("11"), &status);
         assert_eq!(
-            memory.status.freshest_status(tj),
+            memory.writes.status.freshest_status(tj),
             status,
             "the cache trails our write"
         );
-        memory.status.defer_detail(uid, &status);
-        memory.remember_valid(uid, &Arc::new(job.clone()));
-        memory.restart_detected(uid, 1);
-        memory.count_error(&error_key(ns, name));
+        memory.writes.status.defer_detail(uid, &status);
+        memory
+            .reconciles
+            .remember_valid(uid, &Arc::new(job.clone()));
+        memory.writes.restart_detected(uid, 1);
+        memory.reconciles.count_error(&error_key(ns, name));
         for rank in 0..2 {
             expectations.expect(Kind::Pod, ns, &format!("{name}-worker-{rank}"));
         }
@@ -324,17 +277,17 @@ mod tests {
 
     /// A world of `JOBS` jobs that each left entries, listed by a fresh watch.
     fn world() -> (
-        JobMemory,
+        Memory,
         Expectations,
         Store<DeserializeGuard<TrainingJob>>,
         reflector::store::Writer<DeserializeGuard<TrainingJob>>,
     ) {
-        let memory = JobMemory::default();
+        let memory = Memory::new();
         let expectations = Expectations::new(Duration::from_secs(15));
         let (store, mut writer) = reflector::store();
         let mut apply = |event: watcher::Event<DeserializeGuard<TrainingJob>>| {
             writer.apply_watcher_event(&event);
-            memory.on_job_event(&expectations, &event, &store);
+            memory.all.on_job_event(&expectations, &event, &store);
         };
         apply(watcher::Event::Init);
         for i in 0..JOBS {
@@ -350,7 +303,7 @@ mod tests {
     #[test]
     fn deleting_a_thousand_jobs_leaves_every_map_empty() {
         let (memory, expectations, store, mut writer) = world();
-        let before = memory.sizes(&expectations);
+        let before = memory.all.sizes(&expectations);
         let valid = JOBS - JOBS / 10;
         assert_eq!(
             before,
@@ -367,9 +320,9 @@ mod tests {
         for i in 0..JOBS {
             let event = watcher::Event::Delete(job(i));
             writer.apply_watcher_event(&event);
-            memory.on_job_event(&expectations, &event, &store);
+            memory.all.on_job_event(&expectations, &event, &store);
         }
-        assert_eq!(memory.sizes(&expectations), StateSizes::default());
+        assert_eq!(memory.all.sizes(&expectations), StateSizes::default());
     }
 
     #[test]
@@ -385,10 +338,10 @@ mod tests {
             .chain([watcher::Event::InitDone])
         {
             writer.apply_watcher_event(&event);
-            memory.on_job_event(&expectations, &event, &store);
+            memory.all.on_job_event(&expectations, &event, &store);
         }
         assert_eq!(
-            memory.sizes(&expectations),
+            memory.all.sizes(&expectations),
             StateSizes {
                 written: 9,
                 deferred: 9,
@@ -407,29 +360,33 @@ mod tests {
         for i in 0..JOBS {
             let event = watcher::Event::Delete(job(i));
             writer.apply_watcher_event(&event);
-            memory.on_job_event(&expectations, &event, &store);
+            memory.all.on_job_event(&expectations, &event, &store);
         }
         // Reconciles still in flight for deleted jobs fail and count an error each.
         for i in 0..16 {
-            memory.count_error(&error_key("ns-0", &format!("train-{i}")));
+            memory
+                .reconciles
+                .count_error(&error_key("ns-0", &format!("train-{i}")));
         }
-        memory.sweep_if_outgrown(&store);
-        assert_eq!(memory.sizes(&expectations).error_counts, 16);
-        memory.count_error(&error_key("ns-0", "train-16"));
-        memory.sweep_if_outgrown(&store);
-        assert_eq!(memory.sizes(&expectations), StateSizes::default());
+        memory.all.sweep_if_outgrown(&store);
+        assert_eq!(memory.all.sizes(&expectations).error_counts, 16);
+        memory
+            .reconciles
+            .count_error(&error_key("ns-0", "train-16"));
+        memory.all.sweep_if_outgrown(&store);
+        assert_eq!(memory.all.sizes(&expectations), StateSizes::default());
     }
 
     #[test]
     fn a_malformed_object_that_parses_again_is_forgotten() {
-        let memory = JobMemory::default();
-        memory.remember_malformed("u", "3");
-        assert!(memory.malformed_reported("u", "3"));
-        assert!(!memory.malformed_reported("u", "4"));
-        memory.forget_malformed("u");
-        assert!(!memory.malformed_reported("u", "3"));
+        let memory = Memory::new();
+        memory.writes.remember_malformed("u", "3");
+        assert!(memory.writes.malformed_reported("u", "3"));
+        assert!(!memory.writes.malformed_reported("u", "4"));
+        memory.writes.forget_malformed("u");
+        assert!(!memory.writes.malformed_reported("u", "3"));
         assert_eq!(
-            memory.sizes(&Expectations::new(Duration::from_secs(1))),
+            memory.all.sizes(&Expectations::new(Duration::from_secs(1))),
             StateSizes::default()
         );
     }

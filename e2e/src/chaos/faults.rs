@@ -672,7 +672,11 @@ async fn progress_endpoint(client: &Client) -> Result<Option<std::net::SocketAdd
 
 /// Holds `n` connections open to `addr`, each sending nothing and opened again as soon as
 /// the server closes it, until the task is aborted (which ends every connection).
-pub async fn hold_connections(from: Option<std::net::Ipv4Addr>, addr: std::net::SocketAddr, n: usize) {
+pub async fn hold_connections(
+    from: Option<std::net::Ipv4Addr>,
+    addr: std::net::SocketAddr,
+    n: usize,
+) {
     let connect = move || async move {
         let socket = tokio::net::TcpSocket::new_v4()?;
         if let Some(from) = from {

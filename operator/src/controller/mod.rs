@@ -30,6 +30,7 @@ use crate::metrics::Metrics;
 
 use crate::progress::store::ProgressStore;
 
+pub(crate) mod memory;
 mod observe;
 mod progress;
 mod reconcile;
@@ -100,9 +101,10 @@ struct Context {
     caches: observe::Caches,
     /// Where a decided round is carried out ([`crate::writes`]).
     writes: crate::writes::Writes,
-    /// What is kept per job between reconciles (the status cache among it), forgotten when the
-    /// job goes.
-    memory: Arc<JobMemory>,
+    /// What reconciles keep per job between them (the error backoff, the last valid object).
+    memory: Arc<memory::ReconcileMemory>,
+    /// When every part's per-job state is forgotten, and its sizes.
+    forgetting: Arc<JobMemory>,
     metrics: Arc<Metrics>,
     /// What the trainers report through the progress channel (empty without it).
     progress: Arc<ProgressStore>,

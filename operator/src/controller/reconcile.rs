@@ -86,7 +86,7 @@ impl Context {
     /// Sets the `trainyard_operator_state_entries` gauges.
     fn export_state_sizes(&self) {
         self.metrics
-            .set_state_sizes(&self.memory.sizes(self.writes.expectations()));
+            .set_state_sizes(&self.forgetting.sizes(self.writes.expectations()));
     }
 }
 
@@ -106,8 +106,8 @@ async fn reconcile_inner(
     }
     let uid = job.metadata.uid.clone().unwrap_or_default();
     // It may have been malformed before, and reported.
-    ctx.memory.forget_malformed(&uid);
-    let known = ctx.memory.status.current(job);
+    ctx.writes.parses_again(&uid);
+    let known = ctx.writes.current(job);
     // The status is the ledger's record: the metrics show what it holds.
     ctx.metrics.record_ledger(
         &job.namespace().unwrap_or_default(),
@@ -135,7 +135,7 @@ async fn reconcile_inner(
         super::progress::FollowUp::of(&round.plan),
     );
     let decide_again = async || {
-        let round = decide(ctx, &valid, ctx.memory.status.current(job)).await?;
+        let round = decide(ctx, &valid, ctx.writes.current(job)).await?;
         decided = (
             round.plan.requeue_at,
             super::progress::FollowUp::of(&round.plan),

@@ -19,6 +19,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
+use super::memory::ReconcileMemory;
 use super::observe::Caches;
 use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
@@ -31,6 +32,7 @@ use crate::job_memory::JobMemory;
 use crate::liveness::Heartbeats;
 use crate::metrics::Metrics;
 use crate::progress::store::ProgressStore;
+use crate::writes::memory::WriteMemory;
 use crate::writes::{self, EVENT_DRAIN, Writes};
 
 /// How long a write is held back waiting for its watch event ([`Expectations`]).
@@ -330,6 +332,14 @@ async fn run_until_stopped(
 
 /// Builds the watches and the Controller and runs it until `stop` completes, or at once
 /// (cancelling the reconciles in flight) when `lost` does.
+/// Each part's per-job state (the write path's, the reconciles'), and their forgetting.
+fn memories() -> (Arc<WriteMemory>, Arc<ReconcileMemory>, Arc<JobMemory>) {
+    let writes = Arc::new(WriteMemory::default());
+    let reconciles = Arc::new(ReconcileMemory::default());
+    let all = JobMemory::new(vec![writes.clone(), reconciles.clone()]);
+    (writes, reconciles, Arc::new(all))
+}
+
 pub(super) async fn run_controller(
     client: Client,
     config: &RunConfig,
@@ -346,9 +356,9 @@ pub(super) async fn run_controller(
         watch_metadata::<Service>(&client, ns, &expectations, Kind::Service);
     let (claims, claim_events) =
         watch_metadata::<PersistentVolumeClaim>(&client, ns, &expectations, Kind::Claim);
-    let memory = Arc::new(JobMemory::default());
+    let (write_memory, reconcile_memory, all) = memories();
     let progress = Arc::new(ProgressStore::default());
-    let (jobs, job_stream) = watch_jobs(&client, ns, &memory, &expectations, &metrics, &progress);
+    let (jobs, job_stream) = watch_jobs(&client, ns, &all, &expectations, &metrics, &progress);
     let controller = job_controller(job_stream, jobs.clone(), config.write_limit.max);
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
     let silence_triggers = silence_triggers(heartbeats.clone(), pods.clone(), jobs.clone());
@@ -377,8 +387,8 @@ pub(super) async fn run_controller(
         limit: config.write_limit,
         metrics: metrics.clone(),
         expectations: expectations.clone(),
-        memory: memory.clone(),
-        jobs: jobs.clone(),
+        memory: write_memory,
+        sweep: all.sweep(jobs.clone()),
     });
     let caches = Caches::new(
         client,
@@ -393,7 +403,8 @@ pub(super) async fn run_controller(
         config: config.operator.clone(),
         caches,
         writes,
-        memory,
+        memory: reconcile_memory,
+        forgetting: all,
         metrics,
         progress,
     });

@@ -40,21 +40,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
-use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::FIELD_MANAGER;
 use super::gate::{Permit, WriteGate};
+use super::memory::WriteMemory;
 use super::publisher::EventBatch;
 use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::events::JobEvent;
 use crate::expectations::{Expectations, Kind};
-use crate::job_memory::JobMemory;
+use crate::job_memory::Sweep;
 use crate::metrics::{Metrics, RestartLabels};
 use crate::plan::{self, Action as PlanAction};
 use crate::rejection::{self, Writes};
@@ -71,9 +71,9 @@ pub(super) struct Executor {
     events: mpsc::Sender<EventBatch>,
     metrics: Arc<Metrics>,
     /// Where status writes, restarts and malformed reports are remembered.
-    memory: Arc<JobMemory>,
-    /// The jobs that exist, against which that memory is swept.
-    jobs: Store<DeserializeGuard<TrainingJob>>,
+    memory: Arc<WriteMemory>,
+    /// The per-job state swept against the jobs that exist after each status write.
+    sweep: Sweep,
 }
 
 impl Executor {
@@ -83,8 +83,8 @@ impl Executor {
         expectations: Arc<Expectations>,
         events: mpsc::Sender<EventBatch>,
         metrics: Arc<Metrics>,
-        memory: Arc<JobMemory>,
-        jobs: Store<DeserializeGuard<TrainingJob>>,
+        memory: Arc<WriteMemory>,
+        sweep: Sweep,
     ) -> Self {
         Self {
             client,
@@ -93,7 +93,7 @@ impl Executor {
             events,
             metrics,
             memory,
-            jobs,
+            sweep,
         }
     }
 
@@ -239,7 +239,7 @@ impl Executor {
             written.metadata.resource_version.as_deref(),
             status,
         );
-        self.memory.sweep_if_outgrown(&self.jobs);
+        self.sweep.if_outgrown();
         Ok(())
     }
 
@@ -676,8 +676,8 @@ mod tests {
                 Arc::new(Expectations::new(Duration::from_secs(15))),
                 events_tx,
                 metrics,
-                Arc::new(JobMemory::default()),
-                reflector::store().0,
+                Arc::new(WriteMemory::default()),
+                Arc::new(crate::job_memory::JobMemory::new(Vec::new())).sweep(reflector::store().0),
             );
             Self {
                 executor,
@@ -1157,7 +1157,7 @@ mod tests {
         let writes = Writes {
             executor,
             gate: gate.clone(),
-            memory: Arc::new(JobMemory::default()),
+            memory: Arc::new(WriteMemory::default()),
         };
         let job = job();
         // Decided while every slot is taken: the watch does not show the pod yet.

@@ -24,7 +24,7 @@ use jiff::Timestamp;
 use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource};
 use tokio::task::JoinHandle;
 
@@ -32,14 +32,16 @@ use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::events::JobEvent;
 use crate::expectations::Expectations;
-use crate::job_memory::JobMemory;
+use crate::job_memory::Sweep;
 use crate::metrics::Metrics;
 use crate::plan::Plan;
 use crate::watchdog;
+use memory::WriteMemory;
 
 mod executor;
 mod gate;
 pub mod limit;
+pub(crate) mod memory;
 mod publisher;
 pub(crate) mod status_cache;
 pub mod status_write;
@@ -97,7 +99,7 @@ fn job_ref(job: &TrainingJob) -> JobRef {
 pub(crate) struct Writes {
     executor: Executor,
     gate: Arc<WriteGate>,
-    memory: Arc<JobMemory>,
+    memory: Arc<WriteMemory>,
 }
 
 /// Everything [`Writes::start`] needs from the controller.
@@ -109,9 +111,10 @@ pub(crate) struct Shared {
     pub(crate) limit: limit::LimitConfig,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) expectations: Arc<Expectations>,
-    pub(crate) memory: Arc<JobMemory>,
-    /// The jobs that exist, against which the per-job memory is swept.
-    pub(crate) jobs: Store<DeserializeGuard<TrainingJob>>,
+    /// The write path's per-job state.
+    pub(crate) memory: Arc<WriteMemory>,
+    /// Every part's per-job state, swept against the jobs that exist after status writes.
+    pub(crate) sweep: Sweep,
 }
 
 impl Writes {
@@ -145,7 +148,7 @@ impl Writes {
             events_tx,
             shared.metrics,
             shared.memory.clone(),
-            shared.jobs,
+            shared.sweep,
         );
         let writes = Self {
             executor,
@@ -158,6 +161,17 @@ impl Writes {
     /// The writes the caches do not show yet.
     pub(crate) fn expectations(&self) -> &Expectations {
         self.executor.expectations()
+    }
+
+    /// What a round of `job` decides on: its status as written last (the cache, or our newer
+    /// write), with the worker detail not written yet ([`status_cache`]).
+    pub(crate) fn current(&self, job: &TrainingJob) -> Known {
+        self.memory.status.current(job)
+    }
+
+    /// The object of `uid` parses again: a later malformed generation is reported anew.
+    pub(crate) fn parses_again(&self, uid: &str) {
+        self.memory.forget_malformed(uid);
     }
 
     /// Carries out `round` of `job`: schedules its status ([`status_cache`]), takes its write

@@ -15,8 +15,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
 use super::gate::{Urgency, WriteGate};
+use super::memory::WriteMemory;
 use crate::events::{EventKind, JobEvent, StartsAttempt, attempt_event_name};
-use crate::job_memory::JobMemory;
 
 /// The action of every Event the operator publishes.
 const ACTION: &str = "Reconcile";
@@ -44,7 +44,7 @@ pub(crate) async fn publish_events(
     client: Client,
     reporter: Reporter,
     gate: Arc<WriteGate>,
-    memory: Arc<JobMemory>,
+    memory: Arc<WriteMemory>,
     mut batches: mpsc::Receiver<EventBatch>,
 ) {
     let batches = stream::poll_fn(move |cx| batches.poll_recv(cx));

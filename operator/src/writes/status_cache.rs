@@ -6,7 +6,7 @@
 //! TrainingJob cache trails it, with the unwritten worker detail laid over it. So a stale
 //! status is never decided on twice, and a worker seen and then gone is a preemption even
 //! before its detail is written. Entries are per job and forgotten with it
-//! ([`crate::job_memory::JobMemory`]).
+//! ([`super::memory::WriteMemory`], [`crate::job_memory`]).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
