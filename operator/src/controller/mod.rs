@@ -87,7 +87,8 @@ pub struct ProgressServing {
 /// would only queue there. How much of it the operator takes is decided by the latency, 429s
 /// and the memory budget ([`DEFAULT_MEMORY_BUDGET_MIB`]), so the ceiling need not bound
 /// memory itself: a ceiling low enough to do so would make a burst of 100 jobs wait for slots
-/// their memory can well afford (docs/benchmarks.md).
+/// their memory can well afford (the fourth benchmark round, in docs/benchmarks.md's git
+/// history).
 pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 200;
 
 /// Default memory budget of the write bound, MiB: the chart's memory request for the operator

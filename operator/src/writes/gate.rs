@@ -4,7 +4,8 @@
 //!
 //! Slots count requests, not rounds: a round creating a job has six in flight (four pods, the
 //! Service, the status), and memory follows the requests in flight (about 35 kB each: the
-//! concurrency sweep in docs/benchmarks.md, 10 MiB more peak RSS for about 290 more requests).
+//! concurrency sweep of the fourth benchmark round, in docs/benchmarks.md's git history: 10
+//! MiB more peak RSS for about 290 more requests).
 //! A round that writes its status before its deletes (see the write order in
 //! [`super::executor`]) takes a slot per phase: a restart of a 4-worker job takes one for its
 //! status write, then gives it back and waits for three for its deletes ([`Permit::widen`]),

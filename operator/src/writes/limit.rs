@@ -68,7 +68,8 @@ pub const DEFAULT_MIN: usize = 8;
 pub const DEFAULT_INITIAL: usize = 96;
 /// Default latency target. A backstop: the API server's own word on overload is a 429 (API
 /// Priority and Fairness), and on a busy control plane writes answered in a second or two
-/// are saturation, not overload; shrinking then only slows restarts (docs/benchmarks.md).
+/// are saturation, not overload; shrinking then only slows restarts (measured in the fourth
+/// benchmark round: docs/benchmarks.md's git history).
 pub const DEFAULT_LATENCY_TARGET: Duration = Duration::from_secs(5);
 
 /// The samples of the window being filled.
