@@ -1650,12 +1650,10 @@ async fn an_unfenced_stale_writer_cannot_move_the_resume_point_back() -> Result<
     let ns = Jobs::new(&client);
     let res = async {
         let name = "unfenced";
-        create_job(
-            &client,
-            &ns.name,
-            torch_job(name, 1, 60, "0.3", json!({"policy": "Never"})),
-        )
-        .await?;
+        let mut job = torch_job(name, 1, 60, "0.3", json!({"policy": "Never"}));
+        // Every checkpoint kept: the test reads an early one after later ones were saved.
+        set_env(&mut job, &[("KEEP_CHECKPOINTS", "100")]);
+        create_job(&client, &ns.name, job).await?;
         running_pods(&client, &ns.name, name, 0, 2).await?;
         let dir = wait_for("the checkpoint volume", Duration::from_secs(60), || async {
             Ok(volume_dir(&client, &ns.name, &format!("{name}-checkpoints")).await)
