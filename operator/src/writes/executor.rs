@@ -460,12 +460,14 @@ pub async fn apply_status(
 ) -> Result<TrainingJob, kube::Error> {
     let api: Api<TrainingJob> =
         Api::namespaced(client.clone(), &job.namespace().unwrap_or_default());
-    let patch = json!({
+    let mut patch = json!({
         "apiVersion": TrainingJob::api_version(&()),
         "kind": TrainingJob::kind(&()),
-        "metadata": {"resourceVersion": seen},
         "status": status,
     });
+    if let Some(seen) = seen {
+        patch["metadata"] = json!({ "resourceVersion": seen });
+    }
     api.patch_status(
         &job.name_any(),
         &PatchParams::apply(FIELD_MANAGER).force(),
