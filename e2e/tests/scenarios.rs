@@ -1671,23 +1671,31 @@ async fn an_unfenced_stale_writer_cannot_move_the_resume_point_back() -> Result<
         tokio::fs::rename(&tmp, dir.join("latest.pt")).await?;
         let latest = tokio::fs::read(dir.join("latest.pt")).await?;
         ensure!(trainyard_e2e::chaos::checkpoint::step(&latest).await? == old_step);
-        let (point, file) = resume_point(&client, &ns.name, name, 0, newer).await?;
-
         set_suspend(&client, &ns.name, name, false).await?;
         let pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+        // The resume point as the pods were created with it (the trainers' SIGTERM save
+        // included): a step-addressed file, at least the newest step seen before the suspend.
+        let resume = env_of(&pods[0], RESUME_FROM).unwrap_or_default();
+        let file = resume.rsplit('/').next().unwrap_or_default().to_owned();
+        ensure!(
+            file != "latest.pt" && !file.is_empty(),
+            "RESUME_FROM={resume}"
+        );
         for p in &pods {
-            let resume = env_of(p, RESUME_FROM).unwrap_or_default();
-            ensure!(
-                resume.ends_with(&format!("/{file}")),
-                "{}: RESUME_FROM={resume}",
-                p.name_any()
-            );
+            ensure!(env_of(p, RESUME_FROM).as_deref() == Some(resume.as_str()));
         }
+        let point =
+            trainyard_e2e::chaos::checkpoint::step(&tokio::fs::read(dir.join(&file)).await?)
+                .await?;
+        ensure!(
+            point >= newer,
+            "RESUME_FROM={resume} holds step {point}, before {newer}"
+        );
         let p = reported_progress(&client, &ns.name, name, 1).await?;
         ensure!(
             p["resumedFrom"].as_u64() == Some(point),
             "attempt 1 resumed from {} (latest.pt holds step {old_step}), not the resume \
-             point {point}: {p}",
+             point {point} ({file}): {p}",
             p["resumedFrom"]
         );
         let st = wait_phase(

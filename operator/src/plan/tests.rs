@@ -3536,3 +3536,36 @@ fn the_next_attempt_resumes_from_the_newest_reported_checkpoint_file() {
         (1, 130, "step-000000130-a1.pt")
     );
 }
+
+/// A trainer that saves on SIGTERM reports that checkpoint after the restart was decided: the
+/// next attempt still resumes from it, since its pods are created after the old ones are gone.
+#[test]
+fn a_checkpoint_saved_on_sigterm_after_the_restart_decision_is_where_the_next_attempt_resumes() {
+    let mut w = World::running_world("workers: 2\n");
+    let mut p = reports(0, &[(0, 40), (1, 40)], w.now);
+    p.checkpoint = Some((30, w.now));
+    p.checkpoint_file = Some("ckpt-30.pt".to_owned());
+    w.progress = Some(p);
+    w.step();
+    w.preempt("train-worker-1");
+    assert_eq!(w.step().restart, Some(RestartReason::Preemption));
+    // Rank 0 saved step 43 on SIGTERM and reported it from its terminating pod.
+    let mut p = reports(0, &[(0, 43), (1, 40)], w.now);
+    p.checkpoint = Some((43, w.now));
+    p.checkpoint_file = Some("ckpt-43.pt".to_owned());
+    w.progress = Some(p);
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    let created = created_pods(&plan);
+    assert_eq!(created.len(), 2, "{:?}", plan.decided_by);
+    for pod in &created {
+        assert_eq!(
+            env(pod, "RESUME_FROM").as_deref(),
+            Some("/mnt/checkpoints/ckpt-43.pt")
+        );
+    }
+    assert_eq!(
+        plan.status.resume_point.map(|r| (r.attempt, r.step)),
+        Some((0, 43))
+    );
+}
