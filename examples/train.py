@@ -18,9 +18,11 @@ PET_MASTER_PORT, which torchrun reads as its flags. What this script relies on
   Rank 0 gives every checkpoint a second, step-addressed name that nothing ever replaces
   (ckpt-c<created>-a<attempt>-s<step>.pt, a hard link to the same bytes) and reports it as
   checkpointFile; the operator then names that file in RESUME_FROM, so a writer of an older
-  attempt that replaces latest.pt cannot move the resume point back. It keeps the newest
-  KEEP_CHECKPOINTS (3) of them and the one it resumed from. A RESUME_FROM that is gone (pruned)
-  falls back to latest.pt.
+  attempt that replaces latest.pt cannot move the resume point back. Rank 0 resumes from the
+  newest step-addressed file in the directory (one saved but not reported before its node was
+  lost is newer than RESUME_FROM) and every rank loads the file it chose. It keeps the newest
+  KEEP_CHECKPOINTS (3) and the one it resumed from. With no such file: RESUME_FROM, or
+  latest.pt when RESUME_FROM was pruned.
 - TRAINYARD_FENCE_TOKEN: set by the operator on every attempt. Every rank claims the
   checkpoint directory's fence before it loads RESUME_FROM, and rank 0 renames a new
   checkpoint only while the fence holds its token (trainyard_fence.py, beside this file), so
@@ -408,16 +410,44 @@ def claim(rank, fence):
         log(rank, f"fence token {fence.token} claimed{was}")
 
 
-def resume(rank, world, model, optimizer):
-    """The step to start from, and the step loaded (None in a fresh start)."""
-    path = RESUME_FROM
-    if path and not os.path.exists(path) and os.path.exists(CHECKPOINT_PATH):
-        # A step-addressed checkpoint pruned before the operator learnt of a newer one.
-        log(rank, f"RESUME_FROM={path} is gone: resuming from {CHECKPOINT_PATH}")
-        path = CHECKPOINT_PATH
+def newest_step_file(directory):
+    """The step-addressed checkpoint of the highest step in `directory` (ties: the newest
+    attempt's), or None."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return None
+    found = [(int(m.group(3)), n) for n in names if (m := STEP_FILE.fullmatch(n))]
+    return os.path.join(directory, max(found)[1]) if found else None
+
+
+def resume_path():
+    """What to load, or None in a fresh start: the newest step-addressed checkpoint in the
+    directory (one saved and not reported before its node was lost is newer than RESUME_FROM,
+    and a writer of an older attempt can only add older ones), else RESUME_FROM itself, else
+    latest.pt when RESUME_FROM was pruned."""
+    if not RESUME_FROM:
+        return None
+    newest = newest_step_file(CHECKPOINT_DIR)
+    if newest:
+        return newest
+    if not os.path.exists(RESUME_FROM) and os.path.exists(CHECKPOINT_PATH):
+        return CHECKPOINT_PATH
+    return RESUME_FROM
+
+
+def resume(rank, world, model, optimizer, distributed):
+    """The step to start from, and the step loaded (None in a fresh start). Rank 0 chooses the
+    file and every rank loads that one: a rank that looked at the directory itself could see
+    a checkpoint another rank's attempt saved meanwhile."""
+    choice = [resume_path() if rank == 0 else None]
+    if distributed:
+        dist.broadcast_object_list(choice, src=0)
+    path = choice[0]
     if path and os.path.exists(path):
         step = load(model, optimizer, path, world)
-        log(rank, f"resuming from step {step} ({path})")
+        via = "" if path == RESUME_FROM else f", RESUME_FROM={RESUME_FROM}"
+        log(rank, f"resuming from step {step} ({path}{via})")
         return step, step
     if path:
         log(rank, f"RESUME_FROM={path} does not exist yet")
@@ -472,7 +502,7 @@ def main():
     except trainyard_fence.Stale as err:
         log(rank, f"stale: {err}: exiting without touching the checkpoint")
         return trainyard_fence.EXIT_CODE
-    step, resumed_from = resume(rank, world, model, optimizer)
+    step, resumed_from = resume(rank, world, model, optimizer, distributed)
     log(
         rank,
         f"world size {world}, node rank {os.environ.get('GROUP_RANK', '0')}, "

@@ -1691,10 +1691,11 @@ async fn an_unfenced_stale_writer_cannot_move_the_resume_point_back() -> Result<
             point >= newer,
             "RESUME_FROM={resume} holds step {point}, before {newer}"
         );
+        // The trainer may resume from a newer file it finds beside it, never from an older.
         let p = reported_progress(&client, &ns.name, name, 1).await?;
         ensure!(
-            p["resumedFrom"].as_u64() == Some(point),
-            "attempt 1 resumed from {} (latest.pt holds step {old_step}), not the resume \
+            p["resumedFrom"].as_u64().is_some_and(|r| r >= point),
+            "attempt 1 resumed from {} (latest.pt holds step {old_step}), before the resume \
              point {point} ({file}): {p}",
             p["resumedFrom"]
         );
