@@ -171,14 +171,17 @@ class ProgressReporter:
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self.thread = threading.Thread(target=self.run, name="progress", daemon=True)
 
-    def start(self, step, resumed_from):
-        """The first report, right away: `step` and, on a resume, the step loaded."""
+    def start(self, step, resumed_from, name=None):
+        """The first report, right away: `step` and, on a resume, the step loaded (from the
+        step-addressed checkpoint `name`, when it was one)."""
         with self.lock:
             self.progress = {"step": step}
             if resumed_from is not None:
                 # Every rank loaded it: a checkpoint every rank knows is durable.
                 self.progress["resumedFrom"] = resumed_from
                 self.progress["checkpointStep"] = resumed_from
+                if name:
+                    self.progress["checkpointFile"] = name
         self.thread.start()
         self.wake.set()
 
@@ -264,7 +267,7 @@ class NoProgressReporter:
     """Reports nothing and never asks for a checkpoint: TRAINYARD_PROGRESS_URL is unset, or
     another process of this worker pod reports for it."""
 
-    def start(self, step, resumed_from):
+    def start(self, step, resumed_from, name=None):
         pass
 
     def completed(self, step, loss):
@@ -437,9 +440,10 @@ def resume_path():
 
 
 def resume(rank, world, model, optimizer, distributed):
-    """The step to start from, and the step loaded (None in a fresh start). Rank 0 chooses the
-    file and every rank loads that one: a rank that looked at the directory itself could see
-    a checkpoint another rank's attempt saved meanwhile."""
+    """The step to start from, the step loaded (None in a fresh start) and its step-addressed
+    name (None when it has none). Rank 0 chooses the file and every rank loads that one: a
+    rank that looked at the directory itself could see a checkpoint another rank's attempt
+    saved meanwhile."""
     choice = [resume_path() if rank == 0 else None]
     if distributed:
         dist.broadcast_object_list(choice, src=0)
@@ -448,11 +452,12 @@ def resume(rank, world, model, optimizer, distributed):
         step = load(model, optimizer, path, world)
         via = "" if path == RESUME_FROM else f", RESUME_FROM={RESUME_FROM}"
         log(rank, f"resuming from step {step} ({path}{via})")
-        return step, step
+        name = os.path.basename(path)
+        return step, step, name if STEP_FILE.fullmatch(name) else None
     if path:
         log(rank, f"RESUME_FROM={path} does not exist yet")
     log(rank, "starting from step 0")
-    return 0, None
+    return 0, None, None
 
 
 def progress_reporter(rank):
@@ -502,7 +507,7 @@ def main():
     except trainyard_fence.Stale as err:
         log(rank, f"stale: {err}: exiting without touching the checkpoint")
         return trainyard_fence.EXIT_CODE
-    step, resumed_from = resume(rank, world, model, optimizer, distributed)
+    step, resumed_from, resumed_file = resume(rank, world, model, optimizer, distributed)
     log(
         rank,
         f"world size {world}, node rank {os.environ.get('GROUP_RANK', '0')}, "
@@ -543,7 +548,7 @@ def main():
             log(rank, f"collective failed at step {step}: {err}")
         return 143 if sigterm.requested.is_set() else 1
 
-    progress.start(step, resumed_from)
+    progress.start(step, resumed_from, resumed_file)
     sigterm.watch(stuck)
     try:
         while step < TOTAL_STEPS:
