@@ -4,13 +4,14 @@
 # (it gets 120 s) and every node must be Ready (180 s): a control plane or a node a seed left
 # broken is named once and stops the loop, instead of failing every later seed (in seconds
 # with "connection refused", or after 180 s waiting for the node).
-# Usage: chaos-seeds.sh SEEDS FAULTS
+# Usage: chaos-seeds.sh SEEDS FAULTS (FIRST_SEED=N starts at seed N, to finish a run that was
+# stopped: the results are appended to the same results.jsonl)
 set -uo pipefail
 seeds=${1:?usage: chaos-seeds.sh SEEDS FAULTS}
 faults=${2:?usage: chaos-seeds.sh SEEDS FAULTS}
 cargo=${CARGO:-cargo}
 failed=0
-for seed in $(seq 1 "$seeds"); do
+for seed in $(seq "${FIRST_SEED:-1}" "$seeds"); do
   ready=0
   for _ in $(seq 1 120); do
     if kubectl get --raw=/readyz >/dev/null 2>&1; then ready=1; break; fi
