@@ -680,6 +680,11 @@ pub struct WorkerStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerSummary {
+    /// The attempt these workers belong to: a summary of another attempt than
+    /// `status.attempt` (a status written by hand or by an older tool) is not read.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = u32::MAX))]
+    pub attempt: u32,
     /// Workers waiting for a node or for their containers.
     #[serde(default)]
     #[schemars(range(min = 0, max = MAX_WORKERS))]
@@ -743,6 +748,7 @@ impl TrainingJobStatus {
     fn summary_ranks(&self, field: impl Fn(&WorkerSummary) -> &String) -> RankSet {
         self.worker_summary
             .as_ref()
+            .filter(|s| s.attempt == self.attempt)
             .map(|s| RankSet::parse(field(s)))
             .unwrap_or_default()
     }

@@ -229,7 +229,7 @@ impl Round {
         }
         workers.sort_by_key(|w| w.rank);
         workers.dedup_by_key(|w| w.rank);
-        let (listed, summary) = compact_workers(workers);
+        let (listed, summary) = compact_workers(self.st.attempt, workers);
         self.st.workers = listed;
         self.st.worker_summary = summary;
     }
@@ -238,13 +238,19 @@ impl Round {
 /// `status.workers` within bounds: every worker of a gang of up to [`MAX_WORKER_ENTRIES`]; of
 /// a larger one, the workers that are not running first (failed, preempted, pending,
 /// succeeded), then by rank; each reason cut to [`MAX_REASON_CHARS`] characters. The summary
-/// counts every worker and records every rank seen, which is what later rounds decide on
-/// ([`TrainingJobStatus::recorded_ranks`]); none when there is no worker.
-fn compact_workers(mut workers: Vec<WorkerStatus>) -> (Vec<WorkerStatus>, Option<WorkerSummary>) {
+/// counts every worker of `attempt` and records every rank seen, which is what later rounds
+/// decide on ([`TrainingJobStatus::recorded_ranks`]); none when there is no worker.
+fn compact_workers(
+    attempt: u32,
+    mut workers: Vec<WorkerStatus>,
+) -> (Vec<WorkerStatus>, Option<WorkerSummary>) {
     if workers.is_empty() {
         return (workers, None);
     }
-    let mut summary = WorkerSummary::default();
+    let mut summary = WorkerSummary {
+        attempt,
+        ..WorkerSummary::default()
+    };
     let mut seen = RankSet::default();
     let mut succeeded = RankSet::default();
     for w in &mut workers {

@@ -3569,3 +3569,25 @@ fn a_checkpoint_saved_on_sigterm_after_the_restart_decision_is_where_the_next_at
         Some((0, 43))
     );
 }
+
+/// A restart written without clearing the worker summary (by hand, or by a tool that merges
+/// status): the summary of attempt 0 says nothing of attempt 1, whose pods are created, not
+/// taken for lost.
+#[test]
+fn a_worker_summary_of_another_attempt_is_not_read() {
+    let mut w = World::running_world("workers: 2\n");
+    assert_eq!(
+        w.status
+            .worker_summary
+            .as_ref()
+            .map(|s| (s.attempt, s.seen_ranks.as_str())),
+        Some((0, "0-1"))
+    );
+    w.status.attempt = 1;
+    w.status.workers.clear();
+    w.status.phase = Some(Phase::Restarting);
+    w.pods.clear();
+    let plan = w.step();
+    assert_eq!(plan.restart, None, "{:?}", plan.status.last_restart);
+    assert_eq!(created_pods(&plan).len(), 2);
+}
