@@ -1799,9 +1799,9 @@ async fn a_flood_of_every_port_leaves_the_probes_green_and_memory_under_the_limi
             .and_then(|s| s.pod_ip.as_deref())
             .context("pod IP")?
             .parse()?;
-        // Past each port's per-source share (8 of a metrics port's 64, 256 of the progress
+        // Past each port's per-source share (8 of a metrics port's 64, 64 of the progress
         // port's 2,048), not so far past it that reopening the closed ones starves the CPU.
-        for (port, connections) in [("metrics", 16), ("progress", 300)] {
+        for (port, connections) in [("metrics", 16), ("progress", 128)] {
             if let Some(port) =
                 trainyard_e2e::named_port(pod, port).and_then(|p| u16::try_from(p).ok())
             {

@@ -10,9 +10,10 @@
 //! - at most `max_connections` at once: one more is closed as soon as it is accepted, before
 //!   anything of it is read (never queued or buffered), so a flood of connections holds no
 //!   more than the cap's worth of buffers;
-//! - at most `max_connections_per_source` of them from one IP address, closed the same way:
-//!   one pod cannot take the whole cap, so the kubelet's probes (from the node's address) and
-//!   the other pods' connections are still served while it floods;
+//! - at most `max_connections_per_source` of them from one IP address (whatever its ports),
+//!   closed the same way and taking no slot of the cap: one pod cannot take the whole cap, so
+//!   the kubelet's probes (from the node's address) and the other pods' connections are still
+//!   served while it floods;
 //! - a request head must be complete within `header_timeout` of the connection opening or of
 //!   its previous answer, so the same bound closes a kept-alive connection that sits idle, and
 //!   a head sent a byte at a time holds its slot no longer than that;
@@ -25,13 +26,13 @@
 //! so that a handler can bound what one source may cost.
 #![forbid(unsafe_code)]
 
+mod admission;
 mod idle_timeout;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -42,10 +43,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
+use crate::admission::{Admission, Cap};
 use crate::idle_timeout::IdleTimeout;
 
 /// Default of [`HttpLimits::header_timeout`]: a trainer's or a scraper's head arrives in one
@@ -62,12 +63,19 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 8 * 1024;
 pub const DEFAULT_PROGRESS_CONNECTIONS: usize = 2048;
 /// Default connection cap of the metrics port: the kubelet's probes, a scraper or two.
 pub const DEFAULT_METRICS_CONNECTIONS: usize = 64;
+/// The most connections one source address is given by default, whatever the cap: a worker
+/// pod holds one kept-alive connection to the progress port, and a node whose worker pods
+/// share its address (host networking) one per worker, so 64 leaves room for a node of 8 or
+/// 16 GPUs several times over (a trainer that reconnects while its old connection drains),
+/// and a flooding pod holds no more than 1/32 of the progress port's 2,048.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 64;
 /// hyper refuses a read buffer smaller than this.
 const MIN_READ_BUFFER: usize = 8 * 1024;
 /// How long accepting pauses after an error that is not one connection's (out of file
 /// descriptors), so that the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// How often at most the listener warns that its connection cap turns connections away.
+/// How often at most the listener warns that a connection cap (each of the two on its own)
+/// turns connections away.
 const CAP_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 /// What one listener allows a connection.
@@ -75,7 +83,9 @@ const CAP_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 pub struct HttpLimits {
     /// Connections held at once; more are closed at accept.
     pub max_connections: usize,
-    /// Connections held at once from one IP address; more from it are closed at accept.
+    /// Connections held at once from one IP address, its ports all counted together (a pod
+    /// opens each connection from a new port); more from it are closed at accept, and take
+    /// no slot of `max_connections`. 0 closes every connection, as a cap of 0 does.
     pub max_connections_per_source: usize,
     /// How long a request head may take, counted from the connection opening or its previous
     /// answer.
@@ -88,18 +98,35 @@ pub struct HttpLimits {
 }
 
 impl HttpLimits {
-    /// The default limits, with a cap of `max_connections`, an eighth of it (at least one)
-    /// per source: the progress port's 2,048 leave 256 to one address (a node whose worker
-    /// pods share its address with host networking holds a few), the metrics port's 64
-    /// leave 8 (a probe or a scrape holds one, briefly).
+    /// The default limits, with a cap of `max_connections`, and per source an eighth of it,
+    /// at least one and at most [`DEFAULT_MAX_CONNECTIONS_PER_SOURCE`]. An eighth, so that a
+    /// small cap takes eight sources to fill: the metrics port's 64 leave 8 to one address (a
+    /// probe or a scrape holds one, briefly). At most 64, as no source needs more: the
+    /// progress port's 2,048 leave 64 to one address, one kept-alive connection per worker.
     pub const fn with_max_connections(max_connections: usize) -> Self {
         let per_source = max_connections / 8;
+        let per_source = if per_source > DEFAULT_MAX_CONNECTIONS_PER_SOURCE {
+            DEFAULT_MAX_CONNECTIONS_PER_SOURCE
+        } else if per_source == 0 {
+            1
+        } else {
+            per_source
+        };
         Self {
             max_connections,
-            max_connections_per_source: if per_source == 0 { 1 } else { per_source },
+            max_connections_per_source: per_source,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+        }
+    }
+
+    /// These limits, with `max_connections_per_source` connections per source address.
+    #[must_use]
+    pub const fn with_per_source(self, max_connections_per_source: usize) -> Self {
+        Self {
+            max_connections_per_source,
+            ..self
         }
     }
 
@@ -133,8 +160,9 @@ pub struct ListenError {
     pub source: io::Error,
 }
 
-/// Called for each connection closed at accept because the cap is full: the progress port
-/// counts it as trouble of the channel (a rank whose reports stop then is not quiet).
+/// Called for each connection closed at accept because the cap or its source's share is full:
+/// the progress port counts it as trouble of the channel (a rank whose reports stop then is
+/// not quiet).
 pub type TurnedAway = Arc<dyn Fn() + Send + Sync>;
 
 /// Binds `addr` for the `what` server; the returned future serves `app` within `limits` until
@@ -175,10 +203,9 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let builder = limits.http1();
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let sources = Sources::new(limits.max_connections_per_source);
+    let admission = Admission::new(limits.max_connections, limits.max_connections_per_source);
     let graceful = GracefulShutdown::new();
-    let mut warned_at: Option<Instant> = None;
+    let mut warnings = CapWarnings::default();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -191,33 +218,15 @@ async fn accept_loop(
                 }
             },
         };
-        // The source's share first, so that a source at its cap takes no global slot.
-        let admitted = sources
-            .admit(peer.ip())
-            .map_err(|()| "per-source")
-            .and_then(|held| {
-                let slot = slots.clone().try_acquire_owned().map_err(|_| "total")?;
-                Ok((held, slot))
-            });
-        let slot = match admitted {
-            Ok(slot) => slot,
+        let admitted = match admission.admit(peer.ip()) {
+            Ok(admitted) => admitted,
             Err(cap) => {
                 // Closed before anything of it is read: a full cap costs no buffer.
                 drop(stream);
                 if let Some(tell) = &turned_away {
                     tell();
                 }
-                if warned_at.is_none_or(|at| at.elapsed() >= CAP_WARNING_INTERVAL) {
-                    tracing::warn!(
-                        server = what,
-                        cap,
-                        source = %peer.ip(),
-                        max_connections = limits.max_connections,
-                        max_connections_per_source = limits.max_connections_per_source,
-                        "connection cap reached: closing new connections at once"
-                    );
-                    warned_at = Some(Instant::now());
-                }
+                warnings.turned_away(what, cap, peer, &limits);
                 continue;
             }
         };
@@ -236,7 +245,8 @@ async fn accept_loop(
             if let Err(e) = connection.await {
                 tracing::debug!(server = what, error = %e, "connection closed");
             }
-            drop(slot);
+            // Its slot of the cap and its place in its source's count, together.
+            drop(admitted);
         });
     }
     drop(listener);
@@ -244,57 +254,41 @@ async fn accept_loop(
     Ok(())
 }
 
-/// The connections held per source address, each at most `cap`. A source leaves the map
-/// with its last connection, so the map holds no more entries than there are connections.
-struct Sources {
-    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    cap: usize,
+/// When each cap last warned: each on its own clock, so that one pod at its share, warned
+/// of, does not hide the whole cap filling up.
+#[derive(Default)]
+struct CapWarnings {
+    global: Option<Instant>,
+    per_source: Option<Instant>,
 }
 
-/// One admitted connection's place in its source's count, given back when dropped.
-struct SourceSlot {
-    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    source: IpAddr,
-}
-
-impl Sources {
-    fn new(cap: usize) -> Self {
-        Self {
-            held: Arc::default(),
-            cap,
+impl CapWarnings {
+    /// Warns that `cap` closed a connection from `peer`, unless it did within the interval.
+    fn turned_away(&mut self, what: &'static str, cap: Cap, peer: SocketAddr, limits: &HttpLimits) {
+        let warned_at = match cap {
+            Cap::Global => &mut self.global,
+            Cap::PerSource => &mut self.per_source,
+        };
+        if warned_at.is_some_and(|at| at.elapsed() < CAP_WARNING_INTERVAL) {
+            return;
+        }
+        *warned_at = Some(Instant::now());
+        match cap {
+            Cap::Global => tracing::warn!(
+                server = what,
+                %cap,
+                max_connections = limits.max_connections,
+                "connection cap reached: closing new connections at once"
+            ),
+            Cap::PerSource => tracing::warn!(
+                server = what,
+                %cap,
+                source = %peer.ip(),
+                max_connections_per_source = limits.max_connections_per_source,
+                "connection cap of one source address reached: closing its new connections at once"
+            ),
         }
     }
-
-    /// A place for one more connection from `source`, unless it holds its cap already.
-    fn admit(&self, source: IpAddr) -> Result<SourceSlot, ()> {
-        let mut held = lock(&self.held);
-        let count = held.entry(source).or_default();
-        if *count >= self.cap {
-            return Err(());
-        }
-        *count += 1;
-        Ok(SourceSlot {
-            held: self.held.clone(),
-            source,
-        })
-    }
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut held = lock(&self.held);
-        if let Some(count) = held.get_mut(&self.source) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                held.remove(&self.source);
-            }
-        }
-    }
-}
-
-/// The map's lock: each update is whole, so a panic elsewhere cannot leave it torn.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Waits out an accept error that is not one connection's own (those need no wait).

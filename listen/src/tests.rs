@@ -7,6 +7,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
+use std::net::IpAddr;
+
+use super::admission::{Admission, Cap};
 use super::testing::connect_from;
 use super::*;
 
@@ -71,9 +74,9 @@ fn long_lived(max_connections: usize) -> HttpLimits {
     HttpLimits {
         header_timeout: Duration::from_secs(3600),
         idle_timeout: Duration::from_secs(3600),
-        max_connections_per_source: max_connections,
         ..HttpLimits::with_max_connections(max_connections)
     }
+    .with_per_source(max_connections)
 }
 
 async fn healthz_from(source: [u8; 4], addr: SocketAddr) -> String {
@@ -85,23 +88,26 @@ async fn healthz_from(source: [u8; 4], addr: SocketAddr) -> String {
     read_all(&mut stream).await
 }
 
-/// One source flooding the port holds its share of the cap and no more: another source (the
-/// kubelet's probes come from the node's address) is still answered, and the flooding
-/// source is admitted again once its connections close.
-#[tokio::test]
-async fn one_source_holds_its_share_of_the_cap_and_another_is_still_served() {
+/// A counter of the connections turned away, and the callback that counts them.
+fn counting() -> (Arc<AtomicUsize>, TurnedAway) {
     let told = Arc::new(AtomicUsize::new(0));
     let counter = told.clone();
     let tell: TurnedAway = Arc::new(move || {
         counter.fetch_add(1, Ordering::SeqCst);
     });
-    let limits = HttpLimits {
-        max_connections_per_source: 2,
-        ..long_lived(8)
-    };
-    let (addr, _stop) = serving_within(limits, Some(tell)).await;
+    (told, tell)
+}
+
+/// One source flooding the port holds its share of the cap and no more: its connections
+/// past the share are closed before any answer, each one told, while another source (the
+/// kubelet's probes come from the node's address) is still answered.
+#[tokio::test]
+async fn a_source_over_its_share_is_closed_at_accept_and_told_while_another_is_served() {
+    let (told, tell) = counting();
+    let (addr, _stop) = serving_within(long_lived(8).with_per_source(2), Some(tell)).await;
     let flood = [127, 0, 0, 1];
-    let held = [
+    // Two connections that send nothing yet hold the source's share.
+    let mut held = [
         connect_from(flood, addr).await,
         connect_from(flood, addr).await,
     ];
@@ -109,7 +115,7 @@ async fn one_source_holds_its_share_of_the_cap_and_another_is_still_served() {
         assert_eq!(
             healthz_from(flood, addr).await,
             "",
-            "over its share: closed at once"
+            "over its share: closed before anything was read or answered"
         );
     }
     assert_eq!(
@@ -119,8 +125,30 @@ async fn one_source_holds_its_share_of_the_cap_and_another_is_still_served() {
     );
     let probe = healthz_from([127, 0, 0, 2], addr).await;
     assert!(probe.starts_with("HTTP/1.1 200"), "{probe}");
+    // The held ones were admitted: each is answered once it asks.
+    for stream in &mut held {
+        let request = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let answer = read_all(stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    assert_eq!(told.load(Ordering::SeqCst), 3, "none served is told");
+}
+
+/// A source's closed connections give its share back, so a pod that flooded the port is
+/// served again once its flood ends.
+#[tokio::test]
+async fn a_source_whose_connections_closed_is_admitted_again() {
+    let (addr, _stop) = serving_within(long_lived(8).with_per_source(2), None).await;
+    let flood = [127, 0, 0, 1];
+    let held = [
+        connect_from(flood, addr).await,
+        connect_from(flood, addr).await,
+    ];
+    assert_eq!(healthz_from(flood, addr).await, "", "at its share");
     drop(held);
     let mut served = false;
+    // The server sees the close a moment after the client makes it.
     for _ in 0..1000 {
         if healthz_from(flood, addr).await.starts_with("HTTP/1.1 200") {
             served = true;
@@ -134,14 +162,60 @@ async fn one_source_holds_its_share_of_the_cap_and_another_is_still_served() {
     );
 }
 
+/// A source at its share is refused before it takes a slot of the cap, so it leaves the
+/// whole rest of the cap to the others; a connection refused by either cap counts nowhere.
 #[test]
-fn each_source_gets_an_eighth_of_the_cap_and_at_least_one() {
-    assert_eq!(HttpLimits::PROGRESS.max_connections_per_source, 256);
-    assert_eq!(HttpLimits::METRICS.max_connections_per_source, 8);
+fn a_source_at_its_share_takes_no_slot_of_the_cap() {
+    let admission = Admission::new(3, 1);
+    let [one, two, three, four] = [1, 2, 3, 4].map(|n| IpAddr::from([127, 0, 0, n]));
+    let first = admission.admit(one).expect("within the share");
+    for _ in 0..5 {
+        assert_eq!(admission.admit(one).err(), Some(Cap::PerSource));
+    }
+    assert_eq!(admission.free_slots(), 2, "the refused took no slot");
+    let others = [two, three].map(|source| admission.admit(source).expect("a free slot"));
+    assert_eq!(admission.admit(four).err(), Some(Cap::Global));
     assert_eq!(
-        HttpLimits::with_max_connections(3).max_connections_per_source,
-        1
+        admission.held_from(four),
+        None,
+        "a refused source is not counted"
     );
+    assert_eq!(admission.held_from(one), Some(1));
+    drop((first, others));
+    assert_eq!(admission.free_slots(), 3);
+}
+
+/// A source leaves the count with its last connection, so the map stays as small as the
+/// connections held, and both its slots of the cap and its share are back.
+#[test]
+fn a_source_leaves_the_count_with_its_last_connection() {
+    let admission = Admission::new(8, 2);
+    let source = IpAddr::from([127, 0, 0, 1]);
+    let held = [(); 2].map(|()| admission.admit(source).expect("within the share"));
+    assert_eq!(admission.held_from(source), Some(2));
+    assert_eq!(admission.free_slots(), 6);
+    let [first, second] = held;
+    drop(first);
+    assert_eq!(admission.held_from(source), Some(1));
+    drop(second);
+    assert_eq!(admission.held_from(source), None, "no entry is kept");
+    assert_eq!(admission.free_slots(), 8);
+    let again = [(); 2].map(|()| admission.admit(source).expect("its share again"));
+    assert_eq!(admission.admit(source).err(), Some(Cap::PerSource));
+    drop(again);
+}
+
+#[test]
+fn each_source_gets_an_eighth_of_the_cap_at_least_one_and_at_most_64() {
+    assert_eq!(HttpLimits::PROGRESS.max_connections_per_source, 64);
+    assert_eq!(HttpLimits::METRICS.max_connections_per_source, 8);
+    let per_source = |cap| HttpLimits::with_max_connections(cap).max_connections_per_source;
+    assert_eq!(per_source(3), 1);
+    assert_eq!(per_source(256), 32);
+    assert_eq!(per_source(1_000_000), DEFAULT_MAX_CONNECTIONS_PER_SOURCE);
+    let chosen = HttpLimits::METRICS.with_per_source(2);
+    assert_eq!(chosen.max_connections_per_source, 2);
+    assert_eq!(chosen.max_connections, HttpLimits::METRICS.max_connections);
 }
 
 #[tokio::test]
@@ -175,11 +249,7 @@ async fn a_connection_beyond_the_cap_is_closed_at_accept_and_a_freed_slot_serves
 /// the ranks whose reports it closed are not taken for quiet.
 #[tokio::test]
 async fn a_connection_turned_away_at_accept_is_told() {
-    let told = Arc::new(AtomicUsize::new(0));
-    let counter = told.clone();
-    let tell: TurnedAway = Arc::new(move || {
-        counter.fetch_add(1, Ordering::SeqCst);
-    });
+    let (told, tell) = counting();
     let (addr, _stop) = serving_within(long_lived(1), Some(tell)).await;
     let _held = TcpStream::connect(addr).await.expect("connect");
     for _ in 0..3 {

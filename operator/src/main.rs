@@ -150,7 +150,7 @@ impl RunArgs {
     fn http_limits(&self, max_connections: u64) -> HttpLimits {
         // Both within the ranges clap checked, far below usize::MAX.
         let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-        // An eighth of the cap per source address, as by default.
+        // Per source address an eighth of the cap, at most 64, as by default.
         HttpLimits {
             header_timeout: std::time::Duration::from_secs(self.http_header_timeout_seconds),
             idle_timeout: std::time::Duration::from_secs(self.http_idle_timeout_seconds),

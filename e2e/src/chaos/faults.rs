@@ -624,7 +624,7 @@ async fn delete_a_worker(target: &Target, pick: &mut fastrand::Rng) -> Result<Op
 }
 
 /// How many connections a flood holds open: four times the device plugin metrics port's cap
-/// (64), all of the progress port's per-source share (256 of 2,048).
+/// (64), four times the progress port's per-source share (64 of 2,048).
 const FLOOD_CONNECTIONS: usize = 256;
 /// The source address of the device plugin metrics flood: the host's end of node 2's link
 /// (`NODE2_HOST_IP` in e2e/cluster/env.sh), which neither kubelet probes from (each probes
