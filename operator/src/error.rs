@@ -118,6 +118,12 @@ impl Error {
         matches!(self, Error::InvalidSpec(_) | Error::Malformed { .. })
     }
 
+    /// Whether the API server refused a write because the object changed since it was read
+    /// (409 Conflict): the next round decides on the newer object, with no backoff.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
+    }
+
     /// Wraps a client error with what was being done.
     pub fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
         let action = action.into();

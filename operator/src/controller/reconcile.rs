@@ -64,6 +64,10 @@ pub(super) async fn reconcile(
     result
 }
 
+/// How soon a round whose write met a newer version of the job is decided again: long
+/// enough for the watch to bring that version, short next to any restart's timing.
+const CONFLICT_RETRY: Duration = Duration::from_millis(250);
+
 pub(super) fn error_policy(
     obj: Arc<DeserializeGuard<TrainingJob>>,
     err: &Error,
@@ -74,6 +78,13 @@ pub(super) fn error_policy(
     if err.waits_for_change() {
         tracing::info!(job = %key, error = %err, "waiting for the TrainingJob to change");
         return Action::await_change();
+    }
+    if err.is_conflict() {
+        // The job changed since the round read it (a status write conditioned on its
+        // resourceVersion was refused): no fault to back off from, decide again on the newer
+        // job at once, as the watch shows it.
+        tracing::info!(job = %key, error = %err, "the TrainingJob changed: deciding again");
+        return Action::requeue(CONFLICT_RETRY);
     }
     let n = ctx.memory.count_error(&key);
     ctx.export_state_sizes();

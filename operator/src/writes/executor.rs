@@ -887,6 +887,10 @@ mod tests {
             .await
             .expect_err("a stale write lands");
         assert_eq!(err.metric_label(), "kube_conflict", "{err}");
+        assert!(
+            err.is_conflict(),
+            "decided again at once, not backed off: {err}"
+        );
         let sent = h.sent();
         assert_eq!(sent.len(), 1, "{sent:#?}");
         assert_eq!(sent[0].body["metadata"]["resourceVersion"], json!("1"));
