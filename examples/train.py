@@ -526,7 +526,7 @@ def main():
             if rank == 0 and step > saved:
                 name = save(model, optimizer, step, CHECKPOINT_PATH, fence)
                 saved = step
-                log(rank, f"{reason} at step {step} ({name})")
+                log(rank, f"{reason} at step {step}")
                 progress.checkpointed(step, name)
 
     def stuck():
