@@ -32,7 +32,7 @@ use crate::progress::store::ProgressStore;
 
 pub(crate) mod memory;
 mod observe;
-mod progress;
+pub(crate) mod progress;
 mod reconcile;
 mod triggers;
 mod wiring;

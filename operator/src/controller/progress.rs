@@ -46,7 +46,10 @@ impl FollowUp {
 }
 
 /// The store's reports as the decision reads them.
-fn as_observed(p: JobProgress, channel_refused_at: Option<jiff::Timestamp>) -> ObservedProgress {
+pub(crate) fn as_observed(
+    p: JobProgress,
+    channel_refused_at: Option<jiff::Timestamp>,
+) -> ObservedProgress {
     ObservedProgress {
         attempt: p.attempt,
         ranks: p

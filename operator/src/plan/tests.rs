@@ -2328,27 +2328,7 @@ impl Channel {
     /// What the controller hands the decision (`controller/progress.rs`).
     fn observed(&self) -> Option<ObservedProgress> {
         let p = self.store.snapshot("ml", "train")?;
-        Some(ObservedProgress {
-            attempt: p.attempt,
-            ranks: p
-                .ranks
-                .iter()
-                .map(|(&rank, r)| RankProgress {
-                    rank,
-                    step: r.step,
-                    advanced_at: r.advanced_at,
-                    reported_at: r.reported_at,
-                })
-                .collect(),
-            checkpoint: p.checkpoint_step.zip(p.checkpoint_at),
-            checkpoint_file: p.checkpoint_file.clone(),
-            resumed_from: p.resumed_from,
-            previous_attempt_step: p.previous_attempt_step,
-            checkpoint_requested: p.checkpoint_requested,
-            checkpoint_saved_on_request: p.checkpoint_saved_on_request,
-            channel_refused_at: None,
-            report_cadence: p.report_cadence(),
-        })
+        Some(crate::controller::progress::as_observed(p, None))
     }
 }
 
