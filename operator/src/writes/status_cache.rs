@@ -33,6 +33,16 @@ pub(crate) struct Known {
     pub(crate) detail_waiting: Option<Duration>,
 }
 
+/// Whether our write that produced resourceVersion `rv` is newer than the cached `job` (the
+/// cache trails it). A version that is not a number is never compared.
+fn newer_than_cache(rv: u64, job: &TrainingJob) -> bool {
+    job.metadata
+        .resource_version
+        .as_deref()
+        .and_then(|cached| cached.parse::<u64>().ok())
+        .is_some_and(|cached| rv > cached)
+}
+
 /// Written and deferred status, by job uid.
 #[derive(Debug, Default)]
 pub(crate) struct StatusCache {
@@ -87,14 +97,10 @@ impl StatusCache {
     /// The job's status, or the one we wrote last if the cache has not caught up with it.
     pub(crate) fn freshest_status(&self, job: &TrainingJob) -> TrainingJobStatus {
         let uid = job.metadata.uid.clone().unwrap_or_default();
-        let cached_rv = job
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|rv| rv.parse::<u64>().ok());
         let mut written = lock(&self.written);
-        if let (Some((rv, status)), Some(cached)) = (written.get(&uid), cached_rv)
-            && *rv > cached
+        if let Some((_, status)) = written
+            .get(&uid)
+            .filter(|(rv, _)| newer_than_cache(*rv, job))
         {
             return status.clone();
         }
@@ -108,11 +114,9 @@ impl StatusCache {
     /// a deposed leader's delayed write cannot land after its successor's ([`super::executor`]).
     pub(crate) fn freshest_rv(&self, job: &TrainingJob) -> Option<String> {
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
-        let cached = job.metadata.resource_version.as_deref();
-        let cached_rv = cached.and_then(|rv| rv.parse::<u64>().ok());
-        match (lock(&self.written).get(uid), cached_rv) {
-            (Some((rv, _)), Some(c)) if *rv > c => Some(rv.to_string()),
-            _ => cached.map(str::to_owned),
+        match lock(&self.written).get(uid) {
+            Some((rv, _)) if newer_than_cache(*rv, job) => Some(rv.to_string()),
+            _ => job.metadata.resource_version.clone(),
         }
     }
 

@@ -41,10 +41,11 @@ fn current<'v>(view: &'v View<'_>, round: &Round) -> Option<&'v ObservedProgress
 /// Records the current attempt's reports in `status.progress`, and the steps the restart
 /// before it lost. Never stops the round.
 pub(in crate::plan) fn record_progress(view: &View<'_>, round: &mut Round) -> Flow {
-    // Trainers save once more on their way out (SIGTERM), and report it after the restart was
-    // decided: the previous attempt's newest checkpoint still moves the resume point, until
-    // the next attempt's pods are created with it. Only pods that exist can report, so no
-    // trainer whose pod is gone moves it.
+    // The newest step-addressed checkpoint reported moves the resume point, whichever attempt
+    // reported it: trainers save once more on their way out (SIGTERM) and report it after the
+    // restart was decided, and that save still counts until the next attempt's pods are
+    // created with it. Only pods that exist can report, so no trainer whose pod is gone moves
+    // it.
     if let Some(p) = view.observed.progress.as_ref()
         && let (Some((step, _)), Some(file)) = (p.checkpoint, p.checkpoint_file.as_deref())
     {
@@ -76,9 +77,6 @@ pub(in crate::plan) fn record_progress(view: &View<'_>, round: &mut Round) -> Fl
         && st.checkpoint_file.is_none()
     {
         st.checkpoint_file.clone_from(&p.checkpoint_file);
-    }
-    if let (Some(step), Some(file)) = (st.checkpoint_step, &st.checkpoint_file) {
-        advance_resume_point(&mut round.st.resume_point, p.attempt, step, file);
     }
     if st.resumed_from.is_none()
         && let Some(resumed) = p.resumed_from
