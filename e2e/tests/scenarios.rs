@@ -894,12 +894,8 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         )
         .await?;
         for p in &new_pods {
-            let env = &p.spec.as_ref().context("pod spec")?.containers[0].env;
             assert!(
-                env.iter()
-                    .flatten()
-                    .any(|e| e.name == RESUME_FROM
-                        && e.value.as_deref().is_some_and(|v| !v.is_empty())),
+                env_of(p, RESUME_FROM).is_some_and(|v| !v.is_empty()),
                 "{} has RESUME_FROM",
                 p.name_any()
             );
