@@ -170,7 +170,7 @@ async fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         work_dir: args.work_dir,
         leader_elect: args.leader_elect,
         perf_record: args.perf_record,
-        max_concurrent_writes: None,
+        max_concurrent_reconciles: None,
     };
     let client = trainyard_e2e::client().await?;
     let interrupt = async {

@@ -87,7 +87,7 @@ impl OperatorProcess {
     /// `log`. With `leader_elect`, it takes a Lease of its own in that namespace (a production
     /// set-up, and the only one that reconciles while `--leader-elect=false` stops the
     /// controller at once); without, it runs `--leader-elect=false`. `identity` names it in
-    /// the Events it writes; `max_concurrent_writes`, its write ceiling (its default if None).
+    /// the Events it writes; `max_concurrent_reconciles`, its bound on reconciles in flight (its default if None).
     pub async fn start(
         binary: &Path,
         namespace: &str,
@@ -95,7 +95,7 @@ impl OperatorProcess {
         log: &Path,
         leader_elect: bool,
         identity: &str,
-        max_concurrent_writes: Option<u16>,
+        max_concurrent_reconciles: Option<u16>,
     ) -> Result<Self> {
         if !binary.is_file() {
             return Err(Error::Operator(format!(
@@ -126,8 +126,9 @@ impl OperatorProcess {
         } else {
             cmd.arg("--leader-elect=false");
         }
-        if let Some(ceiling) = max_concurrent_writes {
-            cmd.arg("--max-concurrent-writes").arg(ceiling.to_string());
+        if let Some(ceiling) = max_concurrent_reconciles {
+            cmd.arg("--max-concurrent-reconciles")
+                .arg(ceiling.to_string());
         }
         let child = cmd
             .arg("--metrics-addr")

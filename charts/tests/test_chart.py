@@ -239,12 +239,6 @@ def test_operator_gets_pod_name_and_namespace_from_the_downward_api(chart: Any) 
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
-def test_operator_memory_budget_is_its_memory_request_in_mib(chart: Any) -> None:
-    env = env_of(container(operator_deployment(render(chart))))
-    ref = env["TRAINYARD_MEMORY_BUDGET_MIB"]["valueFrom"]["resourceFieldRef"]
-    assert ref == {"resource": "requests.memory", "divisor": "1Mi"}
-
-
 def test_operator_mounts_its_config_map_at_etc_trainyard(chart: Any) -> None:
     objects = render(chart)
     deployment = operator_deployment(objects)

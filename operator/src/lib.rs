@@ -56,12 +56,9 @@ mod writes;
 
 // What a process needs to run the operator: the binary, and the tests that run it in-process.
 pub use config::{OperatorConfig, PriceEntry, ProgressChannel};
-pub use controller::{
-    DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, ProgressServing, RunConfig, run,
-};
+pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, run};
 pub use crdgen::crd_yaml;
 pub use error::Error;
 pub use leader::LeaderElection;
 pub use progress::AudienceCheck;
 pub use trainyard_listen::HttpLimits;
-pub use writes::limit::LimitConfig;

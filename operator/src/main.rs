@@ -7,9 +7,8 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use trainyard_operator::{
-    AudienceCheck, DEFAULT_MAX_CONCURRENT_WRITES, DEFAULT_MEMORY_BUDGET_MIB, HttpLimits,
-    LeaderElection, LimitConfig, OperatorConfig, ProgressChannel, ProgressServing, RunConfig,
-    crd_yaml, run,
+    AudienceCheck, DEFAULT_MAX_CONCURRENT_RECONCILES, HttpLimits, LeaderElection, OperatorConfig,
+    ProgressChannel, ProgressServing, RunConfig, crd_yaml, run,
 };
 
 #[derive(Parser, Debug)]
@@ -63,26 +62,24 @@ struct RunArgs {
     /// Seconds the Lease stays valid without renewal.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
-    /// Most write requests in flight at once: the ceiling of the adaptive bound, which follows
-    /// the API server's latency and 429s and the memory budget (docs/operator.md).
+    /// Reconciles in flight at once: each carries out its own round (a status write, a gang's
+    /// pod creates or deletes), so this bounds the writes in flight and the operator's memory
+    /// with them; half of them may write status alone (docs/operator.md).
     #[arg(
         long,
-        alias = "max-concurrent-reconciles",
-        env = "TRAINYARD_MAX_CONCURRENT_WRITES",
-        default_value_t = DEFAULT_MAX_CONCURRENT_WRITES,
+        alias = "max-concurrent-writes",
+        env = "TRAINYARD_MAX_CONCURRENT_RECONCILES",
+        default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES,
         value_parser = clap::value_parser!(u16).range(1..)
     )]
-    max_concurrent_writes: u16,
-    /// Mean write latency, in milliseconds, above which the bound on write rounds shrinks.
-    #[arg(long, env = "TRAINYARD_WRITE_LATENCY_TARGET_MS", default_value_t = 5000,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    write_latency_target_ms: u64,
-    /// Resident memory, in MiB, that the bound on writes in flight keeps the operator within:
-    /// over seven eighths of it the bound is capped in proportion to the room left, down to
-    /// its floor at the budget (docs/operator.md). 0: no budget. The chart sets it to the
-    /// container's memory request.
-    #[arg(long, env = "TRAINYARD_MEMORY_BUDGET_MIB", default_value_t = DEFAULT_MEMORY_BUDGET_MIB)]
-    memory_budget_mib: u64,
+    max_concurrent_reconciles: u16,
+    /// No longer used (the adaptive write bound is gone): accepted, so that an older chart or
+    /// command line still starts the operator, and logged as ignored.
+    #[arg(long, env = "TRAINYARD_WRITE_LATENCY_TARGET_MS", hide = true)]
+    write_latency_target_ms: Option<String>,
+    /// No longer used (memory is bounded by the reconciles in flight): accepted and ignored.
+    #[arg(long, env = "TRAINYARD_MEMORY_BUDGET_MIB", hide = true)]
+    memory_budget_mib: Option<String>,
     /// Log format.
     #[arg(long, value_enum, env = "TRAINYARD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -146,6 +143,22 @@ struct RunArgs {
 }
 
 impl RunArgs {
+    /// Logs the flags that are accepted and no longer used.
+    fn warn_of_ignored_flags(&self) {
+        for (flag, set) in [
+            ("--write-latency-target-ms", &self.write_latency_target_ms),
+            ("--memory-budget-mib", &self.memory_budget_mib),
+        ] {
+            if let Some(value) = set {
+                tracing::warn!(
+                    flag,
+                    value,
+                    "ignored: the operator no longer has an adaptive write bound; --max-concurrent-reconciles bounds its writes"
+                );
+            }
+        }
+    }
+
     /// The limits of one listener, with a cap of `max_connections`.
     fn http_limits(&self, max_connections: u64) -> HttpLimits {
         // Both within the ranges clap checked, far below usize::MAX.
@@ -212,6 +225,7 @@ async fn shutdown_signal() {
 
 async fn run_command(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
+    args.warn_of_ignored_flags();
     let mut operator = match &args.config {
         Some(path) => OperatorConfig::load(path)?,
         None => OperatorConfig::default(),
@@ -275,12 +289,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         metrics_limits,
         leader_election,
         instance: identity,
-        write_limit: LimitConfig {
-            latency_target: std::time::Duration::from_millis(args.write_latency_target_ms),
-            memory_budget: (args.memory_budget_mib > 0)
-                .then(|| args.memory_budget_mib.saturating_mul(1 << 20)),
-            ..LimitConfig::up_to(usize::from(args.max_concurrent_writes))
-        },
+        max_concurrent_reconciles: args.max_concurrent_reconciles,
     };
     run(client, config, shutdown_signal()).await?;
     Ok(())
@@ -298,5 +307,47 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run_command(*args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = ["trainyard-operator", "run"].iter().chain(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Run(args) => Ok(*args),
+            Command::Crd => unreachable!("parsed as run"),
+        }
+    }
+
+    #[test]
+    fn the_bound_on_reconciles_has_a_default_and_its_former_name_still_sets_it() {
+        let default = run_args(&[]).expect("no flags");
+        assert_eq!(
+            default.max_concurrent_reconciles,
+            DEFAULT_MAX_CONCURRENT_RECONCILES
+        );
+        let former = run_args(&["--max-concurrent-writes", "8"]).expect("the alias");
+        assert_eq!(former.max_concurrent_reconciles, 8);
+        let zero = run_args(&["--max-concurrent-reconciles", "0"]).expect_err("zero");
+        assert!(
+            zero.to_string().contains("max-concurrent-reconciles"),
+            "{zero}"
+        );
+    }
+
+    #[test]
+    fn the_flags_of_the_removed_write_bound_are_accepted_and_kept_for_the_warning() {
+        let args = run_args(&[
+            "--memory-budget-mib",
+            "64",
+            "--write-latency-target-ms",
+            "5000",
+        ])
+        .expect("an older chart's flags still start the operator");
+        assert_eq!(args.memory_budget_mib.as_deref(), Some("64"));
+        assert_eq!(args.write_latency_target_ms.as_deref(), Some("5000"));
     }
 }

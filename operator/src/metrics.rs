@@ -93,14 +93,6 @@ pub struct StateLabels {
     pub map: String,
 }
 
-/// Label set of the write-gate gauges.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct UrgencyLabels {
-    /// `continuing` (the deletes and creates of a round whose status is written), `urgent`
-    /// (restarts, creates, deletes) or `routine` (status only).
-    pub urgency: String,
-}
-
 /// Registers `metric` under `name` and gives it back: metrics are handles, the clone shares
 /// the value the registry encodes.
 fn registered<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
@@ -317,14 +309,8 @@ pub struct Metrics {
     pub steps_lost: Histogram,
     /// Training steps per second of each job that reports progress.
     pub steps_per_second: Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    /// Write requests allowed in flight at once (the adaptive bound).
-    pub write_limit: Gauge,
-    /// Reconciles waiting for a write slot, by urgency.
-    pub write_rounds_waiting: Family<UrgencyLabels, Gauge>,
-    /// Status-only rounds that found the write gate full and parked their job.
+    /// Status-only rounds that found every routine slot taken and parked their job.
     pub status_rounds_parked: Counter,
-    /// Write rounds that found no free slot and queued for one.
-    pub write_rounds_queued: Counter,
     /// Each job's goodput ledger, from its status (`trainyard_operator_gpu_seconds_total`,
     /// `trainyard_operator_cost_dollars_total`,
     /// `trainyard_operator_on_demand_equivalent_dollars_total`).
@@ -429,41 +415,13 @@ fn register_progress_metrics(
     (progress_reports, steps_lost, steps_per_second)
 }
 
-/// The write gate's metrics: its limit, the rounds waiting by urgency, and the counts of
-/// rounds that queued for a slot and of status-only rounds that parked their job.
-type WriteGateMetrics = (Gauge, Family<UrgencyLabels, Gauge>, Counter, Counter);
-
-/// Registers the write gate's metrics.
-fn register_write_gate_metrics(r: &mut Registry) -> WriteGateMetrics {
-    let write_limit = registered(
-        r,
-        "trainyard_operator_write_limit",
-        "Write requests allowed in flight at once; follows the API server's latency and 429s",
-        Gauge::default(),
-    );
-    let write_rounds_waiting = registered(
-        r,
-        "trainyard_operator_write_rounds_waiting",
-        "Write rounds waiting for a slot, by urgency (continuing: the deletes and creates of restarts whose status is written; urgent: restarts and creates; routine: status writes and Events, with the jobs parked until a slot is free)",
-        Family::<UrgencyLabels, Gauge>::default(),
-    );
-    let status_rounds_parked = registered(
+/// Registers the count of status-only rounds that parked their job (`crate::writes`).
+fn register_parked_metric(r: &mut Registry) -> Counter {
+    registered(
         r,
         "trainyard_operator_status_rounds_parked",
-        "Status-only rounds that found every write slot taken and parked their job until one was free",
+        "Status-only rounds that found every routine slot taken and parked their job until one was free",
         Counter::default(),
-    );
-    let write_rounds_queued = registered(
-        r,
-        "trainyard_operator_write_rounds_queued",
-        "Write rounds that found no free slot and queued for one (restarts, creates and deletes; status-only rounds park their job instead)",
-        Counter::default(),
-    );
-    (
-        write_limit,
-        write_rounds_waiting,
-        write_rounds_queued,
-        status_rounds_parked,
     )
 }
 
@@ -475,8 +433,7 @@ impl Metrics {
         let (restarts, preemption_recovery) = register_restart_metrics(&mut r);
         let (leader, state_entries) = register_controller_metrics(&mut r);
         let (progress_reports, steps_lost, steps_per_second) = register_progress_metrics(&mut r);
-        let (write_limit, write_rounds_waiting, write_rounds_queued, status_rounds_parked) =
-            register_write_gate_metrics(&mut r);
+        let status_rounds_parked = register_parked_metric(&mut r);
         let ledgers = LedgerCollector::default();
         r.register_collector(Box::new(ledgers.clone()));
         Self {
@@ -491,22 +448,10 @@ impl Metrics {
             progress_reports,
             steps_lost,
             steps_per_second,
-            write_limit,
             status_rounds_parked,
-            write_rounds_queued,
-            write_rounds_waiting,
             ledgers,
             ready: AtomicBool::new(false),
         }
-    }
-
-    /// The gauge of rounds waiting for a write slot at `urgency`.
-    pub fn write_rounds_waiting(&self, urgency: &str) -> Gauge {
-        self.write_rounds_waiting
-            .get_or_create(&UrgencyLabels {
-                urgency: urgency.to_owned(),
-            })
-            .clone()
     }
 
     /// Counts an error by kind.

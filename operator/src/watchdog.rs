@@ -2,9 +2,9 @@
 //! is (the stage the round last entered), so that a round that takes long is reported with
 //! where it waits, and one past the limit is abandoned and retried.
 //!
-//! Abandoning a round is safe: the gate's permits and waiters give their slots back when
-//! dropped, an unanswered write is decided again from the caches by the next round, and an
-//! expectation of a write that never went out lapses with its time to live.
+//! Abandoning a round is safe: a routine slot goes back when dropped, an unanswered write is
+//! decided again from the caches by the next round, and an expectation of a write that never
+//! went out lapses with its time to live.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,16 +31,8 @@ pub(crate) enum Watched<T> {
     Abandoned(&'static str),
 }
 
-/// Where a round waits its turn at the write gate: it may wait long in a burst, and is never
-/// abandoned there (it would lose its place in the queue).
-pub(crate) const GATE_STAGES: &[&str] = &[WAITING_FOR_A_SLOT, WIDENING_THE_PERMIT];
-/// The stage of a round waiting for its first write slots.
-pub(crate) const WAITING_FOR_A_SLOT: &str = "write gate: waiting for a slot";
-/// The stage of a round waiting for the slots of its deletes after its status write.
-pub(crate) const WIDENING_THE_PERMIT: &str = "write gate: widening the permit";
-
 /// Runs `round`, logging a warning with its stage (`what` names the job) once it runs past
-/// `warn_after`, and dropping it past `limit` unless it waits at the write gate then.
+/// `warn_after`, and dropping it past `limit`.
 pub(crate) async fn watch<T>(
     what: &str,
     warn_after: Duration,
@@ -57,12 +49,9 @@ pub(crate) async fn watch<T>(
     }
     tracing::warn!(job = what, stage = read(&current), after = ?warn_after, "a reconcile is taking long");
     let rest = limit.saturating_sub(warn_after).max(Duration::from_secs(1));
-    loop {
-        match tokio::time::timeout(rest, &mut round).await {
-            Ok(done) => return Watched::Done(done),
-            Err(_) if GATE_STAGES.contains(&read(&current)) => {}
-            Err(_) => return Watched::Abandoned(read(&current)),
-        }
+    match tokio::time::timeout(rest, &mut round).await {
+        Ok(done) => Watched::Done(done),
+        Err(_) => Watched::Abandoned(read(&current)),
     }
 }
 
@@ -89,17 +78,6 @@ mod tests {
         assert_eq!(
             watch("ns/job", secs(60), secs(300), quick).await,
             Watched::Done(7)
-        );
-        // Waiting at the write gate, it is never abandoned.
-        let queued = async {
-            stage(WAITING_FOR_A_SLOT);
-            tokio::time::sleep(secs(1000)).await;
-            stage("carry out: actions");
-            8
-        };
-        assert_eq!(
-            watch("ns/job", secs(60), secs(300), queued).await,
-            Watched::Done(8)
         );
         // Outside a watched round, marking a stage does nothing.
         stage("nowhere");

@@ -276,17 +276,17 @@ async fn deleting_the_job_removes_pods_and_service_and_follows_retain_on_delete(
     t.cleanup().await;
 }
 
-/// One write slot: each create round takes it whole, and the Events publisher takes it for
-/// every batch, so status-only rounds (a job's pods went Running) find it taken and park
-/// their job. Every parked job must be woken and record Running with its worker's detail:
-/// a lost wake would leave it until the 300 s resync, far past the wait.
+/// Two reconciles in flight, so one routine slot: when the jobs' pods go Running together,
+/// status-only rounds find it taken and park their job. Every parked job must be woken and
+/// record Running with its worker's detail: a lost wake would leave it until the 300 s
+/// resync, far past the wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the local cluster (make test)"]
-async fn with_one_write_slot_parked_status_rounds_are_woken_and_every_job_records_running() {
+async fn with_one_routine_slot_parked_status_rounds_are_woken_and_every_job_records_running() {
     const JOBS: usize = 16;
     let t = TestEnv::new("ty-narrow").await;
     t.add_node("n", &[], JOBS as u32).await;
-    let (op, addr) = t.start_operator_with_write_ceiling(fast_config(), 1);
+    let (op, addr) = t.start_operator_with_reconciles(fast_config(), 2);
     for i in 0..JOBS {
         t.create_job(
             &format!("j{i}"),

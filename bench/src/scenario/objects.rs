@@ -209,7 +209,7 @@ mod tests {
             work_dir: PathBuf::from("target/bench"),
             leader_elect: false,
             perf_record: None,
-            max_concurrent_writes: None,
+            max_concurrent_reconciles: None,
         }
     }
 

@@ -166,7 +166,7 @@ async fn start_operator(
         log,
         params.leader_elect,
         identity,
-        params.max_concurrent_writes,
+        params.max_concurrent_reconciles,
     )
     .await
 }
@@ -182,8 +182,7 @@ async fn record_metrics(operator: &OperatorProcess, report: &mut OperatorBenchRe
         "trainyard_operator_restarts_total",
         "trainyard_operator_preemption_recovery_seconds_sum",
         "trainyard_operator_preemption_recovery_seconds_count",
-        "trainyard_operator_write_limit",
-        "trainyard_operator_write_rounds_queued_total",
+        "trainyard_operator_status_rounds_parked_total",
     ] {
         if let Some(v) = metric_value(&metrics, name) {
             report.operator_metrics.insert(name.to_owned(), v);

@@ -53,13 +53,6 @@ impl Burst<'_> {
         let after_running = proxy.counts();
         requests.running = Some(after_running.since(&before));
 
-        let before_burst = self.operator.metrics().await.unwrap_or_default();
-        if let Some(limit) = metric_value(&before_burst, "trainyard_operator_write_limit") {
-            report.operator_metrics.insert(
-                "trainyard_operator_write_limit before the burst".to_owned(),
-                limit,
-            );
-        }
         for round in 0..params.rounds {
             if round > 0 {
                 // The previous round's new pods Running, and every job Running again.

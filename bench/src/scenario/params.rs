@@ -37,9 +37,8 @@ pub struct OperatorBenchParams {
     /// Record a CPU profile of the operator with `perf record` into this file, from its start
     /// to the end of the preemption phase.
     pub perf_record: Option<PathBuf>,
-    /// The operator's `--max-concurrent-writes` (its default when None). A ceiling below what
-    /// one burst asks for makes rounds wait at its write gate.
-    pub max_concurrent_writes: Option<u16>,
+    /// The operator's `--max-concurrent-reconciles` (its default when None).
+    pub max_concurrent_reconciles: Option<u16>,
 }
 
 impl OperatorBenchParams {

@@ -37,6 +37,6 @@ pub fn small_run(jobs: u32, preempt: u32, work_dir: &str) -> OperatorBenchParams
         work_dir: trainyard_e2e::repo_root().join(work_dir),
         leader_elect: false,
         perf_record: None,
-        max_concurrent_writes: None,
+        max_concurrent_reconciles: None,
     }
 }

@@ -57,10 +57,12 @@ pub struct RunConfig {
     pub instance: String,
     /// Serve the progress channel (`crate::progress`); None: trainers get no progress URL.
     pub progress: Option<ProgressServing>,
-    /// The bound on write requests in flight ([`crate::writes`]). Unbounded, a burst of
-    /// jobs puts thousands of requests in front of the API server at the same time: every
-    /// write gets slower and the operator's memory grows with the queue.
-    pub write_limit: crate::writes::limit::LimitConfig,
+    /// Reconciles in flight at once (kube-runtime's bound), and so the writes: each reconcile
+    /// carries out its own round, a few requests ([`crate::writes`]). Half of them may write
+    /// status alone. Unbounded, a burst of jobs puts thousands of requests in front of the API
+    /// server at the same time: every write gets slower and the operator's memory grows with
+    /// the requests in flight.
+    pub max_concurrent_reconciles: u16,
 }
 
 /// How the leader serves the progress channel.
@@ -82,18 +84,12 @@ pub struct ProgressServing {
     pub audiences: crate::progress::auth::AudienceCheck,
 }
 
-/// Default ceiling of [`RunConfig::write_limit`]: the API server's own default bound on
-/// mutating requests in flight (`--max-mutating-requests-inflight`), beyond which more of ours
-/// would only queue there. How much of it the operator takes is decided by the latency, 429s
-/// and the memory budget ([`DEFAULT_MEMORY_BUDGET_MIB`]), so the ceiling need not bound
-/// memory itself: a ceiling low enough to do so would make a burst of 100 jobs wait for slots
-/// their memory can well afford (the fourth benchmark round, in docs/benchmarks.md's git
-/// history).
-pub const DEFAULT_MAX_CONCURRENT_WRITES: u16 = 200;
-
-/// Default memory budget of the write bound, MiB: the chart's memory request for the operator
-/// (which the chart passes as the budget, so that the two move together).
-pub const DEFAULT_MEMORY_BUDGET_MIB: u64 = 64;
+/// Default of [`RunConfig::max_concurrent_reconciles`]: twice the 16 jobs in flight of
+/// `make bench`'s fair floor, the minimal client the operator's creation is measured against,
+/// so that the operator, which also decides between its writes, keeps up with it; a round
+/// sends at most a gang's creates at once, so the writes in flight stay within a few hundred
+/// (docs/operator.md).
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
 
 /// What every reconcile shares.
 struct Context {

@@ -23,8 +23,8 @@ use crate::writes::{Carried, Round};
 const RESYNC: Duration = Duration::from_secs(300);
 /// A reconcile running this long is reported with the stage it waits in.
 const RECONCILE_WARN: Duration = Duration::from_secs(60);
-/// A reconcile running this long is abandoned and retried ([`watchdog`]): longer than a round
-/// waits for a write slot in a burst, far shorter than a hung round would cost.
+/// A reconcile running this long is abandoned and retried ([`watchdog`]): far longer than the
+/// few requests of a round take, far shorter than a hung round would cost.
 const RECONCILE_LIMIT: Duration = Duration::from_secs(180);
 
 pub(super) async fn reconcile(
@@ -140,23 +140,12 @@ async fn reconcile_inner(
         },
     };
     let round = decide(ctx, &valid, known).await?;
-    // The round as carried out: decided again when it waited for its write slots.
-    let mut decided = (
+    let (requeue_at, follow_up) = (
         round.plan.requeue_at,
         super::progress::FollowUp::of(&round.plan),
     );
-    let decide_again = async || {
-        let round = decide(ctx, &valid, ctx.writes.current(job)).await?;
-        decided = (
-            round.plan.requeue_at,
-            super::progress::FollowUp::of(&round.plan),
-        );
-        Ok(round)
-    };
-    let carried = ctx.writes.carry_out(job, round, decide_again).await?;
-    let (requeue_at, follow_up) = decided;
-    let look_again = match carried {
-        // The gate wakes the job when a slot is free; the plan's own time stands as well.
+    let look_again = match ctx.writes.carry_out(job, round).await? {
+        // Woken when a routine slot is free; the plan's own time stands as well.
         Carried::Parked => None,
         Carried::Done(within) => {
             ctx.follow_progress(follow_up);

@@ -263,28 +263,20 @@ fn watch_jobs(
     (store, stream)
 }
 
-/// Reconciles in flight for a ceiling of `max_writes` write requests: one each, so that a
-/// burst of restarts (two requests a round, one at a time) is never held in kube-runtime's
-/// queue while the gate has room.
-fn reconciles_in_flight(max_writes: usize) -> u16 {
-    u16::try_from(max_writes).unwrap_or(u16::MAX)
-}
-
-/// The Controller over the TrainingJob watch, with as many reconciles in flight as writes.
+/// The Controller over the TrainingJob watch, with `concurrency` reconciles in flight.
 fn job_controller(
     job_stream: impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
     jobs: Store<DeserializeGuard<TrainingJob>>,
-    max_writes: usize,
+    concurrency: u16,
 ) -> Controller<DeserializeGuard<TrainingJob>> {
-    // Triggered jobs are decided at once (decisions read caches only), as many as write
-    // requests may be in flight; the writes they decide queue at the write gate, restarts and
-    // creates first (`gate`); a round that only writes status parks its job there instead of
-    // holding a reconcile. The bound keeps the memory of reconciles waiting there in check:
-    // each holds its job's validated spec.
+    // Each reconcile decides and carries out its round at once; a round that writes status
+    // alone and finds no routine slot parks its job instead of holding a reconcile
+    // (`crate::writes`). Further triggered jobs wait in kube-runtime's queue, which costs no
+    // more than their name.
     Controller::for_stream(job_stream, jobs).with_config(
         ControllerConfig::default()
             .debounce(Duration::from_millis(50))
-            .concurrency(reconciles_in_flight(max_writes)),
+            .concurrency(concurrency),
     )
 }
 
@@ -359,7 +351,7 @@ pub(super) async fn run_controller(
     let (write_memory, reconcile_memory, all) = memories();
     let progress = Arc::new(ProgressStore::default());
     let (jobs, job_stream) = watch_jobs(&client, ns, &all, &expectations, &metrics, &progress);
-    let controller = job_controller(job_stream, jobs.clone(), config.write_limit.max);
+    let controller = job_controller(job_stream, jobs.clone(), config.max_concurrent_reconciles);
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
     let silence_triggers = silence_triggers(heartbeats.clone(), pods.clone(), jobs.clone());
     let claim_triggers = claim_triggers(claim_events, jobs.clone());
@@ -384,7 +376,7 @@ pub(super) async fn run_controller(
     let (writes, parked_wakes, publisher) = Writes::start(writes::Shared {
         client: client.clone(),
         instance: config.instance.clone(),
-        limit: config.write_limit,
+        reconciles: config.max_concurrent_reconciles,
         metrics: metrics.clone(),
         expectations: expectations.clone(),
         memory: write_memory,

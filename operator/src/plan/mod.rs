@@ -298,6 +298,15 @@ pub struct Plan {
     pub decided_by: PhaseName,
 }
 
+impl Plan {
+    /// Whether GPUs or a node with seconds left wait on the round: it restarts the gang, acts
+    /// on the cluster, or asks for a checkpoint on a notice. Any other round writes status
+    /// alone (routine, `crate::writes`).
+    pub fn is_urgent(&self) -> bool {
+        self.restart.is_some() || !self.actions.is_empty() || self.checkpoint_request.is_some()
+    }
+}
+
 /// Delay before the restart after the `failures`-th failure: base × 2^(failures-1), capped at 10 minutes.
 pub fn failure_backoff(base_seconds: u32, failures: u32) -> SignedDuration {
     if base_seconds == 0 || failures == 0 {

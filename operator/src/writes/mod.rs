@@ -2,19 +2,16 @@
 //! one entry, [`Writes::carry_out`].
 //!
 //! The controller observes and decides ([`crate::plan::decide`]) and hands the decision here as
-//! a [`Round`]. From there, in this order:
+//! a [`Round`], which is carried out as decided, in the reconcile that decided it:
 //!
 //! - `status_cache` and `status_write`: whether the decided status is written now, later (the
 //!   per-worker detail waits for its batch) or not at all;
-//! - `gate`, bounded by `limit`: the write slots. A round that writes takes the slots of its
-//!   first phase: at once when they are free; a status-only round that finds them taken parks
-//!   its job, which the gate wakes (and the controller decides afresh) when a slot is free; any
-//!   other round waits behind the rounds of its urgency, restarts and creates before status.
-//!   What is carried out is always a decision made while the round holds its slots: one that
-//!   had to wait is decided again when its turn comes ([`Writes::carry_out`] says why);
+//! - `routine`: a round that writes status alone takes a routine slot first, or parks its job
+//!   and sends nothing (the job is decided afresh once it is woken); every other round is
+//!   carried out at once. kube-runtime bounds the reconciles in flight, and so the writes;
 //! - `executor`: the write order of one round (status before deletes, expectations, the
 //!   rejection shown on the job);
-//! - `publisher`: the Events, sent by a task of their own under slots of their own.
+//! - `publisher`: the Events, sent by a task of their own.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,23 +32,21 @@ use crate::expectations::Expectations;
 use crate::job_memory::Sweep;
 use crate::metrics::Metrics;
 use crate::plan::Plan;
-use crate::watchdog;
 use memory::WriteMemory;
 
 mod executor;
-mod gate;
-pub mod limit;
 pub(crate) mod memory;
 mod publisher;
+mod routine;
 pub(crate) mod status_cache;
 pub mod status_write;
 
+use executor::Executor;
 pub use executor::apply_status;
-use executor::{Executor, slots_to_enter};
-use gate::{Urgency, WriteGate};
 pub(crate) use publisher::EVENT_DRAIN;
+use routine::RoutineSlots;
+pub(crate) use routine::routine_share;
 use status_cache::Known;
-use status_write::StatusWrite;
 
 /// The one field manager for everything the operator writes.
 pub const FIELD_MANAGER: &str = "trainyard-operator";
@@ -69,17 +64,11 @@ pub(crate) struct Round {
     pub(crate) now: Timestamp,
 }
 
-/// A round once its status write is scheduled.
-struct Decided {
-    plan: Plan,
-    now: Timestamp,
-}
-
 /// What became of a round.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Carried {
-    /// A status-only round found every slot taken: nothing was sent, and the job is sent on
-    /// the wake stream of [`Writes::start`] when a slot is free.
+    /// A status-only round found every routine slot taken: nothing was sent, and the job is
+    /// sent on the wake stream of [`Writes::start`] when a slot is free.
     Parked,
     /// Carried out. Look at the job again within this (deferred status detail due, or a
     /// held-back write's expectation lapsing), whatever the plan asks.
@@ -95,10 +84,11 @@ fn job_ref(job: &TrainingJob) -> JobRef {
     }
 }
 
-/// The write path of one leader term: the gate, the executor and the Events publisher.
+/// The write path of one leader term: the routine slots, the executor and the Events
+/// publisher.
 pub(crate) struct Writes {
     executor: Executor,
-    gate: Arc<WriteGate>,
+    routine: Arc<RoutineSlots>,
     memory: Arc<WriteMemory>,
 }
 
@@ -107,8 +97,8 @@ pub(crate) struct Shared {
     pub(crate) client: Client,
     /// Name of this replica in Events (`reportingInstance`).
     pub(crate) instance: String,
-    /// The bound on write requests in flight.
-    pub(crate) limit: limit::LimitConfig,
+    /// The reconciles in flight: half of them may write status alone ([`routine`]).
+    pub(crate) reconciles: u16,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) expectations: Arc<Expectations>,
     /// The write path's per-job state.
@@ -118,7 +108,7 @@ pub(crate) struct Shared {
 }
 
 impl Writes {
-    /// Starts the write path: the gate, the Events publisher task (which ends once the last
+    /// Starts the write path: the routine slots, the Events publisher task (which ends once the last
     /// `Writes` is dropped and it has sent what was queued) and the executor. Also returns the
     /// stream of parked jobs to wake.
     pub(crate) fn start(
@@ -132,18 +122,17 @@ impl Writes {
             controller: FIELD_MANAGER.to_owned(),
             instance: Some(shared.instance),
         };
-        let (gate, parked_wakes) = WriteGate::new(shared.limit, shared.metrics.clone());
+        let (routine, parked_wakes) =
+            RoutineSlots::new(routine_share(shared.reconciles), shared.metrics.clone());
         let (events_tx, events_rx) = tokio::sync::mpsc::channel(publisher::EVENT_QUEUE);
         let publisher = tokio::spawn(publisher::publish_events(
             shared.client.clone(),
             reporter,
-            gate.clone(),
             shared.memory.clone(),
             events_rx,
         ));
         let executor = Executor::new(
             shared.client,
-            gate.clone(),
             shared.expectations,
             events_tx,
             shared.metrics,
@@ -152,7 +141,7 @@ impl Writes {
         );
         let writes = Self {
             executor,
-            gate,
+            routine,
             memory: shared.memory,
         };
         (writes, parked_wakes, publisher)
@@ -174,66 +163,32 @@ impl Writes {
         self.memory.forget_malformed(uid);
     }
 
-    /// Carries out `round` of `job`: schedules its status ([`status_cache`]), takes its write
-    /// slots (or parks the job, see the module) and sends its writes in the executor's order.
-    ///
-    /// A round that has to wait for its slots is not carried out as decided: the executor
-    /// checks each action against the caches' expectations when it sends it, so the decision
-    /// must be as fresh as that check (a create decided before the watch showed the last one,
-    /// and sent after, would be sent twice). Its decision is dropped while it waits, and the
-    /// round is decided by `decide_again` once it holds its slots; that decision is the one
-    /// carried out.
+    /// Carries out `round` of `job` as decided: schedules its status ([`status_cache`]) and
+    /// sends its writes in the executor's order. A round that writes status alone takes a
+    /// routine slot first, or parks its job and sends nothing ([`routine`]).
     pub(crate) async fn carry_out(
         &self,
         job: &TrainingJob,
         round: Round,
-        decide_again: impl AsyncFnOnce() -> Result<Round, Error>,
     ) -> Result<Carried, Error> {
-        let (round, write) = self.schedule(job, round);
-        let (permit, round, write) = if write.now() || !round.plan.actions.is_empty() {
-            let urgency = Urgency::of(&round.plan);
-            let wanted = slots_to_enter(&round.plan, write.now());
-            if urgency == Urgency::Routine {
-                // A status-only round does not hold a reconcile while it waits.
-                match self.gate.enter_or_park(&job_ref(job), wanted) {
-                    Some(permit) => (Some(permit), round, write),
-                    None => return Ok(Carried::Parked),
-                }
-            } else if let Some(permit) = self.gate.try_enter(urgency, wanted) {
-                (Some(permit), round, write)
-            } else {
-                // Nothing of the first decision is kept while waiting: the memory of waiting
-                // rounds.
-                drop(round);
-                watchdog::stage(watchdog::WAITING_FOR_A_SLOT);
-                let permit = self.gate.enter(urgency, wanted).await;
-                let (round, write) = self.schedule(job, decide_again().await?);
-                (Some(permit), round, write)
-            }
-        } else {
-            (None, round, write)
-        };
-        // Boxed: a round waiting inside the executor holds a pointer, not its state. The
-        // executor gives the permit back when the round is done (it may widen it between the
-        // round's status write and its deletes).
-        let held_for =
-            Box::pin(
-                self.executor
-                    .carry_out(job, round.plan, write.now(), round.now, permit),
-            )
-            .await?;
-        Ok(Carried::Done(
-            [write.later(), held_for].into_iter().flatten().min(),
-        ))
-    }
-
-    /// Whether the round's status is written now, later or not at all ([`status_cache`]); the
-    /// statuses it was decided on are not kept beyond this.
-    fn schedule(&self, job: &TrainingJob, round: Round) -> (Decided, StatusWrite) {
         let Round { plan, known, now } = round;
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
         let write = self.memory.status.schedule(uid, &known, &plan.status);
-        (Decided { plan, now }, write)
+        drop(known);
+        let routine = write.now() && plan.actions.is_empty() && !plan.is_urgent();
+        let slot = match routine {
+            true => match self.routine.take_or_park(&job_ref(job)) {
+                Some(slot) => Some(slot),
+                None => return Ok(Carried::Parked),
+            },
+            false => None,
+        };
+        // Boxed: a round in the executor holds a pointer, not its state.
+        let held_for = Box::pin(self.executor.carry_out(job, plan, write.now(), now)).await?;
+        drop(slot);
+        Ok(Carried::Done(
+            [write.later(), held_for].into_iter().flatten().min(),
+        ))
     }
 
     /// Shows an invalid spec on `job`: writes `status` unless it is the one written last, then

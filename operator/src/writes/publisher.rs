@@ -1,6 +1,6 @@
 //! The Event publisher: a task of its own, so that a reconcile never waits for Events (they are
-//! API writes too) before it frees its slot. Each batch takes a routine slot at the write gate,
-//! so that in a burst Events wait behind the writes that restart and create pods.
+//! API writes too). A few batches go out at once (`EVENT_PUBLISHERS`): in a burst, Events
+//! take a small share of the writes in flight, beside the reconciles' own.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +14,6 @@ use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
-use super::gate::{Urgency, WriteGate};
 use super::memory::WriteMemory;
 use crate::events::{EventKind, JobEvent, StartsAttempt, attempt_event_name};
 
@@ -43,7 +42,6 @@ pub(crate) type EventBatch = (ObjectReference, Vec<JobEvent>);
 pub(crate) async fn publish_events(
     client: Client,
     reporter: Reporter,
-    gate: Arc<WriteGate>,
     memory: Arc<WriteMemory>,
     mut batches: mpsc::Receiver<EventBatch>,
 ) {
@@ -51,18 +49,16 @@ pub(crate) async fn publish_events(
     batches
         .for_each_concurrent(EVENT_PUBLISHERS, |(reference, events)| {
             let recorder = Recorder::new(client.clone(), reporter.clone());
-            let (client, reporter, gate, memory) =
-                (client.clone(), &reporter, gate.clone(), memory.clone());
+            let (client, reporter, memory) = (client.clone(), &reporter, memory.clone());
             async move {
-                let _slot = gate.enter(Urgency::Routine, 1).await;
                 for e in events {
                     let (reason, starts_attempt) = (e.reason.clone(), e.starts_attempt);
                     let published = match starts_attempt {
                         Some(a) => {
                             let event = attempt_start_event(e, a, &reference, reporter);
-                            gate.timed(publish_attempt_start(&client, event)).await
+                            publish_attempt_start(&client, event).await
                         }
-                        None => gate.timed(recorder.publish(&recorded(e), &reference)).await,
+                        None => recorder.publish(&recorded(e), &reference).await,
                     };
                     if let Err(err) = published {
                         tracing::warn!(error = %err, %reason, "publishing an Event");

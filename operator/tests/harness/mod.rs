@@ -106,8 +106,8 @@ fn init_logs() {
         .try_init();
 }
 
-/// The operator's default write ceiling.
-const DEFAULT_CEILING: usize = trainyard_operator::DEFAULT_MAX_CONCURRENT_WRITES as usize;
+/// The operator's default bound on reconciles in flight.
+const DEFAULT_RECONCILES: u16 = trainyard_operator::DEFAULT_MAX_CONCURRENT_RECONCILES;
 
 pub async fn client() -> Client {
     Client::try_default()
@@ -241,7 +241,7 @@ impl TestEnv {
 
     /// Starts the operator in-process, watching only this namespace.
     pub fn start_operator(&self, config: OperatorConfig) -> Operator {
-        self.start_operator_with(config, None, None, DEFAULT_CEILING)
+        self.start_operator_with(config, None, None, DEFAULT_RECONCILES)
     }
 
     /// Starts the operator in-process serving `/metrics` on a free local port, which it returns.
@@ -249,22 +249,21 @@ impl TestEnv {
         &self,
         config: OperatorConfig,
     ) -> (Operator, std::net::SocketAddr) {
-        self.start_operator_with_write_ceiling(config, DEFAULT_CEILING)
+        self.start_operator_with_reconciles(config, DEFAULT_RECONCILES)
     }
 
-    /// As [`Self::start_operator_serving_metrics`], with at most `ceiling` write requests in
-    /// flight.
-    pub fn start_operator_with_write_ceiling(
+    /// As [`Self::start_operator_serving_metrics`], with at most `reconciles` in flight.
+    pub fn start_operator_with_reconciles(
         &self,
         config: OperatorConfig,
-        ceiling: usize,
+        reconciles: u16,
     ) -> (Operator, std::net::SocketAddr) {
         // The port is free now; the operator binds it again at once.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free local port");
         (
-            self.start_operator_with(config, None, Some(addr), ceiling),
+            self.start_operator_with(config, None, Some(addr), reconciles),
             addr,
         )
     }
@@ -279,7 +278,7 @@ impl TestEnv {
             lease_duration_seconds: 6,
             renew_grace_seconds: 3,
         };
-        self.start_operator_with(fast_config(), Some(election), None, DEFAULT_CEILING)
+        self.start_operator_with(fast_config(), Some(election), None, DEFAULT_RECONCILES)
     }
 
     fn start_operator_with(
@@ -287,7 +286,7 @@ impl TestEnv {
         config: OperatorConfig,
         leader_election: Option<trainyard_operator::LeaderElection>,
         metrics_addr: Option<std::net::SocketAddr>,
-        write_ceiling: usize,
+        reconciles: u16,
     ) -> Operator {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let run = RunConfig {
@@ -298,7 +297,7 @@ impl TestEnv {
             metrics_limits: trainyard_operator::HttpLimits::METRICS,
             leader_election,
             instance: format!("test-{}", self.ns),
-            write_limit: trainyard_operator::LimitConfig::up_to(write_ceiling),
+            max_concurrent_reconciles: reconciles,
         };
         let task = tokio::spawn(trainyard_operator::run(
             self.client.clone(),
