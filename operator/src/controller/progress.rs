@@ -1,6 +1,7 @@
 //! The controller's side of the progress channel (`crate::progress`): what a reconcile reads
-//! of the trainers' reports, what it tells them back (a checkpoint request), the metrics it
-//! derives, and where the leader serves the endpoint.
+//! of the trainers' reports, the metrics it derives, and where the leader serves the endpoint.
+//! What a round tells the trainers back (a checkpoint request) is one of its effects, carried
+//! out by the write path's executor.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use crate::cached_pod::CachedPod;
 use crate::crd::TrainingJob;
 use crate::error::Error;
 use crate::metrics::{JobLabels, Metrics};
-use crate::plan::{self, ObservedProgress, RankProgress};
+use crate::plan::{ObservedProgress, RankProgress};
 use crate::progress::auth::KubeTokenReviewer;
 use crate::progress::server::{self, ProgressServer, WorkerPods};
 use crate::progress::store::{JobProgress, ProgressStore};
@@ -31,19 +32,6 @@ use crate::writes::FIELD_MANAGER;
 /// Wakes queued by the endpoint before the controller takes them: beyond it a wake is
 /// dropped, and the job's next reconcile reads the store anyway.
 const WAKE_QUEUE: usize = 1024;
-
-/// What a round measured of the trainers, counted after its writes.
-pub(super) struct FollowUp {
-    steps_lost: Option<u64>,
-}
-
-impl FollowUp {
-    pub(super) fn of(plan: &plan::Plan) -> Self {
-        Self {
-            steps_lost: plan.steps_lost,
-        }
-    }
-}
 
 /// The store's reports as the decision reads them.
 pub(crate) fn as_observed(
@@ -88,29 +76,6 @@ impl Context {
                 .set(rate);
         }
         Some(as_observed(progress, self.progress.last_refusal()))
-    }
-
-    /// Asks the trainers for a checkpoint, or withdraws the request, as `plan` decided: at
-    /// once, as soon as it is decided. It costs no request to the API server, so it never
-    /// waits for a write slot: a reclaim wave fills the write gate with restarts exactly when
-    /// termination notices come, and a notice leaves the trainers seconds.
-    pub(super) fn tell_trainers(&self, job: &ValidJob, plan: &plan::Plan) {
-        if let Some(attempt) = plan.checkpoint_withdrawal {
-            self.progress
-                .withdraw_checkpoint_request(&job.namespace, &job.name, attempt);
-        }
-        if let Some(attempt) = plan.checkpoint_request {
-            self.progress
-                .request_checkpoint(&job.namespace, &job.name, attempt);
-        }
-    }
-
-    /// Counts the steps a preemption lost.
-    pub(super) fn follow_progress(&self, follow_up: FollowUp) {
-        if let Some(lost) = follow_up.steps_lost {
-            // Steps are far below 2^53: exact as f64.
-            self.metrics.steps_lost.observe(lost as f64);
-        }
     }
 }
 

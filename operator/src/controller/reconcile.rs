@@ -119,13 +119,6 @@ async fn reconcile_inner(
     // It may have been malformed before, and reported.
     ctx.writes.parses_again(&uid);
     let known = ctx.writes.current(job);
-    // The status is the ledger's record: the metrics show what it holds.
-    ctx.metrics.record_ledger(
-        &job.namespace().unwrap_or_default(),
-        &job.name_any(),
-        &uid,
-        known.current.ledger.as_ref(),
-    );
     let checked = validate(job).and_then(|v| {
         crate::validate::check_policy(&v.spec, &ctx.config.template_policy).map(|()| v)
     });
@@ -140,17 +133,11 @@ async fn reconcile_inner(
         },
     };
     let round = decide(ctx, &valid, known).await?;
-    let (requeue_at, follow_up) = (
-        round.plan.requeue_at,
-        super::progress::FollowUp::of(&round.plan),
-    );
+    let requeue_at = round.plan.requeue_at;
     let look_again = match ctx.writes.carry_out(job, round).await? {
         // Woken when a routine slot is free; the plan's own time stands as well.
         Carried::Parked => None,
-        Carried::Done(within) => {
-            ctx.follow_progress(follow_up);
-            within
-        }
+        Carried::Done(within) => within,
     };
     Ok(Action::requeue(requeue_after(requeue_at, look_again)))
 }
@@ -189,9 +176,7 @@ async fn reject_invalid(
 }
 
 /// Observes the job in the caches (with the placement of a half-created attempt's first pod
-/// when a missing rank must copy it: see `sibling_to_read`), decides the round, and tells
-/// the trainers what it decided for them (a checkpoint request, before the round waits for any
-/// write slot).
+/// when a missing rank must copy it: see `sibling_to_read`) and decides the round.
 async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, Error> {
     watchdog::stage("observe and decide");
     let now = Timestamp::now();
@@ -201,7 +186,6 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
         .read_sibling_placement(valid, &known.current, &mut observed)
         .await?;
     let plan = plan::decide(valid, &observed, &known.current, &ctx.config);
-    ctx.tell_trainers(valid, &plan);
     Ok(Round { plan, known, now })
 }
 

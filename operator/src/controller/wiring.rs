@@ -381,6 +381,7 @@ pub(super) async fn run_controller(
         expectations: expectations.clone(),
         memory: write_memory,
         sweep: all.sweep(jobs.clone()),
+        trainers: progress.clone(),
     });
     let caches = Caches::new(
         client,

@@ -52,6 +52,7 @@ use crate::expectations::{Expectations, Kind};
 use crate::job_memory::Sweep;
 use crate::metrics::{Metrics, RestartLabels};
 use crate::plan::{self, Action as PlanAction};
+use crate::progress::ProgressStore;
 use crate::rejection::{self, Writes};
 use crate::watchdog;
 
@@ -67,6 +68,8 @@ pub(super) struct Executor {
     memory: Arc<WriteMemory>,
     /// The per-job state swept against the jobs that exist after each status write.
     sweep: Sweep,
+    /// Where the trainers are asked for a checkpoint (through the progress channel).
+    trainers: Arc<ProgressStore>,
 }
 
 impl Executor {
@@ -77,6 +80,7 @@ impl Executor {
         metrics: Arc<Metrics>,
         memory: Arc<WriteMemory>,
         sweep: Sweep,
+        trainers: Arc<ProgressStore>,
     ) -> Self {
         Self {
             client,
@@ -85,6 +89,7 @@ impl Executor {
             metrics,
             memory,
             sweep,
+            trainers,
         }
     }
 
@@ -105,6 +110,8 @@ impl Executor {
         let ns = job.namespace().unwrap_or_default();
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let reference = job.object_ref(&());
+        // First: it costs no request, and a notice leaves the trainers seconds.
+        self.tell_trainers(job, &decided);
         if let Some(reason) = decided.restart {
             self.count_restart(job, &uid, reason, decided.status.attempt);
         }
@@ -157,7 +164,26 @@ impl Executor {
         self.publish(&reference, rejected).await;
         acted?;
         self.observe_recovery(&uid, &decided.status, creates_attempt, now);
+        if let Some(lost) = decided.steps_lost {
+            // Steps are far below 2^53: exact as f64.
+            self.metrics.steps_lost.observe(lost as f64);
+        }
+        // The status is the ledger's record: the metrics show what the round carried out.
+        self.metrics
+            .record_ledger(&ns, &job.name_any(), &uid, decided.status.ledger.as_ref());
         Ok(held_for)
+    }
+
+    /// Asks the job's trainers for a checkpoint, or withdraws the request, as decided.
+    fn tell_trainers(&self, job: &TrainingJob, decided: &plan::Plan) {
+        let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
+        if let Some(attempt) = decided.checkpoint_withdrawal {
+            self.trainers
+                .withdraw_checkpoint_request(&ns, &name, attempt);
+        }
+        if let Some(attempt) = decided.checkpoint_request {
+            self.trainers.request_checkpoint(&ns, &name, attempt);
+        }
     }
 
     /// Counts a gang restart decided now, and remembers when (for the recovery histogram).
@@ -623,6 +649,7 @@ mod tests {
                 metrics,
                 Arc::new(WriteMemory::default()),
                 Arc::new(crate::job_memory::JobMemory::new(Vec::new())).sweep(reflector::store().0),
+                Arc::new(ProgressStore::default()),
             );
             Self {
                 executor,

@@ -105,6 +105,8 @@ pub(crate) struct Shared {
     pub(crate) memory: Arc<WriteMemory>,
     /// Every part's per-job state, swept against the jobs that exist after status writes.
     pub(crate) sweep: Sweep,
+    /// The progress store, through which trainers are asked for checkpoints.
+    pub(crate) trainers: Arc<crate::progress::ProgressStore>,
 }
 
 impl Writes {
@@ -138,6 +140,7 @@ impl Writes {
             shared.metrics,
             shared.memory.clone(),
             shared.sweep,
+            shared.trainers,
         );
         let writes = Self {
             executor,
