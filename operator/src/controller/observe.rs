@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -16,7 +16,7 @@ use crate::crd::{MAX_WORKERS, TrainingJobStatus};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::ownership::{self, ObjectKind};
-use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement};
+use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement, UnseenWrite};
 use crate::validate::{ValidJob, pod_name};
 
 /// The caches a reconcile reads, and the client for the one read they cannot serve.
@@ -173,8 +173,31 @@ impl Caches {
             liveness,
             claim,
             service_exists,
+            unseen_writes: self.unseen_writes(job, current),
             now,
         }
+    }
+
+    /// The writes to the job's objects (its pods, Service and claim) that the caches do not
+    /// show yet.
+    fn unseen_writes(&self, job: &ValidJob, current: &TrainingJobStatus) -> Vec<UnseenWrite> {
+        let ns = job.namespace.as_str();
+        let pods = ranks_to_observe(job.spec.workers, current)
+            .map(|rank| (Kind::Pod, pod_name(&job.name, rank)));
+        let others = [
+            (Kind::Service, job.name.clone()),
+            (Kind::Claim, job.claim_name.clone()),
+        ];
+        pods.chain(others)
+            .filter_map(|(kind, name)| {
+                let left = self.expectations.holds(kind, ns, &name)?;
+                Some(UnseenWrite {
+                    kind,
+                    name,
+                    lapses_in: SignedDuration::try_from(left).unwrap_or(SignedDuration::MAX),
+                })
+            })
+            .collect()
     }
 
     /// Reads the placement a missing rank of the current attempt copies from its sibling
@@ -187,11 +210,7 @@ impl Caches {
         observed: &mut Observed,
     ) -> Result<(), Error> {
         let ns = job.namespace.as_str();
-        let held = |rank| {
-            self.expectations
-                .holds(Kind::Pod, ns, &pod_name(&job.name, rank))
-                .is_some()
-        };
+        let held = |rank| observed.is_unseen(Kind::Pod, &pod_name(&job.name, rank));
         let Some(cached) = plan::sibling_to_read(&observed.pods, current, job.spec.workers, held)
         else {
             return Ok(());

@@ -190,8 +190,8 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
 }
 
 /// When to look at the job again: at the time the plan asked for (at least half a second from
-/// now), when deferred status detail is due, or when a held-back write's expectation lapses,
-/// whichever comes first (`look_again`), and within [`RESYNC`].
+/// now; a held-back write's expectation lapsing is one of those times) or when deferred status
+/// detail is due (`look_again`), whichever comes first, and within [`RESYNC`].
 fn requeue_after(requeue_at: Option<Timestamp>, look_again: Option<Duration>) -> Duration {
     let after = requeue_at
         .map(|at| {

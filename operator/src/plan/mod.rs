@@ -29,6 +29,7 @@ use crate::cached_pod::CachedPod;
 
 use crate::config::OperatorConfig;
 use crate::crd::{JobCondition, LABEL_JOB_UID, Phase, RestartReason, TrainingJobStatus};
+pub use crate::expectations::Kind;
 use crate::liveness::Liveness;
 use crate::ownership::Foreign;
 use crate::preemption::NodeView;
@@ -81,8 +82,24 @@ pub struct Observed {
     pub service_exists: bool,
     /// What the trainers have reported through the progress channel, if they report.
     pub progress: Option<ObservedProgress>,
+    /// Writes this operator sent to the job's objects that the caches do not show yet
+    /// ([`crate::expectations`]): the round holds back any action on those objects.
+    pub unseen_writes: Vec<UnseenWrite>,
     /// The time of this reconcile.
     pub now: Timestamp,
+}
+
+/// A write the operator sent that the caches do not show yet. Until they do (or the wait
+/// lapses, in case its watch event was lost), a round decides no action on that object: it
+/// would decide from a cache that trails the write, and send it again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnseenWrite {
+    /// The object's kind.
+    pub kind: Kind,
+    /// The object's name.
+    pub name: String,
+    /// How long it is waited for at most.
+    pub lapses_in: SignedDuration,
 }
 
 /// The checkpoint claim as one reconcile sees it.
@@ -177,6 +194,13 @@ impl ObservedProgress {
 }
 
 impl Observed {
+    /// Whether a write to the object `kind`/`name` is on its way into the caches.
+    pub fn is_unseen(&self, kind: Kind, name: &str) -> bool {
+        self.unseen_writes
+            .iter()
+            .any(|w| w.kind == kind && w.name == name)
+    }
+
     fn node(&self, name: &str) -> Option<&Node> {
         self.nodes
             .iter()
@@ -258,6 +282,20 @@ pub enum Action {
 }
 
 impl Action {
+    /// The object the action writes.
+    pub fn target(&self) -> (Kind, &str) {
+        fn name(meta: &ObjectMeta) -> &str {
+            meta.name.as_deref().unwrap_or_default()
+        }
+        match self {
+            Self::CreateService(svc) => (Kind::Service, name(&svc.metadata)),
+            Self::CreatePvc(claim) => (Kind::Claim, name(&claim.metadata)),
+            Self::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
+            Self::SetClaimOwners { name, .. } => (Kind::Claim, name),
+            Self::DeletePod { name, .. } | Self::ForceDeletePod { name, .. } => (Kind::Pod, name),
+        }
+    }
+
     /// Whether the action deletes a pod.
     pub fn deletes(&self) -> bool {
         matches!(self, Self::DeletePod { .. } | Self::ForceDeletePod { .. })
@@ -278,15 +316,11 @@ pub struct Plan {
     pub requeue_at: Option<Timestamp>,
     /// A gang restart was decided in this round.
     pub restart: Option<RestartReason>,
-    /// The first pods of this attempt are created in this round.
+    /// The first pods of this attempt are created in this round (a sample of the
+    /// preemption-recovery histogram when the attempt follows a preemption).
     pub creates_attempt: Option<u32>,
-    /// The `CreatingWorkers` Event of those first pods: published only when a create of the
-    /// round goes out, so that a round that repeats creates the watch does not show yet (and
-    /// that the executor holds back) does not announce the attempt a second time.
-    pub announcement: Option<JobEvent>,
     /// Ask the trainers of this attempt for a checkpoint (answered through the progress
-    /// channel). It costs no request to the API server: the controller makes it as soon as
-    /// it is decided, before the round waits for a write slot.
+    /// channel). It costs no request to the API server: the executor makes it first.
     pub checkpoint_request: Option<u32>,
     /// Forget the answered checkpoint request of this attempt: the termination notice it was
     /// made for is gone, so that a later notice asks for a new checkpoint.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::cached_pod::CachedPod;
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::view::View;
@@ -35,7 +35,9 @@ pub(crate) struct Round {
     /// A resume decided in this round: the controller persists it first, whatever else is.
     pub resumed: Option<RestartReason>,
     pub creates_attempt: Option<u32>,
-    /// The `CreatingWorkers` Event ([`Plan::announcement`]).
+    /// The `CreatingWorkers` Event of the attempt's first pods: published only when one of
+    /// them is created in this round, so that a round that repeats creates the caches do not
+    /// show yet (held back) does not announce the attempt a second time.
     pub announcement: Option<JobEvent>,
     /// [`Plan::checkpoint_request`].
     pub checkpoint_request: Option<u32>,
@@ -72,9 +74,10 @@ impl Round {
         }
     }
 
-    /// The plan, with the round's transitions in the goodput ledger and `InvalidSpec` set or
-    /// cleared.
+    /// The plan, with the actions on objects whose last write the caches do not show yet held
+    /// back, the round's transitions in the goodput ledger and `InvalidSpec` set or cleared.
     pub fn finish(mut self, view: &View<'_>, decided_by: PhaseName) -> Plan {
+        self.hold_back_unseen(view);
         super::goodput::fold(view, &mut self);
         self.events.extend(write_invalid_spec(
             &mut self.st,
@@ -83,6 +86,7 @@ impl Round {
             view.generation,
             view.now,
         ));
+        self.events.extend(self.announcement);
         Plan {
             status: self.st,
             actions: self.actions,
@@ -90,11 +94,44 @@ impl Round {
             requeue_at: self.requeue_at,
             restart: self.restart.or(self.resumed),
             creates_attempt: self.creates_attempt,
-            announcement: self.announcement,
             checkpoint_request: self.checkpoint_request,
             checkpoint_withdrawal: self.checkpoint_withdrawal,
             steps_lost: self.steps_lost,
             decided_by,
+        }
+    }
+
+    /// Drops the actions on objects a write of this operator is on its way to
+    /// ([`super::UnseenWrite`]), and looks again when the first of those waits lapses at the
+    /// latest (the watch event that shows the write wakes the job sooner). A round whose pod
+    /// creates are all held back repeats a round whose creates went out: that round announced
+    /// the attempt and started its clock.
+    fn hold_back_unseen(&mut self, view: &View<'_>) {
+        let unseen = &view.observed.unseen_writes;
+        if unseen.is_empty() || self.actions.is_empty() {
+            return;
+        }
+        let creates =
+            |actions: &[Action]| actions.iter().any(|a| matches!(a, Action::CreatePod(_)));
+        let created = creates(&self.actions);
+        let mut lapses = None;
+        self.actions.retain(|action| {
+            let (kind, name) = action.target();
+            match unseen.iter().find(|w| w.kind == kind && w.name == name) {
+                Some(w) => {
+                    lapses =
+                        Some(lapses.map_or(w.lapses_in, |l: SignedDuration| l.min(w.lapses_in)));
+                    false
+                }
+                None => true,
+            }
+        });
+        if let Some(lapses) = lapses {
+            self.requeue(view.now.checked_add(lapses).ok());
+        }
+        if created && !creates(&self.actions) {
+            self.creates_attempt = None;
+            self.announcement = None;
         }
     }
 

@@ -65,6 +65,7 @@ impl World {
             ),
             claim: self.claim.clone(),
             service_exists: self.service_exists,
+            unseen_writes: Vec::new(),
             now: self.now,
         }
     }
@@ -375,16 +376,13 @@ fn a_gang_restart_is_one_event_that_names_the_next_attempt() {
     let mut events = Vec::new();
     let restart = w.step();
     events.extend(restart.events.clone());
-    events.extend(restart.announcement.clone());
     let waiting = w.step();
     events.extend(waiting.events.clone());
-    events.extend(waiting.announcement.clone());
     w.kubelet_removes_deleted();
     let creating = w.step();
     assert_eq!(World::creates(&creating).len(), 2, "attempt 1 is created");
     assert_eq!(creating.creates_attempt, Some(1));
     events.extend(creating.events.clone());
-    events.extend(creating.announcement.clone());
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].reason, "Preempted");
     assert!(
@@ -1589,7 +1587,7 @@ fn objects_of_the_jobs_names_that_are_not_its_own_block_new_workers_with_one_war
         .collect();
     assert_eq!(warnings.len(), 1);
     assert_eq!(warnings[0].kind, EventKind::Warning);
-    assert_eq!(plan.announcement, None);
+    assert_eq!(announcement(&plan), None);
     assert_eq!(plan.status.start_time, None, "the job has not started");
     assert!(plan.requeue_at.is_some(), "looked at again");
 
@@ -1661,12 +1659,7 @@ fn running_workers_keep_running_beside_a_foreign_object_which_is_reported() {
 fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
     let mut w = World::new("workers: 1\n");
     let first = w.decide();
-    assert!(
-        first
-            .announcement
-            .as_ref()
-            .is_some_and(|e| e.reason == "CreatingWorkers")
-    );
+    assert!(announcement(&first).is_some_and(|e| e.reason == "CreatingWorkers"));
     // The controller recorded the rejection; the pod never appeared.
     w.status = first.status.clone();
     set_condition(
@@ -1681,7 +1674,7 @@ fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
     let retry = w.decide();
     assert_eq!(retry.decided_by, PhaseName::Running);
     assert_eq!(World::creates(&retry).len(), 1, "the create is retried");
-    assert_eq!(retry.announcement, None);
+    assert_eq!(announcement(&retry), None);
     assert!(
         condition_is_true(&retry.status.conditions, condition::WRITE_REJECTED),
         "only a write clears it"
@@ -2045,11 +2038,9 @@ fn a_job_applied_again_over_its_retained_claim_resumes_from_it() {
         "the claim is there"
     );
     assert!(
-        plan.announcement
-            .as_ref()
-            .is_some_and(|e| e.note.contains("resuming from its checkpoint")),
+        announcement(&plan).is_some_and(|e| e.note.contains("resuming from its checkpoint")),
         "{:?}",
-        plan.announcement
+        plan.events
     );
 }
 
@@ -3570,4 +3561,72 @@ fn a_worker_summary_of_another_attempt_is_not_read() {
     let plan = w.step();
     assert_eq!(plan.restart, None, "{:?}", plan.status.last_restart);
     assert_eq!(created_pods(&plan).len(), 2);
+}
+
+/// The round's `CreatingWorkers` Event, if it announces an attempt.
+fn announcement(plan: &Plan) -> Option<&JobEvent> {
+    plan.events.iter().find(|e| e.reason == "CreatingWorkers")
+}
+
+/// Decides on `w` as the controller does while the writes to `unseen` (pod names) have not
+/// reached the caches yet, each waited for 15 s at most.
+fn decide_with_unseen_pods(w: &World, unseen: &[&str]) -> Plan {
+    let observed = Observed {
+        unseen_writes: unseen
+            .iter()
+            .map(|name| UnseenWrite {
+                kind: Kind::Pod,
+                name: (*name).to_owned(),
+                lapses_in: SignedDuration::from_secs(15),
+            })
+            .collect(),
+        ..w.observed()
+    };
+    decide(&w.job, &observed, &w.status, &w.config)
+}
+
+#[test]
+fn an_action_on_a_pod_whose_last_write_the_caches_do_not_show_yet_is_held_back() {
+    let w = World::new("workers: 2\n");
+    let plan = decide_with_unseen_pods(&w, &["train-worker-0"]);
+    let created: Vec<_> = World::creates(&plan)
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        created,
+        ["train-worker-1"],
+        "worker 0's create is on its way"
+    );
+    assert!(
+        plan.requeue_at
+            .is_some_and(|at| at <= w.now + SignedDuration::from_secs(15)),
+        "looked at again when the wait lapses at the latest: {:?}",
+        plan.requeue_at
+    );
+    assert!(
+        announcement(&plan).is_some(),
+        "a create goes out: announced"
+    );
+    assert_eq!(plan.creates_attempt, Some(0));
+}
+
+#[test]
+fn a_round_that_repeats_creates_the_caches_do_not_show_yet_sends_none_and_announces_nothing() {
+    let mut w = World::new("workers: 2\n");
+    let first = w.decide();
+    assert!(announcement(&first).is_some());
+    w.status = first.status.clone();
+    // The pod watch has not shown the creates yet: the next round would decide them again.
+    let again = decide_with_unseen_pods(&w, &["train-worker-0", "train-worker-1"]);
+    assert_eq!(
+        World::creates(&again).len(),
+        0,
+        "the repeated creates are held back"
+    );
+    assert_eq!(announcement(&again), None, "the attempt is announced once");
+    assert_eq!(
+        again.creates_attempt, None,
+        "its clock started with the first round"
+    );
 }

@@ -5,10 +5,9 @@
 //! This is the one statement of the order in which a round writes; docs/operator.md points
 //! here. In one round ([`Executor::carry_out`]):
 //!
-//! 1. Actions on an object whose last write the caches do not show yet are held back
-//!    ([`Expectations`]); the round is requeued for when the first of them lapses at the latest.
-//!    Every other action is recorded as expected *before* it is sent, so that its own watch event
-//!    cannot arrive first.
+//! 1. Every action is recorded as expected ([`Expectations`]) *before* it is sent, so that its
+//!    own watch event cannot arrive first. (The decision holds back actions on objects whose
+//!    last write the caches do not show yet: [`plan::UnseenWrite`].)
 //! 2. When the round decides a restart or deletes a pod (a restart, a failure, a suspend), the
 //!    decided status is written first, and the deletes and creates are sent only once that
 //!    write has succeeded; if it fails, nothing else is sent. Deleted workers must never look
@@ -27,7 +26,6 @@
 //! detail, or detail that has waited its batch). A round with nothing to write sends nothing.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{FutureExt, future};
 use jiff::Timestamp;
@@ -48,7 +46,7 @@ use super::publisher::EventBatch;
 use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::events::JobEvent;
-use crate::expectations::{Expectations, Kind};
+use crate::expectations::Expectations;
 use crate::job_memory::Sweep;
 use crate::metrics::{Metrics, RestartLabels};
 use crate::plan::{self, Action as PlanAction};
@@ -99,14 +97,14 @@ impl Executor {
     }
 
     /// Carries out one round of `job`: `decided`, with its status written when `write_status`
-    /// (see the module's write order). Returns how long a held-back action waits at most.
+    /// (see the module's write order).
     pub(super) async fn carry_out(
         &self,
         job: &TrainingJob,
         decided: plan::Plan,
         write_status: bool,
         now: Timestamp,
-    ) -> Result<Option<Duration>, Error> {
+    ) -> Result<(), Error> {
         let ns = job.namespace().unwrap_or_default();
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let reference = job.object_ref(&());
@@ -115,16 +113,7 @@ impl Executor {
         if let Some(reason) = decided.restart {
             self.count_restart(job, &uid, reason, decided.status.attempt);
         }
-        let (actions, held_for) = self.hold_back_unobserved(&ns, decided.actions);
-        // A round whose pod creates were all held back repeats a round whose creates the
-        // watch does not show yet: that round announced the attempt and started its clock.
-        let creates = actions
-            .iter()
-            .any(|a| matches!(a, PlanAction::CreatePod(_)));
-        let (creates_attempt, announcement) = match creates {
-            true => (decided.creates_attempt, decided.announcement),
-            false => (None, None),
-        };
+        let actions = decided.actions;
         let write = async {
             if write_status {
                 self.write_status(job, &decided.status).await
@@ -143,7 +132,7 @@ impl Executor {
             wrote?;
             done
         };
-        let mut events: Vec<_> = decided.events.into_iter().chain(announcement).collect();
+        let mut events = decided.events;
         // The first round of a restarted job (or of a new attempt of it) that this replica
         // carries out makes sure the attempt's Event exists: a leader may have died between
         // writing the restart and publishing it.
@@ -163,7 +152,7 @@ impl Executor {
         shown?;
         self.publish(&reference, rejected).await;
         acted?;
-        self.observe_recovery(&uid, &decided.status, creates_attempt, now);
+        self.observe_recovery(&uid, &decided.status, decided.creates_attempt, now);
         if let Some(lost) = decided.steps_lost {
             // Steps are far below 2^53: exact as f64.
             self.metrics.steps_lost.observe(lost as f64);
@@ -171,7 +160,7 @@ impl Executor {
         // The status is the ledger's record: the metrics show what the round carried out.
         self.metrics
             .record_ledger(&ns, &job.name_any(), &uid, decided.status.ledger.as_ref());
-        Ok(held_for)
+        Ok(())
     }
 
     /// Asks the job's trainers for a checkpoint, or withdraws the request, as decided.
@@ -260,36 +249,6 @@ impl Executor {
         }
     }
 
-    /// Drops the actions on objects whose last write the caches do not show yet, and says how
-    /// long the first of those is held back at most.
-    fn hold_back_unobserved(
-        &self,
-        ns: &str,
-        actions: Vec<PlanAction>,
-    ) -> (Vec<PlanAction>, Option<Duration>) {
-        let mut held: Option<Duration> = None;
-        let kept = actions
-            .into_iter()
-            .filter(|action| {
-                let (kind, name) = action_target(action);
-                match self.expectations.holds(kind, ns, name) {
-                    Some(left) => {
-                        tracing::debug!(
-                            namespace = ns,
-                            name,
-                            ?kind,
-                            "waiting for the watch to show the last write"
-                        );
-                        held = Some(held.map_or(left, |h| h.min(left)));
-                        false
-                    }
-                    None => true,
-                }
-            })
-            .collect();
-        (kept, held)
-    }
-
     /// Carries out the actions; says what the API server accepted and rejected, and the first
     /// error.
     ///
@@ -305,7 +264,7 @@ impl Executor {
         for action in actions {
             // Expected before the write goes out, so that its watch event cannot arrive first
             // and leave the expectation waiting for an event that already came.
-            let (kind, name) = action_target(&action);
+            let (kind, name) = action.target();
             self.expectations.expect(kind, ns, name);
             targets.push((kind, name.to_owned()));
             let client = self.client.clone();
@@ -399,22 +358,6 @@ impl Executor {
         self.publish(&reference, vec![event]).await;
         self.memory.remember_malformed(&uid, &generation);
         Err(error)
-    }
-}
-
-/// The object an action writes.
-fn action_target(action: &PlanAction) -> (Kind, &str) {
-    fn name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-        meta.name.as_deref().unwrap_or_default()
-    }
-    match action {
-        PlanAction::CreateService(svc) => (Kind::Service, name(&svc.metadata)),
-        PlanAction::CreatePvc(claim) => (Kind::Claim, name(&claim.metadata)),
-        PlanAction::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
-        PlanAction::SetClaimOwners { name, .. } => (Kind::Claim, name),
-        PlanAction::DeletePod { name, .. } | PlanAction::ForceDeletePod { name, .. } => {
-            (Kind::Pod, name)
-        }
     }
 }
 
@@ -550,7 +493,9 @@ mod tests {
     use super::*;
     use crate::condition;
     use crate::events::EventKind;
+    use crate::expectations::Kind;
     use crate::fixtures::job_yaml;
+    use std::time::Duration;
 
     /// One request as the API server would see it.
     #[derive(Clone, Debug, PartialEq)]
@@ -671,11 +616,7 @@ mod tests {
         }
 
         /// Carries `plan` out as a reconcile does.
-        async fn carry_out(
-            &self,
-            plan: plan::Plan,
-            write_status: bool,
-        ) -> Result<Option<Duration>, Error> {
+        async fn carry_out(&self, plan: plan::Plan, write_status: bool) -> Result<(), Error> {
             self.executor
                 .carry_out(&job(), plan, write_status, Timestamp::now())
                 .await
@@ -693,7 +634,6 @@ mod tests {
             requeue_at: None,
             restart: None,
             creates_attempt: None,
-            announcement: None,
             checkpoint_request: None,
             checkpoint_withdrawal: None,
             steps_lost: None,
@@ -814,7 +754,7 @@ mod tests {
             create_pod(1),
             PlanAction::CreateService(Box::new(service)),
         ]);
-        assert_eq!(h.carry_out(plan, true).await.expect("round"), None);
+        h.carry_out(plan, true).await.expect("round");
         let sent = h.sent();
         assert_eq!(sent.len(), 4, "{sent:#?}");
         assert_eq!(sent.iter().filter(|s| s.is("PATCH", STATUS)).count(), 1);
@@ -955,43 +895,9 @@ mod tests {
     #[tokio::test]
     async fn a_round_with_nothing_to_write_sends_no_request() {
         let mut h = Harness::new(accept);
-        assert_eq!(
-            h.carry_out(round(Vec::new()), false).await.expect("round"),
-            None
-        );
+        h.carry_out(round(Vec::new()), false).await.expect("round");
         assert_eq!(h.sent(), []);
         assert_eq!(h.queued_events(), []);
-    }
-
-    #[tokio::test]
-    async fn a_round_that_repeats_creates_the_watch_does_not_show_yet_announces_nothing() {
-        let mut h = Harness::new(accept);
-        let announcing = || {
-            let mut plan = round(vec![create_pod(0), create_pod(1)]);
-            plan.creates_attempt = Some(1);
-            plan.announcement = Some(JobEvent::normal(
-                "CreatingWorkers",
-                "creating 2 worker(s) for attempt 1",
-            ));
-            plan
-        };
-        h.carry_out(announcing(), false).await.expect("first round");
-        let first = h.queued_events();
-        assert_eq!(
-            first
-                .iter()
-                .filter(|e| e.reason == "CreatingWorkers")
-                .count(),
-            1,
-            "{first:?}"
-        );
-        // The pod watch has not shown the creates yet, so the next round decides them again.
-        h.carry_out(announcing(), false)
-            .await
-            .expect("second round");
-        let pod_creates = h.sent().iter().filter(|s| s.is("POST", PODS)).count();
-        assert_eq!(pod_creates, 2, "the repeated creates are held back");
-        assert_eq!(h.queued_events(), [], "the attempt is announced once");
     }
 
     /// Found by the chaos run (seed 4): a leader killed between writing a restart and
@@ -1016,25 +922,6 @@ mod tests {
         assert_eq!(told[0].starts_attempt.map(|s| s.attempt), Some(3));
         h.carry_out(restarted(), false).await.expect("second round");
         assert_eq!(h.queued_events(), [], "the attempt is told once");
-    }
-
-    #[tokio::test]
-    async fn an_action_on_a_write_the_caches_do_not_show_yet_is_held_back() {
-        let h = Harness::new(accept);
-        h.executor
-            .expectations()
-            .expect(Kind::Pod, "ml", "train-worker-0");
-        let held = h
-            .carry_out(round(vec![create_pod(0), create_pod(1)]), false)
-            .await
-            .expect("round");
-        assert!(
-            held.is_some_and(|d| d <= Duration::from_secs(15)),
-            "{held:?}"
-        );
-        let sent = h.sent();
-        assert_eq!(sent.len(), 1, "{sent:#?}");
-        assert_eq!(sent[0].body["metadata"]["name"], json!("train-worker-1"));
     }
 
     /// Rounds carried through [`crate::writes::Writes`] while another job holds the one

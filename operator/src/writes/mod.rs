@@ -70,8 +70,8 @@ pub(crate) enum Carried {
     /// A status-only round found every routine slot taken: nothing was sent, and the job is
     /// sent on the wake stream of [`Writes::start`] when a slot is free.
     Parked,
-    /// Carried out. Look at the job again within this (deferred status detail due, or a
-    /// held-back write's expectation lapsing), whatever the plan asks.
+    /// Carried out. Look at the job again within this (deferred status detail due), whatever
+    /// the plan asks.
     Done(Option<Duration>),
 }
 
@@ -187,11 +187,9 @@ impl Writes {
             false => None,
         };
         // Boxed: a round in the executor holds a pointer, not its state.
-        let held_for = Box::pin(self.executor.carry_out(job, plan, write.now(), now)).await?;
+        Box::pin(self.executor.carry_out(job, plan, write.now(), now)).await?;
         drop(slot);
-        Ok(Carried::Done(
-            [write.later(), held_for].into_iter().flatten().min(),
-        ))
+        Ok(Carried::Done(write.later()))
     }
 
     /// Shows an invalid spec on `job`: writes `status` unless it is the one written last, then
