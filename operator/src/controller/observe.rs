@@ -173,6 +173,7 @@ impl Caches {
             liveness,
             claim,
             service_exists,
+            told_attempt: None,
             unseen_writes: self.unseen_writes(job, current),
             now,
         }

@@ -182,6 +182,7 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
     let now = Timestamp::now();
     let mut observed = ctx.caches.observe(valid, &known.current, now);
     observed.progress = ctx.observe_progress(valid);
+    observed.told_attempt = ctx.writes.told_attempt(&valid.uid);
     ctx.caches
         .read_sibling_placement(valid, &known.current, &mut observed)
         .await?;

@@ -52,7 +52,11 @@ pub(super) fn resume_event(attempt: u32, at: Timestamp) -> JobEvent {
 /// Adds the Event that starts the attempt `status` names to `events`, unless one of them
 /// is that Event already, or the attempt is the first (nothing restarted), or its restart is
 /// older than [`EVENTS_KEPT`]. Called by a replica that has not told this attempt yet.
-pub fn tell_attempt_start(events: &mut Vec<JobEvent>, status: &TrainingJobStatus, now: Timestamp) {
+pub(super) fn tell_attempt_start(
+    events: &mut Vec<JobEvent>,
+    status: &TrainingJobStatus,
+    now: Timestamp,
+) {
     let attempt = status.attempt;
     if events
         .iter()

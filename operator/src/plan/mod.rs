@@ -47,7 +47,7 @@ mod reads;
 mod round;
 mod view;
 
-pub use attempt_start::tell_attempt_start;
+use attempt_start::tell_attempt_start;
 pub use phases::PhaseName;
 pub use reads::sibling_to_read;
 use round::Round;
@@ -82,6 +82,10 @@ pub struct Observed {
     pub service_exists: bool,
     /// What the trainers have reported through the progress channel, if they report.
     pub progress: Option<ObservedProgress>,
+    /// The attempt whose starting Event this replica has told (published or queued), if any:
+    /// a round of a later attempt tells it ([`tell_attempt_start`]), so that a leader killed
+    /// between writing a restart and publishing its Event leaves no attempt untold.
+    pub told_attempt: Option<u32>,
     /// Writes this operator sent to the job's objects that the caches do not show yet
     /// ([`crate::expectations`]): the round holds back any action on those objects.
     pub unseen_writes: Vec<UnseenWrite>,

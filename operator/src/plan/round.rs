@@ -87,6 +87,9 @@ impl Round {
             view.now,
         ));
         self.events.extend(self.announcement);
+        if view.observed.told_attempt != Some(self.st.attempt) {
+            super::tell_attempt_start(&mut self.events, &self.st, view.now);
+        }
         Plan {
             status: self.st,
             actions: self.actions,

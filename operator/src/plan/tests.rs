@@ -27,6 +27,9 @@ struct World {
     decided: Vec<PhaseName>,
     /// What the trainers reported through the progress channel.
     progress: Option<ObservedProgress>,
+    /// The attempt whose starting Event the operator has told (as the executor records it
+    /// for every round [`World::step`] carries out).
+    told: Option<u32>,
 }
 
 impl World {
@@ -43,6 +46,7 @@ impl World {
             now: ts(T0),
             decided: Vec::new(),
             progress: None,
+            told: None,
         }
     }
 
@@ -65,6 +69,7 @@ impl World {
             ),
             claim: self.claim.clone(),
             service_exists: self.service_exists,
+            told_attempt: self.told,
             unseen_writes: Vec::new(),
             now: self.now,
         }
@@ -96,6 +101,9 @@ impl World {
         let plan = self.decide();
         self.decided.push(plan.decided_by);
         self.status = plan.status.clone();
+        if plan.status.attempt > 0 {
+            self.told = Some(plan.status.attempt);
+        }
         for a in &plan.actions {
             match a {
                 Action::CreateService(_) => self.service_exists = true,
@@ -3628,5 +3636,38 @@ fn a_round_that_repeats_creates_the_caches_do_not_show_yet_sends_none_and_announ
     assert_eq!(
         again.creates_attempt, None,
         "its clock started with the first round"
+    );
+}
+
+/// Found by the chaos run (seed 4): a leader killed between writing a restart and publishing
+/// its Event left the attempt untold, and no later leader told it. A replica that has not told
+/// the current attempt tells it with its first round; one that has does not.
+#[test]
+fn a_replica_tells_an_attempt_it_has_not_told_once() {
+    let mut w = World::new("workers: 1\n");
+    w.status = TrainingJobStatus {
+        attempt: 3,
+        last_restart: Some(crate::crd::LastRestart {
+            time: Time(w.now - SignedDuration::from_secs(5)),
+            reason: RestartReason::Preemption,
+            detail: "a termination notice on node-2".to_owned(),
+        }),
+        ..w.step().status
+    };
+    w.told = None;
+    let first = w.step();
+    let told: Vec<_> = first
+        .events
+        .iter()
+        .filter(|e| e.starts_attempt.is_some())
+        .collect();
+    assert_eq!(told.len(), 1, "{:?}", first.events);
+    assert_eq!(told[0].reason, "Preempted");
+    assert_eq!(told[0].starts_attempt.map(|s| s.attempt), Some(3));
+    let second = w.step();
+    assert!(
+        second.events.iter().all(|e| e.starts_attempt.is_none()),
+        "the attempt is told once: {:?}",
+        second.events
     );
 }

@@ -19,7 +19,7 @@ pub(crate) struct WriteMemory {
     /// When a restart was decided, by uid, with the attempt it starts.
     detected: Mutex<HashMap<String, (u32, Instant)>>,
     /// The attempt whose Event this replica last published (or queued), by uid
-    /// ([`crate::plan::tell_attempt_start`]).
+    /// ([`crate::plan::Observed::told_attempt`]).
     told: Mutex<HashMap<String, u32>>,
     /// Malformed objects already reported, by uid → generation.
     reported_malformed: Mutex<HashMap<String, String>>,
@@ -36,15 +36,15 @@ impl WriteMemory {
         lock(&self.detected).remove(uid)
     }
 
-    /// Whether this replica has told the job's `attempt` (queued the Event that starts it);
-    /// marks it told from now on.
-    pub(crate) fn tell(&self, uid: &str, attempt: u32) -> bool {
-        let mut told = lock(&self.told);
-        if told.get(uid) == Some(&attempt) {
-            return true;
-        }
-        told.insert(uid.to_owned(), attempt);
-        false
+    /// The attempt of the job whose starting Event this replica has told, if any.
+    pub(crate) fn told_attempt(&self, uid: &str) -> Option<u32> {
+        lock(&self.told).get(uid).copied()
+    }
+
+    /// This replica has told the job's `attempt` (queued the Event that starts it, or carried
+    /// out a round that did).
+    pub(crate) fn told(&self, uid: &str, attempt: u32) {
+        lock(&self.told).insert(uid.to_owned(), attempt);
     }
 
     /// Publishing the Event that starts `attempt` failed: a later round tells it again.

@@ -161,6 +161,11 @@ impl Writes {
         self.memory.status.current(job)
     }
 
+    /// The attempt of the job `uid` whose starting Event this replica has told.
+    pub(crate) fn told_attempt(&self, uid: &str) -> Option<u32> {
+        self.memory.told_attempt(uid)
+    }
+
     /// The object of `uid` parses again: a later malformed generation is reported anew.
     pub(crate) fn parses_again(&self, uid: &str) {
         self.memory.forget_malformed(uid);
