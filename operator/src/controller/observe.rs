@@ -174,6 +174,7 @@ impl Caches {
             claim,
             service_exists,
             told_attempt: None,
+            last_writes: None,
             unseen_writes: self.unseen_writes(job, current),
             now,
         }

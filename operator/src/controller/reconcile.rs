@@ -183,6 +183,7 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
     let mut observed = ctx.caches.observe(valid, &known.current, now);
     observed.progress = ctx.observe_progress(valid);
     observed.told_attempt = ctx.writes.told_attempt(&valid.uid);
+    observed.last_writes = ctx.writes.last_writes(&valid.uid);
     ctx.caches
         .read_sibling_placement(valid, &known.current, &mut observed)
         .await?;

@@ -86,6 +86,10 @@ pub struct Observed {
     /// a round of a later attempt tells it ([`tell_attempt_start`]), so that a leader killed
     /// between writing a restart and publishing its Event leaves no attempt untold.
     pub told_attempt: Option<u32>,
+    /// What this replica's last round that wrote to the job's objects came to, while it is
+    /// news: writes the API server rejected for good, or an accepted write while the job shows
+    /// a rejection. The round shows it (`WriteRejected`, [`crate::rejection::after_writes`]).
+    pub last_writes: Option<crate::rejection::Writes>,
     /// Writes this operator sent to the job's objects that the caches do not show yet
     /// ([`crate::expectations`]): the round holds back any action on those objects.
     pub unseen_writes: Vec<UnseenWrite>,

@@ -501,7 +501,13 @@ fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, c
     // already said which attempt follows. Retrying creates the API server rejected is not news
     // either: WriteRejected says so.
     let follows_restart = st.attempt > 0 && st.last_restart.is_some();
-    if follows_restart || condition_is_true(&view.current.conditions, condition::WRITE_REJECTED) {
+    let retried = condition_is_true(&view.current.conditions, condition::WRITE_REJECTED)
+        || view
+            .observed
+            .last_writes
+            .as_ref()
+            .is_some_and(|w| !w.rejected.is_empty());
+    if follows_restart || retried {
         return;
     }
     let what = match &placement.selected {

@@ -86,6 +86,12 @@ impl Round {
             view.generation,
             view.now,
         ));
+        if let Some(writes) = &view.observed.last_writes {
+            let (st, shown) =
+                crate::rejection::after_writes(&self.st, writes, view.generation, view.now);
+            self.st = st;
+            self.events.extend(shown);
+        }
         self.events.extend(self.announcement);
         if view.observed.told_attempt != Some(self.st.attempt) {
             super::tell_attempt_start(&mut self.events, &self.st, view.now);

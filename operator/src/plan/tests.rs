@@ -70,6 +70,7 @@ impl World {
             claim: self.claim.clone(),
             service_exists: self.service_exists,
             told_attempt: self.told,
+            last_writes: None,
             unseen_writes: Vec::new(),
             now: self.now,
         }
@@ -1686,6 +1687,74 @@ fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
     assert!(
         condition_is_true(&retry.status.conditions, condition::WRITE_REJECTED),
         "only a write clears it"
+    );
+}
+
+/// Decides on `w` as the controller does after the last round's writes came to `writes`.
+fn decide_after_writes(w: &World, writes: crate::rejection::Writes) -> Plan {
+    let observed = Observed {
+        last_writes: Some(writes),
+        ..w.observed()
+    };
+    decide(&w.job, &observed, &w.status, &w.config)
+}
+
+#[test]
+fn the_round_after_a_rejected_create_shows_it_once_and_one_accepted_write_clears_it() {
+    use crate::rejection::{Rejection, Writes};
+    let mut w = World::new("workers: 1\n");
+    w.status = w.decide().status;
+    let rejected = Writes {
+        accepted: 0,
+        rejected: vec![Rejection {
+            code: 422,
+            reason: "Invalid".to_owned(),
+            message: "the API server rejected creating Pod ml/train-worker-0 (422 Invalid): 1BAD"
+                .to_owned(),
+        }],
+    };
+    let shown = decide_after_writes(&w, rejected.clone());
+    let condition = shown
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::WRITE_REJECTED)
+        .expect("WriteRejected");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "Invalid")
+    );
+    assert!(condition.message.contains("1BAD"));
+    let warnings: Vec<_> = shown
+        .events
+        .iter()
+        .filter(|e| e.reason == "WriteRejected")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{:?}", shown.events);
+    assert_eq!(World::creates(&shown).len(), 1, "the create is retried");
+    assert_eq!(announcement(&shown), None, "a retried create is not news");
+    // Shown already: the same rejection again is no new Event.
+    w.status = shown.status;
+    let again = decide_after_writes(&w, rejected);
+    assert!(
+        again.events.iter().all(|e| e.reason != "WriteRejected"),
+        "{:?}",
+        again.events
+    );
+    // The spec was fixed and the create accepted: cleared, once.
+    let accepted = Writes {
+        accepted: 1,
+        rejected: Vec::new(),
+    };
+    let cleared = decide_after_writes(&w, accepted);
+    assert!(!condition_is_true(
+        &cleared.status.conditions,
+        condition::WRITE_REJECTED
+    ));
+    assert!(
+        cleared.events.iter().any(|e| e.reason == "WriteAccepted"),
+        "{:?}",
+        cleared.events
     );
 }
 

@@ -16,11 +16,10 @@
 //! 3. Otherwise the status write and the creates are sent together (concurrently): a create is
 //!    idempotent by name and derived again from status plus observation on every round, so
 //!    persisting first would only cost a round trip.
-//! 4. Then, when a write was rejected for good (or the first accepted write after a rejection
-//!    clears it), the status with the `WriteRejected` condition is written
-//!    ([`rejection::after_writes`]). The round then queues its Events (the rejection's last,
-//!    once its status is written) for the publisher, and the first failed action fails the
-//!    round.
+//! 4. Then what the writes came to (accepted, rejected for good) is remembered for the next
+//!    round, which shows it on the job (`WriteRejected`, [`rejection::after_writes`]); the
+//!    round queues its Events for the publisher, and the first failed action fails the round
+//!    (retried with the error backoff). Nothing is written a second time in a round.
 //!
 //! The status is written only when the status cache says so (a change other than per-worker
 //! detail, or detail that has waited its batch). A round with nothing to write sends nothing.
@@ -43,6 +42,7 @@ use tokio::sync::mpsc;
 use super::FIELD_MANAGER;
 use super::memory::WriteMemory;
 use super::publisher::EventBatch;
+use crate::condition::{self, condition_is_true};
 use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
 use crate::events::JobEvent;
@@ -138,18 +138,16 @@ impl Executor {
         if decided.status.attempt > 0 {
             self.memory.told(&uid, decided.status.attempt);
         }
-        // A rejected write is shown on the job; the error below retries it with backoff.
-        let (after, rejected) =
-            rejection::after_writes(&decided.status, &writes, job.metadata.generation, now);
-        let shown = if after != decided.status {
-            watchdog::stage("carry out: rejection status write");
-            self.write_status(job, &after).await
-        } else {
-            Ok(())
-        };
+        // What the writes came to is shown on the job by the next round
+        // (`Observed::last_writes`); the error below retries it with backoff. Kept only while
+        // it is news: a rejection, or an accepted write while the job shows one.
+        let shown = condition_is_true(&decided.status.conditions, condition::WRITE_REJECTED);
+        if !writes.rejected.is_empty() || (shown && writes.accepted > 0) {
+            self.memory.record_writes(&uid, writes);
+        } else if !shown {
+            self.memory.forget_writes(&uid);
+        }
         self.publish(&reference, events).await;
-        shown?;
-        self.publish(&reference, rejected).await;
         acted?;
         self.observe_recovery(&uid, &decided.status, decided.creates_attempt, now);
         if let Some(lost) = decided.steps_lost {
@@ -490,8 +488,6 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::condition;
-    use crate::events::EventKind;
     use crate::expectations::Kind;
     use crate::fixtures::job_yaml;
     use std::time::Duration;
@@ -801,8 +797,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_rejected_pod_create_sets_write_rejected() {
-        let mut h = Harness::new(|sent| match sent.method.as_str() {
+    async fn a_rejected_pod_create_fails_the_round_and_is_remembered_for_the_next_one() {
+        let h = Harness::new(|sent| match sent.method.as_str() {
             "POST" => (
                 422,
                 api_status(
@@ -813,43 +809,38 @@ mod tests {
             ),
             _ => accept(sent),
         });
+        let uid = job().metadata.uid.clone().unwrap_or_default();
         let err = h
             .carry_out(round(vec![create_pod(0)]), false)
             .await
             .expect_err("a rejected write fails the round");
         assert!(matches!(err, Error::Kube { .. }), "{err}");
         let sent = h.sent();
-        assert_eq!(sent.len(), 2, "{sent:#?}");
+        assert_eq!(sent.len(), 1, "nothing is written a second time: {sent:#?}");
         assert!(sent[0].is("POST", PODS));
-        assert!(sent[1].is("PATCH", STATUS), "{sent:#?}");
-        let conditions = sent[1].body["status"]["conditions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let rejected = conditions
-            .iter()
-            .find(|c| c["type"] == json!(condition::WRITE_REJECTED))
-            .expect("a WriteRejected condition");
-        assert_eq!(rejected["status"], json!("True"));
-        assert_eq!(rejected["reason"], json!("Invalid"));
-        assert!(
-            rejected["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("1BAD"))
-        );
-        let events = h.queued_events();
-        assert!(
-            events
-                .iter()
-                .any(|e| e.kind == EventKind::Warning && e.reason == "WriteRejected"),
-            "{events:?}"
-        );
+        let remembered = h.executor.memory.last_writes(&uid).expect("remembered");
+        assert_eq!(remembered.accepted, 0);
+        assert_eq!(remembered.rejected.len(), 1);
+        assert_eq!(remembered.rejected[0].reason, "Invalid");
+        assert!(remembered.rejected[0].message.contains("1BAD"));
         assert_eq!(
             h.executor
                 .expectations()
                 .holds(Kind::Pod, "ml", "train-worker-0"),
-            None
+            None,
+            "no watch event will come for it"
         );
+        // A later round that writes while the job shows no rejection leaves nothing behind.
+        h.carry_out(
+            round(vec![PlanAction::DeletePod {
+                name: "x".to_owned(),
+                uid: None,
+            }]),
+            false,
+        )
+        .await
+        .expect("round");
+        assert_eq!(h.executor.memory.last_writes(&uid), None);
     }
 
     #[tokio::test(start_paused = true)]

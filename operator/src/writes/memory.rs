@@ -1,6 +1,7 @@
 //! What the write path remembers of each job between rounds: the status cache (what it wrote
 //! and the worker detail it has not written yet), when a restart was decided (for the recovery
-//! histogram), which attempt's Event it has told, and which malformed objects it has reported.
+//! histogram), which attempt's Event it has told, which malformed objects it has reported, and
+//! what the writes of a job whose writes are being rejected came to.
 //! Forgotten with the job ([`crate::job_memory`]).
 
 use std::collections::HashMap;
@@ -10,6 +11,7 @@ use std::time::Instant;
 use super::status_cache::StatusCache;
 use crate::job_memory::{LiveJobs, PerJob, lock};
 use crate::metrics::StateSizes;
+use crate::rejection::Writes;
 
 /// The write path's per-job maps.
 #[derive(Debug, Default)]
@@ -23,6 +25,9 @@ pub(crate) struct WriteMemory {
     told: Mutex<HashMap<String, u32>>,
     /// Malformed objects already reported, by uid → generation.
     reported_malformed: Mutex<HashMap<String, String>>,
+    /// What the last round that wrote to the job's objects came to, by uid: the next round
+    /// shows it ([`crate::plan::Observed::last_writes`]).
+    last_writes: Mutex<HashMap<String, Writes>>,
 }
 
 impl WriteMemory {
@@ -55,6 +60,24 @@ impl WriteMemory {
         }
     }
 
+    /// A round's writes to the job's objects came to `writes`.
+    pub(crate) fn record_writes(&self, uid: &str, writes: Writes) {
+        lock(&self.last_writes).insert(uid.to_owned(), writes);
+    }
+
+    /// The job shows what its writes came to: nothing more to show.
+    pub(crate) fn forget_writes(&self, uid: &str) {
+        let mut last = lock(&self.last_writes);
+        if !last.is_empty() {
+            last.remove(uid);
+        }
+    }
+
+    /// What the last round that wrote to the job's objects came to.
+    pub(crate) fn last_writes(&self, uid: &str) -> Option<Writes> {
+        lock(&self.last_writes).get(uid).cloned()
+    }
+
     /// Whether this generation of a malformed object was reported already.
     pub(crate) fn malformed_reported(&self, uid: &str, generation: &str) -> bool {
         lock(&self.reported_malformed)
@@ -82,6 +105,7 @@ impl PerJob for WriteMemory {
         lock(&self.detected).remove(uid);
         lock(&self.told).remove(uid);
         lock(&self.reported_malformed).remove(uid);
+        lock(&self.last_writes).remove(uid);
     }
 
     fn retain(&self, live: &LiveJobs) {
@@ -89,6 +113,7 @@ impl PerJob for WriteMemory {
         lock(&self.detected).retain(|uid, _| live.has_uid(uid));
         lock(&self.told).retain(|uid, _| live.has_uid(uid));
         lock(&self.reported_malformed).retain(|uid, _| live.has_uid(uid));
+        lock(&self.last_writes).retain(|uid, _| live.has_uid(uid));
     }
 
     fn largest(&self) -> usize {
@@ -99,6 +124,7 @@ impl PerJob for WriteMemory {
             lock(&self.detected).len(),
             lock(&self.told).len(),
             lock(&self.reported_malformed).len(),
+            lock(&self.last_writes).len(),
         ]
         .into_iter()
         .max()

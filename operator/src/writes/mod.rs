@@ -166,6 +166,11 @@ impl Writes {
         self.memory.told_attempt(uid)
     }
 
+    /// What the last round that wrote to the job `uid`'s objects came to, while it is news.
+    pub(crate) fn last_writes(&self, uid: &str) -> Option<crate::rejection::Writes> {
+        self.memory.last_writes(uid)
+    }
+
     /// The object of `uid` parses again: a later malformed generation is reported anew.
     pub(crate) fn parses_again(&self, uid: &str) {
         self.memory.forget_malformed(uid);
