@@ -263,6 +263,19 @@ fn watch_jobs(
     (store, stream)
 }
 
+/// The job events minus those of a version that is exactly our own last status write: it
+/// holds nothing the round that wrote it has not decided on (`StatusCache::caught_up`), so it
+/// wakes no reconcile. The cache holds it all the same.
+fn without_own_writes(
+    jobs: impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
+    own_writes: Arc<WriteMemory>,
+) -> impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static {
+    jobs.try_filter(move |job| {
+        let ours = job.0.as_ref().is_ok_and(|j| own_writes.status.caught_up(j));
+        std::future::ready(!ours)
+    })
+}
+
 /// The Controller over the TrainingJob watch, with `concurrency` reconciles in flight.
 fn job_controller(
     job_stream: impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
@@ -351,6 +364,7 @@ pub(super) async fn run_controller(
     let (write_memory, reconcile_memory, all) = memories();
     let progress = Arc::new(ProgressStore::default());
     let (jobs, job_stream) = watch_jobs(&client, ns, &all, &expectations, &metrics, &progress);
+    let job_stream = without_own_writes(job_stream, write_memory.clone());
     let controller = job_controller(job_stream, jobs.clone(), config.max_concurrent_reconciles);
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
     let silence_triggers = silence_triggers(heartbeats.clone(), pods.clone(), jobs.clone());

@@ -157,6 +157,31 @@ impl StatusCache {
         lock(&self.deferred).remove(uid);
     }
 
+    /// The TrainingJob cache now holds `job`: our written status is dropped once the cache
+    /// holds that version or a newer one. True when `job` is exactly the version our last
+    /// status write produced: it holds nothing a round has not decided on already, so its watch
+    /// event need not wake a reconcile.
+    pub(crate) fn caught_up(&self, job: &TrainingJob) -> bool {
+        let Some(cached) = job
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok())
+        else {
+            return false;
+        };
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        let mut written = lock(&self.written);
+        match written.get(uid) {
+            Some((rv, _)) if *rv <= cached => {
+                let own = *rv == cached;
+                written.remove(uid);
+                own
+            }
+            _ => false,
+        }
+    }
+
     /// A status write went through, producing resourceVersion `rv`.
     pub(crate) fn remember_written(&self, uid: &str, rv: Option<&str>, status: &TrainingJobStatus) {
         lock(&self.deferred).remove(uid);
@@ -200,6 +225,29 @@ mod tests {
             }],
             ..status.clone()
         }
+    }
+
+    #[test]
+    fn the_watch_event_of_our_own_status_write_is_ours_and_the_write_is_dropped_once_seen() {
+        let cache = StatusCache::default();
+        let mut job = job_yaml("workers: 1\n");
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let version = |job: &mut TrainingJob, rv: &str| {
+            job.metadata.resource_version = Some(rv.to_owned());
+            job.clone()
+        };
+        assert!(!cache.caught_up(&version(&mut job, "5")), "nothing written");
+        cache.remember_written(&uid, Some("7"), &TrainingJobStatus::default());
+        // A version before ours: someone else's; ours is still the newest.
+        assert!(!cache.caught_up(&version(&mut job, "6")));
+        assert_eq!(cache.freshest_rv(&job).as_deref(), Some("7"));
+        // Exactly ours: nothing new to decide on, and the cache holds it now.
+        assert!(cache.caught_up(&version(&mut job, "7")));
+        assert_eq!(cache.sizes().0, 0, "our written status is dropped");
+        // A version after ours (another writer, or a watch that skipped ours) is news.
+        cache.remember_written(&uid, Some("8"), &TrainingJobStatus::default());
+        assert!(!cache.caught_up(&version(&mut job, "9")));
+        assert_eq!(cache.sizes().0, 0);
     }
 
     #[test]
