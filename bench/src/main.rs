@@ -28,7 +28,8 @@ enum Command {
     Operator(OperatorArgs),
     /// R ranks of J jobs report progress to the operator's endpoint in-process, then a flood.
     ProgressLoad(ProgressLoadArgs),
-    /// Rewrite docs/benchmarks.md from operator reports (JSON) and the device plugin's table.
+    /// Rewrite docs/benchmarks.md from operator reports (JSON) and the device plugin's table,
+    /// and the companion file of the runs' detail tables.
     RenderDoc(RenderDocArgs),
 }
 
@@ -143,6 +144,10 @@ struct RenderDocArgs {
     /// The document to rewrite.
     #[arg(long, default_value = "docs/benchmarks.md")]
     doc: PathBuf,
+    /// The companion file to write: each run's detail tables, which the document names
+    /// (give it relative to the repository root, as the document shows it).
+    #[arg(long, default_value = doc::DETAILS_PATH)]
+    details: PathBuf,
 }
 
 fn default_operator_bin() -> anyhow::Result<PathBuf> {
@@ -229,7 +234,9 @@ fn render_doc(args: RenderDocArgs) -> anyhow::Result<()> {
         missing_runs: args.missing,
         device_plugin,
         existing,
+        details: args.details.display().to_string(),
     };
+    write(&args.details, &doc::render_details(&inputs))?;
     write(&args.doc, &doc::render(&inputs))
 }
 

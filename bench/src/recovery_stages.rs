@@ -1,156 +1,86 @@
 //! Where the seconds of a preemption recovery go. Per job, four instants on the benchmark's
-//! monotonic clock: the preemption, the operator's restart decision (its `gang restart` log
-//! line), the last pod of the old attempt seen deleted and every pod of the next attempt seen
-//! created; then p50 and p99 of each stage over the jobs it could be measured for.
+//! monotonic clock: the preemption, the operator's restart decision (the `eventTime` of the
+//! events.k8s.io/v1 Event that starts the next attempt, read from the API), the last pod of the
+//! old attempt seen deleted and every pod of the next attempt seen created; then p50 and p99 of
+//! each stage over the jobs it could be measured for.
 //!
 //! The stages are signed: a stage the watch saw end before it began (clock jitter between the
 //! operator's wall clock and ours) shows as negative rather than as zero, so that a job's
 //! stages still add up to its whole recovery.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
-use std::iter::Peekable;
-use std::str::Chars;
 use std::time::Instant;
 
 use jiff::Timestamp;
+use k8s_openapi::api::events::v1::Event;
+use kube::Resource as _;
 use serde::{Deserialize, Serialize};
+use trainyard_operator::surface::{TrainingJob, attempt_event_name};
 
 use crate::pod_tracker::PodRecord;
 use crate::stats::percentile;
 
-/// The message of the operator's log line for each gang restart it decides.
-const GANG_RESTART: &str = "gang restart";
 /// The attempt a job's first restart creates (each round of the burst restarts the same jobs
 /// once more: round `r`, counted from 0, creates attempt `r + 1`).
 pub const FIRST_RESTART: u32 = 1;
 
-/// One `gang restart` line of the operator's log.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RestartLine {
-    /// The line's timestamp (the operator's wall clock).
-    pub at: Timestamp,
-    /// `namespace/name` of the TrainingJob.
-    pub job: String,
-    /// The attempt the restart starts.
-    pub attempt: u32,
-}
-
-/// Parses one line of the operator's log, text (with or without colour) or JSON; None for
-/// every line that is not a complete `gang restart` line.
-pub fn parse_restart_line(line: &str) -> Option<RestartLine> {
-    let line = strip_ansi(line);
-    let line = line.trim();
-    if line.starts_with('{') {
-        parse_json_line(line)
-    } else {
-        parse_text_line(line)
-    }
-}
-
-/// `2026-11-23T16:20:37.064395Z  INFO spans: target: gang restart job=ns/name attempt=1 ...`
-fn parse_text_line(line: &str) -> Option<RestartLine> {
-    let (timestamp, rest) = line.split_once(char::is_whitespace)?;
-    let at: Timestamp = timestamp.parse().ok()?;
-    // The message follows the target (or the spans) and ": "; the fields follow the message.
-    // Anchoring on it keeps a span field named `job` from being read.
-    let marker = format!(": {GANG_RESTART}");
-    let fields = &rest[rest.find(&marker)? + marker.len()..];
-    if fields.chars().next().is_some_and(|c| !c.is_whitespace()) {
+/// The TrainingJob whose `attempt` the Event starts; None for every other Event.
+///
+/// The operator publishes one Event per attempt it starts (a gang restart or a resume), named
+/// by [`attempt_event_name`] after the job and its uid, `regarding` the TrainingJob. The name
+/// is checked against `regarding`, so that an Event that merely looks like one is not taken
+/// for it.
+fn started_attempt(event: &Event, attempt: u32) -> Option<&str> {
+    let regarding = event.regarding.as_ref()?;
+    if regarding.kind.as_deref() != Some(TrainingJob::kind(&()).as_ref()) {
         return None;
     }
-    let mut job = None;
-    let mut attempt = None;
-    for token in fields.split_whitespace() {
-        if let Some(v) = token.strip_prefix("job=") {
-            job = job.or(Some(v.trim_matches('"')));
-        } else if let Some(v) = token.strip_prefix("attempt=") {
-            attempt = attempt.or(v.trim_matches('"').parse().ok());
-        }
-    }
-    Some(RestartLine {
-        at,
-        job: job.filter(|j| is_namespaced_name(j))?.to_owned(),
-        attempt: attempt?,
-    })
+    let job = regarding.name.as_deref().filter(|n| !n.is_empty())?;
+    let uid = regarding.uid.as_deref().filter(|u| !u.is_empty())?;
+    let name = event.metadata.name.as_deref()?;
+    (name == attempt_event_name(job, uid, attempt)).then_some(job)
 }
 
-/// tracing-subscriber's JSON format: `{"timestamp":..,"fields":{"message":..,"job":..,..}}`.
-fn parse_json_line(line: &str) -> Option<RestartLine> {
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    let fields = v.get("fields")?;
-    if fields.get("message")?.as_str()? != GANG_RESTART {
-        return None;
-    }
-    let attempt = match fields.get("attempt")? {
-        serde_json::Value::Number(n) => u32::try_from(n.as_u64()?).ok()?,
-        serde_json::Value::String(s) => s.parse().ok()?,
-        _ => return None,
-    };
-    let job = fields.get("job")?.as_str()?;
-    Some(RestartLine {
-        at: v.get("timestamp")?.as_str()?.parse().ok()?,
-        job: is_namespaced_name(job).then(|| job.to_owned())?,
-        attempt,
-    })
-}
-
-fn is_namespaced_name(job: &str) -> bool {
-    job.split_once('/')
-        .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty())
-}
-
-/// The line without ANSI escape sequences (CSI sequences whole; any other escape loses only
-/// its ESC).
-fn strip_ansi(line: &str) -> Cow<'_, str> {
-    if !line.contains('\x1b') {
-        return Cow::Borrowed(line);
-    }
-    let mut out = String::with_capacity(line.len());
-    let mut chars: Peekable<Chars<'_>> = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '\x1b' {
-            out.push(c);
+/// When the operator decided to start `attempt` of each job: the `eventTime` of the Event
+/// that starts it (the operator's wall clock), by job name. Events of other attempts and
+/// every other Event are skipped, and so is an Event without an `eventTime`. Where one job has
+/// several (it was deleted and applied again under its name, a new uid, while the API server
+/// kept its predecessor's Events), the latest counts: the job there is now decided last.
+pub fn decided_at(events: &[Event], attempt: u32) -> HashMap<String, Timestamp> {
+    let mut decided: HashMap<String, Timestamp> = HashMap::new();
+    for event in events {
+        let Some(job) = started_attempt(event, attempt) else {
             continue;
-        }
-        if chars.next_if_eq(&'[').is_some() {
-            // Parameters and intermediates, up to a final byte in '@'..='~'.
-            for c in chars.by_ref() {
-                if ('@'..='~').contains(&c) {
-                    break;
-                }
-            }
-        }
+        };
+        let Some(at) = event.event_time.as_ref().map(|t| t.0) else {
+            continue;
+        };
+        decided
+            .entry(job.to_owned())
+            .and_modify(|latest| *latest = (*latest).max(at))
+            .or_insert(at);
     }
-    Cow::Owned(out)
+    decided
 }
 
-/// The first `gang restart` line of each (`namespace/name`, attempt) in a log; every other
-/// line is skipped.
-pub fn first_restarts(log: &str) -> HashMap<(String, u32), Timestamp> {
-    let mut first = HashMap::new();
-    for line in log.lines().filter_map(parse_restart_line) {
-        first.entry((line.job, line.attempt)).or_insert(line.at);
-    }
-    first
-}
-
-/// When the operator decided to restart each job of namespace `ns` as `attempt`, by job
-/// name, on the benchmark's monotonic clock.
-pub fn decisions(log: &str, ns: &str, attempt: u32, clock: ClockPair) -> HashMap<String, Instant> {
-    first_restarts(log)
+/// When the operator decided to restart each preempted job as `attempt`, by job name, on the
+/// benchmark's monotonic clock, from the namespace's Events ([`decided_at`]). A job without
+/// its Event is left out, and so are the jobs that were not preempted.
+pub fn decisions(
+    events: &[Event],
+    preempted: &HashMap<String, Instant>,
+    attempt: u32,
+    clock: ClockPair,
+) -> HashMap<String, Instant> {
+    decided_at(events, attempt)
         .into_iter()
-        .filter(|((_, a), _)| *a == attempt)
-        .filter_map(|((job, _), at)| {
-            let (job_ns, name) = job.split_once('/')?;
-            (job_ns == ns).then_some(())?;
-            Some((name.to_owned(), clock.instant_of(at)?))
-        })
+        .filter(|(job, _)| preempted.contains_key(job))
+        .filter_map(|(job, at)| Some((job, clock.instant_of(at)?)))
         .collect()
 }
 
-/// The monotonic clock and the wall clock read at one moment: converts the operator's log
-/// timestamps to the instants the benchmark measures with.
+/// The monotonic clock and the wall clock read at one moment: converts the times the operator
+/// writes (its Events' `eventTime`) to the instants the benchmark measures with.
 #[derive(Clone, Copy, Debug)]
 pub struct ClockPair {
     instant: Instant,
@@ -184,7 +114,7 @@ impl ClockPair {
 pub struct JobTimeline {
     /// The preemption began (the benchmark's first request).
     pub preempted: Instant,
-    /// The operator logged its gang restart (none for the restart floor).
+    /// The operator decided the restart: its Event's `eventTime` (none for the restart floor).
     pub decided: Option<Instant>,
     /// The watch saw the last pod of the old attempt deleted.
     pub old_gone: Option<Instant>,
@@ -193,9 +123,10 @@ pub struct JobTimeline {
 }
 
 /// Each preempted job's timeline from the pod watch's records (`next - 1` the old attempt,
-/// `next` the one its restart creates) and the decisions found in the operator's log. A job's old attempt
-/// counts as gone only when at least `workers` of its pods were seen and every one of them was
-/// seen deleted; its next attempt as created once `workers` of its pods were seen.
+/// `next` the one its restart creates) and the decisions read from the operator's Events
+/// ([`decisions`]). A job's old attempt counts as gone only when at least `workers` of its
+/// pods were seen and every one of them was seen deleted; its next attempt as created once
+/// `workers` of its pods were seen.
 pub fn timelines(
     records: &[PodRecord],
     preempted: &HashMap<String, Instant>,
@@ -288,7 +219,8 @@ impl StageSeconds {
 /// not involve a decision.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RecoveryStages {
-    /// Preemption → the operator's `gang restart` line: watch lag, queueing, the decision.
+    /// Preemption → the restart decided (the `eventTime` of the Event that starts the next
+    /// attempt): watch lag, queueing, the decision.
     #[serde(default)]
     pub preempted_to_decided: Option<StageSeconds>,
     /// Restart decided → last pod of the old attempt seen deleted: the status write, the
@@ -331,157 +263,149 @@ mod tests {
 
     use super::*;
 
-    const LINE: &str = "2026-11-23T16:20:37.064395Z  INFO reconciling object{object.ref=TrainingJob.v1alpha1.trainyard.dev/job-00099.tybench-8d4aee-operator object.reason=object updated}: trainyard_operator::writes::executor: gang restart job=tybench-8d4aee-operator/job-00099 attempt=1 reason=\"Preemption\"";
-
-    /// The same line as tracing-subscriber writes it with colour on.
-    const COLOURED: &str = "\x1b[2m2026-11-23T16:20:37.064395Z\x1b[0m \x1b[32m INFO\x1b[0m \x1b[1mreconciling object\x1b[0m\x1b[1m{\x1b[0m\x1b[3mobject.ref\x1b[0m\x1b[2m=\x1b[0mTrainingJob.v1alpha1.trainyard.dev/job-00099.tybench-8d4aee-operator\x1b[1m}\x1b[0m\x1b[2m:\x1b[0m \x1b[2mtrainyard_operator::writes::executor\x1b[0m\x1b[2m:\x1b[0m gang restart \x1b[3mjob\x1b[0m\x1b[2m=\x1b[0mtybench-8d4aee-operator/job-00099 \x1b[3mattempt\x1b[0m\x1b[2m=\x1b[0m1 \x1b[3mreason\x1b[0m\x1b[2m=\x1b[0m\"Preemption\"";
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
     fn ts(s: &str) -> Timestamp {
         s.parse().expect("a valid timestamp")
     }
 
-    fn expected() -> RestartLine {
-        RestartLine {
-            at: ts("2026-11-23T16:20:37.064395Z"),
-            job: "tybench-8d4aee-operator/job-00099".to_owned(),
-            attempt: 1,
+    /// An Event named `name` in namespace `ns`, regarding the `kind` named `job` with `uid`,
+    /// dated `at`.
+    fn event(name: &str, kind: &str, job: &str, uid: &str, at: Option<&str>) -> Event {
+        Event {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some("ns".to_owned()),
+                ..ObjectMeta::default()
+            },
+            action: Some("Reconcile".to_owned()),
+            reason: Some("Preempted".to_owned()),
+            type_: Some("Normal".to_owned()),
+            event_time: at.map(|t| MicroTime(ts(t))),
+            regarding: Some(ObjectReference {
+                api_version: Some("trainyard.dev/v1alpha1".to_owned()),
+                kind: Some(kind.to_owned()),
+                name: Some(job.to_owned()),
+                namespace: Some("ns".to_owned()),
+                uid: Some(uid.to_owned()),
+                ..ObjectReference::default()
+            }),
+            reporting_controller: Some("trainyard-operator".to_owned()),
+            ..Event::default()
         }
     }
 
-    #[test]
-    fn a_gang_restart_line_gives_its_timestamp_job_and_attempt() {
-        assert_eq!(parse_restart_line(LINE), Some(expected()));
+    /// The Event that starts `attempt` of `job`, dated `at`.
+    fn restart_event(job: &str, attempt: u32, at: &str) -> Event {
+        let uid = format!("uid-{job:.8}");
+        event(
+            &attempt_event_name(job, &uid, attempt),
+            "TrainingJob",
+            job,
+            &uid,
+            Some(at),
+        )
     }
 
     #[test]
-    fn a_coloured_gang_restart_line_parses_like_a_plain_one() {
-        assert!(!strip_ansi(COLOURED).contains('\x1b'));
-        assert_eq!(parse_restart_line(COLOURED), Some(expected()));
-    }
-
-    #[test]
-    fn a_json_gang_restart_line_parses_too() {
-        let line = r#"{"timestamp":"2026-11-23T16:20:37.064395Z","level":"INFO","fields":{"message":"gang restart","job":"tybench-8d4aee-operator/job-00099","attempt":1,"reason":"Preemption"},"target":"trainyard_operator::writes::executor"}"#;
-        assert_eq!(parse_restart_line(line), Some(expected()));
-    }
-
-    /// Everything a subscriber writes, shared with the test.
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// The operator's gang restart event, inside a reconcile span, as a subscriber writes it.
-    fn written_by(subscriber: impl tracing::Subscriber + Send + Sync) {
-        tracing::subscriber::with_default(subscriber, || {
-            let span =
-                tracing::info_span!("reconciling object", object.ref = "TrainingJob/job-00099");
-            let _entered = span.enter();
-            tracing::info!(job = %"ns/job-00099", attempt = 1u32, reason = "Preemption", "gang restart");
-        });
-    }
-
-    #[test]
-    fn what_tracing_subscriber_writes_parses_plain_coloured_and_as_json() {
-        for (ansi, json) in [(false, false), (true, false), (false, true)] {
-            let out = Captured::default();
-            let writer = out.clone();
-            let builder = tracing_subscriber::fmt()
-                .with_ansi(ansi)
-                .with_writer(move || writer.clone());
-            if json {
-                written_by(builder.json().finish());
-            } else {
-                written_by(builder.finish());
-            }
-            let bytes = out.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let log = String::from_utf8_lossy(&bytes);
-            assert_eq!(log.contains('\x1b'), ansi, "{log:?}");
-            let first = first_restarts(&log);
-            assert_eq!(first.len(), 1, "ansi {ansi}, json {json}: {log:?}");
-            assert!(
-                first.contains_key(&("ns/job-00099".to_owned(), 1)),
-                "ansi {ansi}, json {json}: {log:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn garbage_and_other_lines_are_skipped_without_panicking() {
-        let lines = [
-            "",
-            "   ",
-            "gang restart job=ns/a attempt=1",
-            "not-a-time  INFO x: gang restart job=ns/a attempt=1",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang restart job=ns/a",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang restart attempt=1",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang restart job=ns/a attempt=one",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang restart job=a attempt=1",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang restart job=/a attempt=1",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang restart job=ns/a attempt=-1",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang restarted job=ns/a attempt=1",
-            "2026-11-23T16:20:37.064395Z  INFO x: created pods job=ns/a attempt=1",
-            "2026-11-23T16:20:37.064395Z  WARN x: event failed message=\"preempted; gang restart as attempt 1\" job=ns/a attempt=1",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang restart job=ns/a attempt=99999999999",
-            "2026-11-23T16:20:37.064395Z  INFO x: gang rest",
-            "\x1b[",
-            "\x1b[2m2026-11-23T16:20:37",
-            "{",
-            r#"{"timestamp":"2026-11-23T16:20:37Z","fields":{"message":"gang restart","job":"ns/a","attempt":true}}"#,
-            r#"{"timestamp":"2026-11-23T16:20:37Z","fields":{"message":"reconciled","job":"ns/a","attempt":1}}"#,
-            "ünïcödé ∞ 🚀: gang restart job=ns/a attempt=1",
-        ];
-        for line in lines {
-            assert_eq!(parse_restart_line(line), None, "{line:?}");
-        }
-    }
-
-    #[test]
-    fn the_first_line_of_each_job_and_attempt_wins() {
-        let log = [
-            "2026-11-23T16:20:37.000001Z  INFO x: gang restart job=ns/a attempt=1 reason=\"Preemption\"",
-            "garbage",
-            "2026-11-23T16:20:38.000000Z  INFO x: gang restart job=ns/a attempt=1 reason=\"Preemption\"",
-            "2026-11-23T16:20:39.000000Z  INFO x: gang restart job=ns/a attempt=2 reason=\"Failure\"",
-            "2026-11-23T16:20:40.000000Z  INFO x: gang restart job=ns/b attempt=1 reason=\"Preemption\"",
-        ]
-        .join("\n");
-        let first = first_restarts(&log);
-        assert_eq!(first.len(), 3);
+    fn the_event_that_starts_the_attempt_gives_the_decision_time() {
+        let events = [restart_event("job-00099", 1, "2026-11-23T16:20:37.064395Z")];
         assert_eq!(
-            first[&("ns/a".to_owned(), 1)],
-            ts("2026-11-23T16:20:37.000001Z")
+            decided_at(&events, 1),
+            [("job-00099".to_owned(), ts("2026-11-23T16:20:37.064395Z"))].into()
         );
-        assert_eq!(first[&("ns/a".to_owned(), 2)], ts("2026-11-23T16:20:39Z"));
     }
 
     #[test]
-    fn decisions_are_the_namespaces_attempt_on_the_monotonic_clock() {
-        let log = [
-            "2026-11-23T16:20:37.250000Z  INFO x: gang restart job=ns/a attempt=1",
-            "2026-11-23T16:20:36.500000Z  INFO x: gang restart job=ns/b attempt=1",
-            "2026-11-23T16:20:37.000000Z  INFO x: gang restart job=other/c attempt=1",
-            "2026-11-23T16:20:38.000000Z  INFO x: gang restart job=ns/c attempt=2",
-        ]
-        .join("\n");
+    fn decisions_are_the_preempted_jobs_attempt_on_the_monotonic_clock() {
+        let events = [
+            restart_event("a", 1, "2026-11-23T16:20:37.250000Z"),
+            restart_event("b", 1, "2026-11-23T16:20:36.500000Z"),
+            // The attempt before and the one after: other rounds' restarts.
+            restart_event("a", 0, "2026-11-23T16:20:30Z"),
+            restart_event("a", 2, "2026-11-23T16:20:50Z"),
+            // Not preempted in this round.
+            restart_event("d", 1, "2026-11-23T16:20:37Z"),
+            // c: preempted, its Event of attempt 2 only.
+            restart_event("c", 2, "2026-11-23T16:20:38Z"),
+        ];
         let base = Instant::now() + Duration::from_secs(10);
         let clock = ClockPair::new(base, ts("2026-11-23T16:20:37Z"));
-        let d = decisions(&log, "ns", 1, clock);
+        let preempted: HashMap<String, Instant> =
+            ["a", "b", "c"].map(|j| (j.to_owned(), base)).into();
+        let d = decisions(&events, &preempted, 1, clock);
         assert_eq!(d.len(), 2, "{d:?}");
         assert_eq!(d["a"], base + Duration::from_millis(250));
         assert_eq!(d["b"], base - Duration::from_millis(500));
+        assert!(!d.contains_key("c"), "a missing Event leaves the job out");
+        let later = decisions(&events, &preempted, 2, clock);
+        assert_eq!(later.len(), 2, "{later:?}");
+        assert_eq!(later["a"], base + Duration::from_secs(13));
+        assert_eq!(later["c"], base + Duration::from_secs(1));
+    }
+
+    #[test]
+    fn events_that_do_not_start_the_jobs_attempt_are_skipped() {
+        let at = Some("2026-11-23T16:20:37Z");
+        let events = [
+            // Another Event on the job, named as the API server's recorder names them.
+            event("a.17abc0123456789f", "TrainingJob", "a", "uid-a", at),
+            // Named for the attempt, but regarding a pod, or another job, or another uid.
+            event("a.uid-a.attempt-1", "Pod", "a", "uid-a", at),
+            event("a.uid-a.attempt-1", "TrainingJob", "b", "uid-a", at),
+            event("a.uid-a.attempt-1", "TrainingJob", "a", "uid-other", at),
+            // The job's name and uid in the name, but no attempt number, or a malformed one.
+            event("a.uid-a.attempt-", "TrainingJob", "a", "uid-a", at),
+            event("a.uid-a.attempt-+1", "TrainingJob", "a", "uid-a", at),
+            event("a.uid-a.attempt-1x", "TrainingJob", "a", "uid-a", at),
+            event(
+                "a.uid-a.attempt-99999999999",
+                "TrainingJob",
+                "a",
+                "uid-a",
+                at,
+            ),
+            event("a.uid-a", "TrainingJob", "a", "uid-a", at),
+            // The right name without a time.
+            event("a.uid-a.attempt-1", "TrainingJob", "a", "uid-a", None),
+            // No name, no reference.
+            Event::default(),
+            Event {
+                regarding: None,
+                ..event("a.uid-a.attempt-1", "TrainingJob", "a", "uid-a", at)
+            },
+        ];
+        assert_eq!(decided_at(&events, 1), HashMap::new());
+    }
+
+    #[test]
+    fn a_long_job_name_cut_short_in_the_event_name_still_matches() {
+        // Cut at the '-', which goes too.
+        let job = format!("{}-{}", "x".repeat(229), "y".repeat(21));
+        let e = restart_event(&job, 3, "2026-11-23T16:20:37Z");
+        let name = e.metadata.name.clone().unwrap_or_default();
+        assert_eq!(name, format!("{}.uid-xxxxxxxx.attempt-3", "x".repeat(229)));
+        assert_eq!(
+            decided_at(&[e], 3),
+            [(job, ts("2026-11-23T16:20:37Z"))].into()
+        );
+    }
+
+    #[test]
+    fn of_several_events_for_one_jobs_attempt_the_latest_counts() {
+        // The job deleted and applied again under the same name (a new uid) within the hour the
+        // API server keeps Events: its predecessor's Event came first.
+        let mut again = restart_event("a", 1, "2026-11-23T16:20:39Z");
+        if let Some(r) = again.regarding.as_mut() {
+            r.uid = Some("uid-a2".to_owned());
+        }
+        again.metadata.name = Some(attempt_event_name("a", "uid-a2", 1));
+        let events = [again, restart_event("a", 1, "2026-11-23T16:20:38Z")];
+        assert_eq!(
+            decided_at(&events, 1),
+            [("a".to_owned(), ts("2026-11-23T16:20:39Z"))].into()
+        );
     }
 
     fn record(job: &str, attempt: u32, seen: Instant, deleted: Option<Instant>) -> PodRecord {
@@ -501,7 +425,7 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         // Two workers per job. a: decided at 100 ms, old gone at 400, new created at 700.
-        // b: decided at 300, old gone at 1000, new created at 1200. c: no log line.
+        // b: decided at 300, old gone at 1000, new created at 1200. c: no Event.
         let records = [
             record("a", 0, at(0), Some(at(50))),
             record("a", 0, at(0), Some(at(400))),

@@ -225,6 +225,13 @@ fn counts_table(out: &mut String, label: &str, counts: &RequestCounts, per: f64,
     );
 }
 
+/// CPUs available to this process (the machine the report is rendered on).
+fn machine_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(usize::from)
+        .unwrap_or(0)
+}
+
 /// CPU seconds by process while each phase's clock ran: the profile of where the machine's
 /// time went.
 fn cpu_table(out: &mut String, r: &OperatorBenchReport) {
@@ -239,9 +246,7 @@ fn cpu_table(out: &mut String, r: &OperatorBenchReport) {
     let _ = write!(
         out,
         "CPU seconds by process while the clock ran (from /proc; the machine has {} CPUs):\n\n| phase | wall |",
-        std::thread::available_parallelism()
-            .map(usize::from)
-            .unwrap_or(0)
+        machine_cpus()
     );
     for (_, label) in COLUMNS {
         let _ = write!(out, " {label} |");
@@ -386,7 +391,7 @@ struct StageRow {
 
 const STAGE_ROWS: [StageRow; 4] = [
     StageRow {
-        label: "1. preemption → restart decided (the operator's `gang restart` log line)",
+        label: "1. preemption → restart decided (the `eventTime` of the Event that starts the next attempt)",
         holds: "watch lag + queueing + decision",
         get: |s| s.preempted_to_decided,
         in_floor: false,
@@ -442,15 +447,22 @@ fn stage_cells(side: Option<&Recovery>, row: &StageRow, applies: bool) -> [Strin
     }
 }
 
-/// Where each job's recovery goes, stage by stage, the operator beside the restart floor.
+/// What the stages table shows and where each stage ends.
+pub const STAGES_EXPLAINED: &str = "Where each job's recovery goes, stage by stage: p50 and p99 over the jobs each stage could be measured for (\"jobs\"). Stage 1 ends at the `eventTime` of the events.k8s.io/v1 Event that starts the job's next attempt (`<job>.<uid>.attempt-<n>`), read from the API (a job whose Event is not found is left out of stages 1 and 2); the pod watch ends stages 2 and 3. The restart floor decides nothing: it has stages 1 + 2 only together.";
+
+/// Where each job's recovery goes, stage by stage, the operator beside the restart floor,
+/// after [`STAGES_EXPLAINED`] where `explain` (the page says it once, in its method).
 /// Nothing for reports from before the stages were measured.
-fn stages_table(out: &mut String, op: &Recovery, floor: Option<&Recovery>) {
+fn stages_table(out: &mut String, op: &Recovery, floor: Option<&Recovery>, explain: bool) {
     if op.stages.is_none() && floor.and_then(|f| f.stages.as_ref()).is_none() {
         return;
     }
+    if explain {
+        let _ = writeln!(out, "{STAGES_EXPLAINED}\n");
+    }
     let _ = writeln!(
         out,
-        "Where each job's recovery goes, stage by stage: p50 and p99 over the jobs each stage could be measured for (\"jobs\"). Stage 1 ends at the operator's `gang restart` log line (an operator that does not log it leaves stages 1 and 2 out); the pod watch ends stages 2 and 3. The restart floor decides nothing: it has stages 1 + 2 only together.\n\n| stage | what it holds | operator p50 | operator p99 | jobs | restart floor p50 | restart floor p99 | jobs |\n|---|---|---:|---:|---:|---:|---:|---:|"
+        "| stage | what it holds | operator p50 | operator p99 | jobs | restart floor p50 | restart floor p99 | jobs |\n|---|---|---:|---:|---:|---:|---:|---:|"
     );
     for row in &STAGE_ROWS {
         let [op50, op99, opn] = stage_cells(Some(op), row, true);
@@ -475,22 +487,34 @@ fn against_floor(op: &Recovery, floor: &Recovery) -> String {
     )
 }
 
+/// How the restart floors and the stages are told.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Floors {
+    /// Each floor in a paragraph of its own that says how it was made, and the stages table
+    /// after what it shows (the run's own report).
+    Described,
+    /// Every floor's figures in one paragraph and the stages table alone; the page's method
+    /// says how each floor was made and what the stages are.
+    Figures,
+}
+
+/// " (the target's reference)" for the restart floor the target is judged against.
+fn reference(r: &OperatorBenchReport, which: &str) -> &'static str {
+    if judged_restart_floor(r).map(|(_, _, w)| w) == Some(which) {
+        " (the target's reference)"
+    } else {
+        ""
+    }
+}
+
 /// What each restart floor of the run did, and the operator's p99 against it; the judged one
 /// is marked as the target's reference.
 fn restart_floor_paragraphs(out: &mut String, r: &OperatorBenchReport, rec: &Recovery) {
-    let judged = judged_restart_floor(r).map(|(_, _, which)| which);
-    let reference = |which: &str| {
-        if judged == Some(which) {
-            " (the target's reference)"
-        } else {
-            ""
-        }
-    };
     if let Some(floor) = &r.floor_recovery {
         let _ = writeln!(
             out,
             "**Restart floor, pods only**{}: the same {} restarts made directly by a minimal client, all at once (the preemption as above, the other workers deleted with grace period 0, the next attempt's pods created; no controller in the loop): {}\n",
-            reference(PODS_ONLY_FLOOR),
+            reference(r, PODS_ONLY_FLOOR),
             floor.preempted,
             against_floor(rec, floor),
         );
@@ -499,7 +523,7 @@ fn restart_floor_paragraphs(out: &mut String, r: &OperatorBenchReport, rec: &Rec
         let _ = writeln!(
             out,
             "**Restart floor among the jobs' Services**{}: the same restarts made the same way, in the last fair floor run's namespace, where every job has its TrainingJob and headless Service as the operator's jobs do (the controller-manager keeps each Service's endpoints, which costs the control plane CPU on every pod change; the pods-only floor has no Service): {}\n",
-            reference(SERVICES_FLOOR),
+            reference(r, SERVICES_FLOOR),
             against_floor(rec, floor),
         );
     }
@@ -507,21 +531,48 @@ fn restart_floor_paragraphs(out: &mut String, r: &OperatorBenchReport, rec: &Rec
         let _ = writeln!(
             out,
             "**Graceful restart floor**{}: the same restarts among the same Services, made as any correct controller must make them and nothing more: the preemption; one status write (Restarting, the next attempt), before anything is stopped; the other workers deleted gracefully with their uid preconditions, so that their trainers can checkpoint (the benchmark finishes each deletion as a kubelet does once the containers stopped); the next attempt's pods, owned by the job, created once its own pod watch shows the old ones gone, whose names they reuse; it keeps a pod watch and a TrainingJob watch of its own, as the operator does. No Event, no decision: {}\n",
-            reference(GRACEFUL_FLOOR),
+            reference(r, GRACEFUL_FLOOR),
             against_floor(rec, floor),
         );
     }
 }
 
-/// Every run of the repeated phases, and which one the targets are judged on (the median).
+/// Every restart floor's figures and the operator's p99 against each, in one paragraph, the
+/// judged one first and marked as the target's reference.
+fn restart_floor_figures(out: &mut String, r: &OperatorBenchReport, rec: &Recovery) {
+    let floors: Vec<String> = restart_floors(r)
+        .into_iter()
+        .map(|(floor, _, which)| {
+            format!(
+                "the {which}{}: p50 **{}**, p99 **{}**, max {}, operator / floor at p99 **{:.2}**",
+                reference(r, which),
+                s(floor.p50_seconds),
+                s(floor.p99_seconds),
+                s(floor.max_seconds),
+                rec.p99_seconds / floor.p99_seconds.max(f64::EPSILON),
+            )
+        })
+        .collect();
+    if !floors.is_empty() {
+        let _ = writeln!(
+            out,
+            "**Restart floors** (the same {} restarts made without the operator, as the method above says): {}.\n",
+            rec.preempted,
+            floors.join("; ")
+        );
+    }
+}
+
+/// Every run of the repeated phases, and which one the targets are judged on (the median), in
+/// one paragraph.
 fn repeated(out: &mut String, r: &OperatorBenchReport) {
     let list = |xs: Vec<f64>| xs.iter().map(|x| s(*x)).collect::<Vec<_>>().join(", ");
+    let mut sentences = Vec::new();
     if r.fair_floor_runs.len() > 1
         && let Some(median) = &r.fair_floor
     {
-        let _ = writeln!(
-            out,
-            "**Fair floor, {} runs in this run**, every pod created after {}: judged on the median run, {}.\n",
+        sentences.push(format!(
+            "**Fair floor, {} runs in this run**, every pod created after {}: judged on the median run, {}.",
             r.fair_floor_runs.len(),
             list(
                 r.fair_floor_runs
@@ -530,7 +581,7 @@ fn repeated(out: &mut String, r: &OperatorBenchReport) {
                     .collect()
             ),
             s(median.created_seconds),
-        );
+        ));
     }
     let floor = judged_restart_floor(r);
     let floor_rounds = floor.map(|(_, rounds, _)| rounds).unwrap_or_default();
@@ -547,9 +598,8 @@ fn repeated(out: &mut String, r: &OperatorBenchReport) {
         } else {
             format!(" ({})", others.join("; "))
         };
-        let _ = writeln!(
-            out,
-            "**Preemption burst, {} rounds in this run** (each restarts the same jobs once more, a different rank preempted each round; the restart floors likewise): p99 per round, operator {}; {} {}{others}. Judged on the median round of each: {} / {}.\n",
+        sentences.push(format!(
+            "**Preemption burst, {} rounds in this run** (each restarts the same jobs once more, a different rank preempted each round; the restart floors likewise): p99 per round, operator {}; {} {}{others}. Judged on the median round of each: {} / {}.",
             r.recovery_rounds.len().max(floor_rounds.len()),
             p99s(&r.recovery_rounds),
             floor.map(|(_, _, which)| which).unwrap_or("restart floor"),
@@ -561,35 +611,86 @@ fn repeated(out: &mut String, r: &OperatorBenchReport) {
             floor
                 .map(|(x, _, _)| s(x.p99_seconds))
                 .unwrap_or_else(|| NOT_MEASURED.to_owned()),
-        );
+        ));
+    }
+    if !sentences.is_empty() {
+        let _ = writeln!(out, "{}\n", sentences.join(" "));
     }
 }
 
-/// The run as a markdown section: what ran and what may have distorted it, the create phase,
-/// the preemption recovery, the operator's cost and metrics, the CPU and API requests, and the
-/// targets' verdicts.
+/// The run as a markdown section, all of it (what `trainyard-bench operator` prints): what ran
+/// and what may have distorted it, the create phase, the preemption recovery, the operator's
+/// cost and metrics, the CPU and API requests, and the targets' verdicts.
 pub fn markdown(r: &OperatorBenchReport) -> String {
     let mut out = String::new();
-    run_header(&mut out, r);
-    throughput_table(&mut out, r);
-    recovery_paragraphs(&mut out, r);
-    repeated(&mut out, r);
-    cost_paragraph(&mut out, r);
-    metrics_paragraph(&mut out, r);
+    headline(&mut out, r, Floors::Described);
     if !r.cpu.is_empty() {
         cpu_table(&mut out, r);
     }
-    requests_details(&mut out, r);
+    let _ = writeln!(
+        out,
+        "<details><summary>API requests by verb and resource (counting proxy)</summary>\n"
+    );
+    requests_tables(&mut out, r);
+    let _ = writeln!(out, "</details>\n");
     targets_table(&mut out, r);
     out
+}
+
+/// The run as the section of docs/benchmarks.md: the headline figures of [`markdown`], each
+/// restart floor in figures only, the stages table without [`STAGES_EXPLAINED`] (the page's
+/// method says it), and how busy the CPUs were; the tables by process, by request and by
+/// target are in [`details`].
+pub fn summary(r: &OperatorBenchReport) -> String {
+    let mut out = String::new();
+    headline(&mut out, r, Floors::Figures);
+    cpu_busy(&mut out, r);
+    out
+}
+
+/// The run's detail tables, for the page's companion file: CPU seconds by process and phase,
+/// API requests by verb and resource of each client and phase, and every target row (context
+/// rows and the targets stated for another size included).
+pub fn details(r: &OperatorBenchReport) -> String {
+    let mut out = format!("## {}\n\nRun `{}`.\n\n", title(r), r.run_id);
+    if r.cpu.is_empty() {
+        let _ = writeln!(out, "No CPU profile was recorded.\n");
+    } else {
+        cpu_table(&mut out, r);
+    }
+    let _ = writeln!(out, "API requests by verb and resource (counting proxy):\n");
+    requests_tables(&mut out, r);
+    let _ = writeln!(
+        out,
+        "Every target row, context rows and the targets stated for another size included:\n"
+    );
+    targets_table(&mut out, r);
+    out
+}
+
+/// What [`markdown`] and [`summary`] share: the run's header, the create phase, the
+/// preemption recovery (its restart floors told as `floors` says), the repeated phases, the
+/// operator's cost and metrics.
+fn headline(out: &mut String, r: &OperatorBenchReport, floors: Floors) {
+    run_header(out, r);
+    throughput_table(out, r);
+    recovery_paragraphs(out, r, floors);
+    repeated(out, r);
+    cost_paragraph(out, r);
 }
 
 /// The section's title and what ran, the load before it, and why it stopped or may be
 /// distorted.
 fn run_header(out: &mut String, r: &OperatorBenchReport) {
+    let load = r
+        .load_before
+        .map(|load| {
+            format!(" Load average before the run: {load:.2} (other work on the machine shares its CPUs).")
+        })
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "### {}\n\n{} GPU per worker, {} pods; {} workers of {} jobs preempted at once; {} jobs in flight while applying (both floors: the same). Run `{}`.\n",
+        "### {}\n\n{} GPU per worker, {} pods; {} workers of {} jobs preempted at once; {} jobs in flight while applying (both floors: the same). Run `{}`.{load}\n",
         title(r),
         r.gpus_per_worker,
         u64::from(r.jobs) * u64::from(r.workers),
@@ -598,12 +699,6 @@ fn run_header(out: &mut String, r: &OperatorBenchReport) {
         r.concurrency,
         r.run_id
     );
-    if let Some(load) = r.load_before {
-        let _ = writeln!(
-            out,
-            "Load average before the run: {load:.2} (other work on the machine shares its CPUs).\n"
-        );
-    }
     if let Some(e) = &r.error {
         let _ = writeln!(out, "**The run did not finish:** {e}\n");
     }
@@ -613,7 +708,7 @@ fn run_header(out: &mut String, r: &OperatorBenchReport) {
 }
 
 /// The preemption recovery against the restart floors, and its stages.
-fn recovery_paragraphs(out: &mut String, r: &OperatorBenchReport) {
+fn recovery_paragraphs(out: &mut String, r: &OperatorBenchReport, floors: Floors) {
     if let Some(rec) = &r.recovery {
         let _ = writeln!(
             out,
@@ -630,13 +725,19 @@ fn recovery_paragraphs(out: &mut String, r: &OperatorBenchReport) {
                 ))
                 .unwrap_or_default()
         );
-        restart_floor_paragraphs(out, r, rec);
-        stages_table(out, rec, judged_restart_floor(r).map(|(f, _, _)| f));
+        match floors {
+            Floors::Described => restart_floor_paragraphs(out, r, rec),
+            Floors::Figures => restart_floor_figures(out, r, rec),
+        }
+        let floor = judged_restart_floor(r).map(|(f, _, _)| f);
+        stages_table(out, rec, floor, floors == Floors::Described);
     }
 }
 
-/// The operator's peak memory and its CPU, phase by phase.
+/// The operator's peak memory and its CPU, phase by phase, and its reconciles from its own
+/// metrics, in one paragraph.
 fn cost_paragraph(out: &mut String, r: &OperatorBenchReport) {
+    let mut sentences = Vec::new();
     if let Some(u) = &r.usage {
         let peak = u.last.peak_rss_mib.max(u.created.peak_rss_mib);
         let mut cpu = format!(
@@ -652,24 +753,18 @@ fn cost_paragraph(out: &mut String, r: &OperatorBenchReport) {
         if let Some(rec) = &u.recovered {
             let _ = write!(cpu, ", preemption burst {:.2} s", rec.cpu_seconds - prev);
         }
-        let _ = writeln!(
-            out,
-            "**Operator cost:** peak RSS **{peak:.1} MiB** (VmHWM; {:.1} MiB idle with the caches filled, {:.1} MiB after creating); CPU **{:.2} s** in all ({cpu}).\n",
+        sentences.push(format!(
+            "**Operator cost:** peak RSS **{peak:.1} MiB** (VmHWM; {:.1} MiB idle with the caches filled, {:.1} MiB after creating); CPU **{:.2} s** in all ({cpu}).",
             u.idle.rss_mib,
             u.created.rss_mib,
             u.last.cpu_seconds.max(u.created.cpu_seconds)
-        );
+        ));
     }
-}
-
-/// The operator's reconcile counts, errors and mean duration from its own metrics.
-fn metrics_paragraph(out: &mut String, r: &OperatorBenchReport) {
     if !r.operator_metrics.is_empty() {
         let m = |k: &str| r.operator_metrics.get(k).copied().unwrap_or_default();
         let n = m("trainyard_operator_reconcile_duration_seconds_count");
-        let _ = writeln!(
-            out,
-            "Operator metrics: {:.0} reconciles ({:.2} per job), {:.0} reconcile errors, mean reconcile {:.1} ms.\n",
+        sentences.push(format!(
+            "Operator metrics: {:.0} reconciles ({:.2} per job), {:.0} reconcile errors, mean reconcile {:.1} ms.",
             m("trainyard_operator_reconciles_total"),
             m("trainyard_operator_reconciles_total") / f64::from(r.jobs),
             m("trainyard_operator_reconcile_errors_total"),
@@ -678,16 +773,46 @@ fn metrics_paragraph(out: &mut String, r: &OperatorBenchReport) {
             } else {
                 0.0
             },
-        );
+        ));
+    }
+    if !sentences.is_empty() {
+        let _ = writeln!(out, "{}\n", sentences.join(" "));
     }
 }
 
-/// The API requests of each client and phase, by verb and resource, folded away.
-fn requests_details(out: &mut String, r: &OperatorBenchReport) {
+/// How busy the machine's CPUs were while the clocks ran, over every timed phase, and the
+/// operator's share: the line that stands for [`cpu_table`] on the page.
+fn cpu_busy(out: &mut String, r: &OperatorBenchReport) {
+    let timed: Vec<_> = r.cpu.values().filter(|p| p.wall_seconds > 0.0).collect();
+    let range = |xs: Vec<f64>| {
+        let lo = format!("{:.2}", xs.iter().copied().fold(f64::INFINITY, f64::min));
+        let hi = format!(
+            "{:.2}",
+            xs.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+        );
+        (!xs.is_empty()).then(|| if lo == hi { lo } else { format!("{lo}–{hi}") })
+    };
+    let Some(all) = range(timed.iter().map(|p| p.total() / p.wall_seconds).collect()) else {
+        return;
+    };
+    let operator = range(
+        timed
+            .iter()
+            .filter_map(|p| Some(p.cpu_seconds.get("trainyard-operator")? / p.wall_seconds))
+            .collect(),
+    )
+    .map(|x| format!(", the operator {x} of them in the phases it ran"))
+    .unwrap_or_default();
     let _ = writeln!(
         out,
-        "<details><summary>API requests by verb and resource (counting proxy)</summary>\n"
+        "**CPUs busy** while the clocks ran: {all} of the machine's {} in the {} timed phases (every measured process{operator}).\n",
+        machine_cpus(),
+        timed.len(),
     );
+}
+
+/// The API requests of each client and phase, by verb and resource.
+fn requests_tables(out: &mut String, r: &OperatorBenchReport) {
     for (label, run) in [
         ("pods-only floor, creating", &r.floor),
         ("fair floor, creating", &r.fair_floor),
@@ -717,7 +842,6 @@ fn requests_details(out: &mut String, r: &OperatorBenchReport) {
             );
         }
     }
-    let _ = writeln!(out, "</details>\n");
 }
 
 /// Each target with what was measured and its verdict.
@@ -732,8 +856,9 @@ fn targets_table(out: &mut String, r: &OperatorBenchReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu_profile::CpuProfile;
     use crate::recovery_stages::{RecoveryStages, StageSeconds};
-    use crate::scenario::{OperatorUsage, Recovery};
+    use crate::scenario::{OperatorRequests, OperatorUsage, Recovery};
 
     fn timed(seconds: f64) -> Throughput {
         Throughput {
@@ -996,7 +1121,8 @@ mod tests {
         })
     }
 
-    /// A run whose operator logged 9 of its 10 decisions, beside a restart floor.
+    /// A run whose operator's restart Events were found for 9 of its 10 decisions, beside a
+    /// restart floor.
     fn staged_report() -> OperatorBenchReport {
         let mut r = report(1.0, 1.0, 1.0, 10);
         r.preempt = 10;
@@ -1024,7 +1150,7 @@ mod tests {
     fn markdown_splits_the_recovery_into_stages_beside_the_restart_floor() {
         let md = markdown(&staged_report());
         assert!(
-            md.contains("| 1. preemption → restart decided (the operator's `gang restart` log line) | watch lag + queueing + decision | 0.10 s | 0.30 s | 9 of 10 | — | — | — |"),
+            md.contains("| 1. preemption → restart decided (the `eventTime` of the Event that starts the next attempt) | watch lag + queueing + decision | 0.10 s | 0.30 s | 9 of 10 | — | — | — |"),
             "{md}"
         );
         assert!(
@@ -1043,10 +1169,122 @@ mod tests {
             md.contains("| 0.20 s | 0.25 s | 10 of 10 | 0.03 s | 0.04 s | 10 of 10 |"),
             "{md}"
         );
+        assert!(
+            md.contains("Stage 1 ends at the `eventTime` of the events.k8s.io/v1 Event that starts the job's next attempt (`<job>.<uid>.attempt-<n>`), read from the API"),
+            "{md}"
+        );
+        assert!(!md.contains("log line"), "{md}");
         // The table follows the recovery paragraphs.
         let para = md.find("**Preemption recovery**").expect("paragraph");
         let table = md.find("| stage | what it holds |").expect("table");
         assert!(para < table, "{md}");
+    }
+
+    /// The staged run with a graceful restart floor, the CPU of two phases, the operator's
+    /// start-up requests, its cost and metrics, and the load before it.
+    fn detailed_report() -> OperatorBenchReport {
+        let mut r = staged_report();
+        r.run_id = "abc123".to_owned();
+        r.load_before = Some(1.07);
+        r.graceful_floor_recovery = Some(Recovery {
+            p50_seconds: 0.5,
+            max_seconds: 0.9,
+            ..recovery(10, 0.8)
+        });
+        let profile = |wall_seconds: f64, cpu: &[(&str, f64)]| CpuProfile {
+            wall_seconds,
+            cpu_seconds: cpu.iter().map(|(p, c)| ((*p).to_owned(), *c)).collect(),
+        };
+        r.cpu = [
+            (
+                "operator",
+                profile(
+                    10.0,
+                    &[("kube-apiserver", 8.0), ("trainyard-operator", 1.5)],
+                ),
+            ),
+            (
+                "fair floor, run 1",
+                profile(5.0, &[("kube-apiserver", 7.0)]),
+            ),
+        ]
+        .map(|(k, v)| (k.to_owned(), v))
+        .into();
+        r.requests = Some(OperatorRequests {
+            startup: RequestCounts([("list pods".to_owned(), 1)].into()),
+            ..OperatorRequests::default()
+        });
+        r.usage = Some(OperatorUsage::default());
+        r.operator_metrics = [("trainyard_operator_reconciles_total".to_owned(), 20.0)].into();
+        r
+    }
+
+    #[test]
+    fn the_summary_gives_the_restart_floors_in_figures_and_leaves_the_tables_to_the_details() {
+        let r = detailed_report();
+        let page = summary(&r);
+        assert!(
+            page.contains("**Restart floors** (the same 10 restarts made without the operator, as the method above says): the graceful restart floor (the target's reference): p50 **0.50 s**, p99 **0.80 s**, max 0.90 s, operator / floor at p99 **1.50**; the pods-only restart floor: p50 **0.00 s**, p99 **0.20 s**, max 0.00 s, operator / floor at p99 **6.00**.\n"),
+            "{page}"
+        );
+        assert!(!page.contains("**Graceful restart floor**"), "{page}");
+        // The page's method says what the stages are.
+        assert!(!page.contains(STAGES_EXPLAINED), "{page}");
+        assert!(
+            page.contains("| 1 + 2. preemption → last pod of the old attempt gone |"),
+            "{page}"
+        );
+        assert!(
+            page.contains("Run `abc123`. Load average before the run: 1.07 (other work on the machine shares its CPUs).\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("CPU **0.00 s** in all (start-up 0.00 s, create 0.00 s). Operator metrics: 20 reconciles (2.00 per job)"),
+            "{page}"
+        );
+        assert!(
+            page.contains(&format!("**CPUs busy** while the clocks ran: 0.95–1.40 of the machine's {} in the 2 timed phases (every measured process, the operator 0.15 of them in the phases it ran).\n", machine_cpus())),
+            "{page}"
+        );
+        for table in [
+            "| phase | wall |",
+            "| operator, start-up | requests | per run |",
+            "<details>",
+            "\n| target | measured | verdict |",
+        ] {
+            assert!(!page.contains(table), "{table}: {page}");
+        }
+        let details = details(&r);
+        assert!(
+            details.starts_with("## 10 jobs × 4 workers on 5 nodes\n\nRun `abc123`.\n"),
+            "{details}"
+        );
+        assert!(
+            details.contains("| operator | 10.00 s | 8.00 | — | — | — | 1.50 | — | 9.50 (0.95) |"),
+            "{details}"
+        );
+        assert!(
+            details.contains("| operator, start-up | requests | per run |\n|---|---:|---:|\n| list pods | 1 | 1.00 |"),
+            "{details}"
+        );
+        assert!(
+            details.contains(&format!(
+                "| {PODS_ONLY} (context for the fair floor's target) | 1.00 | context, no target |"
+            )),
+            "{details}"
+        );
+        // The run's own report (what `trainyard-bench operator` prints) keeps all of it.
+        let full = markdown(&r);
+        for part in [
+            STAGES_EXPLAINED,
+            "**Graceful restart floor** (the target's reference): the same restarts",
+            "| phase | wall |",
+            "<details><summary>API requests by verb and resource",
+            "| list pods | 1 | 1.00 |",
+            "| target | measured | verdict |",
+        ] {
+            assert!(full.contains(part), "{part}: {full}");
+        }
     }
 
     #[test]

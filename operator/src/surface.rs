@@ -14,6 +14,7 @@ pub use crate::crd::{
     TrainingJobStatus,
 };
 pub use crate::crdgen::crd;
+pub use crate::events::attempt_event_name;
 pub use crate::metrics::Metrics;
 pub use crate::placement::{Placement, place};
 pub use crate::pods::{AttemptStart, desired_pod};

@@ -61,7 +61,6 @@ pub(super) async fn operator_phases(
             params,
             tracker: &tracker,
             operator,
-            log: &log,
             sampler: &sampler,
         };
         burst

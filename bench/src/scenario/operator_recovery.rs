@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::events::v1::Event;
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 
 use super::kubelet::preempt;
 use super::kubelet::report_running;
@@ -25,6 +26,10 @@ use crate::proxy::CountingProxy;
 use crate::recovery_stages::{self, ClockPair, FIRST_RESTART, RecoveryStages};
 use crate::stats::median_by;
 
+/// How long a round waits for the Events that start its jobs' next attempts once their pods
+/// are all created (the operator publishes its Events apart from its reconciles).
+const EVENT_WAIT: Duration = Duration::from_secs(10);
+
 /// The operator's preemption burst, repeated in rounds on the same jobs.
 pub(super) struct Burst<'a> {
     pub(super) client: &'a Client,
@@ -32,7 +37,6 @@ pub(super) struct Burst<'a> {
     pub(super) params: &'a OperatorBenchParams,
     pub(super) tracker: &'a PodTracker,
     pub(super) operator: &'a mut OperatorProcess,
-    pub(super) log: &'a std::path::Path,
     pub(super) sampler: &'a CpuSampler,
 }
 
@@ -95,7 +99,7 @@ impl Burst<'_> {
             "preempting workers"
         );
         let cpu0 = self.sampler.sample();
-        // The operator's log lines carry wall-clock times; this pair converts them.
+        // The operator's Events carry wall-clock times; this pair converts them.
         let clock = ClockPair::now();
         let preempted = preempt(self.client, self.ns, params, round).await?;
         let recovered = wait_recovered(
@@ -124,7 +128,7 @@ impl Burst<'_> {
         };
         let mut recovery =
             Recovery::from_seconds(params.preempt, recovered.into_values().collect(), hist_mean);
-        recovery.stages = Some(self.stages(&preempted, clock, next, warnings));
+        recovery.stages = Some(self.stages(&preempted, clock, next, warnings).await);
         tracing::info!(
             round = round + 1,
             p50 = recovery.p50_seconds,
@@ -134,27 +138,16 @@ impl Burst<'_> {
         Ok(recovery)
     }
 
-    /// The round's stages: the pod watch's records and the restart decisions in the operator's
-    /// log. A log that cannot be read leaves the decisions out (with a warning), never the run.
-    fn stages(
+    /// The round's stages: the pod watch's records and the restart decisions, read from the
+    /// Events that start each job's next attempt.
+    async fn stages(
         &self,
         preempted: &HashMap<String, Instant>,
         clock: ClockPair,
         next: u32,
         warnings: &mut Vec<String>,
     ) -> RecoveryStages {
-        let decided = match std::fs::read(self.log) {
-            Ok(bytes) => {
-                recovery_stages::decisions(&String::from_utf8_lossy(&bytes), self.ns, next, clock)
-            }
-            Err(e) => {
-                warnings.push(format!(
-                    "reading the operator's log {} for its restart decisions: {e}; the recovery breakdown leaves out the stages that need them",
-                    self.log.display()
-                ));
-                HashMap::new()
-            }
-        };
+        let decided = self.decisions(preempted, clock, next, warnings).await;
         RecoveryStages::from_timelines(&recovery_stages::timelines(
             &self.tracker.records(),
             preempted,
@@ -162,6 +155,50 @@ impl Burst<'_> {
             self.params.workers,
             next,
         ))
+    }
+
+    /// When the operator decided each preempted job's restart as `next`: the `eventTime` of the
+    /// events.k8s.io/v1 Event that starts that attempt, listed from the namespace. The operator
+    /// publishes its Events apart from its reconciles, so one may show up after the pods: the
+    /// list is read again until every preempted job has its Event or [`EVENT_WAIT`] passes; a
+    /// job still without one is left out of the stages that need it (the report's "jobs"
+    /// column shows how many). Events that cannot be listed leave every decision out (with a
+    /// warning), never the run.
+    async fn decisions(
+        &self,
+        preempted: &HashMap<String, Instant>,
+        clock: ClockPair,
+        next: u32,
+        warnings: &mut Vec<String>,
+    ) -> HashMap<String, Instant> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), self.ns);
+        let deadline = Instant::now() + EVENT_WAIT;
+        loop {
+            let listed = match events.list(&ListParams::default()).await {
+                Ok(list) => list.items,
+                Err(e) => {
+                    warnings.push(format!(
+                        "listing the Events in {} for the restart decisions: {e}; the recovery breakdown leaves out the stages that need them",
+                        self.ns
+                    ));
+                    return HashMap::new();
+                }
+            };
+            let decided = recovery_stages::decisions(&listed, preempted, next, clock);
+            if decided.len() >= preempted.len() || Instant::now() >= deadline {
+                if decided.len() < preempted.len() {
+                    tracing::warn!(
+                        found = decided.len(),
+                        preempted = preempted.len(),
+                        attempt = next,
+                        "not every restarted job has the Event that starts its attempt"
+                    );
+                }
+                return decided;
+            }
+            // A list of every Event is not free at 1,000 jobs; this wait is not timed.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 
     /// The pods that are not deleted and that `which` takes reported Running, as kubelets
