@@ -73,6 +73,22 @@ impl Expectations {
         }
     }
 
+    /// A watch event for the object arrived that is a new version of it (not a delete, not a
+    /// relist): true when it met a write of ours the caches did not show yet, within its time
+    /// to live. That event is the version our write made (a watch delivers every version in
+    /// order, and the write was recorded before it was sent), or one before it, whose news the
+    /// event of our write's version carries on: either way it holds nothing a round has not
+    /// decided on, or will not see with the next event.
+    pub fn met(&self, kind: Kind, namespace: &str, name: &str) -> bool {
+        let mut pending = self.lock();
+        if pending.is_empty() {
+            return false;
+        }
+        pending
+            .remove(&(kind, namespace.to_owned(), name.to_owned()))
+            .is_some_and(|since| since.elapsed() < self.ttl)
+    }
+
     /// How much longer a write to the object is held back; None when it may go.
     pub fn holds(&self, kind: Kind, namespace: &str, name: &str) -> Option<Duration> {
         self.holds_at(kind, namespace, name, Instant::now())
@@ -144,6 +160,28 @@ mod tests {
         assert!(e.holds(Kind::Pod, "ns", "j-worker-0").is_some());
         e.observed(Kind::Pod, "ns", "j-worker-0");
         assert_eq!(e.holds(Kind::Pod, "ns", "j-worker-0"), None);
+        assert!(e.is_empty());
+    }
+
+    #[test]
+    fn a_version_that_meets_a_write_of_ours_is_an_echo_once_and_a_lapsed_one_is_news() {
+        let e = Expectations::new(TTL);
+        assert!(!e.met(Kind::Pod, "ns", "j-worker-0"), "nothing was written");
+        e.expect(Kind::Pod, "ns", "j-worker-0");
+        assert!(!e.met(Kind::Pod, "ns", "j-worker-1"), "another pod");
+        assert!(
+            e.met(Kind::Pod, "ns", "j-worker-0"),
+            "the echo of our create"
+        );
+        assert!(
+            !e.met(Kind::Pod, "ns", "j-worker-0"),
+            "the next version is news"
+        );
+        assert!(e.is_empty());
+        // Past its time to live the write is not known to be ours any more.
+        let long_ago = Instant::now() - TTL - Duration::from_secs(1);
+        e.expect_at(Kind::Pod, "ns", "j-worker-0", long_ago);
+        assert!(!e.met(Kind::Pod, "ns", "j-worker-0"));
         assert!(e.is_empty());
     }
 

@@ -91,7 +91,11 @@ fn seen_by<K: Resource>(expectations: Arc<Expectations>, kind: Kind) -> impl Fn(
     }
 }
 
-/// The job-labelled pods, stripped ([`CachedPod`]).
+/// The job-labelled pods, stripped ([`CachedPod`]), as they change. A new version that only
+/// echoes a write of ours (the pod we created, the deletion we asked for: its expectation is
+/// met, [`Expectations::met`]) updates the cache but wakes no reconcile: the round that wrote
+/// it decided on everything it holds. A pod gone, and every pod of a relist, always wakes its
+/// job.
 fn watch_pods(
     client: &Client,
     ns: Option<&str>,
@@ -101,7 +105,14 @@ fn watch_pods(
     impl Stream<Item = Watched<CachedPod>> + Send + 'static,
 ) {
     let (store, writer) = reflector::store();
-    let seen = seen_by::<CachedPod>(expectations.clone(), Kind::Pod);
+    let expectations = expectations.clone();
+    let key = |pod: &CachedPod| {
+        let meta = &pod.metadata;
+        (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        )
+    };
     let stream = watcher(
         api::<CachedPod>(client, ns),
         watch_config().labels(LABEL_JOB),
@@ -109,8 +120,21 @@ fn watch_pods(
     .modify(CachedPod::strip)
     .reflect(writer)
     .default_backoff()
-    .touched_objects()
-    .inspect_ok(move |pod| seen(pod));
+    .try_filter_map(move |event| {
+        let changed = match event {
+            watcher::Event::Apply(pod) => {
+                let (ns, name) = key(&pod);
+                (!expectations.met(Kind::Pod, &ns, &name)).then_some(pod)
+            }
+            watcher::Event::Delete(pod) | watcher::Event::InitApply(pod) => {
+                let (ns, name) = key(&pod);
+                expectations.observed(Kind::Pod, &ns, &name);
+                Some(pod)
+            }
+            watcher::Event::Init | watcher::Event::InitDone => None,
+        };
+        std::future::ready(Ok(changed))
+    });
     (store, stream)
 }
 
