@@ -122,9 +122,16 @@ fn watch_pods(
     .default_backoff()
     .try_filter_map(move |event| {
         let changed = match event {
-            watcher::Event::Apply(pod) => {
+            // A deletion's echo still wakes the job: the pod is terminating now, and a round
+            // must see it to time its force-delete (a pod on a node that stopped answering).
+            watcher::Event::Apply(pod) if pod.metadata.deletion_timestamp.is_none() => {
                 let (ns, name) = key(&pod);
                 (!expectations.met(Kind::Pod, &ns, &name)).then_some(pod)
+            }
+            watcher::Event::Apply(pod) => {
+                let (ns, name) = key(&pod);
+                expectations.observed(Kind::Pod, &ns, &name);
+                Some(pod)
             }
             watcher::Event::Delete(pod) | watcher::Event::InitApply(pod) => {
                 let (ns, name) = key(&pod);
@@ -289,12 +296,19 @@ fn watch_jobs(
 
 /// The job events minus those of a version that is exactly our own last status write: it
 /// holds nothing the round that wrote it has not decided on (`StatusCache::caught_up`), so it
-/// wakes no reconcile. The cache holds it all the same.
+/// wakes no reconcile. The cache holds it all the same, and the last valid object the
+/// reconciles remember follows it while the spec is unchanged
+/// ([`ReconcileMemory::follow_cache`]).
 fn without_own_writes(
     jobs: impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
+    cache: Store<DeserializeGuard<TrainingJob>>,
     own_writes: Arc<WriteMemory>,
+    reconciles: Arc<ReconcileMemory>,
 ) -> impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static {
     jobs.try_filter(move |job| {
+        if let Some(current) = cache.get(&reflector::ObjectRef::from_obj(job)) {
+            reconciles.follow_cache(&job.uid().unwrap_or_default(), &current);
+        }
         let ours = job.0.as_ref().is_ok_and(|j| own_writes.status.caught_up(j));
         std::future::ready(!ours)
     })
@@ -369,6 +383,10 @@ fn memories() -> (Arc<WriteMemory>, Arc<ReconcileMemory>, Arc<JobMemory>) {
     (writes, reconciles, Arc::new(all))
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the composition root: every watch, trigger and part of the write path wired in one place"
+)]
 pub(super) async fn run_controller(
     client: Client,
     config: &RunConfig,
@@ -388,7 +406,12 @@ pub(super) async fn run_controller(
     let (write_memory, reconcile_memory, all) = memories();
     let progress = Arc::new(ProgressStore::default());
     let (jobs, job_stream) = watch_jobs(&client, ns, &all, &expectations, &metrics, &progress);
-    let job_stream = without_own_writes(job_stream, write_memory.clone());
+    let job_stream = without_own_writes(
+        job_stream,
+        jobs.clone(),
+        write_memory.clone(),
+        reconcile_memory.clone(),
+    );
     let controller = job_controller(job_stream, jobs.clone(), config.max_concurrent_reconciles);
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
     let silence_triggers = silence_triggers(heartbeats.clone(), pods.clone(), jobs.clone());
