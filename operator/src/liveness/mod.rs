@@ -73,6 +73,10 @@ struct NodeBeat {
     /// The smallest `seen - renewTime`: the node clock's offset from the operator's plus the
     /// shortest delivery. Puts a time the node stamped onto the operator's clock.
     lag_min: SignedDuration,
+    /// `seen` is when the renewal arrived on a live watch. A renewal first seen in a list (a
+    /// new leader's, or after the stream broke) was made at some time before `seen`: it
+    /// proves nothing about what the node did after a failure that came before the list.
+    live: bool,
 }
 
 impl NodeBeat {
@@ -177,6 +181,7 @@ impl Heartbeats {
                 beat.seen = now;
                 beat.interval = interval;
                 beat.lag_min = beat.lag_min.min(lag);
+                beat.live = counts;
             }
             None => {
                 self.nodes.insert(
@@ -188,6 +193,7 @@ impl Heartbeats {
                         gaps: VecDeque::with_capacity(GAPS),
                         lags: VecDeque::with_capacity(GAPS),
                         lag_min: lag,
+                        live: counts,
                     },
                 );
             }
@@ -315,6 +321,7 @@ impl Heartbeats {
                         seen: b.seen,
                         interval: b.interval,
                         lag_min: b.lag_min,
+                        live: b.live,
                         silent_at: from
                             .saturating_add(b.interval + self.node_margin(b, margin))
                             .unwrap_or(from),
@@ -341,6 +348,8 @@ pub struct Beat {
     lag_min: SignedDuration,
     /// When it falls silent if no renewal is seen before.
     pub silent_at: Timestamp,
+    /// The last renewal arrived on a live watch, not in a list ([`NodeBeat::live`]).
+    live: bool,
 }
 
 /// The liveness judgement one decision reads: built by [`Heartbeats::view`].
@@ -393,7 +402,11 @@ impl Liveness {
             return SinceFailure::NoLease;
         };
         let after = failed_at.saturating_add(self.margin).unwrap_or(failed_at);
-        if beat.seen >= after {
+        // A renewal listed, not watched, was made at some time before it was seen: it may
+        // be the last one of a node lost before the failure (found by make chaos, seed 16: a
+        // new leader's first list took a node lost 15 s before for one renewed after a
+        // survivor's failure, and counted that failure).
+        if beat.live && beat.seen >= after {
             SinceFailure::Renewed
         } else {
             SinceFailure::Waiting(beat.silent_at)

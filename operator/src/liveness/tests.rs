@@ -175,6 +175,32 @@ fn a_failure_is_put_on_the_operator_clock_through_its_nodes_lease() {
     assert_eq!(view.since_failure("n3", failed), SinceFailure::NoLease);
 }
 
+/// Found by make chaos (seed 16): node 2 was lost, a survivor's trainer on node 1 failed a
+/// second later, and a new leader started. Its first list of the Leases holds node 2's last
+/// renewal, made before the loss: seen after the failure, it is no proof that node 2 was
+/// alive after it, so the verdict waits for node 2 to be silent.
+#[test]
+fn a_renewal_first_seen_in_a_list_is_no_renewal_after_a_failure_before_it() {
+    let mut beats = Heartbeats::default();
+    // The new leader's watch starts at 20: the list holds n1's renewal of 19 and n2's of 4,
+    // n2's last before it was lost at 5. n1's trainer failed at 6.
+    beats.interrupted();
+    beats.renewal("n1", at(19.0), DURATION, at(20.0));
+    beats.renewal("n2", at(4.0), DURATION, at(20.0));
+    beats.resumed(at(20.0));
+    let view = beats.view(["n1", "n2"], at(20.5));
+    let failed = at(6.0);
+    assert!(
+        matches!(view.since_failure("n2", failed), SinceFailure::Waiting(_)),
+        "{:?}",
+        view.since_failure("n2", failed)
+    );
+    // A renewal that arrives on the live watch after the failure is proof.
+    beats.renewal("n1", at(29.0), DURATION, at(29.0));
+    let view = beats.view(["n1"], at(29.5));
+    assert_eq!(view.since_failure("n1", failed), SinceFailure::Renewed);
+}
+
 fn lost(
     beats: &Heartbeats,
     reported: &[(u32, Timestamp)],
