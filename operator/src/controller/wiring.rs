@@ -92,10 +92,10 @@ fn seen_by<K: Resource>(expectations: Arc<Expectations>, kind: Kind) -> impl Fn(
 }
 
 /// The job-labelled pods, stripped ([`CachedPod`]), as they change. A new version that only
-/// echoes a write of ours (the pod we created, the deletion we asked for: its expectation is
-/// met, [`Expectations::met`]) updates the cache but wakes no reconcile: the round that wrote
-/// it decided on everything it holds. A pod gone, and every pod of a relist, always wakes its
-/// job.
+/// echoes a pod we created (its expectation is met, [`Expectations::met`]) updates the cache
+/// but wakes no reconcile: the round that created it decided on everything it holds. A pod
+/// being deleted or gone, and every pod of a relist, always wake its job: a round must see a
+/// terminating pod to time its force-delete on a node that stopped answering.
 fn watch_pods(
     client: &Client,
     ns: Option<&str>,
@@ -105,14 +105,8 @@ fn watch_pods(
     impl Stream<Item = Watched<CachedPod>> + Send + 'static,
 ) {
     let (store, writer) = reflector::store();
+    let seen = seen_by::<CachedPod>(expectations.clone(), Kind::Pod);
     let expectations = expectations.clone();
-    let key = |pod: &CachedPod| {
-        let meta = &pod.metadata;
-        (
-            meta.namespace.clone().unwrap_or_default(),
-            meta.name.clone().unwrap_or_default(),
-        )
-    };
     let stream = watcher(
         api::<CachedPod>(client, ns),
         watch_config().labels(LABEL_JOB),
@@ -122,20 +116,17 @@ fn watch_pods(
     .default_backoff()
     .try_filter_map(move |event| {
         let changed = match event {
-            // A deletion's echo still wakes the job: the pod is terminating now, and a round
-            // must see it to time its force-delete (a pod on a node that stopped answering).
             watcher::Event::Apply(pod) if pod.metadata.deletion_timestamp.is_none() => {
-                let (ns, name) = key(&pod);
-                (!expectations.met(Kind::Pod, &ns, &name)).then_some(pod)
+                let meta = &pod.metadata;
+                let (ns, name) = (meta.namespace.as_deref(), meta.name.as_deref());
+                let ours =
+                    expectations.met(Kind::Pod, ns.unwrap_or_default(), name.unwrap_or_default());
+                (!ours).then_some(pod)
             }
-            watcher::Event::Apply(pod) => {
-                let (ns, name) = key(&pod);
-                expectations.observed(Kind::Pod, &ns, &name);
-                Some(pod)
-            }
-            watcher::Event::Delete(pod) | watcher::Event::InitApply(pod) => {
-                let (ns, name) = key(&pod);
-                expectations.observed(Kind::Pod, &ns, &name);
+            watcher::Event::Apply(pod)
+            | watcher::Event::Delete(pod)
+            | watcher::Event::InitApply(pod) => {
+                seen(&pod);
                 Some(pod)
             }
             watcher::Event::Init | watcher::Event::InitDone => None,

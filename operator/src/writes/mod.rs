@@ -188,7 +188,7 @@ impl Writes {
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
         let write = self.memory.status.schedule(uid, &known, &plan.status);
         drop(known);
-        let routine = write.now() && plan.actions.is_empty() && !plan.is_urgent();
+        let routine = write.now() && !plan.is_urgent();
         let slot = match routine {
             true => match self.routine.take_or_park(&job_ref(job)) {
                 Some(slot) => Some(slot),
