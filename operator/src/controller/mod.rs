@@ -1,7 +1,8 @@
 //! The thin layer between the pure pipeline and the API server, split by job:
 //!
 //! - `wiring`: the watches, their reflector caches, which jobs a change to a node, a PVC or
-//!   a Service wakes (`triggers`), and the kube-runtime Controller built from them;
+//!   a Service wakes (`triggers`), how soon a pod's change wakes its job (`pod_wakes`), and
+//!   the kube-runtime Controller built from them;
 //! - `observe`: what one reconcile reads from the caches (`observe::Caches`);
 //! - `progress`: the progress channel's server and what a round tells the trainers;
 //! - `reconcile`: one round of one job: observe, decide ([`crate::plan::decide`]) and hand the
@@ -32,6 +33,7 @@ use crate::progress::store::ProgressStore;
 
 pub(crate) mod memory;
 mod observe;
+mod pod_wakes;
 pub(crate) mod progress;
 mod reconcile;
 mod triggers;

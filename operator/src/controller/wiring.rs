@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::memory::ReconcileMemory;
 use super::observe::Caches;
+use super::pod_wakes::{self, PodWake};
 use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
 use super::{Context, RunConfig};
@@ -91,11 +92,13 @@ fn seen_by<K: Resource>(expectations: Arc<Expectations>, kind: Kind) -> impl Fn(
     }
 }
 
-/// The job-labelled pods, stripped ([`CachedPod`]), as they change. A new version that only
-/// echoes a pod we created (its expectation is met, [`Expectations::met`]) updates the cache
-/// but wakes no reconcile: the round that created it decided on everything it holds. A pod
-/// being deleted or gone, and every pod of a relist, always wake its job: a round must see a
-/// terminating pod to time its force-delete on a node that stopped answering.
+/// The job-labelled pods, stripped ([`CachedPod`]), as they change, and the jobs their
+/// routine changes wake once settled ([`pod_wakes`]). A new version that only echoes a pod we
+/// created or began to delete (its expectation is met, [`Expectations::met`]) updates the
+/// cache but wakes no reconcile: the round that wrote it decided on everything it holds (when
+/// a deletion may have to be forced included: it asked for that time itself). Any other new
+/// version wakes its job as [`pod_wakes::wake_for`] judges it against the cached one. A pod
+/// gone, and every pod of a relist, always wake its job at once.
 fn watch_pods(
     client: &Client,
     ns: Option<&str>,
@@ -103,8 +106,11 @@ fn watch_pods(
 ) -> (
     Store<CachedPod>,
     impl Stream<Item = Watched<CachedPod>> + Send + 'static,
+    pod_wakes::Settled,
 ) {
-    let (store, writer) = reflector::store();
+    let (store, mut writer) = reflector::store();
+    let cached = writer.as_reader();
+    let (settle, settled) = pod_wakes::settling();
     let seen = seen_by::<CachedPod>(expectations.clone(), Kind::Pod);
     let expectations = expectations.clone();
     let stream = watcher(
@@ -112,28 +118,48 @@ fn watch_pods(
         watch_config().labels(LABEL_JOB),
     )
     .modify(CachedPod::strip)
-    .reflect(writer)
+    .map_ok(move |event| {
+        // Judged against the cached version before the cache takes the new one.
+        let wake = match &event {
+            watcher::Event::Apply(pod) => pod_wakes::wake_for(
+                cached.get(&reflector::ObjectRef::from_obj(pod)).as_deref(),
+                pod,
+            ),
+            _ => PodWake::Now,
+        };
+        writer.apply_watcher_event(&event);
+        (event, wake)
+    })
     .default_backoff()
-    .try_filter_map(move |event| {
-        let changed = match event {
-            watcher::Event::Apply(pod) if pod.metadata.deletion_timestamp.is_none() => {
+    .try_filter_map(move |(event, wake)| {
+        let woken = match event {
+            watcher::Event::Apply(pod) => {
                 let meta = &pod.metadata;
                 let (ns, name) = (meta.namespace.as_deref(), meta.name.as_deref());
                 let ours =
                     expectations.met(Kind::Pod, ns.unwrap_or_default(), name.unwrap_or_default());
-                (!ours).then_some(pod)
+                match wake {
+                    _ if ours => None,
+                    PodWake::Now => Some(pod),
+                    PodWake::Soon => {
+                        if let Some(job) = pod_wakes::owning_job(&pod) {
+                            // The receiver lives as long as the Controller that polls it.
+                            let _ = settle.send(job);
+                        }
+                        None
+                    }
+                    PodWake::Not => None,
+                }
             }
-            watcher::Event::Apply(pod)
-            | watcher::Event::Delete(pod)
-            | watcher::Event::InitApply(pod) => {
+            watcher::Event::Delete(pod) | watcher::Event::InitApply(pod) => {
                 seen(&pod);
                 Some(pod)
             }
             watcher::Event::Init | watcher::Event::InitDone => None,
         };
-        std::future::ready(Ok(changed))
+        std::future::ready(Ok(woken))
     });
-    (store, stream)
+    (store, stream, settled)
 }
 
 /// Every node (a cluster-scoped watch whatever the namespace).
@@ -387,7 +413,7 @@ pub(super) async fn run_controller(
 ) -> Result<(), Error> {
     let ns = config.namespace.as_deref();
     let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
-    let (pods, pod_stream) = watch_pods(&client, ns, &expectations);
+    let (pods, pod_stream, settled_pods) = watch_pods(&client, ns, &expectations);
     let (nodes, node_events) = watch_nodes(&client);
     let (heartbeats, lease_task) = watch_node_leases(&client);
     let (services, svc_events) =
@@ -456,6 +482,7 @@ pub(super) async fn run_controller(
 
     let controller = controller
         .owns_stream(pod_stream)
+        .reconcile_on(settled_pods)
         .reconcile_on(node_triggers)
         .reconcile_on(silence_triggers)
         .reconcile_on(claim_triggers)

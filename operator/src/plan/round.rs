@@ -188,6 +188,9 @@ impl Round {
             }
             if pod.metadata.deletion_timestamp.is_none() {
                 self.actions.push(Action::DeletePod { name, uid });
+                // The deletion's own echo wakes no round (the pod watch meets it as our
+                // write): when it may have to be forced is asked for now.
+                self.requeue(force_delete_at(view, pod.node_name()));
                 continue;
             }
             let node_name = pod.node_name();

@@ -1394,6 +1394,9 @@ fn pods_stuck_terminating_on_a_lost_node_are_force_deleted_after_the_timeout() {
     w.advance(30);
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    // The graceful delete's echo wakes no round: the round that deletes asks for the time the
+    // deletion may be forced (now: the node has been NotReady for the timeout).
+    assert_eq!(plan.requeue_at, Some(w.now));
     assert!(
         plan.status
             .last_restart

@@ -189,10 +189,20 @@ impl Writes {
         let write = self.memory.status.schedule(uid, &known, &plan.status);
         drop(known);
         let routine = write.now() && !plan.is_urgent();
+        tracing::debug!(
+            job = %job_ref(job),
+            decided_by = ?plan.decided_by,
+            urgent = plan.is_urgent(),
+            status = ?write,
+            "round decided"
+        );
         let slot = match routine {
             true => match self.routine.take_or_park(&job_ref(job)) {
                 Some(slot) => Some(slot),
-                None => return Ok(Carried::Parked),
+                None => {
+                    tracing::debug!(job = %job_ref(job), "round parked");
+                    return Ok(Carried::Parked);
+                }
             },
             false => None,
         };
