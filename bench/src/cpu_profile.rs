@@ -1,5 +1,7 @@
-//! Where the machine's CPU goes during a phase: the control plane's processes (found by the
-//! local cluster's PID files), the operator and the benchmark itself, from /proc.
+//! Where the machine's CPU goes during a phase: the control plane's processes (found by their
+//! PID files under `$TRAINYARD_E2E_STATE/pids`: the local cluster's, or the fresh control
+//! plane's that bench/run.sh starts for each run), the operator and the benchmark itself, from
+//! /proc.
 //!
 //! On a 2-CPU machine that also runs the API server, etcd and the scheduler, this is the
 //! profile that explains a time ratio: which process was busy while the clock ran.
@@ -12,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::operator_process::{clock_ticks, parse_stat_cpu_ticks};
 
-/// Control-plane processes of the local cluster, by PID file name.
+/// Control-plane processes, by PID file name (up.sh and control-plane.sh name them alike).
 const CONTROL_PLANE: [&str; 4] = [
     "kube-apiserver",
     "etcd",

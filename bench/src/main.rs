@@ -1,6 +1,7 @@
-//! `trainyard-bench`: `operator` runs the operator scale benchmark against the local cluster;
-//! `progress-load` loads the operator's progress endpoint in-process with reporting ranks;
-//! `render-doc` writes docs/benchmarks.md from the reports.
+//! `trainyard-bench`: `operator` runs the operator scale benchmark against the cluster that
+//! KUBECONFIG names (or the local cluster); `progress-load` loads the operator's progress
+//! endpoint in-process with reporting ranks; `render-doc` writes docs/benchmarks.md from the
+//! reports.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -29,7 +30,7 @@ enum Command {
     /// R ranks of J jobs report progress to the operator's endpoint in-process, then a flood.
     ProgressLoad(ProgressLoadArgs),
     /// Rewrite docs/benchmarks.md from operator reports (JSON) and the device plugin's table,
-    /// and the companion file of the runs' detail tables.
+    /// and the companion file of every run in full.
     RenderDoc(RenderDocArgs),
 }
 
@@ -126,12 +127,20 @@ async fn progress_load(args: ProgressLoadArgs) -> anyhow::Result<()> {
 
 #[derive(clap::Args, Debug)]
 struct RenderDocArgs {
-    /// An operator report (JSON from `operator --json`); repeat in the order to show.
+    /// An operator report (JSON from `operator --json`) of a judged run; repeat in the order to
+    /// show (several of one size are its repeated runs, judged by their worst).
     #[arg(long = "report")]
     reports: Vec<PathBuf>,
-    /// A size that produced no report, with why ("1000 jobs × 4 workers on 500 nodes: ...").
+    /// A judged run that produced no report, with why ("1000 jobs × 4 workers on 500 nodes,
+    /// run 2 of 3: ...").
     #[arg(long = "missing")]
     missing: Vec<String>,
+    /// An operator report of a further size for the memory table only; repeat.
+    #[arg(long = "slope-report")]
+    slope_reports: Vec<PathBuf>,
+    /// Such a run that produced no report, with why.
+    #[arg(long = "slope-missing")]
+    slope_missing: Vec<String>,
     /// The device plugin benchmark's markdown output.
     #[arg(long)]
     device_plugin: Option<PathBuf>,
@@ -199,9 +208,8 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-fn render_doc(args: RenderDocArgs) -> anyhow::Result<()> {
-    let operator_runs = args
-        .reports
+fn read_reports(paths: &[PathBuf]) -> anyhow::Result<Vec<OperatorBenchReport>> {
+    paths
         .iter()
         .map(|p| {
             let text =
@@ -209,7 +217,12 @@ fn render_doc(args: RenderDocArgs) -> anyhow::Result<()> {
             serde_json::from_str::<OperatorBenchReport>(&text)
                 .with_context(|| format!("parsing {}", p.display()))
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect()
+}
+
+fn render_doc(args: RenderDocArgs) -> anyhow::Result<()> {
+    let operator_runs = read_reports(&args.reports)?;
+    let slope_runs = read_reports(&args.slope_reports)?;
     let device_plugin = match (&args.device_plugin, &args.device_plugin_missing) {
         (_, Some(why)) => Err(why.clone()),
         (Some(p), None) => std::fs::read_to_string(p)
@@ -232,6 +245,8 @@ fn render_doc(args: RenderDocArgs) -> anyhow::Result<()> {
         machine: Machine::detect(),
         operator_runs,
         missing_runs: args.missing,
+        slope_runs,
+        slope_missing: args.slope_missing,
         device_plugin,
         existing,
         details: args.details.display().to_string(),

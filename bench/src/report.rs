@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{Figures, RECONCILES_PER_JOB_TARGET};
 use crate::proxy::RequestCounts;
 use crate::recovery_stages::{RecoveryStages, StageSeconds};
 use crate::scenario::{OperatorBenchReport, Recovery, Throughput};
@@ -115,10 +116,7 @@ pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
             Unjudged::OtherSize
         },
     });
-    let rss = r
-        .usage
-        .as_ref()
-        .map(|u| u.last.peak_rss_mib.max(u.created.peak_rss_mib));
+    let rss = peak_rss_mib(r);
     out.push(TargetCheck {
         target: format!("operator RSS ≤ {RSS_TARGET_MIB} MiB at {RSS_AT_JOBS} jobs"),
         measured: rss
@@ -133,7 +131,23 @@ pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
             Unjudged::OtherSize
         },
     });
+    let reconciles = Figures::of(r).reconciles_per_job;
+    out.push(TargetCheck {
+        target: format!("reconciles per job ≤ {RECONCILES_PER_JOB_TARGET}"),
+        measured: reconciles
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| NOT_MEASURED.to_owned()),
+        met: reconciles.map(|x| x <= RECONCILES_PER_JOB_TARGET),
+        unjudged: Unjudged::NotMeasured,
+    });
     out
+}
+
+/// The operator's peak RSS (VmHWM) over the run, MiB.
+pub fn peak_rss_mib(r: &OperatorBenchReport) -> Option<f64> {
+    r.usage
+        .as_ref()
+        .map(|u| u.last.peak_rss_mib.max(u.created.peak_rss_mib))
 }
 
 /// The restart floors a run measured, the judged one first: the graceful restart floor when
@@ -159,12 +173,14 @@ fn restart_floors(r: &OperatorBenchReport) -> Vec<(&Recovery, &[Recovery], &'sta
 }
 
 /// What the report calls each restart floor.
-const GRACEFUL_FLOOR: &str = "graceful restart floor";
+pub(crate) const GRACEFUL_FLOOR: &str = "graceful restart floor";
 const SERVICES_FLOOR: &str = "restart floor among the jobs' Services";
 const PODS_ONLY_FLOOR: &str = "pods-only restart floor";
 
 /// The restart floor the operator's burst is judged against ([`restart_floors`]' first).
-fn judged_restart_floor(r: &OperatorBenchReport) -> Option<(&Recovery, &[Recovery], &'static str)> {
+pub(crate) fn judged_restart_floor(
+    r: &OperatorBenchReport,
+) -> Option<(&Recovery, &[Recovery], &'static str)> {
     restart_floors(r).into_iter().next()
 }
 
@@ -304,8 +320,11 @@ fn ratio_cell(floor: Option<f64>, operator: Option<f64>) -> String {
     }
 }
 
-/// Both floors and the operator, measure by measure, with the operator's ratio to each floor.
-fn throughput_table(out: &mut String, r: &OperatorBenchReport) {
+/// Both floors and the operator, measure by measure, with the operator's ratio to each floor;
+/// on the page without the diagnostic rows (when the benchmark's own requests were answered,
+/// the most requests waiting).
+fn throughput_table(out: &mut String, r: &OperatorBenchReport, telling: Telling) {
+    let diagnostic = telling != Telling::Page;
     let floor = Column {
         run: r.floor.as_ref(),
         missing: "—",
@@ -348,22 +367,23 @@ fn throughput_table(out: &mut String, r: &OperatorBenchReport) {
             t.scheduled_seconds
         }),
     ];
-    for (label, measure) in times {
+    for (k, (label, measure)) in times.into_iter().enumerate() {
         let recorded = [&floor, &fair, &operator]
             .iter()
             .any(|c| c.get(measure).unwrap_or_default() != 0.0);
-        if !recorded {
-            // A report from before the measure existed.
-            continue;
+        // A report from before the measure existed; the first row is diagnostic.
+        if recorded && (k > 0 || diagnostic) {
+            row(out, label, measure, s);
         }
-        row(out, label, measure, s);
     }
-    row(
-        out,
-        "most requests waiting for the API server at once",
-        |t| t.peak_in_flight as f64,
-        |n| format!("{n:.0}"),
-    );
+    if diagnostic {
+        row(
+            out,
+            "most requests waiting for the API server at once",
+            |t| t.peak_in_flight as f64,
+            |n| format!("{n:.0}"),
+        );
+    }
     let jobs = f64::from(r.jobs.max(1));
     let per_job = |n: f64| format!("{n:.0} ({:.2})", n / jobs);
     let f = floor.get(|t| t.requests.total() as f64);
@@ -487,15 +507,19 @@ fn against_floor(op: &Recovery, floor: &Recovery) -> String {
     )
 }
 
-/// How the restart floors and the stages are told.
+/// How much of a run is told, and how.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Floors {
-    /// Each floor in a paragraph of its own that says how it was made, and the stages table
-    /// after what it shows (the run's own report).
-    Described,
-    /// Every floor's figures in one paragraph and the stages table alone; the page's method
-    /// says how each floor was made and what the stages are.
+enum Telling {
+    /// Everything: each restart floor in a paragraph of its own that says how it was made,
+    /// the stages table after what it shows (the run's own report).
+    Full,
+    /// Every figure, told briefly: the restart floors in figures beside the operator's
+    /// recovery, the stages table alone, the CPUs' load with the operator's cost; the page's
+    /// method says how each floor was made and what the stages are (the companion file).
     Figures,
+    /// As [`Telling::Figures`], less the create phase's diagnostic rows (the page, whose
+    /// companion file has them).
+    Page,
 }
 
 /// " (the target's reference)" for the restart floor the target is judged against.
@@ -537,9 +561,9 @@ fn restart_floor_paragraphs(out: &mut String, r: &OperatorBenchReport, rec: &Rec
     }
 }
 
-/// Every restart floor's figures and the operator's p99 against each, in one paragraph, the
+/// Every restart floor's figures and the operator's p99 against each, in one sentence, the
 /// judged one first and marked as the target's reference.
-fn restart_floor_figures(out: &mut String, r: &OperatorBenchReport, rec: &Recovery) {
+fn restart_floor_figures(r: &OperatorBenchReport, rec: &Recovery) -> Option<String> {
     let floors: Vec<String> = restart_floors(r)
         .into_iter()
         .map(|(floor, _, which)| {
@@ -553,19 +577,17 @@ fn restart_floor_figures(out: &mut String, r: &OperatorBenchReport, rec: &Recove
             )
         })
         .collect();
-    if !floors.is_empty() {
-        let _ = writeln!(
-            out,
-            "**Restart floors** (the same {} restarts made without the operator, as the method above says): {}.\n",
+    (!floors.is_empty()).then(|| {
+        format!(
+            "**Restart floors** (the same {} restarts made without the operator, as the method above says): {}.",
             rec.preempted,
             floors.join("; ")
-        );
-    }
+        )
+    })
 }
 
-/// Every run of the repeated phases, and which one the targets are judged on (the median), in
-/// one paragraph.
-fn repeated(out: &mut String, r: &OperatorBenchReport) {
+/// Every run of the repeated phases, and which one the targets are judged on (the median).
+fn repeated(r: &OperatorBenchReport) -> Vec<String> {
     let list = |xs: Vec<f64>| xs.iter().map(|x| s(*x)).collect::<Vec<_>>().join(", ");
     let mut sentences = Vec::new();
     if r.fair_floor_runs.len() > 1
@@ -613,17 +635,15 @@ fn repeated(out: &mut String, r: &OperatorBenchReport) {
                 .unwrap_or_else(|| NOT_MEASURED.to_owned()),
         ));
     }
-    if !sentences.is_empty() {
-        let _ = writeln!(out, "{}\n", sentences.join(" "));
-    }
+    sentences
 }
 
 /// The run as a markdown section, all of it (what `trainyard-bench operator` prints): what ran
 /// and what may have distorted it, the create phase, the preemption recovery, the operator's
 /// cost and metrics, the CPU and API requests, and the targets' verdicts.
 pub fn markdown(r: &OperatorBenchReport) -> String {
-    let mut out = String::new();
-    headline(&mut out, r, Floors::Described);
+    let mut out = format!("### {}\n\n", title(r));
+    headline(&mut out, r, Telling::Full);
     if !r.cpu.is_empty() {
         cpu_table(&mut out, r);
     }
@@ -637,22 +657,23 @@ pub fn markdown(r: &OperatorBenchReport) -> String {
     out
 }
 
-/// The run as the section of docs/benchmarks.md: the headline figures of [`markdown`], each
-/// restart floor in figures only, the stages table without [`STAGES_EXPLAINED`] (the page's
-/// method says it), and how busy the CPUs were; the tables by process, by request and by
-/// target are in [`details`].
+/// The run as docs/benchmarks.md tells it, under a heading of the page's: the headline figures
+/// of [`markdown`] less the create phase's diagnostic rows, each restart floor in figures only,
+/// the stages table without [`STAGES_EXPLAINED`] (the page's method says it), and how busy the
+/// CPUs were; the rest is in [`details`].
 pub fn summary(r: &OperatorBenchReport) -> String {
     let mut out = String::new();
-    headline(&mut out, r, Floors::Figures);
-    cpu_busy(&mut out, r);
+    headline(&mut out, r, Telling::Page);
     out
 }
 
-/// The run's detail tables, for the page's companion file: CPU seconds by process and phase,
-/// API requests by verb and resource of each client and phase, and every target row (context
-/// rows and the targets stated for another size included).
-pub fn details(r: &OperatorBenchReport) -> String {
-    let mut out = format!("## {}\n\nRun `{}`.\n\n", title(r), r.run_id);
+/// The run in full for the page's companion file, under `heading`: its figures as [`summary`]
+/// tells them (the create phase's diagnostic rows included), then its detail tables: CPU
+/// seconds by process and phase, API requests by verb and resource of each client and phase,
+/// and every target row (context rows and the targets stated for another size included).
+pub fn details(r: &OperatorBenchReport, heading: &str) -> String {
+    let mut out = format!("## {heading}\n\n");
+    headline(&mut out, r, Telling::Figures);
     if r.cpu.is_empty() {
         let _ = writeln!(out, "No CPU profile was recorded.\n");
     } else {
@@ -668,19 +689,28 @@ pub fn details(r: &OperatorBenchReport) -> String {
     out
 }
 
-/// What [`markdown`] and [`summary`] share: the run's header, the create phase, the
-/// preemption recovery (its restart floors told as `floors` says), the repeated phases, the
-/// operator's cost and metrics.
-fn headline(out: &mut String, r: &OperatorBenchReport, floors: Floors) {
+/// What [`markdown`], [`summary`] and [`details`] share, told as `telling` says: the run's
+/// header, the create phase, the preemption recovery against its restart floors, the repeated
+/// phases and the operator's cost and metrics (briefly: in one paragraph, with how busy the
+/// CPUs were, which the full report's CPU table shows).
+fn headline(out: &mut String, r: &OperatorBenchReport, telling: Telling) {
     run_header(out, r);
-    throughput_table(out, r);
-    recovery_paragraphs(out, r, floors);
-    repeated(out, r);
-    cost_paragraph(out, r);
+    throughput_table(out, r, telling);
+    recovery_paragraphs(out, r, telling);
+    let paragraphs = if telling == Telling::Full {
+        vec![repeated(r), cost_sentences(r)]
+    } else {
+        let mut all = repeated(r);
+        all.extend(cost_sentences(r));
+        all.extend(cpu_busy(r));
+        vec![all]
+    };
+    for sentences in paragraphs.iter().filter(|p| !p.is_empty()) {
+        let _ = writeln!(out, "{}\n", sentences.join(" "));
+    }
 }
 
-/// The section's title and what ran, the load before it, and why it stopped or may be
-/// distorted.
+/// What ran, the load before it, and why it stopped or may be distorted.
 fn run_header(out: &mut String, r: &OperatorBenchReport) {
     let load = r
         .load_before
@@ -690,8 +720,7 @@ fn run_header(out: &mut String, r: &OperatorBenchReport) {
         .unwrap_or_default();
     let _ = writeln!(
         out,
-        "### {}\n\n{} GPU per worker, {} pods; {} workers of {} jobs preempted at once; {} jobs in flight while applying (both floors: the same). Run `{}`.{load}\n",
-        title(r),
+        "{} GPU per worker, {} pods; {} workers of {} jobs preempted at once; {} jobs in flight while applying (both floors: the same). Run `{}`.{load}\n",
         r.gpus_per_worker,
         u64::from(r.jobs) * u64::from(r.workers),
         r.preempt,
@@ -707,12 +736,13 @@ fn run_header(out: &mut String, r: &OperatorBenchReport) {
     }
 }
 
-/// The preemption recovery against the restart floors, and its stages.
-fn recovery_paragraphs(out: &mut String, r: &OperatorBenchReport, floors: Floors) {
+/// The preemption recovery against the restart floors (in one paragraph when told briefly),
+/// and its stages.
+fn recovery_paragraphs(out: &mut String, r: &OperatorBenchReport, telling: Telling) {
     if let Some(rec) = &r.recovery {
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "**Preemption recovery** ({} workers of {} jobs: DisruptionTarget, then deleted), per job from the preemption to every pod of the next attempt created: p50 **{}**, p99 **{}**, max {}{}.\n",
+            "**Preemption recovery** ({} workers of {} jobs: DisruptionTarget, then deleted), per job from the preemption to every pod of the next attempt created: p50 **{}**, p99 **{}**, max {}{}.",
             rec.preempted,
             rec.preempted,
             s(rec.p50_seconds),
@@ -725,18 +755,25 @@ fn recovery_paragraphs(out: &mut String, r: &OperatorBenchReport, floors: Floors
                 ))
                 .unwrap_or_default()
         );
-        match floors {
-            Floors::Described => restart_floor_paragraphs(out, r, rec),
-            Floors::Figures => restart_floor_figures(out, r, rec),
+        if telling == Telling::Full {
+            out.push_str("\n\n");
+            restart_floor_paragraphs(out, r, rec);
+        } else {
+            match restart_floor_figures(r, rec) {
+                Some(floors) => {
+                    let _ = writeln!(out, " {floors}\n");
+                }
+                None => out.push_str("\n\n"),
+            }
         }
         let floor = judged_restart_floor(r).map(|(f, _, _)| f);
-        stages_table(out, rec, floor, floors == Floors::Described);
+        stages_table(out, rec, floor, telling == Telling::Full);
     }
 }
 
 /// The operator's peak memory and its CPU, phase by phase, and its reconciles from its own
-/// metrics, in one paragraph.
-fn cost_paragraph(out: &mut String, r: &OperatorBenchReport) {
+/// metrics.
+fn cost_sentences(r: &OperatorBenchReport) -> Vec<String> {
     let mut sentences = Vec::new();
     if let Some(u) = &r.usage {
         let peak = u.last.peak_rss_mib.max(u.created.peak_rss_mib);
@@ -775,14 +812,12 @@ fn cost_paragraph(out: &mut String, r: &OperatorBenchReport) {
             },
         ));
     }
-    if !sentences.is_empty() {
-        let _ = writeln!(out, "{}\n", sentences.join(" "));
-    }
+    sentences
 }
 
 /// How busy the machine's CPUs were while the clocks ran, over every timed phase, and the
-/// operator's share: the line that stands for [`cpu_table`] on the page.
-fn cpu_busy(out: &mut String, r: &OperatorBenchReport) {
+/// operator's share: the sentence that stands for [`cpu_table`] on the page.
+fn cpu_busy(r: &OperatorBenchReport) -> Option<String> {
     let timed: Vec<_> = r.cpu.values().filter(|p| p.wall_seconds > 0.0).collect();
     let range = |xs: Vec<f64>| {
         let lo = format!("{:.2}", xs.iter().copied().fold(f64::INFINITY, f64::min));
@@ -792,9 +827,7 @@ fn cpu_busy(out: &mut String, r: &OperatorBenchReport) {
         );
         (!xs.is_empty()).then(|| if lo == hi { lo } else { format!("{lo}–{hi}") })
     };
-    let Some(all) = range(timed.iter().map(|p| p.total() / p.wall_seconds).collect()) else {
-        return;
-    };
+    let all = range(timed.iter().map(|p| p.total() / p.wall_seconds).collect())?;
     let operator = range(
         timed
             .iter()
@@ -803,12 +836,11 @@ fn cpu_busy(out: &mut String, r: &OperatorBenchReport) {
     )
     .map(|x| format!(", the operator {x} of them in the phases it ran"))
     .unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "**CPUs busy** while the clocks ran: {all} of the machine's {} in the {} timed phases (every measured process{operator}).\n",
+    Some(format!(
+        "**CPUs busy** while the clocks ran: {all} of the machine's {} in the {} timed phases (every measured process{operator}).",
         machine_cpus(),
         timed.len(),
-    );
+    ))
 }
 
 /// The API requests of each client and phase, by verb and resource.
@@ -1254,11 +1286,24 @@ mod tests {
         ] {
             assert!(!page.contains(table), "{table}: {page}");
         }
-        let details = details(&r);
+        // The page leaves the heading to its own sections.
+        assert!(!page.contains("### "), "{page}");
+        assert!(!page.contains("| most requests waiting"), "{page}");
+        let details = details(&r, "10 jobs × 4 workers on 5 nodes, run 2 of 3");
         assert!(
-            details.starts_with("## 10 jobs × 4 workers on 5 nodes\n\nRun `abc123`.\n"),
-            "{details}"
+            details.starts_with(
+                "## 10 jobs × 4 workers on 5 nodes, run 2 of 3\n\n0 GPU per worker, 40 pods;"
+            ),
+            "the run's figures first: {details}"
         );
+        for part in [
+            "| most requests waiting for the API server at once |",
+            "**Restart floors** (the same 10 restarts",
+            "| 1 + 2. preemption → last pod of the old attempt gone |",
+            "Operator metrics: 20 reconciles (2.00 per job)",
+        ] {
+            assert!(details.contains(part), "{part}: {details}");
+        }
         assert!(
             details.contains("| operator | 10.00 s | 8.00 | — | — | — | 1.50 | — | 9.50 (0.95) |"),
             "{details}"
