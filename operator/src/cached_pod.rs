@@ -13,8 +13,11 @@
 
 use std::borrow::Cow;
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStatus, NodeSelectorRequirement, Pod, PodCondition, PodStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use serde::Deserialize;
 
@@ -27,9 +30,94 @@ pub struct CachedPod {
     /// The node and the container names.
     #[serde(default)]
     pub spec: CachedPodSpec,
-    /// The whole status: the preemption classifier reads it.
+    /// What the preemption classifier and the decisions read of the status.
     #[serde(default)]
-    pub status: Option<PodStatus>,
+    pub status: Option<CachedPodStatus>,
+}
+
+/// What the operator reads of a pod's status: its phase and reason, conditions, start time
+/// and how its containers are doing. Addresses, QoS class and most of each container's status
+/// (image, ids, resources, volume mounts) are skipped while parsing: a `k8s_openapi`
+/// `ContainerStatus` is most of a running pod's cached bytes.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodStatus {
+    /// Pending, Running, Succeeded, Failed or Unknown.
+    #[serde(default)]
+    pub phase: Option<String>,
+    /// Why the pod is in this phase (`Evicted`, `NodeLost`, ...).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The kubelet's or control plane's message about it.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// When the kubelet took the pod.
+    #[serde(default)]
+    pub start_time: Option<Time>,
+    /// The pod's conditions.
+    #[serde(default)]
+    pub conditions: Option<Vec<PodCondition>>,
+    /// Its containers.
+    #[serde(default)]
+    pub container_statuses: Option<Vec<CachedContainerStatus>>,
+    /// Its init containers.
+    #[serde(default)]
+    pub init_container_statuses: Option<Vec<CachedContainerStatus>>,
+    /// Its ephemeral containers.
+    #[serde(default)]
+    pub ephemeral_container_statuses: Option<Vec<CachedContainerStatus>>,
+}
+
+/// What the operator reads of a container's status.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedContainerStatus {
+    /// The container's name.
+    #[serde(default)]
+    pub name: String,
+    /// Whether it passes its readiness probe.
+    #[serde(default)]
+    pub ready: bool,
+    /// Whether it has started (its startup probe passed).
+    #[serde(default)]
+    pub started: Option<bool>,
+    /// How often it restarted.
+    #[serde(default)]
+    pub restart_count: i32,
+    /// Waiting, running or terminated, and why.
+    #[serde(default)]
+    pub state: Option<ContainerState>,
+}
+
+impl From<&ContainerStatus> for CachedContainerStatus {
+    fn from(c: &ContainerStatus) -> Self {
+        Self {
+            name: c.name.clone(),
+            ready: c.ready,
+            started: c.started,
+            restart_count: c.restart_count,
+            state: c.state.clone(),
+        }
+    }
+}
+
+impl From<&PodStatus> for CachedPodStatus {
+    fn from(s: &PodStatus) -> Self {
+        let containers = |list: &Option<Vec<ContainerStatus>>| {
+            list.as_ref()
+                .map(|l| l.iter().map(CachedContainerStatus::from).collect())
+        };
+        Self {
+            phase: s.phase.clone(),
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+            start_time: s.start_time.clone(),
+            conditions: s.conditions.clone(),
+            container_statuses: containers(&s.container_statuses),
+            init_container_statuses: containers(&s.init_container_statuses),
+            ephemeral_container_statuses: containers(&s.ephemeral_container_statuses),
+        }
+    }
 }
 
 /// What the operator reads of a pod's spec.
@@ -201,7 +289,7 @@ impl From<&Pod> for CachedPod {
                     .collect(),
                 affinity: cached_affinity(pod),
             },
-            status: pod.status.clone(),
+            status: pod.status.as_ref().map(CachedPodStatus::from),
         };
         cached.strip();
         cached
@@ -285,7 +373,12 @@ mod tests {
         assert_eq!(cached.node_name(), Some("n"));
         assert_eq!(cached.avoided_nodes(), vec!["going", "gone"]);
         assert_eq!(projected.avoided_nodes(), cached.avoided_nodes());
-        assert_eq!(cached.status, full.status);
+        assert_eq!(cached.status, projected.status);
+        let containers = cached
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        assert_eq!(containers.map(Vec::len), Some(1));
         assert_eq!(cached.metadata, projected.metadata);
         assert_eq!(
             cached.metadata.owner_references,

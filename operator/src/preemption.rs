@@ -7,9 +7,9 @@
 use std::ops::ControlFlow;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{ContainerStatus, Node, PodStatus};
+use k8s_openapi::api::core::v1::Node;
 
-use crate::cached_pod::CachedPod;
+use crate::cached_pod::{CachedContainerStatus, CachedPod, CachedPodStatus};
 
 use crate::nodes::{self, Readiness};
 use crate::trainer::trainer_container;
@@ -297,7 +297,7 @@ pub fn classify(
 }
 
 /// The trainer container's status, once the kubelet reports it.
-pub(crate) fn trainer_status(pod: &CachedPod) -> Option<&ContainerStatus> {
+pub(crate) fn trainer_status(pod: &CachedPod) -> Option<&CachedContainerStatus> {
     let name = trainer_container(pod)?;
     pod.status
         .as_ref()?
@@ -308,7 +308,7 @@ pub(crate) fn trainer_status(pod: &CachedPod) -> Option<&ContainerStatus> {
 }
 
 /// Rule 1: the control plane announced the disruption; any reason counts.
-fn disruption_target(status: Option<&PodStatus>, on_node: &str) -> Option<WorkerState> {
+fn disruption_target(status: Option<&CachedPodStatus>, on_node: &str) -> Option<WorkerState> {
     let c = status
         .and_then(|s| s.conditions.as_ref())?
         .iter()
@@ -320,7 +320,7 @@ fn disruption_target(status: Option<&PodStatus>, on_node: &str) -> Option<Worker
 }
 
 /// Rule 3: the pod was ended by the kubelet or control plane with a preemption reason.
-fn preempting_pod_reason(status: Option<&PodStatus>, on_node: &str) -> Option<WorkerState> {
+fn preempting_pod_reason(status: Option<&CachedPodStatus>, on_node: &str) -> Option<WorkerState> {
     let reason = status
         .and_then(|s| s.reason.as_deref())
         .filter(|r| PREEMPTION_REASONS.contains(r))?;
@@ -334,7 +334,7 @@ fn preempting_pod_reason(status: Option<&PodStatus>, on_node: &str) -> Option<Wo
 fn admission_rejection(
     pod: &CachedPod,
     phase: &str,
-    status: Option<&PodStatus>,
+    status: Option<&CachedPodStatus>,
     on_node: &str,
 ) -> Option<WorkerState> {
     let reason = status.and_then(|s| s.reason.as_deref())?;
@@ -365,7 +365,7 @@ fn lost_container(trainer_exit: Option<&(i32, String)>, on_node: &str) -> Option
 fn own_failure(
     trainer_exit: Option<(i32, String)>,
     phase: &str,
-    status: Option<&PodStatus>,
+    status: Option<&CachedPodStatus>,
     on_node: &str,
 ) -> Option<WorkerState> {
     if let Some((code, reason)) = trainer_exit {
@@ -384,7 +384,7 @@ fn own_failure(
 }
 
 /// The pod's status message as ": message", or nothing.
-fn status_message(status: Option<&PodStatus>) -> String {
+fn status_message(status: Option<&CachedPodStatus>) -> String {
     status
         .and_then(|s| s.message.as_deref())
         .map(|m| format!(": {m}"))
@@ -490,7 +490,7 @@ fn waiting_rule(
 
 /// Rule 11's verdict: the scheduler's settled Unschedulable, and when a fresh one settles.
 fn scheduler_verdict(
-    status: Option<&PodStatus>,
+    status: Option<&CachedPodStatus>,
     now: Timestamp,
 ) -> (Option<String>, Option<Timestamp>) {
     let mut recheck_at = None;
@@ -523,7 +523,7 @@ fn scheduler_verdict(
 }
 
 /// The exit code and reason of a terminated container.
-fn terminated_exit(cs: &ContainerStatus) -> Option<(i32, String)> {
+fn terminated_exit(cs: &CachedContainerStatus) -> Option<(i32, String)> {
     let t = cs.state.as_ref()?.terminated.as_ref()?;
     Some((
         t.exit_code,

@@ -26,14 +26,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
-use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition};
+use k8s_openapi::api::core::v1::PodCondition;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
 
 use super::triggers::JobRef;
-use crate::cached_pod::CachedPod;
+use crate::cached_pod::{CachedContainerStatus, CachedPod};
 use crate::crd::TrainingJob;
 
 /// How long a routine pod change waits before it wakes its job: long enough to gather the
@@ -143,7 +143,7 @@ struct RoutineKey<'a> {
 impl<'a> RoutineKey<'a> {
     fn of(pod: &'a CachedPod) -> Self {
         let status = pod.status.as_ref();
-        let state = |c: &ContainerStatus| {
+        let state = |c: &CachedContainerStatus| {
             let s = c.state.as_ref();
             [
                 s.is_some_and(|s| s.waiting.is_some()),
@@ -312,8 +312,8 @@ mod tests {
     #[test]
     fn what_no_decision_reads_wakes_nothing() {
         let mut moved = running();
+        // (Addresses are not even cached.)
         let status = moved.status.as_mut().expect("status");
-        status.pod_ip = Some("10.0.0.6".into());
         status.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             "2026-01-01T00:01:00Z".parse().expect("time"),
         ));

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{
-    ContainerStatus, Node, NodeAffinity, PersistentVolumeClaim, Pod, Service, Toleration,
+    Node, NodeAffinity, PersistentVolumeClaim, Pod, Service, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -481,7 +481,9 @@ fn is_finished(pod: &CachedPod) -> bool {
     if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
         return true;
     }
-    let terminated = |c: &ContainerStatus| c.state.as_ref().is_some_and(|s| s.terminated.is_some());
+    let terminated = |c: &crate::cached_pod::CachedContainerStatus| {
+        c.state.as_ref().is_some_and(|s| s.terminated.is_some())
+    };
     let statuses = status.container_statuses.as_deref().unwrap_or_default();
     let containers = &pod.spec.containers;
     !containers.is_empty()
