@@ -106,8 +106,12 @@ async fn deleted_jobs_leave_nothing_in_the_operators_memory() {
     )
     .await;
     let jobs = t.jobs();
-    let job = t.job("good-0").await;
-    assert!(condition(&job, "Running").is_some_and(|c| c.status == "True"));
+    // A pod's start is a routine change: the job records it within the
+    // settle delay, not in the same instant the pod runs.
+    t.wait_job("good-0", "the Running condition", |j| {
+        condition(j, "Running").is_some_and(|c| c.status == "True")
+    })
+    .await;
 
     for name in good.iter().map(String::as_str).chain(["failing"]) {
         jobs.delete(name, &DeleteParams::default())
