@@ -54,8 +54,17 @@ where
     }
 }
 
+/// Objects per page of a (re)list.
+const LIST_PAGE_SIZE: u32 = 250;
+
+/// Every watch lists in pages of [`LIST_PAGE_SIZE`], from etcd (the default semantic), so that
+/// a relist costs one page of whole objects at a time before the caches slim them. A list
+/// served from the API server's watch cache (`resourceVersion=0`, `any_semantic`) ignores the
+/// page size: every object comes in one response, and a relist of 8,000 pods while the API
+/// server fails requests (watches restart, so they relist) held the whole list at once,
+/// several times the operator's steady memory.
 fn watch_config() -> watcher::Config {
-    watcher::Config::default().any_semantic()
+    watcher::Config::default().page_size(LIST_PAGE_SIZE)
 }
 
 /// Cached TrainingJobs keep what decisions read: managedFields and kubectl's
