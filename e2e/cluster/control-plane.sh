@@ -13,14 +13,17 @@
 # etcd's client and peer ports on PORT_BASE+1 and +2, the controller-manager's and the
 # scheduler's secure ports on +3 and +4; the Service CIDR is 10.250.0.0/24. Up fails when DIR
 # is already up or a port is taken, and stops what it started when a component does not come
-# up. The flags are up.sh's (the same request limits and node timers), so that figures taken
-# here compare with the e2e cluster's; up also applies a default StorageClass (the in-tree
-# hostPath provisioner) and crds/trainingjob.yaml, and returns once the CRD is established.
+# up. The PKI, kubeconfigs and flags are up.sh's (pki.sh: the same request limits and node
+# timers), so that figures taken here compare with the e2e cluster's; up also applies a default
+# StorageClass (the in-tree hostPath provisioner) and crds/trainingjob.yaml, and returns once
+# the CRD is established.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=env.sh
 source "$HERE/env.sh"
+# shellcheck source=pki.sh
+source "$HERE/pki.sh"
 
 SERVICE_CIDR=10.250.0.0/24
 SERVICE_IP=10.250.0.1
@@ -122,90 +125,27 @@ wait_for() {
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 healthy() { curl -skf --max-time 2 "https://127.0.0.1:$1/healthz"; }
 
-# make_pki: one CA and a client certificate per role, made once per DIR.
-make_pki() {
-  [[ -f $PKI/ca.crt ]] && return 0
-  mkdir -p "$PKI"
-  (
-    cd "$PKI"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=trainyard-bench-ca" \
-      -keyout ca.key -out ca.crt 2>/dev/null
-    cert() { # cert NAME SUBJ [SAN]
-      openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$1.key" -out "$1.csr" 2>/dev/null
-      printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' >"$1.ext"
-      [[ -n ${3:-} ]] && echo "subjectAltName=$3" >>"$1.ext"
-      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
-        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
-    }
-    cert apiserver "/CN=kube-apiserver" \
-      "IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
-    cert admin "/O=system:masters/CN=trainyard-bench-admin"
-    cert controller-manager "/CN=system:kube-controller-manager"
-    cert scheduler "/CN=system:kube-scheduler"
-    openssl genrsa -out sa.key 2048 2>/dev/null
-    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-  )
-}
-
 kubeconfig() { # kubeconfig FILE CERTNAME
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: trainyard-bench
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority: $PKI/ca.crt
-users:
-- name: $2
-  user:
-    client-certificate: $PKI/$2.crt
-    client-key: $PKI/$2.key
-contexts:
-- name: trainyard-bench
-  context: {cluster: trainyard-bench, user: $2, namespace: default}
-current-context: trainyard-bench
-EOF
+  write_kubeconfig "$1" trainyard-bench "https://127.0.0.1:$APISERVER_PORT" "$PKI" "$2"
 }
 
 start_etcd_and_apiserver() {
+  local -a flags
   rm -rf "$DIR/etcd"
-  start etcd /usr/bin/etcd --name trainyard-bench --data-dir "$DIR/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-    --initial-cluster "trainyard-bench=http://127.0.0.1:$ETCD_PEER_PORT" --quota-backend-bytes 4294967296
+  etcd_flags flags trainyard-bench "$DIR/etcd" "$ETCD_PORT" "$ETCD_PEER_PORT"
+  start etcd /usr/bin/etcd "${flags[@]}"
   wait_for etcd 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$ETCD_PORT"
-  start kube-apiserver "$K8S_BIN/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address 127.0.0.1 \
-    --insecure-port 0 \
-    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-    --client-ca-file "$PKI/ca.crt" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
-    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
-    --service-account-issuer https://kubernetes.default.svc \
-    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
-    --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
-    --profiling=false
+  apiserver_flags flags "$PKI" "$ETCD_PORT" "$APISERVER_PORT" 127.0.0.1 "$SERVICE_CIDR"
+  start kube-apiserver "$K8S_BIN/kube-apiserver" "${flags[@]}"
   wait_for kube-apiserver 90 "${KUBECTL[@]}" get --raw /readyz
 }
 
 start_controllers() {
-  start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
-    --kubeconfig "$DIR/controller-manager.kubeconfig" \
-    --authentication-kubeconfig "$DIR/controller-manager.kubeconfig" \
-    --authorization-kubeconfig "$DIR/controller-manager.kubeconfig" \
-    --bind-address 127.0.0.1 --port 0 --secure-port "$CONTROLLER_MANAGER_PORT" \
-    --use-service-account-credentials \
-    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
-    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
-    --enable-hostpath-provisioner --leader-elect=false \
-    --controllers '*,-nodeipam,-cloud-node-lifecycle,-route,-service' \
-    --node-monitor-grace-period 15s --pod-eviction-timeout 5m
-  start kube-scheduler "$K8S_BIN/kube-scheduler" \
-    --kubeconfig "$DIR/scheduler.kubeconfig" \
-    --authentication-kubeconfig "$DIR/scheduler.kubeconfig" \
-    --authorization-kubeconfig "$DIR/scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --port 0 --secure-port "$SCHEDULER_PORT" --leader-elect=false
+  local -a flags
+  controller_manager_flags flags "$DIR/controller-manager.kubeconfig" "$CONTROLLER_MANAGER_PORT" "$PKI" 15s
+  start kube-controller-manager "$K8S_BIN/kube-controller-manager" "${flags[@]}"
+  scheduler_flags flags "$DIR/scheduler.kubeconfig" "$SCHEDULER_PORT"
+  start kube-scheduler "$K8S_BIN/kube-scheduler" "${flags[@]}"
   wait_for kube-controller-manager 60 healthy "$CONTROLLER_MANAGER_PORT"
   wait_for kube-scheduler 60 healthy "$SCHEDULER_PORT"
 }
@@ -240,7 +180,8 @@ up() {
   "$HERE/build-k8s.sh" >/dev/null
   rm -f "$PIDS_DIR"/*.pid
   mkdir -p "$DIR/logs" "$PIDS_DIR"
-  make_pki
+  make_pki "$PKI" trainyard-bench-ca trainyard-bench-admin \
+    "IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
   kubeconfig "$DIR/kubeconfig" admin
   kubeconfig "$DIR/controller-manager.kubeconfig" controller-manager
   kubeconfig "$DIR/scheduler.kubeconfig" scheduler

@@ -14,6 +14,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=env.sh
 source "$HERE/env.sh"
+# shellcheck source=pki.sh
+source "$HERE/pki.sh"
 
 if [[ ${TRAINYARD_E2E_EXISTING:-0} == 1 ]]; then
   : "${KUBECONFIG:?TRAINYARD_E2E_EXISTING=1 needs KUBECONFIG}"
@@ -65,51 +67,14 @@ wait_for() { # wait_for DESC TIMEOUT CMD...
 
 # ---------- PKI (one CA; client certs by role) ----------
 pki=$STATE/pki
-if [[ ! -f $pki/ca.crt ]]; then
-  (
-    cd "$pki"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=trainyard-e2e-ca" \
-      -keyout ca.key -out ca.crt 2>/dev/null
-    cert() { # cert NAME SUBJ [SAN]
-      openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$1.key" -out "$1.csr" 2>/dev/null
-      local ext=$1.ext
-      printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' >"$ext"
-      [[ -n ${3:-} ]] && echo "subjectAltName=$3" >>"$ext"
-      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
-        -extfile "$ext" -out "$1.crt" 2>/dev/null
-    }
-    cert apiserver "/CN=kube-apiserver" \
-      "IP:127.0.0.1,IP:$BRIDGE_IP,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
-    cert admin "/O=system:masters/CN=trainyard-admin"
-    cert controller-manager "/CN=system:kube-controller-manager"
-    cert scheduler "/CN=system:kube-scheduler"
-    cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "IP:127.0.0.1,IP:$NODE1_IP,DNS:$NODE_NAME"
-    cert kube-proxy "/CN=system:kube-proxy"
-    cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
-    openssl genrsa -out sa.key 2048 2>/dev/null
-    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-  )
-fi
+make_pki "$pki" trainyard-e2e-ca trainyard-admin \
+  "IP:127.0.0.1,IP:$BRIDGE_IP,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" \
+  kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "IP:127.0.0.1,IP:$NODE1_IP,DNS:$NODE_NAME" \
+  kube-proxy "/CN=system:kube-proxy" "" \
+  apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" ""
 
 kubeconfig() { # kubeconfig FILE CERTNAME
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: trainyard-e2e
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority: $pki/ca.crt
-users:
-- name: $2
-  user:
-    client-certificate: $pki/$2.crt
-    client-key: $pki/$2.key
-contexts:
-- name: trainyard-e2e
-  context: {cluster: trainyard-e2e, user: $2, namespace: default}
-current-context: trainyard-e2e
-EOF
+  write_kubeconfig "$1" trainyard-e2e "https://127.0.0.1:$APISERVER_PORT" "$pki" "$2"
 }
 kubeconfig "$KUBECONFIG_FILE" admin
 kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager
@@ -137,26 +102,15 @@ write_cni_conflist "$STATE/cni/net.d/10-trainyard.conflist" trainyard-e2e "$BRID
   "$POD_SUBNET" 10.88.1.1 "$BRIDGE_IP" "$STATE/cni/ipam"
 
 # ---------- etcd ----------
-start etcd /usr/bin/etcd --name trainyard-e2e --data-dir "$STATE/etcd" \
-  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-  --initial-cluster "trainyard-e2e=http://127.0.0.1:$ETCD_PEER_PORT" --quota-backend-bytes 4294967296
+flags=() # set by the *_flags functions of pki.sh
+etcd_flags flags trainyard-e2e "$STATE/etcd" "$ETCD_PORT" "$ETCD_PEER_PORT"
+start etcd /usr/bin/etcd "${flags[@]}"
 wait_for etcd 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$ETCD_PORT"
 
 # ---------- kube-apiserver ----------
-start kube-apiserver "$K8S_BIN/kube-apiserver" \
-  --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-  --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address "$BRIDGE_IP" \
-  --insecure-port 0 \
-  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-  --client-ca-file "$pki/ca.crt" --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
-  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-  --service-account-issuer https://kubernetes.default.svc \
-  --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
-  --kubelet-preferred-address-types InternalIP,Hostname \
-  --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
-  --profiling=false
+apiserver_flags flags "$pki" "$ETCD_PORT" "$APISERVER_PORT" "$BRIDGE_IP" "$SERVICE_CIDR" \
+  apiserver-kubelet-client
+start kube-apiserver "$K8S_BIN/kube-apiserver" "${flags[@]}"
 wait_for kube-apiserver 90 "${KUBECTL[@]}" get --raw /readyz
 
 # Pods (and node 2) reach the API server at $BRIDGE_IP:$APISERVER_PORT: forwarded to
@@ -176,27 +130,15 @@ start apiserver-bridge-proxy "$API_DELAY" \
 # wait; TRAINYARD_DEFAULT_TIMERS=1 keeps the default (40s on 1.20) to measure a loss as
 # production sees it. Recorded for make demo's output.
 if [[ -n ${TRAINYARD_DEFAULT_TIMERS:-} ]]; then
-  grace=() grace_said="40s (default)"
+  grace='' grace_said="40s (default)"
 else
-  grace=(--node-monitor-grace-period 15s) grace_said=15s
+  grace=15s grace_said=15s
 fi
 alive kube-controller-manager || echo "$grace_said" >"$STATE/node-monitor-grace-period"
-start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
-  --kubeconfig "$STATE/controller-manager.kubeconfig" \
-  --authentication-kubeconfig "$STATE/controller-manager.kubeconfig" \
-  --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
-  --bind-address 127.0.0.1 --port 0 --secure-port 10257 \
-  --use-service-account-credentials \
-  --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-  --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
-  --enable-hostpath-provisioner --leader-elect=false \
-  --controllers '*,-nodeipam,-cloud-node-lifecycle,-route,-service' \
-  "${grace[@]}" --pod-eviction-timeout 5m
-start kube-scheduler "$K8S_BIN/kube-scheduler" \
-  --kubeconfig "$STATE/scheduler.kubeconfig" \
-  --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
-  --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
-  --bind-address 127.0.0.1 --port 0 --secure-port 10259 --leader-elect=false
+controller_manager_flags flags "$STATE/controller-manager.kubeconfig" 10257 "$pki" "$grace"
+start kube-controller-manager "$K8S_BIN/kube-controller-manager" "${flags[@]}"
+scheduler_flags flags "$STATE/scheduler.kubeconfig" 10259
+start kube-scheduler "$K8S_BIN/kube-scheduler" "${flags[@]}"
 
 # ---------- containerd ----------
 cat >"$STATE/containerd/config.toml" <<EOF
