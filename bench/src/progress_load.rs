@@ -424,18 +424,25 @@ impl Jitter {
     }
 }
 
-/// A keep-alive HTTP/1.1 connection that reconnects after the server closed it.
+/// A keep-alive HTTP/1.1 connection that reconnects after the server closed it, from a
+/// loopback address of its own: each rank is a pod with an address of its own, and the
+/// endpoint admits at most 64 connections per source address.
 struct Connection {
     addr: SocketAddr,
+    source: std::net::IpAddr,
     stream: Option<BufReader<TcpStream>>,
     line: String,
     body: Vec<u8>,
 }
 
 impl Connection {
-    fn new(addr: SocketAddr) -> Self {
+    /// The `n`-th client's connection to `addr`, from 127.1.x.y (all of 127/8 is loopback).
+    fn new(addr: SocketAddr, n: usize) -> Self {
+        let n = u32::try_from(n % (250 * 250)).unwrap_or(0);
+        let [x, y] = [n / 250, n % 250 + 1].map(|v| u8::try_from(v).unwrap_or(1));
         Self {
             addr,
+            source: std::net::Ipv4Addr::new(127, 1, x, y).into(),
             stream: None,
             line: String::new(),
             body: Vec::new(),
@@ -460,7 +467,9 @@ impl Connection {
         let stream = match &mut self.stream {
             Some(stream) => stream,
             None => {
-                let stream = TcpStream::connect(self.addr).await?;
+                let socket = tokio::net::TcpSocket::new_v4()?;
+                socket.bind(SocketAddr::new(self.source, 0))?;
+                let stream = socket.connect(self.addr).await?;
                 stream.set_nodelay(true)?;
                 self.stream.insert(BufReader::new(stream))
             }
@@ -530,7 +539,7 @@ async fn run_steady(addr: SocketAddr, ranks: &[Rank], params: &ProgressLoadParam
             let mut jitter = Jitter(i as u64);
             let offset = Duration::from_millis(jitter.below(params.interval_ms));
             tokio::spawn(async move {
-                let mut connection = Connection::new(addr);
+                let mut connection = Connection::new(addr, i);
                 let token = rank.token();
                 let mut outcome = RankOutcome::default();
                 let mut step = 0u64;
@@ -606,11 +615,11 @@ async fn run_flood(addr: SocketAddr, ranks: &[Rank], params: &ProgressLoadParams
     let ranks: Arc<[Rank]> = ranks.into();
     let padding: Arc<str> = "x".repeat(OVERSIZED_BYTES).into();
     let tasks: Vec<_> = (0..params.flood_connections)
-        .map(|_| {
+        .map(|c| {
             let (next, ranks, padding) = (next.clone(), ranks.clone(), padding.clone());
             let total = params.flood_requests;
             tokio::spawn(async move {
-                let mut connection = Connection::new(addr);
+                let mut connection = Connection::new(addr, c as usize);
                 let mut phase = FloodPhase::default();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
