@@ -22,15 +22,52 @@ server restart the Endpoints controller and CoreDNS catch up only after a while,
 then the master's name resolves to the previous attempt's address, or to nothing. torchrun
 gives up at once on an address with no route to it (exit 1), which the operator must count
 as the job's failure.
+
+With TRAINYARD_SUPERVISOR_URL set (the operator sets it for a job with restartPolicy.inPlace)
+the launcher is also the supervisor of in-place restarts. A gang restart then keeps the pods
+on healthy nodes: their containers go on, and replacing the trainer's processes with the next
+attempt's is this launcher's job, not the kubelet's (no new pod to schedule, image to pull or
+volume to attach). Without the variable none of what follows happens. The command then runs
+in a session of its own, so that every process of an attempt can be found and ended, and the
+launcher polls the operator (a POST with the progress channel's token, re-read each time as
+the kubelet rotates it) every TRAINYARD_SUPERVISOR_POLL_SECONDS (1) while the command runs,
+and every quarter second while it waits for an order, with its rank, attempt and state:
+running, exited (the command failed on its own) or stopped (on the operator's order). The
+answer says what to do:
+
+- continue: nothing.
+- stop: a new attempt was decided. SIGTERM to the command (torchrun passes it to its
+  workers, which save), up to TRAINYARD_STOP_GRACE_SECONDS (30) for it to exit (the barrier
+  rule above applies), then SIGKILL to whatever is left of its session. Only once nothing is
+  left does it report stopped: the operator starts the next attempt on the strength of it,
+  and a process of the old one would hold its GPUs or write an old checkpoint.
+- start: the next attempt, with the environment the answer gives over the container's own
+  (every variable a new pod of this rank would have), after waiting for its master as above.
+- exit: the job ended; exit with the command's code (stopping it first if it runs).
+
+An operator that cannot be reached, or an answer the launcher does not know, means continue:
+the command runs on (logged at most once a minute). When the command exits 0 the launcher
+exits 0 at once: the rank finished. When it fails, what it left running in its session is
+killed before the launcher reports exited. Then, as once it was stopped, the launcher waits up
+to TRAINYARD_SUPERVISOR_HOLD_SECONDS (30) for the operator to start the next attempt, and
+exits with the command's code (143 when stopped), so that without an operator the container
+ends as it would without a supervisor. SIGTERM or SIGINT to the launcher itself (the pod is
+deleted) is passed on as above, and it exits with the command's code, waiting for no order.
+docs/env-contract.md describes the protocol, for a supervisor of your own.
 """
 
 import errno
+import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 
 POLL_SECONDS = 0.2
 # Errors that say the name points nowhere yet (a stale or missing address), not that the
@@ -146,10 +183,379 @@ def run(command, stuck):
     return 128 - code if code < 0 else code
 
 
+# The in-place restart supervisor (TRAINYARD_SUPERVISOR_URL; docs/env-contract.md).
+
+WAITING_POLL_SECONDS = 0.25  # between polls while exited or stopped: a restart is imminent
+HTTP_TIMEOUT_SECONDS = 2
+QUIET_SECONDS = 60  # between two logged poll errors
+GONE_SECONDS = 2  # for the leftovers of a command on the way out: the container ends anyway
+
+
+def say(message):
+    print(f"trainyard_launch.py: {message}", file=sys.stderr, flush=True)
+
+
+def exit_status(code):
+    """A Popen return code as a shell would give it: killed by signal N is 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def integer_setting(name):
+    raw = os.environ.get(name)
+    if raw is None:
+        sys.exit(f"trainyard_launch.py: {name} is not set (TRAINYARD_SUPERVISOR_URL needs it)")
+    if not raw.strip().isdigit():
+        sys.exit(f"trainyard_launch.py: {name}={raw!r} is not a non-negative integer")
+    return int(raw)
+
+
+def processes():
+    """(pid, state, ppid, process group, session) of every process, from /proc/<pid>/stat."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # ended while we looked
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) < 4 or not all(field.lstrip("-").isdigit() for field in fields[1:4]):
+            continue
+        yield int(entry), fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def end_session(leader):
+    """SIGKILL to every process of the process group and session the command `leader` (started
+    in a session of its own) leads; whether none was left running. A zombie counts as gone (it
+    holds nothing); ours (an orphan handed to the container's first process) is reaped, the
+    command itself excepted (Popen reaps it, and needs its status)."""
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except OSError:
+        pass  # the group is empty
+    me, left = os.getpid(), False
+    for pid, state, ppid, group, session in processes():
+        if state in ("Z", "X"):
+            if ppid == me and pid != leader:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            continue
+        if pid != me and leader in (group, session):
+            left = True
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    return not left
+
+
+def wait_session_gone(leader, limit=None):
+    """end_session until nothing of it runs (for at most `limit` seconds); whether it came to
+    that."""
+    started = time.monotonic()
+    while not end_session(leader):
+        if limit is not None and time.monotonic() - started >= limit:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def parse_order(answer):
+    """(action, attempt, env) from the operator's answer, None for continue; ValueError for
+    one this launcher does not know."""
+    if not isinstance(answer, dict):
+        raise ValueError(f"the answer is not a JSON object: {json.dumps(answer)[:100]}")
+    action = answer.get("action")
+    if action == "continue":
+        return None
+    if action == "exit":
+        return ("exit", None, {})
+    if action not in ("stop", "start"):
+        raise ValueError(f"unknown action {json.dumps(action)[:100]}")
+    attempt = answer.get("attempt")
+    if type(attempt) is not int or attempt < 0:
+        raise ValueError(f"{action} without a valid attempt: {json.dumps(attempt)[:100]}")
+    env = answer.get("env", {}) if action == "start" else {}
+    if not isinstance(env, dict) or not all(
+        isinstance(value, str) and "\0" not in value and name and "=" not in name
+        and "\0" not in name
+        for name, value in env.items()
+    ):
+        raise ValueError("start with an env that is not an object of variables and strings")
+    return (action, attempt, env)
+
+
+class Signalled(Exception):
+    """SIGTERM or SIGINT came while no command ran (waiting for the master)."""
+
+
+class Supervisor:
+    """Runs the command's attempts (main thread) and polls the operator (a daemon thread, so
+    that a slow or hanging poll never delays passing SIGTERM on or reaping the command). The
+    poll thread only reports and hands the answers over; the main thread acts on them."""
+
+    def __init__(self, command, stuck, master_wait):
+        self.command = command
+        self.stuck = stuck
+        self.master_wait = master_wait
+        self.grace = seconds_setting("TRAINYARD_STOP_GRACE_SECONDS", "30")
+        self.hold = seconds_setting("TRAINYARD_SUPERVISOR_HOLD_SECONDS", "30")
+        self.poll_seconds = seconds_setting("TRAINYARD_SUPERVISOR_POLL_SECONDS", "1")
+        if self.poll_seconds == 0:
+            sys.exit("trainyard_launch.py: TRAINYARD_SUPERVISOR_POLL_SECONDS='0' is not more "
+                     "than 0")
+        self.url = os.environ["TRAINYARD_SUPERVISOR_URL"]
+        self.token_file = os.environ.get("TRAINYARD_PROGRESS_TOKEN_FILE")
+        self.job = os.environ.get("TRAINYARD_JOB", "")
+        self.rank = integer_setting("NODE_RANK")
+        # What the poll thread reports, under the lock: the attempt this launcher runs or last
+        # ran, its state and, when exited, the command's code.
+        self.lock = threading.Lock()
+        self.attempt = integer_setting("TRAINYARD_ATTEMPT")
+        self.state = "running"
+        self.exit_code = None
+        self.polling = True
+        self.wake = threading.Event()  # report at once: the state changed
+        self.orders = queue.Queue()
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.last_complaint = None
+        # The main thread's own.
+        self.overlay = {}  # every start's env, each over the last
+        self.child = None
+        self.signalled = None  # SIGTERM or SIGINT to the launcher: the pod is being deleted
+        self.sigterm_at = None  # when the command got SIGTERM (the barrier rule)
+        self.childless_since = None
+        self.stuck_killed = False
+        self.stopping = None  # the operator's stop: {"decided", "deadline", "exit"}
+        self.held_since = None
+        self.ignored = set()
+
+    # The poll thread.
+
+    def poll_forever(self):
+        while True:
+            self.wake.clear()
+            with self.lock:
+                if not self.polling:
+                    return
+                body = {"job": self.job, "rank": self.rank, "attempt": self.attempt,
+                        "state": self.state}
+                if self.state == "exited":
+                    body["exitCode"] = self.exit_code
+                interval = self.poll_seconds if self.state == "running" else WAITING_POLL_SECONDS
+            order = self.ask(body)
+            if order is not None and self.polling:
+                self.orders.put(order)
+            self.wake.wait(interval)
+
+    def ask(self, body):
+        """POSTs one poll; its order, None for continue, or for any error (logged at most once
+        a minute)."""
+        try:
+            if not self.token_file:
+                raise ValueError("TRAINYARD_PROGRESS_TOKEN_FILE is not set")
+            with open(self.token_file, encoding="utf-8") as f:
+                token = f.read().strip()  # the kubelet rotates it: read it every time
+            request = urllib.request.Request(
+                self.url, json.dumps(body).encode(),
+                {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                method="POST",
+            )
+            with self.opener.open(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
+                if response.status != 200:
+                    raise ValueError(f"HTTP {response.status}")
+                return parse_order(json.load(response))
+        except urllib.error.HTTPError as err:
+            try:
+                detail = err.read(300).decode("utf-8", "replace").strip()
+            except Exception:
+                detail = ""
+            why = f"HTTP {err.code}" + (f": {detail}" if detail else "")
+        except Exception as err:  # refused, timed out, not JSON, an unknown order
+            why = str(err) or type(err).__name__
+        now = time.monotonic()
+        if self.last_complaint is None or now - self.last_complaint >= QUIET_SECONDS:
+            self.last_complaint = now
+            say(f"supervisor poll to {self.url}: {why} (taken as continue; logged at most once "
+                "a minute)")
+        return None
+
+    # The main thread.
+
+    def report(self, state, exit_code=None, attempt=None):
+        with self.lock:
+            self.state, self.exit_code = state, exit_code
+            if attempt is not None:
+                self.attempt = attempt
+        self.wake.set()
+
+    def on_signal(self, signum, frame):
+        # No lock here: the main thread, which runs this, may hold it.
+        self.signalled = signum
+        self.polling = False  # no more polls: the pod is being deleted
+        if signum == signal.SIGTERM and self.sigterm_at is None:
+            self.sigterm_at = time.monotonic()
+        if self.child is not None:
+            self.child.send_signal(signum)  # a no-op once it has exited
+
+    def nap(self, seconds):
+        """wait_for_master's sleep: SIGTERM ends it."""
+        end = time.monotonic() + seconds
+        while self.signalled is None:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.1))
+        raise Signalled
+
+    def start_child(self):
+        self.child, self.sigterm_at, self.childless_since = None, None, None
+        self.stuck_killed, self.stopping, self.held_since = False, None, None
+        env = {**os.environ, **self.overlay}
+        try:
+            wait_for_master(env, self.master_wait, sleep=self.nap)
+        except Signalled:
+            return
+        self.child = subprocess.Popen(self.command, env=env, start_new_session=True)
+        if self.signalled is not None:  # came between the wait and the start
+            if self.signalled == signal.SIGTERM:
+                self.sigterm_at = time.monotonic()
+            self.child.send_signal(self.signalled)
+
+    def run(self):
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        threading.Thread(target=self.poll_forever, name="supervisor", daemon=True).start()
+        try:
+            self.start_child()
+            while True:
+                try:
+                    order = self.orders.get(timeout=POLL_SECONDS)
+                except queue.Empty:
+                    order = None
+                if order is not None and self.signalled is None:
+                    code = self.obey(*order)
+                    if code is not None:
+                        return code
+                code = self.step()
+                if code is not None:
+                    return code
+        finally:
+            self.polling = False
+
+    def obey(self, action, decided, env):
+        """Acts on the operator's order; the launcher's exit code when it says to exit now."""
+        with self.lock:
+            state, attempt = self.state, self.attempt
+        if action == "exit":
+            if state == "running":
+                self.begin_stop(None, then_exit=True)
+                return None
+            code = self.exit_code if state == "exited" else 143
+            say(f"the operator ended the job: exiting {code}")
+            return code
+        if action == "stop":
+            # Otherwise an answer to a poll sent before the last change: nothing runs any more.
+            if state == "running" and decided > attempt and self.child is not None:
+                self.begin_stop(decided)
+            return None
+        # start
+        if state == "running" or decided <= attempt:
+            key = (decided, attempt, state)
+            if key not in self.ignored and not (state == "running" and decided == attempt):
+                self.ignored.add(key)  # (the same start again answers a poll sent before it)
+                say(f"ignoring the operator's start of attempt {decided}: attempt {attempt} is "
+                    f"{state}")
+            return None
+        self.overlay.update(env)
+        say(f"starting attempt {decided} in place")
+        self.report("running", attempt=decided)
+        self.start_child()
+        return None
+
+    def begin_stop(self, decided, then_exit=False):
+        if self.stopping is not None:
+            self.stopping["exit"] |= then_exit
+            return
+        with self.lock:
+            attempt = self.attempt
+        why = "the job ended" if decided is None else f"attempt {decided} decided"
+        say(f"stopping attempt {attempt} on the operator's order ({why}): SIGTERM to "
+            f"{self.command[0]}, up to {self.grace:g} s to exit")
+        now = time.monotonic()
+        self.stopping = {"why": why, "deadline": now + self.grace, "exit": then_exit}
+        if self.sigterm_at is None:
+            self.sigterm_at = now
+        self.child.send_signal(signal.SIGTERM)
+
+    def step(self):
+        """Checks the command and the clocks; the launcher's exit code when it is time to go."""
+        now = time.monotonic()
+        with self.lock:
+            state, attempt, exit_code = self.state, self.attempt, self.exit_code
+        if state in ("exited", "stopped"):
+            code = exit_code if state == "exited" else 143
+            if self.signalled is not None:
+                return code
+            if now - self.held_since >= self.hold:
+                say(f"no start from the operator within {self.hold:g} s: exiting {code}")
+                return code
+            return None
+        if self.child is None:  # SIGTERM while it waited for the master
+            return 128 + self.signalled
+        if self.child.poll() is None:
+            self.enforce_stop(now)
+            if self.child.poll() is None:
+                return None
+        code = 143 if self.stuck_killed else exit_status(self.child.returncode)
+        if self.signalled is not None or (code == 0 and self.stopping is None):
+            wait_session_gone(self.child.pid, GONE_SECONDS)
+            return code
+        # Never report stopped or exited while a process of the attempt runs.
+        wait_session_gone(self.child.pid)
+        self.held_since = time.monotonic()
+        if self.stopping is not None:
+            say(f"attempt {attempt} stopped on the operator's order ({self.stopping['why']})")
+            self.report("stopped")
+            return code if self.stopping["exit"] else None
+        self.report("exited", code)
+        say(f"child exited {code}; holding for the operator's decision up to {self.hold:g} s")
+        return None
+
+    def enforce_stop(self, now):
+        """The operator's grace and the barrier rule for a command that got SIGTERM."""
+        if self.stopping is not None and now >= self.stopping["deadline"]:
+            say(f"{self.command[0]} did not exit within {self.grace:g} s of SIGTERM: killing "
+                "its processes")
+        elif self.sigterm_at is None:
+            return
+        elif has_children(self.child.pid):
+            self.childless_since = None
+            return
+        else:
+            self.childless_since = self.childless_since or now
+            if now - self.childless_since < self.stuck:
+                return
+            say(f"{self.command[0]} outlived its workers by {self.stuck:g} s after SIGTERM "
+                "(torchrun's exit barrier): stopping it")
+            self.stuck_killed = True
+        end_session(self.child.pid)
+        self.child.wait()
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit("usage: trainyard_launch.py COMMAND [ARG]...")
     stuck = seconds_setting("SIGTERM_STUCK_SECONDS", "2")
+    if os.environ.get("TRAINYARD_SUPERVISOR_URL"):
+        supervisor = Supervisor(argv[1:], stuck, seconds_setting("MASTER_WAIT_SECONDS", "120"))
+        try:
+            return supervisor.run()
+        except FileNotFoundError as err:
+            sys.exit(f"trainyard_launch.py: {err}")
     wait_for_master(os.environ, seconds_setting("MASTER_WAIT_SECONDS", "120"))
     try:
         return run(argv[1:], stuck)

@@ -401,6 +401,15 @@ pub struct RestartPolicySpec {
     #[serde(default = "default_max_hangs")]
     #[schemars(range(min = 0, max = MAX_RESTARTS))]
     pub max_hangs: u32,
+
+    /// Restart the gang in place where the pods allow it: a worker whose pod and node are
+    /// healthy keeps its pod (and its GPUs), and the supervisor in its container
+    /// (`examples/trainyard_launch.py`) stops the old attempt's processes and starts the next
+    /// attempt's; only lost, noticed or failed pods are created again. Needs the progress
+    /// channel; a pod whose supervisor does not answer is replaced as without it. Default:
+    /// false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_place: bool,
 }
 
 impl Default for RestartPolicySpec {
@@ -411,6 +420,7 @@ impl Default for RestartPolicySpec {
             backoff_seconds: default_backoff_seconds(),
             progress_timeout_seconds: None,
             max_hangs: default_max_hangs(),
+            in_place: false,
         }
     }
 }
@@ -767,6 +777,12 @@ pub struct LastRestart {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = MAX_MESSAGE_CHARS))]
     pub detail: String,
+    /// The ranks that keep their pods and restart in place (`spec.restartPolicy.inPlace`),
+    /// e.g. "0,2-3": their supervisors stop the old attempt and start this one. The other
+    /// ranks' pods are created again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_RANK_SET_CHARS))]
+    pub in_place_ranks: String,
 }
 
 /// Why a gang restart happened.

@@ -72,6 +72,10 @@ pub const TRAINYARD_PROGRESS_URL: &str = "TRAINYARD_PROGRESS_URL";
 /// The file holding the token a progress report carries (`Authorization: Bearer`): the
 /// pod's service-account token for the operator's audience, rotated by the kubelet.
 pub const TRAINYARD_PROGRESS_TOKEN_FILE: &str = "TRAINYARD_PROGRESS_TOKEN_FILE";
+/// Where the container's supervisor asks which attempt to run (`spec.restartPolicy.inPlace`).
+pub const TRAINYARD_SUPERVISOR_URL: &str = "TRAINYARD_SUPERVISOR_URL";
+/// How long the supervisor gives the old attempt after SIGTERM: the pod's grace period.
+pub const TRAINYARD_STOP_GRACE_SECONDS: &str = "TRAINYARD_STOP_GRACE_SECONDS";
 /// PyTorch's CUDA allocator settings (a default the template may override).
 pub const PYTORCH_CUDA_ALLOC_CONF: &str = "PYTORCH_CUDA_ALLOC_CONF";
 /// NCCL's async error handling (a default the template may override).

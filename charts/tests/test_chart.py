@@ -390,8 +390,9 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     ("trainyard.dev", "trainingjobs"): {"list", "watch"},
     # Status by server-side apply (and a merge patch for malformed objects).
     ("trainyard.dev", "trainingjobs/status"): {"patch"},
-    # Created (never patched), deleted, one read for a sibling's placement.
-    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    # Created, deleted, one read for a sibling's placement; patched only to move a pod kept for
+    # an in-place restart to its next attempt (its attempt label, under its uid).
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
     # Server-side applied (create the first time), watched; never deleted.
     ("", "services"): {"list", "watch", "create"},
     # Created; patched only for the owner reference retainOnDelete asks for.
@@ -430,13 +431,13 @@ def operator_grants(objects: list[dict[str, Any]]) -> dict[tuple[str, str], set[
 @pytest.mark.parametrize(
     "values", [{}, {"operator": {"watchNamespace": "ml"}}], ids=["cluster-wide", "single-namespace"]
 )
-def test_operator_never_writes_job_specs_patches_pods_or_deletes_services_and_claims(
+def test_operator_never_writes_job_specs_updates_pods_or_deletes_services_and_claims(
     chart: Any, values: dict[str, Any]
 ) -> None:
     granted = operator_grants(render(chart, values))
     assert granted[("trainyard.dev", "trainingjobs")] == {"list", "watch"}
     assert ("trainyard.dev", "trainingjobs/finalizers") not in granted
-    assert "patch" not in granted[("", "pods")] and "update" not in granted[("", "pods")]
+    assert "update" not in granted[("", "pods")]
     for resource in ("services", "persistentvolumeclaims"):
         assert "delete" not in granted[("", resource)], resource
 

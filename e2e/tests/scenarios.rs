@@ -1457,10 +1457,19 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
     let ns = Jobs::new(&client);
     let res = async {
         let name = "hung";
-        let mut job = torch_job(name, 2, 40, "0.2", json!({"policy": "Never"}));
-        job["spec"]["restartPolicy"]["progressTimeoutSeconds"] = json!(20);
-        set_env(&mut job, &[("HANG_AT_STEP", "12"), ("HANG_RANK", "1")]);
-        create_job(&client, &ns.name, job).await?;
+        let hung = |name: &str, gpus: u32| {
+            let mut job = torch_job(name, gpus, 40, "0.2", json!({"policy": "Never"}));
+            job["spec"]["restartPolicy"]["progressTimeoutSeconds"] = json!(20);
+            set_env(&mut job, &[("HANG_AT_STEP", "12"), ("HANG_RANK", "1")]);
+            job
+        };
+        create_job(&client, &ns.name, hung(name, 2)).await?;
+        // Beside it, the same hang in a job that restarts in place, and its uninterrupted twin.
+        let mut in_place = hung("hung-in-place", 1);
+        in_place["spec"]["restartPolicy"]["inPlace"] = json!(true);
+        create_job(&client, &ns.name, in_place).await?;
+        let twin = torch_job("hung-twin", 1, 40, "0.2", json!({"policy": "Never"}));
+        create_job(&client, &ns.name, twin).await?;
         running_pods(&client, &ns.name, name, 0, 2).await?;
         // Rank 1 sleeps inside step 12 in attempt 0; rank 0 waits in the collective.
         running_pods(&client, &ns.name, name, 1, 2).await?;
@@ -1487,11 +1496,54 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
         )
         .await?;
         assert_eq!(st["hangs"], 1, "status: {st}");
-        Ok(())
+        restarts_in_place_without_a_pod_written(&client, &ns.name, "hung-in-place", "hung-twin")
+            .await
     }
     .await;
     ns.cleanup().await?;
     res
+}
+
+/// The hang of `job` (`restartPolicy.inPlace`) restarts every rank in place: the pods of
+/// attempt 0 run attempt 1, none is created or deleted, and the job ends with the weights of
+/// its uninterrupted `twin`.
+async fn restarts_in_place_without_a_pod_written(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    twin: &str,
+) -> Result<()> {
+    let uids = |pods: &[Pod]| -> BTreeSet<String> { pods.iter().filter_map(|p| p.uid()).collect() };
+    let before = uids(&running_pods(client, ns, job, 0, 2).await?);
+    let after = uids(&running_pods(client, ns, job, 1, 2).await?);
+    ensure!(
+        before == after,
+        "attempt 1 runs in other pods: {before:?} then {after:?}"
+    );
+    let st = job_status(client, ns, job).await?;
+    ensure!(
+        st["lastRestart"]["reason"] == "Hang" && st["lastRestart"]["inPlaceRanks"] == "0-1",
+        "status: {st}"
+    );
+    let said = job_events(client, ns, job, "RestartingInPlace").await?;
+    ensure!(
+        said.iter().any(|m| m.contains("no pod is created again")),
+        "{said:?}"
+    );
+    let st = wait_phase(client, ns, job, "Succeeded", Duration::from_secs(300)).await?;
+    ensure!(st["attempt"] == 1 && st["hangs"] == 1, "status: {st}");
+    let at_end = uids(&job_pods(client, ns, job).await?);
+    ensure!(
+        at_end == before,
+        "pods at the end {at_end:?}, at the start {before:?}"
+    );
+    ensure!(
+        job_events(client, ns, job, "InPlaceFallback")
+            .await?
+            .is_empty(),
+        "no rank fell back to a new pod"
+    );
+    ends_as_its_baseline(client, ns, job, 1, twin).await
 }
 
 /// The GitOps flow (delete the TrainingJob, apply it again) over the claim `retainOnDelete`

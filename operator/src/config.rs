@@ -90,6 +90,18 @@ pub struct ProgressChannel {
     pub audience: String,
 }
 
+impl ProgressChannel {
+    /// Where supervisors poll (`TRAINYARD_SUPERVISOR_URL`): the progress URL's `/v1/progress`
+    /// path replaced by `/v1/supervisor`, or that path appended to a URL without it.
+    pub fn supervisor_url(&self) -> String {
+        let base = self
+            .url
+            .strip_suffix(crate::progress::server::PATH)
+            .unwrap_or(self.url.trim_end_matches('/'));
+        format!("{base}{}", crate::progress::server::SUPERVISOR_PATH)
+    }
+}
+
 /// One row of the price table.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

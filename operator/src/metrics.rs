@@ -304,6 +304,8 @@ pub struct Metrics {
     pub state_entries: Family<StateLabels, Gauge>,
     /// Progress reports from trainers, by how they were answered.
     pub progress_reports: Family<ReportLabels, Counter>,
+    /// Polls of in-place restart supervisors, by how they were answered.
+    pub supervisor_polls: Family<ReportLabels, Counter>,
     /// Steps lost per gang restart after a preemption: the step the trainers had reported
     /// before it, minus the step the next attempt resumed from.
     pub steps_lost: Histogram,
@@ -388,14 +390,27 @@ fn register_controller_metrics(r: &mut Registry) -> (Gauge, Family<StateLabels, 
 /// The per-job step rate gauges ([`Metrics::steps_per_second`]).
 type StepRateGauges = Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 
-/// Registers the progress report counter, the steps-lost histogram and the step rate gauges.
-fn register_progress_metrics(
-    r: &mut Registry,
-) -> (Family<ReportLabels, Counter>, Histogram, StepRateGauges) {
-    let progress_reports = registered(
+/// The progress channel's metrics.
+struct ProgressMetrics {
+    reports: Family<ReportLabels, Counter>,
+    polls: Family<ReportLabels, Counter>,
+    steps_lost: Histogram,
+    steps_per_second: StepRateGauges,
+}
+
+/// Registers the progress report and supervisor poll counters, the steps-lost histogram and
+/// the step rate gauges.
+fn register_progress_metrics(r: &mut Registry) -> ProgressMetrics {
+    let reports = registered(
         r,
         "trainyard_operator_progress_reports",
         "Progress reports from trainers, by outcome",
+        Family::<ReportLabels, Counter>::default(),
+    );
+    let polls = registered(
+        r,
+        "trainyard_operator_supervisor_polls",
+        "Polls of in-place restart supervisors, by outcome",
         Family::<ReportLabels, Counter>::default(),
     );
     let steps_lost = registered(
@@ -412,7 +427,12 @@ fn register_progress_metrics(
         "Training steps per second of each job that reports progress",
         StepRateGauges::default(),
     );
-    (progress_reports, steps_lost, steps_per_second)
+    ProgressMetrics {
+        reports,
+        polls,
+        steps_lost,
+        steps_per_second,
+    }
 }
 
 /// Registers the count of status-only rounds that parked their job (`crate::writes`).
@@ -432,7 +452,7 @@ impl Metrics {
         let (reconciles, reconcile_errors, reconcile_duration) = register_reconcile_metrics(&mut r);
         let (restarts, preemption_recovery) = register_restart_metrics(&mut r);
         let (leader, state_entries) = register_controller_metrics(&mut r);
-        let (progress_reports, steps_lost, steps_per_second) = register_progress_metrics(&mut r);
+        let progress = register_progress_metrics(&mut r);
         let status_rounds_parked = register_parked_metric(&mut r);
         let ledgers = LedgerCollector::default();
         r.register_collector(Box::new(ledgers.clone()));
@@ -445,9 +465,10 @@ impl Metrics {
             preemption_recovery,
             leader,
             state_entries,
-            progress_reports,
-            steps_lost,
-            steps_per_second,
+            progress_reports: progress.reports,
+            supervisor_polls: progress.polls,
+            steps_lost: progress.steps_lost,
+            steps_per_second: progress.steps_per_second,
             status_rounds_parked,
             ledgers,
             ready: AtomicBool::new(false),
@@ -477,6 +498,15 @@ impl Metrics {
     /// Counts a progress report by how it was answered.
     pub fn count_report(&self, outcome: &str) {
         self.progress_reports
+            .get_or_create(&ReportLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a supervisor's poll by how it was answered.
+    pub fn count_supervisor_poll(&self, outcome: &str) {
+        self.supervisor_polls
             .get_or_create(&ReportLabels {
                 outcome: outcome.to_owned(),
             })

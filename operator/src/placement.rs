@@ -21,7 +21,7 @@ use crate::validate::ValidJob;
 use trainyard_api::Version;
 
 /// Where the job's pods go.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Placement {
     /// Node affinity to merge into the pod template's.
     pub node_affinity: Option<NodeAffinity>,

@@ -228,7 +228,13 @@ pub fn desired_pod(
         equip_trainer(trainer, job, rank, attempt, start, resume_file);
     }
     if let Some(channel) = progress {
-        connect_progress_channel(&mut spec, job.trainer_index, channel);
+        // The supervisor's grace for the old attempt is the pod's, as if it were deleted.
+        let supervised = job
+            .spec
+            .restart_policy
+            .in_place
+            .then_some(job.spec.termination_grace_period_seconds);
+        connect_progress_channel(&mut spec, job.trainer_index, channel, supervised);
     }
 
     Pod {
@@ -282,7 +288,12 @@ fn mount_checkpoint_claim(spec: &mut PodSpec, job: &ValidJob) {
 /// The progress channel (docs/env-contract.md): its URL, and a service-account token for the
 /// operator's audience, bound to this pod (the operator checks both with a TokenReview), in
 /// a projected volume the kubelet rotates. Values the user sets win.
-fn connect_progress_channel(spec: &mut PodSpec, trainer_index: usize, channel: &ProgressChannel) {
+fn connect_progress_channel(
+    spec: &mut PodSpec,
+    trainer_index: usize,
+    channel: &ProgressChannel,
+    supervised: Option<i64>,
+) {
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
     volumes.retain(|v| v.name != PROGRESS_TOKEN_VOLUME);
     volumes.push(Volume {
@@ -304,13 +315,22 @@ fn connect_progress_channel(spec: &mut PodSpec, trainer_index: usize, channel: &
         return;
     };
     let env = trainer.env.get_or_insert_with(Vec::new);
+    let supervisor = supervised.into_iter().flat_map(|grace| {
+        [
+            (env::TRAINYARD_SUPERVISOR_URL, channel.supervisor_url()),
+            (env::TRAINYARD_STOP_GRACE_SECONDS, grace.to_string()),
+        ]
+    });
     for (k, v) in [
         (env::TRAINYARD_PROGRESS_URL, channel.url.clone()),
         (
             env::TRAINYARD_PROGRESS_TOKEN_FILE,
             format!("{PROGRESS_TOKEN_DIR}/token"),
         ),
-    ] {
+    ]
+    .into_iter()
+    .chain(supervisor)
+    {
         if !env.iter().any(|e| e.name == k) {
             env.push(EnvVar {
                 name: k.to_owned(),
@@ -372,6 +392,20 @@ fn equip_trainer(
             requests.insert(job.spec.gpu.resource_name.clone(), gpus);
         }
     }
+}
+
+/// The trainer container's environment variables that have a literal value, in order: what a
+/// supervisor starting an attempt in place hands its trainer ([`crate::plan`]'s in-place
+/// restarts).
+pub fn literal_trainer_env(pod: &Pod, trainer_index: usize) -> Vec<(String, String)> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.get(trainer_index))
+        .and_then(|c| c.env.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+        .collect()
 }
 
 /// A numeric label of a pod (`trainyard.dev/rank`, `trainyard.dev/attempt`).

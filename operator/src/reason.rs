@@ -5,6 +5,10 @@
 
 /// A worker pod on a lost node was force-deleted (Event).
 pub const FORCE_DELETED: &str = "ForceDeleted";
+/// A gang restart keeps the pods of healthy workers and restarts them in place (Event).
+pub const RESTARTING_IN_PLACE: &str = "RestartingInPlace";
+/// A worker kept for an in-place restart is replaced after all (Event).
+pub const IN_PLACE_FALLBACK: &str = "InPlaceFallback";
 /// The job failed for good (Event).
 pub const FAILED: &str = "Failed";
 /// `attempt` reached its ceiling (condition Failed).

@@ -176,6 +176,7 @@ impl Caches {
             told_attempt: None,
             last_writes: None,
             unseen_writes: self.unseen_writes(job, current),
+            supervisors: Vec::new(),
             now,
         }
     }

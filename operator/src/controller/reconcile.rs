@@ -182,6 +182,10 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
     let now = Timestamp::now();
     let mut observed = ctx.caches.observe(valid, &known.current, now);
     observed.progress = ctx.observe_progress(valid);
+    observed.supervisors =
+        ctx.progress
+            .supervisors
+            .snapshot(&valid.namespace, &valid.name, &valid.uid);
     observed.told_attempt = ctx.writes.told_attempt(&valid.uid);
     observed.last_writes = ctx.writes.last_writes(&valid.uid);
     ctx.caches

@@ -92,6 +92,7 @@ mod tests {
                 time: Time(at),
                 reason,
                 detail: "worker 1 preempted".to_owned(),
+                in_place_ranks: String::new(),
             }),
             ..Default::default()
         }

@@ -42,6 +42,7 @@ use crate::reason;
 mod attempt_start;
 mod cost_fallback;
 mod goodput;
+pub mod in_place;
 mod phases;
 mod reads;
 mod round;
@@ -93,6 +94,8 @@ pub struct Observed {
     /// Writes this operator sent to the job's objects that the caches do not show yet
     /// ([`crate::expectations`]): the round holds back any action on those objects.
     pub unseen_writes: Vec<UnseenWrite>,
+    /// What the supervisors of the job's workers last said (`spec.restartPolicy.inPlace`).
+    pub supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,
     /// The time of this reconcile.
     pub now: Timestamp,
 }
@@ -287,6 +290,15 @@ pub enum Action {
         /// Precondition: only this incarnation.
         uid: Option<String>,
     },
+    /// Move a pod kept for an in-place restart to the attempt it now runs (its attempt label).
+    RelabelPod {
+        /// Pod name.
+        name: String,
+        /// Precondition: only this incarnation.
+        uid: Option<String>,
+        /// The attempt.
+        attempt: u32,
+    },
 }
 
 impl Action {
@@ -300,7 +312,9 @@ impl Action {
             Self::CreatePvc(claim) => (Kind::Claim, name(&claim.metadata)),
             Self::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
             Self::SetClaimOwners { name, .. } => (Kind::Claim, name),
-            Self::DeletePod { name, .. } | Self::ForceDeletePod { name, .. } => (Kind::Pod, name),
+            Self::DeletePod { name, .. }
+            | Self::ForceDeletePod { name, .. }
+            | Self::RelabelPod { name, .. } => (Kind::Pod, name),
         }
     }
 
@@ -336,6 +350,8 @@ pub struct Plan {
     /// Steps the last restart after a preemption lost, measured in this round (for the
     /// `trainyard_operator_steps_lost_per_preemption` histogram).
     pub steps_lost: Option<u64>,
+    /// What the job's in-place restart supervisors are told, when the job restarts in place.
+    pub supervise: Option<in_place::Supervise>,
     /// The phase that ended the round.
     pub decided_by: PhaseName,
 }

@@ -13,7 +13,7 @@ use super::view::{View, resumes_as_new_attempt};
 use super::{
     Action, CLUSTER_WAIT_RECHECK, Flow, JobEvent, condition, condition_is_true, failure_backoff,
 };
-use super::{attempt_start, cost_fallback};
+use super::{attempt_start, cost_fallback, in_place};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LastRestart, Phase, RestartReason};
 use crate::placement::{self, Placement};
@@ -197,6 +197,7 @@ fn resume(view: &View<'_>, round: &mut Round) -> Flow {
         time: Time(view.now),
         reason: RestartReason::Resume,
         detail: "spec.suspend set to false".to_owned(),
+        in_place_ranks: String::new(),
     });
     round
         .events
@@ -265,7 +266,9 @@ fn success(view: &View<'_>, round: &mut Round) -> Flow {
 
 /// Older pods first: nothing new may meet an old rank at rendezvous.
 fn drain_old_attempt(view: &View<'_>, round: &mut Round) -> Flow {
-    if view.census.old.is_empty() {
+    // Kept pods stop their old attempt in place, or are replaced.
+    let kept_stopped = in_place::settle(view, round);
+    if view.census.old.is_empty() && kept_stopped {
         return Flow::Continue;
     }
     round.remove_pods(view, view.census.old.iter().copied());
@@ -362,10 +365,9 @@ fn failure_backoff_wait(view: &View<'_>, round: &mut Round) -> Flow {
     let Some(last) = st.last_restart.as_ref() else {
         return Flow::Continue;
     };
-    if view.census.missing(view.workers).is_empty()
-        || last.reason != RestartReason::Failure
-        || !view.census.current.is_empty()
-    {
+    // Nothing of the attempt started yet: no pod created, none kept started in place.
+    let starts = !view.census.missing(view.workers).is_empty() || !view.census.kept.is_empty();
+    if !starts || last.reason != RestartReason::Failure || !view.census.current.is_empty() {
         return Flow::Continue;
     }
     let backoff = failure_backoff(view.job.spec.restart_policy.backoff_seconds, st.failures);
@@ -429,6 +431,7 @@ fn withdrawn_notice(view: &View<'_>, round: &mut Round) -> Flow {
 /// Creates the missing workers: the first ones of an attempt where the placement picks,
 /// later ranks of a half-created attempt beside the first ones, never a new choice.
 fn create(view: &View<'_>, round: &mut Round) -> Flow {
+    in_place::start(view, round);
     let missing = view.census.missing(view.workers);
     let node_refs = view.observed.node_refs();
     if missing.is_empty() {

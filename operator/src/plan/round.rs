@@ -49,6 +49,8 @@ pub(crate) struct Round {
     pub invalid: Option<InvalidSpec>,
     /// Where this round's pods go, once a phase has placed them.
     pub placement: Option<Placement>,
+    /// The kept pods start the attempt in place in this round ([`super::in_place::start`]).
+    pub start_in_place: bool,
 }
 
 impl Round {
@@ -71,6 +73,7 @@ impl Round {
             steps_lost: None,
             invalid: view.job.rejected_edit.clone(),
             placement: None,
+            start_in_place: false,
         }
     }
 
@@ -92,11 +95,13 @@ impl Round {
             self.st = st;
             self.events.extend(shown);
         }
+        let supervise = super::in_place::supervise(view, &self);
         self.events.extend(self.announcement);
         if view.observed.told_attempt != Some(self.st.attempt) {
             super::tell_attempt_start(&mut self.events, &self.st, view.now);
         }
         Plan {
+            supervise,
             status: self.st,
             actions: self.actions,
             events: self.events,

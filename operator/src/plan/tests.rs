@@ -30,6 +30,8 @@ struct World {
     /// The attempt whose starting Event the operator has told (as the executor records it
     /// for every round [`World::step`] carries out).
     told: Option<u32>,
+    /// What the workers' in-place restart supervisors last said.
+    supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,
 }
 
 impl World {
@@ -47,6 +49,7 @@ impl World {
             decided: Vec::new(),
             progress: None,
             told: None,
+            supervisors: Vec::new(),
         }
     }
 
@@ -72,6 +75,7 @@ impl World {
             told_attempt: self.told,
             last_writes: None,
             unseen_writes: Vec::new(),
+            supervisors: self.supervisors.clone(),
             now: self.now,
         }
     }
@@ -141,6 +145,12 @@ impl World {
                 Action::ForceDeletePod { name, .. } => self
                     .pods
                     .retain(|p| p.metadata.name.as_deref() != Some(name)),
+                Action::RelabelPod { name, attempt, .. } => self.modify(name, |p| {
+                    p.metadata
+                        .labels
+                        .get_or_insert_with(Default::default)
+                        .insert(LABEL_ATTEMPT.to_owned(), attempt.to_string());
+                }),
             }
         }
         plan
@@ -296,6 +306,8 @@ fn env(pod: &Pod, key: &str) -> Option<String> {
         .value
         .clone()
 }
+
+mod in_place;
 
 #[test]
 fn new_job_creates_service_pvc_and_every_worker() {
@@ -3723,6 +3735,7 @@ fn a_replica_tells_an_attempt_it_has_not_told_once() {
             time: Time(w.now - SignedDuration::from_secs(5)),
             reason: RestartReason::Preemption,
             detail: "a termination notice on node-2".to_owned(),
+            in_place_ranks: String::new(),
         }),
         ..w.step().status
     };

@@ -105,6 +105,10 @@ pub(crate) struct Census<'a> {
     /// Everything else: an older attempt, or a rank the spec no longer has. It must be gone
     /// before new pods start.
     pub old: Vec<&'a Arc<CachedPod>>,
+    /// Pods of an older attempt kept for this one (`status.lastRestart.inPlace`), by rank,
+    /// until they carry this attempt's label: their supervisors stop the old attempt and start
+    /// this one ([`super::in_place`]).
+    pub kept: BTreeMap<u32, &'a Arc<CachedPod>>,
     /// Each current rank's state, including recorded workers whose pods are gone.
     pub states: BTreeMap<u32, WorkerState>,
     /// When a state may change without a watch event.
@@ -140,6 +144,8 @@ impl<'a> Census<'a> {
         let observed = view.observed;
         let mut current: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
         let mut old: Vec<&Arc<CachedPod>> = Vec::new();
+        let mut kept: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
+        let kept_for = super::in_place::kept_for(view.current, attempt);
         for pod in &observed.pods {
             match (
                 label_u32(pod.as_ref(), LABEL_ATTEMPT),
@@ -147,6 +153,9 @@ impl<'a> Census<'a> {
             ) {
                 (Some(a), Some(r)) if a == attempt && r < view.workers => {
                     current.insert(r, pod);
+                }
+                (Some(a), Some(r)) if a < attempt && r < view.workers && kept_for.contains(r) => {
+                    kept.insert(r, pod);
                 }
                 _ => old.push(pod),
             }
@@ -156,7 +165,27 @@ impl<'a> Census<'a> {
         for (&rank, pod) in &current {
             let c = preemption::classify(pod, observed.node_view(pod), &view.classifier, view.now);
             recheck_at = min_time(recheck_at, c.recheck_at);
-            states.insert(rank, c.state);
+            // A supervisor holds its container while it waits for the operator: its report of
+            // the trainer's exit is the end a container without one would show.
+            let state = match (
+                c.state,
+                super::in_place::exit_reported(observed, pod, attempt),
+            ) {
+                (WorkerState::Running { .. } | WorkerState::Pending { .. }, Some(code)) => {
+                    WorkerState::Failed(format!(
+                        "the trainer exited with code {code} (reported by its supervisor)"
+                    ))
+                }
+                // A kept pod runs this attempt once its supervisor says it started it.
+                (WorkerState::Running { .. }, None)
+                    if kept_for.contains(rank)
+                        && !super::in_place::started(observed, pod, attempt) =>
+                {
+                    WorkerState::Pending { reason: None }
+                }
+                (state, _) => state,
+            };
+            states.insert(rank, state);
         }
         let silent = observed.liveness.silent.clone();
         let lost = judge_heartbeats(view);
@@ -190,6 +219,7 @@ impl<'a> Census<'a> {
         Self {
             current,
             old,
+            kept,
             states,
             recheck_at,
             silent,
@@ -197,10 +227,10 @@ impl<'a> Census<'a> {
         }
     }
 
-    /// Ranks the spec asks for that have no pod of this attempt.
+    /// Ranks the spec asks for that have no pod of this attempt, nor one kept for it.
     pub fn missing(&self, workers: u32) -> Vec<u32> {
         (0..workers)
-            .filter(|r| !self.current.contains_key(r))
+            .filter(|r| !self.current.contains_key(r) && !self.kept.contains_key(r))
             .collect()
     }
 

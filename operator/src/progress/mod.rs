@@ -67,6 +67,7 @@
 pub mod auth;
 pub mod server;
 pub mod store;
+pub mod supervisors;
 
 pub use auth::{AudienceCheck, AuthError, Identity, TokenReviewer};
 pub use server::{PodLookup, ProgressServer, WorkerIdentity, serve};

@@ -37,6 +37,7 @@ use trainyard_listen::HttpLimits;
 
 use super::auth::{AuthError, Identity, TokenReviewer};
 use super::store::{ProgressStore, Report};
+use super::supervisors::{Order, Poll, SupervisedState};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
 use crate::error::Error;
@@ -44,6 +45,8 @@ use crate::metrics::Metrics;
 
 /// The path reports are posted to.
 pub const PATH: &str = "/v1/progress";
+/// The path supervisors poll ([`super::supervisors`]).
+pub const SUPERVISOR_PATH: &str = "/v1/supervisor";
 /// The largest body accepted; a report is about 150 bytes.
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
 /// The largest bearer token accepted (a projected token is about 1 KiB).
@@ -474,6 +477,157 @@ fn check_worker(
     Ok(worker.job_uid)
 }
 
+/// A supervisor's poll as posted (`examples/trainyard_launch.py`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PollBody {
+    job: String,
+    rank: u32,
+    attempt: u32,
+    state: String,
+    #[serde(default)]
+    exit_code: Option<i32>,
+}
+
+impl PollBody {
+    /// The job and the poll (its pod uid still empty: the token names the pod).
+    fn parse(bytes: &[u8]) -> Result<(String, Poll), Rejection> {
+        let body: PollBody = serde_json::from_slice(bytes)
+            .map_err(|e| Rejection::invalid(format!("invalid poll: {e}")))?;
+        if body.job.is_empty() {
+            return Err(Rejection::invalid("job is empty"));
+        }
+        let state = match (body.state.as_str(), body.exit_code) {
+            ("running", _) => SupervisedState::Running,
+            ("stopped", _) => SupervisedState::Stopped,
+            ("exited", Some(code)) if code != 0 => SupervisedState::Exited(code),
+            ("exited", _) => {
+                return Err(Rejection::invalid(
+                    "state exited needs a non-zero exitCode (a trainer that exits 0 ends its \
+                     supervisor)",
+                ));
+            }
+            (other, _) => {
+                return Err(Rejection::invalid(format!(
+                    "state must be running, exited or stopped, not {other:?}"
+                )));
+            }
+        };
+        Ok((
+            body.job,
+            Poll {
+                pod_uid: String::new(),
+                rank: body.rank,
+                attempt: body.attempt,
+                state,
+            },
+        ))
+    }
+}
+
+/// Checks that the token's pod is `job`'s worker of the poll's rank (of any attempt: a kept
+/// pod's label moves to the next attempt while its supervisor still reports the last); the
+/// uid of the job it belongs to.
+fn check_supervisor(
+    pods: &dyn PodLookup,
+    identity: &Identity,
+    job: &str,
+    rank: u32,
+) -> Result<String, Rejection> {
+    let pod = format!("{}/{}", identity.namespace, identity.pod_name);
+    let Some(worker) = pods.worker(&identity.namespace, &identity.pod_name) else {
+        return Err(Rejection::new(
+            StatusCode::FORBIDDEN,
+            Outcome::UnknownJob,
+            format!("pod {pod} is not a worker of any existing TrainingJob"),
+        ));
+    };
+    if worker.uid != identity.pod_uid {
+        return Err(Rejection::forbidden(format!(
+            "pod {pod} is not the pod the token was issued to"
+        )));
+    }
+    if worker.job != job || worker.rank != rank {
+        return Err(Rejection::forbidden(format!(
+            "pod {pod} is rank {} of job {}, not rank {rank} of {job}",
+            worker.rank, worker.job
+        )));
+    }
+    Ok(worker.job_uid)
+}
+
+/// Checks and records one supervisor's poll; the answer is its order.
+async fn handle_poll(shared: Arc<Shared>, request: Request) -> Result<Order, Rejection> {
+    let Some(token) = bearer(request.headers()) else {
+        return Err(Rejection::new(
+            StatusCode::UNAUTHORIZED,
+            Outcome::Unauthenticated,
+            "Authorization: Bearer <token> is missing or malformed",
+        ));
+    };
+    if !is_json(request.headers()) {
+        return Err(Rejection::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Outcome::Invalid,
+            "Content-Type is not application/json",
+        ));
+    }
+    let source = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip());
+    let bytes = read_body(request).await?;
+    let (job, mut poll) = PollBody::parse(&bytes)?;
+    // As for reports: the review lands in the cache even when the supervisor stops waiting.
+    let checked = tokio::spawn(async move {
+        let identity = review(&shared, token, source).await?;
+        let server = &shared.server;
+        let job_uid = check_supervisor(server.pods.as_ref(), &identity, &job, poll.rank)?;
+        poll.pod_uid = identity.pod_uid;
+        let answered = server.store.supervisors.poll(
+            &identity.namespace,
+            &job,
+            &job_uid,
+            poll,
+            jiff::Timestamp::now(),
+        );
+        if answered.wake {
+            let _ = server.wake.try_send((identity.namespace, job));
+        }
+        Ok(answered.order)
+    });
+    checked.await.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "supervisor poll: the check ended early");
+        Err(Rejection::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Outcome::Internal,
+            format!("the poll's check ended early: {e}"),
+        ))
+    })
+}
+
+async fn supervise(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let (outcome, response) = match handle_poll(shared.clone(), request).await {
+        Ok(order) => (
+            Outcome::Accepted,
+            json_response(StatusCode::OK, &order.to_json()),
+        ),
+        Err(rejection) => {
+            tracing::debug!(
+                outcome = rejection.outcome.label(),
+                message = %rejection.message,
+                "supervisor poll refused"
+            );
+            (
+                rejection.outcome,
+                error_response(rejection.status, &rejection.message),
+            )
+        }
+    };
+    shared.server.metrics.count_supervisor_poll(outcome.label());
+    response
+}
+
 /// Records the report and wakes the job's reconcile when the store says so; whether to checkpoint.
 fn record(
     server: &ProgressServer,
@@ -600,6 +754,7 @@ fn router_with_permits(server: Arc<ProgressServer>, permits: usize) -> Router {
     });
     Router::new()
         .route(PATH, post(report))
+        .route(SUPERVISOR_PATH, post(supervise))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -648,6 +803,7 @@ mod tests {
     use super::*;
     use crate::progress::auth::tests::{jwt, reviewing_client};
     use crate::progress::auth::{Identity, KubeTokenReviewer};
+    use crate::progress::supervisors::Directive;
 
     /// Tokens `tok-<pod>` of pods in `ml`, each a worker `<job>-worker-<rank>` (uid
     /// `uid-<pod>`) of attempt 1; `bad` is refused. While `gate` is closed, reviews wait.
@@ -1050,6 +1206,130 @@ mod tests {
                 .0,
             StatusCode::UNAUTHORIZED
         );
+    }
+
+    async fn poll(router: &Router, token: &str, body: Value) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method("POST")
+            .uri(SUPERVISOR_PATH)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(Body::from(body.to_string()))
+            .expect("request");
+        send(router, request).await
+    }
+
+    #[tokio::test]
+    async fn a_supervisors_poll_is_recorded_wakes_its_job_and_is_answered_from_the_directive() {
+        let mut h = harness();
+        let running = json!({"job": "train", "rank": 1, "attempt": 1, "state": "running"});
+        let (status, answer) = poll(&h.router, "tok-train-worker-1", running.clone()).await;
+        assert_eq!(
+            (status, answer),
+            (StatusCode::OK, json!({"action": "continue"}))
+        );
+        assert_eq!(
+            h.woken.try_recv(),
+            Ok(("ml".to_owned(), "train".to_owned()))
+        );
+        let seen = h
+            .server
+            .store
+            .supervisors
+            .snapshot("ml", "train", "uid-job-train");
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            (seen[0].pod_uid.as_str(), seen[0].rank, seen[0].attempt),
+            ("uid-train-worker-1", 1, 1)
+        );
+        // The same again changes nothing: no wake.
+        poll(&h.router, "tok-train-worker-1", running.clone()).await;
+        assert!(h.woken.try_recv().is_err());
+
+        // Attempt 2 decided: stop; once stopped and allowed, start with the environment.
+        let mut directive = Directive {
+            attempt: 2,
+            ..Directive::default()
+        };
+        let store = &h.server.store.supervisors;
+        store.publish(
+            "ml",
+            "train",
+            "uid-job-train",
+            Some(directive.clone()),
+            &["uid-train-worker-1"],
+        );
+        let (_, answer) = poll(&h.router, "tok-train-worker-1", running).await;
+        assert_eq!(answer, json!({"action": "stop", "attempt": 2}));
+        directive.start.insert(
+            "uid-train-worker-1".to_owned(),
+            vec![("TRAINYARD_ATTEMPT".to_owned(), "2".to_owned())],
+        );
+        store.publish(
+            "ml",
+            "train",
+            "uid-job-train",
+            Some(directive),
+            &["uid-train-worker-1"],
+        );
+        let stopped = json!({"job": "train", "rank": 1, "attempt": 1, "state": "stopped"});
+        let (_, answer) = poll(&h.router, "tok-train-worker-1", stopped).await;
+        assert_eq!(
+            answer,
+            json!({"action": "start", "attempt": 2, "env": {"TRAINYARD_ATTEMPT": "2"}})
+        );
+        let line = "trainyard_operator_supervisor_polls_total{outcome=\"accepted\"} 4";
+        assert!(h.server.metrics.render().lines().any(|l| l == line));
+    }
+
+    #[tokio::test]
+    async fn a_supervisor_may_speak_only_for_its_own_pods_rank_and_in_known_states() {
+        let h = harness();
+        for (token, body, status) in [
+            (
+                "tok-train-worker-0",
+                json!({"job": "train", "rank": 1, "attempt": 1, "state": "running"}),
+                StatusCode::FORBIDDEN,
+            ),
+            (
+                "tok-other-worker-0",
+                json!({"job": "train", "rank": 0, "attempt": 1, "state": "running"}),
+                StatusCode::FORBIDDEN,
+            ),
+            (
+                "tok-train-worker-0",
+                json!({"job": "train", "rank": 0, "attempt": 1, "state": "exited"}),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                "tok-train-worker-0",
+                json!({"job": "train", "rank": 0, "attempt": 1, "state": "exited", "exitCode": 0}),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                "tok-train-worker-0",
+                json!({"job": "train", "rank": 0, "attempt": 1, "state": "sleeping"}),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                "bad",
+                json!({"job": "train", "rank": 0, "attempt": 1, "state": "running"}),
+                StatusCode::UNAUTHORIZED,
+            ),
+        ] {
+            let (got, _) = poll(&h.router, token, body.clone()).await;
+            assert_eq!(got, status, "{token} {body}");
+        }
+        assert!(h.server.store.supervisors.is_empty());
+        // A kept pod's label moves on while its supervisor reports the attempt it ran: any
+        // attempt is its own.
+        let (got, _) = poll(
+            &h.router,
+            "tok-train-worker-0",
+            json!({"job": "train", "rank": 0, "attempt": 0, "state": "exited", "exitCode": 1}),
+        )
+        .await;
+        assert_eq!(got, StatusCode::OK);
     }
 
     #[tokio::test]

@@ -258,6 +258,8 @@ pub struct ProgressStore {
     retired: Mutex<VecDeque<String>>,
     /// When the endpoint last refused a report for a reason of its own ([`Self::refused`]).
     refused_at: Mutex<Option<Timestamp>>,
+    /// The supervisors of in-place restarts, forgotten with their jobs.
+    pub supervisors: super::supervisors::SupervisorBoard,
 }
 
 /// Every update leaves the data whole, so a panic elsewhere cannot leave it torn.
@@ -376,6 +378,7 @@ impl ProgressStore {
     /// job was deleted; its workers may report while they terminate).
     pub fn forget(&self, namespace: &str, job: &str, job_uid: &str) {
         self.jobs().remove(&(namespace.to_owned(), job.to_owned()));
+        self.supervisors.forget(namespace, job);
         let mut retired = lock(&self.retired);
         if !retired.iter().any(|u| u == job_uid) {
             if retired.len() == RETIRED_UIDS {
@@ -388,6 +391,7 @@ impl ProgressStore {
     /// Keeps only the jobs `keep(namespace, job)` accepts.
     pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
         self.jobs().retain(|(ns, job), _| keep(ns, job));
+        self.supervisors.retain(&keep);
     }
 
     /// The endpoint could not take a report at `now` for a reason of its own: the API server

@@ -132,6 +132,9 @@ impl Executor {
             wrote?;
             done
         };
+        // The kept pods start only once their new label is written: a failed relabel leaves
+        // them stopped, and the next round decides again.
+        self.tell_supervisors(job, decided.supervise, acted.is_ok());
         let events = decided.events;
         // The Event that starts the attempt goes with this round's, or went before
         // (`Observed::told_attempt`).
@@ -170,6 +173,28 @@ impl Executor {
         if let Some(attempt) = decided.checkpoint_request {
             self.trainers.request_checkpoint(&ns, &name, attempt);
         }
+    }
+
+    /// Publishes what the job's supervisors are told (in-place restarts); without `started`,
+    /// none is told to start.
+    fn tell_supervisors(
+        &self,
+        job: &TrainingJob,
+        supervise: Option<plan::in_place::Supervise>,
+        started: bool,
+    ) {
+        let Some(mut supervise) = supervise else {
+            return;
+        };
+        if !started {
+            supervise.directive.start.clear();
+        }
+        let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let pods: Vec<&str> = supervise.pods.iter().map(String::as_str).collect();
+        self.trainers
+            .supervisors
+            .publish(&ns, &name, &uid, Some(supervise.directive), &pods);
     }
 
     /// Counts a gang restart decided now, and remembers when (for the recovery histogram).
@@ -276,6 +301,9 @@ impl Executor {
                 } => set_claim_owners(client, ns, name, owners, resource_version).boxed(),
                 PlanAction::DeletePod { name, uid } => {
                     delete_pod(pods.clone(), ns, name, uid, None).boxed()
+                }
+                PlanAction::RelabelPod { name, uid, attempt } => {
+                    relabel_pod(pods.clone(), ns, name, uid, attempt).boxed()
                 }
                 PlanAction::ForceDeletePod { name, uid } => {
                     // The plan says why (a lost node has its own Warning Event; a pod whose
@@ -450,6 +478,35 @@ async fn set_claim_owners(
         Err(e) => Err(Error::kube(format!(
             "setting the owner of PersistentVolumeClaim {ns}/{name}"
         ))(e)),
+    }
+}
+
+/// Moves a kept pod to `attempt` (its attempt label) by a merge patch that carries the pod's
+/// uid: the API server refuses it (422, the uid is immutable) for another incarnation of the
+/// name; true once it was written.
+async fn relabel_pod(
+    pods: Api<Pod>,
+    ns: &str,
+    name: String,
+    uid: Option<String>,
+    attempt: u32,
+) -> Result<bool, Error> {
+    let patch = json!({"metadata": {
+        "uid": uid,
+        "labels": {crate::crd::LABEL_ATTEMPT: attempt.to_string()},
+    }});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    match pods.patch(&name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => {
+            tracing::info!(pod = %name, namespace = ns, attempt, "kept for an in-place restart");
+            Ok(true)
+        }
+        // Gone, or a different incarnation: the next round decides again.
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(false),
+        Err(e) => Err(Error::kube(format!("relabelling pod {ns}/{name}"))(e)),
     }
 }
 
@@ -632,6 +689,7 @@ mod tests {
             checkpoint_request: None,
             checkpoint_withdrawal: None,
             steps_lost: None,
+            supervise: None,
             decided_by: plan::PhaseName::Running,
         }
     }

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::super::round::Round;
 use super::super::view::View;
-use super::super::{Flow, JobEvent, attempt_start, condition, failure_backoff};
+use super::super::{Flow, JobEvent, attempt_start, condition, failure_backoff, in_place};
 use crate::crd::{LastRestart, MAX_MESSAGE_CHARS, Phase, RestartReason};
 use crate::liveness::SinceFailure;
 use crate::lost_peer::{self, Judging, SilentPeer, Verdict};
@@ -183,6 +183,7 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
 /// says why and what follows, and starts the attempt (see `attempt_start`).
 fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason, detail: &str) {
     let now = view.now;
+    let (kept, replaced) = in_place::keep(view);
     let st = &mut round.st;
     st.attempt = next;
     st.phase = Some(Phase::Restarting);
@@ -191,6 +192,7 @@ fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason,
         time: Time(now),
         reason,
         detail: crate::condition::cut_to_chars(detail, MAX_MESSAGE_CHARS),
+        in_place_ranks: kept.to_string(),
     });
     let message = format!("attempt {next} after {}: {detail}", reason.as_str());
     round.condition(view, condition::RESTARTING, true, reason.as_str(), &message);
@@ -216,8 +218,24 @@ fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason,
             ),
         ));
     }
-    // Every pod is now from an older attempt: stop them all, then wait for them to go.
-    round.remove_pods(view, view.observed.pods.iter());
+    // Every pod is now from an older attempt: stop them all (but those kept to restart in
+    // place, whose supervisors stop their trainers), then wait for them to go.
+    let kept_uids: Vec<&str> = kept
+        .iter()
+        .filter_map(|r| view.census.current.get(&r)?.metadata.uid.as_deref())
+        .collect();
+    let is_kept = |p: &&Arc<CachedPod>| {
+        p.metadata
+            .uid
+            .as_deref()
+            .is_some_and(|u| kept_uids.contains(&u))
+    };
+    round.remove_pods(view, view.observed.pods.iter().filter(|p| !is_kept(p)));
+    if !kept.is_empty() {
+        round
+            .events
+            .push(in_place::restart_event(next, &kept, &replaced));
+    }
     round.restart = Some(reason);
 }
 

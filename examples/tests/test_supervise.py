@@ -1,0 +1,449 @@
+"""examples/trainyard_launch.py as the supervisor of in-place restarts (TRAINYARD_SUPERVISOR_URL,
+docs/env-contract.md#in-place-restarts-the-supervisor), against a fake operator: it stops an
+attempt on the operator's order and reports it only once nothing of it runs, starts the next
+one with the operator's environment, and without an operator ends as the plain launcher."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+LAUNCH = Path(__file__).resolve().parents[1] / "trainyard_launch.py"
+CONTINUE = {"action": "continue"}
+
+
+class Operator:
+    """A fake operator: records every poll (its body and Authorization header) and answers
+    with `answer(body)`, a dict (200 JSON) or (status, bytes)."""
+
+    def __init__(self, answer=lambda body: CONTINUE):
+        self.answer = answer
+        self.polls = []
+        self.lock = threading.Lock()
+        operator = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with operator.lock:
+                    operator.polls.append((body, self.headers.get("Authorization")))
+                reply = operator.answer(body)
+                if not isinstance(reply, tuple):
+                    reply = (200, json.dumps(reply).encode())
+                status, raw = reply
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.handle_error = lambda request, address: None  # a poll given up on
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/supervisor"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def bodies(self):
+        with self.lock:
+            return [body for body, _ in self.polls]
+
+    def reports(self):
+        """(attempt, state) as reported, each change once."""
+        seen = []
+        for body in self.bodies():
+            report = (body["attempt"], body["state"])
+            if not seen or seen[-1] != report:
+                seen.append(report)
+        return seen
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def operator():
+    made = []
+
+    def make(answer=lambda body: CONTINUE):
+        made.append(Operator(answer))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
+
+
+def alive_in_session(leader):
+    """The processes, zombies aside, of the process group or session `leader` leads."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] not in ("Z", "X") and str(leader) in (fields[2], fields[3]):
+            alive.append(int(entry))
+    return alive
+
+
+def wait_for(condition, limit=10):
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+class Launcher:
+    """The launcher under test, in supervisor mode when `url`, running `script` (Python, given
+    the test's directory as argv[1]) as its command."""
+
+    def __init__(self, tmp_path, script, url, **settings):
+        self.dir = tmp_path
+        token = tmp_path / "token"
+        if not token.exists():
+            token.write_text("tok1\n")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TRAINYARD_", "MASTER_", "NODE_RANK"))}
+        env.update({
+            "TRAINYARD_PROGRESS_TOKEN_FILE": str(token),
+            "TRAINYARD_JOB": "train",
+            "NODE_RANK": "1",
+            "TRAINYARD_ATTEMPT": "3",
+            "TRAINYARD_SUPERVISOR_POLL_SECONDS": "0.1",
+            "TRAINYARD_SUPERVISOR_HOLD_SECONDS": "0.5",
+            "TRAINYARD_STOP_GRACE_SECONDS": "0.5",
+            "SIGTERM_STUCK_SECONDS": "1",
+        })
+        if url:
+            env["TRAINYARD_SUPERVISOR_URL"] = url
+        env.update(settings)
+        self.process = subprocess.Popen(
+            [sys.executable, str(LAUNCH), sys.executable, "-c", textwrap.dedent(script),
+             str(tmp_path)],
+            env=env, stderr=subprocess.PIPE, text=True,
+        )
+        self.watchdog = threading.Timer(30, self.process.kill)  # a launcher that never ends
+        self.watchdog.start()
+
+    def finish(self):
+        """(exit code, stderr lines) once it exits."""
+        try:
+            _, err = self.process.communicate()
+        finally:
+            self.watchdog.cancel()
+            self.process.kill()
+        return self.process.returncode, err.splitlines()
+
+
+PRELUDE = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+attempt = os.environ["TRAINYARD_ATTEMPT"]
+def mark(name, text=""):
+    (d / (name + ".tmp")).write_text(text)
+    os.replace(d / (name + ".tmp"), d / name)
+if attempt == "4":
+    mark("attempt4", os.environ["TRAINYARD_ATTEMPT"] + " " + os.environ.get("X", "-"))
+    sys.exit(0)
+"""
+
+
+
+def command(body):
+    """PRELUDE and then `body` (indented as in a test)."""
+    return PRELUDE + textwrap.dedent(body)
+
+
+SAVES_ON_SIGTERM = PRELUDE + """
+def save(signum, frame):
+    mark("saved")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+mark("child", str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+# Ignores SIGTERM (blocked at torchrun's barrier, say) and leaves two grandchildren in its
+# session, one in its process group and one in a group of its own.
+IGNORES_SIGTERM = PRELUDE + """
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen(["sleep", "300"], stderr=subprocess.DEVNULL)
+subprocess.Popen(["sleep", "300"], stderr=subprocess.DEVNULL, process_group=0)
+mark("child", str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+# Saves and exits on SIGTERM, leaving behind a process of its session that ignores it.
+LEAVES_A_PROCESS = PRELUDE + """
+subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 300"], stderr=subprocess.DEVNULL,
+                 process_group=0)
+def save(signum, frame):
+    mark("saved")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+mark("child", str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+FAILS_WITH_3 = PRELUDE + """
+sys.exit(3)
+"""
+
+RESTART_ENV = {"TRAINYARD_ATTEMPT": "4", "X": "y"}
+
+
+@pytest.mark.parametrize(
+    "script", [SAVES_ON_SIGTERM, IGNORES_SIGTERM, LEAVES_A_PROCESS],
+    ids=["saves", "ignores", "leaves-a-process"],
+)
+def test_the_operators_stop_ends_every_process_of_the_attempt_before_it_says_stopped(
+    tmp_path, operator, script
+):
+    at_stopped = []
+
+    def answer(body):
+        if body["state"] == "running" and body["attempt"] == 3 and (tmp_path / "child").exists():
+            return {"action": "stop", "attempt": 4}
+        if body["state"] == "stopped" and body["attempt"] == 3:
+            at_stopped.append(alive_in_session(int((tmp_path / "child").read_text())))
+            return {"action": "start", "attempt": 4, "env": RESTART_ENV}
+        return CONTINUE
+
+    op = operator(answer)
+    code, err = Launcher(tmp_path, script, op.url).finish()
+    assert code == 0
+    assert at_stopped and at_stopped[0] == []  # nothing of attempt 3 ran when it said stopped
+    assert alive_in_session(int((tmp_path / "child").read_text())) == []
+    assert (tmp_path / "attempt4").read_text() == "4 y"
+    assert (tmp_path / "saved").exists() == (script is not IGNORES_SIGTERM)
+    assert op.reports() == [(3, "running"), (3, "stopped"), (4, "running")]
+    for body in op.bodies():
+        assert body["job"] == "train" and body["rank"] == 1 and "exitCode" not in body
+    stopped = "trainyard_launch.py: attempt 3 stopped on the operator's order (attempt 4 decided)"
+    assert stopped in err
+    assert "trainyard_launch.py: starting attempt 4 in place" in err
+
+
+def test_a_failed_command_is_reported_and_without_a_decision_its_code_ends_the_launcher(
+    tmp_path, operator
+):
+    op = operator()
+    launcher = Launcher(tmp_path, FAILS_WITH_3, op.url)
+    code, err = launcher.finish()
+    assert code == 3
+    exited = [b for b in op.bodies() if b["state"] == "exited"]
+    assert exited and all(b == {"job": "train", "rank": 1, "attempt": 3, "state": "exited",
+                                "exitCode": 3} for b in exited)
+    assert len(exited) >= 2  # every quarter second over the half-second hold
+    assert ("trainyard_launch.py: child exited 3; holding for the operator's decision up to "
+            "0.5 s") in err
+
+
+def test_a_failed_command_is_started_again_when_the_operator_says_so(tmp_path, operator):
+    def answer(body):
+        if body["state"] == "exited":
+            return {"action": "start", "attempt": 4, "env": RESTART_ENV}
+        return CONTINUE
+
+    op = operator(answer)
+    code, _ = Launcher(tmp_path, FAILS_WITH_3, op.url,
+                       TRAINYARD_SUPERVISOR_HOLD_SECONDS="30").finish()
+    assert code == 0
+    assert (tmp_path / "attempt4").read_text() == "4 y"
+    assert op.reports()[:2] == [(3, "running"), (3, "exited")]
+    assert (4, "running") in op.reports()
+
+
+def test_sigterm_to_the_launcher_is_passed_on_and_ends_it_without_a_hold(tmp_path, operator):
+    op = operator()
+    script = command("""
+    mark("child", str(os.getpid()))
+    time.sleep(300)
+    """)
+    launcher = Launcher(tmp_path, script, op.url, TRAINYARD_SUPERVISOR_HOLD_SECONDS="30")
+    wait_for(lambda: (tmp_path / "child").exists() and op.bodies())
+    started = time.monotonic()
+    launcher.process.send_signal(signal.SIGTERM)
+    code, _ = launcher.finish()
+    assert code == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 5
+    polls = len(op.bodies())
+    time.sleep(0.3)
+    assert len(op.bodies()) == polls
+    assert "exited" not in {b["state"] for b in op.bodies()}
+
+
+def test_sigterm_while_holding_ends_the_launcher_with_the_commands_code(tmp_path, operator):
+    op = operator()
+    launcher = Launcher(tmp_path, FAILS_WITH_3, op.url, TRAINYARD_SUPERVISOR_HOLD_SECONDS="30")
+    wait_for(lambda: any(b["state"] == "exited" for b in op.bodies()))
+    started = time.monotonic()
+    launcher.process.send_signal(signal.SIGTERM)
+    code, _ = launcher.finish()
+    assert code == 3
+    assert time.monotonic() - started < 5
+
+
+def test_the_operators_exit_ends_the_launcher_with_the_commands_code(tmp_path, operator):
+    op = operator(lambda body: {"action": "exit"} if body["state"] == "exited" else CONTINUE)
+    code, err = Launcher(tmp_path, FAILS_WITH_3, op.url,
+                         TRAINYARD_SUPERVISOR_HOLD_SECONDS="30").finish()
+    assert code == 3
+    assert "trainyard_launch.py: the operator ended the job: exiting 3" in err
+
+
+def test_the_operators_exit_stops_a_running_command_first(tmp_path, operator):
+    def answer(body):
+        return {"action": "exit"} if (tmp_path / "child").exists() else CONTINUE
+
+    op = operator(answer)
+    code, _ = Launcher(tmp_path, SAVES_ON_SIGTERM, op.url).finish()
+    assert code == 143
+    assert (tmp_path / "saved").exists()
+    assert alive_in_session(int((tmp_path / "child").read_text())) == []
+
+
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("status", [0, 5])
+def test_an_unreachable_operator_leaves_the_command_to_run_and_end(tmp_path, status):
+    script = command(f"""
+    time.sleep(0.5)
+    sys.exit({status})
+    """)
+    url = f"http://127.0.0.1:{closed_port()}/v1/supervisor"
+    code, err = Launcher(tmp_path, script, url, TRAINYARD_SUPERVISOR_HOLD_SECONDS="0.3").finish()
+    assert code == status
+    complaints = [line for line in err if "supervisor poll" in line]
+    assert len(complaints) == 1 and complaints[0].startswith("trainyard_launch.py: ")
+
+
+def test_answers_it_does_not_know_are_continue_and_logged_once(tmp_path, operator):
+    answers = iter([
+        (500, b"{}"), (200, b"not json"), {"action": "restart"}, {"action": "stop"},
+        {"action": "start", "attempt": 9, "env": {"X": "y"}},  # while running: ignored
+    ])
+    op = operator(lambda body: next(answers, CONTINUE))
+    script = command("""
+    mark("child", str(os.getpid()))
+    time.sleep(1.2)
+    sys.exit(0)
+    """)
+    code, err = Launcher(tmp_path, script, op.url).finish()
+    assert code == 0
+    assert len(op.bodies()) >= 6
+    assert {b["state"] for b in op.bodies()} == {"running"}
+    assert len([line for line in err if "supervisor poll" in line]) == 1
+    assert len([line for line in err if "ignoring the operator's start" in line]) == 1
+    assert not (tmp_path / "attempt4").exists()
+
+
+def test_the_token_file_is_read_on_every_poll(tmp_path, operator):
+    def answer(body):
+        (tmp_path / "token").write_text("tok2\n")
+        return CONTINUE
+
+    op = operator(answer)
+    script = command("""
+    deadline = time.monotonic() + 10
+    while not (d / "seen2").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    """)
+    launcher = Launcher(tmp_path, script, op.url)
+    wait_for(lambda: "Bearer tok2" in [auth for _, auth in op.polls])
+    (tmp_path / "seen2").write_text("")
+    code, _ = launcher.finish()
+    assert code == 0
+    auths = [auth for _, auth in op.polls]
+    assert auths[0] == "Bearer tok1" and "Bearer tok2" in auths
+
+
+def test_without_a_supervisor_url_nothing_polls_and_the_command_shares_the_session(
+    tmp_path, operator
+):
+    op = operator()
+    script = """
+    import os, sys, time
+    from pathlib import Path
+    Path(sys.argv[1], "sessions").write_text(f"{os.getsid(0)} {os.getsid(os.getppid())}")
+    time.sleep(0.5)
+    sys.exit(3)
+    """
+    code, _ = Launcher(tmp_path, script, None, TRAINYARD_PROGRESS_URL=op.url).finish()
+    assert code == 3  # at once: no hold
+    child, launcher = (tmp_path / "sessions").read_text().split()
+    assert child == launcher
+    assert op.polls == []
+
+
+@pytest.mark.parametrize("setting", ["TRAINYARD_STOP_GRACE_SECONDS",
+                                     "TRAINYARD_SUPERVISOR_HOLD_SECONDS",
+                                     "TRAINYARD_SUPERVISOR_POLL_SECONDS"])
+def test_a_bad_supervisor_setting_is_named(setting):
+    out = subprocess.run(
+        [sys.executable, str(LAUNCH), "true"],
+        env={**os.environ, "TRAINYARD_SUPERVISOR_URL": "http://127.0.0.1:9/", setting: "soon"},
+        capture_output=True, text=True,
+    )
+    assert out.returncode != 0
+    assert f"{setting}='soon' is not a number" in out.stderr
+
+
+def test_a_supervisor_needs_its_rank_and_attempt():
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_RANK", "TRAINYARD_ATTEMPT")}
+    out = subprocess.run(
+        [sys.executable, str(LAUNCH), "true"],
+        env={**env, "TRAINYARD_SUPERVISOR_URL": "http://127.0.0.1:9/", "TRAINYARD_ATTEMPT": "x"},
+        capture_output=True, text=True,
+    )
+    assert out.returncode != 0
+    assert "NODE_RANK is not set" in out.stderr
+
+
+def test_a_hanging_operator_delays_neither_sigterm_nor_the_commands_end(tmp_path, operator):
+    release = threading.Event()
+    op = operator(lambda body: release.wait(5) and CONTINUE)  # each poll times out at 2 s
+    try:
+        script = command("""
+        mark("child", str(os.getpid()))
+        time.sleep(300)
+        """)
+        launcher = Launcher(tmp_path, script, op.url, TRAINYARD_SUPERVISOR_HOLD_SECONDS="30")
+        wait_for(lambda: (tmp_path / "child").exists() and op.bodies())
+        started = time.monotonic()
+        launcher.process.send_signal(signal.SIGTERM)
+        code, _ = launcher.finish()
+        assert code == 128 + signal.SIGTERM
+        assert time.monotonic() - started < 1
+
+        quick = command("""
+        time.sleep(0.3)
+        sys.exit(0)
+        """)
+        started = time.monotonic()
+        code, _ = Launcher(tmp_path, quick, op.url).finish()
+        assert code == 0
+        assert time.monotonic() - started < 1.5
+    finally:
+        release.set()

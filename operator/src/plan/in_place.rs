@@ -1,0 +1,336 @@
+//! In-place gang restarts (`spec.restartPolicy.inPlace`): a worker whose pod and node are
+//! healthy keeps its pod, and so its GPUs, across a gang restart; the supervisor in its
+//! container stops the old attempt's processes and starts the next attempt's
+//! ([`crate::progress::supervisors`]). Only the other ranks' pods are created again.
+//!
+//! The rounds of one in-place restart, each derived again from status and observation:
+//! 1. **Decided** ([`keep`]): the restart keeps every current pod that is running, not being
+//!    deleted, on a Ready node that is neither silent, lost nor under a termination notice,
+//!    and whose supervisor polled lately for this attempt. `status.lastRestart.inPlaceRanks`
+//!    lists their ranks; every other pod is deleted as in any restart. A pod of a kept rank is
+//!    one with an older attempt's label: the operator creates pods only for the current
+//!    attempt, so no other incarnation of the name can carry one.
+//! 2. **Stopping** ([`settle`], in the drain phase): the directive tells the kept supervisors
+//!    to stop. A kept pod is ready once its supervisor says nothing of the old attempt runs.
+//!    One that does not say so within its grace period and [`STOP_MARGIN`], whose supervisor
+//!    stops polling, or whose pod or node fails meanwhile, is replaced like any other pod:
+//!    its rank leaves `inPlaceRanks` and Event `InPlaceFallback` says why.
+//! 3. **Starting** ([`start`], in the create phase, once every pod of the old attempt that is
+//!    not kept is gone and the backoff is over): each kept pod gets the attempt's label, the
+//!    missing ranks are created, and the directive tells the kept supervisors to start the
+//!    attempt with the environment a new pod of their rank would have.
+//!
+//! So the old attempt's processes are gone everywhere (stopped in the kept pods, the other
+//! pods deleted) before any process of the new attempt starts, as with recreated pods.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::round::Round;
+use super::view::View;
+use super::{Action, JobEvent, Observed, is_finished, pod_name};
+use crate::cached_pod::CachedPod;
+use crate::crd::{LABEL_ATTEMPT, TrainingJobStatus};
+use crate::nodes;
+use crate::pods::{self, label_u32};
+use crate::preemption::{NodeView, WorkerState};
+use crate::progress::supervisors::{Directive, SupervisedState, SupervisorSeen};
+use crate::reason;
+use trainyard_api::ranks::RankSet;
+
+/// A supervisor that polled within this long is there (it polls every second while its
+/// trainer runs).
+pub const SUPERVISOR_FRESH: SignedDuration = SignedDuration::from_secs(5);
+/// How long kept pods have to stop the old attempt beyond the job's grace period.
+pub const STOP_MARGIN: SignedDuration = SignedDuration::from_secs(10);
+
+/// What the executor tells the job's supervisors after a round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Supervise {
+    /// The job's directive.
+    pub directive: Directive,
+    /// The uids of the job's pods: supervisors of other pods are forgotten.
+    pub pods: Vec<String>,
+}
+
+/// The ranks kept for attempt `attempt` by the restart that started it.
+pub(crate) fn kept_for(current: &TrainingJobStatus, attempt: u32) -> RankSet {
+    match &current.last_restart {
+        Some(last) if current.attempt == attempt => RankSet::parse(&last.in_place_ranks),
+        _ => RankSet::default(),
+    }
+}
+
+fn supervisor<'a>(observed: &'a Observed, pod: &CachedPod) -> Option<&'a SupervisorSeen> {
+    let uid = pod.metadata.uid.as_deref()?;
+    observed.supervisors.iter().find(|s| s.pod_uid == uid)
+}
+
+fn fresh(seen: &SupervisorSeen, now: Timestamp) -> bool {
+    now.duration_since(seen.seen_at) <= SUPERVISOR_FRESH
+}
+
+/// The code the trainer of `pod` exited with in attempt `attempt`, as its supervisor reports.
+pub(crate) fn exit_reported(observed: &Observed, pod: &CachedPod, attempt: u32) -> Option<i32> {
+    match supervisor(observed, pod)? {
+        SupervisorSeen {
+            attempt: a,
+            state: SupervisedState::Exited(code),
+            ..
+        } if *a == attempt => Some(*code),
+        _ => None,
+    }
+}
+
+/// Whether the supervisor of `pod` runs attempt `attempt`.
+pub(crate) fn started(observed: &Observed, pod: &CachedPod, attempt: u32) -> bool {
+    supervisor(observed, pod)
+        .is_some_and(|s| s.attempt == attempt && s.state == SupervisedState::Running)
+}
+
+/// Whether in-place restarts apply to the job: asked for, and the operator serves the channel
+/// its supervisors poll.
+fn enabled(view: &View<'_>) -> bool {
+    view.job.spec.restart_policy.in_place && view.config.progress_channel.is_some()
+}
+
+/// Why `pod` (of attempt `attempt`) cannot keep its pod through a restart, if it cannot.
+fn unkeepable(view: &View<'_>, pod: &CachedPod, attempt: u32) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some("its pod is being deleted".to_owned());
+    }
+    if is_finished(pod) {
+        return Some("its containers have stopped".to_owned());
+    }
+    let node = match view.observed.node_view(pod) {
+        NodeView::Present(node) => node,
+        NodeView::Unscheduled => return Some("its pod was never scheduled".to_owned()),
+        NodeView::Missing(n) => return Some(format!("its node {n} is gone")),
+    };
+    let name = nodes::name(node);
+    if !matches!(nodes::readiness(node), nodes::Readiness::Ready) {
+        return Some(format!("its node {name} is not Ready"));
+    }
+    if view.census.silent.contains_key(name) || view.census.lost.contains_key(name) {
+        return Some(format!("its node {name} is silent"));
+    }
+    if let Some(taint) = nodes::termination_taint(node, &view.classifier.termination_taints) {
+        return Some(format!(
+            "its node {name} has the termination notice {taint}"
+        ));
+    }
+    match supervisor(view.observed, pod) {
+        Some(s) if s.attempt == attempt && fresh(s, view.now) => None,
+        Some(s) if s.attempt == attempt => Some(format!(
+            "its supervisor last polled {}s ago",
+            view.now.duration_since(s.seen_at).as_secs()
+        )),
+        _ => Some("no supervisor polled for this attempt".to_owned()),
+    }
+}
+
+/// The current attempt's workers that keep their pods through the restart decided now, and
+/// the detail of the others: why each is replaced.
+pub(crate) fn keep(view: &View<'_>) -> (RankSet, Vec<String>) {
+    if !enabled(view) {
+        return (RankSet::default(), Vec::new());
+    }
+    let attempt = view.current.attempt;
+    let mut kept = RankSet::default();
+    let mut replaced = Vec::new();
+    for rank in 0..view.workers {
+        let why = match view.census.current.get(&rank) {
+            None => "its pod is gone".to_owned(),
+            Some(pod) => match view.census.states.get(&rank) {
+                Some(WorkerState::Preempted(_)) => "it was preempted".to_owned(),
+                _ => match unkeepable(view, pod, attempt) {
+                    None => {
+                        kept.insert(rank);
+                        continue;
+                    }
+                    Some(why) => why,
+                },
+            },
+        };
+        replaced.push(format!("worker {rank}: {why}"));
+    }
+    (kept, replaced)
+}
+
+/// The Event of a restart that keeps pods.
+pub(crate) fn restart_event(next: u32, kept: &RankSet, replaced: &[String]) -> JobEvent {
+    let replaced = match replaced.len() {
+        0 => "no pod is created again".to_owned(),
+        _ => format!("pods created again: {}", replaced.join("; ")),
+    };
+    JobEvent::normal(
+        reason::RESTARTING_IN_PLACE,
+        format!(
+            "attempt {next}: worker(s) {kept} keep their pods and restart in place; {replaced}"
+        ),
+    )
+}
+
+/// How kept pods stand in a drain round: the ones to replace leave `inPlace` and are removed;
+/// true when every kept pod has stopped the old attempt.
+pub(crate) fn settle(view: &View<'_>, round: &mut Round) -> bool {
+    let census = &view.census;
+    if census.kept.is_empty() {
+        return true;
+    }
+    let attempt = round.st.attempt;
+    let decided_at = round
+        .st
+        .last_restart
+        .as_ref()
+        .map_or(view.now, |l| l.time.0);
+    let grace = SignedDuration::from_secs(view.job.spec.termination_grace_period_seconds);
+    let deadline = decided_at
+        .saturating_add(grace)
+        .and_then(|t| t.saturating_add(STOP_MARGIN))
+        .unwrap_or(decided_at);
+    let mut all_stopped = true;
+    let mut fallen: Vec<(u32, &Arc<CachedPod>, String)> = Vec::new();
+    for (&rank, &pod) in &census.kept {
+        let seen = supervisor(view.observed, pod);
+        let stopped = seen.is_some_and(|s| s.attempt < attempt && s.state.is_done());
+        let old_attempt = label_u32(pod.as_ref(), LABEL_ATTEMPT).unwrap_or(0);
+        let why = match unkeepable_while_stopping(view, pod) {
+            Some(why) => Some(why),
+            None if stopped => None,
+            None if seen.is_none_or(|s| !fresh(s, view.now)) => {
+                Some("its supervisor stopped polling".to_owned())
+            }
+            None if view.now >= deadline => Some(format!(
+                "its supervisor did not stop attempt {old_attempt} within {}s",
+                view.now.duration_since(decided_at).as_secs()
+            )),
+            None => {
+                all_stopped = false;
+                round.requeue(Some(deadline));
+                continue;
+            }
+        };
+        if let Some(why) = why {
+            fallen.push((rank, pod, why));
+        }
+    }
+    for (rank, pod, why) in fallen {
+        all_stopped = false;
+        if let Some(last) = round.st.last_restart.as_mut() {
+            let left: RankSet = RankSet::parse(&last.in_place_ranks)
+                .iter()
+                .filter(|&r| r != rank)
+                .collect();
+            last.in_place_ranks = left.to_string();
+        }
+        round.events.push(JobEvent::warning(
+            reason::IN_PLACE_FALLBACK,
+            format!("worker {rank} is replaced instead of restarting in place: {why}"),
+        ));
+        round.remove_pods(view, std::iter::once(pod));
+    }
+    all_stopped
+}
+
+/// Why a kept pod stopping its old attempt can no longer restart in place: the pod or its
+/// node failed meanwhile. Its supervisor's own answer is judged by [`settle`].
+fn unkeepable_while_stopping(view: &View<'_>, pod: &CachedPod) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some("its pod is being deleted".to_owned());
+    }
+    if is_finished(pod) {
+        return Some("its containers have stopped".to_owned());
+    }
+    match view.observed.node_view(pod) {
+        NodeView::Present(node) => {
+            let name = nodes::name(node);
+            if view.census.lost.contains_key(name) || view.observed.liveness.gone_for_good(name) {
+                return Some(format!("its node {name} is lost"));
+            }
+            nodes::termination_taint(node, &view.classifier.termination_taints)
+                .map(|taint| format!("its node {name} has the termination notice {taint}"))
+        }
+        NodeView::Unscheduled => Some("its pod was never scheduled".to_owned()),
+        NodeView::Missing(n) => Some(format!("its node {n} is gone")),
+    }
+}
+
+/// The start of the attempt in the kept pods (the create phase: the old attempt is gone): each
+/// gets the attempt's label, and its supervisor may start.
+pub(crate) fn start(view: &View<'_>, round: &mut Round) {
+    let attempt = round.st.attempt;
+    for pod in view.census.kept.values() {
+        round.actions.push(Action::RelabelPod {
+            name: pod_name(pod),
+            uid: pod.metadata.uid.clone(),
+            attempt,
+        });
+    }
+    round.start_in_place = !view.census.kept.is_empty();
+}
+
+/// What the job's supervisors are told after this round, when the job restarts in place.
+pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
+    if !enabled(view) {
+        return None;
+    }
+    let st = &round.st;
+    let pods = view
+        .observed
+        .pods
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    let exit = st.phase.is_some_and(|p| p.is_terminal());
+    let mut start = BTreeMap::new();
+    for rank in kept_for(st, st.attempt).iter() {
+        let name = view.job.pod_name(rank);
+        let Some(pod) = view
+            .observed
+            .pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(&name))
+        else {
+            continue;
+        };
+        let (Some(uid), Some(labelled)) = (
+            pod.metadata.uid.clone(),
+            label_u32(pod.as_ref(), LABEL_ATTEMPT),
+        ) else {
+            continue;
+        };
+        if labelled == st.attempt || (labelled < st.attempt && round.start_in_place) {
+            start.insert(uid, start_env(view, st, rank));
+        }
+    }
+    Some(Supervise {
+        directive: Directive {
+            attempt: st.attempt,
+            start,
+            exit,
+        },
+        pods,
+    })
+}
+
+/// The trainer's environment a new pod of `rank` would get in the status' attempt.
+fn start_env(view: &View<'_>, st: &TrainingJobStatus, rank: u32) -> Vec<(String, String)> {
+    let start = pods::AttemptStart::of(
+        st.attempt,
+        st.last_restart.as_ref().map(|l| l.reason),
+        view.observed.claim.as_ref().is_some_and(|c| c.inherited),
+    );
+    let pod = pods::desired_pod(
+        view.job,
+        rank,
+        st.attempt,
+        start,
+        st.resume_point.as_ref().map(|r| r.file.as_str()),
+        &crate::placement::Placement::default(),
+        view.config.progress_channel.as_ref(),
+    );
+    pods::literal_trainer_env(&pod, view.job.trainer_index)
+}

@@ -1,0 +1,300 @@
+//! In-place gang restarts (`restartPolicy.inPlace`), round by round.
+
+use super::*;
+use crate::config::ProgressChannel;
+use crate::progress::supervisors::{Directive, SupervisedState, SupervisorSeen};
+use trainyard_api::env::{PET_RDZV_ID, TRAINYARD_FENCE_TOKEN};
+
+const IN_PLACE: &str = "workers: 2\nrestartPolicy: {inPlace: true}\n";
+
+fn channel() -> ProgressChannel {
+    ProgressChannel {
+        url: "http://trainyard-progress.trainyard:8082/v1/progress".into(),
+        audience: "trainyard.dev/progress".into(),
+    }
+}
+
+/// A running two-worker job with in-place restarts, whose supervisors poll.
+fn supervised_world(yaml: &str) -> World {
+    let mut w = World::new(yaml);
+    w.config.progress_channel = Some(channel());
+    w.step();
+    w.run_all();
+    w.step();
+    assert_eq!(w.status.phase, Some(Phase::Running));
+    for rank in 0..2 {
+        w.supervisor(rank, 0, SupervisedState::Running);
+    }
+    w
+}
+
+impl World {
+    fn uid(&self, rank: u32) -> String {
+        let name = self.job.pod_name(rank);
+        self.pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(&name))
+            .and_then(|p| p.metadata.uid.clone())
+            .expect("pod")
+    }
+
+    /// The supervisor of rank `rank`'s pod says it runs (or ran) `attempt` as `state`, now.
+    fn supervisor(&mut self, rank: u32, attempt: u32, state: SupervisedState) {
+        let uid = self.uid(rank);
+        self.supervisors.retain(|s| s.pod_uid != uid);
+        self.supervisors.push(SupervisorSeen {
+            pod_uid: uid,
+            rank,
+            attempt,
+            state,
+            seen_at: self.now,
+        });
+    }
+}
+
+fn directive(plan: &Plan) -> &Directive {
+    &plan.supervise.as_ref().expect("supervised").directive
+}
+
+fn relabels(plan: &Plan) -> Vec<(&str, u32)> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RelabelPod { name, attempt, .. } => Some((name.as_str(), *attempt)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn event<'a>(plan: &'a Plan, reason: &str) -> Option<&'a JobEvent> {
+    plan.events.iter().find(|e| e.reason == reason)
+}
+
+fn env_of(vars: &[(String, String)], key: &str) -> Option<String> {
+    vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+}
+
+#[test]
+fn a_preemption_keeps_the_survivors_pod_and_recreates_only_the_preempted_one() {
+    let mut w = supervised_world(IN_PLACE);
+    let kept_uid = w.uid(0);
+    w.preempt("train-worker-1");
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    let last = plan.status.last_restart.clone().expect("restart");
+    assert_eq!(last.in_place_ranks, "0");
+    assert_eq!(World::deleted(&plan, false), ["train-worker-1"]);
+    let said = event(&plan, reason::RESTARTING_IN_PLACE)
+        .expect("event")
+        .note
+        .clone();
+    assert!(said.contains("worker(s) 0 keep their pods"), "{said}");
+    assert!(said.contains("worker 1: it was preempted"), "{said}");
+    // The survivor is told to stop attempt 0; nobody may start attempt 1 yet.
+    assert_eq!(directive(&plan).attempt, 1);
+    assert!(directive(&plan).start.is_empty());
+
+    // The preempted pod is gone, but the survivor still runs attempt 0: nothing starts.
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    assert!(World::creates(&plan).is_empty(), "{:?}", plan.actions);
+    assert!(relabels(&plan).is_empty());
+    assert!(directive(&plan).start.is_empty());
+
+    // Its supervisor stopped attempt 0: the kept pod moves to attempt 1, rank 1 is created,
+    // and the supervisor may start attempt 1 with the environment of attempt 1.
+    w.supervisor(0, 0, SupervisedState::Stopped);
+    let plan = w.step();
+    assert_eq!(relabels(&plan), [("train-worker-0", 1)]);
+    let created: Vec<_> = World::creates(&plan)
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(created, ["train-worker-1"]);
+    let start = directive(&plan)
+        .start
+        .get(&kept_uid)
+        .expect("told to start");
+    assert_eq!(env_of(start, TRAINYARD_ATTEMPT).as_deref(), Some("1"));
+    assert_eq!(
+        env_of(start, TRAINYARD_RESTART_REASON).as_deref(),
+        Some("Preemption")
+    );
+    assert!(env_of(start, RESUME_FROM).is_some());
+    assert!(env_of(start, TRAINYARD_FENCE_TOKEN).is_some_and(|t| t.contains(":1:")));
+    assert!(env_of(start, PET_RDZV_ID).is_some_and(|t| t.ends_with("-1")));
+    let created_env = env(World::creates(&plan)[0], TRAINYARD_ATTEMPT);
+    assert_eq!(created_env.as_deref(), Some("1"));
+
+    // Both pods run; the job is Running once the kept supervisor runs attempt 1.
+    w.run_all();
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Restarting));
+    w.supervisor(0, 1, SupervisedState::Running);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!(plan.status.attempt, 1);
+    assert_eq!(w.uid(0), kept_uid, "the survivor's pod was never replaced");
+}
+
+#[test]
+fn a_failure_its_supervisor_reports_restarts_the_whole_gang_in_place_without_a_pod_written() {
+    let mut w = supervised_world(IN_PLACE);
+    let uids = (w.uid(0), w.uid(1));
+    // Rank 1's trainer exits 1; its supervisor holds the container and says so.
+    w.supervisor(1, 0, SupervisedState::Exited(1));
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Failure));
+    assert_eq!(plan.status.failures, 1);
+    let last = plan.status.last_restart.clone().expect("restart");
+    assert_eq!(last.in_place_ranks, "0-1", "{last:?}");
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    // Rank 0 still runs attempt 0: told to stop. Rank 1 has nothing left to stop.
+    w.supervisor(0, 0, SupervisedState::Stopped);
+    // The backoff (10 s) holds the start.
+    let plan = w.step();
+    assert!(relabels(&plan).is_empty());
+    assert!(directive(&plan).start.is_empty());
+    w.advance(11);
+    w.supervisor(0, 0, SupervisedState::Stopped);
+    w.supervisor(1, 0, SupervisedState::Exited(1));
+    let plan = w.step();
+    assert_eq!(
+        relabels(&plan),
+        [("train-worker-0", 1), ("train-worker-1", 1)]
+    );
+    assert!(World::creates(&plan).is_empty());
+    assert_eq!(directive(&plan).start.len(), 2);
+    w.supervisor(0, 1, SupervisedState::Running);
+    w.supervisor(1, 1, SupervisedState::Running);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!((w.uid(0), w.uid(1)), uids, "no pod was replaced");
+}
+
+#[test]
+fn a_kept_pod_whose_supervisor_does_not_stop_in_time_is_replaced_with_an_event() {
+    let mut w = supervised_world(IN_PLACE);
+    w.preempt("train-worker-1");
+    w.step();
+    w.kubelet_removes_deleted();
+    // The supervisor keeps polling but never stops its trainer: past the grace period (60 s)
+    // and the margin, the pod is replaced.
+    w.advance(30);
+    w.supervisor(0, 0, SupervisedState::Running);
+    let plan = w.step();
+    assert!(event(&plan, reason::IN_PLACE_FALLBACK).is_none());
+    w.advance(45);
+    w.supervisor(0, 0, SupervisedState::Running);
+    let plan = w.step();
+    let said = event(&plan, reason::IN_PLACE_FALLBACK)
+        .expect("fallback")
+        .note
+        .clone();
+    assert!(said.contains("did not stop attempt 0"), "{said}");
+    assert_eq!(World::deleted(&plan, false), ["train-worker-0"]);
+    assert!(
+        plan.status
+            .last_restart
+            .expect("restart")
+            .in_place_ranks
+            .is_empty()
+    );
+    // From here it is an ordinary restart: once the pod is gone both ranks are created.
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    assert_eq!(World::creates(&plan).len(), 2);
+}
+
+#[test]
+fn a_pod_whose_supervisor_went_quiet_or_never_polled_is_not_kept() {
+    let mut w = supervised_world(IN_PLACE);
+    // Rank 1's supervisor last polled 20 s ago; rank 0's is current.
+    w.advance(20);
+    w.supervisor(0, 0, SupervisedState::Running);
+    w.preempt("train-worker-1");
+    let plan = w.step();
+    assert_eq!(
+        plan.status
+            .last_restart
+            .clone()
+            .expect("restart")
+            .in_place_ranks,
+        "0"
+    );
+
+    // A job whose pods run no supervisor restarts as without inPlace.
+    let mut w = supervised_world(IN_PLACE);
+    w.supervisors.clear();
+    w.preempt("train-worker-1");
+    let plan = w.step();
+    assert!(
+        plan.status
+            .last_restart
+            .clone()
+            .expect("restart")
+            .in_place_ranks
+            .is_empty()
+    );
+    assert_eq!(
+        World::deleted(&plan, false),
+        ["train-worker-0", "train-worker-1"]
+    );
+    assert!(event(&plan, reason::RESTARTING_IN_PLACE).is_none());
+}
+
+#[test]
+fn without_in_place_supervisors_change_nothing_and_are_told_nothing() {
+    let mut w = supervised_world("workers: 2\n");
+    w.preempt("train-worker-1");
+    let plan = w.step();
+    assert!(plan.supervise.is_none());
+    assert!(
+        plan.status
+            .last_restart
+            .clone()
+            .expect("restart")
+            .in_place_ranks
+            .is_empty()
+    );
+    assert_eq!(
+        World::deleted(&plan, false),
+        ["train-worker-0", "train-worker-1"]
+    );
+}
+
+#[test]
+fn pods_of_in_place_jobs_point_their_supervisor_at_the_channel() {
+    let mut w = World::new(IN_PLACE);
+    w.config.progress_channel = Some(channel());
+    let plan = w.step();
+    let pod = World::creates(&plan)[0];
+    assert_eq!(
+        env(pod, trainyard_api::env::TRAINYARD_SUPERVISOR_URL).as_deref(),
+        Some("http://trainyard-progress.trainyard:8082/v1/supervisor")
+    );
+    assert_eq!(
+        env(pod, trainyard_api::env::TRAINYARD_STOP_GRACE_SECONDS).as_deref(),
+        Some("60"),
+        "the pod's grace period"
+    );
+    let mut w = World::new("workers: 2\n");
+    w.config.progress_channel = Some(channel());
+    let plan = w.step();
+    assert_eq!(
+        env(
+            World::creates(&plan)[0],
+            trainyard_api::env::TRAINYARD_SUPERVISOR_URL
+        ),
+        None
+    );
+}
+
+#[test]
+fn a_finished_job_tells_its_supervisors_to_exit() {
+    let mut w = supervised_world("workers: 2\nrestartPolicy: {inPlace: true, maxFailures: 0}\n");
+    w.supervisor(1, 0, SupervisedState::Exited(3));
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert!(directive(&plan).exit);
+}

@@ -1,0 +1,437 @@
+//! The supervisors of in-place restarts (`spec.restartPolicy.inPlace`): what each worker's
+//! supervisor last said, and what the plan tells them. Pure, no I/O.
+//!
+//! A supervisor is the first process in a worker's container (`examples/trainyard_launch.py`).
+//! It polls `POST /v1/supervisor` ([`super::server`]) with the attempt it runs or last ran and
+//! its state: `running`, `exited` (its trainer exited on its own, non-zero, and every process
+//! of it is gone) or `stopped` (stopped on the operator's order, every process gone). The
+//! answer is an [`Order`], read from the job's [`Directive`], which each reconcile publishes:
+//! - a supervisor behind the directive's attempt that still runs is told to **stop**;
+//! - one that has stopped (or whose trainer exited) is told to **start** the directive's
+//!   attempt with the environment the directive holds for its pod, once the plan says so (its
+//!   pod is kept for that attempt and every pod of the old attempt that is not is gone);
+//! - a job that ended tells every supervisor to **exit**;
+//! - anything else is **continue**.
+//!
+//! The plan reads [`SupervisorBoard::snapshot`]: a supervisor that polled lately can restart in
+//! place; one that reports its trainer's exit makes the worker count as failed with that code,
+//! as its container's end would without a supervisor.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use jiff::Timestamp;
+
+/// What a supervisor said of the attempt it runs or last ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SupervisedState {
+    /// The trainer runs.
+    Running,
+    /// The trainer exited on its own with this (non-zero) code; nothing of it runs.
+    Exited(i32),
+    /// The trainer was stopped on the operator's order; nothing of it runs.
+    Stopped,
+}
+
+impl SupervisedState {
+    /// Whether nothing of the attempt runs any more.
+    pub fn is_done(self) -> bool {
+        !matches!(self, Self::Running)
+    }
+}
+
+/// One poll, as the server checked it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Poll {
+    /// The pod's uid (from its token).
+    pub pod_uid: String,
+    /// Its rank.
+    pub rank: u32,
+    /// The attempt the supervisor runs or last ran.
+    pub attempt: u32,
+    /// How it stands.
+    pub state: SupervisedState,
+}
+
+/// A supervisor as the plan sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SupervisorSeen {
+    /// The pod's uid.
+    pub pod_uid: String,
+    /// Its rank.
+    pub rank: u32,
+    /// The attempt it runs or last ran.
+    pub attempt: u32,
+    /// How it stands.
+    pub state: SupervisedState,
+    /// When it last polled.
+    pub seen_at: Timestamp,
+}
+
+/// What the plan tells a job's supervisors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Directive {
+    /// The attempt the job runs: a supervisor of an earlier one stops.
+    pub attempt: u32,
+    /// The kept pods that may start `attempt` now, by uid, with the trainer's environment for
+    /// it (name, value).
+    pub start: BTreeMap<String, Vec<(String, String)>>,
+    /// The job ended: every supervisor exits.
+    pub exit: bool,
+}
+
+/// The answer to a poll.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Nothing to do.
+    Continue,
+    /// Stop the trainer: `attempt` was decided.
+    Stop {
+        /// The attempt decided.
+        attempt: u32,
+    },
+    /// Start `attempt` with this environment.
+    Start {
+        /// The attempt to start.
+        attempt: u32,
+        /// The trainer's environment for it.
+        env: Vec<(String, String)>,
+    },
+    /// Exit with the trainer's code.
+    Exit,
+}
+
+impl Order {
+    /// The answer's JSON body.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            Self::Continue => serde_json::json!({ "action": "continue" }),
+            Self::Stop { attempt } => serde_json::json!({ "action": "stop", "attempt": attempt }),
+            Self::Start { attempt, env } => {
+                let env: serde_json::Map<String, serde_json::Value> = env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                    .collect();
+                serde_json::json!({ "action": "start", "attempt": attempt, "env": env })
+            }
+            Self::Exit => serde_json::json!({ "action": "exit" }),
+        }
+    }
+}
+
+/// The order for `poll` under `directive`.
+pub fn order(directive: Option<&Directive>, poll: &Poll) -> Order {
+    let Some(d) = directive else {
+        return Order::Continue;
+    };
+    if d.exit {
+        return Order::Exit;
+    }
+    if poll.attempt >= d.attempt {
+        return Order::Continue;
+    }
+    match (poll.state.is_done(), d.start.get(&poll.pod_uid)) {
+        (false, _) => Order::Stop { attempt: d.attempt },
+        (true, Some(env)) => Order::Start {
+            attempt: d.attempt,
+            env: env.clone(),
+        },
+        (true, None) => Order::Continue,
+    }
+}
+
+#[derive(Debug)]
+struct JobBoard {
+    job_uid: String,
+    seen: BTreeMap<String, SupervisorSeen>,
+    directive: Option<Directive>,
+}
+
+/// Every job's supervisors and directive, keyed by namespace and name; an entry belongs to one
+/// job uid (a job applied again under the same name starts over).
+#[derive(Debug, Default)]
+pub struct SupervisorBoard {
+    jobs: Mutex<HashMap<(String, String), JobBoard>>,
+}
+
+/// What a poll came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answered {
+    /// The answer.
+    pub order: Order,
+    /// Reconcile the job now: the supervisor is new, or its attempt or state changed.
+    pub wake: bool,
+}
+
+impl SupervisorBoard {
+    fn jobs(&self) -> MutexGuard<'_, HashMap<(String, String), JobBoard>> {
+        // Every update leaves the map whole: a panic elsewhere cannot tear it.
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn entry<'a>(
+        jobs: &'a mut HashMap<(String, String), JobBoard>,
+        namespace: &str,
+        job: &str,
+        job_uid: &str,
+    ) -> &'a mut JobBoard {
+        let key = (namespace.to_owned(), job.to_owned());
+        let board = jobs.entry(key).or_insert_with(|| JobBoard {
+            job_uid: job_uid.to_owned(),
+            seen: BTreeMap::new(),
+            directive: None,
+        });
+        if board.job_uid != job_uid {
+            *board = JobBoard {
+                job_uid: job_uid.to_owned(),
+                seen: BTreeMap::new(),
+                directive: None,
+            };
+        }
+        board
+    }
+
+    /// Records a checked poll of a worker of `namespace/job` (uid `job_uid`) at `now`, and
+    /// answers it.
+    pub fn poll(
+        &self,
+        namespace: &str,
+        job: &str,
+        job_uid: &str,
+        poll: Poll,
+        now: Timestamp,
+    ) -> Answered {
+        let mut jobs = self.jobs();
+        let board = Self::entry(&mut jobs, namespace, job, job_uid);
+        let order = order(board.directive.as_ref(), &poll);
+        let wake = board
+            .seen
+            .get(&poll.pod_uid)
+            .is_none_or(|s| s.attempt != poll.attempt || s.state != poll.state);
+        board.seen.insert(
+            poll.pod_uid.clone(),
+            SupervisorSeen {
+                pod_uid: poll.pod_uid,
+                rank: poll.rank,
+                attempt: poll.attempt,
+                state: poll.state,
+                seen_at: now,
+            },
+        );
+        Answered { order, wake }
+    }
+
+    /// Sets what the job's supervisors are told (`None`: nothing); pods of `job_uid` not in
+    /// `pods` are forgotten.
+    pub fn publish(
+        &self,
+        namespace: &str,
+        job: &str,
+        job_uid: &str,
+        directive: Option<Directive>,
+        pods: &[&str],
+    ) {
+        let mut jobs = self.jobs();
+        let key = (namespace.to_owned(), job.to_owned());
+        if directive.is_none() && !jobs.contains_key(&key) {
+            return;
+        }
+        let board = Self::entry(&mut jobs, namespace, job, job_uid);
+        board.directive = directive;
+        board.seen.retain(|uid, _| pods.contains(&uid.as_str()));
+    }
+
+    /// The job's supervisors, for the plan.
+    pub fn snapshot(&self, namespace: &str, job: &str, job_uid: &str) -> Vec<SupervisorSeen> {
+        self.jobs()
+            .get(&(namespace.to_owned(), job.to_owned()))
+            .filter(|b| b.job_uid == job_uid)
+            .map(|b| b.seen.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Forgets a job.
+    pub fn forget(&self, namespace: &str, job: &str) {
+        self.jobs().remove(&(namespace.to_owned(), job.to_owned()));
+    }
+
+    /// Keeps the jobs `keep` says exist.
+    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
+        self.jobs().retain(|(ns, job), _| keep(ns, job));
+    }
+
+    /// How many jobs have an entry.
+    pub fn len(&self) -> usize {
+        self.jobs().len()
+    }
+
+    /// Whether no job has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.jobs().is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + s).expect("time")
+    }
+
+    fn poll(uid: &str, attempt: u32, state: SupervisedState) -> Poll {
+        Poll {
+            pod_uid: uid.to_owned(),
+            rank: 0,
+            attempt,
+            state,
+        }
+    }
+
+    fn directive(attempt: u32, start: &[&str]) -> Directive {
+        Directive {
+            attempt,
+            start: start
+                .iter()
+                .map(|u| {
+                    (
+                        (*u).to_owned(),
+                        vec![("TRAINYARD_ATTEMPT".into(), attempt.to_string())],
+                    )
+                })
+                .collect(),
+            exit: false,
+        }
+    }
+
+    #[test]
+    fn without_a_directive_every_supervisor_carries_on() {
+        assert_eq!(
+            order(None, &poll("a", 0, SupervisedState::Running)),
+            Order::Continue
+        );
+        assert_eq!(
+            order(None, &poll("a", 0, SupervisedState::Exited(1))),
+            Order::Continue
+        );
+    }
+
+    #[test]
+    fn a_running_supervisor_of_an_older_attempt_stops_and_starts_only_when_told() {
+        let d = directive(3, &[]);
+        assert_eq!(
+            order(Some(&d), &poll("a", 2, SupervisedState::Running)),
+            Order::Stop { attempt: 3 }
+        );
+        // Stopped, but its pod may not start yet: the old attempt is not gone everywhere.
+        assert_eq!(
+            order(Some(&d), &poll("a", 2, SupervisedState::Stopped)),
+            Order::Continue
+        );
+        let d = directive(3, &["a"]);
+        assert_eq!(
+            order(Some(&d), &poll("a", 2, SupervisedState::Stopped)),
+            Order::Start {
+                attempt: 3,
+                env: vec![("TRAINYARD_ATTEMPT".into(), "3".into())]
+            }
+        );
+        // A trainer that exited by itself starts as well; another pod does not.
+        assert!(matches!(
+            order(Some(&d), &poll("a", 2, SupervisedState::Exited(1))),
+            Order::Start { attempt: 3, .. }
+        ));
+        assert_eq!(
+            order(Some(&d), &poll("b", 2, SupervisedState::Exited(1))),
+            Order::Continue
+        );
+        // The attempt it runs is the directive's: nothing to do.
+        assert_eq!(
+            order(Some(&d), &poll("a", 3, SupervisedState::Running)),
+            Order::Continue
+        );
+    }
+
+    #[test]
+    fn a_job_that_ended_tells_every_supervisor_to_exit() {
+        let d = Directive {
+            exit: true,
+            ..Directive::default()
+        };
+        assert_eq!(
+            order(Some(&d), &poll("a", 5, SupervisedState::Exited(2))),
+            Order::Exit
+        );
+    }
+
+    #[test]
+    fn polls_wake_the_job_only_when_a_supervisor_is_new_or_changed() {
+        let board = SupervisorBoard::default();
+        let p = poll("a", 0, SupervisedState::Running);
+        assert!(board.poll("ns", "j", "u1", p.clone(), at(0)).wake);
+        assert!(!board.poll("ns", "j", "u1", p.clone(), at(1)).wake);
+        let exited = poll("a", 0, SupervisedState::Exited(1));
+        assert!(board.poll("ns", "j", "u1", exited, at(2)).wake);
+        let seen = board.snapshot("ns", "j", "u1");
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].state, SupervisedState::Exited(1));
+        assert_eq!(seen[0].seen_at, at(2));
+        // Another job of the same name sees none of it.
+        assert!(board.snapshot("ns", "j", "u2").is_empty());
+    }
+
+    #[test]
+    fn a_published_directive_answers_the_next_poll_and_forgets_pods_gone() {
+        let board = SupervisorBoard::default();
+        board.poll(
+            "ns",
+            "j",
+            "u1",
+            poll("a", 0, SupervisedState::Running),
+            at(0),
+        );
+        board.poll(
+            "ns",
+            "j",
+            "u1",
+            poll("b", 0, SupervisedState::Running),
+            at(0),
+        );
+        board.publish("ns", "j", "u1", Some(directive(1, &[])), &["a"]);
+        let answered = board.poll(
+            "ns",
+            "j",
+            "u1",
+            poll("a", 0, SupervisedState::Running),
+            at(1),
+        );
+        assert_eq!(answered.order, Order::Stop { attempt: 1 });
+        let uids: Vec<String> = board
+            .snapshot("ns", "j", "u1")
+            .into_iter()
+            .map(|s| s.pod_uid)
+            .collect();
+        assert_eq!(uids, ["a"]);
+        board.forget("ns", "j");
+        assert!(board.is_empty());
+    }
+
+    #[test]
+    fn publishing_nothing_for_a_job_without_supervisors_keeps_no_entry() {
+        let board = SupervisorBoard::default();
+        board.publish("ns", "j", "u1", None, &[]);
+        assert!(board.is_empty());
+    }
+
+    #[test]
+    fn the_start_order_carries_the_environment_as_a_json_object() {
+        let o = Order::Start {
+            attempt: 4,
+            env: vec![("A".into(), "1".into()), ("B".into(), "x".into())],
+        };
+        assert_eq!(
+            o.to_json(),
+            serde_json::json!({"action": "start", "attempt": 4, "env": {"A": "1", "B": "x"}})
+        );
+    }
+}
