@@ -1470,6 +1470,7 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
         create_job(&client, &ns.name, in_place).await?;
         let twin = torch_job("hung-twin", 1, 40, "0.2", json!({"policy": "Never"}));
         create_job(&client, &ns.name, twin).await?;
+        let kept = pod_uids(&running_pods(&client, &ns.name, "hung-in-place", 0, 2).await?);
         running_pods(&client, &ns.name, name, 0, 2).await?;
         // Rank 1 sleeps inside step 12 in attempt 0; rank 0 waits in the collective.
         running_pods(&client, &ns.name, name, 1, 2).await?;
@@ -1496,46 +1497,48 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
         )
         .await?;
         assert_eq!(st["hangs"], 1, "status: {st}");
-        restarts_in_place_without_a_pod_written(&client, &ns.name, "hung-in-place", "hung-twin")
-            .await
+        restarted_in_place_without_a_pod_written(&client, &ns.name, "hung-in-place", &kept).await?;
+        ends_as_its_baseline(&client, &ns.name, "hung-in-place", 1, "hung-twin").await
     }
     .await;
     ns.cleanup().await?;
     res
 }
 
-/// The hang of `job` (`restartPolicy.inPlace`) restarts every rank in place: the pods of
-/// attempt 0 run attempt 1, none is created or deleted, and the job ends with the weights of
-/// its uninterrupted `twin`.
-async fn restarts_in_place_without_a_pod_written(
+fn pod_uids(pods: &[Pod]) -> BTreeSet<String> {
+    pods.iter().filter_map(ResourceExt::uid).collect()
+}
+
+/// The hang of `job` (`restartPolicy.inPlace`), whose attempt 0 ran in the pods `before`,
+/// restarted every rank in place: the job succeeds in attempt 1 in those pods, relabelled,
+/// none created or deleted.
+async fn restarted_in_place_without_a_pod_written(
     client: &Client,
     ns: &str,
     job: &str,
-    twin: &str,
+    before: &BTreeSet<String>,
 ) -> Result<()> {
-    let uids = |pods: &[Pod]| -> BTreeSet<String> { pods.iter().filter_map(|p| p.uid()).collect() };
-    let before = uids(&running_pods(client, ns, job, 0, 2).await?);
-    let after = uids(&running_pods(client, ns, job, 1, 2).await?);
-    ensure!(
-        before == after,
-        "attempt 1 runs in other pods: {before:?} then {after:?}"
-    );
-    let st = job_status(client, ns, job).await?;
+    let st = wait_phase(client, ns, job, "Succeeded", Duration::from_secs(300)).await?;
+    ensure!(st["attempt"] == 1 && st["hangs"] == 1, "status: {st}");
     ensure!(
         st["lastRestart"]["reason"] == "Hang" && st["lastRestart"]["inPlaceRanks"] == "0-1",
         "status: {st}"
+    );
+    let pods = job_pods(client, ns, job).await?;
+    let at_end = pod_uids(&pods);
+    ensure!(
+        at_end == *before,
+        "pods at the end {at_end:?}, at the start {before:?}"
+    );
+    ensure!(
+        pods.iter()
+            .all(|p| p.labels().get(LABEL_ATTEMPT).map(String::as_str) == Some("1")),
+        "every kept pod moved to attempt 1"
     );
     let said = job_events(client, ns, job, "RestartingInPlace").await?;
     ensure!(
         said.iter().any(|m| m.contains("no pod is created again")),
         "{said:?}"
-    );
-    let st = wait_phase(client, ns, job, "Succeeded", Duration::from_secs(300)).await?;
-    ensure!(st["attempt"] == 1 && st["hangs"] == 1, "status: {st}");
-    let at_end = uids(&job_pods(client, ns, job).await?);
-    ensure!(
-        at_end == before,
-        "pods at the end {at_end:?}, at the start {before:?}"
     );
     ensure!(
         job_events(client, ns, job, "InPlaceFallback")
@@ -1543,7 +1546,7 @@ async fn restarts_in_place_without_a_pod_written(
             .is_empty(),
         "no rank fell back to a new pod"
     );
-    ends_as_its_baseline(client, ns, job, 1, twin).await
+    Ok(())
 }
 
 /// The GitOps flow (delete the TrainingJob, apply it again) over the claim `retainOnDelete`
