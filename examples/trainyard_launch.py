@@ -133,19 +133,7 @@ def wait_for_master(env, limit, check=master_reachable, sleep=time.sleep, clock=
 
 def has_children(pid):
     """Whether any process has `pid` as its parent (from /proc/<pid>/stat's ppid)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue  # ended while we looked
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[1] == str(pid):
-            return True
-    return False
+    return any(ppid == pid for _, _, ppid, _, _ in processes())
 
 
 def run(command, stuck):

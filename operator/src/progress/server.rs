@@ -444,18 +444,7 @@ fn check_worker(
     report: &Report,
 ) -> Result<String, Rejection> {
     let pod = format!("{}/{}", identity.namespace, identity.pod_name);
-    let Some(worker) = pods.worker(&identity.namespace, &identity.pod_name) else {
-        return Err(Rejection::new(
-            StatusCode::FORBIDDEN,
-            Outcome::UnknownJob,
-            format!("pod {pod} is not a worker of any existing TrainingJob"),
-        ));
-    };
-    if worker.uid != identity.pod_uid {
-        return Err(Rejection::forbidden(format!(
-            "pod {pod} is not the pod the token was issued to"
-        )));
-    }
+    let worker = token_worker(pods, identity)?;
     if worker.job != job {
         return Err(Rejection::forbidden(format!(
             "pod {pod} is a worker of job {}, not {job}",
@@ -475,6 +464,73 @@ fn check_worker(
         )));
     }
     Ok(worker.job_uid)
+}
+
+/// What a POST to the endpoint carries, before its body is parsed.
+struct Posted {
+    token: String,
+    /// The connection's peer (the listener puts it on every request).
+    source: Option<IpAddr>,
+    bytes: Bytes,
+}
+
+impl Posted {
+    /// The bearer token, the peer and the body of a JSON POST (read within [`BODY_TIMEOUT`]).
+    async fn read(request: Request) -> Result<Self, Rejection> {
+        let Some(token) = bearer(request.headers()) else {
+            return Err(Rejection::new(
+                StatusCode::UNAUTHORIZED,
+                Outcome::Unauthenticated,
+                "Authorization: Bearer <token> is missing or malformed",
+            ));
+        };
+        if !is_json(request.headers()) {
+            return Err(Rejection::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Outcome::Invalid,
+                "Content-Type is not application/json",
+            ));
+        }
+        let source = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| peer.ip());
+        let bytes = read_body(request).await?;
+        Ok(Self {
+            token,
+            source,
+            bytes,
+        })
+    }
+}
+
+/// The check of a request ended without an answer: a bug of ours, not load, counted apart so
+/// that an alert on "overloaded" means load.
+fn ended_early(log: &str, noun: &str, e: &tokio::task::JoinError) -> Rejection {
+    tracing::error!(error = %e, "{log}: the check ended early");
+    Rejection::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Outcome::Internal,
+        format!("the {noun}'s check ended early: {e}"),
+    )
+}
+
+/// The worker pod the token was issued to, as the caches know it.
+fn token_worker(pods: &dyn PodLookup, identity: &Identity) -> Result<WorkerIdentity, Rejection> {
+    let pod = format!("{}/{}", identity.namespace, identity.pod_name);
+    let Some(worker) = pods.worker(&identity.namespace, &identity.pod_name) else {
+        return Err(Rejection::new(
+            StatusCode::FORBIDDEN,
+            Outcome::UnknownJob,
+            format!("pod {pod} is not a worker of any existing TrainingJob"),
+        ));
+    };
+    if worker.uid != identity.pod_uid {
+        return Err(Rejection::forbidden(format!(
+            "pod {pod} is not the pod the token was issued to"
+        )));
+    }
+    Ok(worker)
 }
 
 /// A supervisor's poll as posted (`examples/trainyard_launch.py`).
@@ -535,18 +591,7 @@ fn check_supervisor(
     rank: u32,
 ) -> Result<String, Rejection> {
     let pod = format!("{}/{}", identity.namespace, identity.pod_name);
-    let Some(worker) = pods.worker(&identity.namespace, &identity.pod_name) else {
-        return Err(Rejection::new(
-            StatusCode::FORBIDDEN,
-            Outcome::UnknownJob,
-            format!("pod {pod} is not a worker of any existing TrainingJob"),
-        ));
-    };
-    if worker.uid != identity.pod_uid {
-        return Err(Rejection::forbidden(format!(
-            "pod {pod} is not the pod the token was issued to"
-        )));
-    }
+    let worker = token_worker(pods, identity)?;
     if worker.job != job || worker.rank != rank {
         return Err(Rejection::forbidden(format!(
             "pod {pod} is rank {} of job {}, not rank {rank} of {job}",
@@ -558,25 +603,11 @@ fn check_supervisor(
 
 /// Checks and records one supervisor's poll; the answer is its order.
 async fn handle_poll(shared: Arc<Shared>, request: Request) -> Result<Order, Rejection> {
-    let Some(token) = bearer(request.headers()) else {
-        return Err(Rejection::new(
-            StatusCode::UNAUTHORIZED,
-            Outcome::Unauthenticated,
-            "Authorization: Bearer <token> is missing or malformed",
-        ));
-    };
-    if !is_json(request.headers()) {
-        return Err(Rejection::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Outcome::Invalid,
-            "Content-Type is not application/json",
-        ));
-    }
-    let source = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(peer)| peer.ip());
-    let bytes = read_body(request).await?;
+    let Posted {
+        token,
+        source,
+        bytes,
+    } = Posted::read(request).await?;
     let (job, mut poll) = PollBody::parse(&bytes)?;
     // As for reports: the review lands in the cache even when the supervisor stops waiting.
     let checked = tokio::spawn(async move {
@@ -596,14 +627,9 @@ async fn handle_poll(shared: Arc<Shared>, request: Request) -> Result<Order, Rej
         }
         Ok(answered.order)
     });
-    checked.await.unwrap_or_else(|e| {
-        tracing::error!(error = %e, "supervisor poll: the check ended early");
-        Err(Rejection::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Outcome::Internal,
-            format!("the poll's check ended early: {e}"),
-        ))
-    })
+    checked
+        .await
+        .unwrap_or_else(|e| Err(ended_early("supervisor poll", "poll", &e)))
 }
 
 async fn supervise(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -655,26 +681,11 @@ fn record(
 /// as reporting and a lost node waited for NotReady). Now the review lands in the cache and
 /// the report in the store, and the trainer's next report is answered from the cache.
 async fn handle(shared: Arc<Shared>, request: Request) -> Result<bool, Rejection> {
-    let Some(token) = bearer(request.headers()) else {
-        return Err(Rejection::new(
-            StatusCode::UNAUTHORIZED,
-            Outcome::Unauthenticated,
-            "Authorization: Bearer <token> is missing or malformed",
-        ));
-    };
-    if !is_json(request.headers()) {
-        return Err(Rejection::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Outcome::Invalid,
-            "Content-Type is not application/json",
-        ));
-    }
-    // The connection's peer (the listener puts it on every request).
-    let source = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(peer)| peer.ip());
-    let bytes = read_body(request).await?;
+    let Posted {
+        token,
+        source,
+        bytes,
+    } = Posted::read(request).await?;
     let (job, report) = ReportBody::parse(&bytes)?;
 
     let checked = tokio::spawn(async move {
@@ -689,15 +700,9 @@ async fn handle(shared: Arc<Shared>, request: Request) -> Result<bool, Rejection
         let job_uid = check_worker(server.pods.as_ref(), &identity, &job, &report)?;
         Ok(record(server, identity.namespace, job, &job_uid, &report))
     });
-    checked.await.unwrap_or_else(|e| {
-        // A bug of ours, not load: counted apart, so that an alert on "overloaded" means load.
-        tracing::error!(error = %e, "progress report: the check ended early");
-        Err(Rejection::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Outcome::Internal,
-            format!("the report's check ended early: {e}"),
-        ))
-    })
+    checked
+        .await
+        .unwrap_or_else(|e| Err(ended_early("progress report", "report", &e)))
 }
 
 async fn report(State(shared): State<Arc<Shared>>, request: Request) -> Response {
