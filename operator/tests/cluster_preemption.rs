@@ -11,7 +11,7 @@ use serde_json::json;
 use trainyard_api::crd::LABEL_RANK;
 use trainyard_api::env::{RESUME_FROM, TRAINYARD_ATTEMPT, TRAINYARD_RESTART_REASON};
 use trainyard_api::spot::KARPENTER_DISRUPTED;
-use trainyard_operator::surface::TrainingJob;
+use trainyard_operator::surface::{Phase, TrainingJob};
 
 fn counters(j: &TrainingJob) -> (u32, u32, u32) {
     let s = j.status.clone().unwrap_or_default();
@@ -42,6 +42,20 @@ async fn expect_gang_restart(t: &TestEnv, attempt: u32, detail: &str) -> Vec<Pod
         last.detail
     );
     let pods = t.wait_running(attempt, 2).await;
+    // The next signal hits a job that runs: one whose workers the operator has recorded. A pod
+    // that runs and vanishes before any round saw it is created again, not counted (the gang
+    // has not trained: every rank waits in the rendezvous until all run), and a pod's start is
+    // a routine change the job records within the settle delay.
+    t.wait_job(
+        "train",
+        &format!("attempt {attempt} recorded running"),
+        |j| {
+            j.status
+                .as_ref()
+                .is_some_and(|s| s.attempt == attempt && s.phase == Some(Phase::Running))
+        },
+    )
+    .await;
     for p in &pods {
         assert_eq!(
             env(p, RESUME_FROM).as_deref(),
