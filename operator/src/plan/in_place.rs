@@ -96,30 +96,50 @@ fn enabled(view: &View<'_>) -> bool {
     view.job.spec.restart_policy.in_place && view.config.progress_channel.is_some()
 }
 
-/// Why `pod` (of attempt `attempt`) cannot keep its pod through a restart, if it cannot.
-fn unkeepable(view: &View<'_>, pod: &CachedPod, attempt: u32) -> Option<String> {
+/// Why a kept or keepable pod fails, whatever its supervisor says: it is being deleted, its
+/// containers stopped, it has no node, or its node is gone, `lost` (by the caller's rule) or
+/// under a termination notice. The node, when it is there and none of that holds.
+fn pod_or_node_fails<'a>(
+    view: &View<'a>,
+    pod: &'a CachedPod,
+    lost: impl Fn(&str) -> Option<String>,
+) -> Result<&'a k8s_openapi::api::core::v1::Node, String> {
     if pod.metadata.deletion_timestamp.is_some() {
-        return Some("its pod is being deleted".to_owned());
+        return Err("its pod is being deleted".to_owned());
     }
     if is_finished(pod) {
-        return Some("its containers have stopped".to_owned());
+        return Err("its containers have stopped".to_owned());
     }
     let node = match view.observed.node_view(pod) {
         NodeView::Present(node) => node,
-        NodeView::Unscheduled => return Some("its pod was never scheduled".to_owned()),
-        NodeView::Missing(n) => return Some(format!("its node {n} is gone")),
+        NodeView::Unscheduled => return Err("its pod was never scheduled".to_owned()),
+        NodeView::Missing(n) => return Err(format!("its node {n} is gone")),
     };
     let name = nodes::name(node);
-    if !matches!(nodes::readiness(node), nodes::Readiness::Ready) {
-        return Some(format!("its node {name} is not Ready"));
+    if let Some(why) = lost(name) {
+        return Err(why);
     }
-    if view.census.silent.contains_key(name) || view.census.lost.contains_key(name) {
-        return Some(format!("its node {name} is silent"));
-    }
-    if let Some(taint) = nodes::termination_taint(node, &view.classifier.termination_taints) {
-        return Some(format!(
+    match nodes::termination_taint(node, &view.classifier.termination_taints) {
+        Some(taint) => Err(format!(
             "its node {name} has the termination notice {taint}"
-        ));
+        )),
+        None => Ok(node),
+    }
+}
+
+/// Why `pod` (of attempt `attempt`) cannot keep its pod through a restart, if it cannot.
+fn unkeepable(view: &View<'_>, pod: &CachedPod, attempt: u32) -> Option<String> {
+    let census = &view.census;
+    let silent = |name: &str| {
+        (census.silent.contains_key(name) || census.lost.contains_key(name))
+            .then(|| format!("its node {name} is silent"))
+    };
+    let node = match pod_or_node_fails(view, pod, silent) {
+        Ok(node) => node,
+        Err(why) => return Some(why),
+    };
+    if !matches!(nodes::readiness(node), nodes::Readiness::Ready) {
+        return Some(format!("its node {} is not Ready", nodes::name(node)));
     }
     match supervisor(view.observed, pod) {
         Some(s) if s.attempt == attempt && fresh(s, view.now) => None,
@@ -236,26 +256,14 @@ pub(crate) fn settle(view: &View<'_>, round: &mut Round) -> bool {
 }
 
 /// Why a kept pod stopping its old attempt can no longer restart in place: the pod or its
-/// node failed meanwhile. Its supervisor's own answer is judged by [`settle`].
+/// node failed meanwhile (a node merely silent may still confirm the stop). Its supervisor's
+/// own answer is judged by [`settle`].
 fn unkeepable_while_stopping(view: &View<'_>, pod: &CachedPod) -> Option<String> {
-    if pod.metadata.deletion_timestamp.is_some() {
-        return Some("its pod is being deleted".to_owned());
-    }
-    if is_finished(pod) {
-        return Some("its containers have stopped".to_owned());
-    }
-    match view.observed.node_view(pod) {
-        NodeView::Present(node) => {
-            let name = nodes::name(node);
-            if view.census.lost.contains_key(name) || view.observed.liveness.gone_for_good(name) {
-                return Some(format!("its node {name} is lost"));
-            }
-            nodes::termination_taint(node, &view.classifier.termination_taints)
-                .map(|taint| format!("its node {name} has the termination notice {taint}"))
-        }
-        NodeView::Unscheduled => Some("its pod was never scheduled".to_owned()),
-        NodeView::Missing(n) => Some(format!("its node {n} is gone")),
-    }
+    let lost = |name: &str| {
+        (view.census.lost.contains_key(name) || view.observed.liveness.gone_for_good(name))
+            .then(|| format!("its node {name} is lost"))
+    };
+    pod_or_node_fails(view, pod, lost).err()
 }
 
 /// The start of the attempt in the kept pods (the create phase: the old attempt is gone): each
@@ -318,19 +326,6 @@ pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
 
 /// The trainer's environment a new pod of `rank` would get in the status' attempt.
 fn start_env(view: &View<'_>, st: &TrainingJobStatus, rank: u32) -> Vec<(String, String)> {
-    let start = pods::AttemptStart::of(
-        st.attempt,
-        st.last_restart.as_ref().map(|l| l.reason),
-        view.observed.claim.as_ref().is_some_and(|c| c.inherited),
-    );
-    let pod = pods::desired_pod(
-        view.job,
-        rank,
-        st.attempt,
-        start,
-        st.resume_point.as_ref().map(|r| r.file.as_str()),
-        &crate::placement::Placement::default(),
-        view.config.progress_channel.as_ref(),
-    );
+    let pod = super::worker_pod(view, st, rank, &crate::placement::Placement::default());
     pods::literal_trainer_env(&pod, view.job.trainer_index)
 }

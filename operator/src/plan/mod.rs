@@ -482,6 +482,30 @@ pub(crate) enum Flow {
     Stop,
 }
 
+/// The pod of `rank` in the attempt of `st`, placed by `placement`: what the create phase
+/// creates, and whose environment a kept pod's supervisor starts the attempt with.
+fn worker_pod(
+    view: &View<'_>,
+    st: &TrainingJobStatus,
+    rank: u32,
+    placement: &crate::placement::Placement,
+) -> Pod {
+    let start = crate::pods::AttemptStart::of(
+        st.attempt,
+        st.last_restart.as_ref().map(|l| l.reason),
+        view.observed.claim.as_ref().is_some_and(|c| c.inherited),
+    );
+    crate::pods::desired_pod(
+        view.job,
+        rank,
+        st.attempt,
+        start,
+        st.resume_point.as_ref().map(|r| r.file.as_str()),
+        placement,
+        view.config.progress_channel.as_ref(),
+    )
+}
+
 fn pod_name(pod: &CachedPod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
 }

@@ -20,7 +20,7 @@ use crate::placement::{self, Placement};
 use crate::preemption::WorkerState;
 use crate::reason;
 use crate::validate::InvalidSpec;
-use crate::{nodes, pods, pvc, service};
+use crate::{nodes, pvc, service};
 
 mod progress;
 mod restart;
@@ -462,22 +462,8 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
     {
         round.actions.push(Action::CreatePvc(Box::new(claim)));
     }
-    let st = &round.st;
-    let start = pods::AttemptStart::of(
-        st.attempt,
-        st.last_restart.as_ref().map(|l| l.reason),
-        claim.is_some_and(|c| c.inherited),
-    );
     for &rank in &missing {
-        let pod = pods::desired_pod(
-            view.job,
-            rank,
-            st.attempt,
-            start,
-            st.resume_point.as_ref().map(|r| r.file.as_str()),
-            &placement,
-            view.config.progress_channel.as_ref(),
-        );
+        let pod = super::worker_pod(view, &round.st, rank, &placement);
         round.actions.push(Action::CreatePod(Box::new(pod)));
     }
     if round.st.start_time.is_none() {
