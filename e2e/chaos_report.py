@@ -26,11 +26,12 @@ def cell(text):
 def row(r):
     if "error" in r:
         # The harness could not finish the run: its faults are the ones scheduled.
-        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | | FAIL (unfinished): {cell(r['error'])} |"
+        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | | | FAIL (unfinished): {cell(r['error'])} |"
     result = "pass" if passed(r) else "FAIL: " + cell("; ".join(r["violations"]))
     return (
         f"| {r['seed']} | {len(r['faults'])} | {r['attempt']} | {r['preemptions']} | "
-        f"{r['failures']} | {r['hangs']} | {r['steps_lost']} | {r.get('checkpoints_read', '')} | "
+        f"{r['failures']} | {r['hangs']} | {r.get('in_place', '')} | {r['steps_lost']} | "
+        f"{r.get('checkpoints_read', '')} | "
         f"{r.get('proc_scans', '')} | {r['wall_seconds']} | {result} |"
     )
 
@@ -53,9 +54,9 @@ def render(runs):
         f"({sum(r['not_injected'] for r in finished)} not injected: the job had ended; "
         f"{skips(finished)}).",
         "",
-        "| seed | faults | attempt | preemptions | failures | hangs | steps lost "
-        "| latest.pt reads | /proc scans | wall (s) | result |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| seed | faults | attempt | preemptions | failures | hangs | restarts in place "
+        "| steps lost | latest.pt reads | /proc scans | wall (s) | result |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [row(r) for r in runs]
     lines += ["", "Faults injected, by kind:", "", "| kind | injected |", "|---|---:|"]

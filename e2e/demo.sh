@@ -9,6 +9,8 @@
 #      pass through Restarting; it falls back to on-demand after fallbackToOnDemandAfter: 1,
 #      and the next attempt resumes from latest.pt. Where each worker of both attempts ran
 #      is printed and checked: attempt 0 had one on the spot node, attempt 1 has none there;
+#      the worker on the on-demand node kept its pod (restartPolicy.inPlace) and the lost
+#      one's was created again: when each started attempt 1 is printed and drawn;
 #   5. both jobs finish; the final weights' SHA-256 of both are printed and compared;
 #   6. both jobs' goodput ledgers (status.ledger) side by side: dollars spent, what spot
 #      saved, goodput, and the GPU-seconds of each use (e2e/ledger_table.py) (last).
@@ -116,10 +118,10 @@ wait_phase() { # wait_phase JOB PHASE SECONDS
   echo "demo: $1 did not reach $2" >&2; kubectl describe tj "$1" | tail -20; exit 1
 }
 
-# placement JOB ATTEMPT: "worker node" per pod of that attempt, by rank.
+# placement JOB ATTEMPT: "worker node uid" per pod of that attempt, by rank.
 placement() {
   kubectl get pods -l "trainyard.dev/job=$1,trainyard.dev/attempt=$2" \
-    -o jsonpath='{range .items[*]}{.metadata.labels.trainyard\.dev/rank} {.metadata.name} {.spec.nodeName}{"\n"}{end}' |
+    -o jsonpath='{range .items[*]}{.metadata.labels.trainyard\.dev/rank} {.metadata.name} {.spec.nodeName} {.metadata.uid}{"\n"}{end}' |
     sort -n | cut -d' ' -f2-
 }
 
@@ -143,7 +145,7 @@ wait_running "$job" 0
 kubectl get pods -l "trainyard.dev/job=$job" -o wide
 # Recorded now: attempt 0's pods are deleted by the gang restart after the loss.
 placement0=$(placement "$job" 0)
-if ! grep -q " $NODE2_NAME\$" <<<"$placement0"; then
+if ! grep -q " $NODE2_NAME " <<<"$placement0"; then
   echo "demo: no worker of attempt 0 landed on the spot node $NODE2_NAME:" >&2
   echo "$placement0" >&2; exit 1
 fi
@@ -192,7 +194,6 @@ kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null || true
 if ! awk 'NR > 1 && $2 == "Restarting" {found = 1} END {exit !found}' "$tj_watch"; then
   echo "demo: the job never showed the Restarting phase:" >&2; cat "$tj_watch" >&2; exit 1
 fi
-mark "attempt 1 running"
 decided=$(kubectl get tj "$job" -o jsonpath='{.status.lastRestart.time}')
 [[ -n $decided ]] && echo "$(date -d "$decided" +%s) restart decided" >>"$marks"
 say "Attempt 1 is running $((SECONDS - lost_at)) s after the node was lost:"
@@ -200,23 +201,44 @@ kubectl get nodes -L "$SPOT_LABEL"
 kubectl get pods -l "trainyard.dev/job=$job,trainyard.dev/attempt=1" -o wide
 placement1=$(placement "$job" 1)
 say "Where each worker ran"
-while read -r pod node; do echo "  attempt 0: $pod on $node"; done <<<"$placement0"
-while read -r pod node; do echo "  attempt 1: $pod on $node"; done <<<"$placement1"
-if [[ $(wc -l <<<"$placement1") != 2 ]] || grep -qv " $NODE_NAME\$" <<<"$placement1"; then
+while read -r pod node uid; do echo "  attempt 0: $pod on $node (pod uid $uid)"; done <<<"$placement0"
+while read -r pod node uid; do
+  if grep -qF " $uid" <<<"$placement0"; then how="the same pod: restarted in place"; else how="a new pod"; fi
+  echo "  attempt 1: $pod on $node (pod uid $uid, $how)"
+done <<<"$placement1"
+if [[ $(wc -l <<<"$placement1") != 2 ]] || grep -qv " $NODE_NAME " <<<"$placement1"; then
   echo "demo: attempt 1 is not all on the on-demand node $NODE_NAME" >&2; exit 1
 fi
 echo "  checked: attempt 0 had a worker on the spot node; attempt 1 runs on the on-demand node only"
+in_place=$(kubectl get tj "$job" -o jsonpath='{.status.lastRestart.inPlaceRanks}')
+kept_pod=$job-worker-${in_place:-none}
+if [[ ! $in_place =~ ^[0-9]+$ ]] || ! grep -q "^$kept_pod $NODE_NAME " <<<"$placement0" ||
+   [[ $(grep "^$kept_pod " <<<"$placement0" | cut -d' ' -f3) != $(grep "^$kept_pod " <<<"$placement1" | cut -d' ' -f3) ]]; then
+  echo "demo: the worker on $NODE_NAME did not restart in place (status.lastRestart.inPlaceRanks '$in_place')" >&2
+  kubectl describe tj "$job" | sed -n '/^Events:/,$p' >&2; exit 1
+fi
+echo "  checked: worker $in_place kept its pod, so its GPUs, and restarted in place"
 wait_log "$job-worker-0" "resuming from step" 180
 log_of "$job-worker-0" | grep -E 'resuming from step' | tail -1
 wait_log "$job-worker-0" "first step of attempt 1" 180
 say "From the loss to training again, in seconds after the loss"
-started=$(kubectl get pods -l "trainyard.dev/job=$job,trainyard.dev/attempt=1" \
-  -o jsonpath='{range .items[*]}{.status.containerStatuses[?(@.name=="trainer")].state.running.startedAt}{"\n"}{end}' |
-  while read -r t; do date -d "$t" +%s; done | sort -n | tail -1)
 stage() { awk -v t="$2" -v l="$lost_epoch" -v what="$1" 'BEGIN {printf "  %-52s %5.1f s\n", what, t - l}'; }
 stage "restart decided (status.lastRestart.time)" "$(date -d "$decided" +%s)"
-stage "attempt 1 running (its last trainer container started)" "$started"
+# The two ways into attempt 1: the kept worker's supervisor stops and starts its trainer;
+# the lost worker's pod is created again and its container starts.
+stopped_in_place=$(log_time "$kept_pod" "attempt 0 stopped on the operator's order")
+started_in_place=$(log_time "$kept_pod" "starting attempt 1 in place")
+new_pod=$(grep -v "^$kept_pod " <<<"$placement1" | cut -d' ' -f1)
+new_started=$(kubectl get pod "$new_pod" -o jsonpath='{.status.containerStatuses[?(@.name=="trainer")].state.running.startedAt}')
+new_started=$(date -d "$new_started" +%s)
+started=$(printf '%s\n' "$started_in_place" "$new_started" | sort -n | tail -1)
+stage "$kept_pod stopped attempt 0 in place" "$stopped_in_place"
+stage "$kept_pod started attempt 1 in place" "$started_in_place"
+stage "$new_pod (a new pod) trainer container started" "$new_started"
+stage "attempt 1 running (both workers started)" "$started"
 stage "first step of attempt 1 (rank 0's log)" "$(log_time "$job-worker-0" "first step of attempt 1")"
+echo "$started_in_place worker $in_place restarted in place" >>"$marks"
+echo "$new_started new pod $new_pod started" >>"$marks"
 echo "  with the controller-manager's --node-monitor-grace-period $(cat "$STATE/node-monitor-grace-period") and the operator's nodeNotReadyTimeoutSeconds ${not_ready_timeout:-30 (e2e/values-local.yaml)}"
 say "What the operator recorded (kubectl describe tj $job):"
 kubectl describe tj "$job" | sed -n '/^Events:/,$p'

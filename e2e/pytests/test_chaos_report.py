@@ -14,7 +14,7 @@ SPEC.loader.exec_module(chaos_report)
 PASSED = {
     "seed": 1, "faults": ["LoseNode2", "RestartEtcd"], "not_injected": 0, "attempt": 2,
     "preemptions": 1, "failures": 0, "hangs": 0, "steps_lost": 3, "checkpoints_read": 180,
-    "proc_scans": 400, "wall_seconds": 200,
+    "proc_scans": 400, "wall_seconds": 200, "in_place": 1,
     "violations": [],
 }
 VIOLATED = dict(PASSED, seed=2, violations=["t=12s: two running pods of rank 1"])
@@ -33,8 +33,8 @@ def write(tmp_path, runs):
 def test_the_summary_counts_violations_and_unfinished_runs_as_failed(tmp_path):
     doc = write(tmp_path, [PASSED, VIOLATED, UNFINISHED])
     assert "3 runs, 1 passed, 2 failed; 4 faults injected in the finished runs" in doc
-    assert "| 2 | 2 | 2 | 1 | 0 | 0 | 3 | 180 | 400 | 200 | FAIL: t=12s: two running pods of rank 1 |" in doc
-    assert "| 3 | 1 | | | | | | | | | FAIL (unfinished): install_chart: timed out |" in doc
+    assert "| 2 | 2 | 2 | 1 | 0 | 0 | 1 | 3 | 180 | 400 | 200 | FAIL: t=12s: two running pods of rank 1 |" in doc
+    assert "| 3 | 1 | | | | | | | | | | FAIL (unfinished): install_chart: timed out |" in doc
     assert "| LoseNode2 | 2 |" in doc and "KillOperatorLeader" not in doc.split("by kind")[1]
 
 
@@ -45,7 +45,13 @@ def test_faults_not_injected_and_skipped_are_told_apart_from_those_injected(tmp_
         "2 runs, 2 passed, 0 failed; 3 faults injected in the finished runs "
         "(2 not injected: the job had ended; 1 skipped: nothing to act on)." in doc
     )
-    assert "| 4 | 1 | 2 | 1 | 0 | 0 | 3 | 180 | 400 | 200 | pass |" in doc
+    assert "| 4 | 1 | 2 | 1 | 0 | 0 | 1 | 3 | 180 | 400 | 200 | pass |" in doc
+
+
+def test_results_that_predate_the_in_place_count_leave_its_cell_empty(tmp_path):
+    old = {k: v for k, v in PASSED.items() if k != "in_place"}
+    doc = write(tmp_path, [old])
+    assert "| 1 | 2 | 2 | 1 | 0 | 0 |  | 3 | 180 | 400 | 200 | pass |" in doc
 
 
 def test_results_that_predate_the_skip_count_do_not_claim_none_was_skipped(tmp_path):
@@ -71,4 +77,4 @@ def test_a_doc_without_markers_is_named(tmp_path):
 def test_an_error_of_several_lines_stays_in_its_row(tmp_path):
     unfinished = dict(UNFINISHED, error="undoing LoseNode2: start failed: a\nb | c\n")
     doc = write(tmp_path, [unfinished])
-    assert "| 3 | 1 | | | | | | | | | FAIL (unfinished): undoing LoseNode2: start failed: a; b \\| c |" in doc
+    assert "| 3 | 1 | | | | | | | | | | FAIL (unfinished): undoing LoseNode2: start failed: a; b \\| c |" in doc

@@ -150,10 +150,18 @@ async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -
     let (_guard, client) = installed().await?;
     let ns = Jobs::new(&client);
     let name = "resume";
+    // It asks for in-place restarts, but its image (busybox) runs no supervisor: the restart
+    // recreates every pod, as without `inPlace`, and an Event says so.
     create_job(
         &client,
         &ns.name,
-        job_manifest(name, 2, 2, &counting_trainer(25), json!({})),
+        job_manifest(
+            name,
+            2,
+            2,
+            &counting_trainer(25),
+            json!({"restartPolicy": {"inPlace": true}}),
+        ),
     )
     .await?;
 
@@ -195,12 +203,10 @@ async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -
         "restart detail names the signal: {detail}"
     );
     no_restart_stall(&timeline)?;
+    fell_back_for_want_of_a_supervisor(&client, &ns.name, name).await?;
 
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rank0 = new_pods
-        .iter()
-        .find(|p| p.labels().get(LABEL_RANK).map(String::as_str) == Some("0"))
-        .context("no rank 0 pod in attempt 1")?;
+    let rank0 = rank_pod(&new_pods, 0).context("attempt 1")?;
     let log = pod_log(&ns.name, rank0, "trainer")?;
     let resumed: u32 = log
         .lines()
@@ -228,6 +234,22 @@ async fn preempted_worker_triggers_gang_restart_that_resumes_from_checkpoint() -
     assert_eq!(st["preemptions"], 1, "status: {st}");
     assert_eq!(st["failures"], 0, "status: {st}");
     ns.cleanup().await
+}
+
+/// The restart of `job`, which asked for in-place restarts in an image without the
+/// supervisor, recreated every pod and said why in an `InPlaceFallback` Event.
+async fn fell_back_for_want_of_a_supervisor(client: &Client, ns: &str, job: &str) -> Result<()> {
+    let fallback = job_events(client, ns, job, "InPlaceFallback").await?;
+    ensure!(
+        fallback
+            .iter()
+            .any(|m| m.contains("every pod is created again")
+                && m.contains("worker 0: no supervisor polled for this attempt")),
+        "{fallback:?}"
+    );
+    let in_place = job_events(client, ns, job, "RestartingInPlace").await?;
+    ensure!(in_place.is_empty(), "{in_place:?}");
+    Ok(())
 }
 
 #[tokio::test]
@@ -1392,6 +1414,7 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
         let (count_before, sum_before) = steps_lost_metric(&client).await?;
 
         // The provider announces the spot node's termination (Karpenter's taint).
+        let noticed_at = jiff::Timestamp::now();
         kubectl(
             &[
                 "taint",
@@ -1410,6 +1433,8 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
                 "the new attempt avoids the noticed node"
             );
         }
+        let stages = recovery_stages(&client, &ns.name, (name, 1, &new_pods), noticed_at).await?;
+        println!("recreated, notice on rank 0's node: {stages}");
         let st = job_status(&client, &ns.name, name).await?;
         assert_eq!(
             (&st["preemptions"], &st["failures"]),
@@ -1450,6 +1475,232 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
     res.and(untainted.map(|_| ()))
 }
 
+/// In-place restarts under a graceful preemption: the spot node under worker 1 gets its
+/// termination notice. Rank 0, on the on-demand node, keeps its pod and its container, so its
+/// GPUs; only worker 1 is created again (on node 1: the spot node is noticed). Meanwhile a pod
+/// that needs rank 0's GPUs (every GPU of node 1 that no other job holds) stays pending: the
+/// survivors' GPUs never go back to the scheduler. The run ends bit-exact with its
+/// uninterrupted twin.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its_gpus() -> Result<()>
+{
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let spot = node2_name();
+    let steps = 80;
+    let res = with_spot_node(&client, || async {
+        let on_demand = node_name();
+        let name = place_rank_on(&client, &ns.name, ("1", &spot), &on_demand, || {
+            let mut job = torch_job("kept", 2, steps, "0.5", json!({"policy": "Prefer"}));
+            job["spec"]["restartPolicy"]["inPlace"] = json!(true);
+            job
+        })
+        .await?;
+        let name = name.as_str();
+        let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+        let rank0 = rank_pod(&pods, 0)?.clone();
+        assert_eq!(node_of(&rank0), on_demand, "rank 0 on node 1");
+        let started = trainer_started_at(&rank0).context("rank 0's trainer start")?;
+        reported_progress(&client, &ns.name, name, 0).await?;
+        let competitor = competing_pod(&client, &ns.name, &on_demand, name).await?;
+
+        let noticed_at = jiff::Timestamp::now();
+        kubectl(
+            &[
+                "taint",
+                "node",
+                &spot,
+                "karpenter.sh/disrupted=:NoSchedule",
+                "--overwrite",
+            ],
+            "",
+        )?;
+        let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+        let kept = rank_pod(&new_pods, 0)?;
+        assert_eq!(kept.uid(), rank0.uid(), "rank 0 kept its pod");
+        assert_eq!(
+            (trainer_started_at(kept), trainer_restarts(kept)),
+            (Some(started), Some(0)),
+            "and its container, so its GPUs"
+        );
+        let replaced = rank_pod(&new_pods, 1)?;
+        assert_ne!(
+            replaced.uid(),
+            rank_pod(&pods, 1)?.uid(),
+            "worker 1 is a new pod"
+        );
+        assert_eq!(node_of(replaced), on_demand, "away from the noticed node");
+        let stages = recovery_stages(&client, &ns.name, (name, 1, &new_pods), noticed_at).await?;
+        println!("in place, notice on worker 1's node: {stages}");
+        let st = job_status(&client, &ns.name, name).await?;
+        assert_eq!(
+            (&st["preemptions"], &st["failures"]),
+            (&json!(1), &json!(0)),
+            "status: {st}"
+        );
+        assert_eq!(st["lastRestart"]["reason"], "Preemption", "status: {st}");
+        assert_eq!(st["lastRestart"]["inPlaceRanks"], "0", "status: {st}");
+        let said = job_events(&client, &ns.name, name, "RestartingInPlace").await?;
+        assert!(
+            said.iter()
+                .any(|m| m.contains("worker(s) 0 keep their pods")
+                    && m.contains("worker 1: its node")
+                    && m.contains("termination notice")),
+            "{said:?}"
+        );
+        assert!(
+            job_events(&client, &ns.name, name, "InPlaceFallback")
+                .await?
+                .is_empty()
+        );
+        // The new attempt trains; the pod that needs rank 0's GPUs never got them.
+        let pending = Api::<Pod>::namespaced(client.clone(), &ns.name)
+            .get(&competitor)
+            .await?;
+        assert_eq!(node_of(&pending), "", "{competitor} stayed unscheduled");
+
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        assert_eq!(st["preemptions"], 1, "status: {st}");
+        assert_eq!(st["progress"]["stepsLost"], 0, "status: {st}");
+        Api::<Pod>::namespaced(client.clone(), &ns.name)
+            .delete(&competitor, &Default::default())
+            .await?;
+        create_job(
+            &client,
+            &ns.name,
+            torch_job("kept-twin", 2, steps, "0", json!({"policy": "Never"})),
+        )
+        .await?;
+        ends_as_its_baseline(&client, &ns.name, name, 1, "kept-twin").await
+    })
+    .await;
+    let untainted = kubectl(&["taint", "node", &spot, "karpenter.sh/disrupted-"], "");
+    ns.cleanup().await?;
+    res.and(untainted.map(|_| ()))
+}
+
+fn trainer_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == "trainer")
+}
+
+fn trainer_started_at(pod: &Pod) -> Option<jiff::Timestamp> {
+    Some(
+        trainer_status(pod)?
+            .state
+            .as_ref()?
+            .running
+            .as_ref()?
+            .started_at
+            .as_ref()?
+            .0,
+    )
+}
+
+fn trainer_restarts(pod: &Pod) -> Option<i32> {
+    Some(trainer_status(pod)?.restart_count)
+}
+
+/// Creates a pod on `node` that asks for every GPU there that no pod but `job`'s holds, so
+/// that it fits only once `job`'s pods on `node` have given their GPUs back; checks that it
+/// is unschedulable now, and returns its name.
+async fn competing_pod(client: &Client, ns: &str, node: &str, job: &str) -> Result<String> {
+    let on_node = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    let held_by_others: i64 = on_node
+        .items
+        .iter()
+        .filter(|p| {
+            !is_done(p)
+                && p.labels()
+                    .get(trainyard_api::crd::LABEL_JOB)
+                    .map(String::as_str)
+                    != Some(job)
+        })
+        .map(gpus_asked)
+        .sum();
+    let all = allocatable(client, node, GPU)
+        .await?
+        .context("node 1 advertises no GPUs")?;
+    let asked = all - held_by_others;
+    let name = "competitor";
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "sleep",
+                "image": "trainyard/trainer:dev",
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "resources": {"limits": {GPU: asked.to_string()}},
+            }],
+        },
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    wait_for(
+        &format!("{name} (asking {asked} of {all} GPUs) to be unschedulable"),
+        Duration::from_secs(60),
+        || async move {
+            let p = Api::<Pod>::namespaced(client.clone(), ns).get(name).await?;
+            let unschedulable = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c.type_ == "PodScheduled"
+                            && c.status == "False"
+                            && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                });
+            ensure!(
+                node_of(&p).is_empty(),
+                "{name} was scheduled: {asked} GPUs were free"
+            );
+            Ok(unschedulable.then_some(()))
+        },
+    )
+    .await?;
+    Ok(name.to_owned())
+}
+
+fn is_done(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn gpus_asked(pod: &Pod) -> i64 {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(GPU))
+        .filter_map(|q| q.0.parse::<i64>().ok())
+        .sum()
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> Result<()> {
@@ -1474,6 +1725,8 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
         running_pods(&client, &ns.name, name, 0, 2).await?;
         // Rank 1 sleeps inside step 12 in attempt 0; rank 0 waits in the collective.
         running_pods(&client, &ns.name, name, 1, 2).await?;
+        let took = decided_to_first_step(&client, &ns.name, name, 1).await?;
+        println!("hang, recreated: restart decided -> first step of attempt 1 {took:.1} s");
         let st = job_status(&client, &ns.name, name).await?;
         assert_eq!(st["lastRestart"]["reason"], "Hang", "status: {st}");
         assert_eq!(
@@ -1497,12 +1750,34 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
         )
         .await?;
         assert_eq!(st["hangs"], 1, "status: {st}");
+        let took = decided_to_first_step(&client, &ns.name, "hung-in-place", 1).await?;
+        println!("hang, in place: restart decided -> first step of attempt 1 {took:.1} s");
         restarted_in_place_without_a_pod_written(&client, &ns.name, "hung-in-place", &kept).await?;
         ends_as_its_baseline(&client, &ns.name, "hung-in-place", 1, "hung-twin").await
     }
     .await;
     ns.cleanup().await?;
     res
+}
+
+/// Seconds from the decision of the restart that started `attempt` of `job`
+/// (`status.lastRestart.time`, whole seconds) to its first step (rank 0's `first step of
+/// attempt N` line, which it prints once every rank has trained the step).
+async fn decided_to_first_step(client: &Client, ns: &str, job: &str, attempt: u32) -> Result<f64> {
+    let st = job_status(client, ns, job).await?;
+    let decided: jiff::Timestamp = st["lastRestart"]["time"]
+        .as_str()
+        .context("status.lastRestart.time")?
+        .parse()?;
+    let pods = job_pods(client, ns, job).await?;
+    let rank0 = rank_pod(&pods, 0)?.clone();
+    let text = format!("first step of attempt {attempt}");
+    let first = wait_for(&text, Duration::from_secs(120), || {
+        let (rank0, text) = (rank0.clone(), text.clone());
+        async move { trainyard_e2e::first_log_time(ns, &rank0, "trainer", &text) }
+    })
+    .await?;
+    Ok(first.duration_since(decided).as_secs_f64())
 }
 
 fn pod_uids(pods: &[Pod]) -> BTreeSet<String> {

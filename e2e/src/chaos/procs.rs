@@ -55,6 +55,10 @@ fn job_processes(job: &str) -> Result<Vec<ProcessSeen>> {
         let Some(attempt) = attempt_of(&environ, job) else {
             continue;
         };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if is_supervisor(&environ, &cmdline) {
+            continue;
+        }
         if !matches!(stat(pid), Some((state, _)) if state != 'Z' && state != 'X') {
             continue;
         }
@@ -82,6 +86,21 @@ fn attempt_of(environ: &[u8], job: &str) -> Option<u32> {
         return None;
     }
     value(trainyard_api::env::TRAINYARD_ATTEMPT)?.parse().ok()
+}
+
+/// Whether a process is an in-place supervisor: `trainyard_launch.py` with
+/// `TRAINYARD_SUPERVISOR_URL` set. It is the container's first process and lives as long as
+/// its pod, through every attempt that restarts in place, with the environment the pod
+/// started with (its attempt then); it trains nothing. The trainers it starts carry their own
+/// attempt's environment and are checked like any other process.
+fn is_supervisor(environ: &[u8], cmdline: &[u8]) -> bool {
+    let supervised = environ
+        .split(|b| *b == 0)
+        .any(|var| var.starts_with(b"TRAINYARD_SUPERVISOR_URL="));
+    let launcher = cmdline
+        .split(|b| *b == 0)
+        .any(|arg| arg.ends_with(b"trainyard_launch.py"));
+    supervised && launcher
 }
 
 /// A process's state (`R`, `S`, `Z`...) and its parent, from `/proc/<pid>/stat`.
@@ -158,6 +177,18 @@ mod tests {
         assert_eq!(parse_stat("7 (python3) Z 1 7"), Some(('Z', 1)));
         assert_eq!(parse_stat("7 (python3"), None);
         assert_eq!(parse_stat("7 (python3) R"), None);
+    }
+
+    #[test]
+    fn only_the_launcher_with_a_supervisor_url_is_a_supervisor() {
+        let url = b"TRAINYARD_JOB=c\0TRAINYARD_SUPERVISOR_URL=http://op/v1/supervisor\0";
+        let launcher = b"python3\0/app/trainyard_launch.py\0torchrun\0/app/train.py\0";
+        assert!(is_supervisor(url, launcher));
+        // Its trainers inherit the URL but run another program.
+        let torchrun = b"/usr/bin/python3\0/usr/bin/torchrun\0/app/train.py\0";
+        assert!(!is_supervisor(url, torchrun));
+        // The launcher of a job that restarts by recreating pods is that attempt's process.
+        assert!(!is_supervisor(b"TRAINYARD_JOB=c\0", launcher));
     }
 
     #[test]

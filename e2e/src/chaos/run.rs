@@ -15,6 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher::Config};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, TrainingJobSpec};
+use trainyard_operator::surface::reason;
 
 use super::checkpoint;
 use super::faults::{self, Effect, Injected, Line, Target};
@@ -47,6 +48,9 @@ pub struct RunReport {
     pub steps_read: u32,
     /// How often `/proc` was scanned for the job's processes on both nodes.
     pub proc_scans: u32,
+    /// Gang restarts that kept pods and restarted their workers in place
+    /// (`RestartingInPlace` Events).
+    pub in_place: u32,
     pub wall: Duration,
     pub violations: Vec<Violation>,
 }
@@ -130,6 +134,7 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
         injected,
         not_injected,
         ending,
+        in_place,
     } = match played {
         Ok(played) => played,
         Err(e) => {
@@ -166,6 +171,7 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
         checkpoints_read,
         steps_read,
         proc_scans,
+        in_place,
         wall: started.elapsed(),
         violations,
     })
@@ -194,6 +200,7 @@ struct Played {
     injected: Vec<Line>,
     not_injected: usize,
     ending: Ending,
+    in_place: u32,
 }
 
 /// Plays the schedule once the job runs, waits for both jobs to end, then deletes them and
@@ -226,7 +233,8 @@ async fn play_and_end(
     let job = seen(&st);
     let expected_digest = final_digest(client, ns, baseline, counter(&base, "attempt")).await?;
     let digest = final_digest(client, ns, name, job.attempt).await.ok();
-    let restart_events = restart_events(client, ns, name).await?;
+    let restart_events = job_event_count(client, ns, name, RESTARTS).await?;
+    let in_place = job_event_count(client, ns, name, &[reason::RESTARTING_IN_PLACE]).await?;
     // Read before the job is deleted: its Events are found by its uid.
     let forced_on_live_node = force_deletes_on(client, ns, name, &crate::node_name()).await?;
     let leftovers = delete_and_find_leftovers(client, ns, &[name, baseline]).await?;
@@ -249,6 +257,7 @@ async fn play_and_end(
         injected,
         not_injected,
         ending,
+        in_place,
     })
 }
 
@@ -288,7 +297,7 @@ fn went_in(injected: &[Line], counts: impl Fn(&Line) -> bool) -> u32 {
 
 /// The chaos job: three workers of one GPU (two fit on the spot node), the example trainer
 /// training `steps` steps and reporting every second, checkpoints every 5 steps, hangs judged
-/// after 60 s.
+/// after 60 s, gang restarts in place where the pods allow it (`inPlace`).
 fn chaos_job(name: &str, steps: u32, spot: Value) -> Value {
     let step_seconds = STEP.as_secs_f64().to_string();
     let mut job = torch_job(name, 1, steps, &step_seconds, spot);
@@ -296,7 +305,7 @@ fn chaos_job(name: &str, steps: u32, spot: Value) -> Value {
     spec["workers"] = json!(3);
     spec["restartPolicy"] = json!({
         "maxFailures": 3, "maxPreemptions": 100, "backoffSeconds": 1,
-        "progressTimeoutSeconds": 60,
+        "progressTimeoutSeconds": 60, "inPlace": true,
     });
     if let Some(env) = spec["template"]["spec"]["containers"][0]["env"].as_array_mut() {
         env.push(json!({"name": "PROGRESS_EVERY_SECONDS", "value": "1"}));
@@ -683,17 +692,18 @@ async fn diagnosis(client: &Client, ns: &str, job: &str) -> String {
     out.join("\n")
 }
 
-/// Events that announce a gang restart or a resume of this job (its uid), counted with their
+/// The reasons of the Events that announce a gang restart or a resume.
+const RESTARTS: &[&str] = &[
+    reason::PREEMPTED,
+    reason::WORKER_FAILED,
+    reason::HANG,
+    reason::RESUMED,
+];
+
+/// Events of this job (its uid) whose reason is one of `reasons`, counted with their
 /// repetitions.
-async fn restart_events(client: &Client, ns: &str, job: &str) -> Result<u32> {
-    use trainyard_operator::surface::reason;
+async fn job_event_count(client: &Client, ns: &str, job: &str, reasons: &[&str]) -> Result<u32> {
     let uid = tj_api(client, ns).get(job).await?.uid().context("no uid")?;
-    let restarts = [
-        reason::PREEMPTED,
-        reason::WORKER_FAILED,
-        reason::HANG,
-        reason::RESUMED,
-    ];
     let list = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await?;
@@ -701,7 +711,7 @@ async fn restart_events(client: &Client, ns: &str, job: &str) -> Result<u32> {
         .items
         .iter()
         .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
-        .filter(|e| e.reason.as_deref().is_some_and(|r| restarts.contains(&r)))
+        .filter(|e| e.reason.as_deref().is_some_and(|r| reasons.contains(&r)))
         .map(|e| u32::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1))
         .sum())
 }
@@ -889,6 +899,7 @@ mod tests {
             checkpoints_read: 0,
             steps_read: 0,
             proc_scans: 0,
+            in_place: 0,
             wall: secs(270),
             violations: Vec::new(),
         };

@@ -179,18 +179,40 @@ pub(crate) fn keep(view: &View<'_>) -> (RankSet, Vec<String>) {
     (kept, replaced)
 }
 
-/// The Event of a restart that keeps pods.
-pub(crate) fn restart_event(next: u32, kept: &RankSet, replaced: &[String]) -> JobEvent {
+/// The Event of a restart of a job that asked for in-place restarts: `RestartingInPlace`
+/// when it keeps pods; `InPlaceFallback` (a warning) when it keeps none although some pod
+/// was still there (an image without the supervisor, a supervisor gone quiet): the restart
+/// recreates every pod, as without `inPlace`, and says why.
+pub(crate) fn restart_event(
+    view: &View<'_>,
+    next: u32,
+    kept: &RankSet,
+    replaced: &[String],
+) -> Option<JobEvent> {
+    if !enabled(view) {
+        return None;
+    }
+    if kept.is_empty() {
+        return (!view.census.current.is_empty()).then(|| {
+            JobEvent::warning(
+                reason::IN_PLACE_FALLBACK,
+                format!(
+                    "attempt {next}: no worker restarts in place, every pod is created again: {}",
+                    replaced.join("; ")
+                ),
+            )
+        });
+    }
     let replaced = match replaced.len() {
         0 => "no pod is created again".to_owned(),
         _ => format!("pods created again: {}", replaced.join("; ")),
     };
-    JobEvent::normal(
+    Some(JobEvent::normal(
         reason::RESTARTING_IN_PLACE,
         format!(
             "attempt {next}: worker(s) {kept} keep their pods and restart in place; {replaced}"
         ),
-    )
+    ))
 }
 
 /// How kept pods stand in a drain round: the ones to replace leave `inPlace` and are removed;

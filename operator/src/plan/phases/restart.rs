@@ -231,10 +231,8 @@ fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason,
             .is_some_and(|u| kept_uids.contains(&u))
     };
     round.remove_pods(view, view.observed.pods.iter().filter(|p| !is_kept(p)));
-    if !kept.is_empty() {
-        round
-            .events
-            .push(in_place::restart_event(next, &kept, &replaced));
+    if let Some(event) = in_place::restart_event(view, next, &kept, &replaced) {
+        round.events.push(event);
     }
     round.restart = Some(reason);
 }

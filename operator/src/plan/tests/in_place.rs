@@ -241,6 +241,19 @@ fn a_pod_whose_supervisor_went_quiet_or_never_polled_is_not_kept() {
         ["train-worker-0", "train-worker-1"]
     );
     assert!(event(&plan, reason::RESTARTING_IN_PLACE).is_none());
+    // ... and says so, naming why each worker was not kept.
+    let fallback = event(&plan, reason::IN_PLACE_FALLBACK).expect("InPlaceFallback");
+    assert!(
+        fallback
+            .note
+            .contains("no worker restarts in place, every pod is created again")
+            && fallback
+                .note
+                .contains("worker 0: no supervisor polled for this attempt")
+            && fallback.note.contains("worker 1: it was preempted"),
+        "{}",
+        fallback.note
+    );
 }
 
 #[test]
@@ -260,6 +273,11 @@ fn without_in_place_supervisors_change_nothing_and_are_told_nothing() {
     assert_eq!(
         World::deleted(&plan, false),
         ["train-worker-0", "train-worker-1"]
+    );
+    assert!(
+        event(&plan, reason::IN_PLACE_FALLBACK).is_none()
+            && event(&plan, reason::RESTARTING_IN_PLACE).is_none(),
+        "a job that did not ask for in-place restarts hears nothing of them"
     );
 }
 
