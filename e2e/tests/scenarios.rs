@@ -1752,6 +1752,10 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
         assert_eq!(st["hangs"], 1, "status: {st}");
         let took = decided_to_first_step(&client, &ns.name, "hung-in-place", 1).await?;
         println!("hang, in place: restart decided -> first step of attempt 1 {took:.1} s");
+        println!(
+            "hang, in place, rank 0's supervisor: {}",
+            supervisor_stages(&client, &ns.name, "hung-in-place").await?
+        );
         restarted_in_place_without_a_pod_written(&client, &ns.name, "hung-in-place", &kept).await?;
         ends_as_its_baseline(&client, &ns.name, "hung-in-place", 1, "hung-twin").await
     }
@@ -1778,6 +1782,33 @@ async fn decided_to_first_step(client: &Client, ns: &str, job: &str, attempt: u3
     })
     .await?;
     Ok(first.duration_since(decided).as_secs_f64())
+}
+
+/// When rank 0's supervisor of `job` (restarted in place into attempt 1) logged each step of
+/// the restart, in seconds after the decision (`status.lastRestart.time`, whole seconds).
+async fn supervisor_stages(client: &Client, ns: &str, job: &str) -> Result<String> {
+    let st = job_status(client, ns, job).await?;
+    let decided: jiff::Timestamp = st["lastRestart"]["time"]
+        .as_str()
+        .context("status.lastRestart.time")?
+        .parse()?;
+    let pods = job_pods(client, ns, job).await?;
+    let rank0 = rank_pod(&pods, 0)?;
+    let mut said = Vec::new();
+    for text in [
+        "stopping attempt 0 on the operator's order",
+        "attempt 0 stopped on the operator's order",
+        "starting attempt 1 in place",
+        "first step of attempt 1",
+    ] {
+        let at = trainyard_e2e::first_log_time(ns, rank0, "trainer", text)?
+            .with_context(|| format!("rank 0 never logged {text:?}"))?;
+        said.push(format!(
+            "{text} {:.1} s",
+            at.duration_since(decided).as_secs_f64()
+        ));
+    }
+    Ok(said.join(" -> "))
 }
 
 fn pod_uids(pods: &[Pod]) -> BTreeSet<String> {

@@ -1,7 +1,8 @@
 //! The invariants a chaos run checks, as a pure checker fed with what the run's watches saw.
 //!
 //! Continuously (each pod list and each status the watches deliver):
-//! - never two running pods of one rank, never running pods of two attempts at once;
+//! - never two running pods of one rank, never running pods of two attempts at once (a pod
+//!   kept for an in-place restart belongs to the attempt that kept it);
 //! - the counters (`attempt`, `preemptions`, `failures`, `hangs`) never decrease, and
 //!   `attempt` is never below the restarts counted;
 //! - the reported checkpoint step never goes backwards;
@@ -46,6 +47,9 @@ pub struct JobSeen {
     pub steps_lost: Option<(u32, u64)>,
     /// `status.progress`: how far its attempt has got.
     pub progress: Option<ProgressSeen>,
+    /// `status.lastRestart.inPlaceRanks`: the ranks the restart that started `attempt` kept
+    /// in their pods, to restart in place.
+    pub kept: BTreeSet<u32>,
 }
 
 /// `status.progress`'s attempt, `step` and `resumedFrom`.
@@ -171,13 +175,23 @@ impl Checker {
         &self.violations
     }
 
-    /// One list of the job's pods.
+    /// One list of the job's pods. A pod of an older attempt whose rank the current attempt
+    /// keeps in place counts as the current attempt's: its supervisor stopped the old
+    /// attempt's processes (the `/proc` scan checks them), and the operator moves the pods'
+    /// labels one by one.
     pub fn pods(&mut self, at: Duration, pods: &[PodSeen]) {
         let mut by_rank: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
         let mut by_attempt: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+        let current = self.last.as_ref().map(|j| (j.attempt, &j.kept));
         for pod in pods.iter().filter(|p| p.running) {
             by_rank.entry(pod.rank).or_default().push(&pod.name);
-            by_attempt.entry(pod.attempt).or_default().push(&pod.name);
+            let attempt = match current {
+                Some((attempt, kept)) if pod.attempt < attempt && kept.contains(&pod.rank) => {
+                    attempt
+                }
+                _ => pod.attempt,
+            };
+            by_attempt.entry(attempt).or_default().push(&pod.name);
         }
         for (rank, names) in by_rank.iter().filter(|(_, n)| n.len() > 1) {
             self.violate(at, format!("two running pods of rank {rank}: {names:?}"));
@@ -476,6 +490,25 @@ mod tests {
         c.pods(t(4), &[pod("w-0", 0, 2, true), pod("w-1", 1, 3, true)]);
         assert_eq!(c.violations().len(), 2);
         assert!(c.violations()[1].what.contains("several attempts"));
+    }
+
+    #[test]
+    fn a_pod_kept_in_place_may_carry_the_old_attempt_until_it_is_relabelled() {
+        let mut c = Checker::new();
+        let restarted = JobSeen {
+            attempt: 1,
+            failures: 1,
+            kept: BTreeSet::from([0, 1]),
+            ..JobSeen::default()
+        };
+        c.job(t(1), &restarted);
+        // Rank 0 relabelled first, rank 1 not yet: both kept.
+        c.pods(t(2), &[pod("w-0", 0, 1, true), pod("w-1", 1, 0, true)]);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        // Rank 2 was not kept: its old pod running beside the new attempt is a violation.
+        c.pods(t(3), &[pod("w-0", 0, 1, true), pod("w-2", 2, 0, true)]);
+        assert_eq!(c.violations().len(), 1);
+        assert!(c.violations()[0].what.contains("several attempts"));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher::Config};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, TrainingJobSpec};
+use trainyard_api::ranks::RankSet;
 use trainyard_operator::surface::reason;
 
 use super::checkpoint;
@@ -629,6 +630,10 @@ fn seen(st: &Value) -> JobSeen {
                 step,
                 resumed_from: progress["resumedFrom"].as_u64(),
             }),
+        kept: st["lastRestart"]["inPlaceRanks"]
+            .as_str()
+            .map(|ranks| RankSet::parse(ranks).iter().collect())
+            .unwrap_or_default(),
     }
 }
 

@@ -84,6 +84,19 @@ pub(crate) fn exit_reported(observed: &Observed, pod: &CachedPod, attempt: u32) 
     }
 }
 
+/// When the operator first heard from the supervisor of `pod` that its trainer exited in
+/// attempt `attempt` (the operator's clock): the container keeps running, so the pod shows no
+/// end of its own.
+pub(crate) fn exit_heard_at(
+    observed: &Observed,
+    pod: &CachedPod,
+    attempt: u32,
+) -> Option<Timestamp> {
+    let seen = supervisor(observed, pod)?;
+    (seen.attempt == attempt && matches!(seen.state, SupervisedState::Exited(_)))
+        .then_some(seen.since)
+}
+
 /// Whether the supervisor of `pod` runs attempt `attempt`.
 pub(crate) fn started(observed: &Observed, pod: &CachedPod, attempt: u32) -> bool {
     supervisor(observed, pod)

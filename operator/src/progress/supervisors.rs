@@ -66,6 +66,9 @@ pub struct SupervisorSeen {
     pub state: SupervisedState,
     /// When it last polled.
     pub seen_at: Timestamp,
+    /// When it first polled with this attempt and state (on the operator's clock): for an
+    /// exit, when the operator heard of it.
+    pub since: Timestamp,
 }
 
 /// What the plan tells a job's supervisors.
@@ -204,10 +207,12 @@ impl SupervisorBoard {
         let mut jobs = self.jobs();
         let board = Self::entry(&mut jobs, namespace, job, job_uid);
         let order = order(board.directive.as_ref(), &poll);
-        let wake = board
+        let unchanged = board
             .seen
             .get(&poll.pod_uid)
-            .is_none_or(|s| s.attempt != poll.attempt || s.state != poll.state);
+            .filter(|s| s.attempt == poll.attempt && s.state == poll.state);
+        let wake = unchanged.is_none();
+        let since = unchanged.map_or(now, |s| s.since);
         board.seen.insert(
             poll.pod_uid.clone(),
             SupervisorSeen {
@@ -216,6 +221,7 @@ impl SupervisorBoard {
                 attempt: poll.attempt,
                 state: poll.state,
                 seen_at: now,
+                since,
             },
         );
         Answered { order, wake }
@@ -376,6 +382,11 @@ mod tests {
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].state, SupervisedState::Exited(1));
         assert_eq!(seen[0].seen_at, at(2));
+        // The same exit polled again: seen later, heard of first at 2.
+        let exited = poll("a", 0, SupervisedState::Exited(1));
+        assert!(!board.poll("ns", "j", "u1", exited, at(3)).wake);
+        let seen = board.snapshot("ns", "j", "u1");
+        assert_eq!((seen[0].seen_at, seen[0].since), (at(3), at(2)));
         // Another job of the same name sees none of it.
         assert!(board.snapshot("ns", "j", "u2").is_empty());
     }

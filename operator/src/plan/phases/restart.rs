@@ -247,11 +247,17 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
         .filter(|(_, s)| matches!(s, WorkerState::Failed(_)))
         .filter_map(|(r, _)| current_pods.get(r).copied())
         .collect();
-    // On the operator's clock: the failed trainer's end as its node stamped it, shifted by
-    // that node's clock offset seen through its Lease.
+    // On the operator's clock: when the supervisor of a pod kept running reported the
+    // trainer's exit, or else the failed trainer's end as its node stamped it, shifted by that
+    // node's clock offset seen through its Lease.
+    let attempt = view.current.attempt;
     let failed_at = failed
         .iter()
-        .map(|p| liveness.on_operator_clock(p.node_name(), lost_peer::failed_at(p, now)))
+        .map(|p| {
+            in_place::exit_heard_at(observed, p, attempt).unwrap_or_else(|| {
+                liveness.on_operator_clock(p.node_name(), lost_peer::failed_at(p, now))
+            })
+        })
         .min()
         .unwrap_or(now)
         .min(now);

@@ -38,9 +38,15 @@ impl World {
             .expect("pod")
     }
 
-    /// The supervisor of rank `rank`'s pod says it runs (or ran) `attempt` as `state`, now.
+    /// The supervisor of rank `rank`'s pod says it runs (or ran) `attempt` as `state`, now;
+    /// as the board does, `since` stays when neither changed.
     fn supervisor(&mut self, rank: u32, attempt: u32, state: SupervisedState) {
         let uid = self.uid(rank);
+        let since = self
+            .supervisors
+            .iter()
+            .find(|s| s.pod_uid == uid && s.attempt == attempt && s.state == state)
+            .map_or(self.now, |s| s.since);
         self.supervisors.retain(|s| s.pod_uid != uid);
         self.supervisors.push(SupervisorSeen {
             pod_uid: uid,
@@ -48,6 +54,7 @@ impl World {
             attempt,
             state,
             seen_at: self.now,
+            since,
         });
     }
 }
@@ -315,4 +322,30 @@ fn a_finished_job_tells_its_supervisors_to_exit() {
     let plan = w.step();
     assert_eq!(plan.status.phase, Some(Phase::Failed));
     assert!(directive(&plan).exit);
+}
+
+/// An exit its supervisor reports is judged by the lost-peer rule from when the operator heard
+/// of it: the pod, kept running, shows no end of its own, and its start (long past) would close
+/// the window at once and count a lost peer's broken collective as a failure.
+#[test]
+fn a_reported_exit_holds_the_lost_peer_verdict_from_when_it_was_heard() {
+    let mut w = supervised_world("workers: 2\nrestartPolicy: {inPlace: true, maxFailures: 3}\n")
+        .with_worker_1_on_n2();
+    w.config.lost_peer_window_seconds = 30;
+    w.advance(120);
+    let poll = |w: &mut World| {
+        w.supervisor(1, 0, SupervisedState::Running);
+        w.supervisor(0, 0, SupervisedState::Exited(1));
+    };
+    poll(&mut w);
+    let held = w.step();
+    assert_eq!(held.restart, None, "held: worker 1's node may be lost");
+    w.advance(29);
+    poll(&mut w);
+    assert_eq!(w.step().restart, None, "still within the window");
+    w.advance(1);
+    poll(&mut w);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Failure));
+    assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
 }
