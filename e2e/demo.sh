@@ -82,17 +82,22 @@ wait_running() { # wait_running JOB ATTEMPT
   done
   echo "demo: $1 attempt $2 did not start" >&2; kubectl get pods -o wide; kubectl describe tj "$1" | tail -20; exit 1
 }
-# A pod's trainer log files (CRI lines: time, stream, tag, message), every attempt's, from the
-# node's /var/log/pods (node 2's private copy survives its loss).
+# The trainer log files (CRI lines: time, stream, tag, message) of the pod of that name now,
+# by its uid (a pod of the same name from an earlier attempt or an earlier demo leaves its own,
+# on node 2 even after the node is gone), from the node's /var/log/pods (node 2's private copy
+# survives its loss). A pod kept for an in-place restart keeps its uid: its log holds both
+# attempts.
 log_files() { # log_files POD
-  local f
-  for f in /var/log/pods/default_"$1"_*/trainer/*.log \
-           "$NODE2_DIR"/private/var/log/pods/default_"$1"_*/trainer/*.log; do
+  local f uid
+  uid=$(kubectl get pod "$1" -o jsonpath='{.metadata.uid}' 2>/dev/null) || return 0
+  [[ -n $uid ]] || return 0
+  for f in /var/log/pods/default_"$1"_"$uid"/trainer/*.log \
+           "$NODE2_DIR"/private/var/log/pods/default_"$1"_"$uid"/trainer/*.log; do
     [[ -f $f ]] && echo "$f"
   done
   return 0
 }
-log_of() { # log_of POD: the trainer's log of every attempt, from either node
+log_of() { # log_of POD: the trainer's log of the pod of that name now, from either node
   local f
   while read -r f; do cut -d' ' -f4- "$f"; done < <(log_files "$1")
 }
@@ -226,13 +231,16 @@ stage() { awk -v t="$2" -v l="$lost_epoch" -v what="$1" 'BEGIN {printf "  %-52s 
 stage "restart decided (status.lastRestart.time)" "$(date -d "$decided" +%s)"
 # The two ways into attempt 1: the kept worker's supervisor stops and starts its trainer;
 # the lost worker's pod is created again and its container starts.
-stopped_in_place=$(log_time "$kept_pod" "attempt 0 stopped on the operator's order")
+# Its trainer either exited by itself (a collective broken by the loss; the supervisor holds
+# the container for the operator's word) or was stopped on the operator's order.
+stopped_in_place=$(log_time "$kept_pod" "attempt 0 stopped on the operator's order" ||
+  log_time "$kept_pod" "holding for the operator's decision")
 started_in_place=$(log_time "$kept_pod" "starting attempt 1 in place")
 new_pod=$(grep -v "^$kept_pod " <<<"$placement1" | cut -d' ' -f1)
 new_started=$(kubectl get pod "$new_pod" -o jsonpath='{.status.containerStatuses[?(@.name=="trainer")].state.running.startedAt}')
 new_started=$(date -d "$new_started" +%s)
 started=$(printf '%s\n' "$started_in_place" "$new_started" | sort -n | tail -1)
-stage "$kept_pod stopped attempt 0 in place" "$stopped_in_place"
+stage "$kept_pod attempt 0 ended in place" "$stopped_in_place"
 stage "$kept_pod started attempt 1 in place" "$started_in_place"
 stage "$new_pod (a new pod) trainer container started" "$new_started"
 stage "attempt 1 running (both workers started)" "$started"
