@@ -1396,6 +1396,17 @@ async fn reported_progress(client: &Client, ns: &str, job: &str, attempt: u32) -
     .await
 }
 
+/// Karpenter's taint on a node it is about to disrupt: a termination notice.
+const DISRUPTED: &str = "karpenter.sh/disrupted";
+
+/// The provider announces `node`'s termination (Karpenter's taint); returns when.
+fn notice(node: &str) -> Result<jiff::Timestamp> {
+    let at = jiff::Timestamp::now();
+    let taint = format!("{DISRUPTED}=:NoSchedule");
+    kubectl(&["taint", "node", node, &taint, "--overwrite"], "")?;
+    Ok(at)
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps() -> Result<()> {
@@ -1413,18 +1424,7 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
         reported_progress(&client, &ns.name, name, 0).await?;
         let (count_before, sum_before) = steps_lost_metric(&client).await?;
 
-        // The provider announces the spot node's termination (Karpenter's taint).
-        let noticed_at = jiff::Timestamp::now();
-        kubectl(
-            &[
-                "taint",
-                "node",
-                &spot,
-                "karpenter.sh/disrupted=:NoSchedule",
-                "--overwrite",
-            ],
-            "",
-        )?;
+        let noticed_at = notice(&spot)?;
         let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
         for p in &new_pods {
             assert_eq!(
@@ -1470,7 +1470,7 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
         Ok(())
     })
     .await;
-    let untainted = kubectl(&["taint", "node", &spot, "karpenter.sh/disrupted-"], "");
+    let untainted = kubectl(&["taint", "node", &spot, &format!("{DISRUPTED}-")], "");
     ns.cleanup().await?;
     res.and(untainted.map(|_| ()))
 }
@@ -1509,17 +1509,7 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
         reported_progress(&client, &ns.name, name, 0).await?;
         let competitor = competing_pod(&client, &ns.name, &on_demand, name).await?;
 
-        let noticed_at = jiff::Timestamp::now();
-        kubectl(
-            &[
-                "taint",
-                "node",
-                &spot,
-                "karpenter.sh/disrupted=:NoSchedule",
-                "--overwrite",
-            ],
-            "",
-        )?;
+        let noticed_at = notice(&spot)?;
         let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
         let kept = rank_pod(&new_pods, 0)?;
         assert_eq!(kept.uid(), rank0.uid(), "rank 0 kept its pod");
@@ -1586,7 +1576,7 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
         ends_as_its_baseline(&client, &ns.name, name, 1, "kept-twin").await
     })
     .await;
-    let untainted = kubectl(&["taint", "node", &spot, "karpenter.sh/disrupted-"], "");
+    let untainted = kubectl(&["taint", "node", &spot, &format!("{DISRUPTED}-")], "");
     ns.cleanup().await?;
     res.and(untainted.map(|_| ()))
 }
