@@ -72,29 +72,33 @@ fn fresh(seen: &SupervisorSeen, now: Timestamp) -> bool {
     now.duration_since(seen.seen_at) <= SUPERVISOR_FRESH
 }
 
-/// The code the trainer of `pod` exited with in attempt `attempt`, as its supervisor reports.
-pub(crate) fn exit_reported(observed: &Observed, pod: &CachedPod, attempt: u32) -> Option<i32> {
+/// The code the trainer of `pod` exited with in attempt `attempt`, as its supervisor reports,
+/// and when the operator first heard of it (its own clock): the container keeps running, so
+/// the pod shows no end of its own.
+fn exit_seen(observed: &Observed, pod: &CachedPod, attempt: u32) -> Option<(i32, Timestamp)> {
     match supervisor(observed, pod)? {
         SupervisorSeen {
             attempt: a,
             state: SupervisedState::Exited(code),
+            since,
             ..
-        } if *a == attempt => Some(*code),
+        } if *a == attempt => Some((*code, *since)),
         _ => None,
     }
 }
 
-/// When the operator first heard from the supervisor of `pod` that its trainer exited in
-/// attempt `attempt` (the operator's clock): the container keeps running, so the pod shows no
-/// end of its own.
+/// The code the trainer of `pod` exited with in attempt `attempt`, as its supervisor reports.
+pub(crate) fn exit_reported(observed: &Observed, pod: &CachedPod, attempt: u32) -> Option<i32> {
+    exit_seen(observed, pod, attempt).map(|(code, _)| code)
+}
+
+/// When the operator first heard that the trainer of `pod` exited in attempt `attempt`.
 pub(crate) fn exit_heard_at(
     observed: &Observed,
     pod: &CachedPod,
     attempt: u32,
 ) -> Option<Timestamp> {
-    let seen = supervisor(observed, pod)?;
-    (seen.attempt == attempt && matches!(seen.state, SupervisedState::Exited(_)))
-        .then_some(seen.since)
+    exit_seen(observed, pod, attempt).map(|(_, since)| since)
 }
 
 /// Whether the supervisor of `pod` runs attempt `attempt`.

@@ -349,3 +349,99 @@ fn a_reported_exit_holds_the_lost_peer_verdict_from_when_it_was_heard() {
     assert_eq!(plan.restart, Some(RestartReason::Failure));
     assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
 }
+
+/// A job restarting in place with rank 1 on n-2, five minutes into its attempt (so the pods'
+/// start is long past any lost-peer window), both ranks reporting, both supervisors polling,
+/// both kubelets renewing on time for the last minute.
+fn supervised_on_two_nodes() -> (World, Channel) {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {inPlace: true, maxFailures: 3}\n")
+            .with_worker_1_on_n2();
+    w.config.progress_channel = Some(channel());
+    w.advance(300);
+    w.watched_a_quiet_minute(&["n-1", "n-2"]);
+    let reports = Channel::new();
+    w.heartbeat("n-1");
+    w.heartbeat("n-2");
+    reports.report(&mut w, 0, 40, None);
+    reports.report(&mut w, 1, 40, None);
+    for rank in 0..2 {
+        w.supervisor(rank, 0, SupervisedState::Running);
+    }
+    reports.step(&mut w);
+    (w, reports)
+}
+
+/// The chaos run's case: n-2 vanishes, rank 0's collective breaks and its trainer exits under
+/// its supervisor, which keeps the container running. When n-2 falls silent the lost-peer rule
+/// makes it one preemption (not a failure), and rank 0 keeps its pod.
+#[test]
+fn a_reported_exit_beside_a_node_that_falls_silent_is_a_preemption() {
+    let (mut w, reports) = supervised_on_two_nodes();
+    w.advance(1);
+    w.supervisor(0, 0, SupervisedState::Exited(1));
+    assert_eq!(
+        reports.step(&mut w).restart,
+        None,
+        "held until n-2 is known lost"
+    );
+    w.advance(9);
+    w.heartbeat("n-1");
+    w.supervisor(0, 0, SupervisedState::Exited(1));
+    assert_eq!(reports.step(&mut w).restart, None, "n-2 is due now");
+    w.advance(4);
+    w.heartbeat("n-1");
+    w.supervisor(0, 0, SupervisedState::Exited(1));
+    let plan = reports.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!((plan.status.failures, plan.status.preemptions), (0, 1));
+    let last = plan.status.last_restart.as_ref().expect("restart");
+    assert!(
+        last.detail.contains("worker 1 lost with its node")
+            && last.detail.contains("worker 0 failed"),
+        "{}",
+        last.detail
+    );
+    assert_eq!(last.in_place_ranks, "0");
+}
+
+/// Noise beside a genuine failure: rank 0's trainer exits under its supervisor while n-2's
+/// renewal, due at 10 s, comes 2.5 s late. The verdict waits for the renewal, never takes n-2
+/// for lost, and the failure spends the failure budget.
+#[test]
+fn a_reported_exit_beside_a_late_lease_is_a_failure() {
+    let (mut w, reports) = supervised_on_two_nodes();
+    let start = w.now;
+    let at = |tenths: i64| {
+        start
+            .saturating_add(SignedDuration::from_millis(tenths * 100))
+            .expect("time")
+    };
+    w.now = at(20);
+    w.supervisor(0, 0, SupervisedState::Exited(1));
+    for tenth in 21..125 {
+        w.now = at(tenth);
+        if tenth == 100 {
+            w.heartbeat("n-1");
+        }
+        w.supervisor(0, 0, SupervisedState::Exited(1));
+        let plan = reports.step(&mut w);
+        assert_eq!(
+            plan.restart, None,
+            "at {tenth}: {:?}",
+            plan.status.last_restart
+        );
+        assert!(!World::deleted(&plan, true).contains(&"train-worker-1"));
+    }
+    w.now = at(125);
+    w.heartbeat("n-2");
+    w.supervisor(0, 0, SupervisedState::Exited(1));
+    let plan = reports.step(&mut w);
+    assert_eq!(
+        plan.restart,
+        Some(RestartReason::Failure),
+        "{:?}",
+        plan.status.last_restart
+    );
+    assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
+}
