@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Client, ResourceExt};
@@ -413,35 +413,79 @@ pub async fn recovery_stages(
     lost_at: jiff::Timestamp,
 ) -> Result<RecoveryStages> {
     let since = |t: jiff::Timestamp| t.duration_since(lost_at).as_secs_f64();
-    let st = job_status(client, ns, job).await?;
-    let decided: jiff::Timestamp = st["lastRestart"]["time"]
-        .as_str()
-        .context("status.lastRestart.time")?
-        .parse()
-        .context("status.lastRestart.time")?;
+    let decided = restart_decided_at(client, ns, job).await?;
     let mut running = lost_at;
     for pod in pods {
-        let started = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == "trainer"))
-            .and_then(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+        let started = trainer_started_at(pod)
             .with_context(|| format!("{}: the trainer's start", pod.name_any()))?;
-        running = running.max(started.0);
+        running = running.max(started);
     }
-    let rank0 = rank_pod(pods, 0)?.clone();
-    let text = format!("first step of attempt {attempt}");
-    let first_step = wait_for(&text, Duration::from_secs(120), || {
-        let (rank0, text) = (rank0.clone(), text.clone());
-        async move { crate::first_log_time(ns, &rank0, "trainer", &text) }
-    })
-    .await?;
+    let first_step = first_step_at(ns, rank_pod(pods, 0)?, attempt).await?;
     Ok(RecoveryStages {
         decided: since(decided),
         running: since(running),
         first_step: since(first_step),
     })
+}
+
+/// When the restart that started `job`'s current attempt was decided
+/// (`status.lastRestart.time`, whole seconds).
+pub async fn restart_decided_at(client: &Client, ns: &str, job: &str) -> Result<jiff::Timestamp> {
+    let st = job_status(client, ns, job).await?;
+    st["lastRestart"]["time"]
+        .as_str()
+        .context("status.lastRestart.time")?
+        .parse()
+        .context("status.lastRestart.time")
+}
+
+/// When `rank0` logged the first step of `attempt` (`first step of attempt N`, which rank 0
+/// prints once every rank has trained the step), timed by the container runtime; waits up to
+/// two minutes for it.
+pub async fn first_step_at(ns: &str, rank0: &Pod, attempt: u32) -> Result<jiff::Timestamp> {
+    let text = format!("first step of attempt {attempt}");
+    wait_for(&text, Duration::from_secs(120), || {
+        let text = text.clone();
+        async move { crate::first_log_time(ns, rank0, TRAINER, &text) }
+    })
+    .await
+}
+
+/// The trainer container's name in the operator's pods.
+pub const TRAINER: &str = "trainer";
+
+/// The status of `pod`'s trainer container.
+pub fn trainer_status(pod: &Pod) -> Option<&ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == TRAINER)
+}
+
+/// When `pod`'s trainer container started the run it is in, while it runs.
+pub fn trainer_started_at(pod: &Pod) -> Option<jiff::Timestamp> {
+    let running = trainer_status(pod)?.state.as_ref()?.running.as_ref()?;
+    Some(running.started_at.as_ref()?.0)
+}
+
+/// Whether `pod` has ended: phase `Succeeded` or `Failed`.
+pub fn pod_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// The GPUs `pod`'s containers ask for (their limits of [`GPU`]).
+pub fn gpus_asked(pod: &Pod) -> u64 {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(GPU))
+        .filter_map(|q| q.0.parse::<u64>().ok())
+        .sum()
 }
 
 /// The host directory of a claim's hostPath volume, once it is bound: the local cluster's

@@ -19,8 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, ResourceExt};
 use trainyard_api::crd::{GoodputLedger, LABEL_ATTEMPT, LABEL_JOB};
 
-/// The trainer container's name in the operator's pods.
-const TRAINER: &str = "trainer";
+use crate::jobs::{gpus_asked, trainer_status};
 
 /// One pod's timestamps, as the last watch event that carried each showed them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,18 +47,8 @@ impl PodTimes {
         let attempt = pod.labels().get(LABEL_ATTEMPT)?.parse().ok()?;
         let job = pod.labels().get(LABEL_JOB)?.clone();
         let spec = pod.spec.as_ref()?;
-        let gpus = spec
-            .containers
-            .iter()
-            .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get("nvidia.com/gpu"))
-            .filter_map(|q| q.0.parse::<u64>().ok())
-            .sum();
-        let trainer = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == TRAINER));
-        let state = trainer.and_then(|c| c.state.as_ref());
+        let gpus = gpus_asked(pod);
+        let state = trainer_status(pod).and_then(|c| c.state.as_ref());
         let running = state.and_then(|s| s.running.as_ref());
         let terminated = state.and_then(|s| s.terminated.as_ref());
         Some(Self {

@@ -395,10 +395,7 @@ impl PodTimeline {
                     deleted,
                     name: pod.name_any(),
                     attempt: pod.labels().get(LABEL_ATTEMPT).and_then(|a| a.parse().ok()),
-                    finished: matches!(
-                        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                        Some("Succeeded" | "Failed")
-                    ),
+                    finished: jobs::pod_finished(&pod),
                     created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
                 };
                 if let Ok(mut all) = sink.lock() {

@@ -1328,8 +1328,7 @@ async fn pods_on_both_nodes_resolve_cluster_names_and_reach_cluster_ip_services(
                 let (pods, pod) = (pods.clone(), pod.clone());
                 async move {
                     let p = pods.get(&pod).await?;
-                    let phase = p.status.as_ref().and_then(|s| s.phase.clone());
-                    Ok(matches!(phase.as_deref(), Some("Succeeded" | "Failed")).then_some(p))
+                    Ok(pod_finished(&p).then_some(p))
                 }
             })
             .await?;
@@ -1407,6 +1406,11 @@ fn notice(node: &str) -> Result<jiff::Timestamp> {
     Ok(at)
 }
 
+/// The provider withdraws `node`'s termination notice.
+fn withdraw_notice(node: &str) -> Result<()> {
+    kubectl(&["taint", "node", node, &format!("{DISRUPTED}-")], "").map(|_| ())
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps() -> Result<()> {
@@ -1470,9 +1474,9 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
         Ok(())
     })
     .await;
-    let untainted = kubectl(&["taint", "node", &spot, &format!("{DISRUPTED}-")], "");
+    let untainted = withdraw_notice(&spot);
     ns.cleanup().await?;
-    res.and(untainted.map(|_| ()))
+    res.and(untainted)
 }
 
 /// In-place restarts under a graceful preemption: the spot node under worker 1 gets its
@@ -1576,31 +1580,9 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
         ends_as_its_baseline(&client, &ns.name, name, 1, "kept-twin").await
     })
     .await;
-    let untainted = kubectl(&["taint", "node", &spot, &format!("{DISRUPTED}-")], "");
+    let untainted = withdraw_notice(&spot);
     ns.cleanup().await?;
-    res.and(untainted.map(|_| ()))
-}
-
-fn trainer_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == "trainer")
-}
-
-fn trainer_started_at(pod: &Pod) -> Option<jiff::Timestamp> {
-    Some(
-        trainer_status(pod)?
-            .state
-            .as_ref()?
-            .running
-            .as_ref()?
-            .started_at
-            .as_ref()?
-            .0,
-    )
+    res.and(untainted)
 }
 
 fn trainer_restarts(pod: &Pod) -> Option<i32> {
@@ -1614,11 +1596,11 @@ async fn competing_pod(client: &Client, ns: &str, node: &str, job: &str) -> Resu
     let on_node = Api::<Pod>::all(client.clone())
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await?;
-    let held_by_others: i64 = on_node
+    let held_by_others: u64 = on_node
         .items
         .iter()
         .filter(|p| {
-            !is_done(p)
+            !pod_finished(p)
                 && p.labels()
                     .get(trainyard_api::crd::LABEL_JOB)
                     .map(String::as_str)
@@ -1629,7 +1611,7 @@ async fn competing_pod(client: &Client, ns: &str, node: &str, job: &str) -> Resu
     let all = allocatable(client, node, GPU)
         .await?
         .context("node 1 advertises no GPUs")?;
-    let asked = all - held_by_others;
+    let asked = u64::try_from(all)?.saturating_sub(held_by_others);
     let name = "competitor";
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name},
@@ -1673,22 +1655,6 @@ async fn competing_pod(client: &Client, ns: &str, node: &str, job: &str) -> Resu
     )
     .await?;
     Ok(name.to_owned())
-}
-
-fn is_done(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-fn gpus_asked(pod: &Pod) -> i64 {
-    pod.spec
-        .iter()
-        .flat_map(|s| &s.containers)
-        .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(GPU))
-        .filter_map(|q| q.0.parse::<i64>().ok())
-        .sum()
 }
 
 #[tokio::test]
@@ -1758,30 +1724,16 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
 /// (`status.lastRestart.time`, whole seconds) to its first step (rank 0's `first step of
 /// attempt N` line, which it prints once every rank has trained the step).
 async fn decided_to_first_step(client: &Client, ns: &str, job: &str, attempt: u32) -> Result<f64> {
-    let st = job_status(client, ns, job).await?;
-    let decided: jiff::Timestamp = st["lastRestart"]["time"]
-        .as_str()
-        .context("status.lastRestart.time")?
-        .parse()?;
+    let decided = restart_decided_at(client, ns, job).await?;
     let pods = job_pods(client, ns, job).await?;
-    let rank0 = rank_pod(&pods, 0)?.clone();
-    let text = format!("first step of attempt {attempt}");
-    let first = wait_for(&text, Duration::from_secs(120), || {
-        let (rank0, text) = (rank0.clone(), text.clone());
-        async move { trainyard_e2e::first_log_time(ns, &rank0, "trainer", &text) }
-    })
-    .await?;
+    let first = first_step_at(ns, rank_pod(&pods, 0)?, attempt).await?;
     Ok(first.duration_since(decided).as_secs_f64())
 }
 
 /// When rank 0's supervisor of `job` (restarted in place into attempt 1) logged each step of
 /// the restart, in seconds after the decision (`status.lastRestart.time`, whole seconds).
 async fn supervisor_stages(client: &Client, ns: &str, job: &str) -> Result<String> {
-    let st = job_status(client, ns, job).await?;
-    let decided: jiff::Timestamp = st["lastRestart"]["time"]
-        .as_str()
-        .context("status.lastRestart.time")?
-        .parse()?;
+    let decided = restart_decided_at(client, ns, job).await?;
     let pods = job_pods(client, ns, job).await?;
     let rank0 = rank_pod(&pods, 0)?;
     let mut said = Vec::new();

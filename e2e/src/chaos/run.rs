@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Pod, Service};
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher::Config};
+use kube::runtime::{WatchStreamExt, reflector, watcher::Config};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, TrainingJobSpec};
@@ -234,8 +234,9 @@ async fn play_and_end(
     let job = seen(&st);
     let expected_digest = final_digest(client, ns, baseline, counter(&base, "attempt")).await?;
     let digest = final_digest(client, ns, name, job.attempt).await.ok();
-    let restart_events = job_event_count(client, ns, name, RESTARTS).await?;
-    let in_place = job_event_count(client, ns, name, &[reason::RESTARTING_IN_PLACE]).await?;
+    let events = job_event_counts(client, ns, name).await?;
+    let count = |reasons: &[&str]| reasons.iter().filter_map(|r| events.get(*r)).sum::<u32>();
+    let (restart_events, in_place) = (count(RESTARTS), count(&[reason::RESTARTING_IN_PLACE]));
     // Read before the job is deleted: its Events are found by its uid.
     let forced_on_live_node = force_deletes_on(client, ns, name, &crate::node_name()).await?;
     let leftovers = delete_and_find_leftovers(client, ns, &[name, baseline]).await?;
@@ -516,10 +517,10 @@ fn watch(client: &Client, ns: &str, job: &str, feed: Feed) -> tokio::task::JoinH
     let jobs = tj_api(client, ns);
     let job_config = Config::default().fields(&format!("metadata.name={job}"));
     tokio::spawn(async move {
-        // The pods as the watch shows them; a relist (after an error, such as an etcd or API
-        // server restart) replaces them whole at its end, so a pod deleted meanwhile leaves.
-        let mut known: std::collections::BTreeMap<String, PodSeen> = Default::default();
-        let mut relisted: std::collections::BTreeMap<String, PodSeen> = Default::default();
+        // The pods as the watch shows them, in kube's reflector store: a relist (after an
+        // error, such as an etcd or API server restart) replaces them whole at its end, so a
+        // pod deleted meanwhile leaves.
+        let (known, mut writer) = reflector::store::<Pod>();
         let mut pod_events = watcher::watcher(pods, pod_config).default_backoff().boxed();
         let mut job_events = watcher::watcher(jobs, job_config)
             .default_backoff()
@@ -528,25 +529,13 @@ fn watch(client: &Client, ns: &str, job: &str, feed: Feed) -> tokio::task::JoinH
         loop {
             tokio::select! {
                 Some(event) = pod_events.next() => {
-                    match event {
-                        Ok(Event::Apply(p)) => {
-                            known.insert(p.name_any(), pod_seen(&p));
-                        }
-                        Ok(Event::Delete(p)) => {
-                            known.remove(&p.name_any());
-                        }
-                        Ok(Event::Init) => {
-                            relisted.clear();
-                            continue;
-                        }
-                        Ok(Event::InitApply(p)) => {
-                            relisted.insert(p.name_any(), pod_seen(&p));
-                            continue;
-                        }
-                        Ok(Event::InitDone) => known = std::mem::take(&mut relisted),
-                        Err(_) => continue,
+                    let Ok(event) = event else { continue };
+                    writer.apply_watcher_event(&event);
+                    // A relist shows its pods once it is whole.
+                    if matches!(event, Event::Init | Event::InitApply(_)) {
+                        continue;
                     }
-                    let list: Vec<PodSeen> = known.values().cloned().collect();
+                    let list: Vec<PodSeen> = known.state().iter().map(|p| pod_seen(p)).collect();
                     feed.tell(|c, at| c.pods(at, &list));
                 }
                 Some(Ok(obj)) = job_events.next() => {
@@ -721,27 +710,34 @@ const RESTARTS: &[&str] = &[
     reason::RESUMED,
 ];
 
-/// Events of this job (its uid) whose reason is one of `reasons`, counted with their
-/// repetitions.
-async fn job_event_count(client: &Client, ns: &str, job: &str, reasons: &[&str]) -> Result<u32> {
+/// How many Events of this job (its uid) each reason has, counted with their repetitions.
+async fn job_event_counts(
+    client: &Client,
+    ns: &str,
+    job: &str,
+) -> Result<std::collections::BTreeMap<String, u32>> {
     let uid = tj_api(client, ns).get(job).await?.uid().context("no uid")?;
     let list = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await?;
-    Ok(list
+    let mut counts = std::collections::BTreeMap::new();
+    for e in list
         .items
         .iter()
         .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
-        .filter(|e| e.reason.as_deref().is_some_and(|r| reasons.contains(&r)))
-        .map(|e| u32::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1))
-        .sum())
+    {
+        let n = u32::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1);
+        *counts
+            .entry(e.reason.clone().unwrap_or_default())
+            .or_default() += n;
+    }
+    Ok(counts)
 }
 
 /// The operator's `ForceDeleted` Events of the job that name `node`: node 1 is never lost in
 /// the chaos run (its kubelet is only restarted), so a pod removed there without its kubelet
 /// had its SIGTERM save taken from it.
 async fn force_deletes_on(client: &Client, ns: &str, job: &str, node: &str) -> Result<Vec<String>> {
-    use trainyard_operator::surface::reason;
     let uid = tj_api(client, ns).get(job).await?.uid().context("no uid")?;
     let list = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
