@@ -44,6 +44,13 @@ PET_MASTER_PORT, which torchrun reads as its flags. What this script relies on
   save right away. Unset: no reports, no extra collective. A report never waits on training
   and training never waits on a report (docs/env-contract.md#progress-reports).
 
+- TRAINYARD_FULL_WORLD_SIZE: set by the operator on a TrainingJob with spec.elastic, the
+  job's full world size; WORLD_SIZE may be smaller after a shrink. Then every step trains
+  the full global batch at any size, in a fixed order (trainyard_elastic.py): each rank
+  computes the gradients of its block of the full-size ranks' batches one by one, the ranks
+  exchange them (all_gather) and every rank sums them in the same order. No DDP then. A
+  checkpoint written at one size resumes at another, and the weights are the same bits.
+
 The training itself is small and deterministic: fixed seeds, the batch of every rank derived
 from the global step, one thread, gloo on the CPU. The final weights therefore depend only
 on the number of steps and the world size: a run preempted and resumed any number of times
@@ -84,6 +91,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+import trainyard_elastic
 import trainyard_fence
 import trainyard_sigterm
 
@@ -336,7 +344,7 @@ def prune(directory, keep):
                 os.unlink(os.path.join(directory, name))
 
 
-def save(model, optimizer, step, path, fence):
+def save(model, optimizer, step, path, fence, full=None):
     """Atomic: a reader sees the previous checkpoint or this one, never half of one. Fenced:
     raises trainyard_fence.Fenced, and publishes nothing, once a newer attempt has claimed.
     Returns the checkpoint's step-addressed name (a second name of the same file, created
@@ -348,6 +356,8 @@ def save(model, optimizer, step, path, fence):
         "rng": torch.get_rng_state(),
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
     }
+    if full is not None:
+        state["full_world_size"] = full
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     # A name no other writer has ("x": created here): processes of two pods (two attempts)
@@ -384,12 +394,20 @@ def save(model, optimizer, step, path, fence):
     return name
 
 
-def load(model, optimizer, path, world_size):
+def load(model, optimizer, path, world_size, full=None):
+    """The step of the checkpoint at `path`, loaded. The data split must be the same: the
+    world size, or with TRAINYARD_FULL_WORLD_SIZE (`full`) the full world size, whatever
+    the world that wrote it."""
     state = torch.load(path, map_location="cpu")
-    if state.get("world_size", world_size) != world_size:
+    if full is None:
+        written, this, what = state.get("world_size", world_size), world_size, "a world of"
+    else:
+        written = state.get("full_world_size", state.get("world_size", full))
+        this, what = full, "a full world of"
+    if written != this:
         sys.exit(
-            f"train.py: {path} was written by a world of {state['world_size']} ranks, "
-            f"this one has {world_size}; the data split would change"
+            f"train.py: {path} was written by {what} {written} ranks, "
+            f"this one has {this}; the data split would change"
         )
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -439,7 +457,7 @@ def resume_path():
     return RESUME_FROM
 
 
-def resume(rank, world, model, optimizer, distributed):
+def resume(rank, world, model, optimizer, distributed, full=None):
     """The step to start from, the step loaded (None in a fresh start) and its step-addressed
     name (None when it has none). Rank 0 chooses the file and every rank loads that one: a
     rank that looked at the directory itself could see a checkpoint another rank's attempt
@@ -449,7 +467,7 @@ def resume(rank, world, model, optimizer, distributed):
         dist.broadcast_object_list(choice, src=0)
     path = choice[0]
     if path and os.path.exists(path):
-        step = load(model, optimizer, path, world)
+        step = load(model, optimizer, path, world, full)
         via = "" if path == RESUME_FROM else f", RESUME_FROM={RESUME_FROM}"
         log(rank, f"resuming from step {step} ({path}{via})")
         name = os.path.basename(path)
@@ -479,6 +497,50 @@ def ddp_with_warm_up(model, optimizer, rank):
     return ddp
 
 
+class FixedOrderStep:
+    """The elastic path's gradients (trainyard_elastic.py): rank `rank` of `world` computes
+    the gradient of each of its shards of the `full` shards one by one; `backward` gathers
+    every shard's gradient on every rank and leaves in each parameter's .grad their sum in
+    shard order, divided by `full`."""
+
+    def __init__(self, model, rank, world, full, distributed):
+        self.model = model
+        self.params = list(model.parameters())
+        self.world, self.full, self.distributed = world, full, distributed
+        self.shards = trainyard_elastic.shards_of(rank, world, full)
+        self.rows = trainyard_elastic.most_shards(world, full)
+        self.size = sum(p.numel() for p in self.params)
+
+    def backward(self, step, loss_fn):
+        """Sets the step's gradients; returns the mean loss of this rank's shards."""
+        mine = torch.zeros(self.rows, self.size)
+        losses = []
+        for row, shard in enumerate(self.shards):
+            for p in self.params:
+                p.grad = None
+            x, target = batch(step, shard)
+            loss = loss_fn(self.model(x), target)
+            loss.backward()
+            mine[row] = torch.cat([p.grad.reshape(-1) for p in self.params])
+            losses.append(loss.item())
+        if self.distributed:
+            every = [torch.zeros_like(mine) for _ in range(self.world)]
+            dist.all_gather(every, mine)
+        else:
+            every = [mine]
+        total = torch.zeros(self.size)
+        for rank, rows in enumerate(every):
+            for row in range(len(trainyard_elastic.shards_of(rank, self.world, self.full))):
+                total += rows[row]
+        total /= self.full
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = total[offset : offset + n].reshape(p.shape).clone()
+            offset += n
+        return sum(losses) / len(losses)
+
+
 def weights_digest(model):
     buf = io.BytesIO()
     for name, tensor in sorted(model.state_dict().items()):
@@ -499,6 +561,10 @@ def main():
         )
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
+    try:
+        full = trainyard_elastic.full_world_size(world)
+    except trainyard_elastic.Invalid as err:
+        sys.exit(f"train.py: {err}")
 
     model, optimizer = model_and_optimizer()
     fence = fence_from_env()
@@ -507,7 +573,7 @@ def main():
     except trainyard_fence.Stale as err:
         log(rank, f"stale: {err}: exiting without touching the checkpoint")
         return trainyard_fence.EXIT_CODE
-    step, resumed_from, resumed_file = resume(rank, world, model, optimizer, distributed)
+    step, resumed_from, resumed_file = resume(rank, world, model, optimizer, distributed, full)
     log(
         rank,
         f"world size {world}, node rank {os.environ.get('GROUP_RANK', '0')}, "
@@ -515,7 +581,13 @@ def main():
         f"attempt {ATTEMPT}",
     )
     progress = progress_reporter(rank)
-    ddp = ddp_with_warm_up(model, optimizer, rank) if distributed else model
+    if full is not None:
+        log(rank, trainyard_elastic.describe(rank, world, full))
+        elastic = FixedOrderStep(model, rank, world, full, distributed)
+        ddp = model
+    else:
+        elastic = None
+        ddp = ddp_with_warm_up(model, optimizer, rank) if distributed else model
     loss_fn = nn.MSELoss()
     saved = step
     first_step = step + 1
@@ -524,7 +596,7 @@ def main():
         nonlocal saved
         with sigterm.state:
             if rank == 0 and step > saved:
-                name = save(model, optimizer, step, CHECKPOINT_PATH, fence)
+                name = save(model, optimizer, step, CHECKPOINT_PATH, fence, full)
                 saved = step
                 log(rank, f"{reason} at step {step}")
                 progress.checkpointed(step, name)
@@ -568,23 +640,27 @@ def main():
                     checkpoint("checkpoint saved")
                     if rank == 0 and saved > 0:
                         progress.checkpointed(saved)  # reported even if it already existed
-            x, target = batch(step, rank)
             try:
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(ddp(x), target)
-                loss.backward()  # DDP averages the gradients of all ranks here
+                if elastic is not None:
+                    loss = elastic.backward(step, loss_fn)
+                else:
+                    x, target = batch(step, rank)
+                    loss = loss_fn(ddp(x), target)
+                    loss.backward()  # DDP averages the gradients of all ranks here
+                    loss = loss.item()
             except RuntimeError as err:
                 return peer_lost(err)
             with sigterm.state:
                 optimizer.step()
                 step += 1
-            progress.completed(step, loss.item())
+            progress.completed(step, loss)
             if step == first_step:  # when training runs again after a restart
                 log(rank, f"first step of attempt {ATTEMPT}: step {step}")
             if step % CHECKPOINT_EVERY == 0:
                 checkpoint("checkpoint saved")
             if step % 10 == 0 or step == TOTAL_STEPS:
-                log(rank, f"step {step}/{TOTAL_STEPS} loss {loss.item():.6f}")
+                log(rank, f"step {step}/{TOTAL_STEPS} loss {loss:.6f}")
             if STEP_SECONDS:
                 time.sleep(STEP_SECONDS)
 

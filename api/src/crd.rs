@@ -93,6 +93,7 @@ const MAX_LEDGER_SIGNED: i64 = MAX_LEDGER as i64;
     doc = "A gang of GPU worker pods that survives spot preemption by restarting from its latest checkpoint.",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Workers","type":"integer","jsonPath":".spec.workers"}"#,
+    printcolumn = r#"{"name":"World","type":"integer","jsonPath":".status.worldSize"}"#,
     printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".spec.gpusPerWorker"}"#,
     printcolumn = r#"{"name":"Attempt","type":"integer","jsonPath":".status.attempt"}"#,
     printcolumn = r#"{"name":"Preemptions","type":"integer","jsonPath":".status.preemptions"}"#,
@@ -143,6 +144,12 @@ pub struct TrainingJobSpec {
     #[serde(default)]
     pub suspend: bool,
 
+    /// Keep training with fewer workers when lost ones cannot be replaced, and grow back
+    /// when capacity returns. Absent: every attempt runs `workers` workers, and waits for
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticSpec>,
+
     /// Pod template of every worker. The container named `trainer` (else the first) is the trainer.
     #[serde(default)]
     #[schemars(schema_with = "pod_template_schema")]
@@ -151,6 +158,29 @@ pub struct TrainingJobSpec {
 
 fn default_workers() -> u32 {
     1
+}
+
+/// How an elastic job shrinks and grows (`spec.elastic`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElasticSpec {
+    /// The fewest workers the job trains with. When some workers of an attempt cannot be
+    /// placed for `replacementWaitSeconds` and at least this many are placed, the gang
+    /// restarts with the placed ones; with fewer placed, it waits.
+    #[schemars(range(min = 1, max = MAX_WORKERS))]
+    pub min_workers: u32,
+
+    /// How long the workers that cannot be placed are waited for before the gang shrinks.
+    #[serde(default = "default_replacement_wait_seconds")]
+    #[schemars(range(min = 0, max = MAX_REPLACEMENT_WAIT_SECONDS))]
+    pub replacement_wait_seconds: u32,
+}
+
+/// The longest `elastic.replacementWaitSeconds`: a day.
+pub const MAX_REPLACEMENT_WAIT_SECONDS: u32 = 86_400;
+
+fn default_replacement_wait_seconds() -> u32 {
+    60
 }
 
 fn default_grace_seconds() -> i64 {
@@ -503,6 +533,12 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart: Option<LastRestart>,
 
+    /// With `spec.elastic`: the workers of the current attempt (`spec.workers` unless the
+    /// gang shrank; the condition `Shrunk` says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_WORKERS))]
+    pub world_size: Option<u32>,
+
     /// The step-addressed checkpoint the next attempt resumes from (`RESUME_FROM`): the
     /// newest one the workers of the newest attempt that saved one reported. A writer of an
     /// older attempt that replaces `latest.pt` cannot move it back.
@@ -799,6 +835,12 @@ pub enum RestartReason {
     /// `restartPolicy.progressTimeoutSeconds` while they ran: counted against `maxHangs`, no
     /// backoff.
     Hang,
+    /// `spec.elastic`: workers could not be placed for `replacementWaitSeconds`, so the gang
+    /// restarts with the placed ones: counted against no budget, no backoff.
+    Shrink,
+    /// `spec.elastic`: capacity for missing workers returned, so the gang restarts larger
+    /// from a checkpoint: counted against no budget, no backoff.
+    Grow,
 }
 
 impl RestartReason {
@@ -809,7 +851,18 @@ impl RestartReason {
             RestartReason::Failure => "Failure",
             RestartReason::Resume => "Resume",
             RestartReason::Hang => "Hang",
+            RestartReason::Shrink => "Shrink",
+            RestartReason::Grow => "Grow",
         }
+    }
+
+    /// Whether a gang restart for this reason counts against a budget (`maxPreemptions`,
+    /// `maxFailures`, `maxHangs`): a resume, a shrink and a grow count against none.
+    pub fn counted(self) -> bool {
+        matches!(
+            self,
+            RestartReason::Preemption | RestartReason::Failure | RestartReason::Hang
+        )
     }
 }
 
@@ -854,6 +907,49 @@ pub struct GoodputLedger {
     /// The stretch under way, not counted yet: folded in when it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open: Option<LedgerStretch>,
+    /// With `spec.elastic`: the running time by the gang's size, and what running shrunk
+    /// cost against its alternatives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticLedger>,
+}
+
+/// The elastic part of the ledger: every closed `Running` stretch of an elastic job, by the
+/// number of workers it ran.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElasticLedger {
+    /// Running time by gang size, smallest first.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub by_workers: Vec<SizeMillis>,
+    /// What the stretches that ran shrunk cost: waiting for the missing workers instead would
+    /// have billed the same GPUs for the same time, idle.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub shrunk_micro_dollars: u64,
+    /// What the same wall time would have cost with every worker on on-demand nodes (the
+    /// on-demand fallback instead of the shrink).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub on_demand_instead_micro_dollars: u64,
+}
+
+/// Running time of an elastic gang at one size.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SizeMillis {
+    /// Workers of the gang.
+    #[schemars(range(min = 1, max = MAX_WORKERS))]
+    pub workers: u32,
+    /// Of the job's `spec.workers`.
+    #[schemars(range(min = 1, max = MAX_WORKERS))]
+    pub of: u32,
+    /// Wall milliseconds every worker ran at this size.
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub wall_millis: u64,
+    /// Those × the gang's GPUs.
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub gpu_millis: u64,
 }
 
 /// GPU-milliseconds of one capacity type, by what they were used for.
@@ -960,6 +1056,21 @@ pub struct LedgerStretch {
     /// The GPU product priced, when known.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub product: String,
+    /// With `spec.elastic`: the attempt's workers, and the job's full size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<GangSize>,
+}
+
+/// An elastic attempt's workers, of the job's full size.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GangSize {
+    /// The attempt's workers.
+    #[schemars(range(min = 1, max = MAX_WORKERS))]
+    pub workers: u32,
+    /// `spec.workers`.
+    #[schemars(range(min = 1, max = MAX_WORKERS))]
+    pub of: u32,
 }
 
 /// What an open stretch of the ledger is.

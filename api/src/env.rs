@@ -28,6 +28,9 @@ pub fn is_checkpoint_file_name(name: &str) -> bool {
 pub const TRAINYARD_JOB: &str = "TRAINYARD_JOB";
 /// The 0-based attempt.
 pub const TRAINYARD_ATTEMPT: &str = "TRAINYARD_ATTEMPT";
+/// With `spec.elastic`: the job's full number of processes, `workers × max(gpusPerWorker, 1)`
+/// ([`WORLD_SIZE`] is this attempt's, smaller after a shrink).
+pub const TRAINYARD_FULL_WORLD_SIZE: &str = "TRAINYARD_FULL_WORLD_SIZE";
 /// The attempt's checkpoint fencing token, `<created>:<attempt>:<uid>` (the job's
 /// creationTimestamp in unix seconds, the attempt, the job's uid): tokens are ordered by
 /// `(created, attempt)`; a trainer publishes a checkpoint only while the fence file in the
@@ -115,6 +118,7 @@ mod tests {
             TORCH_NCCL_ASYNC_ERROR_HANDLING,
             TRAINYARD_PROGRESS_URL,
             TRAINYARD_PROGRESS_TOKEN_FILE,
+            TRAINYARD_FULL_WORLD_SIZE,
         ];
         for name in names {
             assert!(

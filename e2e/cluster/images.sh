@@ -9,7 +9,8 @@
 #   torch-trainer  docker.io/trainyard/torch-trainer:dev  Debian bookworm (debootstrap) with
 #                  python3-torch (CPU, gloo, torchrun) and examples/train.py as /app/train.py,
 #                  with the modules it imports beside it: the checkpoint fence
-#                  (examples/trainyard_fence.py) and SIGTERM (examples/trainyard_sigterm.py),
+#                  (examples/trainyard_fence.py), SIGTERM (examples/trainyard_sigterm.py) and
+#                  elastic sizes (examples/trainyard_elastic.py),
 #                  and the container's first process (examples/trainyard_launch.py)
 # Every image goes into node 1's containerd and, when it runs, node 2's.
 # usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all|inputs]...
@@ -141,6 +142,7 @@ build_torch_trainer() {
   install -m 0644 "$ROOT/examples/train.py" "$fs/app/train.py"
   install -m 0644 "$ROOT/examples/trainyard_fence.py" "$fs/app/trainyard_fence.py"
   install -m 0644 "$ROOT/examples/trainyard_sigterm.py" "$fs/app/trainyard_sigterm.py"
+  install -m 0644 "$ROOT/examples/trainyard_elastic.py" "$fs/app/trainyard_elastic.py"
   install -m 0644 "$ROOT/examples/trainyard_launch.py" "$fs/app/trainyard_launch.py"
   # PET_REDIRECTS/PET_TEE: torch 1.13's torchrun on Python 3.11 crashes in to_map unless
   # both are set (its Std lookup misses the zero value); 1 = stdout only, so logs still flow.

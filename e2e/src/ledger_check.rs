@@ -264,6 +264,92 @@ pub fn check(ledger: &GoodputLedger, expected: &Account) -> Result<()> {
     Ok(())
 }
 
+/// How an elastic job's attempts ran, for [`check_sizes`]: each attempt that ran whole, its
+/// workers, and how its running stretch ended.
+#[derive(Clone, Copy, Debug)]
+pub struct SizedAttempt {
+    pub attempt: u32,
+    pub workers: u32,
+    pub ended: Ended,
+}
+
+/// How an attempt's running stretch ended, as its pods show it.
+#[derive(Clone, Copy, Debug)]
+pub enum Ended {
+    /// A trainer ended first (a lost peer, a failure): its `finishedAt`.
+    FirstExit,
+    /// The gang was restarted while every trainer ran, decided at this time (a grow).
+    DecidedAt(Timestamp),
+    /// Every trainer exited 0: the last one's `finishedAt`.
+    LastExit,
+}
+
+/// Checks `ledger.elastic.byWorkers` against the pods' own timestamps: for each size, the wall
+/// time its attempts ran (from the last trainer's start to the stretch's end) within a second
+/// per boundary, and GPU time = wall × the attempt's GPUs. Returns the wall seconds by size.
+pub fn check_sizes(
+    ledger: &GoodputLedger,
+    pods: &[PodTimes],
+    attempts: &[SizedAttempt],
+) -> Result<BTreeMap<u32, f64>> {
+    let elastic = ledger
+        .elastic
+        .as_ref()
+        .context("no status.ledger.elastic")?;
+    let mut want: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+    for a in attempts {
+        let of: Vec<&PodTimes> = pods.iter().filter(|p| p.attempt == a.attempt).collect();
+        ensure!(
+            of.len() == a.workers as usize,
+            "attempt {} has {} pods, not {}: {of:?}",
+            a.attempt,
+            of.len(),
+            a.workers
+        );
+        let start = of
+            .iter()
+            .map(|p| p.started)
+            .collect::<Option<Vec<_>>>()
+            .and_then(|s| s.into_iter().max())
+            .with_context(|| format!("a trainer of attempt {} never started", a.attempt))?;
+        let finished = of.iter().filter_map(|p| p.finished);
+        let end = match a.ended {
+            Ended::FirstExit => finished.min(),
+            Ended::LastExit => finished.max(),
+            Ended::DecidedAt(at) => Some(at),
+        }
+        .with_context(|| format!("attempt {} has no end", a.attempt))?;
+        let gpus: u64 = of.iter().map(|p| p.gpus).sum();
+        let entry = want.entry(a.workers).or_default();
+        entry.0 += ms(start, end);
+        entry.1 += ms(start, end) * gpus;
+        entry.2 += 2_000;
+    }
+    let mut seconds = BTreeMap::new();
+    for (workers, (wall, gpu_ms, tolerance)) in want {
+        let have = elastic
+            .by_workers
+            .iter()
+            .find(|s| s.workers == workers)
+            .with_context(|| format!("no entry for {workers} workers: {elastic:?}"))?;
+        ensure!(
+            have.wall_millis.abs_diff(wall) <= tolerance,
+            "{workers} workers: the ledger ran {} ms, the pods' timestamps {wall} ms (± \
+             {tolerance}): {elastic:?}",
+            have.wall_millis
+        );
+        let gpus = gpu_ms / wall.max(1);
+        ensure!(
+            have.gpu_millis == have.wall_millis * gpus,
+            "{workers} workers: {} GPU-ms is not {} ms × {gpus} GPUs",
+            have.gpu_millis,
+            have.wall_millis
+        );
+        seconds.insert(workers, have.wall_millis as f64 / 1000.0);
+    }
+    Ok(seconds)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

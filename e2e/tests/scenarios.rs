@@ -24,7 +24,7 @@ use trainyard_api::gpu_labels::{
 };
 use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
 use trainyard_e2e::jobs::*;
-use trainyard_e2e::ledger_check::{self, PodTimesRecorder};
+use trainyard_e2e::ledger_check::{self, Ended, PodTimesRecorder, SizedAttempt};
 use trainyard_e2e::{
     PodTimeline, allocatable, capacity, node_name, node2, node2_name, pod_log, preempt_pod,
     processes_with_env, set_schedulable, wait_for,
@@ -2146,4 +2146,242 @@ async fn a_flood_of_every_port_leaves_the_probes_green_and_memory_under_the_limi
         );
     }
     Ok(())
+}
+
+/// Creates a pod that holds every GPU of `node` but `leave` (of those no pod holds), so that
+/// the node has room for exactly `leave` one-GPU workers; returns its name.
+async fn filler_pod(client: &Client, ns: &str, node: &str, leave: u64) -> Result<String> {
+    let on_node = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    let held: u64 = on_node
+        .items
+        .iter()
+        .filter(|p| !pod_finished(p))
+        .map(gpus_asked)
+        .sum();
+    let all = allocatable(client, node, GPU)
+        .await?
+        .with_context(|| format!("{node} advertises no GPUs"))?;
+    let asked = u64::try_from(all)?
+        .checked_sub(held + leave)
+        .with_context(|| format!("{node}: {held} of {all} GPUs held, {leave} to leave"))?;
+    let name = "filler";
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "sleep",
+                "image": "trainyard/trainer:dev",
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "resources": {"limits": {GPU: asked.to_string()}},
+            }],
+        },
+    }))?;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    pods.create(&PostParams::default(), &pod).await?;
+    wait_for(
+        &format!("{name} ({asked} GPUs) running on {node}"),
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get(name).await?;
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            Ok((phase == Some("Running")).then_some(()))
+        },
+    )
+    .await?;
+    Ok(name.to_owned())
+}
+
+/// The elastic scenario's steps: enough to train through the loss, the shrink and node 2's
+/// return at 0.5 s a step.
+const ELASTIC_STEPS: u32 = 300;
+
+/// An elastic job of four one-GPU workers: two on node 2 (spot, two GPUs), two on node 1,
+/// whose other GPUs a filler pod holds. `minWorkers: 2`, replacements waited for 10 s.
+fn elastic_job(name: &str) -> Value {
+    let mut job = torch_job(name, 1, ELASTIC_STEPS, "0.5", json!({"policy": "Prefer"}));
+    job["spec"]["workers"] = json!(4);
+    job["spec"]["elastic"] = json!({"minWorkers": 2, "replacementWaitSeconds": 10});
+    set_env(&mut job, &LOSS_ENV);
+    job
+}
+
+/// The same training, never interrupted: the same elastic job on node 1 alone (on-demand),
+/// run after the first one, when node 1 has room for all four workers.
+fn elastic_twin(name: &str) -> Value {
+    let mut job = elastic_job(name);
+    job["spec"]["spot"] = json!({"policy": "Never"});
+    set_env(&mut job, &[("STEP_SECONDS", "0")]);
+    job
+}
+
+/// Waits (up to `secs`) until `job` runs attempt `attempt` with `workers` workers; returns its
+/// status.
+async fn runs_at_size(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    (attempt, workers): (u32, u32),
+    secs: u64,
+) -> Result<Value> {
+    wait_for(
+        &format!("{job} running attempt {attempt} with {workers} workers"),
+        Duration::from_secs(secs),
+        || async move {
+            let st = job_status(client, ns, job).await?;
+            Ok(
+                (st["phase"] == "Running"
+                    && st["attempt"] == attempt
+                    && st["worldSize"] == workers)
+                    .then_some(st),
+            )
+        },
+    )
+    .await
+}
+
+/// Issue 46: node 2 (spot) is lost with two of an elastic job's four workers and no capacity
+/// is left for them: after the gang restart and the 10-s wait, the job trains on with the two
+/// workers node 1 has room for; node 2 returns, and the job grows back to four from a
+/// checkpoint it saved on request. One preemption, no failure; the final weights equal an
+/// uninterrupted four-worker twin's bit for bit, and the ledger's running time by size agrees
+/// with the pods' timestamps.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn an_elastic_gang_trains_on_with_the_survivors_and_grows_back_when_capacity_returns()
+-> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let pods_api = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    let res = with_spot_node(&client, || async {
+        let (spot, on_demand) = (node2_name(), node_name());
+        let name = "elastic";
+        let filler = filler_pod(&client, &ns.name, &on_demand, 2).await?;
+        let pod_times = PodTimesRecorder::start(&client, &ns.name).await?;
+        create_job(&client, &ns.name, elastic_job(name)).await?;
+        let pods = running_pods(&client, &ns.name, name, 0, 4).await?;
+        let on = |node: &str| pods.iter().filter(|p| node_of(p) == node).count();
+        assert_eq!(
+            (on(&spot), on(&on_demand)),
+            (2, 2),
+            "two workers on each node"
+        );
+        let rank0 = rank_pod(&pods, 0)?.clone();
+        let log = |pod: &Pod| pod_log(&ns.name, pod, TRAINER).unwrap_or_default();
+        wait_for("a periodic checkpoint", Duration::from_secs(180), || {
+            let text = log(&rank0);
+            async move { Ok(text.contains("checkpoint saved at step").then_some(())) }
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let lost_at = jiff::Timestamp::now();
+        node2("lose")?;
+
+        // The gang restarts for the loss; two of its four new workers find no room, and after
+        // 10 s it shrinks to the two node 1 holds.
+        let st = runs_at_size(&client, &ns.name, name, (2, 2), 240).await?;
+        assert_eq!(st["lastRestart"]["reason"], "Shrink", "status: {st}");
+        assert_eq!(
+            (st["preemptions"].as_u64(), st["failures"].as_u64()),
+            (Some(1), Some(0)),
+            "status: {st}"
+        );
+        let shrunk = st["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Shrunk")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            (&shrunk["status"], &shrunk["reason"]),
+            (&json!("True"), &json!("CapacityGone")),
+            "{st}"
+        );
+        let shrinking = job_events(&client, &ns.name, name, "Shrinking").await?;
+        assert!(
+            shrinking
+                .iter()
+                .any(|e| e.contains("could not be placed for 10s")),
+            "a Shrinking Event: {shrinking:?}"
+        );
+        let small = running_pods(&client, &ns.name, name, 2, 2).await?;
+        assert!(
+            small.iter().all(|p| node_of(p) == on_demand),
+            "the survivors run on node 1"
+        );
+        let stages = recovery_stages(&client, &ns.name, (name, 2, &small), lost_at).await?;
+        println!("node 2 lost, training again with 2 of 4 workers: {stages}");
+        let rank0 = rank_pod(&small, 0)?.clone();
+        let said = log(&rank0);
+        assert!(
+            said.contains("elastic: world size 2 of 4"),
+            "rank 0's log: {said}"
+        );
+
+        // Node 2 returns with its two GPUs: the gang grows back to four from a checkpoint.
+        node2("start")?;
+        spot_node_ready_with_gpus(&client, &spot).await?;
+        let back_at = jiff::Timestamp::now();
+        let st = runs_at_size(&client, &ns.name, name, (3, 4), 240).await?;
+        assert_eq!(st["lastRestart"]["reason"], "Grow", "status: {st}");
+        let grown = restart_decided_at(&client, &ns.name, name).await?;
+        let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("saved a checkpoint at step"),
+            "status: {st}"
+        );
+        assert!(
+            !job_events(&client, &ns.name, name, "Growing")
+                .await?
+                .is_empty()
+        );
+        let full = running_pods(&client, &ns.name, name, 3, 4).await?;
+        let stages = recovery_stages(&client, &ns.name, (name, 3, &full), back_at).await?;
+        println!("node 2 back, training again with 4 of 4 workers: {stages}");
+
+        let st = succeeded_after_one_preemption(&client, &ns.name, name).await?;
+        assert_eq!(st["progress"]["step"], ELASTIC_STEPS, "status: {st}");
+        pods_api.delete(&filler, &Default::default()).await?;
+        create_job(&client, &ns.name, elastic_twin("elastic-twin")).await?;
+        ends_as_its_baseline(&client, &ns.name, name, 3, "elastic-twin").await?;
+        let ledger: GoodputLedger =
+            serde_json::from_value(st["ledger"].clone()).context("status.ledger")?;
+        let sizes = ledger_check::check_sizes(
+            &ledger,
+            &pod_times.pods(name),
+            &[
+                SizedAttempt {
+                    attempt: 0,
+                    workers: 4,
+                    ended: Ended::FirstExit,
+                },
+                SizedAttempt {
+                    attempt: 2,
+                    workers: 2,
+                    ended: Ended::DecidedAt(grown),
+                },
+                SizedAttempt {
+                    attempt: 3,
+                    workers: 4,
+                    ended: Ended::LastExit,
+                },
+            ],
+        )?;
+        println!("ledger by size (wall s): {sizes:?}; {:?}", ledger.elastic);
+        Ok(())
+    })
+    .await;
+    // The filler goes whatever happened (deleting it twice is harmless).
+    let _ = pods_api.delete("filler", &Default::default()).await;
+    ns.cleanup().await?;
+    res
 }

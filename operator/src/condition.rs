@@ -26,6 +26,9 @@ pub const PROGRESS_CHANNEL: &str = "ProgressChannel";
 /// `spot.fallback: Cost` found that spot no longer pays: later attempts run on on-demand
 /// nodes (False: it still pays, or cannot be judged).
 pub const SPOT_FALLBACK: &str = "SpotFallback";
+/// `spec.elastic`: True while the attempt runs fewer workers than `spec.workers` (reason
+/// `CapacityGone`), False once it runs all of them again (`FullSize`).
+pub const SHRUNK: &str = "Shrunk";
 
 /// Sets a condition, moving lastTransitionTime only when the status flips.
 pub fn set_condition(

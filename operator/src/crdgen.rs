@@ -201,6 +201,7 @@ mod tests {
             [
                 "Phase",
                 "Workers",
+                "World",
                 "GPUs",
                 "Attempt",
                 "Preemptions",

@@ -19,7 +19,10 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::OperatorConfig;
-use crate::crd::{GoodputLedger, GpuMillis, LedgerStretch, MAX_LEDGER, RestartReason, StretchUse};
+use crate::crd::{
+    ElasticLedger, GoodputLedger, GpuMillis, LedgerStretch, MAX_LEDGER, RestartReason, SizeMillis,
+    StretchUse,
+};
 
 /// Milliseconds in an hour: prices are per GPU-hour.
 const MILLIS_PER_HOUR: u128 = 3_600_000;
@@ -169,6 +172,7 @@ pub fn end(
         }
         per_gpu.lost_to_detection = millis_between(interrupted, decided);
         charge(ledger, &open, &per_gpu, config);
+        count_size(ledger, &open, span, config);
     } else {
         close_waiting(ledger, decided, config);
     }
@@ -183,12 +187,72 @@ pub fn end(
     settle(ledger);
 }
 
+/// An elastic attempt's `Running` stretch of `span` wall milliseconds, counted by its size in
+/// `ledger.elastic`; when it ran shrunk, with its cost and what every worker on on-demand
+/// nodes would have cost for as long.
+fn count_size(
+    ledger: &mut GoodputLedger,
+    stretch: &LedgerStretch,
+    span: u64,
+    config: &OperatorConfig,
+) {
+    let Some(size) = stretch.size.filter(|s| s.workers > 0) else {
+        return;
+    };
+    let gpus = u64::from(stretch.spot_gpus) + u64::from(stretch.on_demand_gpus);
+    let elastic = ledger.elastic.get_or_insert_with(ElasticLedger::default);
+    let at = match elastic
+        .by_workers
+        .binary_search_by_key(&(size.workers, size.of), |s| (s.workers, s.of))
+    {
+        Ok(at) => at,
+        Err(at) => {
+            elastic.by_workers.insert(
+                at,
+                SizeMillis {
+                    workers: size.workers,
+                    of: size.of,
+                    ..SizeMillis::default()
+                },
+            );
+            at
+        }
+    };
+    let entry = &mut elastic.by_workers[at];
+    entry.wall_millis = entry.wall_millis.saturating_add(span).min(MAX_LEDGER);
+    let gpu_millis = span.saturating_mul(gpus);
+    entry.gpu_millis = entry.gpu_millis.saturating_add(gpu_millis).min(MAX_LEDGER);
+    if size.workers >= size.of {
+        return;
+    }
+    for (spot, gpus) in [(true, stretch.spot_gpus), (false, stretch.on_demand_gpus)] {
+        if let Some(price) = micro_dollars_per_hour(config, &stretch.product, spot) {
+            let cost = price_of(span.saturating_mul(u64::from(gpus)), price);
+            elastic.shrunk_micro_dollars = elastic.shrunk_micro_dollars.saturating_add(cost);
+        }
+    }
+    if let Some(price) = micro_dollars_per_hour(config, &stretch.product, false) {
+        let full_gpus = gpus / u64::from(size.workers) * u64::from(size.of);
+        let cost = price_of(span.saturating_mul(full_gpus), price);
+        elastic.on_demand_instead_micro_dollars = elastic
+            .on_demand_instead_micro_dollars
+            .saturating_add(cost)
+            .min(MAX_LEDGER);
+    }
+    elastic.shrunk_micro_dollars = elastic.shrunk_micro_dollars.min(MAX_LEDGER);
+}
+
 /// The bucket the lost work of an attempt ending so goes to.
 fn loss_bucket(per_gpu: &mut GpuMillis, ending: Ending) -> &mut u64 {
     match ending {
         Ending::Restart(RestartReason::Failure) | Ending::Failed => &mut per_gpu.failed_attempts,
         Ending::Restart(RestartReason::Hang) => &mut per_gpu.hangs,
-        Ending::Restart(RestartReason::Preemption | RestartReason::Resume)
+        Ending::Restart(
+            RestartReason::Preemption
+            | RestartReason::Resume
+            | RestartReason::Shrink
+            | RestartReason::Grow,
+        )
         | Ending::Suspended
         | Ending::Succeeded => &mut per_gpu.lost_to_recompute,
     }

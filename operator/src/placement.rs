@@ -188,6 +188,45 @@ fn node_fits(
     Some(NodeFacts { product, spot })
 }
 
+/// The names of the nodes an attempt placed now could use (sorted): Ready and schedulable,
+/// meeting the GPU constraints and the spot mode `history` gives, with no termination notice,
+/// and not `silent`. With `gpu.selection: Cheapest`, only nodes of the product it would pin.
+pub fn fitting_nodes(
+    job: &ValidJob,
+    config: &OperatorConfig,
+    nodes_: &[&Node],
+    history: impl Into<SpotHistory>,
+    silent: &[String],
+) -> Vec<String> {
+    let (mode, _) = spot_mode(job, history);
+    let fitting: Vec<(&Node, NodeFacts)> = nodes_
+        .iter()
+        .filter(|n| !silent.iter().any(|s| s == nodes::name(n)))
+        .filter_map(|n| Some((*n, node_fits(job, config, mode, n)?)))
+        .collect();
+    let facts: Vec<NodeFacts> = fitting
+        .iter()
+        .map(|(_, f)| NodeFacts {
+            product: f.product.clone(),
+            spot: f.spot,
+        })
+        .collect();
+    let pinned = (job.spec.gpu.selection == GpuSelection::Cheapest)
+        .then(|| cheapest_offer(config, mode, &facts))
+        .flatten();
+    let mut names: Vec<String> = fitting
+        .iter()
+        .filter(|(_, f)| {
+            pinned
+                .as_ref()
+                .is_none_or(|(p, _, _)| f.product.as_ref() == Some(p))
+        })
+        .map(|(n, _)| nodes::name(n).to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Whether the node carries a termination notice (a taint of the provider table): it is
 /// going away, so no new pod may go there, even one whose template tolerates every taint.
 fn noticed(config: &OperatorConfig, node: &Node) -> bool {

@@ -70,24 +70,50 @@ impl AttemptStart {
     }
 }
 
+/// Which worker of which attempt a pod is, and how many workers that attempt has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seat {
+    /// The worker's rank.
+    pub rank: u32,
+    /// The attempt.
+    pub attempt: u32,
+    /// The attempt's workers: `spec.workers`, fewer after an elastic job shrank.
+    pub workers: u32,
+}
+
+impl Seat {
+    /// `rank` of an attempt with every worker the spec asks for.
+    pub fn full(job: &ValidJob, rank: u32, attempt: u32) -> Self {
+        Self {
+            rank,
+            attempt,
+            workers: job.spec.workers,
+        }
+    }
+}
+
 /// The environment the operator gives the trainer, in a stable order.
 ///
 /// `RESUME_FROM` names `resume_file` in the checkpoint directory when the trainers reported a
 /// step-addressed checkpoint (`status.resumePoint`), `latest.pt` otherwise.
 pub fn trainer_env(
     job: &ValidJob,
-    rank: u32,
-    attempt: u32,
+    seat: Seat,
     start: AttemptStart,
     resume_file: Option<&str>,
 ) -> Vec<(String, String)> {
+    let Seat {
+        rank,
+        attempt,
+        workers,
+    } = seat;
     let dir = job.spec.checkpoint.mount_path.trim_end_matches('/');
     let dir = if dir.is_empty() { "/" } else { dir };
     let checkpoint = format!("{}/{CHECKPOINT_FILE}", dir.trim_end_matches('/'));
     let master = format!("{}.{}", job.pod_name(0), job.name);
     // torchrun needs at least one process per node, also for CPU-only jobs.
     let nproc = job.spec.gpus_per_worker.max(1);
-    let world = u64::from(job.spec.workers) * u64::from(nproc);
+    let world = u64::from(workers) * u64::from(nproc);
     let mut env = vec![
         (env::CHECKPOINT_DIR.to_owned(), dir.to_owned()),
         (env::CHECKPOINT_PATH.to_owned(), checkpoint.clone()),
@@ -109,11 +135,11 @@ pub fn trainer_env(
             (env::TRAINYARD_RESTART_REASON, reason.to_owned()),
             (env::MASTER_ADDR, master.clone()),
             (env::MASTER_PORT, MASTER_PORT.to_string()),
-            (env::NNODES, job.spec.workers.to_string()),
+            (env::NNODES, workers.to_string()),
             (env::NODE_RANK, rank.to_string()),
             (env::NPROC_PER_NODE, nproc.to_string()),
             (env::WORLD_SIZE, world.to_string()),
-            (env::PET_NNODES, job.spec.workers.to_string()),
+            (env::PET_NNODES, workers.to_string()),
             (env::PET_NODE_RANK, rank.to_string()),
             (env::PET_NPROC_PER_NODE, nproc.to_string()),
             (env::PET_MASTER_ADDR, master),
@@ -127,6 +153,10 @@ pub fn trainer_env(
         ]
         .map(|(k, v)| (k.to_owned(), v)),
     );
+    if job.spec.elastic.is_some() {
+        let full = u64::from(job.spec.workers) * u64::from(nproc);
+        env.push((env::TRAINYARD_FULL_WORLD_SIZE.to_owned(), full.to_string()));
+    }
     env
 }
 
@@ -203,13 +233,13 @@ fn merge_node_affinity(
 /// The pod of one rank in one attempt.
 pub fn desired_pod(
     job: &ValidJob,
-    rank: u32,
-    attempt: u32,
+    seat: Seat,
     start: AttemptStart,
     resume_file: Option<&str>,
     placement: &Placement,
     progress: Option<&ProgressChannel>,
 ) -> Pod {
+    let Seat { rank, attempt, .. } = seat;
     let template = &job.spec.template;
     let name = job.pod_name(rank);
     let tmeta = template.metadata.clone().unwrap_or_default();
@@ -225,7 +255,7 @@ pub fn desired_pod(
     place(&mut spec, placement);
     mount_checkpoint_claim(&mut spec, job);
     if let Some(trainer) = spec.containers.get_mut(job.trainer_index) {
-        equip_trainer(trainer, job, rank, attempt, start, resume_file);
+        equip_trainer(trainer, job, seat, start, resume_file);
     }
     if let Some(channel) = progress {
         // The supervisor's grace for the old attempt is the pod's, as if it were deleted.
@@ -353,14 +383,13 @@ fn connect_progress_channel(
 fn equip_trainer(
     trainer: &mut Container,
     job: &ValidJob,
-    rank: u32,
-    attempt: u32,
+    seat: Seat,
     start: AttemptStart,
     resume_file: Option<&str>,
 ) {
     let env = trainer.env.get_or_insert_with(Vec::new);
     // Values the user sets win: ours only fill in what is missing.
-    for (k, v) in trainer_env(job, rank, attempt, start, resume_file) {
+    for (k, v) in trainer_env(job, seat, start, resume_file) {
         if !env.iter().any(|e| e.name == k) {
             env.push(EnvVar {
                 name: k,
@@ -437,7 +466,14 @@ mod tests {
         let n = node("n-1").gpus(8).product("NVIDIA-A100-SXM4-80GB").build();
         let placement = place(&job, &OperatorConfig::default(), &[&n], 0);
         let start = AttemptStart::of(attempt, restart, false);
-        desired_pod(&job, rank, attempt, start, None, &placement, None)
+        desired_pod(
+            &job,
+            Seat::full(&job, rank, attempt),
+            start,
+            None,
+            &placement,
+            None,
+        )
     }
 
     #[test]
@@ -522,9 +558,14 @@ mod tests {
             let attempt = parts.next().and_then(|a| a.parse().ok()).expect("attempt");
             (created, attempt)
         };
-        let env: BTreeMap<_, _> = trainer_env(&old, 0, 5, AttemptStart::of(5, None, false), None)
-            .into_iter()
-            .collect();
+        let env: BTreeMap<_, _> = trainer_env(
+            &old,
+            Seat::full(&old, 0, 5),
+            AttemptStart::of(5, None, false),
+            None,
+        )
+        .into_iter()
+        .collect();
         let old_token = env[env::TRAINYARD_FENCE_TOKEN].clone();
         assert_eq!(old_token, format!("1800000000:5:{}", old.uid));
         let new_token = fence_token(&again, 0);
@@ -539,13 +580,17 @@ mod tests {
     fn first_attempt_on_a_claim_that_was_there_resumes_from_it() {
         let job = validate(&job_yaml("workers: 2\n")).expect("valid");
         let start = AttemptStart::of(0, None, true);
-        let env: BTreeMap<_, _> = trainer_env(&job, 0, 0, start, None).into_iter().collect();
+        let env: BTreeMap<_, _> = trainer_env(&job, Seat::full(&job, 0, 0), start, None)
+            .into_iter()
+            .collect();
         assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
         assert_eq!(env[env::TRAINYARD_ATTEMPT], "0");
         assert_eq!(env[env::TRAINYARD_RESTART_REASON], "ExistingClaim");
         // A later attempt on such a claim says why it restarted.
         let later = AttemptStart::of(1, Some(RestartReason::Hang), true);
-        let env: BTreeMap<_, _> = trainer_env(&job, 0, 1, later, None).into_iter().collect();
+        let env: BTreeMap<_, _> = trainer_env(&job, Seat::full(&job, 0, 1), later, None)
+            .into_iter()
+            .collect();
         assert_eq!(env[env::RESUME_FROM], "/mnt/checkpoints/latest.pt");
         assert_eq!(env[env::TRAINYARD_RESTART_REASON], "Hang");
     }
@@ -555,7 +600,9 @@ mod tests {
         let job = validate(&job_yaml("workers: 2\n")).expect("valid");
         let later = AttemptStart::of(3, Some(RestartReason::Preemption), false);
         let resume = |file| -> String {
-            let env: BTreeMap<_, _> = trainer_env(&job, 1, 3, later, file).into_iter().collect();
+            let env: BTreeMap<_, _> = trainer_env(&job, Seat::full(&job, 1, 3), later, file)
+                .into_iter()
+                .collect();
             env[env::RESUME_FROM].clone()
         };
         assert_eq!(
@@ -569,10 +616,14 @@ mod tests {
         );
         assert_eq!(resume(None), "/mnt/checkpoints/latest.pt");
         // A fresh start resumes from nothing, whatever the status says.
-        let fresh: BTreeMap<_, _> =
-            trainer_env(&job, 0, 0, AttemptStart::Fresh, Some("step-1-a0.pt"))
-                .into_iter()
-                .collect();
+        let fresh: BTreeMap<_, _> = trainer_env(
+            &job,
+            Seat::full(&job, 0, 0),
+            AttemptStart::Fresh,
+            Some("step-1-a0.pt"),
+        )
+        .into_iter()
+        .collect();
         assert!(!fresh.contains_key(env::RESUME_FROM));
     }
 
@@ -724,8 +775,7 @@ mod tests {
         };
         let pod = desired_pod(
             &job,
-            1,
-            0,
+            Seat::full(&job, 1, 0),
             AttemptStart::Fresh,
             None,
             &placement,
@@ -764,7 +814,14 @@ mod tests {
         );
 
         // Without the channel the pod is as before: no URL, no token.
-        let plain = desired_pod(&job, 1, 0, AttemptStart::Fresh, None, &placement, None);
+        let plain = desired_pod(
+            &job,
+            Seat::full(&job, 1, 0),
+            AttemptStart::Fresh,
+            None,
+            &placement,
+            None,
+        );
         assert!(!env_of(&plain).contains_key(env::TRAINYARD_PROGRESS_URL));
         assert!(
             plain

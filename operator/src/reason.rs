@@ -76,3 +76,10 @@ pub const UNSCHEDULABLE: &str = "Unschedulable";
 pub const RUNNING: &str = "Running";
 pub const ALL_WORKERS_RUNNING: &str = "AllWorkersRunning";
 pub const RESTARTED: &str = "Restarted";
+/// `spec.elastic`: the gang restarts with fewer workers (Event, restart reason `Shrink`).
+pub const SHRINKING: &str = "Shrinking";
+/// `spec.elastic`: the gang restarts with more workers (Event, restart reason `Grow`).
+pub const GROWING: &str = "Growing";
+/// The condition `Shrunk`: the attempt runs fewer workers than `spec.workers`, or all of them.
+pub const CAPACITY_GONE: &str = "CapacityGone";
+pub const FULL_SIZE: &str = "FullSize";

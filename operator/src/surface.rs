@@ -17,7 +17,7 @@ pub use crate::crdgen::crd;
 pub use crate::events::attempt_event_name;
 pub use crate::metrics::Metrics;
 pub use crate::placement::{Placement, place};
-pub use crate::pods::{AttemptStart, desired_pod};
+pub use crate::pods::{AttemptStart, Seat, desired_pod};
 pub use crate::service::desired_service;
 pub use crate::validate::{InvalidSpec, ValidJob, pod_name, validate};
 pub use crate::writes::{FIELD_MANAGER, apply_status};

@@ -8,9 +8,10 @@ use kube::Resource;
 
 use crate::config::TemplatePolicy;
 use crate::crd::{
-    AccessMode, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER, MAX_GRACE_SECONDS,
-    MAX_MIN_MEMORY_GIB, MAX_PROGRESS_TIMEOUT_SECONDS, MAX_RESTARTS, MAX_WORKERS,
-    MIN_PROGRESS_TIMEOUT_SECONDS, TrainingJob, TrainingJobSpec,
+    AccessMode, ElasticSpec, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER,
+    MAX_GRACE_SECONDS, MAX_MIN_MEMORY_GIB, MAX_PROGRESS_TIMEOUT_SECONDS,
+    MAX_REPLACEMENT_WAIT_SECONDS, MAX_RESTARTS, MAX_WORKERS, MIN_PROGRESS_TIMEOUT_SECONDS,
+    TrainingJob, TrainingJobSpec,
 };
 use crate::trainer;
 use trainyard_api::Version;
@@ -173,6 +174,36 @@ fn check_bounds(spec: &TrainingJobSpec) -> Result<(), InvalidSpec> {
     )?;
     if let Some(d) = spec.active_deadline_seconds {
         within("spec.activeDeadlineSeconds", d, 1, MAX_DEADLINE_SECONDS)?;
+    }
+    if let Some(elastic) = &spec.elastic {
+        check_elastic(spec, elastic)?;
+    }
+    Ok(())
+}
+
+/// `spec.elastic`: at least one worker, no more than the spec has, and GPUs to judge
+/// capacity by (the gang grows back when the free GPUs of fitting nodes hold the missing
+/// workers).
+fn check_elastic(spec: &TrainingJobSpec, elastic: &ElasticSpec) -> Result<(), InvalidSpec> {
+    within(
+        "spec.elastic.minWorkers",
+        elastic.min_workers,
+        1,
+        spec.workers,
+    )?;
+    within(
+        "spec.elastic.replacementWaitSeconds",
+        elastic.replacement_wait_seconds,
+        0,
+        MAX_REPLACEMENT_WAIT_SECONDS,
+    )?;
+    if spec.gpus_per_worker == 0 {
+        return Err(InvalidSpec::new(
+            "spec.elastic",
+            "needs gpusPerWorker of at least 1: the gang grows back when the free GPUs of the \
+             nodes that fit hold its missing workers, and a CPU job's capacity cannot be read \
+             so",
+        ));
     }
     Ok(())
 }

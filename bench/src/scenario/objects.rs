@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use trainyard_operator::surface::{
-    self, AttemptStart, OperatorConfig, Phase, RestartReason, TrainingJob, TrainingJobStatus,
+    self, AttemptStart, OperatorConfig, Phase, RestartReason, Seat, TrainingJob, TrainingJobStatus,
     desired_pod, desired_service, validate,
 };
 
@@ -92,7 +92,14 @@ pub(super) fn floor_pods(
                 .map(|rank| {
                     let restart = (attempt > 0).then_some(RestartReason::Preemption);
                     let start = AttemptStart::of(attempt, restart, false);
-                    let mut pod = desired_pod(&valid, rank, attempt, start, None, &place, None);
+                    let mut pod = desired_pod(
+                        &valid,
+                        Seat::full(&valid, rank, attempt),
+                        start,
+                        None,
+                        &place,
+                        None,
+                    );
                     pod.metadata.owner_references = None;
                     pod
                 })

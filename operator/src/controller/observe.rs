@@ -3,9 +3,11 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use kube::api::ListParams;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
@@ -32,6 +34,9 @@ pub(super) struct Caches {
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     /// Whether every cache a decision reads has been listed once (see [`Readiness`]).
     ready: Readiness,
+    /// Set once listing pods of every namespace was forbidden (an operator that watches one
+    /// namespace): [`Caches::read_gpus_in_use`] lists the job's namespace from then on.
+    cluster_pods_forbidden: std::sync::atomic::AtomicBool,
 }
 
 /// Whether the caches a decision reads have been listed once: one task waits for each
@@ -126,6 +131,7 @@ impl Caches {
             services,
             claims,
             ready,
+            cluster_pods_forbidden: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -167,6 +173,7 @@ impl Caches {
         Observed {
             pods,
             sibling_placement: None,
+            gpus_in_use: None,
             progress: None,
             foreign,
             nodes: self.nodes.state(),
@@ -214,8 +221,8 @@ impl Caches {
     ) -> Result<(), Error> {
         let ns = job.namespace.as_str();
         let held = |rank| observed.is_unseen(Kind::Pod, &pod_name(&job.name, rank));
-        let Some(cached) = plan::sibling_to_read(&observed.pods, current, job.spec.workers, held)
-        else {
+        let workers = plan::attempt_workers(job, current);
+        let Some(cached) = plan::sibling_to_read(&observed.pods, current, workers, held) else {
             return Ok(());
         };
         let name = cached.name_any();
@@ -232,6 +239,84 @@ impl Caches {
         observed.sibling_placement = Some(SiblingPlacement::of(&whole));
         Ok(())
     }
+}
+
+impl Caches {
+    /// Reads the GPUs in use on each node an elastic job that runs shrunk could grow onto
+    /// ([`plan::nodes_to_weigh`]) into [`Observed::gpus_in_use`]: the requests of the
+    /// unfinished pods bound there, of every namespace when the operator may list them, else
+    /// of the job's namespace (an operator that watches one namespace: pods of other
+    /// namespaces are not seen, and a grow that finds no room waits for the next shrink).
+    pub(super) async fn read_gpus_in_use(
+        &self,
+        job: &ValidJob,
+        current: &TrainingJobStatus,
+        observed: &mut Observed,
+        config: &crate::config::OperatorConfig,
+    ) -> Result<(), Error> {
+        let node_refs = observed.node_refs();
+        let silent: Vec<String> = observed.liveness.silent.keys().cloned().collect();
+        let names = plan::nodes_to_weigh(job, current, &node_refs, &silent, config);
+        if names.is_empty() {
+            return Ok(());
+        }
+        crate::watchdog::stage("reading the GPUs in use on nodes an elastic job could grow onto");
+        let resource = &job.spec.gpu.resource_name;
+        let mut in_use = std::collections::BTreeMap::new();
+        for name in names {
+            let params = ListParams::default().fields(&format!("spec.nodeName={name}"));
+            let namespaced = Api::<Pod>::namespaced(self.client.clone(), &job.namespace);
+            let pods = if self.cluster_pods_forbidden.load(Ordering::Relaxed) {
+                namespaced.list(&params).await
+            } else {
+                match Api::<Pod>::all(self.client.clone()).list(&params).await {
+                    Err(kube::Error::Api(e)) if e.code == 403 => {
+                        self.cluster_pods_forbidden.store(true, Ordering::Relaxed);
+                        namespaced.list(&params).await
+                    }
+                    listed => listed,
+                }
+            }
+            .map_err(Error::kube(format!("listing the pods on node {name}")))?;
+            let used: u64 = pods.items.iter().map(|p| gpus_requested(p, resource)).sum();
+            in_use.insert(name, used);
+        }
+        observed.gpus_in_use = Some(in_use);
+        Ok(())
+    }
+}
+
+/// The GPUs `resource` an unfinished pod holds: its containers' limits (extended resources
+/// have requests equal to limits), or the largest init container's if more.
+fn gpus_requested(pod: &Pod, resource: &str) -> u64 {
+    let finished = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    let Some(spec) = pod.spec.as_ref().filter(|_| !finished) else {
+        return 0;
+    };
+    let of = |c: &k8s_openapi::api::core::v1::Container| -> u64 {
+        let r = c.resources.as_ref();
+        r.and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get(resource))
+            .or_else(|| {
+                r.and_then(|r| r.requests.as_ref())
+                    .and_then(|q| q.get(resource))
+            })
+            .and_then(|q| q.0.parse().ok())
+            .unwrap_or(0)
+    };
+    let main: u64 = spec.containers.iter().map(of).sum();
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(of)
+        .max()
+        .unwrap_or(0);
+    main.max(init)
 }
 
 /// The ranks whose pods one reconcile looks up: every rank of the spec, then each recorded

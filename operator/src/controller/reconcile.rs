@@ -191,6 +191,9 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
     ctx.caches
         .read_sibling_placement(valid, &known.current, &mut observed)
         .await?;
+    ctx.caches
+        .read_gpus_in_use(valid, &known.current, &mut observed, &ctx.config)
+        .await?;
     let plan = plan::decide(valid, &observed, &known.current, &ctx.config);
     Ok(Round { plan, known, now })
 }

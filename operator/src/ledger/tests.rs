@@ -19,6 +19,7 @@ fn placed(spot_gpus: u32, on_demand_gpus: u32, product: &str) -> LedgerStretch {
         spot_gpus,
         on_demand_gpus,
         product: product.to_owned(),
+        size: None,
     }
 }
 

@@ -33,6 +33,8 @@ pub(super) fn restart_event(
         RestartReason::Preemption => JobEvent::warning(reason::PREEMPTED, note),
         RestartReason::Failure => JobEvent::warning(reason::WORKER_FAILED, note),
         RestartReason::Hang => JobEvent::warning(reason::HANG, note),
+        RestartReason::Shrink => JobEvent::warning(reason::SHRINKING, note),
+        RestartReason::Grow => JobEvent::normal(reason::GROWING, note),
         RestartReason::Resume => return resume_event(attempt, at),
     };
     event.starting_attempt(attempt, at)
@@ -107,6 +109,8 @@ mod tests {
             (RestartReason::Failure, reason::WORKER_FAILED),
             (RestartReason::Hang, reason::HANG),
             (RestartReason::Resume, reason::RESUMED),
+            (RestartReason::Shrink, reason::SHRINKING),
+            (RestartReason::Grow, reason::GROWING),
         ] {
             let mut events = vec![JobEvent::normal(reason::CREATING_WORKERS, "x")];
             tell_attempt_start(&mut events, &restarted(4, why, at), now);

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::round::Round;
 use super::view::View;
 use crate::cached_pod::CachedPod;
-use crate::crd::{GoodputLedger, LedgerStretch, Phase, RestartReason, StretchUse};
+use crate::crd::{GangSize, GoodputLedger, LedgerStretch, Phase, RestartReason, StretchUse};
 use crate::ledger::{self, Ending, Loss, Progress};
 use crate::preemption::{NodeView, WorkerState, trainer_status};
 use k8s_openapi::api::core::v1::ContainerState;
@@ -198,11 +198,7 @@ fn progress(view: &View<'_>, round: &Round, open: &LedgerStretch) -> Progress {
 /// The attempt's GPUs as placed for its first pods (the capacity type chosen, not known per
 /// node yet).
 fn planned(view: &View<'_>, round: &Round, attempt: u32) -> LedgerStretch {
-    let gpus = view
-        .job
-        .spec
-        .workers
-        .saturating_mul(view.job.spec.gpus_per_worker);
+    let gpus = view.workers.saturating_mul(view.job.spec.gpus_per_worker);
     let selected = round.st.selected_gpu.as_ref();
     let spot = selected.is_some_and(|s| s.spot);
     LedgerStretch {
@@ -212,6 +208,10 @@ fn planned(view: &View<'_>, round: &Round, attempt: u32) -> LedgerStretch {
         spot_gpus: if spot { gpus } else { 0 },
         on_demand_gpus: if spot { 0 } else { gpus },
         product: selected.map(|s| s.product.clone()).unwrap_or_default(),
+        size: view.job.spec.elastic.as_ref().map(|_| GangSize {
+            workers: view.workers,
+            of: view.job.spec.workers,
+        }),
     }
 }
 

@@ -168,9 +168,10 @@ fn unkeepable(view: &View<'_>, pod: &CachedPod, attempt: u32) -> Option<String> 
     }
 }
 
-/// The current attempt's workers that keep their pods through the restart decided now, and
-/// the detail of the others: why each is replaced.
-pub(crate) fn keep(view: &View<'_>) -> (RankSet, Vec<String>) {
+/// The current attempt's workers that keep their pods through the restart decided now to an
+/// attempt of `size` workers, and the detail of the others: why each is replaced (a rank at
+/// or past `size` has no place in the next attempt).
+pub(crate) fn keep(view: &View<'_>, size: u32) -> (RankSet, Vec<String>) {
     if !enabled(view) {
         return (RankSet::default(), Vec::new());
     }
@@ -180,6 +181,7 @@ pub(crate) fn keep(view: &View<'_>) -> (RankSet, Vec<String>) {
     for rank in 0..view.workers {
         let why = match view.census.current.get(&rank) {
             None => "its pod is gone".to_owned(),
+            Some(_) if rank >= size => format!("the gang shrinks to {size} worker(s)"),
             Some(pod) => match view.census.states.get(&rank) {
                 Some(WorkerState::Preempted(_)) => "it was preempted".to_owned(),
                 _ => match unkeepable(view, pod, attempt) {

@@ -50,9 +50,11 @@ mod view;
 
 use attempt_start::tell_attempt_start;
 pub use phases::PhaseName;
+pub use phases::elastic::nodes_to_weigh;
 pub use reads::sibling_to_read;
 use round::Round;
 use view::View;
+pub use view::attempt_workers;
 
 /// Cap of the exponential failure backoff.
 pub const MAX_BACKOFF: SignedDuration = SignedDuration::from_secs(600);
@@ -69,6 +71,10 @@ pub struct Observed {
     /// deciding when some rank of the current attempt is missing and was not just created
     /// ([`sibling_to_read`]); the missing ranks are then created beside that pod.
     pub sibling_placement: Option<SiblingPlacement>,
+    /// GPUs requested by the unfinished pods bound to each node an elastic job that runs shrunk
+    /// could grow onto, read whole from the API server when [`nodes_to_weigh`] names nodes
+    /// (the caches hold neither other jobs' pods nor requests); None otherwise.
+    pub gpus_in_use: Option<std::collections::BTreeMap<String, u64>>,
     /// Objects that hold one of the job's names (a pod's, the Service's, the created PVC's)
     /// but are not the job's ([`crate::ownership::foreign`]).
     pub foreign: Vec<Foreign>,
@@ -229,7 +235,8 @@ impl Observed {
         }
     }
 
-    fn node_refs(&self) -> Vec<&Node> {
+    /// Every node, borrowed.
+    pub fn node_refs(&self) -> Vec<&Node> {
         self.nodes.iter().map(|n| n.as_ref()).collect()
     }
 }
@@ -495,10 +502,14 @@ fn worker_pod(
         st.last_restart.as_ref().map(|l| l.reason),
         view.observed.claim.as_ref().is_some_and(|c| c.inherited),
     );
+    let seat = crate::pods::Seat {
+        rank,
+        attempt: st.attempt,
+        workers: view::attempt_workers(view.job, st),
+    };
     crate::pods::desired_pod(
         view.job,
-        rank,
-        st.attempt,
+        seat,
         start,
         st.resume_point.as_ref().map(|r| r.file.as_str()),
         placement,

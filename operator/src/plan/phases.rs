@@ -22,6 +22,7 @@ use crate::reason;
 use crate::validate::InvalidSpec;
 use crate::{nodes, pvc, service};
 
+pub(super) mod elastic;
 mod progress;
 mod restart;
 
@@ -46,6 +47,8 @@ pub enum PhaseName {
     GangRestart,
     /// The trainers' progress stopped advancing for `progressTimeoutSeconds`.
     Hang,
+    /// `spec.elastic`: a shrunk gang with room for more workers grows, after a checkpoint.
+    Grow,
     /// A termination notice on a running worker's node: checkpoint, then restart from it.
     TerminationNotice,
     /// Every trainer exited 0.
@@ -64,6 +67,8 @@ pub enum PhaseName {
     Create,
     /// Whether the workers can be placed.
     Unschedulable,
+    /// `spec.elastic`: workers that cannot be placed for a while: the gang shrinks.
+    Shrink,
     /// Whether every worker runs.
     Running,
 }
@@ -82,6 +87,7 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
     (PhaseName::Progress, progress::record_progress),
     (PhaseName::GangRestart, restart::gang_restart),
     (PhaseName::Hang, progress::hang),
+    (PhaseName::Grow, elastic::grow),
     (PhaseName::TerminationNotice, progress::termination_notice),
     (PhaseName::Success, success),
     (PhaseName::DrainOldAttempt, drain_old_attempt),
@@ -91,6 +97,7 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
     (PhaseName::WithdrawnNotice, withdrawn_notice),
     (PhaseName::Create, create),
     (PhaseName::Unschedulable, unschedulable),
+    (PhaseName::Shrink, elastic::shrink),
     (PhaseName::Running, running),
 ];
 
@@ -465,6 +472,9 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
     for &rank in &missing {
         let pod = super::worker_pod(view, &round.st, rank, &placement);
         round.actions.push(Action::CreatePod(Box::new(pod)));
+    }
+    if view.job.spec.elastic.is_some() && round.st.world_size.is_none() {
+        round.st.world_size = Some(view.workers);
     }
     if round.st.start_time.is_none() {
         round.st.start_time = Some(Time(view.now));

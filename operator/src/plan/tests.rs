@@ -32,6 +32,8 @@ struct World {
     told: Option<u32>,
     /// What the workers' in-place restart supervisors last said.
     supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,
+    /// The GPUs in use per node, as the controller reads them for an elastic job.
+    gpus_in_use: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 impl World {
@@ -50,6 +52,7 @@ impl World {
             progress: None,
             told: None,
             supervisors: Vec::new(),
+            gpus_in_use: None,
         }
     }
 
@@ -61,6 +64,7 @@ impl World {
                 .map(|p| Arc::new(CachedPod::from(p.as_ref())))
                 .collect(),
             sibling_placement: self.sibling_placement(),
+            gpus_in_use: self.gpus_in_use.clone(),
             progress: self.progress.clone(),
             foreign: Vec::new(),
             nodes: self.nodes.clone(),
@@ -307,6 +311,7 @@ fn env(pod: &Pod, key: &str) -> Option<String> {
         .clone()
 }
 
+mod elastic;
 mod in_place;
 
 #[test]

@@ -26,7 +26,8 @@ pub(crate) struct View<'a> {
     pub classifier: ClassifierConfig,
     pub now: Timestamp,
     pub generation: Option<i64>,
-    /// Workers the spec asks for.
+    /// Workers of the attempt the round started in: the spec's, or fewer after an elastic job
+    /// shrank ([`attempt_workers`]).
     pub workers: u32,
     /// The attempt this round works on and its workers.
     pub census: Census<'a>,
@@ -47,7 +48,7 @@ impl<'a> View<'a> {
             classifier: ClassifierConfig::from_config(config),
             now: observed.now,
             generation: job.generation,
-            workers: job.spec.workers,
+            workers: attempt_workers(job, current),
             census: Census::default(),
         };
         // A resume in this round starts the next attempt, with no worker recorded yet.
@@ -58,6 +59,16 @@ impl<'a> View<'a> {
         };
         view.census = Census::take(&view, attempt, &recorded);
         view
+    }
+}
+
+/// The workers of the attempt `status` records: `spec.workers`, unless the job is elastic and
+/// its gang shrank (`status.worldSize`, never more than the spec asks for).
+pub fn attempt_workers(job: &ValidJob, status: &TrainingJobStatus) -> u32 {
+    let full = job.spec.workers;
+    match (&job.spec.elastic, status.world_size) {
+        (Some(_), Some(size)) => size.clamp(1, full),
+        _ => full,
     }
 }
 

@@ -31,7 +31,7 @@ const REPORTS_STOPPED_AFTER: SignedDuration = PROGRESS_REFRESH;
 const HANG_RECHECK: SignedDuration = SignedDuration::from_secs(5);
 
 /// The reports of the attempt this round works on.
-fn current<'v>(view: &'v View<'_>, round: &Round) -> Option<&'v ObservedProgress> {
+pub(super) fn current<'v>(view: &'v View<'_>, round: &Round) -> Option<&'v ObservedProgress> {
     view.observed
         .progress
         .as_ref()
@@ -167,7 +167,7 @@ fn report_channel(view: &View<'_>, round: &mut Round, p: &ObservedProgress) {
 }
 
 /// Whether every worker of the attempt runs.
-fn all_running(view: &View<'_>) -> bool {
+pub(super) fn all_running(view: &View<'_>) -> bool {
     view.census.missing(view.workers).is_empty()
         && (0..view.workers).all(|r| {
             matches!(
@@ -193,7 +193,7 @@ fn last_sign_of_work(view: &View<'_>, round: &Round, p: &ObservedProgress) -> Op
 }
 
 /// When the standing checkpoint request of the attempt was made, if one stands.
-fn requested_time(round: &Round) -> Option<Timestamp> {
+pub(super) fn requested_time(round: &Round) -> Option<Timestamp> {
     round
         .st
         .progress
@@ -267,7 +267,7 @@ pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
 }
 
 /// The first running worker whose node carries a termination taint, with the taint.
-fn noticed<'v>(view: &'v View<'_>) -> Option<(u32, &'v str, &'v str)> {
+pub(super) fn noticed<'v>(view: &'v View<'_>) -> Option<(u32, &'v str, &'v str)> {
     view.census.current.iter().find_map(|(&rank, pod)| {
         if !matches!(
             view.census.states.get(&rank),
@@ -335,12 +335,14 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
     )
 }
 
-/// No notice stands (the provider abandoned the disruption): a request the trainers have
-/// answered is withdrawn and `checkpointRequestedTime` cleared, so that a later notice asks
+/// No notice stands (the provider abandoned the disruption), nor a grow's request: a request
+/// the trainers have answered is withdrawn and `checkpointRequestedTime` cleared, so that a later notice asks
 /// for a checkpoint at the step reached by then instead of restarting from this one. A
 /// request not answered yet stands (the trainers may be saving) until its checkpoint comes.
 fn notice_gone(round: &mut Round, p: &ObservedProgress) {
-    if p.checkpoint_requested.is_some() {
+    // A request stands while the trainers have not answered it, or while a grow asks for it
+    // (`elastic::grow`).
+    if p.checkpoint_requested.is_some() || round.checkpoint_request.is_some() {
         return;
     }
     if p.checkpoint_saved_on_request.is_some() {

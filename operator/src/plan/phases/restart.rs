@@ -71,8 +71,10 @@ fn count(round: &mut Round, view: &View<'_>, reason: RestartReason) -> Budget {
         ),
         // A resume is not a gang restart of a running job (see the resume phase).
         RestartReason::Resume => (&mut st.preemptions, u32::MAX, "", "", "", reason::RESUMED),
+        RestartReason::Shrink => (&mut st.preemptions, u32::MAX, "", "", "", reason::SHRINKING),
+        RestartReason::Grow => (&mut st.preemptions, u32::MAX, "", "", "", reason::GROWING),
     };
-    if reason != RestartReason::Resume {
+    if reason.counted() {
         *counter = counter.saturating_add(1);
     }
     Budget {
@@ -168,7 +170,7 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
         Some(next) => Ok(next),
     };
     match next_attempt {
-        Ok(next) => restart(view, round, next, reason, &detail),
+        Ok(next) => restart(view, round, next, reason, &detail, view.job.spec.workers),
         Err((why, message)) => {
             round.events.push(JobEvent::warning(event, detail.clone()));
             round.fail(view, why, &message);
@@ -179,13 +181,48 @@ pub(super) fn restart_for(view: &View<'_>, round: &mut Round, cause: Cause) -> F
     Flow::Stop
 }
 
-/// Moves to attempt `next` and stops every pod, which is now from an older attempt. One Event
-/// says why and what follows, and starts the attempt (see `attempt_start`).
-fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason, detail: &str) {
+/// Restarts an elastic gang with `size` workers for `reason` (`Shrink` or `Grow`), counted
+/// against no budget; fails the job when the attempt number is spent.
+pub(super) fn resize(
+    view: &View<'_>,
+    round: &mut Round,
+    reason: RestartReason,
+    size: u32,
+    detail: &str,
+) -> Flow {
+    match round.st.attempt.checked_add(1) {
+        Some(next) => restart(view, round, next, reason, detail, size),
+        None => {
+            round.fail(
+                view,
+                reason::ATTEMPT_LIMIT_REACHED,
+                &attempt_limit_message(detail),
+            );
+            round.record_workers(view);
+            round.remove_running_pods(view);
+        }
+    }
+    Flow::Stop
+}
+
+/// Moves to attempt `next` with `size` workers and stops every pod, which is now from an
+/// older attempt. One Event says why and what follows, and starts the attempt (see
+/// `attempt_start`).
+fn restart(
+    view: &View<'_>,
+    round: &mut Round,
+    next: u32,
+    reason: RestartReason,
+    detail: &str,
+    size: u32,
+) {
     let now = view.now;
-    let (kept, replaced) = in_place::keep(view);
+    let (kept, replaced) = in_place::keep(view, size);
     let st = &mut round.st;
     st.attempt = next;
+    if view.job.spec.elastic.is_some() {
+        st.world_size = Some(size);
+    }
     st.phase = Some(Phase::Restarting);
     st.clear_workers();
     st.last_restart = Some(LastRestart {
@@ -197,6 +234,9 @@ fn restart(view: &View<'_>, round: &mut Round, next: u32, reason: RestartReason,
     let message = format!("attempt {next} after {}: {detail}", reason.as_str());
     round.condition(view, condition::RESTARTING, true, reason.as_str(), &message);
     round.condition(view, condition::RUNNING, false, reason.as_str(), &message);
+    if view.job.spec.elastic.is_some() {
+        super::elastic::shrunk_condition(view, round, size, detail);
+    }
     let policy = &view.job.spec.restart_policy;
     let wait = if reason == RestartReason::Failure {
         let b = failure_backoff(policy.backoff_seconds, round.st.failures);

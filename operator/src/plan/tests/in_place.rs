@@ -29,6 +29,12 @@ fn supervised_world(yaml: &str) -> World {
 }
 
 impl World {
+    /// The supervisors of ranks 0 and 1 say the same.
+    fn supervisors_0_and_1(&mut self, attempt: u32, state: SupervisedState) {
+        self.supervisor(0, attempt, state);
+        self.supervisor(1, attempt, state);
+    }
+
     fn uid(&self, rank: u32) -> String {
         let name = self.job.pod_name(rank);
         self.pods
@@ -444,4 +450,88 @@ fn a_reported_exit_beside_a_late_lease_is_a_failure() {
         plan.status.last_restart
     );
     assert_eq!((plan.status.failures, plan.status.preemptions), (1, 0));
+}
+
+#[test]
+fn an_elastic_gang_shrinks_in_place_keeping_the_placed_workers_pods() {
+    let mut w = World::new(
+        "workers: 4\ngpusPerWorker: 4\nelastic: {minWorkers: 2, replacementWaitSeconds: 60}\n\
+         restartPolicy: {inPlace: true}\n",
+    );
+    w.config.progress_channel = Some(channel());
+    w.step();
+    let mut w = w.with_ranks_2_and_3_on_n2();
+    w.run_all();
+    w.step();
+    for rank in 0..4 {
+        w.supervisor(rank, 0, SupervisedState::Running);
+    }
+    let uids = (w.uid(0), w.uid(1));
+    // n-2 goes with ranks 2 and 3: 0 and 1 restart in place, 2 and 3 are created again.
+    w.preempt("train-worker-2");
+    w.preempt("train-worker-3");
+    let plan = w.step();
+    assert_eq!(
+        plan.status.last_restart.expect("restart").in_place_ranks,
+        "0-1"
+    );
+    w.nodes
+        .retain(|n| n.metadata.name.as_deref() != Some("n-2"));
+    w.kubelet_removes_deleted();
+    w.supervisors_0_and_1(0, SupervisedState::Stopped);
+    let plan = w.step();
+    assert_eq!(World::creates(&plan).len(), 2);
+    w.unplaceable("train-worker-2");
+    w.unplaceable("train-worker-3");
+    w.supervisors_0_and_1(1, SupervisedState::Running);
+    w.step();
+
+    // No room for 2 and 3: after the wait the gang shrinks to 0 and 1, which keep their pods.
+    w.advance(61);
+    w.supervisors_0_and_1(1, SupervisedState::Running);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Shrink));
+    assert_eq!(
+        plan.status
+            .last_restart
+            .clone()
+            .expect("restart")
+            .in_place_ranks,
+        "0-1"
+    );
+    let mut deleted = World::deleted(&plan, false);
+    deleted.sort_unstable();
+    assert_eq!(deleted, ["train-worker-2", "train-worker-3"]);
+    w.kubelet_removes_deleted();
+    w.supervisors_0_and_1(1, SupervisedState::Stopped);
+    let plan = w.step();
+    assert_eq!(
+        relabels(&plan),
+        [("train-worker-0", 2), ("train-worker-1", 2)]
+    );
+    assert!(World::creates(&plan).is_empty(), "{:?}", plan.actions);
+    let start = directive(&plan).start.get(&uids.0).expect("told to start");
+    assert_eq!(
+        env_of(start, trainyard_api::env::NNODES).as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        env_of(start, trainyard_api::env::WORLD_SIZE).as_deref(),
+        Some("8")
+    );
+    assert_eq!(
+        env_of(start, TRAINYARD_RESTART_REASON).as_deref(),
+        Some("Shrink")
+    );
+    w.supervisors_0_and_1(2, SupervisedState::Running);
+    let plan = w.step();
+    assert_eq!(
+        (plan.status.phase, plan.status.world_size),
+        (Some(Phase::Running), Some(2))
+    );
+    assert_eq!(
+        (w.uid(0), w.uid(1)),
+        uids,
+        "the survivors kept their pods throughout"
+    );
 }
