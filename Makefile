@@ -33,10 +33,11 @@ cluster-inputs:
 	@date +"make: cluster-inputs done at %T"
 
 ## make demo: the local cluster with 8 simulated GPUs, the chart, the example
-## job, a preemption, and the resume.
+## job, a preemption, and the resume. make demo ELASTIC=1: the elastic job
+## shrinks to the workers left when its spot node is lost, and grows back.
 demo: prereqs
 	$(CARGO) build --workspace --bins
-	bash e2e/demo.sh
+	bash e2e/$(if $(ELASTIC),demo-elastic.sh,demo.sh)
 
 ## make bench: every figure in docs/benchmarks.md.
 bench: prereqs

@@ -385,3 +385,17 @@ fn a_shrunk_gang_that_loses_a_worker_asks_for_every_worker_again() {
     let plan = w.step();
     assert_eq!(World::creates(&plan).len(), 4);
 }
+
+/// The example manifests users start from are valid jobs.
+#[test]
+fn the_example_manifests_are_valid() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for file in ["trainingjob.yaml", "trainingjob-elastic.yaml"] {
+        let text = std::fs::read_to_string(root.join(file)).expect(file);
+        let mut job: serde_json::Value = serde_saphyr::from_str(&text).expect(file);
+        job["metadata"]["namespace"] = json!("default");
+        job["metadata"]["uid"] = json!("uid-1");
+        let job: crate::crd::TrainingJob = serde_json::from_value(job).expect(file);
+        validate(&job).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+}
