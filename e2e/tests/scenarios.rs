@@ -2198,7 +2198,7 @@ async fn filler_pod(client: &Client, ns: &str, node: &str, leave: u64) -> Result
 
 /// The elastic scenario's steps: enough to train through the loss, the shrink and node 2's
 /// return at 0.5 s a step.
-const ELASTIC_STEPS: u32 = 300;
+const ELASTIC_STEPS: u32 = 200;
 
 /// An elastic job of four one-GPU workers: two on node 2 (spot, two GPUs), two on node 1,
 /// whose other GPUs a filler pod holds. `minWorkers: 2`, replacements waited for 10 s.
