@@ -70,22 +70,8 @@ on_spot=$(grep -c " $NODE2_NAME " <<<"$before" || true)
 if [[ $on_spot != 2 ]]; then echo "demo: $on_spot workers on the spot node, not 2" >&2; exit 1; fi
 wait_log "$job-worker-0" "checkpoint saved at step" 300
 
-tj_watch=$STATE/demo-elastic-tj-watch.txt
-kubectl get tj "$job" -w >"$tj_watch" 2>&1 &
-watch_pid=$!
+watch_tj "$job" "$STATE/demo-elastic-tj-watch.txt"
 trap 'kill "$watch_pid" 2>/dev/null || true' EXIT
-shown=0
-show_tj_changes() { # the watch's lines not shown yet, each with seconds since the loss
-  local lines i
-  mapfile -t lines <"$tj_watch"
-  for ((i = shown; i < ${#lines[@]}; i++)); do
-    ((i == 0)) && { printf '  %6s  %s\n' "" "$(columns "${lines[0]}")"; continue; }
-    [[ ${lines[i]} == "${lines[i - 1]}" ]] ||
-      printf '  %5ss  %s\n' "$((SECONDS - lost_at))" "$(columns "${lines[i]}")"
-  done
-  shown=${#lines[@]}
-}
-columns() { awk '{printf "%-14s %-11s %-8s %-6s %-5s %-8s %s", $1, $2, $3, $4, $5, $6, $7}' <<<"$1"; }
 follow() { # follow SECONDS WORKERS: shows the status line's changes until the job runs that many
   local until=$((SECONDS + $1))
   until running "$job" "$2"; do
@@ -162,16 +148,9 @@ for var in job["spec"]["template"]["spec"]["containers"][0]["env"]:
 print(json.dumps(job))' | kubectl apply -f -
 wait_phase "$twin" Succeeded 600
 
-digest() { log_of "$1-worker-0" | sed -n 's/.*final weights sha256 \([0-9a-f]*\).*/\1/p' | tail -1; }
-a=$(digest "$job"); b=$(digest "$twin")
-say "Final weights"
-echo "  shrunk and grown $job: sha256 ${a:-missing}"
-echo "  4 workers always $twin: sha256 ${b:-missing}"
-if [[ -n $a && $a == "$b" ]]; then
-  echo "  equal: the job trained the same computation at 2 and at 4 workers"
-else
-  echo "  NOT equal" >&2
-fi
+equal=0
+compare_weights "$job" "shrunk and grown" "$twin" "4 workers always" \
+  "the job trained the same computation at 2 and at 4 workers" || equal=1
 
 say "The ledger by size (status.ledger.elastic)"
 by_size=$(cat <<'PY'
@@ -191,4 +170,4 @@ PY
 kubectl get tj "$job" -o json | /usr/bin/python3 -c "$by_size"
 echo
 echo "Demo done in $((SECONDS - start)) s. Stop everything: make cluster-down"
-[[ -n $a && $a == "$b" ]]
+exit $equal

@@ -86,3 +86,40 @@ wait_phase() { # wait_phase JOB PHASE SECONDS
   echo "demo: $1 did not reach $2" >&2; kubectl describe tj "$1" | tail -20; exit 1
 }
 
+# The job's status line, every change of it, from a watch (a poll could miss a short phase):
+# watch_tj JOB FILE starts it; show_tj_changes prints the lines not shown yet, each with the
+# seconds since $lost_at.
+watch_tj() {
+  tj_watch=$2 shown=0
+  kubectl get tj "$1" -w >"$tj_watch" 2>&1 &
+  watch_pid=$!
+}
+show_tj_changes() {
+  local lines i
+  mapfile -t lines <"$tj_watch"
+  for ((i = shown; i < ${#lines[@]}; i++)); do
+    # kubectl pads each watched line on its own: align the columns again.
+    ((i == 0)) && { printf '  %6s  %s\n' "" "$(columns "${lines[0]}")"; continue; }
+    [[ ${lines[i]} == "${lines[i - 1]}" ]] ||
+      printf '  %5ss  %s\n' "$((SECONDS - lost_at))" "$(columns "${lines[i]}")"
+  done
+  shown=${#lines[@]}
+}
+columns() { awk '{printf "%-14s %-11s %-8s %-6s %-5s %-8s %s", $1, $2, $3, $4, $5, $6, $7}' <<<"$1"; }
+
+# compare_weights JOB WHAT TWIN TWIN_WHAT EQUAL: prints the final weights' digests rank 0 of
+# both jobs logged and whether they are equal (then EQUAL); fails when they are not.
+compare_weights() {
+  local a b
+  a=$(log_of "$1-worker-0" | sed -n 's/.*final weights sha256 \([0-9a-f]*\).*/\1/p' | tail -1)
+  b=$(log_of "$3-worker-0" | sed -n 's/.*final weights sha256 \([0-9a-f]*\).*/\1/p' | tail -1)
+  say "Final weights"
+  echo "  $2 $1: sha256 ${a:-missing}"
+  echo "  $4 $3: sha256 ${b:-missing}"
+  if [[ -n $a && $a == "$b" ]]; then
+    echo "  equal: $5"
+    return 0
+  fi
+  echo "  NOT equal" >&2
+  return 1
+}

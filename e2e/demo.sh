@@ -80,23 +80,7 @@ wait_log "$job-worker-0" "checkpoint saved at step" 300
 say "torchrun is training over gloo across both nodes; rank 0 so far:"
 log_of "$job-worker-0" | grep -vE '^\s*$' | tail -4
 
-# The job's status line, every change of it, from a watch (a poll could miss a short phase).
-tj_watch=$STATE/demo-tj-watch.txt
-kubectl get tj "$job" -w >"$tj_watch" 2>&1 &
-watch_pid=$!
-shown=0
-show_tj_changes() { # prints the watch's lines not shown yet, each with seconds since the loss
-  local lines i
-  mapfile -t lines <"$tj_watch"
-  for ((i = shown; i < ${#lines[@]}; i++)); do
-    # kubectl pads each watched line on its own: align the columns again.
-    ((i == 0)) && { printf '  %6s  %s\n' "" "$(columns "${lines[0]}")"; continue; }
-    [[ ${lines[i]} == "${lines[i - 1]}" ]] ||
-      printf '  %5ss  %s\n' "$((SECONDS - lost_at))" "$(columns "${lines[i]}")"
-  done
-  shown=${#lines[@]}
-}
-columns() { awk '{printf "%-20s %-11s %-8s %-5s %-8s %-12s %s", $1, $2, $3, $4, $5, $6, $7}' <<<"$1"; }
+watch_tj "$job" "$STATE/demo-tj-watch.txt"
 running_pods() { # running_pods JOB ATTEMPT: how many of its pods run
   kubectl get pods -l "trainyard.dev/job=$1,trainyard.dev/attempt=$2" \
     -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Running$' || true
@@ -188,17 +172,10 @@ echo
 echo "Demo done in $((SECONDS - start)) s. Explore with: KUBECONFIG=$KUBECONFIG_FILE $K8S_BIN/kubectl get tj,pods -o wide"
 echo "Lose the spot node by hand: bash e2e/cluster/node2.sh lose (and start). Stop everything: make cluster-down"
 
-digest() { log_of "$1-worker-0" | sed -n 's/.*final weights sha256 \([0-9a-f]*\).*/\1/p' | tail -1; }
-a=$(digest "$job"); b=$(digest "$baseline")
-say "Final weights"
-echo "  preempted job     $job: sha256 ${a:-missing}"
-echo "  uninterrupted job $baseline: sha256 ${b:-missing}"
-if [[ -n $a && $a == "$b" ]]; then
-  echo "  equal: the job resumed bit-exact after losing its spot node"
-else
-  echo "  NOT equal" >&2
-fi
+equal=0
+compare_weights "$job" "preempted job    " "$baseline" "uninterrupted job" \
+  "the job resumed bit-exact after losing its spot node" || equal=1
 
 say "What spot saved: both jobs' ledgers (status.ledger), preempted first"
 kubectl get tj "$job" "$baseline" -o json | /usr/bin/python3 "$HERE/ledger_table.py"
-[[ -n $a && $a == "$b" ]]
+exit $equal

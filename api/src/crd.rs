@@ -539,6 +539,13 @@ pub struct TrainingJobStatus {
     #[schemars(range(min = 1, max = MAX_WORKERS))]
     pub world_size: Option<u32>,
 
+    /// With `spec.elastic`: grows in a row whose new workers could not be placed, so that the
+    /// gang shrank again; each doubles the wait before the next grow. Back to 0 once a grow
+    /// runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = u32::MAX))]
+    pub failed_grows: Option<u32>,
+
     /// The step-addressed checkpoint the next attempt resumes from (`RESUME_FROM`): the
     /// newest one the workers of the newest attempt that saved one reported. A writer of an
     /// older attempt that replaces `latest.pt` cannot move it back.

@@ -1589,6 +1589,28 @@ fn trainer_restarts(pod: &Pod) -> Option<i32> {
     Some(trainer_status(pod)?.restart_count)
 }
 
+/// Creates a pod `name` that sleeps on `node`, asking for `gpus` GPUs.
+async fn gpu_pod(client: &Client, ns: &str, name: &str, node: &str, gpus: u64) -> Result<()> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "sleep",
+                "image": "trainyard/trainer:dev",
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "resources": {"limits": {GPU: gpus.to_string()}},
+            }],
+        },
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(())
+}
+
 /// Creates a pod on `node` that asks for every GPU there that no pod but `job`'s holds, so
 /// that it fits only once `job`'s pods on `node` have given their GPUs back; checks that it
 /// is unschedulable now, and returns its name.
@@ -1613,23 +1635,7 @@ async fn competing_pod(client: &Client, ns: &str, node: &str, job: &str) -> Resu
         .context("node 1 advertises no GPUs")?;
     let asked = u64::try_from(all)?.saturating_sub(held_by_others);
     let name = "competitor";
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "sleep",
-                "image": "trainyard/trainer:dev",
-                "imagePullPolicy": "Never",
-                "command": ["sleep", "3600"],
-                "resources": {"limits": {GPU: asked.to_string()}},
-            }],
-        },
-    }))?;
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
-        .await?;
+    gpu_pod(client, ns, name, node, asked).await?;
     wait_for(
         &format!("{name} (asking {asked} of {all} GPUs) to be unschedulable"),
         Duration::from_secs(60),
@@ -2167,22 +2173,8 @@ async fn filler_pod(client: &Client, ns: &str, node: &str, leave: u64) -> Result
         .checked_sub(held + leave)
         .with_context(|| format!("{node}: {held} of {all} GPUs held, {leave} to leave"))?;
     let name = "filler";
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "sleep",
-                "image": "trainyard/trainer:dev",
-                "imagePullPolicy": "Never",
-                "command": ["sleep", "3600"],
-                "resources": {"limits": {GPU: asked.to_string()}},
-            }],
-        },
-    }))?;
+    gpu_pod(client, ns, name, node, asked).await?;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
-    pods.create(&PostParams::default(), &pod).await?;
     wait_for(
         &format!("{name} ({asked} GPUs) running on {node}"),
         Duration::from_secs(60),

@@ -634,6 +634,15 @@ fn running(view: &View<'_>, round: &mut Round) -> Flow {
         return Flow::Stop;
     }
     let attempt = round.st.attempt;
+    let grew = round
+        .st
+        .last_restart
+        .as_ref()
+        .is_some_and(|l| l.reason == RestartReason::Grow);
+    if grew {
+        // A grow whose every worker runs fitted: the next one waits as the first did.
+        round.st.failed_grows = None;
+    }
     if round.st.phase != Some(Phase::Running) {
         round.events.push(JobEvent::normal(
             reason::RUNNING,

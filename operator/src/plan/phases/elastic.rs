@@ -111,12 +111,42 @@ pub(in crate::plan) fn shrink(view: &View<'_>, round: &mut Round) -> Flow {
         .find_map(|r| view.census.states.get(&r).and_then(WorkerState::reason))
         .map(|r| format!(" ({r})"))
         .unwrap_or_default();
+    // The attempt that cannot be placed was a grow: the room it saw was not there (GPUs of
+    // pods the operator cannot see, another resource short). The next grow waits longer.
+    let grew = round
+        .st
+        .last_restart
+        .as_ref()
+        .is_some_and(|l| l.reason == RestartReason::Grow);
+    let failed = grew.then(|| round.st.failed_grows.unwrap_or(0).saturating_add(1));
+    let failed_grow = failed
+        .map(|n| {
+            format!(
+                "; the grow did not fit ({n} in a row): the next grow waits {}s",
+                grow_backoff(elastic.replacement_wait_seconds, n).as_secs()
+            )
+        })
+        .unwrap_or_default();
     let detail = format!(
         "worker(s) {waiting} could not be placed for {}s{why}; {size} of {} worker(s) are \
-         placed (minWorkers {}): training continues with {size}",
+         placed (minWorkers {}): training continues with {size}{failed_grow}",
         elastic.replacement_wait_seconds, view.job.spec.workers, elastic.min_workers
     );
+    if failed.is_some() {
+        round.st.failed_grows = failed;
+    }
     restart::resize(view, round, RestartReason::Shrink, size, &detail)
+}
+
+/// How long a shrunk gang waits before it grows again after `failed` grows in a row that did
+/// not fit: the replacement wait (at least [`GROW_RECHECK`]) doubled for each, at most
+/// [`crate::plan::MAX_BACKOFF`].
+fn grow_backoff(wait_seconds: u32, failed: u32) -> SignedDuration {
+    let base = SignedDuration::from_secs(i64::from(wait_seconds)).max(GROW_RECHECK);
+    let factor = 1i32.checked_shl(failed.min(16)).unwrap_or(i32::MAX);
+    base.checked_mul(factor)
+        .unwrap_or(super::super::MAX_BACKOFF)
+        .min(super::super::MAX_BACKOFF)
 }
 
 /// GPUs free on each node that fits the job, from what the controller read
@@ -137,6 +167,33 @@ fn free_gpus(view: &View<'_>) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Whether grows are held back after grows that did not fit (`status.failedGrows`): until
+/// [`grow_backoff`] after the shrink that followed the last one.
+fn held_back(view: &View<'_>, round: &mut Round) -> bool {
+    let (Some(failed), Some(last)) = (
+        view.current.failed_grows,
+        view.current.last_restart.as_ref(),
+    ) else {
+        return false;
+    };
+    let wait = view
+        .job
+        .spec
+        .elastic
+        .as_ref()
+        .map_or(0, |e| e.replacement_wait_seconds);
+    let due = last
+        .time
+        .0
+        .saturating_add(grow_backoff(wait, failed))
+        .unwrap_or(last.time.0);
+    if view.now < due {
+        round.requeue(Some(due));
+        return true;
+    }
+    false
+}
+
 /// Grows a shrunk gang that runs, once the nodes that fit have room for missing workers:
 /// after a checkpoint when its trainers report progress (see the module's doc).
 pub(in crate::plan) fn grow(view: &View<'_>, round: &mut Round) -> Flow {
@@ -147,6 +204,9 @@ pub(in crate::plan) fn grow(view: &View<'_>, round: &mut Round) -> Flow {
         || !super::progress::all_running(view)
         || super::progress::noticed(view).is_some()
     {
+        return Flow::Continue;
+    }
+    if held_back(view, round) {
         return Flow::Continue;
     }
     let per_worker = u64::from(view.job.spec.gpus_per_worker.max(1));

@@ -399,3 +399,57 @@ fn the_example_manifests_are_valid() {
         validate(&job).unwrap_or_else(|e| panic!("{file}: {e}"));
     }
 }
+
+#[test]
+fn a_grow_that_does_not_fit_shrinks_again_and_the_next_grow_waits_longer() {
+    let mut w = shrunk_world();
+    w.nodes
+        .push(Arc::new(node("n-2").gpus(8).product("Tesla-T4").build()));
+    // n-2 looks empty, but its GPUs are held by pods the operator cannot see.
+    w.gpus_in_use = Some([("n-1".to_owned(), 8), ("n-2".to_owned(), 0)].into());
+    assert_eq!(w.step().restart, Some(RestartReason::Grow));
+    w.kubelet_removes_deleted();
+    w.step();
+    w.run_all();
+    w.unplaceable("train-worker-2");
+    w.unplaceable("train-worker-3");
+    w.step();
+    w.advance(61);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Shrink));
+    assert_eq!(plan.status.failed_grows, Some(1));
+    let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
+    assert!(
+        detail.contains("the grow did not fit (1 in a row): the next grow waits 120s"),
+        "{detail}"
+    );
+    let shrunk_at = w.now;
+    w.kubelet_removes_deleted();
+    w.step();
+    w.run_all();
+    w.step();
+    assert_eq!(w.status.phase, Some(Phase::Running));
+
+    // The same room is seen again: no grow before twice the wait.
+    w.advance(60);
+    let plan = w.step();
+    assert_eq!(plan.restart, None);
+    let due = shrunk_at + SignedDuration::from_secs(120);
+    assert!(
+        plan.requeue_at.is_some_and(|at| at <= due),
+        "{:?}",
+        plan.requeue_at
+    );
+    w.advance(61);
+    assert_eq!(w.step().restart, Some(RestartReason::Grow));
+    // This one fits: every worker runs, and the count is back to none.
+    w.kubelet_removes_deleted();
+    w.step();
+    w.run_all();
+    let plan = w.step();
+    assert_eq!(
+        (plan.status.phase, plan.status.failed_grows),
+        (Some(Phase::Running), None)
+    );
+    assert_eq!(plan.status.world_size, Some(4));
+}
