@@ -28,6 +28,9 @@ demo_cluster_and_chart() {
     values+=(--set-json '{"operator":{"config":{"nodeNotReadyTimeoutSeconds":60}}}')
   fi
   if kubectl -n trainyard-system get deploy trainyard-operator >/dev/null 2>&1; then
+    # helm upgrade never changes the CRD (docs/install.md, "Upgrading"): this checkout's first.
+    kubectl apply --server-side --force-conflicts -f "$ROOT/charts/trainyard/crds/trainingjob.yaml" >/dev/null
+    kubectl wait --for condition=Established crd/trainingjobs.trainyard.dev >/dev/null
     "$PY" "$HERE/helm.py" upgrade trainyard "$ROOT/charts/trainyard" trainyard-system "${values[@]}"
     kubectl -n trainyard-system rollout restart deploy/trainyard-operator ds/trainyard-device-plugin >/dev/null
   else

@@ -276,8 +276,15 @@ pub struct SizedAttempt {
 /// How an attempt's running stretch ended, as its pods show it.
 #[derive(Clone, Copy, Debug)]
 pub enum Ended {
-    /// A trainer ended first (a lost peer, a failure): its `finishedAt`.
+    /// A trainer ended first (a failure): its `finishedAt`.
     FirstExit,
+    /// A node was lost at this time without notice: the ledger ends the stretch at its
+    /// kubelet's last Lease renewal, up to `renew` before the loss (or at a trainer's end, if
+    /// one came first).
+    NodeLost {
+        at: Timestamp,
+        renew: std::time::Duration,
+    },
     /// The gang was restarted while every trainer ran, decided at this time (a grow).
     DecidedAt(Timestamp),
     /// Every trainer exited 0: the last one's `finishedAt`.
@@ -285,8 +292,9 @@ pub enum Ended {
 }
 
 /// Checks `ledger.elastic.byWorkers` against the pods' own timestamps: for each size, the wall
-/// time its attempts ran (from the last trainer's start to the stretch's end) within a second
-/// per boundary, and GPU time = wall × the attempt's GPUs. Returns the wall seconds by size.
+/// time its attempts ran (from the last trainer's start to the stretch's end, which a lost node
+/// puts within its kubelet's renewal interval) within a second per boundary, and GPU time =
+/// wall × the attempt's GPUs. Returns the wall seconds by size.
 pub fn check_sizes(
     ledger: &GoodputLedger,
     pods: &[PodTimes],
@@ -296,7 +304,8 @@ pub fn check_sizes(
         .elastic
         .as_ref()
         .context("no status.ledger.elastic")?;
-    let mut want: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+    // By size: the shortest and longest wall time, the GPUs per worker, the tolerance.
+    let mut want: BTreeMap<u32, (u64, u64, u64, u64)> = BTreeMap::new();
     for a in attempts {
         let of: Vec<&PodTimes> = pods.iter().filter(|p| p.attempt == a.attempt).collect();
         ensure!(
@@ -313,32 +322,41 @@ pub fn check_sizes(
             .and_then(|s| s.into_iter().max())
             .with_context(|| format!("a trainer of attempt {} never started", a.attempt))?;
         let finished = of.iter().filter_map(|p| p.finished);
-        let end = match a.ended {
-            Ended::FirstExit => finished.min(),
-            Ended::LastExit => finished.max(),
-            Ended::DecidedAt(at) => Some(at),
+        // The stretch ends between these two times.
+        let (earliest, latest) = match a.ended {
+            Ended::FirstExit => finished.min().map(|t| (t, t)),
+            Ended::LastExit => finished.max().map(|t| (t, t)),
+            Ended::DecidedAt(at) => Some((at, at)),
+            Ended::NodeLost { at, renew } => {
+                let latest = finished.min().map_or(at, |t| t.min(at));
+                let earliest = at
+                    .checked_sub(jiff::SignedDuration::try_from(renew)?)
+                    .unwrap_or(at);
+                Some((earliest.min(latest), latest))
+            }
         }
         .with_context(|| format!("attempt {} has no end", a.attempt))?;
-        let gpus: u64 = of.iter().map(|p| p.gpus).sum();
-        let entry = want.entry(a.workers).or_default();
-        entry.0 += ms(start, end);
-        entry.1 += ms(start, end) * gpus;
-        entry.2 += 2_000;
+        let gpus: u64 = of.iter().map(|p| p.gpus).sum::<u64>() / u64::from(a.workers.max(1));
+        let entry = want.entry(a.workers).or_insert((0, 0, 0, 0));
+        entry.0 += ms(start, earliest);
+        entry.1 += ms(start, latest);
+        entry.2 = gpus;
+        entry.3 += 2_000;
     }
     let mut seconds = BTreeMap::new();
-    for (workers, (wall, gpu_ms, tolerance)) in want {
+    for (workers, (shortest, longest, per_worker, tolerance)) in want {
         let have = elastic
             .by_workers
             .iter()
             .find(|s| s.workers == workers)
             .with_context(|| format!("no entry for {workers} workers: {elastic:?}"))?;
         ensure!(
-            have.wall_millis.abs_diff(wall) <= tolerance,
-            "{workers} workers: the ledger ran {} ms, the pods' timestamps {wall} ms (± \
-             {tolerance}): {elastic:?}",
+            have.wall_millis + tolerance >= shortest && have.wall_millis <= longest + tolerance,
+            "{workers} workers: the ledger ran {} ms, the pods' timestamps {shortest} to \
+             {longest} ms (± {tolerance}): {elastic:?}",
             have.wall_millis
         );
-        let gpus = gpu_ms / wall.max(1);
+        let gpus = per_worker * u64::from(workers);
         ensure!(
             have.gpu_millis == have.wall_millis * gpus,
             "{workers} workers: {} GPU-ms is not {} ms × {gpus} GPUs",
@@ -486,5 +504,73 @@ mod tests {
             account(&kept, spot).expect("account"),
             account(&preempted(), spot).expect("account")
         );
+    }
+
+    /// An elastic job: 4 workers from 10 s until node 2 is lost at 60 s (the survivors' trainers
+    /// stopped at 75 s, after the decision), 2 workers from 100 s until the grow decided at
+    /// 150 s, 4 workers from 170 s to 200 s.
+    #[test]
+    fn the_running_time_by_size_is_held_against_the_pods_and_a_lost_nodes_renewal() {
+        let pod = |attempt, rank: u32, started, finished: Option<i64>| PodTimes {
+            job: "j".into(),
+            name: format!("w{rank}"),
+            attempt,
+            gpus: 1,
+            node: "n".into(),
+            created: at(0),
+            started: Some(at(started)),
+            finished: finished.map(at),
+        };
+        let mut pods: Vec<PodTimes> = (0..4)
+            .map(|r| pod(0, r, 10, (r >= 2).then_some(75)))
+            .collect();
+        pods.extend((0..2).map(|r| pod(2, r, 100, Some(152))));
+        pods.extend((0..4).map(|r| pod(3, r, 170, Some(200))));
+        let attempts = [
+            SizedAttempt {
+                attempt: 0,
+                workers: 4,
+                ended: Ended::NodeLost {
+                    at: at(60),
+                    renew: Duration::from_secs(10),
+                },
+            },
+            SizedAttempt {
+                attempt: 2,
+                workers: 2,
+                ended: Ended::DecidedAt(at(150)),
+            },
+            SizedAttempt {
+                attempt: 3,
+                workers: 4,
+                ended: Ended::LastExit,
+            },
+        ];
+        let ledger = |four: u64| GoodputLedger {
+            elastic: Some(trainyard_api::crd::ElasticLedger {
+                by_workers: vec![
+                    trainyard_api::crd::SizeMillis {
+                        workers: 2,
+                        of: 4,
+                        wall_millis: 50_000,
+                        gpu_millis: 100_000,
+                    },
+                    trainyard_api::crd::SizeMillis {
+                        workers: 4,
+                        of: 4,
+                        wall_millis: four,
+                        gpu_millis: four * 4,
+                    },
+                ],
+                ..Default::default()
+            }),
+            ..GoodputLedger::default()
+        };
+        // The last renewal at 52 s: 42 s + 30 s at 4 workers.
+        let sizes = check_sizes(&ledger(72_000), &pods, &attempts).expect("within the renewal");
+        assert_eq!(sizes[&2], 50.0);
+        // Counted to the survivors' stop (65 s + 30 s), or far too short: not what happened.
+        assert!(check_sizes(&ledger(95_000), &pods, &attempts).is_err());
+        assert!(check_sizes(&ledger(60_000), &pods, &attempts).is_err());
     }
 }

@@ -2354,7 +2354,10 @@ async fn an_elastic_gang_trains_on_with_the_survivors_and_grows_back_when_capaci
                 SizedAttempt {
                     attempt: 0,
                     workers: 4,
-                    ended: Ended::FirstExit,
+                    ended: Ended::NodeLost {
+                        at: lost_at,
+                        renew: Duration::from_secs(10),
+                    },
                 },
                 SizedAttempt {
                     attempt: 2,
