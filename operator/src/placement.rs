@@ -188,6 +188,22 @@ fn node_fits(
     Some(NodeFacts { product, spot })
 }
 
+/// The nodes an attempt placed in `mode` could use, with what the placement reads of them:
+/// none whose kubelet went silent.
+fn fitting<'n>(
+    job: &ValidJob,
+    config: &OperatorConfig,
+    mode: SpotMode,
+    nodes_: &[&'n Node],
+    silent: &[String],
+) -> Vec<(&'n Node, NodeFacts)> {
+    nodes_
+        .iter()
+        .filter(|n| !silent.iter().any(|s| s == nodes::name(n)))
+        .filter_map(|n| Some((*n, node_fits(job, config, mode, n)?)))
+        .collect()
+}
+
 /// The names of the nodes an attempt placed now could use (sorted): Ready and schedulable,
 /// meeting the GPU constraints and the spot mode `history` gives, with no termination notice,
 /// and not `silent`. With `gpu.selection: Cheapest`, only nodes of the product it would pin.
@@ -199,20 +215,9 @@ pub fn fitting_nodes(
     silent: &[String],
 ) -> Vec<String> {
     let (mode, _) = spot_mode(job, history);
-    let fitting: Vec<(&Node, NodeFacts)> = nodes_
-        .iter()
-        .filter(|n| !silent.iter().any(|s| s == nodes::name(n)))
-        .filter_map(|n| Some((*n, node_fits(job, config, mode, n)?)))
-        .collect();
-    let facts: Vec<NodeFacts> = fitting
-        .iter()
-        .map(|(_, f)| NodeFacts {
-            product: f.product.clone(),
-            spot: f.spot,
-        })
-        .collect();
+    let fitting = fitting(job, config, mode, nodes_, silent);
     let pinned = (job.spec.gpu.selection == GpuSelection::Cheapest)
-        .then(|| cheapest_offer(config, mode, &facts))
+        .then(|| cheapest_offer(config, mode, fitting.iter().map(|(_, f)| f)))
         .flatten();
     let mut names: Vec<String> = fitting
         .iter()
@@ -380,11 +385,7 @@ pub fn place_avoiding(
     let history = history.into();
     let (mode, fell_back) = spot_mode(job, history);
 
-    let fitting: Vec<NodeFacts> = nodes_
-        .iter()
-        .filter(|n| !silent.iter().any(|s| s == nodes::name(n)))
-        .filter_map(|n| node_fits(job, config, mode, n))
-        .collect();
+    let fitting = fitting(job, config, mode, nodes_, silent);
     let noticed_names = noticed_nodes(config, nodes_);
     let unschedulable = fitting.is_empty().then(|| {
         let mut excepted = Vec::new();
@@ -407,7 +408,7 @@ pub fn place_avoiding(
 
     let uses_gpus = job.spec.gpus_per_worker > 0 || !gpu.products.is_empty();
     let pinned = if uses_gpus && gpu.selection == GpuSelection::Cheapest {
-        cheapest_offer(config, mode, &fitting)
+        cheapest_offer(config, mode, fitting.iter().map(|(_, f)| f))
     } else {
         None
     };
@@ -449,10 +450,10 @@ pub fn place_avoiding(
 
 /// Cheapest: price every offered product on the capacity type the job would get there; the
 /// product, its price and whether it is spot.
-fn cheapest_offer(
+fn cheapest_offer<'f>(
     config: &OperatorConfig,
     mode: SpotMode,
-    fitting: &[NodeFacts],
+    fitting: impl IntoIterator<Item = &'f NodeFacts>,
 ) -> Option<(String, f64, bool)> {
     let mut pinned: Option<(String, f64, bool)> = None;
     let mut offers: BTreeMap<&str, bool> = BTreeMap::new();

@@ -263,13 +263,14 @@ impl Caches {
         crate::watchdog::stage("reading the GPUs in use on nodes an elastic job could grow onto");
         let resource = &job.spec.gpu.resource_name;
         let mut in_use = std::collections::BTreeMap::new();
+        let namespaced = Api::<Pod>::namespaced(self.client.clone(), &job.namespace);
+        let all = Api::<Pod>::all(self.client.clone());
         for name in names {
             let params = ListParams::default().fields(&format!("spec.nodeName={name}"));
-            let namespaced = Api::<Pod>::namespaced(self.client.clone(), &job.namespace);
             let pods = if self.cluster_pods_forbidden.load(Ordering::Relaxed) {
                 namespaced.list(&params).await
             } else {
-                match Api::<Pod>::all(self.client.clone()).list(&params).await {
+                match all.list(&params).await {
                     Err(kube::Error::Api(e)) if e.code == 403 => {
                         self.cluster_pods_forbidden.store(true, Ordering::Relaxed);
                         namespaced.list(&params).await

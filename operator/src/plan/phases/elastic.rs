@@ -74,14 +74,14 @@ fn placed(view: &View<'_>) -> RankSet {
 }
 
 /// When the attempt began waiting for its workers: its restart's decision, else the job's
-/// start.
-fn attempt_began(view: &View<'_>, round: &Round) -> Option<Timestamp> {
+/// start, else now.
+fn attempt_began(view: &View<'_>, round: &Round) -> Timestamp {
     let st = &round.st;
     match st.last_restart.as_ref() {
         Some(last) if st.attempt > 0 => Some(last.time.0),
         _ => st.start_time.as_ref().map(|t| t.0),
     }
-    .or(Some(view.now))
+    .unwrap_or(view.now)
 }
 
 /// Shrinks the gang to its placed workers once the others have waited for
@@ -100,7 +100,7 @@ pub(in crate::plan) fn shrink(view: &View<'_>, round: &mut Round) -> Flow {
         return Flow::Continue;
     }
     let wait = SignedDuration::from_secs(i64::from(elastic.replacement_wait_seconds));
-    let began = attempt_began(view, round).unwrap_or(view.now);
+    let began = attempt_began(view, round);
     let due = began.saturating_add(wait).unwrap_or(began);
     if view.now < due {
         round.requeue(Some(due));
