@@ -770,6 +770,13 @@ pub struct WorkerSummary {
 }
 
 impl TrainingJobStatus {
+    /// Whether the latest gang restart was for `reason`.
+    pub fn restarted_for(&self, reason: RestartReason) -> bool {
+        self.last_restart
+            .as_ref()
+            .is_some_and(|l| l.reason == reason)
+    }
+
     /// The ranks of the current attempt the operator has recorded: `workerSummary.seenRanks`
     /// and every rank `workers` lists (a status written before the summary existed lists them
     /// all there).

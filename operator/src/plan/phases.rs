@@ -634,11 +634,7 @@ fn running(view: &View<'_>, round: &mut Round) -> Flow {
         return Flow::Stop;
     }
     let attempt = round.st.attempt;
-    let grew = round
-        .st
-        .last_restart
-        .as_ref()
-        .is_some_and(|l| l.reason == RestartReason::Grow);
+    let grew = round.st.restarted_for(RestartReason::Grow);
     if grew {
         // A grow whose every worker runs fitted: the next one waits as the first did.
         round.st.failed_grows = None;

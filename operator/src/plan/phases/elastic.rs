@@ -113,11 +113,7 @@ pub(in crate::plan) fn shrink(view: &View<'_>, round: &mut Round) -> Flow {
         .unwrap_or_default();
     // The attempt that cannot be placed was a grow: the room it saw was not there (GPUs of
     // pods the operator cannot see, another resource short). The next grow waits longer.
-    let grew = round
-        .st
-        .last_restart
-        .as_ref()
-        .is_some_and(|l| l.reason == RestartReason::Grow);
+    let grew = round.st.restarted_for(RestartReason::Grow);
     let failed = grew.then(|| round.st.failed_grows.unwrap_or(0).saturating_add(1));
     let failed_grow = failed
         .map(|n| {

@@ -85,11 +85,7 @@ pub(in crate::plan) fn record_progress(view: &View<'_>, round: &mut Round) -> Fl
         if let Some(before) = p.previous_attempt_step {
             let lost = before.saturating_sub(resumed);
             st.steps_lost = Some(lost);
-            let after_preemption = round
-                .st
-                .last_restart
-                .as_ref()
-                .is_some_and(|l| l.reason == RestartReason::Preemption);
+            let after_preemption = round.st.restarted_for(RestartReason::Preemption);
             if after_preemption {
                 round.steps_lost = Some(lost);
             }
