@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -722,12 +722,12 @@ async fn cuda_requirement_waits_for_a_driver_that_supports_it() -> Result<()> {
 // Two nodes: node 1 on-demand, node 2 spot (e2e/cluster/node2.sh), and the real PyTorch trainer
 // (examples/train.py under torchrun in trainyard/torch-trainer:dev, DDP over gloo on the CPU).
 
-/// Creates the job `manifest()` (its name suffixed -1, -2, ...) with `on_demand` cordoned, so
-/// that only one worker fits (on `spot`, which has GPUs for one). Which rank the scheduler
-/// takes first is not ours to choose: a job whose other rank got the spot node is deleted and
-/// created again under the next name, up to 12 times (the operator creates the ranks
-/// concurrently, so each try is about a coin toss). Returns the name of the job whose `rank`
-/// runs on `spot`; `on_demand` is schedulable again afterwards.
+/// Creates the job `manifest()` with `rank` on `spot` and its other worker on `on_demand`,
+/// and returns its name. The choice is ours, not the scheduler's: both nodes are cordoned
+/// while the operator creates the pods, and the test binds each pod to its node through the
+/// `binding` subresource, as the scheduler would. (Leaving it to the scheduler with one
+/// node's room for one worker is a race the operator's creation order decides: under load in
+/// CI, rank 0 won it twelve times in a row.) Both nodes are schedulable again afterwards.
 async fn place_rank_on(
     client: &Client,
     ns: &str,
@@ -735,51 +735,55 @@ async fn place_rank_on(
     on_demand: &str,
     manifest: impl Fn() -> Value,
 ) -> Result<String> {
-    for attempt in 1..=12 {
-        let mut job = manifest();
-        let name = format!(
-            "{}-{attempt}",
-            job["metadata"]["name"].as_str().unwrap_or("job")
-        );
-        job["metadata"]["name"] = json!(name);
-        set_schedulable(client, on_demand, false).await?;
-        let bound = async {
-            create_job(client, ns, job).await?;
-            wait_for(
-                &format!("a worker of {name} bound to {spot}"),
-                Duration::from_secs(120),
-                || {
-                    let name = name.clone();
-                    async move {
-                        let pods = job_pods(client, ns, &name).await?;
-                        Ok(pods
-                            .iter()
-                            .find(|p| node_of(p) == spot)
-                            .and_then(|p| p.labels().get(LABEL_RANK).cloned()))
-                    }
-                },
-            )
-            .await
-        }
-        .await;
-        set_schedulable(client, on_demand, true).await?;
-        if bound? == rank {
-            return Ok(name);
-        }
-        tj_api(client, ns)
-            .delete(&name, &Default::default())
-            .await?;
-        wait_for(
-            &format!("the pods of {name} to go"),
+    let job = manifest();
+    let name = job["metadata"]["name"]
+        .as_str()
+        .context("the manifest names its job")?
+        .to_owned();
+    let workers = usize::try_from(job["spec"]["workers"].as_u64().unwrap_or(1))?;
+    set_schedulable(client, spot, false).await?;
+    set_schedulable(client, on_demand, false).await?;
+    let placed = async {
+        create_job(client, ns, job).await?;
+        let pods = wait_for(
+            &format!("the {workers} workers of {name} created"),
             Duration::from_secs(120),
-            || {
-                let name = name.clone();
-                async move { Ok(job_pods(client, ns, &name).await?.is_empty().then_some(())) }
+            || async {
+                let pods = job_pods(client, ns, &name).await?;
+                Ok((pods.len() == workers).then_some(pods))
             },
         )
         .await?;
+        for pod in &pods {
+            let node = if pod.labels().get(LABEL_RANK).map(String::as_str) == Some(rank) {
+                spot
+            } else {
+                on_demand
+            };
+            bind(client, ns, &pod.name_any(), node).await?;
+        }
+        anyhow::Ok(())
     }
-    bail!("rank {rank} never landed on {spot} in 12 tries")
+    .await;
+    let on_demand_back = set_schedulable(client, on_demand, true).await;
+    let spot_back = set_schedulable(client, spot, true).await;
+    placed.and(on_demand_back).and(spot_back)?;
+    Ok(name)
+}
+
+/// Binds pod `name` to `node`, as the scheduler does.
+async fn bind(client: &Client, ns: &str, name: &str, node: &str) -> Result<()> {
+    let binding = json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    });
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create_subresource::<_, Value>("binding", name, &PostParams::default(), &binding)
+        .await
+        .with_context(|| format!("binding pod {name} to {node}"))?;
+    Ok(())
 }
 
 /// A gang restart wastes no time between the attempts (issue: a 35 s stall): the stopped pods
