@@ -102,6 +102,11 @@ pub struct Observed {
     pub unseen_writes: Vec<UnseenWrite>,
     /// What the supervisors of the job's workers last said (`spec.restartPolicy.inPlace`).
     pub supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,
+    /// When this operator began serving the supervisors' channel (it became the leader):
+    /// what it knows of them starts then ([`SupervisorBoard::listening_since`]).
+    ///
+    /// [`SupervisorBoard::listening_since`]: crate::progress::supervisors::SupervisorBoard::listening_since
+    pub supervisors_since: Option<Timestamp>,
     /// The time of this reconcile.
     pub now: Timestamp,
 }
@@ -306,6 +311,39 @@ pub enum Action {
         /// The attempt.
         attempt: u32,
     },
+}
+
+/// One line per write, as the operator logs it: `create pod tj-worker-1`,
+/// `relabel pod tj-worker-0 (uid …) to attempt 2`.
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, name) = self.target();
+        let kind = match kind {
+            Kind::Pod => "pod",
+            Kind::Service => "service",
+            Kind::Claim => "claim",
+        };
+        let uid = |uid: &Option<String>| uid.as_deref().unwrap_or("any").to_owned();
+        match self {
+            Self::CreateService(_) | Self::CreatePvc(_) | Self::CreatePod(_) => {
+                write!(f, "create {kind} {name}")
+            }
+            Self::SetClaimOwners { owners, .. } => {
+                write!(f, "set the {} owner(s) of {kind} {name}", owners.len())
+            }
+            Self::DeletePod { uid: u, .. } => write!(f, "delete {kind} {name} (uid {})", uid(u)),
+            Self::ForceDeletePod { uid: u, .. } => {
+                write!(f, "force-delete {kind} {name} (uid {})", uid(u))
+            }
+            Self::RelabelPod {
+                uid: u, attempt, ..
+            } => write!(
+                f,
+                "relabel {kind} {name} (uid {}) to attempt {attempt}",
+                uid(u)
+            ),
+        }
+    }
 }
 
 impl Action {

@@ -286,6 +286,9 @@ impl Executor {
         for action in actions {
             // Expected before the write goes out, so that its watch event cannot arrive first
             // and leave the expectation waiting for an event that already came.
+            // Each write on its own line: what the operator did to whose pods is readable
+            // from its log alone (the plan's Events say why).
+            tracing::info!(namespace = ns, "{action}");
             let (kind, name) = action.target();
             self.expectations.expect(kind, ns, name);
             targets.push((kind, name.to_owned()));
@@ -305,10 +308,9 @@ impl Executor {
                 PlanAction::RelabelPod { name, uid, attempt } => {
                     relabel_pod(pods.clone(), ns, name, uid, attempt).boxed()
                 }
+                // The plan says why (a lost node has its own Warning Event; a pod whose
+                // containers have stopped needs no grace period).
                 PlanAction::ForceDeletePod { name, uid } => {
-                    // The plan says why (a lost node has its own Warning Event; a pod whose
-                    // containers have stopped needs no grace period).
-                    tracing::info!(pod = %name, namespace = ns, "deleting a pod without a grace period");
                     delete_pod(pods.clone(), ns, name, uid, Some(0)).boxed()
                 }
             };
