@@ -299,9 +299,7 @@ fn went_in(injected: &[Line], counts: impl Fn(&Line) -> bool) -> u32 {
 
 /// The chaos job: three workers of one GPU (two fit on the spot node), the example trainer
 /// training `steps` steps and reporting every second, checkpoints every 5 steps, hangs judged
-/// after 60 s. Not `inPlace` yet: seed 20294459 found, in place, a kept pod carrying the next
-/// attempt's label while a replaced rank's old pod still ran, around an operator roll and a
-/// node loss (docs/reliability.md).
+/// after 60 s, restarting in place where it can (`restartPolicy.inPlace`).
 fn chaos_job(name: &str, steps: u32, spot: Value) -> Value {
     let step_seconds = STEP.as_secs_f64().to_string();
     let mut job = torch_job(name, 1, steps, &step_seconds, spot);
@@ -309,7 +307,7 @@ fn chaos_job(name: &str, steps: u32, spot: Value) -> Value {
     spec["workers"] = json!(3);
     spec["restartPolicy"] = json!({
         "maxFailures": 3, "maxPreemptions": 100, "backoffSeconds": 1,
-        "progressTimeoutSeconds": 60,
+        "progressTimeoutSeconds": 60, "inPlace": true,
     });
     if let Some(env) = spec["template"]["spec"]["containers"][0]["env"].as_array_mut() {
         env.push(json!({"name": "PROGRESS_EVERY_SECONDS", "value": "1"}));

@@ -184,6 +184,7 @@ impl Caches {
             last_writes: None,
             unseen_writes: self.unseen_writes(job, current),
             supervisors: Vec::new(),
+            supervisors_since: None,
             now,
         }
     }

@@ -126,6 +126,7 @@ pub(super) async fn serve(
 ) -> Result<Option<JoinHandle<()>>, Error> {
     let reviewer = KubeTokenReviewer::new(client.clone(), &serving.audience)
         .checking_audiences(serving.audiences);
+    let board = progress.clone();
     let endpoint = Arc::new(ProgressServer {
         store: progress,
         reviewer: Arc::new(reviewer),
@@ -136,6 +137,7 @@ pub(super) async fn serve(
     let (local, serving_future) =
         server::serve_within(serving.addr, endpoint, serving.limits, stop.clone()).await?;
     tracing::info!(%local, "serving the progress channel (POST /v1/progress)");
+    board.supervisors.listen(jiff::Timestamp::now());
     tokio::spawn(async move {
         if let Err(e) = serving_future.await {
             tracing::error!(error = %e, "progress server stopped");

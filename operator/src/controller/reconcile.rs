@@ -186,6 +186,7 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
         ctx.progress
             .supervisors
             .snapshot(&valid.namespace, &valid.name, &valid.uid);
+    observed.supervisors_since = ctx.progress.supervisors.listening_since();
     observed.told_attempt = ctx.writes.told_attempt(&valid.uid);
     observed.last_writes = ctx.writes.last_writes(&valid.uid);
     ctx.caches

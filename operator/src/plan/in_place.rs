@@ -14,7 +14,10 @@
 //!    to stop. A kept pod is ready once its supervisor says nothing of the old attempt runs.
 //!    One that does not say so within its grace period and [`STOP_MARGIN`], whose supervisor
 //!    stops polling, or whose pod or node fails meanwhile, is replaced like any other pod:
-//!    its rank leaves `inPlaceRanks` and Event `InPlaceFallback` says why.
+//!    its rank leaves `inPlaceRanks` and Event `InPlaceFallback` says why. A supervisor stops
+//!    polling only once this operator has heard it: a new leader, whose board starts empty,
+//!    times the stop from when it began serving the channel, and waits for supervisors it
+//!    has not heard yet until that deadline.
 //! 3. **Starting** ([`start`], in the create phase, once every pod of the old attempt that is
 //!    not kept is gone and the backoff is over): each kept pod gets the attempt's label, the
 //!    missing ranks are created, and the directive tells the kept supervisors to start the
@@ -99,6 +102,11 @@ pub(crate) fn exit_heard_at(
     attempt: u32,
 ) -> Option<Timestamp> {
     exit_seen(observed, pod, attempt).map(|(_, since)| since)
+}
+
+/// Whether the supervisor of `pod` says nothing of an attempt before `attempt` runs.
+fn stopped_before(observed: &Observed, pod: &CachedPod, attempt: u32) -> bool {
+    supervisor(observed, pod).is_some_and(|s| s.attempt < attempt && s.state.is_done())
 }
 
 /// Whether the supervisor of `pod` runs attempt `attempt`.
@@ -247,26 +255,39 @@ pub(crate) fn settle(view: &View<'_>, round: &mut Round) -> bool {
         .last_restart
         .as_ref()
         .map_or(view.now, |l| l.time.0);
+    // A new leader hears the supervisors only from when it began serving their channel: the
+    // stop is timed from then, as if decided then.
+    let timed_from = view
+        .observed
+        .supervisors_since
+        .map_or(decided_at, |since| since.max(decided_at));
     let grace = SignedDuration::from_secs(view.job.spec.termination_grace_period_seconds);
-    let deadline = decided_at
+    let deadline = timed_from
         .saturating_add(grace)
         .and_then(|t| t.saturating_add(STOP_MARGIN))
-        .unwrap_or(decided_at);
+        .unwrap_or(timed_from);
     let mut all_stopped = true;
     let mut fallen: Vec<(u32, &Arc<CachedPod>, String)> = Vec::new();
     for (&rank, &pod) in &census.kept {
         let seen = supervisor(view.observed, pod);
-        let stopped = seen.is_some_and(|s| s.attempt < attempt && s.state.is_done());
+        let stopped = stopped_before(view.observed, pod, attempt);
         let old_attempt = label_u32(pod.as_ref(), LABEL_ATTEMPT).unwrap_or(0);
         let why = match unkeepable_while_stopping(view, pod) {
             Some(why) => Some(why),
             None if stopped => None,
-            None if seen.is_none_or(|s| !fresh(s, view.now)) => {
+            // Heard by this operator, then quiet: gone. Never heard (a new leader's board
+            // starts empty, and the supervisors find it only once the channel points to it)
+            // is not quiet: the deadline bounds the wait.
+            None if seen.is_some_and(|s| !fresh(s, view.now)) => {
                 Some("its supervisor stopped polling".to_owned())
             }
             None if view.now >= deadline => Some(format!(
-                "its supervisor did not stop attempt {old_attempt} within {}s",
-                view.now.duration_since(decided_at).as_secs()
+                "its supervisor did not stop attempt {old_attempt} within {}s{}",
+                view.now.duration_since(timed_from).as_secs(),
+                match seen {
+                    None => " (it never polled this operator)",
+                    Some(_) => "",
+                }
             )),
             None => {
                 all_stopped = false;
@@ -334,6 +355,16 @@ pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
         .filter_map(|p| p.metadata.uid.clone())
         .collect();
     let exit = st.phase.is_some_and(|p| p.is_terminal());
+    // Nothing of the attempt starts while a pod of an older one is there, unless it is kept
+    // and its supervisor said the old attempt stopped: the leader relabels the kept pods one
+    // write each, so a pod may carry the attempt's label while another kept one has not
+    // stopped yet (or falls back and is deleted).
+    let old_attempt_gone = view.census.old.is_empty()
+        && view
+            .census
+            .kept
+            .values()
+            .all(|p| stopped_before(view.observed, p, st.attempt));
     let mut start = BTreeMap::new();
     for rank in kept_for(st, st.attempt).iter() {
         let name = view.job.pod_name(rank);
@@ -351,7 +382,9 @@ pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
         ) else {
             continue;
         };
-        if labelled == st.attempt || (labelled < st.attempt && round.start_in_place) {
+        if old_attempt_gone
+            && (labelled == st.attempt || (labelled < st.attempt && round.start_in_place))
+        {
             start.insert(uid, start_env(view, st, rank));
         }
     }

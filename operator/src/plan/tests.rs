@@ -32,6 +32,8 @@ struct World {
     told: Option<u32>,
     /// What the workers' in-place restart supervisors last said.
     supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,
+    /// When the operator began listening to them (it became the leader).
+    supervisors_since: Option<Timestamp>,
     /// The GPUs in use per node, as the controller reads them for an elastic job.
     gpus_in_use: Option<std::collections::BTreeMap<String, u64>>,
 }
@@ -52,6 +54,7 @@ impl World {
             progress: None,
             told: None,
             supervisors: Vec::new(),
+            supervisors_since: Some(ts(T0)),
             gpus_in_use: None,
         }
     }
@@ -80,6 +83,7 @@ impl World {
             last_writes: None,
             unseen_writes: Vec::new(),
             supervisors: self.supervisors.clone(),
+            supervisors_since: self.supervisors_since,
             now: self.now,
         }
     }

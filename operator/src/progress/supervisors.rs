@@ -155,6 +155,8 @@ struct JobBoard {
 #[derive(Debug, Default)]
 pub struct SupervisorBoard {
     jobs: Mutex<HashMap<(String, String), JobBoard>>,
+    /// When this replica began serving the channel ([`Self::listen`]).
+    listening: Mutex<Option<Timestamp>>,
 }
 
 /// What a poll came to.
@@ -167,6 +169,18 @@ pub struct Answered {
 }
 
 impl SupervisorBoard {
+    /// This replica serves the channel from `now` on (it leads): the supervisors reach it
+    /// from now, each on its next poll once the channel's Endpoints point here.
+    pub fn listen(&self, now: Timestamp) {
+        *self.listening.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+    }
+
+    /// When this replica began serving the channel: a supervisor it has not heard since is
+    /// unknown to it, not quiet (a new leader's board starts empty).
+    pub fn listening_since(&self) -> Option<Timestamp> {
+        *self.listening.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn jobs(&self) -> MutexGuard<'_, HashMap<(String, String), JobBoard>> {
         // Every update leaves the map whole: a panic elsewhere cannot tear it.
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())

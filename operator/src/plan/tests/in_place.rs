@@ -535,3 +535,110 @@ fn an_elastic_gang_shrinks_in_place_keeping_the_placed_workers_pods() {
         "the survivors kept their pods throughout"
     );
 }
+
+/// Found by the chaos run (seed 20294459): the leader relabels the kept pods of a restart one
+/// write each, and was killed after worker 0's went out but before worker 1's. Its successor's
+/// supervisor board starts empty: it took worker 1's supervisor, which it had never heard, for
+/// one that stopped polling and replaced the pod, while worker 0 already carried the new
+/// attempt's label.
+#[test]
+fn a_new_leader_waits_for_kept_supervisors_it_has_not_heard_instead_of_replacing_them() {
+    let mut w = supervised_world(IN_PLACE);
+    let uids = (w.uid(0), w.uid(1));
+    w.supervisor(1, 0, SupervisedState::Exited(1));
+    w.step();
+    w.advance(11);
+    w.supervisor(0, 0, SupervisedState::Stopped);
+    w.supervisor(1, 0, SupervisedState::Exited(1));
+    let plan = w.step();
+    assert_eq!(relabels(&plan).len(), 2);
+    // Only worker 0's relabel went out.
+    w.modify("train-worker-1", |p| {
+        p.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(LABEL_ATTEMPT.to_owned(), "0".to_owned());
+    });
+    // The successor takes over two minutes after the decision, past its stop deadline
+    // (grace 60 s plus the margin), with an empty board.
+    w.advance(120);
+    w.supervisors.clear();
+    w.supervisors_since = Some(w.now);
+    let plan = w.step();
+    assert!(
+        event(&plan, reason::IN_PLACE_FALLBACK).is_none(),
+        "{plan:?}"
+    );
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    // Worker 0 carries attempt 1's label, but does not start it before worker 1's supervisor
+    // says attempt 0 stopped there.
+    assert!(directive(&plan).start.is_empty(), "{:?}", directive(&plan));
+    let kept = |plan: &Plan| {
+        plan.status
+            .last_restart
+            .clone()
+            .expect("restart")
+            .in_place_ranks
+    };
+    assert_eq!(kept(&plan), "0-1");
+    // The supervisors find the new leader: worker 1 says its trainer is gone, and starts.
+    w.advance(3);
+    w.supervisor(0, 0, SupervisedState::Stopped);
+    w.supervisor(1, 0, SupervisedState::Exited(1));
+    let plan = w.step();
+    assert_eq!(relabels(&plan), [("train-worker-1", 1)]);
+    assert_eq!(directive(&plan).start.len(), 2);
+    assert_eq!(kept(&plan), "0-1");
+    w.supervisor(0, 1, SupervisedState::Running);
+    w.supervisor(1, 1, SupervisedState::Running);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!((w.uid(0), w.uid(1)), uids, "no pod was replaced");
+}
+
+/// A kept supervisor the new leader never hears is replaced once the stop deadline, timed
+/// from the takeover, has passed; one it heard and that then went quiet, at once.
+#[test]
+fn a_new_leader_replaces_a_kept_pod_whose_supervisor_never_reaches_it_by_the_deadline() {
+    let mut w = supervised_world(IN_PLACE);
+    w.supervisor(1, 0, SupervisedState::Exited(1));
+    w.step();
+    w.advance(120);
+    w.supervisors.clear();
+    w.supervisors_since = Some(w.now);
+    w.supervisor(0, 0, SupervisedState::Running);
+    let plan = w.step();
+    assert!(
+        event(&plan, reason::IN_PLACE_FALLBACK).is_none(),
+        "{plan:?}"
+    );
+    // Rank 0 polls, then goes quiet; rank 1 never polls.
+    w.advance(6);
+    let plan = w.step();
+    let said = event(&plan, reason::IN_PLACE_FALLBACK)
+        .expect("fallback")
+        .note
+        .clone();
+    assert!(
+        said.contains("worker 0") && said.contains("stopped polling"),
+        "{said}"
+    );
+    assert_eq!(World::deleted(&plan, false), ["train-worker-0"]);
+    w.advance(65);
+    let plan = w.step();
+    let said = event(&plan, reason::IN_PLACE_FALLBACK)
+        .expect("fallback")
+        .note
+        .clone();
+    assert!(
+        said.contains("worker 1") && said.contains("never polled this operator"),
+        "{said}"
+    );
+    assert!(
+        plan.status
+            .last_restart
+            .expect("restart")
+            .in_place_ranks
+            .is_empty()
+    );
+}
