@@ -176,22 +176,21 @@ impl Checker {
     }
 
     /// One list of the job's pods. A pod of an older attempt whose rank the current attempt
-    /// keeps in place counts as the current attempt's: its supervisor stopped the old
-    /// attempt's processes (the `/proc` scan checks them), and the operator moves the pods'
-    /// labels one by one.
+    /// keeps in place belongs to neither attempt until it is relabelled: the restart's status
+    /// names it kept before the old attempt's other pods are deleted, its supervisor stops the
+    /// old attempt's processes (the `/proc` scan checks them), and the operator moves the
+    /// pods' labels one write each. Every other pod counts with its label.
     pub fn pods(&mut self, at: Duration, pods: &[PodSeen]) {
         let mut by_rank: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
         let mut by_attempt: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
         let current = self.last.as_ref().map(|j| (j.attempt, &j.kept));
         for pod in pods.iter().filter(|p| p.running) {
             by_rank.entry(pod.rank).or_default().push(&pod.name);
-            let attempt = match current {
-                Some((attempt, kept)) if pod.attempt < attempt && kept.contains(&pod.rank) => {
-                    attempt
-                }
-                _ => pod.attempt,
-            };
-            by_attempt.entry(attempt).or_default().push(&pod.name);
+            let in_between = current
+                .is_some_and(|(attempt, kept)| pod.attempt < attempt && kept.contains(&pod.rank));
+            if !in_between {
+                by_attempt.entry(pod.attempt).or_default().push(&pod.name);
+            }
         }
         for (rank, names) in by_rank.iter().filter(|(_, n)| n.len() > 1) {
             self.violate(at, format!("two running pods of rank {rank}: {names:?}"));
@@ -509,6 +508,38 @@ mod tests {
         c.pods(t(3), &[pod("w-0", 0, 1, true), pod("w-2", 2, 0, true)]);
         assert_eq!(c.violations().len(), 1);
         assert!(c.violations()[0].what.contains("several attempts"));
+    }
+
+    /// Seed 20294459: the restart's status (attempt 1, rank 0 kept) is written before the
+    /// old attempt's other pods are deleted; meanwhile they run beside the kept pod, all of
+    /// attempt 0's label, and nothing of attempt 1 runs anywhere.
+    #[test]
+    fn the_old_pods_of_a_restart_that_keeps_a_rank_may_run_until_they_are_deleted() {
+        let mut c = Checker::new();
+        let restarted = JobSeen {
+            attempt: 1,
+            preemptions: 1,
+            kept: BTreeSet::from([0]),
+            ..JobSeen::default()
+        };
+        c.job(t(1), &restarted);
+        let old = [
+            pod("w-0", 0, 0, true),
+            pod("w-1", 1, 0, true),
+            pod("w-2", 2, 0, true),
+        ];
+        c.pods(t(2), &old);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        // A pod of the new attempt beside them is one.
+        c.pods(
+            t(3),
+            &[
+                pod("w-0", 0, 0, true),
+                pod("w-1", 1, 0, true),
+                pod("w-2", 2, 1, true),
+            ],
+        );
+        assert_eq!(c.violations().len(), 1);
     }
 
     #[test]
