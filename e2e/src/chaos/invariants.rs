@@ -151,6 +151,9 @@ pub struct Checker {
     lingering: BTreeSet<(u32, u32)>,
     /// How often `/proc` was scanned for the job's processes.
     proc_scans: u32,
+    /// A pod list that shows an attempt the job's status has not shown yet, with when it was
+    /// seen: judged once the status catches up ([`Self::pods`]).
+    held: Option<(Duration, Vec<PodSeen>)>,
 }
 
 impl Checker {
@@ -180,20 +183,38 @@ impl Checker {
     /// names it kept before the old attempt's other pods are deleted, its supervisor stops the
     /// old attempt's processes (the `/proc` scan checks them), and the operator moves the
     /// pods' labels one write each. Every other pod counts with its label.
+    ///
+    /// The pods and the status come by two watches, and either may lag: a pod of an attempt
+    /// newer than the last status seen means the status watch lags (the operator writes a
+    /// restart's status before it relabels or creates a pod of the new attempt), so the list
+    /// is held and judged once the status shows that attempt (a later list replaces it).
     pub fn pods(&mut self, at: Duration, pods: &[PodSeen]) {
         let mut by_rank: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+        for pod in pods.iter().filter(|p| p.running) {
+            by_rank.entry(pod.rank).or_default().push(&pod.name);
+        }
+        for (rank, names) in by_rank.iter().filter(|(_, n)| n.len() > 1) {
+            self.violate(at, format!("two running pods of rank {rank}: {names:?}"));
+        }
+        let status_attempt = self.last.as_ref().map_or(0, |j| j.attempt);
+        if pods.iter().any(|p| p.running && p.attempt > status_attempt) {
+            self.held = Some((at, pods.to_vec()));
+            return;
+        }
+        self.held = None;
+        self.one_attempt(at, pods);
+    }
+
+    /// Never running pods of two attempts at once (kept pods aside, see [`Self::pods`]).
+    fn one_attempt(&mut self, at: Duration, pods: &[PodSeen]) {
         let mut by_attempt: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
         let current = self.last.as_ref().map(|j| (j.attempt, &j.kept));
         for pod in pods.iter().filter(|p| p.running) {
-            by_rank.entry(pod.rank).or_default().push(&pod.name);
             let in_between = current
                 .is_some_and(|(attempt, kept)| pod.attempt < attempt && kept.contains(&pod.rank));
             if !in_between {
                 by_attempt.entry(pod.attempt).or_default().push(&pod.name);
             }
-        }
-        for (rank, names) in by_rank.iter().filter(|(_, n)| n.len() > 1) {
-            self.violate(at, format!("two running pods of rank {rank}: {names:?}"));
         }
         if by_attempt.len() > 1 {
             self.violate(
@@ -350,6 +371,13 @@ impl Checker {
         } else {
             self.last = Some(job.clone());
         }
+        if let Some((seen_at, pods)) = self.held.take() {
+            if pods.iter().any(|p| p.running && p.attempt > job.attempt) {
+                self.held = Some((seen_at, pods));
+            } else {
+                self.one_attempt(seen_at, &pods);
+            }
+        }
     }
 
     /// The end of the run.
@@ -474,6 +502,12 @@ mod tests {
     #[test]
     fn two_running_pods_of_a_rank_or_of_two_attempts_are_violations() {
         let mut c = Checker::new();
+        let at_3 = JobSeen {
+            attempt: 3,
+            preemptions: 3,
+            ..JobSeen::default()
+        };
+        c.job(t(0), &at_3);
         c.pods(t(1), &[pod("w-0", 0, 1, true), pod("w-1", 1, 1, true)]);
         assert!(c.violations().is_empty());
         // A terminating pod of the old attempt beside the new one is not running.
@@ -508,6 +542,35 @@ mod tests {
         c.pods(t(3), &[pod("w-0", 0, 1, true), pod("w-2", 2, 0, true)]);
         assert_eq!(c.violations().len(), 1);
         assert!(c.violations()[0].what.contains("several attempts"));
+    }
+
+    /// Seed 1: the status watch, back from an etcd restart, showed the restart (attempt 1,
+    /// ranks 0 and 1 kept) after the pod watch showed rank 1 relabelled and rank 0 not yet.
+    #[test]
+    fn pods_ahead_of_the_status_are_judged_once_the_status_catches_up() {
+        let mut c = Checker::new();
+        c.job(t(1), &JobSeen::default());
+        c.pods(t(2), &[pod("w-0", 0, 0, true), pod("w-1", 1, 1, true)]);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        let restarted = JobSeen {
+            attempt: 1,
+            preemptions: 1,
+            kept: BTreeSet::from([0, 1]),
+            ..JobSeen::default()
+        };
+        c.job(t(3), &restarted);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        // Had rank 0 not been kept, the held list would have been one.
+        let mut c = Checker::new();
+        c.job(t(1), &JobSeen::default());
+        c.pods(t(2), &[pod("w-0", 0, 0, true), pod("w-1", 1, 1, true)]);
+        let kept_1 = JobSeen {
+            kept: BTreeSet::from([1]),
+            ..restarted
+        };
+        c.job(t(3), &kept_1);
+        assert_eq!(c.violations().len(), 1);
+        assert_eq!(c.violations()[0].at, t(2), "judged as seen, when seen");
     }
 
     /// Seed 20294459: the restart's status (attempt 1, rank 0 kept) is written before the
