@@ -536,11 +536,11 @@ fn an_elastic_gang_shrinks_in_place_keeping_the_placed_workers_pods() {
     );
 }
 
-/// Found by the chaos run (seed 20294459): the leader relabels the kept pods of a restart one
-/// write each, and was killed after worker 0's went out but before worker 1's. Its successor's
-/// supervisor board starts empty: it took worker 1's supervisor, which it had never heard, for
-/// one that stopped polling and replaced the pod, while worker 0 already carried the new
-/// attempt's label.
+/// Found by the chaos run (seed 20294459): a new leader, whose supervisor board starts empty,
+/// replaced a kept pod mid-restart because its supervisor had "stopped polling": it had never
+/// heard it. Here the worst case of it: the leader relabels the kept pods one write each and
+/// was killed after worker 0's went out but before worker 1's, and its successor takes over
+/// past the stop deadline of the decision.
 #[test]
 fn a_new_leader_waits_for_kept_supervisors_it_has_not_heard_instead_of_replacing_them() {
     let mut w = supervised_world(IN_PLACE);
