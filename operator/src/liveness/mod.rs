@@ -112,6 +112,11 @@ pub struct Heartbeats {
 pub struct Silence {
     /// How long since its last renewal was seen.
     pub since: SignedDuration,
+    /// When the kubelet made that renewal: its `renewTime` on the operator's clock
+    /// ([`Liveness::on_operator_clock`]), never after it was seen. What the ledger takes for
+    /// the moment the node's work stopped: a renewal that arrived late (a loaded API server,
+    /// a lagging watch) does not stretch the node's life by the delay.
+    pub renewed: Timestamp,
     /// It has missed two renewals and the margin: gone for good, whatever its ranks say.
     pub lease_lost: bool,
 }
@@ -285,6 +290,10 @@ impl Heartbeats {
                     name.clone(),
                     Silence {
                         since: now.duration_since(b.seen),
+                        renewed: b
+                            .renewed
+                            .saturating_add(b.lag_min)
+                            .map_or(b.seen, |r| r.min(b.seen)),
                         lease_lost: self.stale(b, margin, now, 2),
                     },
                 );

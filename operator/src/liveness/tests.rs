@@ -61,6 +61,7 @@ fn a_node_that_stops_renewing_while_others_renew_is_silent_then_gone() {
         silent["a"],
         Silence {
             since: secs(13.5),
+            renewed: at(0.0),
             lease_lost: false
         }
     );
@@ -389,4 +390,28 @@ fn a_node_that_was_away_and_came_back_teaches_no_margin() {
     beats.renewal("a", at(80.0), DURATION, at(80.0));
     beats.renewal("b", at(85.0), DURATION, at(85.0));
     assert_eq!(beats.margin(), secs(10.0));
+}
+
+/// The ledger ends a lost node's work at its last renewal: the kubelet's own stamp on the
+/// operator's clock, not when a loaded API server or a lagging watch delivered it (found by
+/// the elastic e2e scenario under CI's load: the 4-worker stretch ran 5 s past the loss).
+#[test]
+fn a_silent_nodes_last_renewal_is_its_own_stamp_not_its_late_delivery() {
+    let mut beats = warmed(&["a", "b"]);
+    beats.renewal("a", at(10.0), DURATION, at(14.0));
+    for t in [10.0, 20.0, 30.0] {
+        beats.renewal("b", at(t), DURATION, at(t));
+    }
+    let silent = beats.silent(at(30.0));
+    assert_eq!(names(&silent), ["a"]);
+    assert_eq!(
+        silent["a"].since,
+        secs(16.0),
+        "silence counts from the delivery"
+    );
+    assert_eq!(
+        silent["a"].renewed,
+        at(10.0),
+        "the work stopped at the renewal"
+    );
 }

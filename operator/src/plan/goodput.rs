@@ -108,10 +108,7 @@ fn what_the_end_lost(
 /// silent); now when nothing tells (a pod that vanished).
 fn interrupted_at(view: &View<'_>) -> Timestamp {
     let census = &view.census;
-    let last_heartbeat = |pod: &CachedPod| {
-        let silent = census.silent.get(pod.node_name()?)?;
-        view.now.checked_sub(silent.since).ok()
-    };
+    let last_heartbeat = |pod: &CachedPod| Some(census.silent.get(pod.node_name()?)?.renewed);
     census
         .states
         .iter()
