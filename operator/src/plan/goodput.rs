@@ -91,9 +91,8 @@ fn what_the_end_lost(
         return (now(view), Loss::Known(0));
     };
     let interrupted = match ending {
-        Ending::Restart(RestartReason::Preemption | RestartReason::Failure) | Ending::Failed => {
-            interrupted_at(view)
-        }
+        Ending::Restart(RestartReason::Preemption) => interrupted_at(view, true),
+        Ending::Restart(RestartReason::Failure) | Ending::Failed => interrupted_at(view, false),
         Ending::Succeeded => last_trainer(view, Some(open.since.0), |s| {
             Some(s.terminated.as_ref()?.finished_at.as_ref()?.0)
         }),
@@ -105,10 +104,18 @@ fn what_the_end_lost(
 
 /// The earliest interruption among the workers that were preempted or failed (a trainer's
 /// end, a pod's DisruptionTarget condition, the last heartbeat of a node whose kubelet went
-/// silent); now when nothing tells (a pod that vanished).
-fn interrupted_at(view: &View<'_>) -> Timestamp {
+/// silent); now when nothing tells (a pod that vanished). For a `preemption`, also the last
+/// heartbeat of a silent node under any worker: the lost-peer rule takes a survivor's
+/// trainer, whose collective broke when that node went, for preempted before the node's own
+/// ranks are judged, and the work stopped when the node did, not when the collective noticed.
+fn interrupted_at(view: &View<'_>, preemption: bool) -> Timestamp {
     let census = &view.census;
     let last_heartbeat = |pod: &CachedPod| Some(census.silent.get(pod.node_name()?)?.renewed);
+    let silent_nodes = census
+        .current
+        .values()
+        .filter(|_| preemption)
+        .filter_map(|pod| last_heartbeat(pod));
     census
         .states
         .iter()
@@ -120,6 +127,7 @@ fn interrupted_at(view: &View<'_>) -> Timestamp {
                 .and_then(|pod| pod_interrupted_at(pod).or_else(|| last_heartbeat(pod)))
                 .unwrap_or(now(view))
         })
+        .chain(silent_nodes)
         .min()
         .map_or(now(view), whole_second)
         .min(now(view))
