@@ -3260,7 +3260,7 @@ fn reporting_on_two_nodes(yaml: &str) -> (World, Channel) {
 /// and when node n-2 falls silent the lost-peer rule names both in one preemption.
 #[test]
 fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
-    let (mut w, channel) = reporting_on_two_nodes("workers: 2\n");
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
     w.advance(1);
     w.exit("train-worker-0", 1);
     let plan = channel.step(&mut w);
@@ -3278,6 +3278,11 @@ fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
         detail.contains("worker 1 lost with its node") && detail.contains("worker 0 failed"),
         "{detail}"
     );
+    // The work stopped when n-2 did (its last renewal, 14 s before the decision), not when
+    // rank 0's collective noticed a second later.
+    let ledger = plan.status.ledger.as_ref().expect("ledger");
+    let detection = ledger.on_demand.lost_to_detection + ledger.spot.lost_to_detection;
+    assert_eq!(detection, 2 * 14_000, "2 GPUs for 14 s: {ledger:?}");
 }
 
 /// The review's repro on the local cluster: a trainer crashed with exit 1 while the other
