@@ -290,10 +290,7 @@ impl Heartbeats {
                     name.clone(),
                     Silence {
                         since: now.duration_since(b.seen),
-                        renewed: b
-                            .renewed
-                            .saturating_add(b.lag_min)
-                            .map_or(b.seen, |r| r.min(b.seen)),
+                        renewed: stamp_on_operator_clock(b.renewed, b.lag_min).min(b.seen),
                         lease_lost: self.stale(b, margin, now, 2),
                     },
                 );
@@ -344,6 +341,12 @@ impl Heartbeats {
             margin,
         }
     }
+}
+
+/// A time a node's kubelet stamped, put on the operator's clock by that node's `lag_min` (its
+/// clock's offset plus the shortest delivery).
+fn stamp_on_operator_clock(at: Timestamp, lag_min: SignedDuration) -> Timestamp {
+    at.saturating_add(lag_min).unwrap_or(at)
 }
 
 /// One node's heartbeat as a decision reads it.
@@ -398,7 +401,7 @@ impl Liveness {
         let lag = node
             .and_then(|n| self.beats.get(n))
             .map_or(SignedDuration::ZERO, |b| b.lag_min);
-        at.saturating_add(lag).unwrap_or(at)
+        stamp_on_operator_clock(at, lag)
     }
 
     /// What `node`'s Lease says since a failure that happened at `failed_at` (operator's clock,

@@ -323,7 +323,9 @@ impl std::fmt::Display for Action {
             Kind::Service => "service",
             Kind::Claim => "claim",
         };
-        let uid = |uid: &Option<String>| uid.as_deref().unwrap_or("any").to_owned();
+        fn uid(uid: &Option<String>) -> &str {
+            uid.as_deref().unwrap_or("any")
+        }
         match self {
             Self::CreateService(_) | Self::CreatePvc(_) | Self::CreatePod(_) => {
                 write!(f, "create {kind} {name}")

@@ -284,11 +284,11 @@ impl Executor {
         let mut ops = Vec::new();
         let mut targets = Vec::new();
         for action in actions {
-            // Expected before the write goes out, so that its watch event cannot arrive first
-            // and leave the expectation waiting for an event that already came.
             // Each write on its own line: what the operator did to whose pods is readable
             // from its log alone (the plan's Events say why).
             tracing::info!(namespace = ns, "{action}");
+            // Expected before the write goes out, so that its watch event cannot arrive first
+            // and leave the expectation waiting for an event that already came.
             let (kind, name) = action.target();
             self.expectations.expect(kind, ns, name);
             targets.push((kind, name.to_owned()));
