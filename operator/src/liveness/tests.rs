@@ -415,3 +415,23 @@ fn a_silent_nodes_last_renewal_is_its_own_stamp_not_its_late_delivery() {
         "the work stopped at the renewal"
     );
 }
+
+/// A node whose clock runs 5 s ahead: its stamps are put back on the operator's clock by the
+/// offset its renewals taught, so its last renewal is dated when the operator could have
+/// seen it at the earliest, not 5 s in the operator's future.
+#[test]
+fn a_skewed_silent_nodes_last_renewal_is_put_on_the_operators_clock() {
+    let mut beats = Heartbeats::default();
+    beats.resumed(at(-101.0));
+    for i in 0..=10 {
+        let t = -100.0 + 10.0 * f64::from(i);
+        beats.renewal("a", at(t + 5.0), DURATION, at(t));
+        beats.renewal("b", at(t), DURATION, at(t));
+    }
+    for t in [10.0, 20.0, 30.0] {
+        beats.renewal("b", at(t), DURATION, at(t));
+    }
+    let silent = beats.silent(at(30.0));
+    assert_eq!(names(&silent), ["a"]);
+    assert_eq!(silent["a"].renewed, at(0.0), "{:?}", silent["a"]);
+}
