@@ -174,6 +174,10 @@ pub struct Account {
     pub running: u64,
     /// The interruption to attempt 1's last trainer start: detection and restart.
     pub interruption: u64,
+    /// How much earlier the ledger may date attempt 0's interruption, × its GPUs: a node lost
+    /// without notice is dated at its last sign of life ([`Ended::NodeLost`]), which moves
+    /// that much from running to detection.
+    pub early: u64,
     /// 1 s × the GPUs of every pod of both attempts: each boundary is a pod timestamp, kept
     /// by the API server to the whole second.
     pub tolerance: u64,
@@ -185,8 +189,9 @@ fn ms(a: Timestamp, b: Timestamp) -> u64 {
 }
 
 /// What the pods of a job's attempt 0 and 1 (one preemption, then success) say each part of its
-/// ledger holds; `is_spot` tells the spot nodes.
-pub fn account(pods: &[PodTimes], is_spot: impl Fn(&str) -> bool) -> Result<Account> {
+/// ledger holds; `is_spot` tells the spot nodes, `ended` how attempt 0's running stretch ended
+/// ([`Ended::FirstExit`] or [`Ended::NodeLost`]).
+pub fn account(pods: &[PodTimes], is_spot: impl Fn(&str) -> bool, ended: Ended) -> Result<Account> {
     let of = |a: u32| pods.iter().filter(move |p| p.attempt == a);
     ensure!(
         of(0).count() > 0 && of(1).count() > 0,
@@ -202,10 +207,8 @@ pub fn account(pods: &[PodTimes], is_spot: impl Fn(&str) -> bool) -> Result<Acco
         starts.into_iter().max().context("no pods")
     };
     let (run0, run1) = (last_start(0)?, last_start(1)?);
-    let interrupted = of(0)
-        .filter_map(|p| p.finished)
-        .min()
-        .context("no trainer of attempt 0 ended")?;
+    let attempt0: Vec<&PodTimes> = of(0).collect();
+    let (earliest, interrupted) = end_between(&attempt0, ended).context("attempt 0 has no end")?;
     let end1 = {
         let ends: Option<Vec<Timestamp>> = of(1).map(|p| p.finished).collect();
         let ends = ends.context("a trainer of attempt 1 has not ended")?;
@@ -225,6 +228,7 @@ pub fn account(pods: &[PodTimes], is_spot: impl Fn(&str) -> bool) -> Result<Acco
         pending: ms(created0, run0) * g0,
         running: ms(run0, interrupted) * g0 + ms(run1, end1) * g1,
         interruption: ms(interrupted, run1) * g0,
+        early: ms(earliest, interrupted) * g0,
         tolerance: 1_000 * pods.iter().map(|p| p.gpus).sum::<u64>(),
     })
 }
@@ -240,25 +244,30 @@ pub fn check(ledger: &GoodputLedger, expected: &Account) -> Result<()> {
         pending: both(|m| m.pending),
         running: both(|m| m.useful + m.lost_to_recompute + m.recompute_unknown),
         interruption: both(|m| m.lost_to_detection + m.lost_to_restart),
+        early: 0,
         tolerance: expected.tolerance,
     };
     ensure!(ledger.open.is_none(), "a stretch is still open: {ledger:?}");
-    for (part, want, have) in [
-        ("total", expected.total, got.total),
-        ("spot", expected.spot, got.spot),
-        ("pending", expected.pending, got.pending),
-        ("running", expected.running, got.running),
+    let (e, tol) = (expected.early, expected.tolerance);
+    for (part, (low, high), have) in [
+        ("total", (expected.total, expected.total), got.total),
+        ("spot", (expected.spot, expected.spot), got.spot),
+        ("pending", (expected.pending, expected.pending), got.pending),
+        (
+            "running",
+            (expected.running.saturating_sub(e), expected.running),
+            got.running,
+        ),
         (
             "detection + restart",
-            expected.interruption,
+            (expected.interruption, expected.interruption + e),
             got.interruption,
         ),
     ] {
         ensure!(
-            want.abs_diff(have) <= expected.tolerance,
-            "{part}: the ledger has {have} GPU-ms, the pods' timestamps {want} (± {}); \
-             ledger {ledger:?}, from the pods {expected:?}",
-            expected.tolerance
+            have + tol >= low && have <= high + tol,
+            "{part}: the ledger has {have} GPU-ms, the pods' timestamps {low} to {high} \
+             (± {tol}); ledger {ledger:?}, from the pods {expected:?}"
         );
     }
     Ok(())
@@ -278,12 +287,13 @@ pub struct SizedAttempt {
 pub enum Ended {
     /// A trainer ended first (a failure): its `finishedAt`.
     FirstExit,
-    /// A node was lost at this time without notice: the ledger ends the stretch at its
-    /// kubelet's last Lease renewal, up to `renew` before the loss (or at a trainer's end, if
+    /// A node was lost at this time without notice: the ledger ends the stretch at the node's
+    /// last sign of life (its ranks' last progress report, or its kubelet's last Lease renewal
+    /// when they report none), up to `heard_before` before the loss (or at a trainer's end, if
     /// one came first).
     NodeLost {
         at: Timestamp,
-        renew: std::time::Duration,
+        heard_before: std::time::Duration,
     },
     /// The gang was restarted while every trainer ran, decided at this time (a grow).
     DecidedAt(Timestamp),
@@ -291,9 +301,28 @@ pub enum Ended {
     LastExit,
 }
 
+/// The earliest and latest time an attempt's running stretch may end, as its pods (`of`) and
+/// the way it `ended` tell.
+fn end_between(of: &[&PodTimes], ended: Ended) -> Option<(Timestamp, Timestamp)> {
+    let finished = of.iter().filter_map(|p| p.finished);
+    match ended {
+        Ended::FirstExit => finished.min().map(|t| (t, t)),
+        Ended::LastExit => finished.max().map(|t| (t, t)),
+        Ended::DecidedAt(at) => Some((at, at)),
+        Ended::NodeLost { at, heard_before } => {
+            let latest = finished.min().map_or(at, |t| t.min(at));
+            let earliest = jiff::SignedDuration::try_from(heard_before)
+                .ok()
+                .and_then(|d| at.checked_sub(d).ok())
+                .unwrap_or(at);
+            Some((earliest.min(latest), latest))
+        }
+    }
+}
+
 /// Checks `ledger.elastic.byWorkers` against the pods' own timestamps: for each size, the wall
 /// time its attempts ran (from the last trainer's start to the stretch's end, which a lost node
-/// puts within its kubelet's renewal interval) within a second per boundary, and GPU time =
+/// puts up to [`Ended::NodeLost`]'s `heard_before` before the loss) within a second per boundary, and GPU time =
 /// wall × the attempt's GPUs. Returns the wall seconds by size.
 pub fn check_sizes(
     ledger: &GoodputLedger,
@@ -321,21 +350,8 @@ pub fn check_sizes(
             .collect::<Option<Vec<_>>>()
             .and_then(|s| s.into_iter().max())
             .with_context(|| format!("a trainer of attempt {} never started", a.attempt))?;
-        let finished = of.iter().filter_map(|p| p.finished);
-        // The stretch ends between these two times.
-        let (earliest, latest) = match a.ended {
-            Ended::FirstExit => finished.min().map(|t| (t, t)),
-            Ended::LastExit => finished.max().map(|t| (t, t)),
-            Ended::DecidedAt(at) => Some((at, at)),
-            Ended::NodeLost { at, renew } => {
-                let latest = finished.min().map_or(at, |t| t.min(at));
-                let earliest = at
-                    .checked_sub(jiff::SignedDuration::try_from(renew)?)
-                    .unwrap_or(at);
-                Some((earliest.min(latest), latest))
-            }
-        }
-        .with_context(|| format!("attempt {} has no end", a.attempt))?;
+        let (earliest, latest) = end_between(&of, a.ended)
+            .with_context(|| format!("attempt {} has no end", a.attempt))?;
         let gpus: u64 = of.iter().map(|p| p.gpus).sum::<u64>() / u64::from(a.workers.max(1));
         let entry = want.entry(a.workers).or_insert((0, 0, 0, 0));
         entry.0 += ms(start, earliest);
@@ -415,7 +431,7 @@ mod tests {
 
     #[test]
     fn the_pods_of_a_preempted_job_account_for_each_part_of_its_ledger() -> Result<()> {
-        let a = account(&preempted(), |n| n == "spot")?;
+        let a = account(&preempted(), |n| n == "spot", Ended::FirstExit)?;
         assert_eq!(a.total, 51_000 * 4 + 49_000 * 4);
         assert_eq!(a.spot, 51_000 * 2);
         assert_eq!(a.pending, 5_000 * 4);
@@ -427,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_ledger_off_by_more_than_a_second_per_pod_fails_naming_the_part() -> Result<()> {
-        let a = account(&preempted(), |n| n == "spot")?;
+        let a = account(&preempted(), |n| n == "spot", Ended::FirstExit)?;
         let mut within = folded();
         within.on_demand.lost_to_restart += 4_000;
         within.on_demand.useful -= 4_000;
@@ -444,11 +460,39 @@ mod tests {
         Ok(())
     }
 
+    /// [`preempted`] with node "spot" lost at 38 s, its rank's last report at 36 s: the
+    /// ledger dates the interruption there, 4 s before rank 1's exit. Held against the loss
+    /// it passes; held against the exit, or dated at a renewal 8 s before the loss, it fails.
+    #[test]
+    fn a_lost_node_is_held_against_the_loss_not_the_survivors_exit() -> Result<()> {
+        let dated_at = |interrupted: u64| {
+            let mut l = folded();
+            for m in [&mut l.spot, &mut l.on_demand] {
+                m.lost_to_recompute -= (40 - interrupted) * 2_000;
+                m.lost_to_detection += (40 - interrupted) * 2_000;
+            }
+            l
+        };
+        let lost = Ended::NodeLost {
+            at: at(38),
+            heard_before: Duration::from_secs(3),
+        };
+        let a = account(&preempted(), |n| n == "spot", lost)?;
+        assert_eq!(a.early, 3_000 * 4);
+        check(&dated_at(36), &a)?;
+        let exit = account(&preempted(), |n| n == "spot", Ended::FirstExit)?;
+        let err = check(&dated_at(36), &exit).expect_err("4 s before the exit");
+        assert!(err.to_string().starts_with("running:"), "{err}");
+        let err = check(&dated_at(30), &a).expect_err("8 s before the loss");
+        assert!(err.to_string().starts_with("running:"), "{err}");
+        Ok(())
+    }
+
     #[test]
     fn an_attempt_whose_trainer_never_started_is_an_error_not_a_zero() {
         let mut pods = preempted();
         pods[2].started = None;
-        assert!(account(&pods, |n| n == "spot").is_err());
+        assert!(account(&pods, |n| n == "spot", Ended::FirstExit).is_err());
     }
 
     #[test]
@@ -501,8 +545,8 @@ mod tests {
         assert_eq!(kept.len(), 4);
         let spot = |n: &str| n == "spot";
         assert_eq!(
-            account(&kept, spot).expect("account"),
-            account(&preempted(), spot).expect("account")
+            account(&kept, spot, Ended::FirstExit).expect("account"),
+            account(&preempted(), spot, Ended::FirstExit).expect("account")
         );
     }
 
@@ -532,7 +576,7 @@ mod tests {
                 workers: 4,
                 ended: Ended::NodeLost {
                     at: at(60),
-                    renew: Duration::from_secs(10),
+                    heard_before: Duration::from_secs(10),
                 },
             },
             SizedAttempt {

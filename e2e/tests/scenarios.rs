@@ -852,6 +852,10 @@ async fn ends_as_its_baseline(
 /// second, so that a loss falls between checkpoints and the operator hears the silence.
 const LOSS_ENV: [(&str, &str); 2] = [("CHECKPOINT_EVERY", "20"), ("PROGRESS_EVERY_SECONDS", "1")];
 
+/// How long before a node's loss the ledger may date it, for a job with [`LOSS_ENV`]: at its
+/// ranks' last progress report (every second), to the whole second below.
+const HEARD_BEFORE_LOSS: Duration = Duration::from_secs(3);
+
 #[expect(
     clippy::too_many_lines,
     reason = "a cluster scenario reads as one story, in the order it happens"
@@ -957,7 +961,11 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         // The ledger accounts for every GPU-second of both attempts, within 1 s per pod.
         let ledger: GoodputLedger =
             serde_json::from_value(st["ledger"].clone()).context("status.ledger")?;
-        let from_pods = ledger_check::account(&pod_times.pods(name), |node| node == spot)?;
+        let lost = Ended::NodeLost {
+            at: lost_at,
+            heard_before: HEARD_BEFORE_LOSS,
+        };
+        let from_pods = ledger_check::account(&pod_times.pods(name), |node| node == spot, lost)?;
         println!("ledger {ledger:?}\nfrom the pods' timestamps {from_pods:?}");
         ledger_check::check(&ledger, &from_pods)?;
         ends_as_its_baseline(&client, &ns.name, name, 1, "ddp-baseline").await?;
@@ -2360,7 +2368,7 @@ async fn an_elastic_gang_trains_on_with_the_survivors_and_grows_back_when_capaci
                     workers: 4,
                     ended: Ended::NodeLost {
                         at: lost_at,
-                        renew: Duration::from_secs(10),
+                        heard_before: HEARD_BEFORE_LOSS,
                     },
                 },
                 SizedAttempt {

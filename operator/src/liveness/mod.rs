@@ -431,6 +431,15 @@ impl Liveness {
     }
 }
 
+/// When a silent node last showed it was alive: its kubelet's last renewal
+/// ([`Silence::renewed`]), or a later progress report of a rank on it (`reported`: when each
+/// rank of the attempt on that node last reported, on the operator's clock). The kubelet
+/// renews every interval (10 s by default), so its last renewal may be a whole interval
+/// before the node went; a rank that reports every second dates it to the second.
+pub fn last_alive(silence: &Silence, reported: impl IntoIterator<Item = Timestamp>) -> Timestamp {
+    reported.into_iter().fold(silence.renewed, Timestamp::max)
+}
+
 /// What the trainers of one attempt reported, as the quiet rule reads it.
 #[derive(Clone, Copy, Debug)]
 pub struct Reports<'a> {

@@ -3285,6 +3285,39 @@ fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
     assert_eq!(detection, 2 * 14_000, "2 GPUs for 14 s: {ledger:?}");
 }
 
+/// A kubelet renews its Lease every 10 s, so a node's last renewal may come long before it
+/// goes: here n-2 renews, its rank reports for 6 s more, then the node vanishes and rank 0's
+/// collective breaks. The ledger dates the loss at the rank's last report (the last sign of
+/// the node's life), not at the renewal 6 s earlier, nor at rank 0's exit a second later.
+#[test]
+fn a_lost_node_stopped_working_at_its_ranks_last_report_not_its_kubelets_last_renewal() {
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
+    for _ in 0..6 {
+        w.advance(1);
+        channel.report(&mut w, 0, 40, None);
+        channel.report(&mut w, 1, 40, None);
+        assert_eq!(channel.step(&mut w).restart, None);
+    }
+    w.advance(1);
+    w.exit("train-worker-0", 1);
+    assert_eq!(
+        channel.step(&mut w).restart,
+        None,
+        "held until n-2 is known lost"
+    );
+    w.advance(3);
+    w.heartbeat("n-1");
+    assert_eq!(channel.step(&mut w).restart, None, "n-2 is due now");
+    w.advance(4);
+    w.heartbeat("n-1");
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(plan.status.failures, 0);
+    let ledger = plan.status.ledger.as_ref().expect("ledger");
+    let detection = ledger.on_demand.lost_to_detection + ledger.spot.lost_to_detection;
+    assert_eq!(detection, 2 * 8_000, "2 GPUs for 8 s: {ledger:?}");
+}
+
 /// The review's repro on the local cluster: a trainer crashed with exit 1 while the other
 /// node's kubelet renewal was a few seconds late. A genuine failure is a Failure: the verdict
 /// waits for the late renewal, never takes the node for lost, and spends the failure budget.
