@@ -3204,9 +3204,7 @@ fn a_node_whose_kubelet_and_ranks_fall_silent_is_lost_without_waiting_for_not_re
     assert_eq!(World::deletes(&plan), 2);
     // The ledger dates the loss at n-2's last heartbeat, 14 s before the decision: that time
     // was lost to detection, not spent training.
-    let ledger = plan.status.ledger.as_ref().expect("ledger");
-    let detection = ledger.on_demand.lost_to_detection + ledger.spot.lost_to_detection;
-    assert_eq!(detection, 2 * 14_000, "2 GPUs for 14 s: {ledger:?}");
+    assert_eq!(detection(&plan), 2 * 14_000, "2 GPUs for 14 s");
 
     // Terminating: the pod on the silent node is removed at once, rank 0's waits for its kubelet.
     let plan = channel.step(&mut w);
@@ -3256,33 +3254,45 @@ fn reporting_on_two_nodes(yaml: &str) -> (World, Channel) {
     (w, channel)
 }
 
+/// Rank 0's trainer exits 1 (its collective broke) `failed_at` seconds after n-2's kubelet last
+/// renewed (at the start of [`reporting_on_two_nodes`]); n-1 renews at 10 s and at 14 s, when
+/// n-2 is silent and the lost-peer rule decides: that round's plan.
+fn rank_0_fails_as_n2_falls_silent(w: &mut World, channel: &Channel, failed_at: i64) -> Plan {
+    w.exit("train-worker-0", 1);
+    let plan = channel.step(w);
+    assert_eq!(plan.restart, None, "held until n-2 is known lost");
+    w.advance(10 - failed_at);
+    w.heartbeat("n-1");
+    assert_eq!(channel.step(w).restart, None, "n-2 is due now");
+    w.advance(4);
+    w.heartbeat("n-1");
+    let plan = channel.step(w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(plan.status.failures, 0);
+    plan
+}
+
+/// GPU-milliseconds the plan's ledger counts as lost to detection.
+fn detection(plan: &Plan) -> u64 {
+    let ledger = plan.status.ledger.as_ref().expect("ledger");
+    ledger.on_demand.lost_to_detection + ledger.spot.lost_to_detection
+}
+
 /// The spot node under rank 1 vanishes and rank 0's collective breaks at once: rank 0 fails,
 /// and when node n-2 falls silent the lost-peer rule names both in one preemption.
 #[test]
 fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
     let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
     w.advance(1);
-    w.exit("train-worker-0", 1);
-    let plan = channel.step(&mut w);
-    assert_eq!(plan.restart, None, "held until n-2 is known lost");
-    w.advance(9);
-    w.heartbeat("n-1");
-    assert_eq!(channel.step(&mut w).restart, None, "n-2 is due now");
-    w.advance(4);
-    w.heartbeat("n-1");
-    let plan = channel.step(&mut w);
-    assert_eq!(plan.restart, Some(RestartReason::Preemption));
-    assert_eq!(plan.status.failures, 0);
+    let plan = rank_0_fails_as_n2_falls_silent(&mut w, &channel, 1);
     let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
     assert!(
         detail.contains("worker 1 lost with its node") && detail.contains("worker 0 failed"),
         "{detail}"
     );
-    // The work stopped when n-2 did (its last renewal, 14 s before the decision), not when
-    // rank 0's collective noticed a second later.
-    let ledger = plan.status.ledger.as_ref().expect("ledger");
-    let detection = ledger.on_demand.lost_to_detection + ledger.spot.lost_to_detection;
-    assert_eq!(detection, 2 * 14_000, "2 GPUs for 14 s: {ledger:?}");
+    // The work stopped when n-2 did (its last renewal and rank 1's last report, 14 s before
+    // the decision), not when rank 0's collective noticed a second later.
+    assert_eq!(detection(&plan), 2 * 14_000, "2 GPUs for 14 s");
 }
 
 /// A kubelet renews its Lease every 10 s, so a node's last renewal may come long before it
@@ -3299,23 +3309,8 @@ fn a_lost_node_stopped_working_at_its_ranks_last_report_not_its_kubelets_last_re
         assert_eq!(channel.step(&mut w).restart, None);
     }
     w.advance(1);
-    w.exit("train-worker-0", 1);
-    assert_eq!(
-        channel.step(&mut w).restart,
-        None,
-        "held until n-2 is known lost"
-    );
-    w.advance(3);
-    w.heartbeat("n-1");
-    assert_eq!(channel.step(&mut w).restart, None, "n-2 is due now");
-    w.advance(4);
-    w.heartbeat("n-1");
-    let plan = channel.step(&mut w);
-    assert_eq!(plan.restart, Some(RestartReason::Preemption));
-    assert_eq!(plan.status.failures, 0);
-    let ledger = plan.status.ledger.as_ref().expect("ledger");
-    let detection = ledger.on_demand.lost_to_detection + ledger.spot.lost_to_detection;
-    assert_eq!(detection, 2 * 8_000, "2 GPUs for 8 s: {ledger:?}");
+    let plan = rank_0_fails_as_n2_falls_silent(&mut w, &channel, 7);
+    assert_eq!(detection(&plan), 2 * 8_000, "2 GPUs for 8 s");
 }
 
 /// The review's repro on the local cluster: a trainer crashed with exit 1 while the other
