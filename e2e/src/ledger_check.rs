@@ -2,10 +2,12 @@
 //!
 //! The ledger counts a job's life as a chain of stretches, each × the GPUs of its attempt:
 //! pending from the first pods' creation to the last trainer's start, running from there to the
-//! interruption (a trainer's end), then detection and restart up to the next attempt's last
-//! trainer start, and running again to the last trainer's exit. Every one of those boundaries is
-//! a pod timestamp, which the API server keeps to the whole second, so the ledger and the pods
-//! must agree within a second per pod. The gang restart deletes the first attempt's pods
+//! interruption (a trainer's end, or the loss of a node, which the ledger dates at the node's
+//! last sign of life), then detection and restart up to the next attempt's last
+//! trainer start, and running again to the last trainer's exit. Every one of those boundaries
+//! but a node's loss is a pod timestamp, which the API server keeps to the whole second, so the
+//! ledger and the pods must agree within a second per pod; a node's loss is the time the test
+//! took the node away ([`Ended::NodeLost`]). The gang restart deletes the first attempt's pods
 //! within a second of their stop: [`PodTimesRecorder`] keeps each pod's timestamps from a watch
 //! opened while they run, and [`account`] compares them with the ledger.
 

@@ -37,6 +37,10 @@
 //! - A silent node is **gone for good** ([`Silence::lease_lost`]) once it has missed two
 //!   renewals and the margin: without progress reports this is when its pods may be removed
 //!   without its kubelet.
+//! - A lost node's work stopped at its **last sign of life** ([`last_alive`]): the later of its
+//!   last renewal and the last report of a rank on it. The renewal alone may be a whole
+//!   interval early; the ledger dates the loss there, not at the decision nor at a survivor's
+//!   exit.
 //!
 //! A pod is removed without its kubelet (a force delete) only on a node lost or gone for good
 //! by these rules; a pod on a node whose kubelet renews is always deleted gracefully.
