@@ -12,9 +12,13 @@
 //!    `node.kubernetes.io/unreachable` or with a termination taint of the config, or its
 //!    kubelet is silent by the [`crate::liveness`] rule), the round is a **preemption** caused
 //!    by that node.
-//! 2. If every silent peer's node was seen renewing its Lease after the failure (by more than
-//!    the liveness margin) or reported a failed rank itself (its kubelet is alive, so its rank
-//!    was not taken away), or there is no silent peer, it is a **failure**.
+//! 2. If every silent peer's trainer reported progress after the failure (by more than the
+//!    liveness margin), or its node was seen renewing its Lease after the failure (by more
+//!    than the margin) or reported a failed rank itself (its kubelet is alive, so its rank was
+//!    not taken away), or there is no silent peer, it is a **failure**. A renewal that ends
+//!    an absence spanning the failure ([`SinceFailure::Returned`]: the node was lost or
+//!    rebooted and came back) proves nothing about the ranks that ran there: their pods tell
+//!    (a container lost with its node makes the round a preemption) or their reports do.
 //! 3. Otherwise the verdict is **held** (no restart, no budget spent) until one of the two
 //!    becomes true, for at most `lostPeerWindowSeconds` after the failure; then a failure.
 //!
@@ -50,6 +54,9 @@ pub struct SilentPeer<'a> {
     /// A failed rank ran on the same node: its kubelet reported that failure, so the node
     /// was alive after it.
     pub beside_failure: bool,
+    /// The peer's trainer reported progress after the failure (by more than the liveness
+    /// margin): it was alive after it, whatever its kubelet's Lease says.
+    pub heard_after: bool,
 }
 
 /// The judgement of one round with failed ranks and no preempted one.
@@ -138,7 +145,7 @@ fn node_state(peer: &SilentPeer<'_>, judging: &Judging<'_>) -> NodeState {
     {
         return NodeState::Lost(format!("node {name} has taint {t}"));
     }
-    if peer.beside_failure {
+    if peer.beside_failure || peer.heard_after {
         return NodeState::Alive;
     }
     match peer.lease {
@@ -148,7 +155,9 @@ fn node_state(peer: &SilentPeer<'_>, judging: &Judging<'_>) -> NodeState {
         )),
         SinceFailure::Renewed => NodeState::Alive,
         SinceFailure::Waiting(at) => NodeState::Unknown(Some(at)),
-        SinceFailure::NoLease => NodeState::Unknown(None),
+        // Back from an absence that spanned the failure: the peer's pod will say what became
+        // of its rank (a container lost with the node is a preemption), or its report will.
+        SinceFailure::Returned(_) | SinceFailure::NoLease => NodeState::Unknown(None),
     }
 }
 
@@ -204,6 +213,7 @@ mod tests {
             node,
             lease,
             beside_failure: false,
+            heard_after: false,
         }
     }
 
@@ -282,6 +292,20 @@ mod tests {
                 NodeView::Present(&up),
                 SinceFailure::Renewed,
                 "2026-01-01T00:00:09Z",
+                &|v| *v == Verdict::Failure,
+            ),
+            (
+                "back from an absence spanning the failure: hold, polling, for its pods to tell",
+                NodeView::Present(&up),
+                SinceFailure::Returned(SignedDuration::from_secs(15)),
+                "2026-01-01T00:00:16Z",
+                &|v| *v == Verdict::Hold(ts("2026-01-01T00:00:18Z")),
+            ),
+            (
+                "back from an absence, window over: failure",
+                NodeView::Present(&up),
+                SinceFailure::Returned(SignedDuration::from_secs(15)),
+                "2026-01-01T00:01:00Z",
                 &|v| *v == Verdict::Failure,
             ),
             (
@@ -367,6 +391,27 @@ mod tests {
             SinceFailure::Silent(SignedDuration::from_secs(30)),
         );
         p.beside_failure = true;
+        assert_eq!(
+            judge(&[p], &judging("2026-01-01T00:00:30Z")),
+            Verdict::Failure
+        );
+    }
+
+    /// A kubelet cut off from the API server (or restarting) falls silent while its ranks run
+    /// on and report: a failure beside it is the job's own.
+    #[test]
+    fn a_peer_heard_after_the_failure_is_alive_whatever_its_lease_says() {
+        let up = ready("n2");
+        let mut p = peer(
+            1,
+            NodeView::Present(&up),
+            SinceFailure::Silent(SignedDuration::from_secs(30)),
+        );
+        assert!(matches!(
+            judge(&[p], &judging("2026-01-01T00:00:30Z")),
+            Verdict::Preemption(_)
+        ));
+        p.heard_after = true;
         assert_eq!(
             judge(&[p], &judging("2026-01-01T00:00:30Z")),
             Verdict::Failure

@@ -11,7 +11,12 @@
 //!
 //! - **One clock.** A renewal counts when the operator *sees* it (the watch event's arrival,
 //!   on the operator's clock). The node's `renewTime` only tells that a renewal happened, so
-//!   a node clock or an operator clock that runs ahead or behind moves nothing.
+//!   a node clock or an operator clock that runs ahead or behind moves nothing. The distance
+//!   between two `renewTime`s of one kubelet is on one clock too: a distance of more than the
+//!   interval and the margin is a span in which the node was **away** (lost, rebooted, its
+//!   kubelet stopped), seen even when the operator was not watching then (a new leader, a
+//!   broken stream). A renewal that ends an absence spanning a failure proves that the node
+//!   came back, not that its ranks lived through the failure ([`SinceFailure::Returned`]).
 //! - **A margin measured, not assumed.** Two things delay a renewal the operator sees: the
 //!   kubelet renewing late (its jitter, a starved CPU), seen as a gap between seen renewals
 //!   longer than the interval; and the delivery (the API server's latency, the watch's delay),
@@ -81,6 +86,9 @@ struct NodeBeat {
     /// new leader's, or after the stream broke) was made at some time before `seen`: it
     /// proves nothing about what the node did after a failure that came before the list.
     live: bool,
+    /// The latest span in which the kubelet renewed nothing for longer than its interval and
+    /// the margin, as two `renewTime`s (the node's clock): the node was away and came back.
+    away: Option<(Timestamp, Timestamp)>,
 }
 
 impl NodeBeat {
@@ -171,6 +179,13 @@ impl Heartbeats {
         let lag = now.duration_since(renewed);
         let resumed_at = self.resumed_at;
         let counts = !self.interrupted;
+        // Two `renewTime`s of one kubelet, both on its clock: no delivery and no clock offset
+        // is in their distance. Seen across a break of the stream or an operator restart too.
+        let away = self.nodes.get(node).and_then(|beat| {
+            let step = renewed.duration_since(beat.renewed);
+            let long = step > interval + MARGIN_FLOOR && step > interval + self.margin();
+            long.then_some((beat.renewed, renewed))
+        });
         match self.nodes.get_mut(node) {
             Some(beat) if renewed <= beat.renewed => return,
             Some(beat) => {
@@ -191,6 +206,7 @@ impl Heartbeats {
                 beat.interval = interval;
                 beat.lag_min = beat.lag_min.min(lag);
                 beat.live = counts;
+                beat.away = away.or(beat.away);
             }
             None => {
                 self.nodes.insert(
@@ -203,6 +219,7 @@ impl Heartbeats {
                         lags: VecDeque::with_capacity(GAPS),
                         lag_min: lag,
                         live: counts,
+                        away: None,
                     },
                 );
             }
@@ -332,6 +349,12 @@ impl Heartbeats {
                         interval: b.interval,
                         lag_min: b.lag_min,
                         live: b.live,
+                        away: b.away.map(|(from, to)| {
+                            (
+                                stamp_on_operator_clock(from, b.lag_min),
+                                stamp_on_operator_clock(to, b.lag_min),
+                            )
+                        }),
                         silent_at: from
                             .saturating_add(b.interval + self.node_margin(b, margin))
                             .unwrap_or(from),
@@ -366,6 +389,8 @@ pub struct Beat {
     pub silent_at: Timestamp,
     /// The last renewal arrived on a live watch, not in a list ([`NodeBeat::live`]).
     live: bool,
+    /// The latest span without a renewal ([`NodeBeat::away`]), on the operator's clock.
+    away: Option<(Timestamp, Timestamp)>,
 }
 
 /// The liveness judgement one decision reads: built by [`Heartbeats::view`].
@@ -386,6 +411,12 @@ pub enum SinceFailure {
     Silent(SignedDuration),
     /// A renewal was seen after the failure and the margin: its kubelet is alive.
     Renewed,
+    /// A renewal was seen after the failure, but it ended a span of this long without one
+    /// that began before the failure: the node was away when the failure happened (lost,
+    /// rebooted, its kubelet restarted) and came back. Its kubelet proves nothing about the
+    /// ranks that ran there: their pods tell (a container lost with its node) or their
+    /// reports do.
+    Returned(SignedDuration),
     /// Not known yet; it falls silent at this time if no renewal comes.
     Waiting(Timestamp),
     /// No Lease of it is seen.
@@ -423,7 +454,12 @@ impl Liveness {
         // new leader's first list took a node lost 15 s before for one renewed after a
         // survivor's failure, and counted that failure).
         if beat.live && beat.seen >= after {
-            SinceFailure::Renewed
+            match beat.away {
+                Some((from, to)) if from <= failed_at && to >= failed_at => {
+                    SinceFailure::Returned(to.duration_since(from))
+                }
+                _ => SinceFailure::Renewed,
+            }
         } else {
             SinceFailure::Waiting(beat.silent_at)
         }

@@ -202,6 +202,53 @@ fn a_renewal_first_seen_in_a_list_is_no_renewal_after_a_failure_before_it() {
     assert_eq!(view.since_failure("n1", failed), SinceFailure::Renewed);
 }
 
+/// Found by the chaos run in CI (make test's seed): an operator restart began a new leader's
+/// watch as node 2 was lost, and node 2 came back 15 s later. Its first renewal after the
+/// failure ends a span with no renewal that began before it: the node was away when the
+/// failure happened, so that renewal is no proof its ranks lived through it.
+#[test]
+fn a_renewal_that_ends_an_absence_spanning_the_failure_is_a_return_not_proof_of_life() {
+    let mut beats = Heartbeats::default();
+    // The new leader lists at 72: n1 renewed at 66, n2 at 69.5 (lost at 69.7). n1's trainer
+    // failed at 70.5.
+    beats.interrupted();
+    beats.renewal("n1", at(66.0), DURATION, at(72.0));
+    beats.renewal("n2", at(69.5), DURATION, at(72.0));
+    beats.resumed(at(72.0));
+    beats.renewal("n1", at(76.0), DURATION, at(76.0));
+    // n2's kubelet starts again and renews at 84.5: 15 s after its last renewal.
+    beats.renewal("n2", at(84.5), DURATION, at(84.5));
+    let failed = at(70.5);
+    let view = beats.view(["n1", "n2"], at(85.0));
+    assert_eq!(
+        view.since_failure("n2", failed),
+        SinceFailure::Returned(secs(15.0))
+    );
+    // It stays a return on its next renewals: the absence still spans the failure.
+    beats.renewal("n1", at(86.0), DURATION, at(86.0));
+    beats.renewal("n2", at(94.5), DURATION, at(94.5));
+    let view = beats.view(["n1", "n2"], at(95.0));
+    assert_eq!(
+        view.since_failure("n2", failed),
+        SinceFailure::Returned(secs(15.0))
+    );
+    // n1 renewed every 10 s throughout: alive.
+    assert_eq!(view.since_failure("n1", failed), SinceFailure::Renewed);
+    // A failure after n2 came back is judged by the renewals since.
+    assert_eq!(view.since_failure("n2", at(90.0)), SinceFailure::Renewed);
+}
+
+/// A kubelet whose write takes 2.4 s (an API server slow each way) renews 12.4 s after its
+/// last renewal: noise within the interval and the margin, not an absence.
+#[test]
+fn a_renewal_late_by_a_slow_write_is_no_return() {
+    let mut beats = warmed(&["n1", "n2"]);
+    beats.renewal("n1", at(10.0), DURATION, at(10.0));
+    beats.renewal("n2", at(12.4), DURATION, at(13.5));
+    let view = beats.view(["n2"], at(14.0));
+    assert_eq!(view.since_failure("n2", at(1.0)), SinceFailure::Renewed);
+}
+
 fn lost(
     beats: &Heartbeats,
     reported: &[(u32, Timestamp)],

@@ -3313,6 +3313,82 @@ fn a_lost_node_stopped_working_at_its_ranks_last_report_not_its_kubelets_last_re
     assert_eq!(detection(&plan), 2 * 8_000, "2 GPUs for 8 s");
 }
 
+/// Found by the chaos run in CI: node n-2 vanishes (every process of it killed) as a new
+/// leader starts, and comes back 15 s later, before it could be judged silent; rank 0's
+/// collective breaks at once. The kubelet's first renewal back ends a span with no renewal
+/// across the failure: no proof that rank 1 lived through it. The verdict holds until n-2's
+/// kubelet reports rank 1's container lost with the node (exit 255, `Unknown`): one
+/// preemption, no failure spent.
+#[test]
+fn a_failure_beside_a_node_lost_and_back_before_it_was_silent_is_a_preemption() {
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
+    let renewed = w.now;
+    for _ in 0..9 {
+        w.advance(1);
+        channel.report(&mut w, 0, 40, None);
+        channel.report(&mut w, 1, 40, None);
+        assert_eq!(channel.step(&mut w).restart, None);
+    }
+    // n-2 vanishes at 9.5. At 10 a new leader lists both Leases (renewed at 0), n-1 renews
+    // and rank 0 fails.
+    w.advance(1);
+    w.beats = Heartbeats::default();
+    w.beats.interrupted();
+    w.heartbeat_seen("n-1", renewed, w.now);
+    w.heartbeat_seen("n-2", renewed, w.now);
+    w.beats.resumed(w.now);
+    w.heartbeat("n-1");
+    w.exit("train-worker-0", 1);
+    assert_eq!(channel.step(&mut w).restart, None, "n-2 is only due");
+    // n-2's kubelet is back at 15 and renews, 15 s after its last renewal.
+    w.advance(5);
+    w.heartbeat("n-2");
+    assert_eq!(channel.step(&mut w).restart, None, "held: n-2 was away");
+    // Its kubelet finds rank 1's container gone with the runtime.
+    w.advance(2);
+    w.set_status(
+        "train-worker-1",
+        json!({"phase": "Failed", "startTime": T0, "containerStatuses": [
+        {"name": "trainer", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+         "state": {"terminated": {"exitCode": 255, "reason": "Unknown",
+                                  "finishedAt": w.now.to_string()}}}]}),
+    );
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!((plan.status.preemptions, plan.status.failures), (1, 0));
+}
+
+/// n-2's kubelet cannot reach the API server (its Lease falls silent) while rank 1 trains on and
+/// reports; rank 0 crashes on its own. Rank 1's report after the failure (and the margin) proves
+/// n-2 alive: a failure, spent from the budget, decided then, not a preemption 13 s later.
+#[test]
+fn a_failure_beside_a_silent_kubelet_whose_rank_reports_is_a_failure() {
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
+    w.advance(1);
+    w.exit("train-worker-0", 1);
+    assert_eq!(channel.step(&mut w).restart, None);
+    let mut decided = None;
+    for t in 2..=14 {
+        w.advance(1);
+        channel.report(&mut w, 1, 40, None);
+        if t % 10 == 0 || t == 14 {
+            w.heartbeat("n-1");
+        }
+        let plan = channel.step(&mut w);
+        if plan.restart.is_some() {
+            decided = Some((t, plan));
+            break;
+        }
+    }
+    let (t, plan) = decided.expect("decided");
+    assert_eq!(plan.restart, Some(RestartReason::Failure));
+    assert_eq!((plan.status.preemptions, plan.status.failures), (0, 1));
+    assert_eq!(
+        t, 5,
+        "rank 1's first report past the failure and the 3-s margin"
+    );
+}
+
 /// The review's repro on the local cluster: a trainer crashed with exit 1 while the other
 /// node's kubelet renewal was a few seconds late. A genuine failure is a Failure: the verdict
 /// waits for the late renewal, never takes the node for lost, and spends the failure budget.

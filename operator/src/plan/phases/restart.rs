@@ -301,6 +301,22 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
         .min()
         .unwrap_or(now)
         .min(now);
+    // The ranks of this attempt whose trainers reported after the failure and the margin.
+    let after = failed_at
+        .saturating_add(liveness.margin)
+        .unwrap_or(failed_at);
+    let heard_after: Vec<u32> = observed
+        .progress
+        .as_ref()
+        .filter(|p| p.attempt == attempt)
+        .map(|p| {
+            p.ranks
+                .iter()
+                .filter(|r| r.reported_at > after)
+                .map(|r| r.rank)
+                .collect()
+        })
+        .unwrap_or_default();
     let node_of = |p: &CachedPod| p.spec.node_name.clone();
     let failed_nodes: Vec<String> = failed.iter().filter_map(|p| node_of(p)).collect();
     let peers: Vec<SilentPeer<'_>> = states
@@ -318,6 +334,7 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
                 node,
                 lease,
                 beside_failure: node_of(pod).is_some_and(|n| failed_nodes.contains(&n)),
+                heard_after: heard_after.contains(&rank),
             }
         })
         .collect();
