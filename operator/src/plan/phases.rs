@@ -614,7 +614,8 @@ fn unschedulable(view: &View<'_>, round: &mut Round) -> Flow {
     Flow::Continue
 }
 
-/// Running once every worker runs (or has succeeded); Pending until then. Always the last
+/// Running once every worker runs (or has succeeded); Pending until then. A running job
+/// whose failure's verdict is held stays Running: no restart is decided yet. Always the last
 /// word of a round.
 fn running(view: &View<'_>, round: &mut Round) -> Flow {
     round.record_workers(view);
@@ -628,7 +629,8 @@ fn running(view: &View<'_>, round: &mut Round) -> Flow {
             )
         });
     if !all_running {
-        if round.st.phase != Some(Phase::Restarting) {
+        let held = round.verdict_held && round.st.phase == Some(Phase::Running);
+        if round.st.phase != Some(Phase::Restarting) && !held {
             round.st.phase = Some(Phase::Pending);
         }
         return Flow::Stop;

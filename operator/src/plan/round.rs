@@ -51,6 +51,9 @@ pub(crate) struct Round {
     pub placement: Option<Placement>,
     /// The kept pods start the attempt in place in this round ([`super::in_place::start`]).
     pub start_in_place: bool,
+    /// A failure's verdict is held in this round ([`crate::lost_peer`]): nothing is decided
+    /// about the attempt yet, so a running job stays `Running`.
+    pub verdict_held: bool,
 }
 
 impl Round {
@@ -74,6 +77,7 @@ impl Round {
             invalid: view.job.rejected_edit.clone(),
             placement: None,
             start_in_place: false,
+            verdict_held: false,
         }
     }
 

@@ -3261,6 +3261,11 @@ fn rank_0_fails_as_n2_falls_silent(w: &mut World, channel: &Channel, failed_at: 
     w.exit("train-worker-0", 1);
     let plan = channel.step(w);
     assert_eq!(plan.restart, None, "held until n-2 is known lost");
+    assert_eq!(
+        plan.status.phase,
+        Some(Phase::Running),
+        "a held verdict decides nothing: the job still runs"
+    );
     w.advance(10 - failed_at);
     w.heartbeat("n-1");
     assert_eq!(channel.step(w).restart, None, "n-2 is due now");

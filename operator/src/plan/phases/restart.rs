@@ -109,6 +109,7 @@ fn cause(view: &View<'_>, round: &mut Round) -> Option<Cause> {
             Verdict::Preemption(detail) => Some(detail),
             Verdict::Hold(at) => {
                 round.requeue(Some(at));
+                round.verdict_held = true;
                 return None;
             }
             Verdict::Failure => None,
