@@ -12,7 +12,6 @@ use super::view::View;
 use crate::cached_pod::CachedPod;
 use crate::crd::{GangSize, GoodputLedger, LedgerStretch, Phase, RestartReason, StretchUse};
 use crate::ledger::{self, Ending, Loss, Progress};
-use crate::liveness;
 use crate::preemption::{NodeView, WorkerState, trainer_status};
 use k8s_openapi::api::core::v1::ContainerState;
 use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
@@ -92,10 +91,8 @@ fn what_the_end_lost(
         return (now(view), Loss::Known(0));
     };
     let interrupted = match ending {
-        Ending::Restart(RestartReason::Preemption) => interrupted_at(view, open.attempt, true),
-        Ending::Restart(RestartReason::Failure) | Ending::Failed => {
-            interrupted_at(view, open.attempt, false)
-        }
+        Ending::Restart(RestartReason::Preemption) => interrupted_at(view, true),
+        Ending::Restart(RestartReason::Failure) | Ending::Failed => interrupted_at(view, false),
         Ending::Succeeded => last_trainer(view, Some(open.since.0), |s| {
             Some(s.terminated.as_ref()?.finished_at.as_ref()?.0)
         }),
@@ -105,16 +102,16 @@ fn what_the_end_lost(
     (interrupted, loss)
 }
 
-/// The earliest interruption among the workers of `attempt` that were preempted or failed (a
-/// trainer's end, a pod's DisruptionTarget condition, the last sign of life of a node whose
-/// kubelet went silent: [`liveness::last_alive`]); now when nothing tells (a pod that
+/// The earliest interruption among the workers of the ending attempt that were preempted or
+/// failed (a trainer's end, a pod's DisruptionTarget condition, the last sign of life of a
+/// node whose kubelet went silent: [`super::view::Census::last_alive`]); now when nothing tells (a pod that
 /// vanished). For a `preemption`, also the last sign of life of a silent node under any
 /// worker: the lost-peer rule takes a survivor's trainer, whose collective broke when that
 /// node went, for preempted before the node's own ranks are judged, and the work stopped when
 /// the node did, not when the collective noticed.
-fn interrupted_at(view: &View<'_>, attempt: u32, preemption: bool) -> Timestamp {
+fn interrupted_at(view: &View<'_>, preemption: bool) -> Timestamp {
     let census = &view.census;
-    let last_alive = |pod: &CachedPod| last_alive(view, attempt, pod.node_name()?);
+    let last_alive = |pod: &CachedPod| census.last_alive(pod.node_name()?);
     let silent_nodes = census
         .current
         .values()
@@ -135,27 +132,6 @@ fn interrupted_at(view: &View<'_>, attempt: u32, preemption: bool) -> Timestamp 
         .min()
         .map_or(now(view), whole_second)
         .min(now(view))
-}
-
-/// When `node`, if its kubelet went silent, last showed it was alive: its last renewal, or a
-/// later progress report of a rank of `attempt` whose pod runs there.
-fn last_alive(view: &View<'_>, attempt: u32, node: &str) -> Option<Timestamp> {
-    let silence = view.census.silent.get(node)?;
-    let on_node = |rank: u32| {
-        view.census
-            .current
-            .get(&rank)
-            .is_some_and(|pod| pod.node_name() == Some(node))
-    };
-    let reported = view
-        .observed
-        .progress
-        .iter()
-        .filter(|p| p.attempt == attempt)
-        .flat_map(|p| p.ranks.iter())
-        .filter(|r| on_node(r.rank))
-        .map(|r| r.reported_at);
-    Some(liveness::last_alive(silence, reported))
 }
 
 /// When a pod was interrupted: marked for disruption or its trainer ended, whichever came

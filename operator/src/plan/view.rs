@@ -107,6 +107,16 @@ fn judge_heartbeats(view: &View<'_>) -> BTreeMap<String, String> {
     liveness::lost_nodes(&observed.liveness, &ranks, Some(reports), view.now)
 }
 
+/// When each rank of `attempt` last reported progress.
+fn reported(observed: &Observed, attempt: u32) -> BTreeMap<u32, Timestamp> {
+    observed
+        .progress
+        .iter()
+        .filter(|p| p.attempt == attempt)
+        .flat_map(|p| p.ranks.iter().map(|r| (r.rank, r.reported_at)))
+        .collect()
+}
+
 /// The pods of the attempt a round works on, by rank, and how each worker stands. Built by
 /// the classify phase: a resume earlier in the round moves the attempt.
 #[derive(Default)]
@@ -130,6 +140,28 @@ pub(crate) struct Census<'a> {
     /// Nodes lost to the reporting attempt ([`liveness::lost_nodes`]), with the detail: their
     /// running workers are preempted, and a pod deleted there is removed at once.
     pub lost: BTreeMap<String, String>,
+    /// When each rank of this attempt last reported progress (the operator's clock).
+    pub reported: BTreeMap<u32, Timestamp>,
+}
+
+impl Census<'_> {
+    /// When `node`, if its kubelet went silent, last showed it was alive
+    /// ([`liveness::last_alive`]): its last renewal, or a later report of a rank of this
+    /// attempt whose pod runs there.
+    pub fn last_alive(&self, node: &str) -> Option<Timestamp> {
+        let silence = self.silent.get(node)?;
+        let on_node = |rank: &u32| {
+            self.current
+                .get(rank)
+                .is_some_and(|pod| pod.node_name() == Some(node))
+        };
+        let reported = self
+            .reported
+            .iter()
+            .filter(|(rank, _)| on_node(rank))
+            .map(|(_, at)| *at);
+        Some(liveness::last_alive(silence, reported))
+    }
 }
 
 /// The ranks of an attempt the status records: seen, and of those, succeeded.
@@ -235,6 +267,7 @@ impl<'a> Census<'a> {
             recheck_at,
             silent,
             lost,
+            reported: reported(observed, attempt),
         }
     }
 

@@ -306,18 +306,12 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
     let after = failed_at
         .saturating_add(liveness.margin)
         .unwrap_or(failed_at);
-    let heard_after: Vec<u32> = observed
-        .progress
-        .as_ref()
-        .filter(|p| p.attempt == attempt)
-        .map(|p| {
-            p.ranks
-                .iter()
-                .filter(|r| r.reported_at > after)
-                .map(|r| r.rank)
-                .collect()
-        })
-        .unwrap_or_default();
+    let heard_after = |rank: u32| {
+        view.census
+            .reported
+            .get(&rank)
+            .is_some_and(|&at| at > after)
+    };
     let node_of = |p: &CachedPod| p.spec.node_name.clone();
     let failed_nodes: Vec<String> = failed.iter().filter_map(|p| node_of(p)).collect();
     let peers: Vec<SilentPeer<'_>> = states
@@ -335,7 +329,7 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
                 node,
                 lease,
                 beside_failure: node_of(pod).is_some_and(|n| failed_nodes.contains(&n)),
-                heard_after: heard_after.contains(&rank),
+                heard_after: heard_after(rank),
             }
         })
         .collect();
