@@ -3394,6 +3394,42 @@ fn a_failure_beside_a_silent_kubelet_whose_rank_reports_is_a_failure() {
     );
 }
 
+/// n-2's kubelet falls silent (cut off from the API server) while rank 1 trains on there and
+/// reports every second; 14 s later rank 0 is preempted on n-1. The work stopped then: n-2's
+/// last sign of life is rank 1's report of a moment ago, not its kubelet's renewal 14 s old,
+/// so the ledger counts no detection loss.
+#[test]
+fn a_preemption_beside_a_silent_kubelet_whose_rank_reports_is_dated_at_the_preemption() {
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
+    for t in 1..=14 {
+        w.advance(1);
+        channel.report(&mut w, 0, 40, None);
+        channel.report(&mut w, 1, 40, None);
+        if t % 10 == 0 || t == 14 {
+            w.heartbeat("n-1");
+        }
+        assert_eq!(
+            channel.step(&mut w).restart,
+            None,
+            "n-2's ranks report: not lost"
+        );
+    }
+    assert!(
+        w.observed().liveness.silent.contains_key("n-2"),
+        "n-2's kubelet is silent"
+    );
+    // Its kubelet ends it for a node shutdown: exit 143 and the DisruptionTarget condition.
+    w.exit("train-worker-0", 143);
+    w.preempt("train-worker-0");
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(
+        detection(&plan),
+        0,
+        "dated at the preemption, not at n-2's renewal"
+    );
+}
+
 /// The review's repro on the local cluster: a trainer crashed with exit 1 while the other
 /// node's kubelet renewal was a few seconds late. A genuine failure is a Failure: the verdict
 /// waits for the late renewal, never takes the node for lost, and spends the failure budget.
