@@ -37,8 +37,10 @@ answer says what to do:
 
 - continue: nothing.
 - stop: a new attempt was decided. SIGTERM to the command (torchrun passes it to its
-  workers, which save), up to TRAINYARD_STOP_GRACE_SECONDS (30) for it to exit (the barrier
-  rule above applies), then SIGKILL to whatever is left of its session. Only once nothing is
+  workers, which save), up to TRAINYARD_STOP_GRACE_SECONDS (30) for it to exit, then SIGKILL
+  to whatever is left of its session. A command that ran workers of its own when the stop
+  came (torchrun's agent) is ended as soon as they have exited, without the barrier rule's
+  wait: the attempt is over. One that ran none (the trainer itself) gets the barrier rule. Only once nothing is
   left does it report stopped: the operator starts the next attempt on the strength of it,
   and a process of the old one would hold its GPUs or write an old checkpoint.
 - start: the next attempt, with the environment the answer gives over the container's own
@@ -474,7 +476,10 @@ class Supervisor:
         say(f"stopping attempt {attempt} on the operator's order ({why}): SIGTERM to "
             f"{self.command[0]}, up to {self.grace:g} s to exit")
         now = time.monotonic()
-        self.stopping = {"why": why, "deadline": now + self.grace, "exit": then_exit}
+        # Whether the command runs workers of its own now (torchrun's agent does): once they
+        # are gone after the stop, nothing of the attempt is left worth waiting for.
+        self.stopping = {"why": why, "deadline": now + self.grace, "exit": then_exit,
+                         "had_workers": has_children(self.child.pid)}
         if self.sigterm_at is None:
             self.sigterm_at = now
         self.child.send_signal(signal.SIGTERM)
@@ -523,6 +528,11 @@ class Supervisor:
         elif has_children(self.child.pid):
             self.childless_since = None
             return
+        elif self.stopping is not None and self.stopping["had_workers"]:
+            # The operator's stop, and the workers it had have saved and exited: the attempt
+            # is over, so its agent is not given the barrier rule's wait.
+            say(f"{self.command[0]}'s workers exited on the operator's stop: stopping it")
+            self.stuck_killed = True
         else:
             self.childless_since = self.childless_since or now
             if now - self.childless_since < self.stuck:

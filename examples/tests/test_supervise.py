@@ -202,6 +202,22 @@ while True:
     time.sleep(1)
 """
 
+# torchrun's agent: passes SIGTERM on to its worker, which saves and exits, and then stays (at
+# its exit barrier).
+AGENT_AT_ITS_BARRIER = PRELUDE + """
+worker = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\\n"
+                           "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\\n"
+                           "time.sleep(300)"])
+def forward(signum, frame):
+    worker.send_signal(signum)
+    worker.wait()
+    mark("saved")
+signal.signal(signal.SIGTERM, forward)
+mark("child", str(os.getpid()))
+for _ in range(40):  # past the test's watchdog, so that a launcher that waits fails it
+    time.sleep(1)
+"""
+
 FAILS_WITH_3 = PRELUDE + """
 sys.exit(3)
 """
@@ -239,6 +255,32 @@ def test_the_operators_stop_ends_every_process_of_the_attempt_before_it_says_sto
     stopped = "trainyard_launch.py: attempt 3 stopped on the operator's order (attempt 4 decided)"
     assert stopped in err
     assert "trainyard_launch.py: starting attempt 4 in place" in err
+
+
+def test_on_the_operators_stop_an_agent_that_outlives_its_workers_is_ended_without_the_barrier_wait(
+    tmp_path, operator
+):
+    # A barrier rule of 300 s would outlast the test's 30-s watchdog: the launcher must not wait
+    # for it once the workers the agent ran have exited.
+    def answer(body):
+        if body["state"] == "running" and body["attempt"] == 3 and (tmp_path / "child").exists():
+            return {"action": "stop", "attempt": 4}
+        if body["state"] == "stopped" and body["attempt"] == 3:
+            return {"action": "start", "attempt": 4, "env": RESTART_ENV}
+        return CONTINUE
+
+    op = operator(answer)
+    launcher = Launcher(tmp_path, AGENT_AT_ITS_BARRIER, op.url, SIGTERM_STUCK_SECONDS="300",
+                        TRAINYARD_STOP_GRACE_SECONDS="300")
+    code, err = launcher.finish()
+    assert code == 0
+    assert (tmp_path / "saved").exists()
+    assert (tmp_path / "attempt4").read_text() == "4 y"
+    assert op.reports() == [(3, "running"), (3, "stopped"), (4, "running")]
+    exited = next(i for i, line in enumerate(err) if "workers exited on the operator's stop" in line)
+    stopped = next(i for i, line in enumerate(err) if "attempt 3 stopped on the operator's" in line)
+    assert exited < stopped
+    assert not any("outlived its workers" in line for line in err)
 
 
 def test_a_failed_command_is_reported_and_without_a_decision_its_code_ends_the_launcher(
