@@ -40,9 +40,10 @@ answer says what to do:
   workers, which save), up to TRAINYARD_STOP_GRACE_SECONDS (30) for it to exit, then SIGKILL
   to whatever is left of its session. A command that ran workers of its own when the stop
   came (torchrun's agent) is ended as soon as they have exited, without the barrier rule's
-  wait: the attempt is over. One that ran none (the trainer itself) gets the barrier rule. Only once nothing is
-  left does it report stopped: the operator starts the next attempt on the strength of it,
-  and a process of the old one would hold its GPUs or write an old checkpoint.
+  wait: the attempt is over. One that ran none (the trainer itself) gets the barrier rule.
+  Only once nothing is left does it report stopped: the operator starts the next attempt on
+  the strength of it, and a process of the old one would hold its GPUs or write an old
+  checkpoint.
 - start: the next attempt, with the environment the answer gives over the container's own
   (every variable a new pod of this rank would have), after waiting for its master as above.
 - exit: the job ended; exit with the command's code (stopping it first if it runs).

@@ -277,8 +277,11 @@ def test_on_the_operators_stop_an_agent_that_outlives_its_workers_is_ended_witho
     assert (tmp_path / "saved").exists()
     assert (tmp_path / "attempt4").read_text() == "4 y"
     assert op.reports() == [(3, "running"), (3, "stopped"), (4, "running")]
-    exited = next(i for i, line in enumerate(err) if "workers exited on the operator's stop" in line)
-    stopped = next(i for i, line in enumerate(err) if "attempt 3 stopped on the operator's" in line)
+    def said(text):
+        return next(i for i, line in enumerate(err) if text in line)
+
+    exited = said("workers exited on the operator's stop")
+    stopped = said("attempt 3 stopped on the operator's")
     assert exited < stopped
     assert not any("outlived its workers" in line for line in err)
 
