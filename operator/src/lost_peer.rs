@@ -416,6 +416,13 @@ mod tests {
             judge(&[p], &judging("2026-01-01T00:00:30Z")),
             Verdict::Failure
         );
+        // A kubelet restarted across the failure while its ranks reported: a failure too,
+        // without waiting for the peer's pod.
+        p.lease = SinceFailure::Returned(SignedDuration::from_secs(15));
+        assert_eq!(
+            judge(&[p], &judging("2026-01-01T00:00:16Z")),
+            Verdict::Failure
+        );
     }
 
     #[test]

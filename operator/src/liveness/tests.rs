@@ -238,6 +238,37 @@ fn a_renewal_that_ends_an_absence_spanning_the_failure_is_a_return_not_proof_of_
     assert_eq!(view.since_failure("n2", at(90.0)), SinceFailure::Renewed);
 }
 
+/// The same absence seen through a node clock 7 s behind the operator's and a watch that
+/// delivers each renewal 2 s late: the span is the kubelet's own distance between renewals,
+/// put on the operator's clock by its offset, so it still spans the failure and no more.
+#[test]
+fn an_absence_is_the_same_through_a_skewed_node_clock_and_a_lagging_watch() {
+    let mut beats = Heartbeats::default();
+    // n2 stamps 7 s behind; the watch delivers 2 s after the stamp (on the operator's clock).
+    let stamp = |t: f64| at(t - 7.0);
+    for t in [30.0, 40.0, 50.0, 60.0] {
+        beats.renewal("n1", at(t + 1.0), DURATION, at(t + 1.0));
+        beats.renewal("n2", stamp(t), DURATION, at(t + 2.0));
+    }
+    // n2's last renewal before it went was at 60; it is back at 75 (its clock: 53 and 68).
+    beats.renewal("n1", at(71.0), DURATION, at(71.0));
+    beats.renewal("n2", stamp(75.0), DURATION, at(77.0));
+    let view = beats.view(["n1", "n2"], at(78.0));
+    assert_eq!(
+        view.since_failure("n2", at(64.0)),
+        SinceFailure::Returned(secs(15.0))
+    );
+    // A failure before its last renewal, or after its return, is judged by the renewals.
+    assert!(!matches!(
+        view.since_failure("n2", at(61.0)),
+        SinceFailure::Returned(_)
+    ));
+    assert!(!matches!(
+        view.since_failure("n2", at(78.0)),
+        SinceFailure::Returned(_)
+    ));
+}
+
 /// A kubelet whose write takes 2.4 s (an API server slow each way) renews 12.4 s after its
 /// last renewal: noise within the interval and the margin, not an absence.
 #[test]
