@@ -94,11 +94,8 @@ fn judge_heartbeats(view: &View<'_>) -> BTreeMap<String, String> {
         .filter(|p| !super::is_finished(p))
         .filter_map(|p| Some((label_u32(p.as_ref(), LABEL_RANK)?, p.node_name()?)))
         .collect();
-    let reported: Vec<(u32, Timestamp)> = progress
-        .ranks
-        .iter()
-        .map(|r| (r.rank, r.reported_at))
-        .collect();
+    let reported: Vec<(u32, Timestamp)> =
+        reported(observed, progress.attempt).into_iter().collect();
     let reports = Reports {
         ranks: &reported,
         cadence: progress.report_cadence,
