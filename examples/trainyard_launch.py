@@ -46,7 +46,23 @@ answer says what to do:
   checkpoint.
 - start: the next attempt, with the environment the answer gives over the container's own
   (every variable a new pod of this rank would have), after waiting for its master as above.
+  It runs in the spare interpreter when one is ready (below).
 - exit: the job ended; exit with the command's code (stopping it first if it runs).
+
+A restart in place still pays the next attempt's start-up, of which importing torch is most
+(seconds, more with CUDA's libraries). So, when the command is a Python program of this
+launcher's interpreter (`python SCRIPT`, `python -m MODULE`, `python -c CODE`, or a script
+such as torchrun whose #! line names that interpreter), the launcher keeps a spare
+interpreter: a process that imports TRAINYARD_WARM_IMPORTS (comma-separated, default torch;
+empty: no spare) and then waits. It is started TRAINYARD_WARM_AFTER_SECONDS (10) after an
+attempt starts, so that it takes no CPU from that start, or at the stop order if none is
+ready by then. On the start order the spare gets the attempt's environment and arguments
+and runs the command in its own process (runpy), with the modules already loaded; without a
+spare (it died, or the command is not such a program) the command starts as a new process.
+The spare runs nothing of an attempt before the start order, which comes only once every
+process of the old attempt is gone, and it initialises no GPU by importing torch. A module
+imported ahead sees the container's environment, not the attempt's: name only modules that
+read no per-attempt variable (TRAINYARD_*, RESUME_FROM, MASTER_*, RANK...) when imported.
 
 An operator that cannot be reached, or an answer the launcher does not know, means continue:
 the command runs on (logged at most once a minute). When the command exits 0 the launcher
@@ -63,6 +79,8 @@ import errno
 import json
 import os
 import queue
+import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -279,6 +297,142 @@ def parse_order(answer):
     return (action, attempt, env)
 
 
+# The spare interpreter's program: import ahead, wait for the go (one JSON line on stdin:
+# the environment, sys.argv and what to run), then become the command.
+SPARE_PROGRAM = r"""
+import importlib, json, os, resource, runpy, sys, time, types
+
+
+def prepare():
+    began, names = time.monotonic(), [n for n in sys.argv[1].split(",") if n]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as err:
+            print(f"trainyard_launch.py: spare interpreter: import {name}: {err}",
+                  file=sys.stderr, flush=True)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"trainyard_launch.py: spare interpreter {os.getpid()} ready: imported "
+          f"{', '.join(names)} in {time.monotonic() - began:.1f} s ({rss:.0f} MiB)",
+          file=sys.stderr, flush=True)
+    os.write(int(sys.argv[2]), b"r")
+    os.close(int(sys.argv[2]))
+    line = sys.stdin.readline()
+    if not line:
+        os._exit(0)
+    go = json.loads(line)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(go["env"])
+    sys.argv = go["argv"]
+    return go["run"]
+
+
+def become(kind, target):
+    if kind == "module":
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif kind == "path":
+        sys.path[0] = os.path.dirname(target)
+        runpy.run_path(target, run_name="__main__")
+    else:
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(target, "<string>", "exec"), vars(main))
+
+
+become(*prepare())
+"""
+
+
+def same_interpreter(program):
+    """Whether `program` (a name or path) is this launcher's Python interpreter."""
+    found = shutil.which(program)
+    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+
+
+def spare_run(command):
+    """What a spare interpreter runs for `command` ((kind, target), argv), or None when the
+    command is not a Python program of this interpreter that it can run in-process."""
+    if same_interpreter(command[0]):
+        rest = command[1:]
+        if len(rest) >= 2 and rest[0] in ("-c", "-m"):
+            kind = "code" if rest[0] == "-c" else "module"
+            argv = ["-c", *rest[2:]] if kind == "code" else [rest[1], *rest[2:]]
+            return (kind, rest[1]), argv
+        if rest and not rest[0].startswith("-"):
+            return ("path", os.path.abspath(rest[0])), rest
+        return None
+    script = shutil.which(command[0])
+    if script is None:
+        return None
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(200).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and os.path.basename(words[0]) == "env":
+        words = words[1:]
+    if len(words) != 1 or not same_interpreter(words[0]):
+        return None  # another interpreter, or one with flags: start it as it is
+    script = os.path.abspath(script)
+    return ("path", script), [script, *command[1:]]
+
+
+class Spare:
+    """A spare interpreter (module docstring), in a session of its own like the command."""
+
+    READY_SECONDS = 60  # for its imports, once the start order came; then a new process
+
+    def __init__(self, imports, run, argv):
+        self.run, self.argv = run, argv
+        self.ready, ready = os.pipe()  # a byte once it has imported; EOF: it died
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", SPARE_PROGRAM, imports, str(ready)],
+                stdin=subprocess.PIPE, start_new_session=True, pass_fds=(ready,))
+        finally:
+            os.close(ready)
+
+    def wait_ready(self, interrupted):
+        """Whether it has imported and waits (for at most READY_SECONDS, until `interrupted()`);
+        a spare that died before (a crash, the OOM killer) is never handed an attempt."""
+        deadline = time.monotonic() + self.READY_SECONDS
+        while not interrupted() and time.monotonic() < deadline:
+            if select.select([self.ready], [], [], 0.1)[0]:
+                return os.read(self.ready, 1) == b"r"
+        return False
+
+    def go(self, env, interrupted):
+        """Hands the attempt over; its process, or None when the spare is not there for it."""
+        if not self.wait_ready(interrupted):
+            self.discard()
+            return None
+        line = json.dumps({"env": env, "argv": self.argv, "run": self.run}) + "\n"
+        try:
+            self.process.stdin.write(line.encode())
+            self.process.stdin.close()
+        except OSError:  # it died since
+            self.discard()
+            return None
+        os.close(self.ready)
+        return self.process
+
+    def discard(self):
+        os.close(self.ready)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        self.process.wait()
+
+
 class Signalled(Exception):
     """SIGTERM or SIGINT came while no command ran (waiting for the master)."""
 
@@ -323,6 +477,13 @@ class Supervisor:
         self.stopping = None  # the operator's stop: {"decided", "deadline", "exit"}
         self.held_since = None
         self.ignored = set()
+        self.warm_imports = ",".join(
+            n.strip() for n in os.environ.get("TRAINYARD_WARM_IMPORTS", "torch").split(",")
+            if n.strip())
+        self.warm_after = seconds_setting("TRAINYARD_WARM_AFTER_SECONDS", "10")
+        self.spare_for = spare_run(command) if self.warm_imports else None
+        self.spare = None
+        self.spare_due = None  # when to start the next attempt's spare
 
     # The poll thread.
 
@@ -410,7 +571,15 @@ class Supervisor:
             wait_for_master(env, self.master_wait, sleep=self.nap)
         except Signalled:
             return
-        self.child = subprocess.Popen(self.command, env=env, start_new_session=True)
+        spare, self.spare = self.spare, None
+        self.child = None
+        if spare is not None:
+            self.child = spare.go(env, lambda: self.signalled is not None)
+        if self.child is None:
+            self.child = subprocess.Popen(self.command, env=env, start_new_session=True)
+        else:
+            say(f"attempt {self.attempt} runs in the spare interpreter {self.child.pid}")
+        self.spare_due = time.monotonic() + self.warm_after
         if self.signalled is not None:  # came between the wait and the start
             if self.signalled == signal.SIGTERM:
                 self.sigterm_at = time.monotonic()
@@ -436,6 +605,14 @@ class Supervisor:
                     return code
         finally:
             self.polling = False
+            if self.spare is not None:
+                self.spare.discard()
+
+    def warm(self):
+        """Starts the next attempt's spare interpreter, when the command can have one."""
+        self.spare_due = None
+        if self.spare is None and self.spare_for is not None and self.signalled is None:
+            self.spare = Spare(self.warm_imports, *self.spare_for)
 
     def obey(self, action, decided, env):
         """Acts on the operator's order; the launcher's exit code when it says to exit now."""
@@ -484,6 +661,8 @@ class Supervisor:
         if self.sigterm_at is None:
             self.sigterm_at = now
         self.child.send_signal(signal.SIGTERM)
+        if not then_exit:
+            self.warm()  # a restart is coming: at least the stop overlaps the imports
 
     def step(self):
         """Checks the command and the clocks; the launcher's exit code when it is time to go."""
@@ -501,6 +680,8 @@ class Supervisor:
         if self.child is None:  # SIGTERM while it waited for the master
             return 128 + self.signalled
         if self.child.poll() is None:
+            if self.spare_due is not None and now >= self.spare_due:
+                self.warm()
             self.enforce_stop(now)
             if self.child.poll() is None:
                 return None

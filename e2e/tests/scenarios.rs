@@ -1759,6 +1759,8 @@ async fn supervisor_stages(client: &Client, ns: &str, job: &str) -> Result<Strin
         "stopping attempt 0 on the operator's order",
         "attempt 0 stopped on the operator's order",
         "starting attempt 1 in place",
+        // torch imported ahead: the spare interpreter became attempt 1.
+        "attempt 1 runs in the spare interpreter",
         "first step of attempt 1",
     ] {
         let at = trainyard_e2e::first_log_time(ns, rank0, "trainer", text)?

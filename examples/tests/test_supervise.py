@@ -126,6 +126,9 @@ class Launcher:
             "TRAINYARD_SUPERVISOR_HOLD_SECONDS": "0.5",
             "TRAINYARD_STOP_GRACE_SECONDS": "0.5",
             "SIGTERM_STUCK_SECONDS": "1",
+            # Every restart here runs in a spare interpreter, unless a test says otherwise.
+            "TRAINYARD_WARM_IMPORTS": "decimal",
+            "TRAINYARD_WARM_AFTER_SECONDS": "0.2",
         })
         if url:
             env["TRAINYARD_SUPERVISOR_URL"] = url
@@ -244,7 +247,7 @@ def test_the_operators_stop_ends_every_process_of_the_attempt_before_it_says_sto
 
     op = operator(answer)
     code, err = Launcher(tmp_path, script, op.url).finish()
-    assert code == 0
+    assert code == 0, err
     assert at_stopped and at_stopped[0] == []  # nothing of attempt 3 ran when it said stopped
     assert alive_in_session(int((tmp_path / "child").read_text())) == []
     assert (tmp_path / "attempt4").read_text() == "4 y"
@@ -492,3 +495,116 @@ def test_a_hanging_operator_delays_neither_sigterm_nor_the_commands_end(tmp_path
         assert time.monotonic() - started < 1.5
     finally:
         release.set()
+
+
+# The spare interpreter: the next attempt starts with its modules already imported.
+
+WARM_MODULE = """
+import os, pathlib
+with open(pathlib.Path(os.environ["WARM_LOG"]), "a") as f:
+    f.write(f"imported {os.getpid()}\\n")
+if os.environ.get("WARM_DIES"):
+    os._exit(3)
+"""
+
+# Attempt 3 waits for the stop; attempt 4 writes down where and how it runs.
+RUNS_AGAIN = PRELUDE.replace('if attempt == "4":', 'if attempt == "5":') + """
+import json
+if attempt == "4":
+    mark("attempt4", json.dumps({"pid": os.getpid(), "argv": sys.argv, "name": __name__,
+                                 "x": os.environ.get("X"), "stdin": sys.stdin.read()}))
+    sys.exit(0)
+def save(signum, frame):
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+mark("child", str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+
+def restarted_once(tmp_path, operator, **settings):
+    """Runs RUNS_AGAIN under an operator that stops attempt 3 once the spare (if any) has
+    imported and starts attempt 4; (exit code, stderr, attempt 4's record, the warm log at
+    the start order)."""
+    (tmp_path / "warmmod.py").write_text(WARM_MODULE)
+    log = tmp_path / "warm.log"
+    at_start = []
+
+    def answer(body):
+        if body["state"] == "running" and body["attempt"] == 3 and (tmp_path / "child").exists():
+            if "WARM_DIES" in settings or log.exists() or not settings.get(
+                    "TRAINYARD_WARM_IMPORTS", "warmmod"):
+                return {"action": "stop", "attempt": 4}
+        if body["state"] == "stopped" and body["attempt"] == 3:
+            at_start.append(log.read_text() if log.exists() else "")
+            return {"action": "start", "attempt": 4, "env": RESTART_ENV}
+        return CONTINUE
+
+    op = operator(answer)
+    env = {"TRAINYARD_WARM_IMPORTS": "warmmod", "WARM_LOG": str(log),
+           "PYTHONPATH": str(tmp_path), **settings}
+    code, err = Launcher(tmp_path, RUNS_AGAIN, op.url, **env).finish()
+    attempt4 = json.loads((tmp_path / "attempt4").read_text())
+    return code, err, attempt4, at_start
+
+
+def test_a_restart_in_place_runs_in_the_spare_that_imported_the_modules_ahead(
+    tmp_path, operator
+):
+    code, err, attempt4, at_start = restarted_once(tmp_path, operator)
+    assert code == 0, err
+    # The spare imported the module before the start order, and became attempt 4.
+    assert at_start == [f"imported {attempt4['pid']}\n"]
+    assert (attempt4["name"], attempt4["argv"], attempt4["x"]) == (
+        "__main__", ["-c", str(tmp_path)], "y")
+    assert attempt4["stdin"] == ""  # the go line is not left for the command to read
+    assert f"trainyard_launch.py: attempt 4 runs in the spare interpreter {attempt4['pid']}" in err
+
+
+def test_a_spare_that_died_leaves_the_restart_to_a_new_process(tmp_path, operator):
+    code, err, attempt4, at_start = restarted_once(tmp_path, operator, WARM_DIES="1")
+    assert code == 0, err
+    died = int(at_start[0].split()[1])
+    assert attempt4["pid"] != died and attempt4["x"] == "y"
+    assert not any("runs in the spare interpreter" in line for line in err)
+
+
+def test_without_warm_imports_no_spare_is_started(tmp_path, operator):
+    code, err, attempt4, at_start = restarted_once(tmp_path, operator, TRAINYARD_WARM_IMPORTS="")
+    assert code == 0, err
+    assert at_start == [""] and attempt4["x"] == "y"
+    assert not any("spare interpreter" in line for line in err)
+
+
+def load_launcher():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("trainyard_launch", LAUNCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_spare_runs_only_python_programs_of_the_launchers_interpreter(tmp_path):
+    launch = load_launcher()
+    py = sys.executable
+    script = tmp_path / "tool"
+    script.write_text(f"#!{py}\nprint('hi')\n")
+    script.chmod(0o755)
+    other = tmp_path / "other"
+    other.write_text("#!/bin/sh\necho hi\n")
+    other.chmod(0o755)
+    flagged = tmp_path / "flagged"
+    flagged.write_text(f"#!{py} -u\nprint('hi')\n")
+    flagged.chmod(0o755)
+    assert launch.spare_run([py, "-c", "code", "a"]) == (("code", "code"), ["-c", "a"])
+    assert launch.spare_run([py, "-m", "pkg.mod", "a"]) == (
+        ("module", "pkg.mod"), ["pkg.mod", "a"])
+    assert launch.spare_run([py, "train.py", "a"]) == (
+        ("path", os.path.abspath("train.py")), ["train.py", "a"])
+    assert launch.spare_run([str(script), "a"]) == (("path", str(script)), [str(script), "a"])
+    assert launch.spare_run([py, "-u", "train.py"]) is None  # interpreter flags: as it is
+    assert launch.spare_run([str(other)]) is None  # not Python
+    assert launch.spare_run([str(flagged)]) is None
+    assert launch.spare_run(["/bin/sh", "-c", "true"]) is None
+    assert launch.spare_run([str(tmp_path / "missing")]) is None
