@@ -60,7 +60,10 @@ ready by then. On the start order the spare gets the attempt's environment and a
 and runs the command in its own process (runpy), with the modules already loaded; without a
 spare (it died, or the command is not such a program) the command starts as a new process.
 The spare runs nothing of an attempt before the start order, which comes only once every
-process of the old attempt is gone, and it initialises no GPU by importing torch. A module
+process of the old attempt is gone, and it initialises no GPU by importing torch. It starts
+with TRAINYARD_SPARE=1 and without TRAINYARD_ATTEMPT, and once handed attempt N it names
+itself trainyard-aN (/proc/<pid>/comm): its /proc/<pid>/environ still shows the environment
+it started with. A module
 imported ahead sees the container's environment, not the attempt's: name only modules that
 read no per-attempt variable (TRAINYARD_*, RESUME_FROM, MASTER_*, RANK...) when imported.
 
@@ -327,6 +330,13 @@ def prepare():
     os.environ.clear()
     os.environ.update(go["env"])
     sys.argv = go["argv"]
+    # /proc/<pid>/environ keeps showing the environment it started with (no attempt's): the
+    # process's name tells which attempt it runs.
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(f"trainyard-a{os.environ.get('TRAINYARD_ATTEMPT', '')}"[:15])
+    except OSError:
+        pass
     return go["run"]
 
 
@@ -390,9 +400,12 @@ class Spare:
         self.run, self.argv = run, argv
         self.ready, ready = os.pipe()  # a byte once it has imported; EOF: it died
         try:
+            # Of no attempt until it is handed one: no TRAINYARD_ATTEMPT, a mark instead.
+            env = {k: v for k, v in os.environ.items() if k != "TRAINYARD_ATTEMPT"}
             self.process = subprocess.Popen(
                 [sys.executable, "-c", SPARE_PROGRAM, imports, str(ready)],
-                stdin=subprocess.PIPE, start_new_session=True, pass_fds=(ready,))
+                stdin=subprocess.PIPE, start_new_session=True, pass_fds=(ready,),
+                env={**env, "TRAINYARD_SPARE": "1"})
         finally:
             os.close(ready)
 

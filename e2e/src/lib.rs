@@ -226,6 +226,19 @@ pub fn first_log_time(
     Ok(Some(time))
 }
 
+/// The first line of the container's log (every restart's file in order) that contains
+/// `text`, without its time.
+pub fn first_log_line(
+    namespace: &str,
+    pod: &Pod,
+    container: &str,
+    text: &str,
+) -> Result<Option<String>> {
+    Ok(pod_log_lines(namespace, pod, container)?
+        .into_iter()
+        .find_map(|(_, msg)| msg.contains(text).then_some(msg)))
+}
+
 /// The container's CRI log lines (`<time> <stream> <P|F> <message>`) as (time, message),
 /// every restart's file in order.
 fn pod_log_lines(namespace: &str, pod: &Pod, container: &str) -> Result<Vec<(String, String)>> {

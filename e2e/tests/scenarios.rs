@@ -1770,6 +1770,10 @@ async fn supervisor_stages(client: &Client, ns: &str, job: &str) -> Result<Strin
             at.duration_since(decided).as_secs_f64()
         ));
     }
+    // What the spare cost: its import time and its memory, as it said when ready.
+    if let Some(ready) = trainyard_e2e::first_log_line(ns, rank0, "trainer", "spare interpreter")? {
+        said.push(format!("({})", ready.trim()));
+    }
     Ok(said.join(" -> "))
 }
 

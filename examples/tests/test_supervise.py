@@ -512,7 +512,8 @@ RUNS_AGAIN = PRELUDE.replace('if attempt == "4":', 'if attempt == "5":') + """
 import json
 if attempt == "4":
     mark("attempt4", json.dumps({"pid": os.getpid(), "argv": sys.argv, "name": __name__,
-                                 "x": os.environ.get("X"), "stdin": sys.stdin.read()}))
+                                 "x": os.environ.get("X"), "stdin": sys.stdin.read(),
+                                 "comm": Path("/proc/self/comm").read_text().strip()}))
     sys.exit(0)
 def save(signum, frame):
     sys.exit(143)
@@ -533,8 +534,8 @@ def restarted_once(tmp_path, operator, **settings):
 
     def answer(body):
         if body["state"] == "running" and body["attempt"] == 3 and (tmp_path / "child").exists():
-            if "WARM_DIES" in settings or log.exists() or not settings.get(
-                    "TRAINYARD_WARM_IMPORTS", "warmmod"):
+            # Once the spare (started 0.2 s after attempt 3) has imported, or died doing so.
+            if log.exists() or not settings.get("TRAINYARD_WARM_IMPORTS", "warmmod"):
                 return {"action": "stop", "attempt": 4}
         if body["state"] == "stopped" and body["attempt"] == 3:
             at_start.append(log.read_text() if log.exists() else "")
@@ -559,6 +560,7 @@ def test_a_restart_in_place_runs_in_the_spare_that_imported_the_modules_ahead(
     assert (attempt4["name"], attempt4["argv"], attempt4["x"]) == (
         "__main__", ["-c", str(tmp_path)], "y")
     assert attempt4["stdin"] == ""  # the go line is not left for the command to read
+    assert attempt4["comm"] == "trainyard-a4"  # /proc/<pid>/environ shows no attempt
     assert f"trainyard_launch.py: attempt 4 runs in the spare interpreter {attempt4['pid']}" in err
 
 

@@ -52,8 +52,17 @@ fn job_processes(job: &str) -> Result<Vec<ProcessSeen>> {
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
-        let Some(attempt) = attempt_of(&environ, job) else {
-            continue;
+        let attempt = match attempt_of(&environ, job) {
+            Some(attempt) => attempt,
+            None if is_spare_of(&environ, job) => {
+                // A spare interpreter: of the attempt it was handed, if any, by its name.
+                let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+                let Some(attempt) = spare_attempt(&comm) else {
+                    continue;
+                };
+                attempt
+            }
+            None => continue,
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         if is_supervisor(&environ, &cmdline) {
@@ -86,6 +95,28 @@ fn attempt_of(environ: &[u8], job: &str) -> Option<u32> {
         return None;
     }
     value(trainyard_api::env::TRAINYARD_ATTEMPT)?.parse().ok()
+}
+
+/// Whether a process is a spare interpreter of job `job`'s supervisor
+/// (`examples/trainyard_launch.py`): `TRAINYARD_SPARE=1`, no attempt in its environment.
+fn is_spare_of(environ: &[u8], job: &str) -> bool {
+    let vars = || {
+        environ
+            .split(|b| *b == 0)
+            .filter_map(|var| std::str::from_utf8(var).ok())
+    };
+    vars().any(|var| var == "TRAINYARD_SPARE=1")
+        && vars().any(|var| {
+            var.strip_prefix(trainyard_api::env::TRAINYARD_JOB)
+                .and_then(|v| v.strip_prefix('='))
+                == Some(job)
+        })
+}
+
+/// The attempt a spare interpreter runs, from its name (`/proc/<pid>/comm`: `trainyard-aN`
+/// once handed attempt N; `None` before).
+fn spare_attempt(comm: &str) -> Option<u32> {
+    comm.trim_end().strip_prefix("trainyard-a")?.parse().ok()
 }
 
 /// Whether a process is an in-place supervisor: `trainyard_launch.py` with
@@ -203,6 +234,24 @@ mod tests {
         assert_eq!(attempt_of(&lookalike, "chaos-1"), None);
         let no_attempt = environ(&["TRAINYARD_JOB=chaos-1"]);
         assert_eq!(attempt_of(&no_attempt, "chaos-1"), None);
+    }
+
+    #[test]
+    fn a_spare_interpreter_is_of_the_attempt_its_name_says_once_handed_one() {
+        let environ = |vars: &[&str]| vars.join("\0").into_bytes();
+        let spare = environ(&["TRAINYARD_JOB=chaos-1", "TRAINYARD_SPARE=1"]);
+        assert!(is_spare_of(&spare, "chaos-1"));
+        assert!(!is_spare_of(&spare, "chaos-1-baseline"));
+        assert!(!is_spare_of(
+            &environ(&["TRAINYARD_JOB=chaos-1", "TRAINYARD_ATTEMPT=0"]),
+            "chaos-1"
+        ));
+        assert_eq!(spare_attempt("trainyard-a12\n"), Some(12));
+        assert_eq!(
+            spare_attempt("python3\n"),
+            None,
+            "not handed an attempt yet"
+        );
     }
 
     #[test]
