@@ -63,9 +63,9 @@ The spare runs nothing of an attempt before the start order, which comes only on
 process of the old attempt is gone, and it initialises no GPU by importing torch. It starts
 with TRAINYARD_SPARE=1 and without TRAINYARD_ATTEMPT, and once handed attempt N it names
 itself trainyard-aN (/proc/<pid>/comm): its /proc/<pid>/environ still shows the environment
-it started with. A module
-imported ahead sees the container's environment, not the attempt's: name only modules that
-read no per-attempt variable (TRAINYARD_*, RESUME_FROM, MASTER_*, RANK...) when imported.
+it started with. A module imported ahead sees the container's environment, not the
+attempt's: name only modules that read no per-attempt variable (TRAINYARD_*, RESUME_FROM,
+MASTER_*, RANK...) when imported.
 
 An operator that cannot be reached, or an answer the launcher does not know, means continue:
 the command runs on (logged at most once a minute). When the command exits 0 the launcher
@@ -357,9 +357,16 @@ become(*prepare())
 
 
 def same_interpreter(program):
-    """Whether `program` (a name or path) is this launcher's Python interpreter."""
+    """Whether `program` (a name or path) is this launcher's Python interpreter: the same path,
+    or a link to the same file in the same directory (python3 beside python3.11). A link from
+    elsewhere is not: a virtual environment's python is a link to the system's, with other
+    packages."""
     found = shutil.which(program)
-    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+    if found is None:
+        return False
+    found, mine = os.path.abspath(found), os.path.abspath(sys.executable)
+    return found == mine or (os.path.dirname(found) == os.path.dirname(mine)
+                             and os.path.realpath(found) == os.path.realpath(mine))
 
 
 def spare_run(command):

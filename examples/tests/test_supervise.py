@@ -610,3 +610,21 @@ def test_a_spare_runs_only_python_programs_of_the_launchers_interpreter(tmp_path
     assert launch.spare_run([str(flagged)]) is None
     assert launch.spare_run(["/bin/sh", "-c", "true"]) is None
     assert launch.spare_run([str(tmp_path / "missing")]) is None
+    # A virtual environment's python links to the same file from elsewhere: other packages.
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "venv" / "python3").symlink_to(os.path.realpath(py))
+    venv_tool = tmp_path / "venv_tool"
+    venv_tool.write_text(f"#!{tmp_path / 'venv' / 'python3'}\nprint('hi')\n")
+    venv_tool.chmod(0o755)
+    assert launch.spare_run([str(venv_tool)]) is None
+
+
+def test_a_link_beside_the_launchers_interpreter_is_that_interpreter(tmp_path, monkeypatch):
+    launch = load_launcher()
+    real = os.path.realpath(sys.executable)
+    (tmp_path / "bin").mkdir()
+    for name in ("python3.11", "python3"):
+        (tmp_path / "bin" / name).symlink_to(real)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python3.11"))
+    beside = str(tmp_path / "bin" / "python3")
+    assert launch.spare_run([beside, "-c", "x"]) == (("code", "x"), ["-c"])
