@@ -214,10 +214,7 @@ pub fn first_log_time(
     container: &str,
     text: &str,
 ) -> Result<Option<jiff::Timestamp>> {
-    let found = pod_log_lines(namespace, pod, container)?
-        .into_iter()
-        .find(|(_, msg)| msg.contains(text));
-    let Some((time, msg)) = found else {
+    let Some((time, msg)) = first_log(namespace, pod, container, text)? else {
         return Ok(None);
     };
     let time = time
@@ -234,9 +231,19 @@ pub fn first_log_line(
     container: &str,
     text: &str,
 ) -> Result<Option<String>> {
+    Ok(first_log(namespace, pod, container, text)?.map(|(_, msg)| msg))
+}
+
+/// The first CRI log line, as (time, message), whose message contains `text`.
+fn first_log(
+    namespace: &str,
+    pod: &Pod,
+    container: &str,
+    text: &str,
+) -> Result<Option<(String, String)>> {
     Ok(pod_log_lines(namespace, pod, container)?
         .into_iter()
-        .find_map(|(_, msg)| msg.contains(text).then_some(msg)))
+        .find(|(_, msg)| msg.contains(text)))
 }
 
 /// The container's CRI log lines (`<time> <stream> <P|F> <message>`) as (time, message),

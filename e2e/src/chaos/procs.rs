@@ -85,32 +85,27 @@ fn job_processes(job: &str) -> Result<Vec<ProcessSeen>> {
 /// `TRAINYARD_ATTEMPT` of a process whose environment (`/proc/<pid>/environ`: NUL-separated
 /// `NAME=value`) has `TRAINYARD_JOB` set to `job`.
 fn attempt_of(environ: &[u8], job: &str) -> Option<u32> {
-    let value = |name: &str| {
-        environ
-            .split(|b| *b == 0)
-            .filter_map(|var| std::str::from_utf8(var).ok())
-            .find_map(|var| var.strip_prefix(name)?.strip_prefix('='))
-    };
-    if value(trainyard_api::env::TRAINYARD_JOB)? != job {
+    if env_var(environ, trainyard_api::env::TRAINYARD_JOB)? != job {
         return None;
     }
-    value(trainyard_api::env::TRAINYARD_ATTEMPT)?.parse().ok()
+    env_var(environ, trainyard_api::env::TRAINYARD_ATTEMPT)?
+        .parse()
+        .ok()
+}
+
+/// The value of variable `name` in a process's environment (`/proc/<pid>/environ`).
+fn env_var<'a>(environ: &'a [u8], name: &str) -> Option<&'a str> {
+    environ
+        .split(|b| *b == 0)
+        .filter_map(|var| std::str::from_utf8(var).ok())
+        .find_map(|var| var.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// Whether a process is a spare interpreter of job `job`'s supervisor
 /// (`examples/trainyard_launch.py`): `TRAINYARD_SPARE=1`, no attempt in its environment.
 fn is_spare_of(environ: &[u8], job: &str) -> bool {
-    let vars = || {
-        environ
-            .split(|b| *b == 0)
-            .filter_map(|var| std::str::from_utf8(var).ok())
-    };
-    vars().any(|var| var == "TRAINYARD_SPARE=1")
-        && vars().any(|var| {
-            var.strip_prefix(trainyard_api::env::TRAINYARD_JOB)
-                .and_then(|v| v.strip_prefix('='))
-                == Some(job)
-        })
+    env_var(environ, "TRAINYARD_SPARE") == Some("1")
+        && env_var(environ, trainyard_api::env::TRAINYARD_JOB) == Some(job)
 }
 
 /// The attempt a spare interpreter runs, from its name (`/proc/<pid>/comm`: `trainyard-aN`
