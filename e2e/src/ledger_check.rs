@@ -337,6 +337,8 @@ pub fn check_sizes(
         .context("no status.ledger.elastic")?;
     // By size: the shortest and longest wall time, the GPUs per worker, the tolerance.
     let mut want: BTreeMap<u32, (u64, u64, u64, u64)> = BTreeMap::new();
+    // Each attempt's stretch as its pods bound it, for the error: which boundary is off.
+    let mut bounds = Vec::new();
     for a in attempts {
         let of: Vec<&PodTimes> = pods.iter().filter(|p| p.attempt == a.attempt).collect();
         ensure!(
@@ -355,6 +357,10 @@ pub fn check_sizes(
         let (earliest, latest) = end_between(&of, a.ended)
             .with_context(|| format!("attempt {} has no end", a.attempt))?;
         let gpus: u64 = of.iter().map(|p| p.gpus).sum::<u64>() / u64::from(a.workers.max(1));
+        bounds.push(format!(
+            "attempt {} ({} workers): from {start} to between {earliest} and {latest}",
+            a.attempt, a.workers
+        ));
         let entry = want.entry(a.workers).or_insert((0, 0, 0, 0));
         entry.0 += ms(start, earliest);
         entry.1 += ms(start, latest);
@@ -371,8 +377,9 @@ pub fn check_sizes(
         ensure!(
             have.wall_millis + tolerance >= shortest && have.wall_millis <= longest + tolerance,
             "{workers} workers: the ledger ran {} ms, the pods' timestamps {shortest} to \
-             {longest} ms (± {tolerance}): {elastic:?}",
-            have.wall_millis
+             {longest} ms (± {tolerance}): {elastic:?}; by the pods, {}",
+            have.wall_millis,
+            bounds.join("; ")
         );
         let gpus = per_worker * u64::from(workers);
         ensure!(
@@ -616,7 +623,18 @@ mod tests {
         let sizes = check_sizes(&ledger(72_000), &pods, &attempts).expect("within the renewal");
         assert_eq!(sizes[&2], 50.0);
         // Counted to the survivors' stop (65 s + 30 s), or far too short: not what happened.
-        assert!(check_sizes(&ledger(95_000), &pods, &attempts).is_err());
+        let err = check_sizes(&ledger(95_000), &pods, &attempts).expect_err("too long");
+        // It names the pods' bounds of each attempt, so a failure shows which one is off.
+        let err = err.to_string();
+        assert!(
+            err.contains(&format!(
+                "attempt 0 (4 workers): from {} to between {} and {}",
+                at(10),
+                at(50),
+                at(60)
+            )) && err.contains("attempt 3 (4 workers)"),
+            "{err}"
+        );
         assert!(check_sizes(&ledger(60_000), &pods, &attempts).is_err());
     }
 }
