@@ -32,8 +32,9 @@ PET_MASTER_PORT, which torchrun reads as its flags. What this script relies on
 - SIGTERM (a spot notice, a gang restart, a deletion): save at the next step boundary and
   exit 143. terminationGracePeriodSeconds must cover one step plus one save. A rank blocked
   in a collective (a peer's node vanished) hears it on a thread of its own: with no step
-  boundary reached within SIGTERM_STUCK_SECONDS (2), it saves the last step completed on
-  every rank and exits 143 (trainyard_sigterm.py).
+  boundary reached within SIGTERM_STUCK_SECONDS (2) of the last one, it saves the last step
+  completed on every rank and exits 143, at once when it was blocked that long before the
+  signal (trainyard_sigterm.py).
 - A peer that vanishes (its node was reclaimed) breaks the collective within seconds; rank 0
   then saves the last step that completed on every rank and exits non-zero. The operator
   counts that as a preemption when the peer's node is gone (docs/trainingjob.md).
@@ -608,7 +609,7 @@ def main():
         except trainyard_fence.Fenced as err:
             log(rank, f"fenced: {err}: not saving step {step}")
             return trainyard_fence.EXIT_CODE
-        log(rank, f"SIGTERM at step {step}, blocked for {STUCK_SECONDS:g} s: exiting")
+        log(rank, f"SIGTERM at step {step}, blocked for over {STUCK_SECONDS:g} s: exiting")
         return 143
 
     def peer_lost(err):

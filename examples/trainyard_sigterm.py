@@ -7,8 +7,11 @@ period's SIGKILL. `Sigterm`'s handler only sets a flag, which the main loop read
 step boundary (`boundary()`), where it saves and exits as usual. The signal also writes a
 byte to a wakeup socket (`signal.set_wakeup_fd`, done by the interpreter's C handler in
 whichever thread the signal lands), read by a thread of its own: if the main loop reaches no
-step boundary within `stuck_seconds`, it is blocked, and the thread runs `on_stuck` while it
-holds `state` and ends the process with the code `on_stuck` returns. The trainer changes its
+step boundary within `stuck_seconds` of its last one, it is blocked, and the thread runs
+`on_stuck` while it holds `state` and ends the process with the code `on_stuck` returns. The
+clock runs from the last boundary, not from the signal: a step under way gets the rest of its
+`stuck_seconds`, and a rank that has hung in a collective for longer (the operator's hang
+restart comes only after `progressTimeoutSeconds` without progress) saves and exits at once. The trainer changes its
 weights and its step count only under `state`, so what `on_stuck` saves is the last step
 completed on every rank, never half of one.
 
@@ -20,6 +23,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 
 class Sigterm:
@@ -29,6 +33,7 @@ class Sigterm:
         self.stuck_seconds = stuck_seconds
         self.requested = threading.Event()
         self.at_boundary = threading.Event()
+        self.last_boundary = time.monotonic()  # the start counts as one
         # Held while the model, the optimizer and the step count change, and while saving.
         self.state = threading.RLock()
         self._wakeup, writer = socket.socketpair()
@@ -46,13 +51,15 @@ class Sigterm:
         if self.requested.is_set():
             self.at_boundary.set()
             return True
+        self.last_boundary = time.monotonic()
         return False
 
     def _wait(self, on_stuck):
         while self._wakeup.recv(1) != bytes([signal.SIGTERM]):
             pass
         self.requested.set()
-        if self.at_boundary.wait(self.stuck_seconds):
+        left = self.last_boundary + self.stuck_seconds - time.monotonic()
+        if self.at_boundary.wait(max(0.0, left)):
             return
         with self.state:
             code = on_stuck()

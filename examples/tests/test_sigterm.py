@@ -16,7 +16,7 @@ PRELUDE = """
 import os, sys, time
 import trainyard_sigterm
 log = open(sys.argv[1], "a", buffering=1)
-sigterm = trainyard_sigterm.Sigterm(0.2)
+sigterm = trainyard_sigterm.Sigterm(float(os.environ.get("STUCK", "0.2")))
 def stuck():
     log.write("stuck\\n")
     return 143
@@ -32,13 +32,14 @@ def ready():
 """
 
 
-def run(body, tmp_path):
-    """Runs PRELUDE + body, sends SIGTERM once it says ready(); returns (exit code, its log)."""
+def run(body, tmp_path, stuck=0.2):
+    """Runs PRELUDE + body with `stuck` seconds for a step, sends SIGTERM once it says
+    ready(); returns (exit code, its log)."""
     log = tmp_path / "log"
     child = subprocess.Popen(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(body), str(log)],
         cwd=EXAMPLES,
-        env={**os.environ, "PYTHONPATH": str(EXAMPLES)},
+        env={**os.environ, "PYTHONPATH": str(EXAMPLES), "STUCK": str(stuck)},
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -99,3 +100,33 @@ def test_other_signals_do_not_wake_the_sigterm_thread(tmp_path):
     """
     code, log = run(body, tmp_path)
     assert (code, log) == (143, ["usr1", "still running", "stuck"])
+
+
+def test_a_rank_blocked_for_longer_than_the_stuck_time_before_sigterm_exits_at_once(tmp_path):
+    # A hang restart comes long after the rank blocked: no wait for a boundary then. With the
+    # clock started at the signal, the main thread's line 2 s after it would come first.
+    body = """
+    sigterm.boundary()
+    time.sleep(3.5)  # blocked since the boundary for longer than the 3 s allowed a step
+    ready()
+    sigterm.requested.wait()
+    time.sleep(2)
+    log.write("main: still blocked 2 s after SIGTERM\\n")
+    block_forever()
+    """
+    code, log = run(body, tmp_path, stuck=3)
+    assert (code, log) == (143, ["stuck"])
+
+
+def test_a_step_under_way_at_sigterm_gets_the_rest_of_its_time_to_reach_its_boundary(tmp_path):
+    body = """
+    sigterm.boundary()
+    ready()
+    sigterm.requested.wait()
+    time.sleep(1)  # the step ends 1 s after SIGTERM, inside its 30 s
+    if sigterm.boundary():
+        log.write("boundary\\n")
+        sys.exit(143)
+    """
+    code, log = run(body, tmp_path, stuck=30)
+    assert (code, log) == (143, ["boundary"])
