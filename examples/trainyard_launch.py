@@ -30,10 +30,13 @@ attempt's is this launcher's job, not the kubelet's (no new pod to schedule, ima
 volume to attach). Without the variable none of what follows happens. The command then runs
 in a session of its own, so that every process of an attempt can be found and ended, and the
 launcher polls the operator (a POST with the progress channel's token, re-read each time as
-the kubelet rotates it) every TRAINYARD_SUPERVISOR_POLL_SECONDS (1) while the command runs,
-and every quarter second while it waits for an order, with its rank, attempt and state:
-running, exited (the command failed on its own) or stopped (on the operator's order). The
-answer says what to do:
+the kubelet rotates it) while the command runs, and every quarter second while it waits for
+an order, with its rank, attempt and state: running, exited (the command failed on its own)
+or stopped (on the operator's order). While the command runs, each poll asks the operator to
+hold it for up to TRAINYARD_SUPERVISOR_WAIT_SECONDS (3) until the job's restart decision
+changes, so that a stop arrives as soon as it is decided; an answer that comes sooner is
+followed by the next poll after TRAINYARD_SUPERVISOR_POLL_SECONDS (1), and a change of state
+is reported at once, without waiting for the held answer. The answer says what to do:
 
 - continue: nothing.
 - stop: a new attempt was decided. SIGTERM to the command (torchrun passes it to its
@@ -469,6 +472,7 @@ class Supervisor:
         self.grace = seconds_setting("TRAINYARD_STOP_GRACE_SECONDS", "30")
         self.hold = seconds_setting("TRAINYARD_SUPERVISOR_HOLD_SECONDS", "30")
         self.poll_seconds = seconds_setting("TRAINYARD_SUPERVISOR_POLL_SECONDS", "1")
+        self.hold_seconds = seconds_setting("TRAINYARD_SUPERVISOR_WAIT_SECONDS", "3")
         if self.poll_seconds == 0:
             sys.exit("trainyard_launch.py: TRAINYARD_SUPERVISOR_POLL_SECONDS='0' is not more "
                      "than 0")
@@ -517,11 +521,32 @@ class Supervisor:
                         "state": self.state}
                 if self.state == "exited":
                     body["exitCode"] = self.exit_code
-                interval = self.poll_seconds if self.state == "running" else WAITING_POLL_SECONDS
-            order = self.ask(body)
+                running = self.state == "running"
+                interval = self.poll_seconds if running else WAITING_POLL_SECONDS
+            sent = time.monotonic()
+            if running and self.hold_seconds > 0:
+                # The operator may hold it until the job's directive changes: asked on a
+                # thread of its own, so that a change of state here is reported at once.
+                body["waitSeconds"] = self.hold_seconds
+                answer = queue.Queue(maxsize=1)
+                threading.Thread(target=lambda: (answer.put(self.ask(body)), self.wake.set()),
+                                 name="supervisor-held", daemon=True).start()
+                self.wake.wait(self.hold_seconds + HTTP_TIMEOUT_SECONDS)
+                try:
+                    order = answer.get_nowait()
+                except queue.Empty:
+                    continue  # the state changed first: the held answer is dropped
+            else:
+                order = self.ask(body)
             if order is not None and self.polling:
                 self.orders.put(order)
-            self.wake.wait(interval)
+            # An operator that answers at once (no hold) is polled every interval; a change of
+            # state, before or during that wait, is reported at once.
+            self.wake.clear()
+            with self.lock:
+                same = (self.state, self.attempt) == (body["state"], body["attempt"])
+            if same:
+                self.wake.wait(max(0.0, interval - (time.monotonic() - sent)))
 
     def ask(self, body):
         """POSTs one poll; its order, None for continue, or for any error (logged at most once
@@ -536,7 +561,8 @@ class Supervisor:
                 {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
                 method="POST",
             )
-            with self.opener.open(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
+            timeout = HTTP_TIMEOUT_SECONDS + body.get("waitSeconds", 0)
+            with self.opener.open(request, timeout=timeout) as response:
                 if response.status != 200:
                     raise ValueError(f"HTTP {response.status}")
                 return parse_order(json.load(response))

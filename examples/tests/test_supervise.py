@@ -447,7 +447,8 @@ def test_without_a_supervisor_url_nothing_polls_and_the_command_shares_the_sessi
 
 @pytest.mark.parametrize("setting", ["TRAINYARD_STOP_GRACE_SECONDS",
                                      "TRAINYARD_SUPERVISOR_HOLD_SECONDS",
-                                     "TRAINYARD_SUPERVISOR_POLL_SECONDS"])
+                                     "TRAINYARD_SUPERVISOR_POLL_SECONDS",
+                                     "TRAINYARD_SUPERVISOR_WAIT_SECONDS"])
 def test_a_bad_supervisor_setting_is_named(setting):
     out = subprocess.run(
         [sys.executable, str(LAUNCH), "true"],
@@ -495,6 +496,82 @@ def test_a_hanging_operator_delays_neither_sigterm_nor_the_commands_end(tmp_path
         assert time.monotonic() - started < 1.5
     finally:
         release.set()
+
+
+class HoldingOperator:
+    """Answers as the operator does when a running supervisor asks it to wait (waitSeconds):
+    holds the poll until `decided` is set (then stop, for attempt 4) or the wait is up."""
+
+    def __init__(self, operator, tmp_path):
+        self.decided = threading.Event()
+        self.released = threading.Event()  # the test's end: nothing is held past it
+        self.held = []  # the waitSeconds of every held poll, as it began
+
+        def answer(body):
+            if body["state"] == "running" and body["attempt"] == 3 and body.get("waitSeconds"):
+                self.held.append(body["waitSeconds"])
+                deadline = time.monotonic() + body["waitSeconds"]
+                while time.monotonic() < deadline and not self.released.is_set():
+                    if self.decided.wait(0.05):
+                        return {"action": "stop", "attempt": 4}
+                return CONTINUE
+            if body["state"] == "stopped" and body["attempt"] == 3:
+                return {"action": "start", "attempt": 4, "env": RESTART_ENV}
+            return CONTINUE
+
+        self.op = operator(answer)
+
+
+def test_a_held_poll_brings_the_operators_stop_as_soon_as_it_is_decided(tmp_path, operator):
+    holding = HoldingOperator(operator, tmp_path)
+    try:
+        launcher = Launcher(tmp_path, SAVES_ON_SIGTERM, holding.op.url,
+                            TRAINYARD_SUPERVISOR_WAIT_SECONDS="20")
+        wait_for(lambda: (tmp_path / "child").exists() and holding.held)
+        # The poll in flight is held for 20 s: only its answer can bring the stop in time.
+        holding.decided.set()
+        wait_for(lambda: (tmp_path / "attempt4").exists(), limit=10)
+        code, err = launcher.finish()
+    finally:
+        holding.released.set()
+    assert code == 0, err
+    assert holding.held[0] == 20
+    assert (tmp_path / "saved").exists()
+    assert holding.op.reports() == [(3, "running"), (3, "stopped"), (4, "running")]
+
+
+def test_a_command_that_fails_during_a_held_poll_is_reported_at_once(tmp_path, operator):
+    holding = HoldingOperator(operator, tmp_path)
+    try:
+        script = command("""
+        mark("child", str(os.getpid()))
+        time.sleep(1)
+        sys.exit(3)
+        """)
+        launcher = Launcher(tmp_path, script, holding.op.url,
+                            TRAINYARD_SUPERVISOR_WAIT_SECONDS="20")
+        # The running poll is held for 20 s; the exit is reported beside it, well before.
+        wait_for(lambda: (3, "exited") in holding.op.reports(), limit=10)
+        code, _ = launcher.finish()
+    finally:
+        holding.released.set()
+    assert code == 3
+    assert holding.held and all(body.get("exitCode") == 3 for body in holding.op.bodies()
+                                if body["state"] == "exited")
+
+
+def test_an_operator_that_answers_at_once_is_polled_every_interval_not_in_a_loop(
+    tmp_path, operator
+):
+    op = operator()  # ignores waitSeconds, as an older operator does
+    code, _ = Launcher(tmp_path, command("""
+    time.sleep(1)
+    sys.exit(0)
+    """), op.url).finish()
+    assert code == 0
+    running = [b for b in op.bodies() if b["state"] == "running"]
+    assert all(b["waitSeconds"] == 3 for b in running)
+    assert 3 <= len(running) <= 15  # every 0.1 s for about a second
 
 
 # The spare interpreter: the next attempt starts with its modules already imported.

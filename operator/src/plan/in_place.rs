@@ -44,7 +44,8 @@ use crate::reason;
 use trainyard_api::ranks::RankSet;
 
 /// A supervisor that polled within this long is there (it polls every second while its
-/// trainer runs).
+/// trainer runs, or again as each held poll is answered: at most
+/// [`crate::progress::supervisors::MAX_HOLD`] apart).
 pub const SUPERVISOR_FRESH: SignedDuration = SignedDuration::from_secs(5);
 /// How long kept pods have to stop the old attempt beyond the job's grace period.
 pub const STOP_MARGIN: SignedDuration = SignedDuration::from_secs(10);

@@ -37,7 +37,7 @@ use trainyard_listen::HttpLimits;
 
 use super::auth::{AuthError, Identity, TokenReviewer};
 use super::store::{ProgressStore, Report};
-use super::supervisors::{Order, Poll, SupervisedState};
+use super::supervisors::{self, Order, Poll, SupervisedState};
 use crate::cached_pod::CachedPod;
 use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
 use crate::error::Error;
@@ -543,16 +543,38 @@ struct PollBody {
     state: String,
     #[serde(default)]
     exit_code: Option<i32>,
+    /// How long a continue may be held for a change of the job's directive (seconds; at most
+    /// [`supervisors::MAX_HOLD`]): absent or 0, it is answered at once.
+    #[serde(default)]
+    wait_seconds: Option<f64>,
+}
+
+/// A checked poll: its job, the poll, and how long a continue may be held.
+struct CheckedPoll {
+    job: String,
+    poll: Poll,
+    hold: Duration,
 }
 
 impl PollBody {
     /// The job and the poll (its pod uid still empty: the token names the pod).
-    fn parse(bytes: &[u8]) -> Result<(String, Poll), Rejection> {
+    fn parse(bytes: &[u8]) -> Result<CheckedPoll, Rejection> {
         let body: PollBody = serde_json::from_slice(bytes)
             .map_err(|e| Rejection::invalid(format!("invalid poll: {e}")))?;
         if body.job.is_empty() {
             return Err(Rejection::invalid("job is empty"));
         }
+        let hold = match body.wait_seconds {
+            None => Duration::ZERO,
+            Some(w) if w.is_finite() && w >= 0.0 => {
+                Duration::from_secs_f64(w.min(supervisors::MAX_HOLD.as_secs_f64()))
+            }
+            Some(w) => {
+                return Err(Rejection::invalid(format!(
+                    "waitSeconds must be a number of seconds, at least 0, not {w}"
+                )));
+            }
+        };
         let state = match (body.state.as_str(), body.exit_code) {
             ("running", _) => SupervisedState::Running,
             ("stopped", _) => SupervisedState::Stopped,
@@ -569,15 +591,16 @@ impl PollBody {
                 )));
             }
         };
-        Ok((
-            body.job,
-            Poll {
+        Ok(CheckedPoll {
+            job: body.job,
+            poll: Poll {
                 pod_uid: String::new(),
                 rank: body.rank,
                 attempt: body.attempt,
                 state,
             },
-        ))
+            hold,
+        })
     }
 }
 
@@ -608,24 +631,34 @@ async fn handle_poll(shared: Arc<Shared>, request: Request) -> Result<Order, Rej
         source,
         bytes,
     } = Posted::read(request).await?;
-    let (job, mut poll) = PollBody::parse(&bytes)?;
+    let CheckedPoll {
+        job,
+        mut poll,
+        hold,
+    } = PollBody::parse(&bytes)?;
     // As for reports: the review lands in the cache even when the supervisor stops waiting.
     let checked = tokio::spawn(async move {
         let identity = review(&shared, token, source).await?;
         let server = &shared.server;
+        let board = &server.store.supervisors;
         let job_uid = check_supervisor(server.pods.as_ref(), &identity, &job, poll.rank)?;
         poll.pod_uid = identity.pod_uid;
-        let answered = server.store.supervisors.poll(
-            &identity.namespace,
-            &job,
-            &job_uid,
-            poll,
-            jiff::Timestamp::now(),
-        );
+        let ns = identity.namespace;
+        // Registered before the answer is read: a change from then on ends the wait.
+        let changes = board.changes(&ns, &job, &job_uid);
+        let changed = changes.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let answered = board.poll(&ns, &job, &job_uid, poll.clone(), jiff::Timestamp::now());
         if answered.wake {
-            let _ = server.wake.try_send((identity.namespace, job));
+            let _ = server.wake.try_send((ns.clone(), job.clone()));
         }
-        Ok(answered.order)
+        if answered.order != Order::Continue || hold.is_zero() {
+            return Ok(answered.order);
+        }
+        let _ = tokio::time::timeout(hold, changed).await;
+        // Heard again at the answer: a held supervisor is never taken for a quiet one.
+        Ok(board.answer_held(&ns, &job, &job_uid, &poll, jiff::Timestamp::now()))
     });
     checked
         .await
@@ -1285,6 +1318,54 @@ mod tests {
         );
         let line = "trainyard_operator_supervisor_polls_total{outcome=\"accepted\"} 4";
         assert!(h.server.metrics.render().lines().any(|l| l == line));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_poll_is_answered_as_soon_as_its_jobs_directive_changes() {
+        let h = harness();
+        let running = json!({"job": "train", "rank": 1, "attempt": 1, "state": "running",
+                             "waitSeconds": 60});
+        // Nothing changes: held for the server's most, then continue (the clock is paused:
+        // it moves on only when every task waits).
+        let started = tokio::time::Instant::now();
+        let (_, answer) = poll(&h.router, "tok-train-worker-1", running.clone()).await;
+        assert_eq!(answer, json!({"action": "continue"}));
+        assert_eq!(
+            started.elapsed(),
+            supervisors::MAX_HOLD,
+            "held until the limit"
+        );
+        // Attempt 2 decided while a poll is held: that poll answers stop at once.
+        let held = tokio::spawn({
+            let router = h.router.clone();
+            async move { poll(&router, "tok-train-worker-1", running).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!held.is_finished(), "held");
+        h.server.store.supervisors.publish(
+            "ml",
+            "train",
+            "uid-job-train",
+            Some(Directive {
+                attempt: 2,
+                ..Directive::default()
+            }),
+            &["uid-train-worker-1"],
+        );
+        let changed_at = tokio::time::Instant::now();
+        let (_, answer) = held.await.expect("the poll");
+        assert_eq!(answer, json!({"action": "stop", "attempt": 2}));
+        assert_eq!(
+            changed_at.elapsed(),
+            Duration::ZERO,
+            "answered at the change"
+        );
+        // A bad wait is refused, naming the field.
+        let bad = json!({"job": "train", "rank": 1, "attempt": 1, "state": "running",
+                         "waitSeconds": -1});
+        let (status, answer) = poll(&h.router, "tok-train-worker-1", bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(answer.to_string().contains("waitSeconds"), "{answer}");
     }
 
     #[tokio::test]

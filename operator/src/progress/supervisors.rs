@@ -13,14 +13,26 @@
 //! - a job that ended tells every supervisor to **exit**;
 //! - anything else is **continue**.
 //!
+//! A supervisor whose trainer runs may ask the server to hold its poll for a while
+//! (`waitSeconds`, at most [`MAX_HOLD`]): a continue is then answered only once the job's
+//! directive changes ([`SupervisorBoard::changes`]) or the time is up, so a stop reaches it as
+//! soon as the plan decides, with one poll every few seconds instead of one a second.
+//!
 //! The plan reads [`SupervisorBoard::snapshot`]: a supervisor that polled lately can restart in
 //! place; one that reports its trainer's exit makes the worker count as failed with that code,
 //! as its container's end would without a supervisor.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use jiff::Timestamp;
+use tokio::sync::Notify;
+
+/// The longest a poll is held for a change of its job's directive: below the plan's
+/// [`crate::plan::in_place::SUPERVISOR_FRESH`], so that a supervisor whose poll is held is
+/// never taken for one that went quiet (it polls again at once after each answer).
+pub const MAX_HOLD: Duration = Duration::from_secs(3);
 
 /// What a supervisor said of the attempt it runs or last ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +160,19 @@ struct JobBoard {
     job_uid: String,
     seen: BTreeMap<String, SupervisorSeen>,
     directive: Option<Directive>,
+    /// Wakes the polls held for a change of `directive`.
+    changed: Arc<Notify>,
+}
+
+impl JobBoard {
+    fn new(job_uid: &str) -> Self {
+        Self {
+            job_uid: job_uid.to_owned(),
+            seen: BTreeMap::new(),
+            directive: None,
+            changed: Arc::new(Notify::new()),
+        }
+    }
 }
 
 /// Every job's supervisors and directive, keyed by namespace and name; an entry belongs to one
@@ -193,17 +218,11 @@ impl SupervisorBoard {
         job_uid: &str,
     ) -> &'a mut JobBoard {
         let key = (namespace.to_owned(), job.to_owned());
-        let board = jobs.entry(key).or_insert_with(|| JobBoard {
-            job_uid: job_uid.to_owned(),
-            seen: BTreeMap::new(),
-            directive: None,
-        });
+        let board = jobs.entry(key).or_insert_with(|| JobBoard::new(job_uid));
         if board.job_uid != job_uid {
-            *board = JobBoard {
-                job_uid: job_uid.to_owned(),
-                seen: BTreeMap::new(),
-                directive: None,
-            };
+            // The polls held for the job of that name before answer now.
+            board.changed.notify_waiters();
+            *board = JobBoard::new(job_uid);
         }
         board
     }
@@ -241,6 +260,29 @@ impl SupervisorBoard {
         Answered { order, wake }
     }
 
+    /// Answers a poll that was held ([`MAX_HOLD`]) from the job's directive now. Its
+    /// supervisor counts as heard now unless it has said something newer meanwhile (a later
+    /// poll with another attempt or state, which the held one must not undo).
+    pub fn answer_held(
+        &self,
+        namespace: &str,
+        job: &str,
+        job_uid: &str,
+        poll: &Poll,
+        now: Timestamp,
+    ) -> Order {
+        let mut jobs = self.jobs();
+        let board = Self::entry(&mut jobs, namespace, job, job_uid);
+        if let Some(seen) = board
+            .seen
+            .get_mut(&poll.pod_uid)
+            .filter(|s| s.attempt == poll.attempt && s.state == poll.state)
+        {
+            seen.seen_at = seen.seen_at.max(now);
+        }
+        order(board.directive.as_ref(), poll)
+    }
+
     /// Sets what the job's supervisors are told (`None`: nothing); pods of `job_uid` not in
     /// `pods` are forgotten.
     pub fn publish(
@@ -257,8 +299,22 @@ impl SupervisorBoard {
             return;
         }
         let board = Self::entry(&mut jobs, namespace, job, job_uid);
-        board.directive = directive;
+        if board.directive != directive {
+            board.directive = directive;
+            board.changed.notify_waiters();
+        }
         board.seen.retain(|uid, _| pods.contains(&uid.as_str()));
+    }
+
+    /// What a poll of a worker of `namespace/job` (uid `job_uid`) that is held waits on: it is
+    /// notified when the job's directive changes. A poll registers (`Notified::enable`) before
+    /// it is recorded and answered, so that no change between the answer and the wait is
+    /// missed.
+    pub fn changes(&self, namespace: &str, job: &str, job_uid: &str) -> Arc<Notify> {
+        let mut jobs = self.jobs();
+        Self::entry(&mut jobs, namespace, job, job_uid)
+            .changed
+            .clone()
     }
 
     /// The job's supervisors, for the plan.
@@ -272,12 +328,20 @@ impl SupervisorBoard {
 
     /// Forgets a job.
     pub fn forget(&self, namespace: &str, job: &str) {
-        self.jobs().remove(&(namespace.to_owned(), job.to_owned()));
+        if let Some(board) = self.jobs().remove(&(namespace.to_owned(), job.to_owned())) {
+            board.changed.notify_waiters();
+        }
     }
 
     /// Keeps the jobs `keep` says exist.
     pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
-        self.jobs().retain(|(ns, job), _| keep(ns, job));
+        self.jobs().retain(|(ns, job), board| {
+            let kept = keep(ns, job);
+            if !kept {
+                board.changed.notify_waiters();
+            }
+            kept
+        });
     }
 
     /// How many jobs have an entry.
@@ -322,6 +386,46 @@ mod tests {
                 .collect(),
             exit: false,
         }
+    }
+
+    #[test]
+    fn a_held_poll_wakes_on_a_new_directive_only_and_never_undoes_a_newer_state() {
+        use futures::FutureExt;
+        let board = SupervisorBoard::default();
+        let changes = board.changes("ml", "j", "uid");
+        let mut changed = Box::pin(changes.notified());
+        changed.as_mut().enable();
+        board.publish("ml", "j", "uid", None, &["a"]);
+        assert!(
+            changed.as_mut().now_or_never().is_none(),
+            "the same directive"
+        );
+        board.publish("ml", "j", "uid", Some(directive(2, &[])), &["a"]);
+        assert!(changed.now_or_never().is_some(), "a new one");
+
+        // Held while running; meanwhile the trainer exited and said so on another poll.
+        let running = poll("a", 1, SupervisedState::Running);
+        board.poll("ml", "j", "uid", running.clone(), at(0));
+        board.poll(
+            "ml",
+            "j",
+            "uid",
+            poll("a", 1, SupervisedState::Exited(3)),
+            at(1),
+        );
+        assert_eq!(
+            board.answer_held("ml", "j", "uid", &running, at(3)),
+            Order::Stop { attempt: 2 }
+        );
+        let seen = board.snapshot("ml", "j", "uid");
+        assert_eq!(
+            (seen[0].state, seen[0].seen_at),
+            (SupervisedState::Exited(3), at(1))
+        );
+        // Unchanged since: heard again at the answer.
+        let exited = poll("a", 1, SupervisedState::Exited(3));
+        board.answer_held("ml", "j", "uid", &exited, at(4));
+        assert_eq!(board.snapshot("ml", "j", "uid")[0].seen_at, at(4));
     }
 
     #[test]
