@@ -101,7 +101,7 @@ pub struct DocInputs {
 const METHOD: &str = "\
 **How the operator is measured.** Each run has a fresh control plane of its own \
 (`e2e/cluster/control-plane.sh`: etcd with an empty data directory, the real API server, \
-scheduler and controller-manager, with the e2e cluster's flags); N fake GPU nodes (Node objects with 8 `nvidia.com/gpu`, GPU Feature Discovery \
+scheduler and controller-manager, with the e2e cluster's flags but Kubernetes' default 40-s node grace period); N fake GPU nodes (Node objects with 8 `nvidia.com/gpu`, GPU Feature Discovery \
 labels and a NoSchedule taint only the benchmark's pods tolerate, kept Ready by renewing their \
 Lease every 10 s; no kubelet). Each job's pods are pinned to them by a node selector.
 
