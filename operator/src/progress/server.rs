@@ -644,16 +644,22 @@ async fn handle_poll(shared: Arc<Shared>, request: Request) -> Result<Order, Rej
         let job_uid = check_supervisor(server.pods.as_ref(), &identity, &job, poll.rank)?;
         poll.pod_uid = identity.pod_uid;
         let ns = identity.namespace;
-        // Registered before the answer is read: a change from then on ends the wait.
-        let changes = board.changes(&ns, &job, &job_uid);
-        let changed = changes.notified();
+        // A poll that may be held registers before the answer is read: a change from then on
+        // ends the wait.
+        let changes = (!hold.is_zero()).then(|| board.changes(&ns, &job, &job_uid));
+        let changed = changes.as_ref().map(|c| c.notified());
         tokio::pin!(changed);
-        changed.as_mut().enable();
+        if let Some(changed) = changed.as_mut().as_pin_mut() {
+            changed.enable();
+        }
         let answered = board.poll(&ns, &job, &job_uid, poll.clone(), jiff::Timestamp::now());
         if answered.wake {
             let _ = server.wake.try_send((ns.clone(), job.clone()));
         }
-        if answered.order != Order::Continue || hold.is_zero() {
+        let Some(changed) = changed.as_pin_mut() else {
+            return Ok(answered.order);
+        };
+        if answered.order != Order::Continue {
             return Ok(answered.order);
         }
         let _ = tokio::time::timeout(hold, changed).await;

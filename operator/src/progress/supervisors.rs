@@ -272,7 +272,14 @@ impl SupervisorBoard {
         now: Timestamp,
     ) -> Order {
         let mut jobs = self.jobs();
-        let board = Self::entry(&mut jobs, namespace, job, job_uid);
+        // A job forgotten meanwhile (deleted, or applied again under its name) keeps no
+        // entry: the held poll is answered from no directive.
+        let Some(board) = jobs
+            .get_mut(&(namespace.to_owned(), job.to_owned()))
+            .filter(|b| b.job_uid == job_uid)
+        else {
+            return order(None, poll);
+        };
         if let Some(seen) = board
             .seen
             .get_mut(&poll.pod_uid)
@@ -426,6 +433,13 @@ mod tests {
         let exited = poll("a", 1, SupervisedState::Exited(3));
         board.answer_held("ml", "j", "uid", &exited, at(4));
         assert_eq!(board.snapshot("ml", "j", "uid")[0].seen_at, at(4));
+        // The job forgotten while a poll was held: answered, and no entry made again.
+        board.forget("ml", "j");
+        assert_eq!(
+            board.answer_held("ml", "j", "uid", &exited, at(5)),
+            Order::Continue
+        );
+        assert!(board.is_empty());
     }
 
     #[test]
