@@ -472,7 +472,7 @@ class Supervisor:
         self.grace = seconds_setting("TRAINYARD_STOP_GRACE_SECONDS", "30")
         self.hold = seconds_setting("TRAINYARD_SUPERVISOR_HOLD_SECONDS", "30")
         self.poll_seconds = seconds_setting("TRAINYARD_SUPERVISOR_POLL_SECONDS", "1")
-        self.hold_seconds = seconds_setting("TRAINYARD_SUPERVISOR_WAIT_SECONDS", "3")
+        self.wait_seconds = seconds_setting("TRAINYARD_SUPERVISOR_WAIT_SECONDS", "3")
         if self.poll_seconds == 0:
             sys.exit("trainyard_launch.py: TRAINYARD_SUPERVISOR_POLL_SECONDS='0' is not more "
                      "than 0")
@@ -524,14 +524,14 @@ class Supervisor:
                 running = self.state == "running"
                 interval = self.poll_seconds if running else WAITING_POLL_SECONDS
             sent = time.monotonic()
-            if running and self.hold_seconds > 0:
+            if running and self.wait_seconds > 0:
                 # The operator may hold it until the job's directive changes: asked on a
                 # thread of its own, so that a change of state here is reported at once.
-                body["waitSeconds"] = self.hold_seconds
+                body["waitSeconds"] = self.wait_seconds
                 answer = queue.Queue(maxsize=1)
                 threading.Thread(target=lambda: (answer.put(self.ask(body)), self.wake.set()),
                                  name="supervisor-held", daemon=True).start()
-                self.wake.wait(self.hold_seconds + HTTP_TIMEOUT_SECONDS)
+                self.wake.wait(self.wait_seconds + HTTP_TIMEOUT_SECONDS)
                 try:
                     order = answer.get_nowait()
                 except queue.Empty:
