@@ -19,6 +19,22 @@ use crate::condition::{self, condition_is_true};
 use crate::crd::{LABEL_JOB, Phase, TrainingJob};
 use crate::ownership::ObjectKind;
 
+/// Tells that the watch of `what` failed: at warn, so that a watch the operator cannot keep
+/// (RBAC, the API server away) is seen at the default log level, except the routine expiry of
+/// a watch's resource version (410 Gone), which the watcher answers with a re-list.
+pub(super) fn watch_failed(what: &str, e: &watcher::Error) {
+    if is_routine(e) {
+        tracing::debug!(error = %e, "{what} watch");
+    } else {
+        tracing::warn!(error = %e, "{what} watch");
+    }
+}
+
+/// Whether a watch error is the routine expiry of its resource version (410 Gone).
+fn is_routine(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchError(status) if status.code == 410)
+}
+
 /// A job to reconcile.
 pub(super) use crate::writes::JobRef;
 
@@ -170,7 +186,7 @@ pub(super) fn node_triggers(
         .map(move |ev| match ev {
             Ok(ev) => fingerprints.changed(&ev),
             Err(e) => {
-                tracing::warn!(error = %e, "node watch");
+                watch_failed("node", &e);
                 Vec::new()
             }
         })
@@ -283,7 +299,7 @@ pub(super) fn claim_triggers(
                     refs
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "persistentvolumeclaim watch");
+                    watch_failed("persistentvolumeclaim", &e);
                     Vec::new()
                 }
             };
@@ -307,7 +323,7 @@ pub(super) fn service_triggers(
                 &jobs,
             ),
             Err(e) => {
-                tracing::warn!(error = %e, "service watch");
+                watch_failed("service", &e);
                 None
             }
         })
@@ -317,6 +333,27 @@ pub(super) fn service_triggers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::core::Status;
+
+    #[test]
+    fn only_a_watchs_expired_resource_version_is_routine_and_a_refused_watch_is_not() {
+        let status = |code, reason| Status::failure("watch", reason).with_code(code).boxed();
+        assert!(is_routine(&watcher::Error::WatchError(status(
+            410, "Expired"
+        ))));
+        assert!(!is_routine(&watcher::Error::WatchError(status(
+            403,
+            "Forbidden"
+        ))));
+        assert!(!is_routine(&watcher::Error::InitialListFailed(
+            kube::Error::Api(status(403, "Forbidden"))
+        )));
+        // A re-list refused with 410 is not the watch's expiry: the list itself failed.
+        assert!(!is_routine(&watcher::Error::InitialListFailed(
+            kube::Error::Api(status(410, "Expired"))
+        )));
+        assert!(!is_routine(&watcher::Error::NoResourceVersion));
+    }
 
     #[test]
     fn a_node_that_falls_silent_or_comes_back_is_a_change_and_one_that_stays_is_still_silent() {

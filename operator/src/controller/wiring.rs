@@ -13,7 +13,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
 use kube::core::PartialObjectMeta;
 use kube::core::error_boundary::DeserializeGuard;
-use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::controller::{self, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -203,7 +203,7 @@ pub(super) fn feed_heartbeats(
 ) {
     match event {
         Err(e) => {
-            tracing::debug!(error = %e, "node Lease watch");
+            super::triggers::watch_failed("node Lease", e);
             beats.interrupted();
         }
         Ok(watcher::Event::Init) => beats.interrupted(),
@@ -375,8 +375,15 @@ async fn run_until_stopped(
     let running = controller
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
-            if let Err(e) = res {
-                tracing::debug!(error = %e, "controller");
+            match res {
+                // The TrainingJob watch or a watch that triggers reconciles failed.
+                Err(controller::Error::QueueError(e)) => {
+                    super::triggers::watch_failed("TrainingJob or trigger", &e);
+                }
+                // A failed reconcile is told by `error_policy`; a job deleted before its queued
+                // reconcile ran is expected.
+                Err(e) => tracing::debug!(error = %e, "controller"),
+                Ok(_) => {}
             }
             future::ready(())
         });
