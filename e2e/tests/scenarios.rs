@@ -1907,6 +1907,134 @@ async fn a_job_deleted_and_applied_again_resumes_from_its_retained_checkpoint() 
     res
 }
 
+/// The GitOps flow with the claim deleted too (the job and its claim deleted, the job applied
+/// again) while the claim lingers, being deleted (as it does while a pod of the deleted job
+/// still mounts it; here a finalizer of the test's own holds it): the new job creates no worker
+/// that would mount the claim on its way out, says why (`NameConflict`), and starts on a claim
+/// of its own as soon as the old one is gone.
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_job_applied_again_while_its_deleted_claim_lingers_starts_on_a_claim_of_its_own()
+-> Result<()> {
+    const HOLD: &str = "e2e.trainyard.dev/hold";
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let name = "reclaimed";
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
+    let claim = format!("{name}-checkpoints");
+    let release = json!({"metadata": {"finalizers": null}});
+    let res = async {
+        let job = job_manifest(name, 1, 1, &counting_trainer(3), json!({}));
+        create_job(&client, &ns.name, job.clone()).await?;
+        wait_for("the job's claim", Duration::from_secs(60), || async {
+            Ok(claims.get_opt(&claim).await?.map(|_| ()))
+        })
+        .await?;
+        delete_with_its_claim_held(&client, &ns.name, name, &claim, HOLD).await?;
+        create_job(&client, &ns.name, job).await?;
+        let message =
+            name_conflict_over(&client, &ns.name, name, &format!("{claim} (being deleted")).await?;
+        // Given a few seconds to go wrong: no worker mounts the claim on its way out.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let pods = job_pods(&client, &ns.name, name).await?;
+        ensure!(
+            pods.is_empty(),
+            "workers created while the claim is being deleted ({message}): {:?}",
+            pods.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+        );
+
+        claims
+            .patch(&claim, &PatchParams::default(), &Patch::Merge(&release))
+            .await?;
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(120),
+        )
+        .await?;
+        let uid = tj_api(&client, &ns.name)
+            .get(name)
+            .await?
+            .uid()
+            .unwrap_or_default();
+        let fresh = claims.get(&claim).await?;
+        ensure!(
+            fresh.labels().get(trainyard_api::crd::LABEL_JOB_UID) == Some(&uid),
+            "the claim was created for the job applied again (uid {uid}): {:?}; status: {st}",
+            fresh.metadata
+        );
+        Ok(())
+    }
+    .await;
+    // Whatever happened, the claim is not left held by the test's finalizer.
+    if claims.get_opt(&claim).await?.is_some() {
+        claims
+            .patch(&claim, &PatchParams::default(), &Patch::Merge(&release))
+            .await?;
+    }
+    ns.cleanup().await?;
+    res
+}
+
+/// Deletes `job` and its claim `claim`, which the finalizer `hold` keeps being deleted; returns
+/// once the job's pods are gone and the claim is still there, being deleted.
+async fn delete_with_its_claim_held(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    claim: &str,
+    hold: &str,
+) -> Result<()> {
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
+    let add = json!([{"op": "add", "path": "/metadata/finalizers/-", "value": hold}]);
+    claims
+        .patch(
+            claim,
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(add)?),
+        )
+        .await?;
+    tj_api(client, ns)
+        .delete(job, &kube::api::DeleteParams::background())
+        .await?;
+    claims.delete(claim, &Default::default()).await?;
+    wait_for(
+        "the deleted job's pods to be gone",
+        Duration::from_secs(120),
+        || async { Ok(job_pods(client, ns, job).await?.is_empty().then_some(())) },
+    )
+    .await?;
+    let lingering = claims.get(claim).await?;
+    ensure!(
+        lingering.metadata.deletion_timestamp.is_some(),
+        "the claim is being deleted: {:?}",
+        lingering.metadata
+    );
+    Ok(())
+}
+
+/// The message of `job`'s `NameConflict` condition once it is True and mentions `needle`.
+async fn name_conflict_over(client: &Client, ns: &str, job: &str, needle: &str) -> Result<String> {
+    wait_for(
+        &format!("NameConflict naming {needle:?}"),
+        Duration::from_secs(60),
+        || async {
+            let st = job_status(client, ns, job).await?;
+            let conflict = st["conditions"].as_array().and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["type"] == "NameConflict" && c["status"] == "True")
+            });
+            Ok(conflict
+                .and_then(|c| c["message"].as_str())
+                .filter(|m| m.contains(needle))
+                .map(str::to_owned))
+        },
+    )
+    .await
+}
+
 /// `status.resumePoint` once the job's trainers reported a step-addressed checkpoint of
 /// `attempt` at `at_least` or later: (step, file).
 async fn resume_point(

@@ -61,7 +61,19 @@ impl fmt::Display for Foreign {
 /// the job's: a claim an earlier job of the same name left, whose checkpoints a new job of that
 /// name continues from. Anything else is foreign, including an object owned by an earlier job
 /// of the same name (another uid) that is still being garbage-collected.
+///
+/// A checkpoint PVC that is being deleted is no one's to use, the job's own or a retained one
+/// included: it lingers only while pods still mount it (`kubernetes.io/pvc-protection`), so
+/// pods created to mount it would wait for a claim that is then gone. The job waits until it
+/// is, then creates its claim anew (a user who deleted the claim meant its checkpoints gone).
 pub fn foreign(kind: ObjectKind, meta: &ObjectMeta, job: &ValidJob) -> Option<Foreign> {
+    if kind == ObjectKind::Claim && meta.deletion_timestamp.is_some() {
+        return Some(Foreign {
+            kind,
+            name: meta.name.clone().unwrap_or_default(),
+            holder: "being deleted: the job creates its own once it is gone".to_owned(),
+        });
+    }
     let owners = meta.owner_references.as_deref().unwrap_or_default();
     if owners.iter().any(|o| o.uid == job.uid) {
         return None;
@@ -187,6 +199,45 @@ mod tests {
         let other = meta(json!({"name": "train-checkpoints",
             "labels": {LABEL_JOB: "other"}}));
         assert!(foreign(ObjectKind::Claim, &other, &job()).is_some());
+    }
+
+    #[test]
+    fn a_claim_being_deleted_is_never_the_jobs_to_mount_whoever_kept_or_owns_it() {
+        let deleting = |extra: serde_json::Value| {
+            let mut m = json!({"name": "train-checkpoints", "labels": {LABEL_JOB: "train"},
+                "deletionTimestamp": "2026-11-29T20:00:00Z",
+                "finalizers": ["kubernetes.io/pvc-protection"]});
+            m.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().cloned().unwrap_or_default());
+            meta(m)
+        };
+        let job = job();
+        // Retained by an earlier job of the same name, then deleted while its pods still ran.
+        let retained = deleting(json!({}));
+        let f = foreign(ObjectKind::Claim, &retained, &job).expect("being deleted");
+        assert_eq!(
+            f.to_string(),
+            "PersistentVolumeClaim train-checkpoints (being deleted: the job creates its own \
+             once it is gone)"
+        );
+        // The job's own, deleted under it.
+        let own = deleting(json!({"ownerReferences": [
+            {"apiVersion": "trainyard.dev/v1alpha1", "kind": "TrainingJob", "name": "train",
+             "uid": job.uid}]}));
+        let mut conflicts = Vec::new();
+        assert!(!present(
+            ObjectKind::Claim,
+            Some(&own),
+            &job,
+            &mut conflicts
+        ));
+        assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+        // A pod of the job's own being deleted is still its own: the restart waits for it.
+        let pod = deleting(json!({"name": "train-worker-0", "ownerReferences": [
+            {"apiVersion": "trainyard.dev/v1alpha1", "kind": "TrainingJob", "name": "train",
+             "uid": job.uid}]}));
+        assert_eq!(foreign(ObjectKind::Pod, &pod, &job), None);
     }
 
     #[test]
