@@ -30,13 +30,13 @@ attempt's is this launcher's job, not the kubelet's (no new pod to schedule, ima
 volume to attach). Without the variable none of what follows happens. The command then runs
 in a session of its own, so that every process of an attempt can be found and ended, and the
 launcher polls the operator (a POST with the progress channel's token, re-read each time as
-the kubelet rotates it) while the command runs, and every quarter second while it waits for
-an order, with its rank, attempt and state: running, exited (the command failed on its own)
-or stopped (on the operator's order). While the command runs, each poll asks the operator to
-hold it for up to TRAINYARD_SUPERVISOR_WAIT_SECONDS (3) until the job's restart decision
-changes, so that a stop arrives as soon as it is decided; an answer that comes sooner is
-followed by the next poll after TRAINYARD_SUPERVISOR_POLL_SECONDS (1), and a change of state
-is reported at once, without waiting for the held answer. The answer says what to do:
+the kubelet rotates it) with its rank, attempt and state: running, exited (the command failed
+on its own) or stopped (on the operator's order). Each poll asks the operator to hold it for up
+to TRAINYARD_SUPERVISOR_WAIT_SECONDS (3) until the job's restart decision changes, so that a
+stop, or the start of the next attempt, arrives as soon as it is decided; an answer that comes
+sooner is followed by the next poll after TRAINYARD_SUPERVISOR_POLL_SECONDS (1) while the
+command runs, a quarter second while it waits for an order, and a change of state is
+reported at once, without waiting for the held answer. The answer says what to do:
 
 - continue: nothing.
 - stop: a new attempt was decided. SIGTERM to the command (torchrun passes it to its
@@ -524,9 +524,10 @@ class Supervisor:
                 running = self.state == "running"
                 interval = self.poll_seconds if running else WAITING_POLL_SECONDS
             sent = time.monotonic()
-            if running and self.wait_seconds > 0:
-                # The operator may hold it until the job's directive changes: asked on a
-                # thread of its own, so that a change of state here is reported at once.
+            if self.wait_seconds > 0:
+                # The operator may hold it until the job's directive changes (a stop while the
+                # command runs, a start while it waits): asked on a thread of its own, so that
+                # a change of state here is reported at once.
                 body["waitSeconds"] = self.wait_seconds
                 answer = queue.Queue(maxsize=1)
                 threading.Thread(target=lambda: (answer.put(self.ask(body)), self.wake.set()),

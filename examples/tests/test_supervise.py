@@ -298,7 +298,7 @@ def test_a_failed_command_is_reported_and_without_a_decision_its_code_ends_the_l
     assert code == 3
     exited = [b for b in op.bodies() if b["state"] == "exited"]
     assert exited and all(b == {"job": "train", "rank": 1, "attempt": 3, "state": "exited",
-                                "exitCode": 3} for b in exited)
+                                "exitCode": 3, "waitSeconds": 3} for b in exited)
     assert len(exited) >= 2  # every quarter second over the half-second hold
     assert ("trainyard_launch.py: child exited 3; holding for the operator's decision up to "
             "0.5 s") in err
@@ -538,6 +538,39 @@ def test_a_held_poll_brings_the_operators_stop_as_soon_as_it_is_decided(tmp_path
     assert holding.held[0] == 20
     assert (tmp_path / "saved").exists()
     assert holding.op.reports() == [(3, "running"), (3, "stopped"), (4, "running")]
+
+
+def test_a_held_poll_brings_the_start_of_the_next_attempt_as_soon_as_it_is_decided(
+    tmp_path, operator
+):
+    start, released, held = threading.Event(), threading.Event(), []
+
+    def answer(body):
+        if body["state"] == "running" and body["attempt"] == 3:
+            return {"action": "stop", "attempt": 4}
+        if body["state"] == "stopped" and body["attempt"] == 3 and body.get("waitSeconds"):
+            held.append(body["waitSeconds"])
+            deadline = time.monotonic() + body["waitSeconds"]
+            while time.monotonic() < deadline and not released.is_set():
+                if start.wait(0.05):
+                    return {"action": "start", "attempt": 4, "env": RESTART_ENV}
+        return CONTINUE
+
+    op = operator(answer)
+    try:
+        launcher = Launcher(tmp_path, SAVES_ON_SIGTERM, op.url,
+                            TRAINYARD_SUPERVISOR_WAIT_SECONDS="20",
+                            TRAINYARD_SUPERVISOR_HOLD_SECONDS="30")
+        wait_for(lambda: held, limit=10)
+        # Stopped, its poll held for 20 s: only the held answer can bring the start in time.
+        start.set()
+        wait_for(lambda: (tmp_path / "attempt4").exists(), limit=10)
+        code, err = launcher.finish()
+    finally:
+        released.set()
+    assert code == 0, err
+    assert held[0] == 20
+    assert op.reports() == [(3, "running"), (3, "stopped"), (4, "running")]
 
 
 def test_a_command_that_fails_during_a_held_poll_is_reported_at_once(tmp_path, operator):

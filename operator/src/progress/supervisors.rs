@@ -13,10 +13,10 @@
 //! - a job that ended tells every supervisor to **exit**;
 //! - anything else is **continue**.
 //!
-//! A supervisor whose trainer runs may ask the server to hold its poll for a while
-//! (`waitSeconds`, at most [`MAX_HOLD`]): a continue is then answered only once the job's
-//! directive changes ([`SupervisorBoard::changes`]) or the time is up, so a stop reaches it as
-//! soon as the plan decides, with one poll every few seconds instead of one a second.
+//! A supervisor may ask the server to hold its poll for a while (`waitSeconds`, at most
+//! [`MAX_HOLD`]): a continue is then answered only once the job's directive changes
+//! ([`SupervisorBoard::changes`]) or the time is up, so a stop (or, to a stopped one, the start)
+//! reaches it as soon as the plan decides, with one poll every few seconds instead of several.
 //!
 //! The plan reads [`SupervisorBoard::snapshot`]: a supervisor that polled lately can restart in
 //! place; one that reports its trainer's exit makes the worker count as failed with that code,
@@ -440,6 +440,28 @@ mod tests {
             Order::Continue
         );
         assert!(board.is_empty());
+    }
+
+    #[test]
+    fn a_stopped_supervisors_held_poll_is_answered_with_the_start_once_it_is_published() {
+        use futures::FutureExt;
+        let board = SupervisorBoard::default();
+        board.publish("ml", "j", "uid", Some(directive(2, &[])), &["a"]);
+        let stopped = poll("a", 1, SupervisedState::Stopped);
+        board.poll("ml", "j", "uid", stopped.clone(), at(0));
+        let changes = board.changes("ml", "j", "uid");
+        let mut changed = Box::pin(changes.notified());
+        changed.as_mut().enable();
+        // Every old pod gone: the plan lets the kept pod start attempt 2.
+        board.publish("ml", "j", "uid", Some(directive(2, &["a"])), &["a"]);
+        assert!(
+            changed.now_or_never().is_some(),
+            "the start wakes the held poll"
+        );
+        assert!(matches!(
+            board.answer_held("ml", "j", "uid", &stopped, at(1)),
+            Order::Start { attempt: 2, .. }
+        ));
     }
 
     #[test]
