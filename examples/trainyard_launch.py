@@ -41,9 +41,10 @@ reported at once, without waiting for the held answer. The answer says what to d
 - continue: nothing.
 - stop: a new attempt was decided. SIGTERM to the command (torchrun passes it to its
   workers, which save), up to TRAINYARD_STOP_GRACE_SECONDS (30) for it to exit, then SIGKILL
-  to whatever is left of its session. A command that ran workers of its own when the stop
-  came (torchrun's agent) is ended as soon as they have exited, without the barrier rule's
-  wait: the attempt is over. One that ran none (the trainer itself) gets the barrier rule.
+  to whatever is left of its session. A command that ran workers of its own in the attempt
+  (torchrun's agent) is ended as soon as none is left, without the barrier rule's wait: the
+  attempt is over, also when its workers failed before the stop came (a peer lost), leaving
+  the agent blocked. One that never ran any (the trainer itself) gets the barrier rule.
   Only once nothing is left does it report stopped: the operator starts the next attempt on
   the strength of it, and a process of the old one would hold its GPUs or write an old
   checkpoint.
@@ -613,6 +614,9 @@ class Supervisor:
     def start_child(self):
         self.child, self.sigterm_at, self.childless_since = None, None, None
         self.stuck_killed, self.stopping, self.held_since = False, None, None
+        # Whether the command has had processes of its own in this attempt (torchrun's
+        # workers), looked for every second until it has.
+        self.had_workers, self.workers_look = False, time.monotonic()
         env = {**os.environ, **self.overlay}
         try:
             wait_for_master(env, self.master_wait, sleep=self.nap)
@@ -701,10 +705,12 @@ class Supervisor:
         say(f"stopping attempt {attempt} on the operator's order ({why}): SIGTERM to "
             f"{self.command[0]}, up to {self.grace:g} s to exit")
         now = time.monotonic()
-        # Whether the command runs workers of its own now (torchrun's agent does): once they
-        # are gone after the stop, nothing of the attempt is left worth waiting for.
+        # Whether the command ran workers of its own (torchrun's agent does), now or earlier
+        # in the attempt (workers that failed when a peer was lost leave their agent behind,
+        # blocked in its rendezvous): once they are gone after the stop, nothing of the
+        # attempt is left worth waiting for.
         self.stopping = {"why": why, "deadline": now + self.grace, "exit": then_exit,
-                         "had_workers": has_children(self.child.pid)}
+                         "had_workers": self.had_workers or has_children(self.child.pid)}
         if self.sigterm_at is None:
             self.sigterm_at = now
         self.child.send_signal(signal.SIGTERM)
@@ -727,6 +733,9 @@ class Supervisor:
         if self.child is None:  # SIGTERM while it waited for the master
             return 128 + self.signalled
         if self.child.poll() is None:
+            if not self.had_workers and now >= self.workers_look:
+                self.had_workers = has_children(self.child.pid)
+                self.workers_look = now + 1
             if self.spare_due is not None and now >= self.spare_due:
                 self.warm()
             self.enforce_stop(now)

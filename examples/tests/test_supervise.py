@@ -221,6 +221,20 @@ for _ in range(40):  # past the test's watchdog, so that a launcher that waits f
     time.sleep(1)
 """
 
+# torchrun's agent after its worker failed (a peer lost): it stays, deaf to SIGTERM (blocked
+# in its rendezvous' shutdown, say), with no worker left.
+AGENT_AFTER_ITS_WORKER_FAILED = PRELUDE + """
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = subprocess.Popen([sys.executable, "-c", "import sys, time\\n"
+                           "time.sleep(1.5)\\n"
+                           "sys.exit(1)"])
+mark("child", str(os.getpid()))
+worker.wait()
+mark("worker-failed")
+for _ in range(40):  # past the test's watchdog, so that a launcher that waits fails it
+    time.sleep(1)
+"""
+
 FAILS_WITH_3 = PRELUDE + """
 sys.exit(3)
 """
@@ -286,6 +300,30 @@ def test_on_the_operators_stop_an_agent_that_outlives_its_workers_is_ended_witho
     exited = said("workers exited on the operator's stop")
     stopped = said("attempt 3 stopped on the operator's")
     assert exited < stopped
+    assert not any("outlived its workers" in line for line in err)
+
+
+def test_on_the_operators_stop_an_agent_whose_workers_failed_before_it_is_ended_at_once(
+    tmp_path, operator
+):
+    # Its worker failed before the stop came: the agent had workers in this attempt, and has
+    # none left to save anything, so no barrier wait (300 s here) applies.
+    def answer(body):
+        if (body["state"] == "running" and body["attempt"] == 3
+                and (tmp_path / "worker-failed").exists()):
+            return {"action": "stop", "attempt": 4}
+        if body["state"] == "stopped" and body["attempt"] == 3:
+            return {"action": "start", "attempt": 4, "env": RESTART_ENV}
+        return CONTINUE
+
+    op = operator(answer)
+    launcher = Launcher(tmp_path, AGENT_AFTER_ITS_WORKER_FAILED, op.url,
+                        SIGTERM_STUCK_SECONDS="300", TRAINYARD_STOP_GRACE_SECONDS="300")
+    code, err = launcher.finish()
+    assert code == 0, err
+    assert (tmp_path / "attempt4").read_text() == "4 y"
+    assert op.reports() == [(3, "running"), (3, "stopped"), (4, "running")]
+    assert any("workers exited on the operator's stop" in line for line in err), err
     assert not any("outlived its workers" in line for line in err)
 
 
