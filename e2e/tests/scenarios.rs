@@ -672,19 +672,7 @@ async fn cuda_requirement_waits_for_a_driver_that_supports_it() -> Result<()> {
             job_manifest(name, 1, 1, "sleep 600", spec),
         )
         .await?;
-        let cond = wait_for(
-            "condition Unschedulable=True",
-            Duration::from_secs(60),
-            || async {
-                let st = job_status(&client, &ns.name, name).await?;
-                Ok(st["conditions"].as_array().and_then(|cs| {
-                    cs.iter()
-                        .find(|c| c["type"] == "Unschedulable" && c["status"] == "True")
-                        .cloned()
-                }))
-            },
-        )
-        .await?;
+        let cond = condition_true(&client, &ns.name, name, "Unschedulable", |_| true).await?;
         let msg = cond["message"].as_str().unwrap_or_default();
         assert!(msg.contains("12.4"), "message names the requirement: {msg}");
         assert!(
@@ -1932,8 +1920,12 @@ async fn a_job_applied_again_while_its_deleted_claim_lingers_starts_on_a_claim_o
         .await?;
         delete_with_its_claim_held(&client, &ns.name, name, &claim, HOLD).await?;
         create_job(&client, &ns.name, job).await?;
-        let message =
-            name_conflict_over(&client, &ns.name, name, &format!("{claim} (being deleted")).await?;
+        let needle = format!("{claim} (being deleted");
+        let conflict = condition_true(&client, &ns.name, name, "NameConflict", |m| {
+            m.contains(&needle)
+        })
+        .await?;
+        let message = &conflict["message"];
         // Given a few seconds to go wrong: no worker mounts the claim on its way out.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let pods = job_pods(&client, &ns.name, name).await?;
@@ -2015,21 +2007,29 @@ async fn delete_with_its_claim_held(
     Ok(())
 }
 
-/// The message of `job`'s `NameConflict` condition once it is True and mentions `needle`.
-async fn name_conflict_over(client: &Client, ns: &str, job: &str, needle: &str) -> Result<String> {
+/// `job`'s condition `type_` once it is True with a message that `wanted` accepts (waited for
+/// up to 60 s).
+async fn condition_true(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    type_: &str,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Value> {
     wait_for(
-        &format!("NameConflict naming {needle:?}"),
+        &format!("condition {type_}=True"),
         Duration::from_secs(60),
         || async {
             let st = job_status(client, ns, job).await?;
-            let conflict = st["conditions"].as_array().and_then(|cs| {
+            Ok(st["conditions"].as_array().and_then(|cs| {
                 cs.iter()
-                    .find(|c| c["type"] == "NameConflict" && c["status"] == "True")
-            });
-            Ok(conflict
-                .and_then(|c| c["message"].as_str())
-                .filter(|m| m.contains(needle))
-                .map(str::to_owned))
+                    .find(|c| {
+                        c["type"] == type_
+                            && c["status"] == "True"
+                            && wanted(c["message"].as_str().unwrap_or_default())
+                    })
+                    .cloned()
+            }))
         },
     )
     .await

@@ -656,12 +656,13 @@ async fn handle_poll(shared: Arc<Shared>, request: Request) -> Result<Order, Rej
         if answered.wake {
             let _ = server.wake.try_send((ns.clone(), job.clone()));
         }
-        let Some(changed) = changed.as_pin_mut() else {
+        // Only a continue to a poll that may be held waits.
+        let Some(changed) = changed
+            .as_pin_mut()
+            .filter(|_| answered.order == Order::Continue)
+        else {
             return Ok(answered.order);
         };
-        if answered.order != Order::Continue {
-            return Ok(answered.order);
-        }
         let _ = tokio::time::timeout(hold, changed).await;
         // Heard again at the answer: a held supervisor is never taken for a quiet one.
         Ok(board.answer_held(&ns, &job, &job_uid, &poll, jiff::Timestamp::now()))
