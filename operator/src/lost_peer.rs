@@ -30,6 +30,7 @@
 
 use crate::cached_pod::CachedPod;
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Node;
 
 use crate::liveness::SinceFailure;
 use crate::nodes::{self, Readiness};
@@ -135,16 +136,10 @@ fn node_state(peer: &SilentPeer<'_>, judging: &Judging<'_>) -> NodeState {
         NodeView::Missing(name) => return NodeState::Lost(format!("node {name} is gone")),
         NodeView::Present(node) => node,
     };
+    if let Some(why) = node_down(node, judging.termination_taints) {
+        return NodeState::Lost(why);
+    }
     let name = nodes::name(node);
-    if let Readiness::NotReady { .. } = nodes::readiness(node) {
-        return NodeState::Lost(format!("node {name} is NotReady"));
-    }
-    let taints = [UNREACHABLE_TAINT.to_owned()];
-    if let Some(t) = nodes::termination_taint(node, &taints)
-        .or_else(|| nodes::termination_taint(node, judging.termination_taints))
-    {
-        return NodeState::Lost(format!("node {name} has taint {t}"));
-    }
     if peer.beside_failure || peer.heard_after {
         return NodeState::Alive;
     }
@@ -159,6 +154,19 @@ fn node_state(peer: &SilentPeer<'_>, judging: &Judging<'_>) -> NodeState {
         // of its rank (a container lost with the node is a preemption), or its report will.
         SinceFailure::Returned(_) | SinceFailure::NoLease => NodeState::Unknown(None),
     }
+}
+
+/// Why the Node object itself says `node` is lost, if it does: NotReady, tainted
+/// [`UNREACHABLE_TAINT`], or under one of `termination_taints` (the provider table).
+pub fn node_down(node: &Node, termination_taints: &[String]) -> Option<String> {
+    let name = nodes::name(node);
+    if let Readiness::NotReady { .. } = nodes::readiness(node) {
+        return Some(format!("node {name} is NotReady"));
+    }
+    let taints = [UNREACHABLE_TAINT.to_owned()];
+    nodes::termination_taint(node, &taints)
+        .or_else(|| nodes::termination_taint(node, termination_taints))
+        .map(|t| format!("node {name} has taint {t}"))
 }
 
 /// When a failed worker failed: its trainer's `finishedAt`, else the pod's Ready condition's

@@ -346,6 +346,7 @@ impl Heartbeats {
                     n.to_owned(),
                     Beat {
                         seen: b.seen,
+                        renewed: stamp_on_operator_clock(b.renewed, b.lag_min).min(b.seen),
                         interval: b.interval,
                         lag_min: b.lag_min,
                         live: b.live,
@@ -381,6 +382,8 @@ fn stamp_on_operator_clock(at: Timestamp, lag_min: SignedDuration) -> Timestamp 
 pub struct Beat {
     /// When its last renewal was seen (the operator's clock).
     pub seen: Timestamp,
+    /// When its kubelet made that renewal, on the operator's clock ([`Silence::renewed`]).
+    renewed: Timestamp,
     /// Its renewal interval.
     pub interval: SignedDuration,
     /// Its clock's offset plus the shortest delivery ([`NodeBeat::lag_min`]).
@@ -439,6 +442,15 @@ impl Liveness {
         stamp_on_operator_clock(at, lag)
     }
 
+    /// When `node`'s kubelet last renewed its Lease, on the operator's clock
+    /// ([`Silence::renewed`]): the last sign of life its kubelet gave, silent or not.
+    pub fn last_renewal(&self, node: &str) -> Option<Timestamp> {
+        self.silent
+            .get(node)
+            .map(|s| s.renewed)
+            .or_else(|| self.beats.get(node).map(|b| b.renewed))
+    }
+
     /// What `node`'s Lease says since a failure that happened at `failed_at` (operator's clock,
     /// [`Self::on_operator_clock`]).
     pub fn since_failure(&self, node: &str, failed_at: Timestamp) -> SinceFailure {
@@ -471,13 +483,13 @@ impl Liveness {
     }
 }
 
-/// When a silent node last showed it was alive: its kubelet's last renewal
-/// ([`Silence::renewed`]), or a later progress report of a rank on it (`reported`: when each
+/// When a lost node last showed it was alive: its kubelet's last renewal (`renewed`, on the
+/// operator's clock: [`Silence::renewed`]), or a later progress report of a rank on it (`reported`: when each
 /// rank of the attempt on that node last reported, on the operator's clock). The kubelet
 /// renews every interval (10 s by default), so its last renewal may be a whole interval
 /// before the node went; a rank that reports every second dates it to the second.
-pub fn last_alive(silence: &Silence, reported: impl IntoIterator<Item = Timestamp>) -> Timestamp {
-    reported.into_iter().fold(silence.renewed, Timestamp::max)
+pub fn last_alive(renewed: Timestamp, reported: impl IntoIterator<Item = Timestamp>) -> Timestamp {
+    reported.into_iter().fold(renewed, Timestamp::max)
 }
 
 /// What the trainers of one attempt reported, as the quiet rule reads it.

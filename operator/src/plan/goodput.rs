@@ -104,15 +104,15 @@ fn what_the_end_lost(
 
 /// The earliest interruption among the workers of the ending attempt that were preempted or
 /// failed (a trainer's end, a pod's DisruptionTarget condition, the last sign of life of a
-/// node whose kubelet went silent: [`super::view::Census::last_alive`]); now when nothing
-/// tells (a pod that vanished). For a `preemption`, also the last sign of life of a silent
-/// node under any worker: the lost-peer rule takes a survivor's trainer, whose collective
+/// node that is down, its kubelet silent or the Node NotReady:
+/// [`super::view::Census::last_alive`]); now when nothing tells (a pod that vanished). For a
+/// `preemption`, also the last sign of life of a down node under any worker: the lost-peer rule takes a survivor's trainer, whose collective
 /// broke when that node went, for preempted before the node's own ranks are judged, and the
 /// work stopped when the node did, not when the collective noticed.
 fn interrupted_at(view: &View<'_>, preemption: bool) -> Timestamp {
     let census = &view.census;
     let last_alive = |pod: &CachedPod| census.last_alive(pod.node_name()?);
-    let silent_nodes = census
+    let down_nodes = census
         .current
         .values()
         .filter(|_| preemption)
@@ -128,7 +128,7 @@ fn interrupted_at(view: &View<'_>, preemption: bool) -> Timestamp {
                 .and_then(|pod| pod_interrupted_at(pod).or_else(|| last_alive(pod)))
                 .unwrap_or(now(view))
         })
-        .chain(silent_nodes)
+        .chain(down_nodes)
         .min()
         .map_or(now(view), whole_second)
         .min(now(view))

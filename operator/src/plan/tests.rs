@@ -3300,6 +3300,52 @@ fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
     assert_eq!(detection(&plan), 2 * 14_000, "2 GPUs for 14 s");
 }
 
+/// Found by CI in the elastic scenario: n-2 vanishes, rank 0's collective breaks 4 s later,
+/// and the node lifecycle controller marks n-2 NotReady before the operator judges its Lease
+/// silent (a node back from a restart has a whole interval of margin). The lost-peer rule
+/// decides on NotReady; the ledger still dates the loss at n-2's last sign of life (rank 1's
+/// last report), not at rank 0's exit: those 4 s were lost to detection, not trained.
+#[test]
+fn a_node_marked_not_ready_before_it_is_silent_stopped_working_at_its_last_sign_of_life() {
+    let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
+    for _ in 0..2 {
+        w.advance(1);
+        channel.report(&mut w, 0, 40, None);
+        channel.report(&mut w, 1, 40, None);
+        assert_eq!(channel.step(&mut w).restart, None);
+    }
+    // n-2 goes at 2 s; rank 0's trainer exits at 6 s.
+    w.advance(4);
+    w.exit("train-worker-0", 1);
+    assert_eq!(
+        channel.step(&mut w).restart,
+        None,
+        "held until n-2 is known lost"
+    );
+    w.advance(3);
+    let now = w.now.to_string();
+    w.replace_node(
+        node("n-2")
+            .gpus(8)
+            .product("Tesla-T4")
+            .not_ready_since(&now)
+            .build(),
+    );
+    assert!(
+        !w.observed().liveness.silent.contains_key("n-2"),
+        "n-2's Lease is not judged silent yet"
+    );
+    let plan = channel.step(&mut w);
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
+    assert!(detail.contains("node n-2 is NotReady"), "{detail}");
+    assert_eq!(
+        detection(&plan),
+        2 * 7_000,
+        "2 GPUs for 7 s, from rank 1's last report"
+    );
+}
+
 /// A kubelet renews its Lease every 10 s, so a node's last renewal may come long before it
 /// goes: here n-2 renews, its rank reports for 6 s more, then the node vanishes and rank 0's
 /// collective breaks. The ledger dates the loss at the rank's last report (the last sign of
