@@ -3277,6 +3277,16 @@ fn rank_0_fails_as_n2_falls_silent(w: &mut World, channel: &Channel, failed_at: 
     plan
 }
 
+/// Both ranks report every second for `seconds`, and nothing restarts.
+fn both_ranks_report_for(w: &mut World, channel: &Channel, seconds: u32) {
+    for _ in 0..seconds {
+        w.advance(1);
+        channel.report(w, 0, 40, None);
+        channel.report(w, 1, 40, None);
+        assert_eq!(channel.step(w).restart, None);
+    }
+}
+
 /// GPU-milliseconds the plan's ledger counts as lost to detection.
 fn detection(plan: &Plan) -> u64 {
     let ledger = plan.status.ledger.as_ref().expect("ledger");
@@ -3308,12 +3318,7 @@ fn a_failure_beside_a_silent_node_is_judged_by_the_lost_peer_rule() {
 #[test]
 fn a_node_marked_not_ready_before_it_is_silent_stopped_working_at_its_last_sign_of_life() {
     let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
-    for _ in 0..2 {
-        w.advance(1);
-        channel.report(&mut w, 0, 40, None);
-        channel.report(&mut w, 1, 40, None);
-        assert_eq!(channel.step(&mut w).restart, None);
-    }
+    both_ranks_report_for(&mut w, &channel, 2);
     // n-2 goes at 2 s; rank 0's trainer exits at 6 s.
     w.advance(4);
     w.exit("train-worker-0", 1);
@@ -3353,12 +3358,7 @@ fn a_node_marked_not_ready_before_it_is_silent_stopped_working_at_its_last_sign_
 #[test]
 fn a_lost_node_stopped_working_at_its_ranks_last_report_not_its_kubelets_last_renewal() {
     let (mut w, channel) = reporting_on_two_nodes("workers: 2\ngpusPerWorker: 1\n");
-    for _ in 0..6 {
-        w.advance(1);
-        channel.report(&mut w, 0, 40, None);
-        channel.report(&mut w, 1, 40, None);
-        assert_eq!(channel.step(&mut w).restart, None);
-    }
+    both_ranks_report_for(&mut w, &channel, 6);
     w.advance(1);
     let plan = rank_0_fails_as_n2_falls_silent(&mut w, &channel, 7);
     assert_eq!(detection(&plan), 2 * 8_000, "2 GPUs for 8 s");
