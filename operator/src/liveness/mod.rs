@@ -92,6 +92,12 @@ struct NodeBeat {
 }
 
 impl NodeBeat {
+    /// When the kubelet made its last renewal, on the operator's clock, never after it was
+    /// seen: a renewal that arrived late does not stretch the node's life by the delay.
+    fn renewed_on_operator_clock(&self) -> Timestamp {
+        stamp_on_operator_clock(self.renewed, self.lag_min).min(self.seen)
+    }
+
     /// The largest lateness of a recent renewal: a gap's excess over the interval, or a
     /// delivery slower than the fastest one seen.
     fn excess(&self) -> SignedDuration {
@@ -311,7 +317,7 @@ impl Heartbeats {
                     name.clone(),
                     Silence {
                         since: now.duration_since(b.seen),
-                        renewed: stamp_on_operator_clock(b.renewed, b.lag_min).min(b.seen),
+                        renewed: b.renewed_on_operator_clock(),
                         lease_lost: self.stale(b, margin, now, 2),
                     },
                 );
@@ -346,7 +352,7 @@ impl Heartbeats {
                     n.to_owned(),
                     Beat {
                         seen: b.seen,
-                        renewed: stamp_on_operator_clock(b.renewed, b.lag_min).min(b.seen),
+                        renewed: b.renewed_on_operator_clock(),
                         interval: b.interval,
                         lag_min: b.lag_min,
                         live: b.live,
@@ -484,8 +490,9 @@ impl Liveness {
 }
 
 /// When a lost node last showed it was alive: its kubelet's last renewal (`renewed`, on the
-/// operator's clock: [`Silence::renewed`]), or a later progress report of a rank on it (`reported`: when each
-/// rank of the attempt on that node last reported, on the operator's clock). The kubelet
+/// operator's clock: [`Silence::renewed`]), or a later progress report of a rank on it
+/// (`reported`: when each rank of the attempt on that node last reported, on the operator's
+/// clock). The kubelet
 /// renews every interval (10 s by default), so its last renewal may be a whole interval
 /// before the node went; a rank that reports every second dates it to the second.
 pub fn last_alive(renewed: Timestamp, reported: impl IntoIterator<Item = Timestamp>) -> Timestamp {

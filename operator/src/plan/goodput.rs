@@ -106,12 +106,13 @@ fn what_the_end_lost(
 /// failed (a trainer's end, a pod's DisruptionTarget condition, the last sign of life of a
 /// node that is down, its kubelet silent or the Node NotReady:
 /// [`super::view::Census::last_alive`]); now when nothing tells (a pod that vanished). For a
-/// `preemption`, also the last sign of life of a down node under any worker: the lost-peer rule takes a survivor's trainer, whose collective
-/// broke when that node went, for preempted before the node's own ranks are judged, and the
-/// work stopped when the node did, not when the collective noticed.
+/// `preemption`, also the last sign of life of a down node under any worker: the lost-peer
+/// rule takes a survivor's trainer, whose collective broke when that node went, for preempted
+/// before the node's own ranks are judged, and the work stopped when the node did, not when
+/// the collective noticed.
 fn interrupted_at(view: &View<'_>, preemption: bool) -> Timestamp {
     let census = &view.census;
-    let last_alive = |pod: &CachedPod| census.last_alive(pod.node_name()?);
+    let last_alive = |pod: &CachedPod| census.last_alive(view, pod.node_name()?);
     let down_nodes = census
         .current
         .values()

@@ -13,7 +13,7 @@ use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus};
 use crate::liveness::{self, Reports, Silence};
 use crate::lost_peer;
 use crate::pods::label_u32;
-use crate::preemption::{self, ClassifierConfig, NodeView, WorkerState, min_time};
+use crate::preemption::{self, ClassifierConfig, WorkerState, min_time};
 use crate::validate::ValidJob;
 use trainyard_api::ranks::RankSet;
 
@@ -59,8 +59,6 @@ impl<'a> View<'a> {
             (current.attempt, Recorded::of(current))
         };
         view.census = Census::take(&view, attempt, &recorded);
-        let down = view.census.down_nodes(&view);
-        view.census.down = down;
         view
     }
 }
@@ -142,9 +140,6 @@ pub(crate) struct Census<'a> {
     pub lost: BTreeMap<String, String>,
     /// When each rank of this attempt last reported progress (the operator's clock).
     pub reported: BTreeMap<u32, Timestamp>,
-    /// The nodes under this attempt's pods that are down, and when each last showed it was
-    /// alive ([`Census::last_alive`]).
-    down: BTreeMap<String, Timestamp>,
 }
 
 impl Census<'_> {
@@ -152,40 +147,25 @@ impl Census<'_> {
     /// under a termination taint: [`lost_peer::node_down`]), last showed it was alive
     /// ([`liveness::last_alive`]): its kubelet's last renewal, or a later report of a rank of
     /// this attempt whose pod runs there. Whichever rule caught the node first, its work
-    /// stopped then.
-    pub fn last_alive(&self, node: &str) -> Option<Timestamp> {
-        self.down.get(node).copied()
-    }
-
-    /// [`Self::down`]: every node under a current pod that is down and whose kubelet renewed
-    /// a Lease the operator saw.
-    fn down_nodes(&self, view: &View<'_>) -> BTreeMap<String, Timestamp> {
+    /// stopped then. None when it is up, or no renewal of it was seen.
+    pub fn last_alive(&self, view: &View<'_>, node: &str) -> Option<Timestamp> {
         let observed = view.observed;
-        let taints = &view.classifier.termination_taints;
-        let mut down = BTreeMap::new();
-        for pod in self.current.values() {
-            let Some(node) = pod.node_name() else {
-                continue;
-            };
-            let is_down = self.silent.contains_key(node)
-                || matches!(observed.node_view(pod), NodeView::Present(n)
-                    if lost_peer::node_down(n, taints).is_some());
-            let Some(renewed) = observed.liveness.last_renewal(node).filter(|_| is_down) else {
-                continue;
-            };
-            let on_node = |rank: &u32| {
-                self.current
-                    .get(rank)
-                    .is_some_and(|pod| pod.node_name() == Some(node))
-            };
-            let reported = self
-                .reported
-                .iter()
-                .filter(|(rank, _)| on_node(rank))
-                .map(|(_, at)| *at);
-            down.insert(node.to_owned(), liveness::last_alive(renewed, reported));
-        }
-        down
+        let down = self.silent.contains_key(node)
+            || observed.node(node).is_some_and(|n| {
+                lost_peer::node_down(n, &view.classifier.termination_taints).is_some()
+            });
+        let renewed = observed.liveness.last_renewal(node).filter(|_| down)?;
+        let on_node = |rank: &u32| {
+            self.current
+                .get(rank)
+                .is_some_and(|pod| pod.node_name() == Some(node))
+        };
+        let reported = self
+            .reported
+            .iter()
+            .filter(|(rank, _)| on_node(rank))
+            .map(|(_, at)| *at);
+        Some(liveness::last_alive(renewed, reported))
     }
 }
 
@@ -255,6 +235,7 @@ impl<'a> Census<'a> {
             };
             states.insert(rank, state);
         }
+        let silent = observed.liveness.silent.clone();
         let lost = judge_heartbeats(view);
         // With a failed rank, the lost-peer rule judges the silent node (and names the
         // failure it caused).
@@ -289,10 +270,9 @@ impl<'a> Census<'a> {
             kept,
             states,
             recheck_at,
-            silent: observed.liveness.silent.clone(),
+            silent,
             lost,
             reported: reported(observed, attempt),
-            down: BTreeMap::new(),
         }
     }
 
