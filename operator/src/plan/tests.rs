@@ -3351,6 +3351,48 @@ fn a_node_marked_not_ready_before_it_is_silent_stopped_working_at_its_last_sign_
     );
 }
 
+/// As above, with noise on n-2's Lease: its clock runs 30 s behind the operator's, its last
+/// renewal arrives 3 s late, and its rank reports nothing. The ledger dates the loss at that
+/// renewal on the operator's clock (the node's offset and the fastest delivery seen), not when
+/// it arrived, not at its raw `renewTime` and not at rank 0's genuine exit beside it.
+#[test]
+fn a_not_ready_nodes_last_renewal_is_dated_on_the_operators_clock_despite_skew_and_lag() {
+    let mut w = World::running_world("workers: 2\ngpusPerWorker: 1\n").with_worker_1_on_n2();
+    let behind = SignedDuration::from_secs(30);
+    let before = |t: Timestamp, d: SignedDuration| t.checked_sub(d).expect("time");
+    for back in (1..=6).rev() {
+        let t = before(w.now, SignedDuration::from_secs(10 * back));
+        w.heartbeat_seen("n-1", t, t);
+        w.heartbeat_seen("n-2", before(t, behind), t);
+    }
+    let renewed = w.now;
+    w.heartbeat("n-1");
+    w.advance(3);
+    let seen = w.now;
+    w.heartbeat_seen("n-2", before(renewed, behind), seen);
+    // n-2 went right after that renewal; rank 0's trainer exits 4 s after it.
+    w.advance(1);
+    w.exit("train-worker-0", 1);
+    assert_eq!(w.step().restart, None, "held until n-2 is known lost");
+    w.advance(2);
+    let now = w.now.to_string();
+    w.replace_node(
+        node("n-2")
+            .gpus(8)
+            .product("Tesla-T4")
+            .not_ready_since(&now)
+            .build(),
+    );
+    assert!(!w.observed().liveness.silent.contains_key("n-2"));
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(
+        detection(&plan),
+        2 * 6_000,
+        "2 GPUs for 6 s, from the renewal as n-2 made it"
+    );
+}
+
 /// A kubelet renews its Lease every 10 s, so a node's last renewal may come long before it
 /// goes: here n-2 renews, its rank reports for 6 s more, then the node vanishes and rank 0's
 /// collective breaks. The ledger dates the loss at the rank's last report (the last sign of
