@@ -3287,6 +3287,18 @@ fn both_ranks_report_for(w: &mut World, channel: &Channel, seconds: u32) {
     }
 }
 
+/// The node lifecycle controller marks n-2 NotReady now.
+fn n2_marked_not_ready_now(w: &mut World) {
+    let now = w.now.to_string();
+    w.replace_node(
+        node("n-2")
+            .gpus(8)
+            .product("Tesla-T4")
+            .not_ready_since(&now)
+            .build(),
+    );
+}
+
 /// GPU-milliseconds the plan's ledger counts as lost to detection.
 fn detection(plan: &Plan) -> u64 {
     let ledger = plan.status.ledger.as_ref().expect("ledger");
@@ -3328,14 +3340,7 @@ fn a_node_marked_not_ready_before_it_is_silent_stopped_working_at_its_last_sign_
         "held until n-2 is known lost"
     );
     w.advance(3);
-    let now = w.now.to_string();
-    w.replace_node(
-        node("n-2")
-            .gpus(8)
-            .product("Tesla-T4")
-            .not_ready_since(&now)
-            .build(),
-    );
+    n2_marked_not_ready_now(&mut w);
     assert!(
         !w.observed().liveness.silent.contains_key("n-2"),
         "n-2's Lease is not judged silent yet"
@@ -3375,14 +3380,7 @@ fn a_not_ready_nodes_last_renewal_is_dated_on_the_operators_clock_despite_skew_a
     w.exit("train-worker-0", 1);
     assert_eq!(w.step().restart, None, "held until n-2 is known lost");
     w.advance(2);
-    let now = w.now.to_string();
-    w.replace_node(
-        node("n-2")
-            .gpus(8)
-            .product("Tesla-T4")
-            .not_ready_since(&now)
-            .build(),
-    );
+    n2_marked_not_ready_now(&mut w);
     assert!(!w.observed().liveness.silent.contains_key("n-2"));
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
