@@ -13,17 +13,23 @@ if [[ ${TRAINYARD_E2E_EXISTING:-0} != 1 && -f $PIDS/kube-apiserver.pid ]] &&
    kill -0 "$(cat "$PIDS/kube-apiserver.pid")" 2>/dev/null; then
   was_up=1
 fi
+keeper=
 cleanup() {
   local rc=$?
+  if [[ -n $keeper ]]; then kill -- -"$keeper" 2>/dev/null; wait "$keeper" 2>/dev/null || true; fi
   if [[ $was_up == 0 && ${TRAINYARD_E2E_KEEP_UP:-0} != 1 ]]; then
     date +"with-cluster: down from %T"
     # down.sh verifies that nothing of the harness is left; if something is, the run fails.
-    if ! TRAINYARD_E2E_LOGS_TO=${TRAINYARD_E2E_LOGS_TO:-$(dirname "$HERE")/target/e2e-logs} bash "$HERE/cluster/down.sh"; then
+    if ! TRAINYARD_E2E_LOGS_TO=$logs_to bash "$HERE/cluster/down.sh"; then
       ((rc)) || rc=1
     fi
   fi
+  if ((rc)); then
+    echo "with-cluster: failed (exit $rc); the logs of every pod the run saw (deleted ones too) and of every component: $logs_to" >&2
+  fi
   exit $rc
 }
+logs_to=${TRAINYARD_E2E_LOGS_TO:-$(dirname "$HERE")/target/e2e-logs}
 trap cleanup EXIT INT TERM
 
 date +"with-cluster: up from %T"
@@ -36,5 +42,8 @@ if [[ ${TRAINYARD_E2E_EXISTING:-0} != 1 ]]; then
 fi
 export TRAINYARD_E2E_STATE=$STATE TRAINYARD_KUBELET_ROOT=$KUBELET_ROOT
 export PATH=$K8S_BIN:$PATH
+# Every pod's log from its start, kept when the pod goes (copied to $logs_to by down.sh).
+setsid bash "$HERE/cluster/keep-logs.sh" &
+keeper=$!
 date +"with-cluster: tests from %T"
 "$@"

@@ -142,6 +142,8 @@ if [[ -n ${TRAINYARD_E2E_LOGS_TO:-} ]]; then
   cp -r "$LOGS" "$TRAINYARD_E2E_LOGS_TO/components" 2>/dev/null
   cp -r /var/log/pods "$TRAINYARD_E2E_LOGS_TO/pods" 2>/dev/null
   cp -r "$NODE2_DIR/private/var/log/pods" "$TRAINYARD_E2E_LOGS_TO/pods-node2" 2>/dev/null
+  # Every container's log the run saw, replaced and deleted pods included (keep-logs.sh).
+  cp -r "$STATE/kept-pods" "$TRAINYARD_E2E_LOGS_TO/all-pods" 2>/dev/null
   echo "down: logs copied to $TRAINYARD_E2E_LOGS_TO"
 fi
 
