@@ -10,6 +10,14 @@ NODE2 := trainyard-node-2
 
 .PHONY: test demo bench chaos prereqs lint unit chart-test e2e cluster-inputs crds images cluster-up cluster-down clean-cluster
 
+## make help (the default: a bare `make` runs nothing): the targets and what they do.
+.PHONY: help
+help:
+	@awk '/^## /{doc = doc "    " substr($$0, 4) "\n"; next} \
+	  /^$$/{doc = ""} \
+	  /^[a-z][a-z0-9-]*:/{split($$0, t, ":"); if (doc != "") printf "%s\n%s", t[1], doc; else rest = rest " " t[1]; doc = ""} \
+	  END{print "also:" rest}' $(firstword $(MAKEFILE_LIST))
+
 ## make test: lint, unit and integration tests, chart tests, then the local
 ## cluster (built and started if needed) for the cluster and e2e tests.
 ## What the cluster needs and a warm cache keeps (Kubernetes built from source, the
@@ -76,6 +84,7 @@ unit:
 chart-test:
 	@date +"make: chart-test from %T"
 	$(VENV)/bin/pytest -q charts/tests examples/tests e2e/pytests
+	promtool test rules charts/tests/prometheus-rules/*.test.yaml
 
 ## Cluster tests are #[ignore]d in plain `cargo test`; here they run against the
 ## local cluster. The cluster is stopped afterwards, also when a test fails.

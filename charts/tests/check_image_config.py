@@ -49,7 +49,10 @@ def config_dir() -> Path:
 def rendered() -> list[dict[str, Any]]:
     chart = helm_python.Chart.load(CHART_DIR)
     try:
-        manifests = chart.render({}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        # The chart has no default repositories; any will do, only the pods' specs are compared.
+        images = {key: {"image": {"repository": f"trainyard/{target}"}} for key, target in
+                  (("operator", "operator"), ("devicePlugin", "device-plugin"))}
+        manifests = chart.render(images, name=RELEASE, namespace=NAMESPACE, is_install=True)
     finally:
         chart.close()
     return [

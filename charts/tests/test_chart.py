@@ -40,6 +40,30 @@ PROGRESS_OFF = {"operator": {"progress": {"enabled": False}}}
 # Helm's lint severities (helm_python.lint messages).
 SEVERITY_WARNING = 2
 
+# No image is published: the chart requires both repositories. Every render and lint here
+# sets them (under the test's own values), except the tests of that requirement.
+OPERATOR_REPO = "registry.example.com/trainyard/operator"
+DEVICE_PLUGIN_REPO = "registry.example.com/trainyard/device-plugin"
+IMAGES = {
+    "operator": {"image": {"repository": OPERATOR_REPO}},
+    "devicePlugin": {"image": {"repository": DEVICE_PLUGIN_REPO}},
+}
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Helm's coalescing of values: maps merge key by key, anything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def with_images(values: dict[str, Any] | None) -> dict[str, Any]:
+    return merged(IMAGES, values or {})
+
 
 @pytest.fixture(scope="module")
 def chart() -> Any:
@@ -51,7 +75,7 @@ def chart() -> Any:
 def render(chart: Any, values: dict[str, Any] | None = None, **opts: Any) -> list[dict[str, Any]]:
     """Render the chart and return every Kubernetes object it produces."""
     manifests = chart.render(
-        values or {},
+        with_images(values),
         name=opts.get("name", RELEASE),
         namespace=opts.get("namespace", NAMESPACE),
         is_install=True,
@@ -82,7 +106,7 @@ def render_for_cluster(
         "api_versions": api_versions,
         "kube_version": kube_version,
     }
-    rendered = _native.call_string("helm_render", chart._raw(), _dumps(values or {}), json.dumps(opts))
+    rendered = _native.call_string("helm_render", chart._raw(), _dumps(with_images(values)), json.dumps(opts))
     manifests = json.loads(rendered)
     objects = []
     for path, text in manifests.items():
@@ -97,7 +121,7 @@ NODE_POLICY = f"{RELEASE}-device-plugin-node-labels"
 
 
 def render_notes(chart: Any, values: dict[str, Any] | None = None) -> str:
-    manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    manifests = chart.render(with_images(values), name=RELEASE, namespace=NAMESPACE, is_install=True)
     return next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
 
 
@@ -173,7 +197,7 @@ ENDPOINTS_DEPRECATION = (
 )
 @pytest.mark.parametrize("kube_version", [None, "v1.20.2"], ids=["default-kube", "kube-1.20"])
 def test_lint_reports_no_warnings_or_errors(values: dict[str, Any], kube_version: str | None) -> None:
-    report = helm_python.lint(CHART_DIR, values, strict=True, kube_version=kube_version)
+    report = helm_python.lint(CHART_DIR, with_images(values), strict=True, kube_version=kube_version)
     problems = [
         m
         for m in report["messages"]
@@ -202,7 +226,7 @@ def test_default_operator_runs_two_replicas_with_leader_election(chart: Any) -> 
 def test_operator_runs_the_binary_from_the_image(chart: Any) -> None:
     c = container(operator_deployment(render(chart)))
     assert c["command"] == ["/usr/local/bin/trainyard-operator"]
-    assert c["image"] == "trainyard/operator:0.1.0"
+    assert c["image"] == f"{OPERATOR_REPO}:0.1.0"
 
 
 def test_operator_probes_hit_healthz_and_readyz_on_the_metrics_port(chart: Any) -> None:
@@ -321,8 +345,8 @@ def test_image_tag_and_pull_policy_follow_values(chart: Any) -> None:
     }
     objects = render(chart, values)
     for workload, image in [
-        (operator_deployment(objects), "trainyard/operator:dev"),
-        (device_plugin_daemonset(objects), "trainyard/device-plugin:dev"),
+        (operator_deployment(objects), f"{OPERATOR_REPO}:dev"),
+        (device_plugin_daemonset(objects), f"{DEVICE_PLUGIN_REPO}:dev"),
     ]:
         assert container(workload)["image"] == image
         assert container(workload)["imagePullPolicy"] == "Never"
@@ -1441,7 +1465,7 @@ def test_schema_rejects_bad_values_naming_the_field(chart: Any, values: dict[str
 
 
 def test_lint_fails_on_a_schema_violation() -> None:
-    report = helm_python.lint(CHART_DIR, {"operator": {"replicas": "two"}})
+    report = helm_python.lint(CHART_DIR, with_images({"operator": {"replicas": "two"}}))
     assert any("/operator/replicas" in e for e in report["errors"]), report
 
 
@@ -1461,10 +1485,177 @@ def test_local_cluster_values_lint_clean_and_use_the_fake_gpu_host_directory(cha
     if not values_file.is_file():
         pytest.skip(f"{values_file} is not there")
     values = yaml.safe_load(values_file.read_text())
+    for key in ("operator", "devicePlugin"):
+        assert values.get(key, {}).get("image", {}).get("repository"), (
+            f"e2e/values-local.yaml must set {key}.image.repository (the chart has no default): "
+            "the images e2e/cluster/images.sh imports are trainyard/operator:dev and trainyard/device-plugin:dev"
+        )
     report = helm_python.lint(CHART_DIR, values, strict=True, kube_version="v1.20.2")
     assert report["errors"] == [], report
     daemonset = device_plugin_daemonset(render(chart, values))
     assert f"--fake-gpus={FAKE_GPUS_PATH}" in container(daemonset)["args"]
+
+
+def harness_node_labels() -> dict[str, dict[str, str]]:
+    """The labels each local cluster node's kubelet registers with (--node-labels)."""
+    env = (REPO_ROOT / "e2e" / "cluster" / "env.sh").read_text()
+    variables = dict(re.findall(r"^([A-Z0-9_]+)=([^\s$]+)$", env, re.M))
+    nodes = {}
+    for script in ("up.sh", "node2.sh"):
+        text = (REPO_ROOT / "e2e" / "cluster" / script).read_text()
+        [labels] = re.findall(r'--node-labels "([^"]+)"', text)
+        labels = re.sub(r"\$\{?([A-Z0-9_]+)\}?", lambda m: variables[m.group(1)], labels)
+        nodes[script] = dict(pair.split("=", 1) for pair in labels.split(","))
+    return nodes
+
+
+def schedulable_on(pod_spec: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a node with these labels satisfies the pod's nodeSelector and required node affinity."""
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (pod_spec.get("affinity") or {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if not required:
+        return True
+
+    def holds(e: dict[str, Any]) -> bool:
+        op, key = e["operator"], e["key"]
+        return {
+            "In": lambda: labels.get(key) in e.get("values", []),
+            "NotIn": lambda: labels.get(key) not in e.get("values", []),
+            "Exists": lambda: key in labels,
+            "DoesNotExist": lambda: key not in labels,
+        }[op]()
+
+    return any(all(holds(e) for e in term.get("matchExpressions", [])) for term in required["nodeSelectorTerms"])
+
+
+def test_the_device_plugin_runs_on_both_local_cluster_nodes(chart: Any) -> None:
+    values = yaml.safe_load((REPO_ROOT / "e2e" / "values-local.yaml").read_text())
+    spec = device_plugin_daemonset(render(chart, values))["spec"]["template"]["spec"]
+    for script, labels in harness_node_labels().items():
+        assert schedulable_on(spec, labels), (
+            f"the node e2e/cluster/{script} starts ({labels}) matches none of the device plugin's "
+            "GPU node terms: label it nvidia.com/gpu.present=true (--node-labels), or set "
+            "devicePlugin.gpuNodeSelectorTerms: [] in e2e/values-local.yaml"
+        )
+
+
+# --- images and operator-only mode ------------------------------------------
+
+
+@pytest.mark.parametrize("key, target", [("operator", "operator"), ("devicePlugin", "device-plugin")])
+def test_an_unset_image_repository_fails_saying_what_to_set(chart: Any, key: str, target: str) -> None:
+    values = copy.deepcopy(IMAGES)
+    del values[key]["image"]["repository"]
+    with pytest.raises(helm_python.HelmError) as failed:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    says = str(failed.value)
+    assert f"{key}.image.repository is not set" in says
+    assert f"--set {key}.image.repository=registry.example.com/trainyard/{target}" in says
+    assert "docs/install.md" in says
+
+
+def test_a_digest_pins_each_image_and_replaces_the_tag(chart: Any) -> None:
+    digest = "sha256:" + "0123456789abcdef" * 4
+    values = {
+        "operator": {"image": {"tag": "ignored", "digest": digest}},
+        "devicePlugin": {"image": {"digest": digest}},
+    }
+    objects = render(chart, values)
+    assert container(operator_deployment(objects))["image"] == f"{OPERATOR_REPO}@{digest}"
+    assert container(device_plugin_daemonset(objects))["image"] == f"{DEVICE_PLUGIN_REPO}@{digest}"
+
+
+def test_the_schema_refuses_a_digest_that_is_not_sha256(chart: Any) -> None:
+    report = helm_python.lint(CHART_DIR, with_images({"operator": {"image": {"digest": "latest"}}}))
+    assert any("/operator/image/digest" in e for e in report["errors"]), report
+
+
+def test_operator_only_mode_renders_no_device_plugin_and_needs_no_plugin_image(chart: Any) -> None:
+    values = {
+        "operator": {"image": {"repository": OPERATOR_REPO}},
+        "devicePlugin": {"enabled": False},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "networkPolicy": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+    }
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects = [d for p, t in manifests.items() if not p.endswith("NOTES.txt") for d in yaml.safe_load_all(t) if d]
+    assert of_kind(objects, "DaemonSet") == []
+    assert [o for o in objects if "device-plugin" in o["metadata"]["name"]] == []
+    assert len(of_kind(objects, "Deployment")) == 1
+    notes = next(t for p, t in manifests.items() if p.endswith("NOTES.txt"))
+    assert "no device plugin (devicePlugin.enabled=false)" in notes
+
+
+# --- where the device plugin runs -------------------------------------------
+
+
+def plugin_pod_spec(chart: Any, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    return device_plugin_daemonset(render(chart, values))["spec"]["template"]["spec"]
+
+
+def test_the_device_plugin_runs_only_on_gpu_nodes_by_default(chart: Any) -> None:
+    spec = plugin_pod_spec(chart)
+    assert "nodeSelector" not in spec
+    for gpu_node in [
+        {"nvidia.com/gpu.present": "true"},
+        {"feature.node.kubernetes.io/pci-10de.present": "true"},
+        {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"},
+        {"k8s.amazonaws.com/accelerator": "nvidia-tesla-a100"},
+        {"karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia"},
+    ]:
+        assert schedulable_on(spec, gpu_node), gpu_node
+    for cpu_node in [{}, {"kubernetes.io/os": "linux"}, {"nvidia.com/gpu.present": "false"}]:
+        assert not schedulable_on(spec, cpu_node), cpu_node
+
+
+def test_a_node_selector_or_node_affinity_replaces_the_gpu_node_terms(chart: Any) -> None:
+    pool = {"accelerator": "nvidia"}
+    spec = plugin_pod_spec(chart, {"devicePlugin": {"nodeSelector": pool}})
+    assert spec["nodeSelector"] == pool and "affinity" not in spec
+    assert schedulable_on(spec, pool)
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]
+            }
+        }
+    }
+    assert plugin_pod_spec(chart, {"devicePlugin": {"affinity": affinity}})["affinity"] == affinity
+
+
+def test_other_affinity_keeps_the_gpu_node_terms_and_an_empty_list_drops_them(chart: Any) -> None:
+    anti = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    spec = plugin_pod_spec(chart, {"devicePlugin": {"affinity": anti}})
+    assert spec["affinity"]["podAntiAffinity"] == anti["podAntiAffinity"]
+    assert not schedulable_on(spec, {})
+    spec = plugin_pod_spec(chart, {"devicePlugin": {"gpuNodeSelectorTerms": []}})
+    assert "affinity" not in spec and schedulable_on(spec, {})
+
+
+def test_schema_gives_every_property_a_description(chart: Any) -> None:
+    """`helm show values` readers and schema-aware editors see what each key does."""
+    missing = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for key, sub in (node.get("properties") or {}).items():
+            where = f"{path}.{key}".lstrip(".")
+            if not sub.get("description"):
+                missing.append(where)
+            walk(sub, where)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], path + "[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], path + "{}")
+
+    schema = chart.schema
+    walk(schema, "")
+    for name, definition in schema.get("definitions", {}).items():
+        walk(definition, f"#/definitions/{name}")
+    assert missing == []
 
 
 def test_schema_describes_every_default_value(chart: Any) -> None:

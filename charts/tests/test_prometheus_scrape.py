@@ -29,6 +29,11 @@ RELEASE = "trainyard"
 NAMESPACE = "trainyard-system"
 SD_DIR = "/var/lib/trainyard-e2e/prometheus/sd"
 PROMTOOL = shutil.which("promtool")
+# The chart has no default image repositories.
+IMAGES = {
+    "operator": {"image": {"repository": "registry.example.com/trainyard/operator"}},
+    "devicePlugin": {"image": {"repository": "registry.example.com/trainyard/device-plugin"}},
+}
 
 
 def load(name: str) -> Any:
@@ -46,7 +51,7 @@ sd = load("prometheus_sd")
 
 @pytest.fixture(scope="module")
 def objects() -> list[dict[str, Any]]:
-    values = {"metrics": {"serviceMonitor": {"enabled": True}}}
+    values = dict(IMAGES, metrics={"serviceMonitor": {"enabled": True}})
     return config_gen.render(RELEASE, NAMESPACE, values)
 
 
@@ -220,7 +225,11 @@ def promtool_check_rules(groups: dict[str, dict[str, Any]], tmp_path: Path) -> l
 
 def test_every_rule_the_chart_ships_passes_promtool_check_rules(tmp_path: Path) -> None:
     assert PROMTOOL, "promtool missing: `make prereqs` installs Debian's prometheus"
-    every_feature = {"metrics": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}}}
+    every_feature = dict(
+        IMAGES,
+        metrics={"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+        prometheusRule={"enabled": True},
+    )
     groups = config_gen.chart_rule_groups(config_gen.render(RELEASE, NAMESPACE, every_feature))
     assert promtool_check_rules(groups, tmp_path) == []
 

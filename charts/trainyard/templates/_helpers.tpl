@@ -84,10 +84,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
-Image reference. Call with (dict "ctx" $ "image" .Values.operator.image).
+Image reference: repository@digest, else repository:tag (the appVersion when
+empty). No image is published, so an empty repository fails naming the value.
+Call with (dict "ctx" $ "image" .Values.operator.image "key" "operator" "target" "operator").
 */}}
 {{- define "trainyard.image" -}}
+{{- if not .image.repository }}
+{{- fail (printf "%s.image.repository is not set: no trainyard image is published. Build the Dockerfile's %s target, push it to your registry and set %s.image.repository (and %s.image.tag or .digest), e.g. --set %s.image.repository=registry.example.com/trainyard/%s (docs/install.md, \"Images\")" .key .target .key .key .key .target) }}
+{{- end }}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/*
