@@ -97,3 +97,12 @@ def test_alerts_read_only_metrics_the_code_registers() -> None:
     # Counters gain _total and histograms _count in the exposition.
     unknown = {m for m in used if re.sub(r"_(total|count|sum|bucket)$", "", m) not in registered}
     assert unknown == set()
+
+
+def test_the_flux_example_installs_values_the_chart_accepts() -> None:
+    """examples/gitops/flux/helmrelease.yaml's values pass the chart's schema and render."""
+    release = yaml.safe_load((REPO_ROOT / "examples" / "gitops" / "flux" / "helmrelease.yaml").read_text())
+    assert release["spec"]["chart"]["spec"]["chart"] == "./charts/trainyard"
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        chart.validate_schema(release["spec"]["values"])
+    assert len(rendered_rules(release["spec"]["values"])) == 1
