@@ -34,9 +34,8 @@ pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
 // must not rely on the API server). Every number the operator reads is bounded, so none can
 // drive a loop, an overflow or a timestamp past year 9999.
 
-/// Most workers (`spec.workers`): one pod each, and a gang this large is already far beyond
-/// what one rendezvous holds.
-pub const MAX_WORKERS: u32 = 10_000;
+/// Most workers (`spec.workers`): defined with the rank sets it bounds.
+pub use crate::ranks::MAX_WORKERS;
 /// Most entries of `status.workers`: a gang this small is listed whole; of a larger one, the
 /// workers that are not running come first, and `status.workerSummary` counts them all, so a
 /// status stays a few KiB at 10,000 workers.

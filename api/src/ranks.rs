@@ -8,7 +8,9 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use crate::crd::MAX_WORKERS;
+/// Most workers (`spec.workers`): one pod each, and a gang this large is already far beyond
+/// what one rendezvous holds. Every rank is below it.
+pub const MAX_WORKERS: u32 = 10_000;
 
 /// A set of ranks below [`MAX_WORKERS`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
