@@ -24,24 +24,31 @@ gives up at once on an address with no route to it (exit 1), which the operator 
 as the job's failure.
 
 With TRAINYARD_SUPERVISOR_URL set (the operator sets it for a job with restartPolicy.inPlace)
-the launcher is also the supervisor of in-place restarts. A gang restart then keeps the pods
-on healthy nodes: their containers go on, and replacing the trainer's processes with the next
+the launcher is also the supervisor of in-place restarts. A gang restart then keeps the pods on
+healthy nodes: their containers go on, and replacing the trainer's processes with the next
 attempt's is this launcher's job, not the kubelet's (no new pod to schedule, image to pull or
-volume to attach). Without the variable none of what follows happens. The command then runs
-in a session of its own, so that every process of an attempt can be found and ended, and the
-launcher polls the operator (a POST with the progress channel's token, re-read each time as
-the kubelet rotates it) with its rank, attempt and state: running, exited (the command failed
-on its own) or stopped (on the operator's order). Each poll asks the operator to hold it for up
-to TRAINYARD_SUPERVISOR_WAIT_SECONDS (3) until the job's restart decision changes, so that a
-stop, or the start of the next attempt, arrives as soon as it is decided; an answer that comes
-sooner is followed by the next poll after TRAINYARD_SUPERVISOR_POLL_SECONDS (1) while the
-command runs, a quarter second while it waits for an order, and a change of state is
-reported at once, without waiting for the held answer. The answer says what to do:
+volume to attach). Without the variable none of what follows happens. Every process of the
+container but the launcher and its spare interpreter (below) belongs to the attempt, whatever
+session it started: the command runs in a session of its own, and the launcher makes itself a
+child subreaper, so that a process whose parent exits (the workers of a killed agent)
+re-parents to it as to a container's first process; an attempt's processes are then the
+launcher's descendants, or, when it is PID 1, every other process of the container (one entered
+with kubectl exec too). The launcher polls the operator (a POST with the progress channel's
+token, re-read each time as the kubelet rotates it) with its rank, attempt and state: running,
+exited (the command failed on its own) or stopped (on the operator's order). Each poll asks the
+operator to hold it for up to TRAINYARD_SUPERVISOR_WAIT_SECONDS (3) until the job's restart
+decision changes, so that a stop, or the start of the next attempt, arrives as soon as it is
+decided; an answer that comes sooner is followed by the next poll after
+TRAINYARD_SUPERVISOR_POLL_SECONDS (1) while the command runs, a quarter second while it waits
+for an order, and a change of state is reported at once, without waiting for the held answer.
+The answer says what to do:
 
 - continue: nothing.
 - stop: a new attempt was decided. SIGTERM to the command (torchrun passes it to its
-  workers, which save), up to TRAINYARD_STOP_GRACE_SECONDS (30) for it to exit, then SIGKILL
-  to whatever is left of its session. A command that ran workers of its own in the attempt
+  workers, which save), and once it has exited to every process of the attempt it left; at
+  TRAINYARD_STOP_GRACE_SECONDS (30) after the order, SIGKILL to every process of the attempt
+  still there: torch 2.x starts each worker in a session of its own, and a worker blocked in
+  a collective may ignore SIGTERM. A command that ran workers of its own in the attempt
   (torchrun's agent) is ended as soon as none is left, without the barrier rule's wait: the
   attempt is over, also when its workers failed before the stop came (a peer lost), leaving
   the agent blocked. One that never ran any (the trainer itself) gets the barrier rule.
@@ -73,8 +80,8 @@ MASTER_*, RANK...) when imported.
 
 An operator that cannot be reached, or an answer the launcher does not know, means continue:
 the command runs on (logged at most once a minute). When the command exits 0 the launcher
-exits 0 at once: the rank finished. When it fails, what it left running in its session is
-killed before the launcher reports exited. Then, as once it was stopped, the launcher waits up
+exits 0 at once: the rank finished. When it fails, what it left running is killed before
+the launcher reports exited. Then, as once it was stopped, the launcher waits up
 to TRAINYARD_SUPERVISOR_HOLD_SECONDS (30) for the operator to start the next attempt, and
 exits with the command's code (143 when stopped), so that without an operator the container
 ends as it would without a supervisor. SIGTERM or SIGINT to the launcher itself (the pod is
@@ -82,6 +89,7 @@ deleted) is passed on as above, and it exits with the command's code, waiting fo
 docs/env-contract.md describes the protocol, for a supervisor of your own.
 """
 
+import ctypes
 import errno
 import json
 import os
@@ -241,17 +249,49 @@ def processes():
         yield int(entry), fields[0], int(fields[1]), int(fields[2]), int(fields[3])
 
 
-def end_session(leader):
-    """SIGKILL to every process of the process group and session the command `leader` (started
-    in a session of its own) leads; whether none was left running. A zombie counts as gone (it
-    holds nothing); ours (an orphan handed to the container's first process) is reaped, the
-    command itself excepted (Popen reaps it, and needs its status)."""
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+def become_subreaper():
+    """Makes this process the reaper of its descendants' orphans (prctl PR_SET_CHILD_SUBREAPER),
+    as a container's first process is: a process of the attempt whose parent exits (the
+    workers of a killed agent, a daemon that forked twice) re-parents to the launcher, and so
+    stays among its descendants. Whether it is."""
     try:
-        os.killpg(leader, signal.SIGKILL)
-    except OSError:
-        pass  # the group is empty
-    me, left = os.getpid(), False
-    for pid, state, ppid, group, session in processes():
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def attempt_processes(leader, keep=()):
+    """The live processes of the attempt whose command is `leader`: every process but this
+    launcher when it is PID 1 (its container's: they all belong to the attempt), else its
+    descendants (a subreaper's, orphans included), and in any case those of the command's
+    process group and session; less `keep` (the spare interpreter) and its descendants. A
+    zombie counts as gone (it holds nothing); the launcher's own are reaped on the way, but
+    not `leader`'s or `keep`'s, whose status their Popen needs."""
+    me = os.getpid()
+    table = list(processes())
+    children = {}
+    for pid, _, ppid, _, _ in table:
+        children.setdefault(ppid, []).append(pid)
+
+    def subtree(roots):
+        found, todo = set(), [pid for pid in roots if pid is not None]
+        while todo:
+            pid = todo.pop()
+            if pid not in found:
+                found.add(pid)
+                todo.extend(children.get(pid, ()))
+        return found
+
+    spared = subtree(keep)
+    descendants = None if me == 1 else subtree([me])
+    alive = set()
+    for pid, state, ppid, group, session in table:
+        if pid == me or pid in spared:
+            continue
         if state in ("Z", "X"):
             if ppid == me and pid != leader:
                 try:
@@ -259,24 +299,29 @@ def end_session(leader):
                 except ChildProcessError:
                     pass
             continue
-        if pid != me and leader in (group, session):
-            left = True
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    return not left
+        if descendants is None or pid in descendants or leader in (group, session):
+            alive.add(pid)
+    return alive
 
 
-def wait_session_gone(leader, limit=None):
-    """end_session until nothing of it runs (for at most `limit` seconds); whether it came to
-    that."""
-    started = time.monotonic()
-    while not end_session(leader):
-        if limit is not None and time.monotonic() - started >= limit:
-            return False
-        time.sleep(0.05)
-    return True
+def signal_each(pids, signum):
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass  # ended since
+
+
+def described(pids):
+    """`pids` for the log: each with its name, the first ten."""
+    names = []
+    for pid in sorted(pids)[:10]:
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                names.append(f"{pid} ({f.read().strip()})")
+        except OSError:
+            names.append(str(pid))
+    return ", ".join(names) + (f" and {len(pids) - 10} more" if len(pids) > 10 else "")
 
 
 def parse_order(answer):
@@ -637,6 +682,9 @@ class Supervisor:
             self.child.send_signal(self.signalled)
 
     def run(self):
+        if os.getpid() != 1 and not become_subreaper():
+            say("cannot become a child subreaper: a process of an attempt whose parent exits "
+                "escapes its stop")
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         threading.Thread(target=self.poll_forever, name="supervisor", daemon=True).start()
@@ -733,8 +781,10 @@ class Supervisor:
         if self.child is None:  # SIGTERM while it waited for the master
             return 128 + self.signalled
         if self.child.poll() is None:
-            if not self.had_workers and now >= self.workers_look:
-                self.had_workers = has_children(self.child.pid)
+            if now >= self.workers_look:
+                self.leftovers(confirm=False)  # reaps the attempt's orphans that exited
+                if not self.had_workers:
+                    self.had_workers = has_children(self.child.pid)
                 self.workers_look = now + 1
             if self.spare_due is not None and now >= self.spare_due:
                 self.warm()
@@ -743,10 +793,13 @@ class Supervisor:
                 return None
         code = 143 if self.stuck_killed else exit_status(self.child.returncode)
         if self.signalled is not None or (code == 0 and self.stopping is None):
-            wait_session_gone(self.child.pid, GONE_SECONDS)
+            self.kill_attempt(GONE_SECONDS)
             return code
         # Never report stopped or exited while a process of the attempt runs.
-        wait_session_gone(self.child.pid)
+        if self.stopping is None:
+            self.kill_attempt()
+        elif not self.finish_stop():
+            return code  # SIGTERM to the launcher: the pod is being deleted
         self.held_since = time.monotonic()
         if self.stopping is not None:
             say(f"attempt {attempt} stopped on the operator's order ({self.stopping['why']})")
@@ -761,12 +814,16 @@ class Supervisor:
         if self.stopping is not None and now >= self.stopping["deadline"]:
             say(f"{self.command[0]} did not exit within {self.grace:g} s of SIGTERM: killing "
                 "its processes")
-        elif self.sigterm_at is None:
+            # All at once, so that the agent cannot act on its workers' end.
+            signal_each(self.leftovers(confirm=False) | {self.child.pid}, signal.SIGKILL)
+            self.child.wait()
             return
-        elif has_children(self.child.pid):
+        if self.sigterm_at is None:
+            return
+        if has_children(self.child.pid):
             self.childless_since = None
             return
-        elif self.stopping is not None and self.stopping["had_workers"]:
+        if self.stopping is not None and self.stopping["had_workers"]:
             # The operator's stop, and the workers it had have saved and exited: the attempt
             # is over, so its agent is not given the barrier rule's wait.
             say(f"{self.command[0]}'s workers exited on the operator's stop: stopping it")
@@ -778,8 +835,64 @@ class Supervisor:
             say(f"{self.command[0]} outlived its workers by {self.stuck:g} s after SIGTERM "
                 "(torchrun's exit barrier): stopping it")
             self.stuck_killed = True
-        end_session(self.child.pid)
+        # The command and what else its session holds; anything of the attempt still there
+        # after that is ended as after any exit of the command (step).
+        leader = self.child.pid
+        signal_each({pid for pid, state, _, group, session in processes()
+                     if leader in (group, session) and state not in ("Z", "X")} | {leader},
+                    signal.SIGKILL)
         self.child.wait()
+
+    def leftovers(self, confirm=True):
+        """The live processes of the attempt (attempt_processes), the spare not among them.
+        With `confirm`, none only when a second look 20 ms later finds none either: one whose
+        parent ended as the first looked may have shown under neither."""
+        keep = [self.spare.process.pid] if self.spare is not None else []
+        left = attempt_processes(self.child.pid, keep)
+        if not left and confirm:
+            time.sleep(0.02)
+            left = attempt_processes(self.child.pid, keep)
+        return left
+
+    def kill_attempt(self, limit=None):
+        """SIGKILL to every process of the attempt until none is left (for at most `limit`
+        seconds); whether none is."""
+        started = time.monotonic()
+        while True:
+            left = self.leftovers()
+            if not left:
+                return True
+            signal_each(left, signal.SIGKILL)
+            if limit is not None and time.monotonic() - started >= limit:
+                return False
+            time.sleep(0.05)
+
+    def finish_stop(self):
+        """The command exited on the operator's stop: SIGTERM, once, to each process of the
+        attempt it left (a worker in a session of its own, an orphan), and SIGKILL to those
+        still there at the stop's deadline. Returns once none is left: True, or False when
+        SIGTERM or SIGINT came to the launcher meanwhile (then they are killed at once, within
+        GONE_SECONDS)."""
+        termed = set()
+        while self.signalled is None and time.monotonic() < self.stopping["deadline"]:
+            left = self.leftovers()
+            if not left:
+                return True
+            if left - termed:
+                say(f"{self.command[0]} exited and left processes of the attempt: SIGTERM to "
+                    f"{described(left - termed)}")
+                signal_each(left - termed, signal.SIGTERM)
+                termed |= left
+            time.sleep(0.05)
+        if self.signalled is not None:
+            self.kill_attempt(GONE_SECONDS)
+            return False
+        left = self.leftovers()
+        if left and termed:
+            say(f"processes of the attempt still there {self.grace:g} s after the stop order: "
+                f"killing {described(left)}")
+        self.kill_attempt()
+        return True
 
 
 def main(argv):
