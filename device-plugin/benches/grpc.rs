@@ -11,8 +11,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use trainyard_device_plugin::kubelet_api::device_plugin_client::DevicePluginClient;
-use trainyard_device_plugin::kubelet_api::{
+use trainyard_device_plugin::plugin::kubelet_api::device_plugin_client::DevicePluginClient;
+use trainyard_device_plugin::plugin::kubelet_api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
 };
@@ -193,8 +193,8 @@ async fn bench_topology(file: &str, n: usize, rows: &mut Vec<Row>) -> (u64, u64)
 /// The allocator alone, in-process: what GetPreferredAllocation costs
 /// without the gRPC round trip, on topologies harder than all-to-all.
 fn bench_allocator(rows: &mut Vec<Row>) {
-    use trainyard_device_plugin::allocator::Topology;
-    let cases: Vec<(&str, Vec<trainyard_device_plugin::backend::GpuInfo>)> = vec![
+    use trainyard_device_plugin::rm::allocator::Topology;
+    let cases: Vec<(&str, Vec<trainyard_device_plugin::rm::backend::GpuInfo>)> = vec![
         ("8 GPUs (DGX-1 cube-mesh)", cube_mesh_8()),
         (
             "16 GPUs (two cube-meshes, 4 NUMA nodes)",

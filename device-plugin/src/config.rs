@@ -10,10 +10,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
 
-use crate::health::HealthPolicy;
-use crate::kubelet::ClientTimeouts;
 use crate::labels::LabelWriter;
-use crate::liveness::LivenessLimits;
+use crate::metrics::liveness::LivenessLimits;
+use crate::plugin::registration::ClientTimeouts;
+use crate::plugin::service::DeviceListStrategy;
+use crate::rm::health::HealthPolicy;
 
 /// Default of `--label-check-interval`.
 pub const DEFAULT_LABEL_CHECK_INTERVAL: Duration = Duration::from_secs(60);
@@ -239,24 +240,6 @@ impl BackendArgs {
     }
 }
 
-/// Which names Allocate returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceListStrategy {
-    /// `NVIDIA_VISIBLE_DEVICES=<uuid>,...`.
-    pub envvar: bool,
-    /// CDI device names `nvidia.com/gpu=<uuid>`.
-    pub cdi: bool,
-}
-
-impl Default for DeviceListStrategy {
-    fn default() -> Self {
-        Self {
-            envvar: true,
-            cdi: false,
-        }
-    }
-}
-
 impl std::str::FromStr for DeviceListStrategy {
     type Err = ConfigError;
 
@@ -460,7 +443,7 @@ impl TryFrom<RunArgs> for RunConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::DEFAULT_IGNORED_XIDS;
+    use crate::rm::health::DEFAULT_IGNORED_XIDS;
 
     fn run_args(extra: &[&str]) -> Result<RunConfig, String> {
         let mut argv = vec!["trainyard-device-plugin", "run"];

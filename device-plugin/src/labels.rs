@@ -32,8 +32,8 @@ use trainyard_api::gpu_labels::{
 };
 use trainyard_api::version::parse_driver_version;
 
-use crate::backend::Inventory;
-use crate::devices::StateReceiver;
+use crate::rm::backend::Inventory;
+use crate::rm::devices::StateReceiver;
 
 /// Field manager of our server-side applies.
 pub const FIELD_MANAGER: &str = "trainyard-device-plugin";
@@ -407,7 +407,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::backend::{ComputeCapability, DriverInfo, GpuInfo};
+    use crate::rm::backend::{ComputeCapability, DriverInfo, GpuInfo};
 
     fn inventory(driver: &str, cuda: &str, gpus: usize) -> Inventory {
         Inventory {

@@ -7,36 +7,40 @@
 //! The binary is a thin wrapper around [`run`] and [`discover`], so tests and
 //! benchmarks can run the whole plugin in-process against a fake GPU file.
 //!
+//! # Layers
+//!
+//! Split by role, as NVIDIA's k8s-device-plugin is; each layer imports only
+//! the layers below it (`e2e/pytests/test_module_layers.py` checks):
+//!
+//! ```text
+//! run          wiring: opens the backend, starts every loop, stops them on shutdown
+//! config       the command line and the RunConfig it validates into
+//! plugin/      the kubelet's side: DevicePlugin service, registration, socket gate, proto
+//! monitor      loops that keep the device state and the telemetry current
+//! labels       node labels with GPU facts
+//! metrics/     Prometheus metrics and /healthz (liveness) on one port
+//! rm/          resource manager: backend/ (nvml, fake), health, devices, allocator, owed resets
+//! ```
+//!
+//! `monitor` stands outside `rm/` because it records metrics, and metrics
+//! read the device state: `rm/` is the bottom and knows no other layer.
+//!
 //! The label keys it writes, the default resource name and "major.minor"
 //! parsing come from the contract crate `trainyard_api`, which the operator
-//! reads them with.
-//!
-//! Its metrics and health port serves through `trainyard_listen`, the bounded
-//! HTTP listener the operator's ports use too.
+//! reads them with. Its metrics and health port serves through
+//! `trainyard_listen`, the bounded HTTP listener the operator's ports use too.
 
 #![forbid(unsafe_code)]
 
-// What the binary, the integration tests, the benchmark and the e2e crate
-// use: the library's entry points, the kubelet API they play the kubelet
-// with, and the parts they build a device state, a service or labels from.
-pub mod allocator;
-pub mod backend;
+// Public: what the binary, the integration tests, the benchmark and the e2e crate use.
 pub mod config;
-pub mod devices;
-pub mod health;
-pub mod kubelet;
-pub mod kubelet_api;
 pub mod labels;
 pub mod metrics;
-pub mod owed;
-pub mod service;
-pub mod uds_authority;
+pub mod plugin;
+pub mod rm;
 
-// Internal: reached only through `run` and `discover`.
-mod calls;
-mod liveness;
 mod monitor;
-mod plugin;
+mod run;
 
 pub use config::RunConfig;
-pub use plugin::{DiscoverReport, RunError, discover, run};
+pub use run::{DiscoverReport, RunError, discover, run};

@@ -14,16 +14,16 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::allocator::{AllocationError, Topology};
-use crate::backend::{
+use crate::metrics::Metrics;
+use crate::rm::allocator::{AllocationError, Topology};
+use crate::rm::backend::{
     BackendError, BackendEvent, DeviceError, DeviceErrorKind, GpuBackend, Inventory, ProbeOutcome,
     ResetEvidence, Telemetry,
 };
-use crate::calls::{BoundedCalls, CallError};
-use crate::devices::{DeviceState, StateReceiver};
-use crate::health::{HealthTracker, ResetVerdict, Transition, XidVerdict};
-use crate::metrics::Metrics;
-use crate::owed::OwedStore;
+use crate::rm::calls::{BoundedCalls, CallError};
+use crate::rm::devices::{DeviceState, StateReceiver};
+use crate::rm::health::{HealthTracker, ResetVerdict, Transition, XidVerdict};
+use crate::rm::owed::OwedStore;
 
 /// Errors that stop the monitor from starting.
 #[derive(Debug, thiserror::Error)]
@@ -463,11 +463,11 @@ mod tests {
     use tokio::sync::mpsc::UnboundedSender;
 
     use super::*;
-    use crate::backend::{
+    use crate::rm::backend::{
         ComputeCapability, DeviceError, DeviceErrorKind, DriverInfo, FailedRead, GpuInfo,
         KnownGpus, RecoveryAction,
     };
-    use crate::health::{HealthPolicy, HealthTracker};
+    use crate::rm::health::{HealthPolicy, HealthTracker};
 
     /// How long a test waits for the monitor: a bound on a hang, not a latency claim.
     const HANG_LIMIT: Duration = Duration::from_secs(30);
@@ -944,7 +944,7 @@ mod tests {
         .unwrap();
         wait(&mut state, "GPU-0 is unhealthy", |s| !s.is_healthy("GPU-0")).await;
         shutdown.cancel();
-        let file = dir.path().join(crate::owed::FILE_NAME);
+        let file = dir.path().join(crate::rm::owed::FILE_NAME);
         assert!(std::fs::read_to_string(&file).unwrap().contains("GPU-0"));
 
         // The next run sees clean evidence and no XID, and still waits for the reset.

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use trainyard_device_plugin::kubelet_api::Empty;
-use trainyard_device_plugin::uds_authority::MAX_CONNECTIONS;
+use trainyard_device_plugin::plugin::kubelet_api::Empty;
+use trainyard_device_plugin::plugin::uds_authority::MAX_CONNECTIONS;
 
 const START_LIMIT: Duration = Duration::from_secs(20);
 /// A bound on a hang, never a latency claim.
@@ -69,7 +69,7 @@ async fn read_until_closed(conn: &mut UnixStream, alive: bool) {
     }
 }
 
-fn all_healthy(devices: &[trainyard_device_plugin::kubelet_api::Device]) -> bool {
+fn all_healthy(devices: &[trainyard_device_plugin::plugin::kubelet_api::Device]) -> bool {
     devices.len() == 8 && devices.iter().all(|d| d.health == "Healthy")
 }
 

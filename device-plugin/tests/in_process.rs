@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use tokio_util::sync::CancellationToken;
 use trainyard_device_plugin::RunConfig;
-use trainyard_device_plugin::kubelet_api::{
+use trainyard_device_plugin::plugin::kubelet_api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Device, Empty,
     PreferredAllocationRequest,
 };

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use trainyard_api::gpu_labels::NVIDIA_VISIBLE_DEVICES;
-use trainyard_device_plugin::kubelet_api::{
+use trainyard_device_plugin::plugin::kubelet_api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::*;
 use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
 use trainyard_api::gpu_labels::{LABEL_CUDA_MAJOR, LABEL_GPU_PRODUCT, NVIDIA_VISIBLE_DEVICES};
-use trainyard_device_plugin::kubelet_api::{
+use trainyard_device_plugin::plugin::kubelet_api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest,
 };
@@ -18,7 +18,7 @@ const START_LIMIT: Duration = Duration::from_secs(20);
 /// measures how fast a change propagates.
 const HANG_LIMIT: Duration = Duration::from_secs(30);
 
-fn all_healthy(devices: &[trainyard_device_plugin::kubelet_api::Device]) -> bool {
+fn all_healthy(devices: &[trainyard_device_plugin::plugin::kubelet_api::Device]) -> bool {
     devices.len() == 8 && devices.iter().all(|d| d.health == "Healthy")
 }
 
@@ -660,7 +660,7 @@ async fn healthz_fails_while_unregistered_past_the_grace_and_recovers_on_registr
     kubelet.stop().await;
 }
 
-fn health_of(devices: &[trainyard_device_plugin::kubelet_api::Device]) -> Vec<&str> {
+fn health_of(devices: &[trainyard_device_plugin::plugin::kubelet_api::Device]) -> Vec<&str> {
     devices.iter().map(|d| d.health.as_str()).collect()
 }
 

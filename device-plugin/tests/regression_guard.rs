@@ -13,10 +13,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use trainyard_device_plugin::allocator::Topology;
-use trainyard_device_plugin::kubelet_api::{
+use trainyard_device_plugin::plugin::kubelet_api::{
     ContainerPreferredAllocationRequest, Empty, PreferredAllocationRequest,
 };
+use trainyard_device_plugin::rm::allocator::Topology;
 
 const REGRESSION_FACTOR: f64 = 3.0;
 

@@ -14,16 +14,18 @@ use common::{gpus_with_links, plugin_client, status_kib};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
-use trainyard_device_plugin::allocator::Topology;
-use trainyard_device_plugin::backend::{DriverInfo, Inventory};
-use trainyard_device_plugin::devices::DeviceState;
-use trainyard_device_plugin::kubelet_api::Empty;
-use trainyard_device_plugin::kubelet_api::device_plugin_server::DevicePluginServer;
 use trainyard_device_plugin::metrics::Metrics;
-use trainyard_device_plugin::service::{AllocateOptions, DevicePluginService, StreamTracker};
-use trainyard_device_plugin::uds_authority::{
+use trainyard_device_plugin::plugin::kubelet_api::Empty;
+use trainyard_device_plugin::plugin::kubelet_api::device_plugin_server::DevicePluginServer;
+use trainyard_device_plugin::plugin::service::{
+    AllocateOptions, DevicePluginService, StreamTracker,
+};
+use trainyard_device_plugin::plugin::uds_authority::{
     FIRST_FRAME_TIMEOUT, Gate, Limits, MAX_CONNECTIONS, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE,
 };
+use trainyard_device_plugin::rm::allocator::Topology;
+use trainyard_device_plugin::rm::backend::{DriverInfo, Inventory};
+use trainyard_device_plugin::rm::devices::DeviceState;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Far longer than any test waits for: nothing here finishes by timing out.
@@ -61,7 +63,7 @@ fn serve(dir: &Path, gate: Gate, stop: &CancellationToken) {
             .map(|g| {
                 (
                     g.uuid.clone(),
-                    trainyard_device_plugin::health::Health::Healthy,
+                    trainyard_device_plugin::rm::health::Health::Healthy,
                 )
             })
             .collect(),

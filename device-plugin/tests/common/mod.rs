@@ -13,10 +13,12 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-use trainyard_device_plugin::kubelet::unix_channel;
-use trainyard_device_plugin::kubelet_api::device_plugin_client::DevicePluginClient;
-use trainyard_device_plugin::kubelet_api::registration_server::{Registration, RegistrationServer};
-use trainyard_device_plugin::kubelet_api::{Device, Empty, RegisterRequest};
+use trainyard_device_plugin::plugin::kubelet_api::device_plugin_client::DevicePluginClient;
+use trainyard_device_plugin::plugin::kubelet_api::registration_server::{
+    Registration, RegistrationServer,
+};
+use trainyard_device_plugin::plugin::kubelet_api::{Device, Empty, RegisterRequest};
+use trainyard_device_plugin::plugin::registration::unix_channel;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_trainyard-device-plugin");
 pub const SOCKET: &str = "trainyard-nvidia-com-gpu.sock";
@@ -336,8 +338,8 @@ pub fn gpus_with_links(
     n: usize,
     numa_width: usize,
     links: &[(usize, usize, u32)],
-) -> Vec<trainyard_device_plugin::backend::GpuInfo> {
-    use trainyard_device_plugin::backend::{ComputeCapability, GpuInfo};
+) -> Vec<trainyard_device_plugin::rm::backend::GpuInfo> {
+    use trainyard_device_plugin::rm::backend::{ComputeCapability, GpuInfo};
     (0..n)
         .map(|i| GpuInfo {
             uuid: uuid(i),
@@ -368,13 +370,13 @@ pub const CUBE_MESH: [(usize, usize, u32); 16] = [
 ];
 
 /// A DGX-1 cube-mesh, NUMA halves.
-pub fn cube_mesh_8() -> Vec<trainyard_device_plugin::backend::GpuInfo> {
+pub fn cube_mesh_8() -> Vec<trainyard_device_plugin::rm::backend::GpuInfo> {
     gpus_with_links(8, 4, &CUBE_MESH)
 }
 
 /// Two DGX-1 cube-meshes joined GPU i to GPU i+8 by one link, four NUMA
 /// nodes: irregular enough that the search has to work for its answer.
-pub fn cube_mesh_pair_16() -> Vec<trainyard_device_plugin::backend::GpuInfo> {
+pub fn cube_mesh_pair_16() -> Vec<trainyard_device_plugin::rm::backend::GpuInfo> {
     let mut links: Vec<(usize, usize, u32)> = Vec::new();
     for half in [0, 8] {
         links.extend(CUBE_MESH.iter().map(|&(a, b, c)| (a + half, b + half, c)));

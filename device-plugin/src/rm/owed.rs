@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::health::OwedReset;
+use crate::rm::health::OwedReset;
 
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "owed-resets.json";

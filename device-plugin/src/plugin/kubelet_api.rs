@@ -3,7 +3,7 @@
 //! `proto/api.proto`.
 //!
 //! Only the gRPC edges use it: the `DevicePlugin` adapter in `service`, the
-//! registration client in `kubelet`, and the tests that play the kubelet.
+//! registration client in `registration`, and the tests that play the kubelet.
 //! The device state and the allocator know nothing of it.
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -27,7 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::backend::{DeviceError, DeviceErrorKind, ProbeOutcome, RecoveryAction, ResetEvidence};
+use crate::rm::backend::{
+    DeviceError, DeviceErrorKind, ProbeOutcome, RecoveryAction, ResetEvidence,
+};
 
 /// XIDs caused by applications rather than hardware, ignored by default.
 pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
@@ -601,7 +603,7 @@ impl HealthTracker {
     }
 
     /// The GPU resets still owed, by GPU: what the node keeps across plugin restarts
-    /// ([`crate::owed`]), so that a restarted plugin does not advertise a GPU whose fault
+    /// ([`crate::rm::owed`]), so that a restarted plugin does not advertise a GPU whose fault
     /// left no evidence it could read again (XID 62, 119 or 120 on a driver without the
     /// recovery-action field).
     pub fn owed_resets(&self) -> BTreeMap<String, OwedReset> {
@@ -662,7 +664,7 @@ impl HealthTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::NvlinkLanes;
+    use crate::rm::backend::NvlinkLanes;
 
     /// A critical XID that needs no reset.
     const PLAIN_XID: u64 = 61;

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use crate::backend::GpuInfo;
+use crate::rm::backend::GpuInfo;
 
 /// The most GPUs a topology can hold; the search uses 32-bit sets.
 pub const MAX_GPUS: usize = 32;
@@ -335,7 +335,7 @@ pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::backend::ComputeCapability;
+    use crate::rm::backend::ComputeCapability;
 
     pub(crate) fn uuid(i: usize) -> String {
         format!("GPU-{i:02}")

@@ -6,6 +6,8 @@
 //! `index`, `product` and `node`, so dcgm-exporter is not needed for the
 //! usual `nvidia-smi --query-gpu` facts.
 
+pub(crate) mod liveness;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,9 +27,9 @@ use prometheus_client::registry::{Metric, Registry};
 use tokio_util::sync::CancellationToken;
 use trainyard_listen::HttpLimits;
 
-use crate::backend::{GpuFault, GpuInfo, Telemetry, ThrottleReason};
-use crate::devices::DeviceState;
-use crate::liveness::{Liveness, LivenessLimits};
+use crate::rm::backend::{GpuFault, GpuInfo, Telemetry, ThrottleReason};
+use crate::rm::devices::DeviceState;
+use liveness::{Liveness, LivenessLimits};
 
 /// Errors of the metrics server.
 #[derive(Debug, thiserror::Error)]
@@ -591,9 +593,9 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
-    use crate::allocator::Topology;
-    use crate::backend::{ComputeCapability, DriverInfo, Inventory};
-    use crate::health::Health;
+    use crate::rm::allocator::Topology;
+    use crate::rm::backend::{ComputeCapability, DriverInfo, Inventory};
+    use crate::rm::health::Health;
 
     fn state() -> DeviceState {
         let gpu = |i: u32| GpuInfo {

@@ -16,17 +16,34 @@ use tonic::{Request, Response, Status};
 
 use trainyard_api::gpu_labels::NVIDIA_VISIBLE_DEVICES;
 
-use crate::config::DeviceListStrategy;
-use crate::devices::{DeviceState, DeviceView, StateReceiver};
-use crate::kubelet_api::{self as api, device_plugin_server::DevicePlugin};
 use crate::metrics::Metrics;
-use crate::uds_authority::{ConnectionActivity, OpenCall};
+use crate::plugin::kubelet_api::{self as api, device_plugin_server::DevicePlugin};
+use crate::plugin::uds_authority::{ConnectionActivity, OpenCall};
+use crate::rm::devices::{DeviceState, DeviceView, StateReceiver};
 
 /// CDI kind of our devices.
 pub const CDI_KIND: &str = "nvidia.com/gpu";
 /// Control devices every CUDA process needs besides its `/dev/nvidiaN`.
 pub const CONTROL_DEVICES: [&str; 3] =
     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
+/// Which names Allocate returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceListStrategy {
+    /// `NVIDIA_VISIBLE_DEVICES=<uuid>,...`.
+    pub envvar: bool,
+    /// CDI device names `nvidia.com/gpu=<uuid>`.
+    pub cdi: bool,
+}
+
+impl Default for DeviceListStrategy {
+    fn default() -> Self {
+        Self {
+            envvar: true,
+            cdi: false,
+        }
+    }
+}
 
 /// How Allocate describes devices to the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -382,10 +399,10 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::allocator::Topology;
-    use crate::allocator::tests::{dgx1, uuid};
-    use crate::backend::{DeviceError, DeviceErrorKind, DriverInfo, GpuFault, Inventory};
-    use crate::health::Health;
+    use crate::rm::allocator::Topology;
+    use crate::rm::allocator::tests::{dgx1, uuid};
+    use crate::rm::backend::{DeviceError, DeviceErrorKind, DriverInfo, GpuFault, Inventory};
+    use crate::rm::health::Health;
 
     fn state() -> DeviceState {
         let gpus = dgx1();

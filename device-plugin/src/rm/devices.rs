@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::allocator::Topology;
-use crate::backend::{GpuInfo, Inventory};
-use crate::health::Health;
+use crate::rm::allocator::Topology;
+use crate::rm::backend::{GpuInfo, Inventory};
+use crate::rm::health::Health;
 
 /// One consistent view of the node's GPUs.
 #[derive(Debug, Clone)]
@@ -74,8 +74,8 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::allocator::tests::{dgx1, uuid};
-    use crate::backend::{DeviceError, DeviceErrorKind, DriverInfo, GpuFault};
+    use crate::rm::allocator::tests::{dgx1, uuid};
+    use crate::rm::backend::{DeviceError, DeviceErrorKind, DriverInfo, GpuFault};
 
     #[test]
     fn devices_list_every_gpu_in_index_order_and_an_unreadable_one_as_unhealthy() {

@@ -6,20 +6,20 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::allocator::{AllocationError, Topology};
-use crate::backend::fake::FakeBackend;
-use crate::backend::nvml::NvmlBackend;
-use crate::backend::{BackendError, GpuBackend, GpuInfo, ProbeOutcome};
-use crate::calls::BoundedCalls;
 use crate::config::{BackendChoice, RunConfig};
-use crate::devices::DeviceState;
-use crate::health::{HealthTracker, owed_reset};
-use crate::kubelet::{self, KubeletSettings};
 use crate::labels;
 use crate::metrics::{self, Metrics, MetricsError};
 use crate::monitor::{self, Monitor, MonitorError};
-use crate::owed::OwedStore;
-use crate::service::AllocateOptions;
+use crate::plugin::registration::{self, KubeletSettings};
+use crate::plugin::service::AllocateOptions;
+use crate::rm::allocator::{AllocationError, Topology};
+use crate::rm::backend::fake::FakeBackend;
+use crate::rm::backend::nvml::NvmlBackend;
+use crate::rm::backend::{BackendError, GpuBackend, GpuInfo, ProbeOutcome};
+use crate::rm::calls::BoundedCalls;
+use crate::rm::devices::DeviceState;
+use crate::rm::health::{HealthTracker, owed_reset};
+use crate::rm::owed::OwedStore;
 
 /// Why the plugin could not start.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +134,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         strategy: config.device_list_strategy,
         pass_device_specs: config.pass_device_specs,
     };
-    kubelet::run(
+    registration::run(
         settings,
         state,
         options,

@@ -22,13 +22,15 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 
-use crate::devices::StateReceiver;
-use crate::kubelet_api::RegisterRequest;
-use crate::kubelet_api::device_plugin_server::DevicePluginServer;
-use crate::kubelet_api::registration_client::RegistrationClient;
 use crate::metrics::Metrics;
-use crate::service::{AllocateOptions, DevicePluginService, StreamTracker, plugin_options};
-use crate::uds_authority::{Gate, IDLE_TIMEOUT, Limits, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE};
+use crate::plugin::kubelet_api::RegisterRequest;
+use crate::plugin::kubelet_api::device_plugin_server::DevicePluginServer;
+use crate::plugin::kubelet_api::registration_client::RegistrationClient;
+use crate::plugin::service::{AllocateOptions, DevicePluginService, StreamTracker, plugin_options};
+use crate::plugin::uds_authority::{
+    Gate, IDLE_TIMEOUT, Limits, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE,
+};
+use crate::rm::devices::StateReceiver;
 
 /// API version we implement.
 pub const API_VERSION: &str = "v1beta1";
