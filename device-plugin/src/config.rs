@@ -12,15 +12,15 @@ use trainyard_api::crd::DEFAULT_GPU_RESOURCE;
 
 use crate::labels::LabelWriter;
 use crate::metrics::liveness::LivenessLimits;
+use crate::plugin::DeviceListStrategy;
 use crate::plugin::registration::ClientTimeouts;
-use crate::plugin::service::DeviceListStrategy;
 use crate::rm::health::HealthPolicy;
 
 /// Default of `--label-check-interval`.
-pub const DEFAULT_LABEL_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_LABEL_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// Default of `--gpu-call-timeout`: NVML answers in milliseconds on a GPU
 /// in persistence mode; ten seconds is a GPU that does not answer.
-pub const DEFAULT_GPU_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_GPU_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Invalid combinations or values of flags.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -260,7 +260,7 @@ impl std::str::FromStr for DeviceListStrategy {
 }
 
 /// Parses `10s`, `500ms`, `2m`, `1h` or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Option<Duration> {
+pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s
         .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -338,13 +338,13 @@ impl RunConfig {
     }
 
     /// The socket file name inside the device-plugin dir, unique per resource.
-    pub fn socket_name(&self) -> String {
+    pub(crate) fn socket_name(&self) -> String {
         socket_name(&self.resource_name)
     }
 }
 
 /// `trainyard-<resource with / and . replaced>.sock`.
-pub fn socket_name(resource_name: &str) -> String {
+pub(crate) fn socket_name(resource_name: &str) -> String {
     let flat: String = resource_name
         .chars()
         .map(|c| if c == '/' || c == '.' { '-' } else { c })

@@ -36,7 +36,7 @@ use crate::rm::backend::Inventory;
 use crate::rm::devices::StateReceiver;
 
 /// Field manager of our server-side applies.
-pub const FIELD_MANAGER: &str = "trainyard-device-plugin";
+pub(crate) const FIELD_MANAGER: &str = "trainyard-device-plugin";
 
 const RETRY_START: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
@@ -44,7 +44,7 @@ const RETRY_MAX: Duration = Duration::from_secs(60);
 /// Turns free text into a valid label value: at most 63 characters of
 /// `[A-Za-z0-9._-]`, starting and ending alphanumeric. Spaces become dashes,
 /// as GPU Feature Discovery does for product names.
-pub fn label_value(raw: &str) -> String {
+pub(crate) fn label_value(raw: &str) -> String {
     let mapped: String = raw
         .trim()
         .chars()
@@ -133,7 +133,7 @@ impl LabelOutcome {
 }
 
 /// Whether a wanted label is missing from `current` or has another value there.
-pub fn labels_missing(
+pub(crate) fn labels_missing(
     current: &BTreeMap<String, String>,
     wanted: &BTreeMap<String, String>,
 ) -> bool {
@@ -142,7 +142,7 @@ pub fn labels_missing(
 
 /// The write the label loop does next, if any: `applied` is what it last
 /// applied, `check_due` whether the periodic check interval has passed.
-pub fn next_write(
+pub(crate) fn next_write(
     applied: Option<&BTreeMap<String, String>>,
     wanted: &BTreeMap<String, String>,
     check_due: bool,
@@ -332,7 +332,7 @@ async fn apply_in_child(
 
 /// Keeps `node`'s labels equal to the current inventory until `shutdown`,
 /// and checks every `check_interval` that the node still has them.
-pub async fn run(
+pub(crate) async fn run(
     node: String,
     writer: LabelWriter,
     mut state: StateReceiver,

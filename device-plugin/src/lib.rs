@@ -7,9 +7,7 @@
 //! The binary is a thin wrapper around [`run`] and [`discover`], so tests and
 //! benchmarks can run the whole plugin in-process against a fake GPU file.
 //!
-//! # Layers
-//!
-//! Split by role, as NVIDIA's k8s-device-plugin is; each layer imports only
+//! Split by role, as NVIDIA's k8s-device-plugin is. Each layer imports only
 //! the layers below it (`e2e/pytests/test_module_layers.py` checks):
 //!
 //! ```text
@@ -19,20 +17,18 @@
 //! monitor      loops that keep the device state and the telemetry current
 //! labels       node labels with GPU facts
 //! metrics/     Prometheus metrics and /healthz (liveness) on one port
-//! rm/          resource manager: backend/ (nvml, fake), health, devices, allocator, owed resets
+//! rm/          resource manager: backend/ (nvml, fake), health, devices, allocator, owed
 //! ```
 //!
-//! `monitor` stands outside `rm/` because it records metrics, and metrics
-//! read the device state: `rm/` is the bottom and knows no other layer.
-//!
-//! The label keys it writes, the default resource name and "major.minor"
-//! parsing come from the contract crate `trainyard_api`, which the operator
-//! reads them with. Its metrics and health port serves through
-//! `trainyard_listen`, the bounded HTTP listener the operator's ports use too.
+//! `monitor` is not in `rm/` because it records metrics, which read the device
+//! state: `rm/` is the bottom and imports no other layer. Label keys, the
+//! default resource name and versions come from the contract crate
+//! `trainyard_api`; the metrics port serves through `trainyard_listen`.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
-// Public: what the binary, the integration tests, the benchmark and the e2e crate use.
+// What the binary, the integration tests, the benchmark and the e2e crate use.
 pub mod config;
 pub mod labels;
 pub mod metrics;

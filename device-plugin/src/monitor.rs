@@ -49,7 +49,7 @@ async fn blocking<T: Send + 'static>(
 
 /// Devices first advertised under a stand-in ID (no UUID could be read)
 /// whose UUID `new` now knows, as `(stand-in, uuid)` pairs.
-pub fn renamed_devices(old: &Inventory, new: &Inventory) -> Vec<(String, String)> {
+pub(crate) fn renamed_devices(old: &Inventory, new: &Inventory) -> Vec<(String, String)> {
     old.faults
         .iter()
         .filter(|f| f.uuid.is_none())
@@ -71,7 +71,7 @@ pub fn renamed_devices(old: &Inventory, new: &Inventory) -> Vec<(String, String)
 }
 
 /// Keeps health and the published state current.
-pub struct Monitor {
+pub(crate) struct Monitor {
     backend: Arc<dyn GpuBackend>,
     tracker: HealthTracker,
     inventory: Inventory,
@@ -101,7 +101,7 @@ impl Monitor {
     /// Reads the inventory, checks every GPU once (so a GPU whose evidence
     /// says it still owes a reset starts Unhealthy) and publishes the first
     /// state. Checks, and every backend call after start-up, run under `calls`.
-    pub async fn start(
+    pub(crate) async fn start(
         backend: Arc<dyn GpuBackend>,
         mut tracker: HealthTracker,
         metrics: Arc<Metrics>,
@@ -358,7 +358,7 @@ impl Monitor {
     }
 
     /// Runs until `shutdown` or until the backend's event channel closes.
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         mut events: UnboundedReceiver<BackendEvent>,
         shutdown: CancellationToken,
@@ -400,7 +400,7 @@ impl Monitor {
 /// Samples telemetry every `interval` (and when the device state changes)
 /// into the per-GPU metrics, until `shutdown`. Each GPU is sampled on its
 /// own thread under `calls`, so a GPU whose call blocks only misses its sample.
-pub async fn run_telemetry(
+pub(crate) async fn run_telemetry(
     backend: Arc<dyn GpuBackend>,
     mut state: StateReceiver,
     metrics: Arc<Metrics>,

@@ -47,7 +47,7 @@ pub enum RunError {
 }
 
 /// Opens the backend the configuration names.
-pub fn open_backend(choice: &BackendChoice) -> Result<Arc<dyn GpuBackend>, BackendError> {
+pub(crate) fn open_backend(choice: &BackendChoice) -> Result<Arc<dyn GpuBackend>, BackendError> {
     Ok(match choice {
         BackendChoice::Fake(path) => Arc::new(FakeBackend::open(path)?),
         BackendChoice::Nvml | BackendChoice::Auto => Arc::new(NvmlBackend::init()?),

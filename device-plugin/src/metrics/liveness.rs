@@ -36,7 +36,7 @@ impl Default for LivenessLimits {
 
 /// What the loops last recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Observed {
+pub(crate) struct Observed {
     /// Registered with the kubelet right now.
     pub registered: bool,
     /// Start, or when the last registration was lost.
@@ -47,7 +47,7 @@ pub struct Observed {
 
 /// Why the plugin is not live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Problem {
+pub(crate) enum Problem {
     /// Not registered with the kubelet for this long.
     Unregistered(Duration),
     /// No probe round completed for this long.
@@ -70,7 +70,7 @@ impl std::fmt::Display for Problem {
 }
 
 /// The problems of `observed` at `now`; empty when live.
-pub fn problems(observed: &Observed, now: Instant, limits: &LivenessLimits) -> Vec<Problem> {
+pub(crate) fn problems(observed: &Observed, now: Instant, limits: &LivenessLimits) -> Vec<Problem> {
     let mut found = Vec::new();
     if !observed.registered {
         let unregistered = now.saturating_duration_since(observed.unregistered_since);
@@ -87,14 +87,14 @@ pub fn problems(observed: &Observed, now: Instant, limits: &LivenessLimits) -> V
 
 /// The recorded state and the limits it is judged by.
 #[derive(Debug)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     limits: LivenessLimits,
     observed: Mutex<Observed>,
 }
 
 impl Liveness {
     /// Unregistered, and a probe round just completed, as of `now`.
-    pub fn new(limits: LivenessLimits, now: Instant) -> Self {
+    pub(crate) fn new(limits: LivenessLimits, now: Instant) -> Self {
         Self {
             limits,
             observed: Mutex::new(Observed {
@@ -110,12 +110,12 @@ impl Liveness {
     }
 
     /// The current snapshot.
-    pub fn observed(&self) -> Observed {
+    pub(crate) fn observed(&self) -> Observed {
         *self.observed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Records a registration, or its loss (the grace starts then).
-    pub fn set_registered(&self, registered: bool) {
+    pub(crate) fn set_registered(&self, registered: bool) {
         let now = Instant::now();
         self.update(|o| {
             if o.registered && !registered {
@@ -126,13 +126,13 @@ impl Liveness {
     }
 
     /// Records a completed probe round.
-    pub fn probe_round_done(&self) {
+    pub(crate) fn probe_round_done(&self) {
         let now = Instant::now();
         self.update(|o| o.last_probe_round = now);
     }
 
     /// The problems right now; empty when live.
-    pub fn check(&self) -> Vec<Problem> {
+    pub(crate) fn check(&self) -> Vec<Problem> {
         problems(&self.observed(), Instant::now(), &self.limits)
     }
 }

@@ -47,7 +47,7 @@ pub enum MetricsError {
 
 /// Labels of per-GPU series.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct GpuLabels {
+pub(crate) struct GpuLabels {
     /// UUID.
     pub gpu: String,
     /// NVML index.
@@ -314,13 +314,13 @@ impl Metrics {
     }
 
     /// The same registry, with `/healthz` judged by `limits` from now on.
-    pub fn with_liveness(mut self, limits: LivenessLimits) -> Self {
+    pub(crate) fn with_liveness(mut self, limits: LivenessLimits) -> Self {
         self.liveness = Liveness::new(limits, Instant::now());
         self
     }
 
     /// What `/healthz` is decided from.
-    pub fn liveness(&self) -> &Liveness {
+    pub(crate) fn liveness(&self) -> &Liveness {
         &self.liveness
     }
 
@@ -333,7 +333,6 @@ impl Metrics {
         }
     }
 
-    /// Labels of a GPU whose facts could not be read: its device ID and index.
     /// The labels of `gpu`, or empty GPU labels when the series is not tied to a known GPU.
     fn labels_or_unknown(&self, gpu: Option<&GpuInfo>) -> GpuLabels {
         gpu.map(|g| self.gpu_labels(g)).unwrap_or(GpuLabels {
@@ -370,7 +369,7 @@ impl Metrics {
     }
 
     /// Records the devices-by-health gauge and per-GPU health for a snapshot.
-    pub fn record_health(&self, state: &DeviceState) {
+    pub(crate) fn record_health(&self, state: &DeviceState) {
         let _guard = self
             .render_lock
             .lock()
@@ -388,7 +387,7 @@ impl Metrics {
     }
 
     /// Replaces all per-GPU telemetry series with one new sample.
-    pub fn record_telemetry(&self, state: &DeviceState, samples: &[(String, Telemetry)]) {
+    pub(crate) fn record_telemetry(&self, state: &DeviceState, samples: &[(String, Telemetry)]) {
         let _guard = self
             .render_lock
             .lock()
@@ -438,7 +437,7 @@ impl Metrics {
     }
 
     /// Counts one XID event; `gpu` is `None` when it is not tied to one GPU.
-    pub fn record_xid(&self, gpu: Option<&GpuInfo>, xid: u64) {
+    pub(crate) fn record_xid(&self, gpu: Option<&GpuInfo>, xid: u64) {
         let labels = self.labels_or_unknown(gpu);
         self.xid_events
             .get_or_create(&XidLabels {
@@ -452,19 +451,18 @@ impl Metrics {
     }
 
     /// Counts one completed probe round.
-    pub fn record_probe_round(&self) {
+    pub(crate) fn record_probe_round(&self) {
         self.checks.rounds.inc();
     }
 
-    /// Counts one check of `gpu` that ran out its deadline (`None`: a GPU
-    /// with no known facts).
-    pub fn record_call_timeout(&self, gpu: Option<&GpuInfo>) {
+    /// Counts one check of `gpu` that ran out its deadline (`None`: no known facts).
+    pub(crate) fn record_call_timeout(&self, gpu: Option<&GpuInfo>) {
         let labels = self.labels_or_unknown(gpu);
         self.checks.call_timeouts.get_or_create(&labels).inc();
     }
 
     /// Counts one container allocation.
-    pub fn record_allocation(&self, ok: bool, devices: usize) {
+    pub(crate) fn record_allocation(&self, ok: bool, devices: usize) {
         let result = if ok { "success" } else { "invalid" };
         self.allocations
             .get_or_create(&ResultLabels {
@@ -477,7 +475,7 @@ impl Metrics {
     }
 
     /// Counts one registration attempt.
-    pub fn record_registration(&self, ok: bool) {
+    pub(crate) fn record_registration(&self, ok: bool) {
         let result = if ok { "success" } else { "failure" };
         self.registrations
             .get_or_create(&ResultLabels {
@@ -487,7 +485,7 @@ impl Metrics {
     }
 
     /// Observes the duration of one RPC that started at `started`.
-    pub fn observe_rpc(&self, method: &str, started: Instant) {
+    pub(crate) fn observe_rpc(&self, method: &str, started: Instant) {
         self.rpc_duration
             .get_or_create(&MethodLabels {
                 method: method.into(),
@@ -496,18 +494,18 @@ impl Metrics {
     }
 
     /// Marks whether the plugin is registered with the kubelet (`/readyz`).
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
         self.liveness.set_registered(ready);
     }
 
     /// Whether the plugin is registered with the kubelet.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
 
     /// The OpenMetrics text exposition.
-    pub fn render(&self) -> Result<String, std::fmt::Error> {
+    pub(crate) fn render(&self) -> Result<String, std::fmt::Error> {
         let _guard = self
             .render_lock
             .lock()

@@ -22,20 +22,18 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 
+use super::kubelet_api::RegisterRequest;
+use super::kubelet_api::device_plugin_server::DevicePluginServer;
+use super::kubelet_api::registration_client::RegistrationClient;
+use super::service::{AllocateOptions, DevicePluginService, StreamTracker, plugin_options};
+use super::uds_authority::{Gate, IDLE_TIMEOUT, Limits, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE};
 use crate::metrics::Metrics;
-use crate::plugin::kubelet_api::RegisterRequest;
-use crate::plugin::kubelet_api::device_plugin_server::DevicePluginServer;
-use crate::plugin::kubelet_api::registration_client::RegistrationClient;
-use crate::plugin::service::{AllocateOptions, DevicePluginService, StreamTracker, plugin_options};
-use crate::plugin::uds_authority::{
-    Gate, IDLE_TIMEOUT, Limits, MAX_FRAME_PAYLOAD, MAX_HEADER_LIST_SIZE,
-};
 use crate::rm::devices::StateReceiver;
 
 /// API version we implement.
-pub const API_VERSION: &str = "v1beta1";
+pub(crate) const API_VERSION: &str = "v1beta1";
 /// The kubelet's registration socket name.
-pub const KUBELET_SOCKET: &str = "kubelet.sock";
+pub(crate) const KUBELET_SOCKET: &str = "kubelet.sock";
 
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
@@ -85,7 +83,7 @@ pub async fn unix_channel(path: impl Into<PathBuf>) -> Result<Channel, KubeletEr
 }
 
 /// Registers `endpoint` (a socket name in the kubelet's directory) for `resource_name`.
-pub async fn register(
+pub(crate) async fn register(
     kubelet_socket: &Path,
     endpoint: &str,
     resource_name: &str,
@@ -164,7 +162,7 @@ impl Backoff {
 
 /// Where to serve and what to register.
 #[derive(Debug, Clone)]
-pub struct KubeletSettings {
+pub(crate) struct KubeletSettings {
     /// The kubelet's device-plugin directory.
     pub dir: PathBuf,
     /// Our socket's file name in `dir`.
@@ -229,7 +227,7 @@ fn watch_dir(dir: &Path, wake: &Arc<Notify>) -> Option<notify::RecommendedWatche
 
 /// Serves the device plugin and keeps it registered until `shutdown`; then removes the socket
 /// it served on.
-pub async fn run(
+pub(crate) async fn run(
     settings: KubeletSettings,
     state: StateReceiver,
     options: AllocateOptions,

@@ -16,34 +16,17 @@ use tonic::{Request, Response, Status};
 
 use trainyard_api::gpu_labels::NVIDIA_VISIBLE_DEVICES;
 
+use super::DeviceListStrategy;
+use super::kubelet_api::{self as api, device_plugin_server::DevicePlugin};
+use super::uds_authority::{ConnectionActivity, OpenCall};
 use crate::metrics::Metrics;
-use crate::plugin::kubelet_api::{self as api, device_plugin_server::DevicePlugin};
-use crate::plugin::uds_authority::{ConnectionActivity, OpenCall};
 use crate::rm::devices::{DeviceState, DeviceView, StateReceiver};
 
 /// CDI kind of our devices.
-pub const CDI_KIND: &str = "nvidia.com/gpu";
+pub(crate) const CDI_KIND: &str = "nvidia.com/gpu";
 /// Control devices every CUDA process needs besides its `/dev/nvidiaN`.
-pub const CONTROL_DEVICES: [&str; 3] =
+pub(crate) const CONTROL_DEVICES: [&str; 3] =
     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
-
-/// Which names Allocate returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceListStrategy {
-    /// `NVIDIA_VISIBLE_DEVICES=<uuid>,...`.
-    pub envvar: bool,
-    /// CDI device names `nvidia.com/gpu=<uuid>`.
-    pub cdi: bool,
-}
-
-impl Default for DeviceListStrategy {
-    fn default() -> Self {
-        Self {
-            envvar: true,
-            cdi: false,
-        }
-    }
-}
 
 /// How Allocate describes devices to the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,7 +39,7 @@ pub struct AllocateOptions {
 
 /// Why an Allocate request is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AllocateError {
+pub(crate) enum AllocateError {
     /// The kubelet asked for a device that is not ours.
     #[error("container request {container}: unknown device ID {id:?}")]
     UnknownDevice {
@@ -82,7 +65,7 @@ pub enum AllocateError {
 }
 
 /// Builds the Allocate response for `request` from `state`.
-pub fn allocate(
+pub(crate) fn allocate(
     state: &DeviceState,
     request: &api::AllocateRequest,
     options: AllocateOptions,
@@ -143,7 +126,7 @@ pub fn allocate(
 }
 
 /// Builds the GetPreferredAllocation response for `request` from `state`.
-pub fn preferred_allocation(
+pub(crate) fn preferred_allocation(
     state: &DeviceState,
     request: &api::PreferredAllocationRequest,
 ) -> Result<api::PreferredAllocationResponse, Status> {
@@ -181,17 +164,12 @@ pub struct StreamTracker {
 
 impl StreamTracker {
     /// Streams open now.
-    pub fn active(&self) -> usize {
+    pub(crate) fn active(&self) -> usize {
         self.active.load(Ordering::SeqCst)
     }
 
-    /// Streams opened so far.
-    pub fn opened(&self) -> usize {
-        self.opened.load(Ordering::SeqCst)
-    }
-
     /// Resolves when a stream ends.
-    pub async fn ended(&self) {
+    pub(crate) async fn ended(&self) {
         self.ended.notified().await;
     }
 }
@@ -387,7 +365,7 @@ impl DevicePlugin for DevicePluginService {
 }
 
 /// The options sent at registration and by GetDevicePluginOptions.
-pub fn plugin_options() -> api::DevicePluginOptions {
+pub(crate) fn plugin_options() -> api::DevicePluginOptions {
     api::DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,

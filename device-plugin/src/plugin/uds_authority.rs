@@ -76,7 +76,7 @@ pub const MAX_FRAME_PAYLOAD: usize = 16_384;
 /// server never changes. A client's table-size update above it is an HPACK
 /// decoding error (RFC 7541 §4.2), so the table cannot grow past 4 KiB
 /// however many headers a client asks it to index.
-pub const MAX_HPACK_TABLE_SIZE: usize = 4_096;
+pub(crate) const MAX_HPACK_TABLE_SIZE: usize = 4_096;
 
 /// Largest decoded header list of one request, counted as
 /// SETTINGS_MAX_HEADER_LIST_SIZE is (name + value + 32 per field, RFC 9113
@@ -108,7 +108,7 @@ pub const MAX_CONNECTIONS: usize = 8;
 /// kubelet opens ListAndWatch right after it connects and keeps it open,
 /// so its connection is never idle; a debugging client that connected and
 /// walked away frees its slot.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long what the server wrote last (its GOAWAY) may take to reach the
 /// client once the server has closed the connection; a client that does
@@ -121,7 +121,7 @@ const SERVER_CLOSE_FLUSH: Duration = Duration::from_secs(1);
 /// headers (48 bytes per field, a field counting at least 32 bytes, doubled
 /// for the list's growth: 3 × the cap), the re-encoded block, and the
 /// decoder's and encoder's dynamic tables.
-pub const MAX_BUFFERED_PER_CONNECTION: usize = 2 * PIPE_BUFFER
+pub(crate) const MAX_BUFFERED_PER_CONNECTION: usize = 2 * PIPE_BUFFER
     + FRAME_HEADER_LEN
     + MAX_FRAME_PAYLOAD
     + MAX_HEADER_LIST_SIZE
@@ -175,7 +175,7 @@ struct Activity {
 
 /// One call open on a connection; dropping it ends the call.
 #[derive(Debug)]
-pub struct OpenCall(Arc<Activity>);
+pub(crate) struct OpenCall(Arc<Activity>);
 
 impl Drop for OpenCall {
     fn drop(&mut self) {
@@ -186,14 +186,14 @@ impl Drop for OpenCall {
 
 impl ConnectionActivity {
     /// Marks a call open until the returned guard is dropped.
-    pub fn open_call(&self) -> OpenCall {
+    pub(crate) fn open_call(&self) -> OpenCall {
         self.0.open.fetch_add(1, Ordering::SeqCst);
         self.0.changed.notify_one();
         OpenCall(Arc::clone(&self.0))
     }
 
     /// Calls open now.
-    pub fn open_calls(&self) -> usize {
+    pub(crate) fn open_calls(&self) -> usize {
         self.0.open.load(Ordering::SeqCst)
     }
 
@@ -282,7 +282,7 @@ impl Gate {
     /// the current tokio runtime; they end when either side closes or the
     /// client breaks a limit. Over the connection limit `conn` is dropped,
     /// which closes it, and `None` is returned.
-    pub fn admit<S>(&self, conn: S) -> Option<Normalized>
+    pub(crate) fn admit<S>(&self, conn: S) -> Option<Normalized>
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
@@ -310,8 +310,7 @@ impl Gate {
         })
     }
 
-    /// The admitted connections of `listener`, for tonic's
-    /// `serve_with_incoming`; refused ones never reach the server.
+    /// Admitted connections of `listener`, for `serve_with_incoming`; refused ones never get there.
     pub fn incoming(
         self,
         listener: UnixListener,
@@ -389,7 +388,8 @@ fn needs_rewrite(value: &[u8]) -> bool {
 type Frame = (u8, u8, u32, Vec<u8>);
 
 /// [`rewrite_client_stream_with`] under the default [`Limits`].
-pub async fn rewrite_client_stream<R, W>(input: R, out: W) -> io::Result<()>
+#[cfg(test)]
+pub(crate) async fn rewrite_client_stream<R, W>(input: R, out: W) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -400,7 +400,7 @@ where
 /// Copies the client's HTTP/2 byte stream to `out`, re-encoding header
 /// blocks. Ends `Ok` when the client closes; any broken limit or protocol
 /// violation is an error, on which the caller closes the connection.
-pub async fn rewrite_client_stream_with<R, W>(
+pub(crate) async fn rewrite_client_stream_with<R, W>(
     mut input: R,
     mut out: W,
     limits: Limits,

@@ -13,10 +13,10 @@
 
 use std::collections::HashMap;
 
-use crate::rm::backend::GpuInfo;
+use super::backend::GpuInfo;
 
 /// The most GPUs a topology can hold; the search uses 32-bit sets.
-pub const MAX_GPUS: usize = 32;
+pub(crate) const MAX_GPUS: usize = 32;
 
 /// Why a preferred allocation cannot be computed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,22 +137,17 @@ impl Topology {
     }
 
     /// Device IDs in topology order.
-    pub fn ids(&self) -> &[String] {
+    pub(crate) fn ids(&self) -> &[String] {
         &self.ids
     }
 
-    /// NVLink links between two GPUs by topology position.
-    pub fn links(&self, i: usize, j: usize) -> u32 {
-        self.links[i * self.len() + j]
-    }
-
     /// NUMA node of a GPU by topology position.
-    pub fn numa(&self, i: usize) -> Option<i64> {
+    pub(crate) fn numa(&self, i: usize) -> Option<i64> {
         self.numa[i]
     }
 
     /// The link matrix as rows, for `discover`.
-    pub fn link_matrix(&self) -> Vec<Vec<u32>> {
+    pub(crate) fn link_matrix(&self) -> Vec<Vec<u32>> {
         let n = self.len();
         (0..n)
             .map(|i| self.links[i * n..(i + 1) * n].to_vec())
@@ -160,11 +155,12 @@ impl Topology {
     }
 
     /// Total NVLink links inside a set of positions.
-    pub fn set_links(&self, set: &[usize]) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn set_links(&self, set: &[usize]) -> u64 {
         let mut total = 0;
         for (a, &i) in set.iter().enumerate() {
             for &j in &set[a + 1..] {
-                total += u64::from(self.links(i, j));
+                total += u64::from(self.links[i * self.len() + j]);
             }
         }
         total

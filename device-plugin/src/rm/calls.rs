@@ -24,7 +24,7 @@ const STACK_SIZE: usize = 256 * 1024;
 
 /// Why a call gave no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CallError {
+pub(crate) enum CallError {
     /// The call did not return within the deadline; its thread is left to finish.
     #[error("did not return within {0:?}")]
     TimedOut(Duration),
@@ -41,7 +41,7 @@ pub enum CallError {
 
 impl CallError {
     /// Whether the call (or one before it) is blocked: the thing called does not answer.
-    pub fn is_blocked(&self) -> bool {
+    pub(crate) fn is_blocked(&self) -> bool {
         matches!(self, Self::TimedOut(_) | Self::StillBlocked(_))
     }
 }
@@ -49,7 +49,7 @@ impl CallError {
 /// Runs blocking calls on their own threads, each with `deadline`, at
 /// most one at a time per key.
 #[derive(Debug)]
-pub struct BoundedCalls {
+pub(crate) struct BoundedCalls {
     deadline: Duration,
     /// Keys with a call in progress, and when it began.
     in_flight: Arc<Mutex<BTreeMap<String, Instant>>>,
@@ -57,7 +57,7 @@ pub struct BoundedCalls {
 
 impl BoundedCalls {
     /// Calls that each get `deadline`.
-    pub fn new(deadline: Duration) -> Self {
+    pub(crate) fn new(deadline: Duration) -> Self {
         Self {
             deadline,
             in_flight: Arc::default(),
@@ -66,7 +66,7 @@ impl BoundedCalls {
 
     /// Keys whose call has not returned yet (those past the deadline included).
     #[cfg(test)]
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -75,7 +75,7 @@ impl BoundedCalls {
 
     /// Runs `call` on a new thread and waits for it at most the deadline.
     /// While an earlier call under `key` has not returned, `call` is not run.
-    pub async fn call<T: Send + 'static>(
+    pub(crate) async fn call<T: Send + 'static>(
         &self,
         key: &str,
         call: impl FnOnce() -> T + Send + 'static,

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::rm::allocator::Topology;
-use crate::rm::backend::{GpuInfo, Inventory};
-use crate::rm::health::Health;
+use super::allocator::Topology;
+use super::backend::{GpuInfo, Inventory};
+use super::health::Health;
 
 /// One consistent view of the node's GPUs.
 #[derive(Debug, Clone)]
@@ -22,7 +22,7 @@ pub struct DeviceState {
 
 /// One device as the kubelet is to see it, before any wire format.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceView {
+pub(crate) struct DeviceView {
     /// The device ID: the GPU's UUID, or a stand-in while none was read.
     pub id: String,
     /// Whether the device may be allocated.
@@ -32,16 +32,16 @@ pub struct DeviceView {
 }
 
 /// Receiving end of the published snapshots.
-pub type StateReceiver = tokio::sync::watch::Receiver<Arc<DeviceState>>;
+pub(crate) type StateReceiver = tokio::sync::watch::Receiver<Arc<DeviceState>>;
 
 impl DeviceState {
     /// The GPU with this UUID.
-    pub fn gpu(&self, uuid: &str) -> Option<&GpuInfo> {
+    pub(crate) fn gpu(&self, uuid: &str) -> Option<&GpuInfo> {
         self.inventory.gpus.iter().find(|g| g.uuid == uuid)
     }
 
     /// Whether a GPU is healthy; unknown GPUs are not.
-    pub fn is_healthy(&self, uuid: &str) -> bool {
+    pub(crate) fn is_healthy(&self, uuid: &str) -> bool {
         self.health.get(uuid).is_some_and(Health::is_healthy)
     }
 
@@ -49,7 +49,7 @@ impl DeviceState {
     /// with its NUMA node when known. A GPU that could not be read is
     /// listed too (unhealthy), so capacity still counts it and allocatable
     /// does not.
-    pub fn devices(&self) -> Vec<DeviceView> {
+    pub(crate) fn devices(&self) -> Vec<DeviceView> {
         self.inventory
             .devices()
             .into_iter()
@@ -62,7 +62,7 @@ impl DeviceState {
     }
 
     /// Number of healthy and unhealthy devices.
-    pub fn health_counts(&self) -> (usize, usize) {
+    pub(crate) fn health_counts(&self) -> (usize, usize) {
         let ids = self.inventory.device_ids();
         let healthy = ids.iter().filter(|id| self.is_healthy(id)).count();
         (healthy, ids.len() - healthy)

@@ -27,12 +27,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::rm::backend::{
-    DeviceError, DeviceErrorKind, ProbeOutcome, RecoveryAction, ResetEvidence,
-};
+use super::backend::{DeviceError, DeviceErrorKind, ProbeOutcome, RecoveryAction, ResetEvidence};
 
 /// XIDs caused by applications rather than hardware, ignored by default.
-pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+pub(crate) const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// XIDs after which a GPU stays Unhealthy until a probe shows the reset
 /// they need, from NVIDIA's XID catalogue (immediate action `RESET_GPU`, or
@@ -51,7 +49,7 @@ pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 /// | 119, 120 | GSP firmware RPC timeout / error | the GSP is only restarted by a reset |
 /// | 140 | unrecovered ECC error | reset |
 /// | 154 | the driver's recovery action changed | the driver itself says what is needed; the recovery-action field tells when it is done |
-pub const DEFAULT_RESET_XIDS: [(u64, ResetCheck); 12] = [
+pub(crate) const DEFAULT_RESET_XIDS: [(u64, ResetCheck); 12] = [
     (48, ResetCheck::GpuReset),
     (62, ResetCheck::GpuReset),
     (63, ResetCheck::GpuReset),
@@ -111,7 +109,7 @@ impl fmt::Display for ResetCheck {
 
 /// Why a [`ResetCheck`] is not met yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unmet {
+pub(crate) enum Unmet {
     /// The GPU does not answer.
     Unreachable(DeviceErrorKind),
     /// The driver still asks for this.
@@ -157,7 +155,7 @@ impl fmt::Display for Unmet {
 
 impl ResetCheck {
     /// Judges the evidence; `Ok` when the check is met.
-    pub fn assess(self, evidence: &ResetEvidence) -> Result<(), Unmet> {
+    pub(crate) fn assess(self, evidence: &ResetEvidence) -> Result<(), Unmet> {
         if let Err(e) = &evidence.reachable {
             return Err(Unmet::Unreachable(e.kind));
         }
@@ -199,7 +197,7 @@ impl ResetCheck {
 /// action the driver asks for, a failed row remap, pages waiting for
 /// retirement or a row remap waiting for a reset. `None` when nothing
 /// readable is owed; a GPU that does not answer is the probe's business.
-pub fn owed_reset(evidence: &ResetEvidence) -> Option<Unmet> {
+pub(crate) fn owed_reset(evidence: &ResetEvidence) -> Option<Unmet> {
     if evidence.reachable.is_err() {
         return None;
     }
@@ -229,8 +227,7 @@ pub fn owed_reset(evidence: &ResetEvidence) -> Option<Unmet> {
 /// reset (or the driver) clears has cleared.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct SinceFault {
-    /// The backend's reset count at the fault: the last one read before it,
-    /// or, when none was, the first one read after it.
+    /// The backend's reset count at the fault: the last read before it, else the first after.
     resets_at_fault: Option<u64>,
     /// Whether the GPU was seen lost, or owing a reset, after the fault.
     seen_owed: bool,
@@ -256,9 +253,8 @@ impl SinceFault {
     }
 }
 
-/// The reset a per-GPU error needs, if any: a lost GPU or one the driver
-/// refuses comes back only through a reset.
-pub fn reset_check_for(kind: DeviceErrorKind) -> Option<ResetCheck> {
+/// The reset a per-GPU error needs, if any: a lost or refused GPU comes back only by a reset.
+pub(crate) fn reset_check_for(kind: DeviceErrorKind) -> Option<ResetCheck> {
     match kind {
         DeviceErrorKind::GpuLost | DeviceErrorKind::ResetRequired => Some(ResetCheck::GpuReset),
         DeviceErrorKind::NotFound | DeviceErrorKind::Other => None,
@@ -283,14 +279,14 @@ pub enum Health {
 
 impl Health {
     /// Whether the GPU is usable.
-    pub fn is_healthy(&self) -> bool {
+    pub(crate) fn is_healthy(&self) -> bool {
         matches!(self, Health::Healthy)
     }
 }
 
 /// What a GPU's health did in response to an input.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transition {
+pub(crate) enum Transition {
     /// The GPU became unhealthy.
     BecameUnhealthy {
         /// The GPU.
@@ -307,7 +303,7 @@ pub enum Transition {
 
 /// What the tracker made of an XID.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum XidVerdict {
+pub(crate) enum XidVerdict {
     /// Critical: the GPU was marked (or stays) unhealthy.
     Critical(Option<Transition>),
     /// Listed as an application error: counted, health unchanged.
@@ -318,7 +314,7 @@ pub enum XidVerdict {
 
 /// What the tracker made of reset evidence.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ResetVerdict {
+pub(crate) enum ResetVerdict {
     /// The GPU waited for no reset (unknown, healthy, or none needed).
     NotAwaiting,
     /// Every awaited reset is now shown; quiet and a good probe recover it.
@@ -333,7 +329,7 @@ pub enum ResetVerdict {
 /// A GPU reset a GPU owes, as the node keeps it across plugin restarts.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OwedReset {
+pub(crate) struct OwedReset {
     /// Why the reset is owed (the first reason the GPU became Unhealthy).
     pub reason: String,
     /// The backend's reset count at the fault, when one was read.
@@ -346,7 +342,7 @@ pub struct OwedReset {
 
 /// Health of every GPU of the node.
 #[derive(Debug, Clone)]
-pub struct HealthTracker {
+pub(crate) struct HealthTracker {
     policy: HealthPolicy,
     gpus: BTreeMap<String, Health>,
     /// The last reset count read for each GPU, so a fault knows the count before it.
@@ -357,7 +353,7 @@ pub struct HealthTracker {
 
 impl HealthTracker {
     /// A tracker with no GPUs.
-    pub fn new(policy: HealthPolicy) -> Self {
+    pub(crate) fn new(policy: HealthPolicy) -> Self {
         Self {
             policy,
             gpus: BTreeMap::new(),
@@ -366,19 +362,14 @@ impl HealthTracker {
         }
     }
 
-    /// The policy in force.
-    pub fn policy(&self) -> &HealthPolicy {
-        &self.policy
-    }
-
     /// Health of one GPU; unknown GPUs are `None`.
-    pub fn health(&self, uuid: &str) -> Option<&Health> {
+    pub(crate) fn health(&self, uuid: &str) -> Option<&Health> {
         self.gpus.get(uuid)
     }
 
     /// Makes the tracked set equal to `uuids`: new GPUs start healthy (the
     /// first probe says otherwise if needed), vanished ones are forgotten.
-    pub fn sync<'a>(&mut self, uuids: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn sync<'a>(&mut self, uuids: impl IntoIterator<Item = &'a str>) {
         let wanted: BTreeSet<&str> = uuids.into_iter().collect();
         self.gpus.retain(|uuid, _| wanted.contains(uuid.as_str()));
         self.resets.retain(|uuid, _| wanted.contains(uuid.as_str()));
@@ -392,7 +383,7 @@ impl HealthTracker {
     /// Moves the health of device `from` to device `to`, for a GPU first
     /// advertised under a stand-in ID whose UUID could now be read: the
     /// reset it waits for is still owed.
-    pub fn rename(&mut self, from: &str, to: &str) {
+    pub(crate) fn rename(&mut self, from: &str, to: &str) {
         if from != to
             && !self.gpus.contains_key(to)
             && let Some(health) = self.gpus.remove(from)
@@ -462,7 +453,7 @@ impl HealthTracker {
     }
 
     /// Applies an XID reported for `uuid` (or for no particular GPU).
-    pub fn on_xid(&mut self, uuid: Option<&str>, xid: u64, now: Instant) -> XidVerdict {
+    pub(crate) fn on_xid(&mut self, uuid: Option<&str>, xid: u64, now: Instant) -> XidVerdict {
         let Some(uuid) = uuid.filter(|u| self.gpus.contains_key(*u)) else {
             return XidVerdict::Unattributed;
         };
@@ -480,7 +471,12 @@ impl HealthTracker {
     /// Applies a per-GPU error met while reading the inventory: the GPU
     /// cannot be vouched for, so it is Unhealthy until it reads again (and
     /// any reset the error needs is shown).
-    pub fn on_fault(&mut self, id: &str, error: &DeviceError, now: Instant) -> Option<Transition> {
+    pub(crate) fn on_fault(
+        &mut self,
+        id: &str,
+        error: &DeviceError,
+        now: Instant,
+    ) -> Option<Transition> {
         let reset = reset_check_for(error.kind);
         let transition = self.mark_unhealthy(id, format!("cannot be read: {error}"), reset, now);
         if reset.is_some() {
@@ -490,7 +486,8 @@ impl HealthTracker {
     }
 
     /// The GPUs that wait for evidence of a reset.
-    pub fn awaiting_reset(&self) -> Vec<String> {
+    #[cfg(test)]
+    pub(crate) fn awaiting_reset(&self) -> Vec<String> {
         self.gpus
             .iter()
             .filter(
@@ -503,7 +500,7 @@ impl HealthTracker {
     /// Applies reset evidence gathered for `uuid`, healthy or not: evidence
     /// that owes a reset makes the GPU wait for one, and every check the
     /// evidence meets is no longer awaited.
-    pub fn on_reset_evidence(
+    pub(crate) fn on_reset_evidence(
         &mut self,
         uuid: &str,
         evidence: &ResetEvidence,
@@ -566,7 +563,7 @@ impl HealthTracker {
     }
 
     /// Applies the outcome of probing `uuid`.
-    pub fn on_probe(
+    pub(crate) fn on_probe(
         &mut self,
         uuid: &str,
         outcome: &ProbeOutcome,
@@ -606,7 +603,7 @@ impl HealthTracker {
     /// ([`crate::rm::owed`]), so that a restarted plugin does not advertise a GPU whose fault
     /// left no evidence it could read again (XID 62, 119 or 120 on a driver without the
     /// recovery-action field).
-    pub fn owed_resets(&self) -> BTreeMap<String, OwedReset> {
+    pub(crate) fn owed_resets(&self) -> BTreeMap<String, OwedReset> {
         self.gpus
             .iter()
             .filter_map(|(uuid, health)| match health {
@@ -631,7 +628,7 @@ impl HealthTracker {
     /// Takes back the resets a previous run of the plugin recorded as owed: each GPU of
     /// `owed` that is tracked waits for a GPU reset again, judged against the reset count
     /// at its fault; GPUs no longer present are ignored.
-    pub fn restore_owed(
+    pub(crate) fn restore_owed(
         &mut self,
         owed: &BTreeMap<String, OwedReset>,
         now: Instant,
@@ -655,7 +652,8 @@ impl HealthTracker {
     }
 
     /// Number of healthy and unhealthy GPUs.
-    pub fn counts(&self) -> (usize, usize) {
+    #[cfg(test)]
+    pub(crate) fn counts(&self) -> (usize, usize) {
         let healthy = self.gpus.values().filter(|h| h.is_healthy()).count();
         (healthy, self.gpus.len() - healthy)
     }

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::rm::health::OwedReset;
+use super::health::OwedReset;
 
 /// The file's name in the state directory.
-pub const FILE_NAME: &str = "owed-resets.json";
+pub(crate) const FILE_NAME: &str = "owed-resets.json";
 /// Where the kernel names the current boot.
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
@@ -33,7 +33,7 @@ struct Saved {
 
 /// The owed resets of one node, read at start and written on every change.
 #[derive(Debug)]
-pub struct OwedStore {
+pub(crate) struct OwedStore {
     path: PathBuf,
     boot_id: String,
     /// What the file holds now, so an unchanged set is not written again.
@@ -42,7 +42,7 @@ pub struct OwedStore {
 
 impl OwedStore {
     /// The store in `dir` for the current boot.
-    pub fn open(dir: &Path) -> std::io::Result<Self> {
+    pub(crate) fn open(dir: &Path) -> std::io::Result<Self> {
         let boot_id = std::fs::read_to_string(BOOT_ID)?.trim().to_owned();
         std::fs::create_dir_all(dir)?;
         Ok(Self::for_boot(dir, boot_id))
@@ -58,7 +58,7 @@ impl OwedStore {
 
     /// The resets owed in this boot, as a previous run left them (none when there is no
     /// file, when it was written in another boot, or when it cannot be read).
-    pub fn load(&mut self) -> BTreeMap<String, OwedReset> {
+    pub(crate) fn load(&mut self) -> BTreeMap<String, OwedReset> {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeMap::new(),
@@ -84,7 +84,7 @@ impl OwedStore {
 
     /// Writes `owed` when it differs from what the file holds. A failed write is logged
     /// and tried again at the next change.
-    pub fn save(&mut self, owed: &BTreeMap<String, OwedReset>) {
+    pub(crate) fn save(&mut self, owed: &BTreeMap<String, OwedReset>) {
         if *owed == self.written {
             return;
         }

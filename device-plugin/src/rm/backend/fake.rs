@@ -27,17 +27,18 @@ use super::{
 };
 
 /// Driver version reported when the file does not name one.
-pub const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
+pub(crate) const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
 /// CUDA version reported when the file does not name one.
-pub const DEFAULT_CUDA_VERSION: &str = "12.4";
+pub(crate) const DEFAULT_CUDA_VERSION: &str = "12.4";
 /// Compute capability reported when a GPU does not name one.
-pub const DEFAULT_COMPUTE_CAPABILITY: ComputeCapability = ComputeCapability { major: 8, minor: 0 };
+pub(crate) const DEFAULT_COMPUTE_CAPABILITY: ComputeCapability =
+    ComputeCapability { major: 8, minor: 0 };
 /// XID reported for a GPU marked unhealthy without one (79: fallen off the bus).
-pub const DEFAULT_UNHEALTHY_XID: u64 = 79;
+pub(crate) const DEFAULT_UNHEALTHY_XID: u64 = 79;
 
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest `probeDelaySeconds`: a day is a hang for every purpose.
-pub const MAX_PROBE_DELAY_SECONDS: f64 = 86_400.0;
+pub(crate) const MAX_PROBE_DELAY_SECONDS: f64 = 86_400.0;
 /// How often a delayed probe looks at the file again, so that an edit
 /// lowering the delay ends a probe in progress.
 const PROBE_DELAY_RECHECK: Duration = Duration::from_millis(50);
@@ -145,7 +146,7 @@ impl FakeNode {
     }
 
     /// Reads, parses and validates a fake GPU file.
-    pub fn load(path: &Path) -> Result<Self, BackendError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, BackendError> {
         let text = std::fs::read_to_string(path).map_err(|source| BackendError::FakeFileRead {
             path: path.to_path_buf(),
             source,
@@ -507,7 +508,7 @@ fn fingerprint(path: &Path) -> Option<Fingerprint> {
 
 /// The fake backend.
 #[derive(Debug)]
-pub struct FakeBackend {
+pub(crate) struct FakeBackend {
     path: PathBuf,
     current: Mutex<Arc<FakeNode>>,
     /// As NVML's: a GPU whose `error` is set keeps the facts read before.
@@ -520,7 +521,7 @@ pub struct FakeBackend {
 
 impl FakeBackend {
     /// Loads the file; an invalid file is an error naming the file and the field.
-    pub fn open(path: impl Into<PathBuf>) -> Result<Self, BackendError> {
+    pub(crate) fn open(path: impl Into<PathBuf>) -> Result<Self, BackendError> {
         let path = path.into();
         let node = FakeNode::load(&path)?;
         Ok(Self {
@@ -529,11 +530,6 @@ impl FakeBackend {
             known: Mutex::default(),
             resets: Mutex::default(),
         })
-    }
-
-    /// The file this backend follows.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// The error the file sets for this GPU, as NVML would report it.

@@ -5,7 +5,7 @@
 //! exercises exactly the same code paths as NVML does on a real node.
 
 pub mod fake;
-pub mod nvml;
+pub(crate) mod nvml;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -169,12 +169,12 @@ pub struct Inventory {
 
 impl Inventory {
     /// The fault of the device with this ID, if it could not be read this round.
-    pub fn fault(&self, id: &str) -> Option<&GpuFault> {
+    pub(crate) fn fault(&self, id: &str) -> Option<&GpuFault> {
         self.faults.iter().find(|f| f.device_id() == id)
     }
 
     /// Faults of GPUs with no known facts (never read since start-up).
-    pub fn faults_without_facts(&self) -> impl Iterator<Item = &GpuFault> {
+    pub(crate) fn faults_without_facts(&self) -> impl Iterator<Item = &GpuFault> {
         self.faults.iter().filter(|f| {
             f.uuid
                 .as_deref()
@@ -184,7 +184,7 @@ impl Inventory {
 
     /// Every device the kubelet is told about, in index order, as (index,
     /// device ID, facts if known).
-    pub fn devices(&self) -> Vec<(u32, String, Option<&GpuInfo>)> {
+    pub(crate) fn devices(&self) -> Vec<(u32, String, Option<&GpuInfo>)> {
         let mut devices: Vec<_> = self
             .gpus
             .iter()
@@ -199,7 +199,7 @@ impl Inventory {
     }
 
     /// Every device ID the kubelet is told about, in index order.
-    pub fn device_ids(&self) -> Vec<String> {
+    pub(crate) fn device_ids(&self) -> Vec<String> {
         self.devices().into_iter().map(|(_, id, _)| id).collect()
     }
 }
@@ -246,7 +246,7 @@ impl GpuFault {
     /// The device ID it is advertised under: its UUID, or, while no UUID
     /// was ever read, `unreadable-gpu-<index>` (short and printable, as the
     /// kubelet requires).
-    pub fn device_id(&self) -> String {
+    pub(crate) fn device_id(&self) -> String {
         match &self.uuid {
             Some(uuid) => uuid.clone(),
             None => format!("unreadable-gpu-{}", self.index),
@@ -256,7 +256,7 @@ impl GpuFault {
 
 /// A per-GPU read that failed, as a backend reports it to [`KnownGpus::assemble`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FailedRead {
+pub(crate) struct FailedRead {
     /// The driver's index of the GPU.
     pub index: u32,
     /// Its UUID, if that much could be read.
@@ -271,19 +271,19 @@ pub struct FailedRead {
 /// UUID and facts it had, so the kubelet sees the same device turn
 /// Unhealthy rather than one device vanish and another appear.
 #[derive(Debug, Default)]
-pub struct KnownGpus {
+pub(crate) struct KnownGpus {
     by_index: BTreeMap<u32, GpuInfo>,
 }
 
 impl KnownGpus {
     /// The last facts read for the GPU at `index`.
-    pub fn get(&self, index: u32) -> Option<&GpuInfo> {
+    pub(crate) fn get(&self, index: u32) -> Option<&GpuInfo> {
         self.by_index.get(&index)
     }
 
     /// Builds one round's inventory from the per-GPU reads of that round
     /// (one entry per index the driver counts) and remembers what was read.
-    pub fn assemble(
+    pub(crate) fn assemble(
         &mut self,
         driver: DriverInfo,
         reads: Vec<Result<GpuInfo, FailedRead>>,
@@ -333,7 +333,7 @@ impl KnownGpus {
 
 /// Result of probing one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProbeOutcome {
+pub(crate) enum ProbeOutcome {
     /// The GPU answered as a working GPU does.
     Healthy,
     /// The GPU is definitely broken (fallen off the bus, marked bad, ...).
@@ -347,7 +347,7 @@ pub enum ProbeOutcome {
 /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RecoveryAction {
+pub(crate) enum RecoveryAction {
     /// Nothing: the GPU is usable.
     None,
     /// The GPU must be reset.
@@ -365,7 +365,7 @@ pub enum RecoveryAction {
 
 impl RecoveryAction {
     /// Maps NVML's numeric value.
-    pub fn from_nvml(value: u64) -> Self {
+    pub(crate) fn from_nvml(value: u64) -> Self {
         match value {
             0 => Self::None,
             1 => Self::GpuReset,
@@ -392,7 +392,7 @@ impl fmt::Display for RecoveryAction {
 
 /// NVLink lanes of one GPU: up now, and up at best since start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NvlinkLanes {
+pub(crate) struct NvlinkLanes {
     /// Lanes active now.
     pub active: u32,
     /// The most lanes seen active at once since start-up.
@@ -405,7 +405,7 @@ pub struct NvlinkLanes {
 ///
 /// Gathering is the backend's job; judging is `health::ResetCheck`'s.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResetEvidence {
+pub(crate) struct ResetEvidence {
     /// Whether the GPU answers NVML at all.
     pub reachable: Result<(), DeviceError>,
     /// The driver's recovery action for the GPU (recent drivers only).
@@ -427,7 +427,7 @@ pub struct ResetEvidence {
 
 impl ResetEvidence {
     /// Evidence from a GPU that does not answer: nothing can be told.
-    pub fn unreachable(error: DeviceError) -> Self {
+    pub(crate) fn unreachable(error: DeviceError) -> Self {
         Self {
             reachable: Err(error),
             recovery_action: None,
@@ -445,7 +445,7 @@ impl ResetEvidence {
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize, Serialize,
 )]
 #[serde(rename_all = "snake_case")]
-pub enum ThrottleReason {
+pub(crate) enum ThrottleReason {
     /// Any thermal slowdown (software or hardware).
     Thermal,
     /// Software power capping.
@@ -470,7 +470,7 @@ pub enum ThrottleReason {
 
 impl ThrottleReason {
     /// Every reason, in the order metrics are rendered.
-    pub const ALL: [ThrottleReason; 10] = [
+    pub(crate) const ALL: [ThrottleReason; 10] = [
         Self::Thermal,
         Self::PowerCap,
         Self::HwSlowdown,
@@ -484,7 +484,7 @@ impl ThrottleReason {
     ];
 
     /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Thermal => "thermal",
             Self::PowerCap => "power_cap",
@@ -502,7 +502,7 @@ impl ThrottleReason {
 
 /// One telemetry sample of one GPU. A `None` field is not reported.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     /// GPU utilization in percent.
     pub utilization_percent: Option<f64>,
     /// Memory controller utilization in percent.
@@ -527,7 +527,7 @@ pub struct Telemetry {
 
 /// Something the backend noticed on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendEvent {
+pub(crate) enum BackendEvent {
     /// The set of GPUs or their facts may have changed: re-read the inventory.
     InventoryChanged,
     /// An XID error; `uuid` is `None` when it cannot be tied to one GPU.
@@ -545,7 +545,7 @@ pub enum BackendEvent {
 ///
 /// Methods block (NVML calls are synchronous); async callers run them on the
 /// blocking pool.
-pub trait GpuBackend: Send + Sync + 'static {
+pub(crate) trait GpuBackend: Send + Sync + 'static {
     /// Short name for logs and `discover`.
     fn name(&self) -> &'static str;
 

@@ -39,7 +39,7 @@ const EVENT_WAIT_MS: u32 = 1000;
 const MIB: u64 = 1024 * 1024;
 
 /// The NVML backend.
-pub struct NvmlBackend {
+pub(crate) struct NvmlBackend {
     nvml: Arc<Nvml>,
     /// Facts of every GPU read so far, so a GPU that stops answering keeps its identity.
     known: Mutex<KnownGpus>,
@@ -53,20 +53,20 @@ pub struct NvmlBackend {
 /// volatile ECC error count, the energy consumed), and the resets counted
 /// from seeing one of them start over.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct InitReadings {
+struct InitReadings {
     /// Volatile (since initialisation) ECC errors, corrected and uncorrected.
-    pub volatile_ecc: Option<u64>,
+    volatile_ecc: Option<u64>,
     /// Energy consumed since initialisation, in mJ.
-    pub energy_mj: Option<u64>,
+    energy_mj: Option<u64>,
     /// Resets counted so far.
-    pub resets: u64,
+    resets: u64,
 }
 
 impl InitReadings {
     /// Takes new readings (`None`: could not be read, the last one is kept)
     /// and counts a reset when one reads lower than the last. Returns the
     /// count, or `None` while neither reading has ever been read.
-    pub fn observe(&mut self, volatile_ecc: Option<u64>, energy_mj: Option<u64>) -> Option<u64> {
+    fn observe(&mut self, volatile_ecc: Option<u64>, energy_mj: Option<u64>) -> Option<u64> {
         let dropped = |last: Option<u64>, now: Option<u64>| matches!((last, now), (Some(l), Some(n)) if n < l);
         if dropped(self.volatile_ecc, volatile_ecc) || dropped(self.energy_mj, energy_mj) {
             self.resets += 1;
@@ -97,7 +97,7 @@ fn nvml_err(call: &str) -> impl FnOnce(NvmlError) -> BackendError + '_ {
 }
 
 /// How an NVML error bears on health.
-pub fn device_error_kind(error: &NvmlError) -> DeviceErrorKind {
+pub(crate) fn device_error_kind(error: &NvmlError) -> DeviceErrorKind {
     match error {
         NvmlError::GpuLost => DeviceErrorKind::GpuLost,
         NvmlError::ResetRequired => DeviceErrorKind::ResetRequired,
@@ -114,7 +114,7 @@ fn device_error(call: &str, error: &NvmlError) -> DeviceError {
 }
 
 /// A field value as an unsigned number; `None` when NVML could not read it.
-pub fn field_value(sample: &Result<FieldValueSample, NvmlError>) -> Option<u64> {
+pub(crate) fn field_value(sample: &Result<FieldValueSample, NvmlError>) -> Option<u64> {
     match sample.as_ref().ok()?.value.as_ref().ok()? {
         SampleValue::U32(v) => Some(u64::from(*v)),
         SampleValue::U64(v) => Some(*v),
@@ -125,7 +125,7 @@ pub fn field_value(sample: &Result<FieldValueSample, NvmlError>) -> Option<u64> 
 }
 
 /// Converts NVML's `00000000:07:00.0` into the sysfs form `0000:07:00.0`.
-pub fn sysfs_bus_id(nvml_bus_id: &str) -> String {
+pub(crate) fn sysfs_bus_id(nvml_bus_id: &str) -> String {
     let trimmed = nvml_bus_id.trim_end_matches('\0');
     match trimmed.split_once(':') {
         Some((domain, rest)) => match u32::from_str_radix(domain, 16) {
@@ -137,7 +137,7 @@ pub fn sysfs_bus_id(nvml_bus_id: &str) -> String {
 }
 
 /// Reads the NUMA node of a PCI device from sysfs; `-1` means none.
-pub fn numa_node_from_sysfs(sysfs_root: &Path, bus_id: &str) -> Option<i64> {
+pub(crate) fn numa_node_from_sysfs(sysfs_root: &Path, bus_id: &str) -> Option<i64> {
     let path = sysfs_root
         .join("bus/pci/devices")
         .join(bus_id)
@@ -147,7 +147,7 @@ pub fn numa_node_from_sysfs(sysfs_root: &Path, bus_id: &str) -> Option<i64> {
 }
 
 /// Formats NVML's CUDA driver version integer (12040) as `12.4`.
-pub fn cuda_version_string(version: i32) -> String {
+pub(crate) fn cuda_version_string(version: i32) -> String {
     format!(
         "{}.{}",
         nvml_wrapper::cuda_driver_version_major(version),
@@ -156,7 +156,7 @@ pub fn cuda_version_string(version: i32) -> String {
 }
 
 /// Maps NVML's throttle bitmask onto our reason set.
-pub fn throttle_reasons(bits: ThrottleReasons) -> BTreeSet<ThrottleReason> {
+pub(crate) fn throttle_reasons(bits: ThrottleReasons) -> BTreeSet<ThrottleReason> {
     let mut reasons = BTreeSet::new();
     let pairs = [
         (ThrottleReasons::SW_POWER_CAP, ThrottleReason::PowerCap),
@@ -198,7 +198,7 @@ pub fn throttle_reasons(bits: ThrottleReasons) -> BTreeSet<ThrottleReason> {
 
 impl NvmlBackend {
     /// Loads NVML; without a driver this fails with [`BackendError::DriverNotFound`].
-    pub fn init() -> Result<Self, BackendError> {
+    pub(crate) fn init() -> Result<Self, BackendError> {
         let nvml = Nvml::init().map_err(|e| match e {
             NvmlError::LibloadingError(_)
             | NvmlError::DriverNotLoaded
@@ -304,7 +304,7 @@ fn gpu_info(
 /// switches talk all-to-all with as many links as the poorer of the two has.
 /// `unread` are GPUs that could not be read this round (their last facts):
 /// a link to one of them is still a direct link, not a switch.
-pub fn resolve_nvlinks(gpus: &mut [GpuInfo], remotes: &[Vec<String>], unread: &[GpuInfo]) {
+pub(crate) fn resolve_nvlinks(gpus: &mut [GpuInfo], remotes: &[Vec<String>], unread: &[GpuInfo]) {
     let by_bus: BTreeMap<String, String> = gpus
         .iter()
         .chain(unread)
