@@ -81,10 +81,13 @@ MASTER_*, RANK...) when imported.
 An operator that cannot be reached, or an answer the launcher does not know, means continue:
 the command runs on (logged at most once a minute). When the command exits 0 the launcher
 exits 0 at once: the rank finished. When it fails, what it left running is killed before
-the launcher reports exited. Then, as once it was stopped, the launcher waits up
-to TRAINYARD_SUPERVISOR_HOLD_SECONDS (30) for the operator to start the next attempt, and
-exits with the command's code (143 when stopped), so that without an operator the container
-ends as it would without a supervisor. SIGTERM or SIGINT to the launcher itself (the pod is
+the launcher reports exited, with how long ago the command exited (exitedSecondsAgo), so
+that a replica that hears it late, a new leader, still dates the failure right. Then, as
+once it was stopped, the launcher waits up to TRAINYARD_SUPERVISOR_HOLD_SECONDS (30) for the
+operator to start the next attempt, and exits with the command's code (143 when stopped).
+An exit the operator has not answered within one held poll (TRAINYARD_SUPERVISOR_WAIT_SECONDS
+plus 3 s) is not held at all: the launcher exits with the code, so that the pod shows the
+failure as it would without a supervisor, and an operator that cannot be reached hides none. SIGTERM or SIGINT to the launcher itself (the pod is
 deleted) is passed on as above, and it exits with the command's code, waiting for no order.
 docs/env-contract.md describes the protocol, for a supervisor of your own.
 """
@@ -519,6 +522,8 @@ class Supervisor:
         self.hold = seconds_setting("TRAINYARD_SUPERVISOR_HOLD_SECONDS", "30")
         self.poll_seconds = seconds_setting("TRAINYARD_SUPERVISOR_POLL_SECONDS", "1")
         self.wait_seconds = seconds_setting("TRAINYARD_SUPERVISOR_WAIT_SECONDS", "3")
+        # How long an exit may go unheard before the container ends with it: one held poll.
+        self.ack = self.wait_seconds + HTTP_TIMEOUT_SECONDS + 1
         if self.poll_seconds == 0:
             sys.exit("trainyard_launch.py: TRAINYARD_SUPERVISOR_POLL_SECONDS='0' is not more "
                      "than 0")
@@ -532,6 +537,8 @@ class Supervisor:
         self.attempt = integer_setting("TRAINYARD_ATTEMPT")
         self.state = "running"
         self.exit_code = None
+        self.exited_at = None  # when the command exited on its own (monotonic)
+        self.exit_heard = False  # the operator answered a poll that reported the exit
         self.polling = True
         self.wake = threading.Event()  # report at once: the state changed
         self.orders = queue.Queue()
@@ -567,6 +574,8 @@ class Supervisor:
                         "state": self.state}
                 if self.state == "exited":
                     body["exitCode"] = self.exit_code
+                    # Dates the exit for whichever replica leads, also one that hears it late.
+                    body["exitedSecondsAgo"] = round(time.monotonic() - self.exited_at, 3)
                 running = self.state == "running"
                 interval = self.poll_seconds if running else WAITING_POLL_SECONDS
             sent = time.monotonic()
@@ -580,11 +589,15 @@ class Supervisor:
                                  name="supervisor-held", daemon=True).start()
                 self.wake.wait(self.wait_seconds + HTTP_TIMEOUT_SECONDS)
                 try:
-                    order = answer.get_nowait()
+                    answered, order = answer.get_nowait()
                 except queue.Empty:
                     continue  # the state changed first: the held answer is dropped
             else:
-                order = self.ask(body)
+                answered, order = self.ask(body)
+            if answered and body["state"] == "exited":
+                with self.lock:
+                    if (self.state, self.attempt) == ("exited", body["attempt"]):
+                        self.exit_heard = True
             if order is not None and self.polling:
                 self.orders.put(order)
             # An operator that answers at once (no hold) is polled every interval; a change of
@@ -596,8 +609,8 @@ class Supervisor:
                 self.wake.wait(max(0.0, interval - (time.monotonic() - sent)))
 
     def ask(self, body):
-        """POSTs one poll; its order, None for continue, or for any error (logged at most once
-        a minute)."""
+        """POSTs one poll: (whether the operator answered, its order or None for continue).
+        An error is (False, None), logged at most once a minute."""
         try:
             if not self.token_file:
                 raise ValueError("TRAINYARD_PROGRESS_TOKEN_FILE is not set")
@@ -612,7 +625,7 @@ class Supervisor:
             with self.opener.open(request, timeout=timeout) as response:
                 if response.status != 200:
                     raise ValueError(f"HTTP {response.status}")
-                return parse_order(json.load(response))
+                return True, parse_order(json.load(response))
         except urllib.error.HTTPError as err:
             try:
                 detail = err.read(300).decode("utf-8", "replace").strip()
@@ -626,13 +639,14 @@ class Supervisor:
             self.last_complaint = now
             say(f"supervisor poll to {self.url}: {why} (taken as continue; logged at most once "
                 "a minute)")
-        return None
+        return False, None
 
     # The main thread.
 
     def report(self, state, exit_code=None, attempt=None):
         with self.lock:
             self.state, self.exit_code = state, exit_code
+            self.exit_heard = False
             if attempt is not None:
                 self.attempt = attempt
         self.wake.set()
@@ -659,6 +673,7 @@ class Supervisor:
     def start_child(self):
         self.child, self.sigterm_at, self.childless_since = None, None, None
         self.stuck_killed, self.stopping, self.held_since = False, None, None
+        self.exited_at = None
         # Whether the command has had processes of its own in this attempt (torchrun's
         # workers), looked for every second until it has.
         self.had_workers, self.workers_look = False, time.monotonic()
@@ -777,6 +792,12 @@ class Supervisor:
             if now - self.held_since >= self.hold:
                 say(f"no start from the operator within {self.hold:g} s: exiting {code}")
                 return code
+            if state == "exited" and not self.exit_heard and now - self.held_since >= self.ack:
+                # Unheard, the exit would stay hidden in a running container: end it, as the
+                # container would without a supervisor, so that the pod shows the failure.
+                say(f"the operator did not answer the report of the exit within {self.ack:g} s: "
+                    f"exiting {code}")
+                return code
             return None
         if self.child is None:  # SIGTERM while it waited for the master
             return 128 + self.signalled
@@ -792,6 +813,8 @@ class Supervisor:
             if self.child.poll() is None:
                 return None
         code = 143 if self.stuck_killed else exit_status(self.child.returncode)
+        if self.stopping is None and self.exited_at is None:
+            self.exited_at = time.monotonic()
         if self.signalled is not None or (code == 0 and self.stopping is None):
             self.kill_attempt(GONE_SECONDS)
             return code

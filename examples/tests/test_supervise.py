@@ -335,11 +335,44 @@ def test_a_failed_command_is_reported_and_without_a_decision_its_code_ends_the_l
     code, err = launcher.finish()
     assert code == 3
     exited = [b for b in op.bodies() if b["state"] == "exited"]
+    ages = [b.pop("exitedSecondsAgo") for b in exited]
     assert exited and all(b == {"job": "train", "rank": 1, "attempt": 3, "state": "exited",
                                 "exitCode": 3, "waitSeconds": 3} for b in exited)
     assert len(exited) >= 2  # every quarter second over the half-second hold
+    # Each poll dates the exit from its own clock: the age grows, and within the hold.
+    assert ages == sorted(ages) and 0 <= ages[0] and ages[-1] < 1.5, ages
     assert ("trainyard_launch.py: child exited 3; holding for the operator's decision up to "
             "0.5 s") in err
+
+
+def test_an_exit_the_operator_does_not_hear_ends_the_launcher_after_one_held_poll_not_the_hold(
+    tmp_path, operator
+):
+    # The operator's replica that should answer is gone (a roll, a restart): polls are refused
+    # with no answer. A container without a supervisor would show the failure at once; this
+    # one holds it no longer than one held poll, not the 30-s hold.
+    op = operator(lambda body: (503, b"no leader"))
+    started = time.monotonic()
+    launcher = Launcher(tmp_path, FAILS_WITH_3, op.url, TRAINYARD_SUPERVISOR_HOLD_SECONDS="30",
+                        TRAINYARD_SUPERVISOR_WAIT_SECONDS="1")
+    code, err = launcher.finish()
+    took = time.monotonic() - started
+    assert code == 3
+    assert any("did not answer the report of the exit within 4 s: exiting 3" in line
+               for line in err), err
+    assert took < 10, took
+    assert [b["state"] for b in op.bodies()].count("exited") >= 1
+
+
+def test_an_exit_the_operator_heard_is_held_for_its_decision(tmp_path, operator):
+    op = operator()
+    started = time.monotonic()
+    launcher = Launcher(tmp_path, FAILS_WITH_3, op.url, TRAINYARD_SUPERVISOR_HOLD_SECONDS="6",
+                        TRAINYARD_SUPERVISOR_WAIT_SECONDS="1")
+    code, err = launcher.finish()
+    assert code == 3
+    assert time.monotonic() - started >= 6
+    assert any("no start from the operator within 6 s: exiting 3" in line for line in err), err
 
 
 def test_a_failed_command_is_started_again_when_the_operator_says_so(tmp_path, operator):

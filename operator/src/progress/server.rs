@@ -543,6 +543,10 @@ struct PollBody {
     state: String,
     #[serde(default)]
     exit_code: Option<i32>,
+    /// For an exit: how many seconds before this poll the trainer exited (the supervisor's
+    /// clock); absent, the exit is dated when it is heard.
+    #[serde(default)]
+    exited_seconds_ago: Option<f64>,
     /// How long a continue may be held for a change of the job's directive (seconds; at most
     /// [`supervisors::MAX_HOLD`]): absent or 0, it is answered at once.
     #[serde(default)]
@@ -575,6 +579,17 @@ impl PollBody {
                 )));
             }
         };
+        let exited_ago = match body.exited_seconds_ago {
+            None => Duration::ZERO,
+            Some(a) if a.is_finite() && a >= 0.0 => {
+                Duration::from_secs_f64(a.min(supervisors::MAX_EXIT_AGE.as_secs_f64()))
+            }
+            Some(a) => {
+                return Err(Rejection::invalid(format!(
+                    "exitedSecondsAgo must be a number of seconds, at least 0, not {a}"
+                )));
+            }
+        };
         let state = match (body.state.as_str(), body.exit_code) {
             ("running", _) => SupervisedState::Running,
             ("stopped", _) => SupervisedState::Stopped,
@@ -598,6 +613,7 @@ impl PollBody {
                 rank: body.rank,
                 attempt: body.attempt,
                 state,
+                exited_ago,
             },
             hold,
         })
@@ -1402,6 +1418,12 @@ mod tests {
             (
                 "tok-train-worker-0",
                 json!({"job": "train", "rank": 0, "attempt": 1, "state": "sleeping"}),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                "tok-train-worker-0",
+                json!({"job": "train", "rank": 0, "attempt": 1, "state": "exited", "exitCode": 1,
+                       "exitedSecondsAgo": -1}),
                 StatusCode::BAD_REQUEST,
             ),
             (

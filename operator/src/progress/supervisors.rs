@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use tokio::sync::Notify;
 
 /// The longest a poll is held for a change of its job's directive: below the plan's
@@ -63,7 +63,13 @@ pub struct Poll {
     pub attempt: u32,
     /// How it stands.
     pub state: SupervisedState,
+    /// For an exit: how long before this poll the trainer exited, by the supervisor's own
+    /// clock (at most [`MAX_EXIT_AGE`]), so that every replica dates it alike.
+    pub exited_ago: Duration,
 }
+
+/// The oldest exit a poll may date: a supervisor holds an exit no longer than this.
+pub const MAX_EXIT_AGE: Duration = Duration::from_secs(600);
 
 /// A supervisor as the plan sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,7 +85,8 @@ pub struct SupervisorSeen {
     /// When it last polled.
     pub seen_at: Timestamp,
     /// When it first polled with this attempt and state (on the operator's clock): for an
-    /// exit, when the operator heard of it.
+    /// exit, when the trainer exited, as its supervisor dates it (`exitedSecondsAgo`), so that
+    /// a new leader that hears of it late still judges it at its time.
     pub since: Timestamp,
 }
 
@@ -245,7 +252,14 @@ impl SupervisorBoard {
             .get(&poll.pod_uid)
             .filter(|s| s.attempt == poll.attempt && s.state == poll.state);
         let wake = unchanged.is_none();
-        let since = unchanged.map_or(now, |s| s.since);
+        let heard = match poll.state {
+            SupervisedState::Exited(_) => SignedDuration::try_from(poll.exited_ago)
+                .ok()
+                .and_then(|ago| now.checked_sub(ago).ok())
+                .unwrap_or(now),
+            _ => now,
+        };
+        let since = unchanged.map_or(heard, |s| s.since.min(heard));
         board.seen.insert(
             poll.pod_uid.clone(),
             SupervisorSeen {
@@ -376,6 +390,7 @@ mod tests {
             rank: 0,
             attempt,
             state,
+            exited_ago: Duration::ZERO,
         }
     }
 
@@ -597,6 +612,30 @@ mod tests {
         assert_eq!(
             o.to_json(),
             serde_json::json!({"action": "start", "attempt": 4, "env": {"A": "1", "B": "x"}})
+        );
+    }
+
+    /// A new leader hears of an exit late (its board starts empty): it dates the exit by the
+    /// supervisor's own account, not when it heard of it, and never later on a later poll.
+    #[test]
+    fn an_exit_heard_late_is_dated_when_the_trainer_exited() {
+        let board = SupervisorBoard::default();
+        let mut exited = poll("a", 0, SupervisedState::Exited(1));
+        exited.exited_ago = Duration::from_secs(20);
+        board.poll("ns", "j", "u1", exited.clone(), at(61));
+        exited.exited_ago = Duration::from_secs(21);
+        board.poll("ns", "j", "u1", exited, at(62));
+        let seen = board.snapshot("ns", "j", "u1");
+        assert_eq!(seen[0].since, at(41));
+        assert_eq!(seen[0].seen_at, at(62));
+        // A running supervisor's age is ignored: it is heard now.
+        let mut running = poll("b", 0, SupervisedState::Running);
+        running.exited_ago = Duration::from_secs(20);
+        board.poll("ns", "j", "u1", running, at(62));
+        let seen = board.snapshot("ns", "j", "u1");
+        assert_eq!(
+            seen.iter().find(|s| s.pod_uid == "b").expect("b").since,
+            at(62)
         );
     }
 }

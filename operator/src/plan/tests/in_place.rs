@@ -642,3 +642,75 @@ fn a_new_leader_replaces_a_kept_pod_whose_supervisor_never_reaches_it_by_the_dea
             .is_empty()
     );
 }
+
+/// Found by the chaos run (seed 20294459): rank 0's trainer failed while rank 1 trained on,
+/// and the leader changed before the verdict. The new leader heard of the exit from the next
+/// poll only; had it dated the failure then, rank 1's node, renewing since the failure but
+/// lost seconds after the takeover, would have made the failure that node's preemption: no
+/// budget spent, no backoff. The supervisor says how long ago its trainer exited, so every
+/// leader judges the failure at its time, and counts it once.
+#[test]
+fn a_failure_heard_late_by_a_new_leader_is_counted_once_though_a_peers_node_is_lost_after() {
+    use crate::progress::supervisors::{Poll, SupervisorBoard};
+    let mut w = supervised_world(IN_PLACE).with_worker_1_on_n2();
+    let poll = |w: &World, board: &SupervisorBoard, rank: u32, state, ago: i64| {
+        let poll = Poll {
+            pod_uid: w.uid(rank),
+            rank,
+            attempt: 0,
+            state,
+            exited_ago: std::time::Duration::from_secs(ago.unsigned_abs()),
+        };
+        board.poll("ns", "train", "uid", poll, w.now);
+    };
+    // Rank 0's trainer exits 1 at t0; the leader that hears it dies before it decides.
+    let failed = w.now;
+    // Twenty seconds later its successor leads: an empty board, and the Leases as first listed.
+    w.advance(20);
+    let board = SupervisorBoard::default();
+    board.listen(w.now);
+    w.beats = Heartbeats::default();
+    w.beats.interrupted();
+    for node in ["n-1", "n-2"] {
+        let renewed = w
+            .now
+            .checked_sub(SignedDuration::from_secs(4))
+            .expect("time");
+        w.heartbeat_seen(node, renewed, w.now);
+    }
+    w.beats.resumed(w.now);
+    poll(&w, &board, 0, SupervisedState::Exited(1), 20);
+    poll(&w, &board, 1, SupervisedState::Running, 0);
+    w.supervisors = board.snapshot("ns", "train", "uid");
+    w.supervisors_since = Some(w.now);
+    let since = w
+        .supervisors
+        .iter()
+        .find(|s| s.rank == 0)
+        .expect("rank 0")
+        .since;
+    assert_eq!(since, failed, "the exit is dated when the trainer exited");
+    w.step();
+    // n-2's kubelet renews once more (6 s after its last), then n-2 is lost for good.
+    w.advance(2);
+    w.heartbeat("n-2");
+    w.heartbeat("n-1");
+    for _ in 0..6 {
+        w.advance(5);
+        w.heartbeat("n-1");
+        poll(&w, &board, 0, SupervisedState::Exited(1), 20);
+        poll(&w, &board, 1, SupervisedState::Running, 0);
+        w.supervisors = board.snapshot("ns", "train", "uid");
+        w.step();
+    }
+    assert_eq!(
+        (w.status.attempt, w.status.failures, w.status.preemptions),
+        (1, 1, 0),
+        "one failure, no preemption: {:?}",
+        w.status.last_restart
+    );
+    assert_eq!(
+        w.status.last_restart.as_ref().expect("restart").reason,
+        RestartReason::Failure
+    );
+}
