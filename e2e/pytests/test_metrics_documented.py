@@ -1,7 +1,7 @@
 """Every metric family the operator and the device plugin register is in their page's metrics
 table (docs/operator.md, docs/device-plugin.md), and every family a page lists is registered.
-The registry is read from the code: the `trainyard_*` names in each crate's metrics.rs
-outside its tests."""
+The registry is read from the code: the `trainyard_*` names in each crate's metrics module
+(`metrics.rs` or `metrics/`, wherever it sits under src/) outside its tests."""
 
 from __future__ import annotations
 
@@ -12,16 +12,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CRATES = {
-    "operator": (ROOT / "operator" / "src" / "metrics.rs", ROOT / "docs" / "operator.md", "trainyard_operator_"),
-    "device-plugin": (ROOT / "device-plugin" / "src" / "metrics.rs", ROOT / "docs" / "device-plugin.md", "trainyard_"),
+    "operator": (ROOT / "operator" / "src", ROOT / "docs" / "operator.md", "trainyard_operator_"),
+    "device-plugin": (ROOT / "device-plugin" / "src", ROOT / "docs" / "device-plugin.md", "trainyard_"),
 }
 SUFFIX = re.compile(r"_(total|count|sum|bucket)$")
 
 
-def registered(source: Path) -> set[str]:
-    code = source.read_text().split("#[cfg(test)]")[0]
-    # Names given to the registry or to a collector's descriptor, never an exposition line.
-    return {SUFFIX.sub("", n) for n in re.findall(r'"(trainyard_[a-z0-9_]+)"', code)}
+def metrics_sources(src: Path) -> list[Path]:
+    """The crate's metrics module: every `metrics.rs` and every file under a `metrics/` folder."""
+    files = [p for p in src.rglob("*.rs") if p.name == "metrics.rs" or "metrics" in p.relative_to(src).parts[:-1]]
+    return sorted(p for p in files if p.name != "tests.rs")
+
+
+def registered(src: Path) -> set[str]:
+    names: set[str] = set()
+    for source in metrics_sources(src):
+        code = source.read_text().split("#[cfg(test)]")[0]
+        # Names given to the registry or to a collector's descriptor, never an exposition line.
+        names |= {SUFFIX.sub("", n) for n in re.findall(r'"(trainyard_[a-z0-9_]+)"', code)}
+    return names
 
 
 def documented(page: Path, prefix: str) -> set[str]:
@@ -37,5 +46,5 @@ def test_every_registered_metric_family_is_documented_and_every_documented_one_r
     source, page, prefix = CRATES[crate]
     code, docs = registered(source), documented(page, prefix)
     assert code, f"no metric names found in {source}"
-    assert sorted(code - docs) == [], f"registered in {source.name} but not in {page.name}'s Metrics tables"
+    assert sorted(code - docs) == [], f"registered in {source}'s metrics module but not in {page.name}'s Metrics tables"
     assert sorted(docs - code) == [], f"in {page.name}'s Metrics tables but not registered"
