@@ -56,7 +56,7 @@ pub struct OperatorConfig {
     /// How long a container may wait (ImagePullBackOff, ...) before its worker counts as failed.
     pub container_waiting_timeout_seconds: u64,
     /// How long after a rank fails its verdict is held while a peer's node may have been lost
-    /// ([`crate::lost_peer`]): a lost peer is a preemption, not a failure.
+    /// ([`crate::model::lost_peer`]): a lost peer is a preemption, not a failure.
     pub lost_peer_window_seconds: u64,
     /// What the operator refuses in a TrainingJob's pod template, beyond what admission
     /// enforces (docs/security.md).

@@ -22,9 +22,9 @@ use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
-use crate::crd::TrainingJob;
 use crate::expectations::Expectations;
 use crate::metrics::StateSizes;
+use crate::model::crd::TrainingJob;
 
 /// Per-job state of one part of the operator, forgotten with the job.
 pub(crate) trait PerJob: std::fmt::Debug + Send + Sync {
@@ -192,9 +192,9 @@ impl Sweep {
 mod tests {
     use super::*;
     use crate::controller::memory::ReconcileMemory;
-    use crate::crd::TrainingJobStatus;
     use crate::expectations::Kind;
     use crate::fixtures::job_yaml;
+    use crate::model::crd::TrainingJobStatus;
     use crate::writes::memory::WriteMemory;
     use kube::core::error_boundary::InvalidObject;
     use kube::runtime::reflector;

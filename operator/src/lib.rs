@@ -20,44 +20,27 @@
 //! through [`surface`]. Every other module is private and may change without notice.
 #![forbid(unsafe_code)]
 
-mod cached_pod;
-mod condition;
+mod build;
 mod config;
 mod controller;
-mod crd;
-mod crdgen;
 mod error;
-mod events;
 mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod job_memory;
 mod leader;
-mod ledger;
-mod liveness;
-mod lost_peer;
 mod metrics;
-mod nodes;
-mod ownership;
-mod placement;
+mod model;
 mod plan;
-mod pods;
-mod preemption;
 mod progress;
-mod pvc;
-mod reason;
-mod rejection;
-mod service;
 pub mod surface;
-mod trainer;
-mod validate;
 mod watchdog;
 mod writes;
 
 // What a process needs to run the operator: the binary, and the tests that run it in-process.
+pub use build::crdgen::crd_yaml;
 pub use config::{OperatorConfig, PriceEntry, ProgressChannel};
 pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, run};
-pub use crdgen::crd_yaml;
 pub use error::Error;
 pub use leader::LeaderElection;
 pub use progress::AudienceCheck;

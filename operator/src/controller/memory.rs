@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use kube::core::error_boundary::DeserializeGuard;
 
-use crate::crd::TrainingJob;
 use crate::job_memory::{LiveJobs, PerJob, lock};
 use crate::metrics::StateSizes;
+use crate::model::crd::TrainingJob;
 
 /// The reconciles' per-job maps.
 #[derive(Debug, Default)]

@@ -13,13 +13,13 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 
 use super::wiring::{SharedHeartbeats, heartbeats};
-use crate::cached_pod::CachedPod;
-use crate::crd::{MAX_WORKERS, TrainingJobStatus};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
-use crate::ownership::{self, ObjectKind};
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{MAX_WORKERS, TrainingJobStatus};
+use crate::model::ownership::{self, ObjectKind};
+use crate::model::validate::{ValidJob, pod_name};
 use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement, UnseenWrite};
-use crate::validate::{ValidJob, pod_name};
 
 /// The caches a reconcile reads, and the client for the one read they cannot serve.
 pub(super) struct Caches {
@@ -337,7 +337,7 @@ fn ranks_to_observe(workers: u32, current: &TrainingJobStatus) -> impl Iterator<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::WorkerStatus;
+    use crate::model::crd::WorkerStatus;
     use futures::FutureExt;
     use kube::runtime::{reflector, watcher};
     use std::time::Duration;

@@ -33,8 +33,8 @@ use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
 
 use super::triggers::JobRef;
-use crate::cached_pod::{CachedContainerStatus, CachedPod};
-use crate::crd::TrainingJob;
+use crate::model::cached_pod::{CachedContainerStatus, CachedPod};
+use crate::model::crd::TrainingJob;
 
 /// How long a routine pod change waits before it wakes its job: long enough to gather the
 /// changes of a job's pods that come together (a gang is bound and started together), short

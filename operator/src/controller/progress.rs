@@ -18,15 +18,15 @@ use tokio::task::JoinHandle;
 
 use super::triggers::JobRef;
 use super::{Context, ProgressServing};
-use crate::cached_pod::CachedPod;
-use crate::crd::TrainingJob;
 use crate::error::Error;
 use crate::metrics::{JobLabels, Metrics};
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::TrainingJob;
+use crate::model::validate::ValidJob;
 use crate::plan::{ObservedProgress, RankProgress};
 use crate::progress::auth::KubeTokenReviewer;
 use crate::progress::server::{self, ProgressServer, WorkerPods};
 use crate::progress::store::{JobProgress, ProgressStore};
-use crate::validate::ValidJob;
 use crate::writes::FIELD_MANAGER;
 
 /// Wakes queued by the endpoint before the controller takes them: beyond it a wake is

@@ -10,11 +10,11 @@ use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::controller::Action;
 
 use super::Context;
-use crate::crd::TrainingJob;
 use crate::error::Error;
 use crate::job_memory::error_key;
+use crate::model::crd::TrainingJob;
+use crate::model::validate::{InvalidSpec, ValidJob, validate};
 use crate::plan;
-use crate::validate::{InvalidSpec, ValidJob, validate};
 use crate::watchdog::{self, Watched};
 use crate::writes::status_cache::Known;
 use crate::writes::{Carried, Round};
@@ -120,7 +120,7 @@ async fn reconcile_inner(
     ctx.writes.parses_again(&uid);
     let known = ctx.writes.current(job);
     let checked = validate(job).and_then(|v| {
-        crate::validate::check_policy(&v.spec, &ctx.config.template_policy).map(|()| v)
+        crate::model::validate::check_policy(&v.spec, &ctx.config.template_policy).map(|()| v)
     });
     let valid = match checked {
         Ok(v) => {

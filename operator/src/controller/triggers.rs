@@ -14,10 +14,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::wiring::SharedHeartbeats;
-use crate::cached_pod::CachedPod;
-use crate::condition::{self, condition_is_true};
-use crate::crd::{LABEL_JOB, Phase, TrainingJob};
-use crate::ownership::ObjectKind;
+use crate::model::cached_pod::CachedPod;
+use crate::model::condition::{self, condition_is_true};
+use crate::model::crd::{LABEL_JOB, Phase, TrainingJob};
+use crate::model::ownership::ObjectKind;
 
 /// Tells that the watch of `what` failed: at warn, so that a watch the operator cannot keep
 /// (RBAC, the API server away) is seen at the default log level, except the routine expiry of
@@ -377,7 +377,7 @@ mod tests {
         serde_json::from_value(json!({
             "metadata": {"name": "n", "labels": labels},
             "status": {
-                "allocatable": {crate::crd::DEFAULT_GPU_RESOURCE: "8"},
+                "allocatable": {crate::model::crd::DEFAULT_GPU_RESOURCE: "8"},
                 "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": heartbeat}],
                 "images": [{"names": ["big/image:1"], "sizeBytes": 1}],
             }

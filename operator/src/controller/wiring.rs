@@ -25,13 +25,13 @@ use super::pod_wakes::{self, PodWake};
 use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
 use super::{Context, RunConfig};
-use crate::cached_pod::CachedPod;
-use crate::crd::{LABEL_JOB, TrainingJob};
 use crate::error::Error;
 use crate::expectations::{Expectations, Kind};
 use crate::job_memory::JobMemory;
-use crate::liveness::Heartbeats;
 use crate::metrics::Metrics;
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{LABEL_JOB, TrainingJob};
+use crate::model::liveness::Heartbeats;
 use crate::progress::store::ProgressStore;
 use crate::writes::memory::WriteMemory;
 use crate::writes::{self, EVENT_DRAIN, Writes};
@@ -597,7 +597,7 @@ mod tests {
         let mut n: Node = serde_json::from_value(json!({
             "metadata": {"name": "n"},
             "status": {
-                "allocatable": {crate::crd::DEFAULT_GPU_RESOURCE: "8"},
+                "allocatable": {crate::model::crd::DEFAULT_GPU_RESOURCE: "8"},
                 "images": [{"names": ["big/image:1"], "sizeBytes": 1}],
             }
         }))

@@ -24,13 +24,13 @@
 
 use super::round::Round;
 use super::view::View;
-use crate::condition::{self, condition_is_true};
 use crate::config::OperatorConfig;
-use crate::crd::{GoodputLedger, SpotFallback, SpotPolicy, TrainingJobStatus};
-use crate::events::JobEvent;
-use crate::ledger::micro_dollars_per_hour;
-use crate::placement::SpotHistory;
-use crate::reason;
+use crate::model::condition::{self, condition_is_true};
+use crate::model::crd::{GoodputLedger, SpotFallback, SpotPolicy, TrainingJobStatus};
+use crate::model::events::JobEvent;
+use crate::model::ledger::micro_dollars_per_hour;
+use crate::model::placement::SpotHistory;
+use crate::model::reason;
 
 /// What the cost rule finds when an attempt is placed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -217,7 +217,7 @@ fn seconds(millis: u64) -> String {
 mod tests {
     use super::*;
     use crate::config::PriceEntry;
-    use crate::crd::GpuMillis;
+    use crate::model::crd::GpuMillis;
 
     /// A ledger whose spot side holds `useful`, `lost` (to recompute) and `unknown` seconds
     /// of one GPU, with 30 s pending.

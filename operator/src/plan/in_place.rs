@@ -34,13 +34,13 @@ use jiff::{SignedDuration, Timestamp};
 use super::round::Round;
 use super::view::View;
 use super::{Action, JobEvent, Observed, is_finished, pod_name};
-use crate::cached_pod::CachedPod;
-use crate::crd::{LABEL_ATTEMPT, TrainingJobStatus};
-use crate::nodes;
-use crate::pods::{self, label_u32};
-use crate::preemption::{NodeView, WorkerState};
+use crate::build::pods::{self, label_u32};
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{LABEL_ATTEMPT, TrainingJobStatus};
+use crate::model::nodes;
+use crate::model::preemption::{NodeView, WorkerState};
+use crate::model::reason;
 use crate::progress::supervisors::{Directive, SupervisedState, SupervisorSeen};
-use crate::reason;
 use trainyard_api::ranks::RankSet;
 
 /// A supervisor that polled within this long is there (it polls every second while its
@@ -401,6 +401,11 @@ pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
 
 /// The trainer's environment a new pod of `rank` would get in the status' attempt.
 fn start_env(view: &View<'_>, st: &TrainingJobStatus, rank: u32) -> Vec<(String, String)> {
-    let pod = super::worker_pod(view, st, rank, &crate::placement::Placement::default());
+    let pod = super::worker_pod(
+        view,
+        st,
+        rank,
+        &crate::model::placement::Placement::default(),
+    );
     pods::literal_trainer_env(&pod, view.job.trainer_index)
 }

@@ -25,19 +25,19 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::cached_pod::CachedPod;
+use crate::model::cached_pod::CachedPod;
 
 use crate::config::OperatorConfig;
-use crate::crd::{JobCondition, LABEL_JOB_UID, Phase, RestartReason, TrainingJobStatus};
 pub use crate::expectations::Kind;
-use crate::liveness::Liveness;
-use crate::ownership::Foreign;
-use crate::preemption::NodeView;
-use crate::validate::{InvalidSpec, ValidJob};
+use crate::model::crd::{JobCondition, LABEL_JOB_UID, Phase, RestartReason, TrainingJobStatus};
+use crate::model::liveness::Liveness;
+use crate::model::ownership::Foreign;
+use crate::model::preemption::NodeView;
+use crate::model::validate::{InvalidSpec, ValidJob};
 
-use crate::condition::{self, condition_is_true, set_condition};
-use crate::events::JobEvent;
-use crate::reason;
+use crate::model::condition::{self, condition_is_true, set_condition};
+use crate::model::events::JobEvent;
+use crate::model::reason;
 
 mod attempt_start;
 mod cost_fallback;
@@ -76,7 +76,7 @@ pub struct Observed {
     /// (the caches hold neither other jobs' pods nor requests); None otherwise.
     pub gpus_in_use: Option<std::collections::BTreeMap<String, u64>>,
     /// Objects that hold one of the job's names (a pod's, the Service's, the created PVC's)
-    /// but are not the job's ([`crate::ownership::foreign`]).
+    /// but are not the job's ([`crate::model::ownership::foreign`]).
     pub foreign: Vec<Foreign>,
     /// Every node.
     pub nodes: Vec<Arc<Node>>,
@@ -95,8 +95,8 @@ pub struct Observed {
     pub told_attempt: Option<u32>,
     /// What this replica's last round that wrote to the job's objects came to, while it is
     /// news: writes the API server rejected for good, or an accepted write while the job shows
-    /// a rejection. The round shows it (`WriteRejected`, [`crate::rejection::after_writes`]).
-    pub last_writes: Option<crate::rejection::Writes>,
+    /// a rejection. The round shows it (`WriteRejected`, [`crate::model::rejection::after_writes`]).
+    pub last_writes: Option<crate::model::rejection::Writes>,
     /// Writes this operator sent to the job's objects that the caches do not show yet
     /// ([`crate::expectations`]): the round holds back any action on those objects.
     pub unseen_writes: Vec<UnseenWrite>,
@@ -139,7 +139,7 @@ pub struct ObservedClaim {
 
 impl ObservedClaim {
     /// The claim `meta` describes, as the job `job` sees it. A claim the operator creates
-    /// carries the uid of the job that created it ([`crate::pvc::desired_pvc`]): any other
+    /// carries the uid of the job that created it ([`crate::build::pvc::desired_pvc`]): any other
     /// (another uid, or none) was there before this job, and so is every `existingClaim`.
     pub fn of(meta: &ObjectMeta, job: &ValidJob) -> Self {
         let created_by_job = meta
@@ -180,7 +180,7 @@ pub struct ObservedProgress {
     /// coming until then say nothing of the ranks that sent them.
     pub channel_refused_at: Option<Timestamp>,
     /// The longest gap between two reports of one rank in this attempt, once a rank reported
-    /// twice: a rank is quiet only relative to it ([`crate::liveness::quiet_after`]).
+    /// twice: a rank is quiet only relative to it ([`crate::model::liveness::quiet_after`]).
     pub report_cadence: Option<SignedDuration>,
 }
 
@@ -535,19 +535,19 @@ fn worker_pod(
     view: &View<'_>,
     st: &TrainingJobStatus,
     rank: u32,
-    placement: &crate::placement::Placement,
+    placement: &crate::model::placement::Placement,
 ) -> Pod {
-    let start = crate::pods::AttemptStart::of(
+    let start = crate::build::pods::AttemptStart::of(
         st.attempt,
         st.last_restart.as_ref().map(|l| l.reason),
         view.observed.claim.as_ref().is_some_and(|c| c.inherited),
     );
-    let seat = crate::pods::Seat {
+    let seat = crate::build::pods::Seat {
         rank,
         attempt: st.attempt,
         workers: view::attempt_workers(view.job, st),
     };
-    crate::pods::desired_pod(
+    crate::build::pods::desired_pod(
         view.job,
         seat,
         start,
@@ -572,7 +572,7 @@ fn is_finished(pod: &CachedPod) -> bool {
     if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
         return true;
     }
-    let terminated = |c: &crate::cached_pod::CachedContainerStatus| {
+    let terminated = |c: &crate::model::cached_pod::CachedContainerStatus| {
         c.state.as_ref().is_some_and(|s| s.terminated.is_some())
     };
     let statuses = status.container_statuses.as_deref().unwrap_or_default();

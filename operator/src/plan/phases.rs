@@ -14,13 +14,14 @@ use super::{
     Action, CLUSTER_WAIT_RECHECK, Flow, JobEvent, condition, condition_is_true, failure_backoff,
 };
 use super::{attempt_start, cost_fallback, in_place};
-use crate::cached_pod::CachedPod;
-use crate::crd::{LastRestart, Phase, RestartReason};
-use crate::placement::{self, Placement};
-use crate::preemption::WorkerState;
-use crate::reason;
-use crate::validate::InvalidSpec;
-use crate::{nodes, pvc, service};
+use crate::build::{pvc, service};
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{LastRestart, Phase, RestartReason};
+use crate::model::nodes;
+use crate::model::placement::{self, Placement};
+use crate::model::preemption::WorkerState;
+use crate::model::reason;
+use crate::model::validate::InvalidSpec;
 
 pub(super) mod elastic;
 mod progress;

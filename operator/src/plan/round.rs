@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::cached_pod::CachedPod;
+use crate::model::cached_pod::CachedPod;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -12,15 +12,15 @@ use super::{
     Action, JobEvent, PhaseName, Plan, condition, condition_is_true, is_finished, pod_name,
     set_condition, write_invalid_spec,
 };
-use crate::crd::{
+use crate::model::crd::{
     MAX_REASON_CHARS, MAX_WORKER_ENTRIES, Phase, RestartReason, TrainingJobStatus, WorkerStatus,
     WorkerSummary,
 };
-use crate::nodes;
-use crate::placement::Placement;
-use crate::preemption::{WorkerPhase, WorkerState, min_time};
-use crate::reason;
-use crate::validate::InvalidSpec;
+use crate::model::nodes;
+use crate::model::placement::Placement;
+use crate::model::preemption::{WorkerPhase, WorkerState, min_time};
+use crate::model::reason;
+use crate::model::validate::InvalidSpec;
 use trainyard_api::ranks::RankSet;
 
 /// What the phases of one round have decided so far.
@@ -51,7 +51,7 @@ pub(crate) struct Round {
     pub placement: Option<Placement>,
     /// The kept pods start the attempt in place in this round ([`super::in_place::start`]).
     pub start_in_place: bool,
-    /// A failure's verdict is held in this round ([`crate::lost_peer`]): nothing is decided
+    /// A failure's verdict is held in this round ([`crate::model::lost_peer`]): nothing is decided
     /// about the attempt yet, so a running job stays `Running`.
     pub verdict_held: bool,
 }
@@ -95,7 +95,7 @@ impl Round {
         ));
         if let Some(writes) = &view.observed.last_writes {
             let (st, shown) =
-                crate::rejection::after_writes(&self.st, writes, view.generation, view.now);
+                crate::model::rejection::after_writes(&self.st, writes, view.generation, view.now);
             self.st = st;
             self.events.extend(shown);
         }
@@ -325,7 +325,7 @@ fn compact_workers(
         };
         *count = count.saturating_add(1);
         if let Some(reason) = &mut w.reason {
-            *reason = crate::condition::cut_to_chars(reason, MAX_REASON_CHARS);
+            *reason = crate::model::condition::cut_to_chars(reason, MAX_REASON_CHARS);
         }
     }
     summary.seen_ranks = seen.to_string();

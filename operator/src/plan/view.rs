@@ -4,17 +4,17 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::cached_pod::CachedPod;
+use crate::model::cached_pod::CachedPod;
 use jiff::Timestamp;
 
 use super::Observed;
+use crate::build::pods::label_u32;
 use crate::config::OperatorConfig;
-use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus};
-use crate::liveness::{self, Reports, Silence};
-use crate::lost_peer;
-use crate::pods::label_u32;
-use crate::preemption::{self, ClassifierConfig, WorkerState, min_time};
-use crate::validate::ValidJob;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus};
+use crate::model::liveness::{self, Reports, Silence};
+use crate::model::lost_peer;
+use crate::model::preemption::{self, ClassifierConfig, WorkerState, min_time};
+use crate::model::validate::ValidJob;
 use trainyard_api::ranks::RankSet;
 
 /// The inputs of one decision.

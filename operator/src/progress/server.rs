@@ -38,10 +38,10 @@ use trainyard_listen::HttpLimits;
 use super::auth::{AuthError, Identity, TokenReviewer};
 use super::store::{ProgressStore, Report};
 use super::supervisors::{self, Order, Poll, SupervisedState};
-use crate::cached_pod::CachedPod;
-use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
 use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
 
 /// The path reports are posted to.
 pub const PATH: &str = "/v1/progress";

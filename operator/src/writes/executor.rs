@@ -42,16 +42,16 @@ use tokio::sync::mpsc;
 use super::FIELD_MANAGER;
 use super::memory::WriteMemory;
 use super::publisher::EventBatch;
-use crate::condition::{self, condition_is_true};
-use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
-use crate::events::JobEvent;
 use crate::expectations::Expectations;
 use crate::job_memory::Sweep;
 use crate::metrics::{Metrics, RestartLabels};
+use crate::model::condition::{self, condition_is_true};
+use crate::model::crd::{RestartReason, TrainingJob, TrainingJobStatus};
+use crate::model::events::JobEvent;
+use crate::model::rejection::{self, Writes};
 use crate::plan::{self, Action as PlanAction};
 use crate::progress::ProgressStore;
-use crate::rejection::{self, Writes};
 use crate::watchdog;
 
 /// Writes what reconciles decide, in the order above, and queues their Events.
@@ -393,7 +393,7 @@ impl Executor {
 /// would take over a user's Service and give it an owner reference through which the garbage
 /// collector deletes it with the job; a pod must never be mutated into a new attempt. An
 /// AlreadyExists means an earlier round created it, or that it is someone else's, which the
-/// caches then show ([`crate::ownership`]).
+/// caches then show ([`crate::model::ownership`]).
 async fn create<K>(client: Client, ns: &str, object: K) -> Result<bool, Error>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -495,7 +495,7 @@ async fn relabel_pod(
 ) -> Result<bool, Error> {
     let patch = json!({"metadata": {
         "uid": uid,
-        "labels": {crate::crd::LABEL_ATTEMPT: attempt.to_string()},
+        "labels": {crate::model::crd::LABEL_ATTEMPT: attempt.to_string()},
     }});
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -987,7 +987,7 @@ mod tests {
         };
         // A transition recorded, nothing else: routine.
         let mut status_only = round(Vec::new());
-        status_only.status.phase = Some(crate::crd::Phase::Running);
+        status_only.status.phase = Some(crate::model::crd::Phase::Running);
         let carried = writes.carry_out(&job, decided(status_only.clone())).await;
         assert_eq!(carried.expect("round"), Carried::Parked);
         assert_eq!(

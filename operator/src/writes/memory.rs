@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::status_cache::StatusCache;
 use crate::job_memory::{LiveJobs, PerJob, lock};
 use crate::metrics::StateSizes;
-use crate::rejection::Writes;
+use crate::model::rejection::Writes;
 
 /// The write path's per-job maps.
 #[derive(Debug, Default)]

@@ -25,12 +25,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource};
 use tokio::task::JoinHandle;
 
-use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
-use crate::events::JobEvent;
 use crate::expectations::Expectations;
 use crate::job_memory::Sweep;
 use crate::metrics::Metrics;
+use crate::model::crd::{TrainingJob, TrainingJobStatus};
+use crate::model::events::JobEvent;
 use crate::plan::Plan;
 use memory::WriteMemory;
 
@@ -167,7 +167,7 @@ impl Writes {
     }
 
     /// What the last round that wrote to the job `uid`'s objects came to, while it is news.
-    pub(crate) fn last_writes(&self, uid: &str) -> Option<crate::rejection::Writes> {
+    pub(crate) fn last_writes(&self, uid: &str) -> Option<crate::model::rejection::Writes> {
         self.memory.last_writes(uid)
     }
 

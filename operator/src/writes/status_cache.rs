@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::status_write::{DetailBatch, StatusWrite, status_write};
-use crate::crd::{TrainingJob, TrainingJobStatus};
+use crate::model::crd::{TrainingJob, TrainingJobStatus};
 
 /// How long per-worker status detail may wait to be written with other changes
 /// ([`status_write`]).
@@ -211,8 +211,8 @@ impl StatusCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::WorkerStatus;
     use crate::fixtures::job_yaml;
+    use crate::model::crd::WorkerStatus;
 
     fn with_worker(status: &TrainingJobStatus, phase: &str) -> TrainingJobStatus {
         TrainingJobStatus {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::crd::{Phase, TrainingJobStatus};
+use crate::model::crd::{Phase, TrainingJobStatus};
 
 /// How long per-worker detail may wait to be written with other changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +91,7 @@ pub fn status_write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{Phase, TrainingJobStatus, WorkerStatus};
+    use crate::model::crd::{Phase, TrainingJobStatus, WorkerStatus};
 
     const RUNNING: Duration = Duration::from_secs(3);
     const BEFORE: Duration = Duration::from_secs(300);

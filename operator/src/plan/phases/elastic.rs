@@ -26,11 +26,11 @@ use super::super::round::Round;
 use super::super::view::View;
 use super::super::{Flow, JobEvent, condition, cost_fallback};
 use super::restart;
-use crate::crd::{Phase, RestartReason};
-use crate::nodes;
-use crate::placement;
-use crate::preemption::WorkerState;
-use crate::reason;
+use crate::model::crd::{Phase, RestartReason};
+use crate::model::nodes;
+use crate::model::placement;
+use crate::model::preemption::WorkerState;
+use crate::model::reason;
 use trainyard_api::ranks::RankSet;
 
 /// How often a shrunk gang looks for room again (and a grow's checkpoint is looked for).
@@ -293,8 +293,8 @@ pub(super) fn shrunk_condition(view: &View<'_>, round: &mut Round, size: u32, de
 /// shrunk, as the placement of its next attempt would see them (its spot mode, no node with a
 /// termination notice, none whose kubelet went silent). Empty for every other job.
 pub fn nodes_to_weigh(
-    job: &crate::validate::ValidJob,
-    status: &crate::crd::TrainingJobStatus,
+    job: &crate::model::validate::ValidJob,
+    status: &crate::model::crd::TrainingJobStatus,
     all: &[&Node],
     silent: &[String],
     config: &crate::config::OperatorConfig,

@@ -3,19 +3,19 @@
 
 use std::sync::Arc;
 
-use crate::cached_pod::CachedPod;
+use crate::model::cached_pod::CachedPod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::super::round::Round;
 use super::super::view::View;
 use super::super::{Flow, JobEvent, attempt_start, condition, failure_backoff, in_place};
-use crate::crd::{LastRestart, MAX_MESSAGE_CHARS, Phase, RestartReason};
-use crate::liveness::SinceFailure;
-use crate::lost_peer::{self, Judging, SilentPeer, Verdict};
-use crate::nodes;
-use crate::placement;
-use crate::preemption::{NodeView, WorkerState};
-use crate::reason;
+use crate::model::crd::{LastRestart, MAX_MESSAGE_CHARS, Phase, RestartReason};
+use crate::model::liveness::SinceFailure;
+use crate::model::lost_peer::{self, Judging, SilentPeer, Verdict};
+use crate::model::nodes;
+use crate::model::placement;
+use crate::model::preemption::{NodeView, WorkerState};
+use crate::model::reason;
 
 pub(super) fn attempt_limit_message(detail: &str) -> String {
     format!(
@@ -229,7 +229,7 @@ fn restart(
     st.last_restart = Some(LastRestart {
         time: Time(now),
         reason,
-        detail: crate::condition::cut_to_chars(detail, MAX_MESSAGE_CHARS),
+        detail: crate::model::condition::cut_to_chars(detail, MAX_MESSAGE_CHARS),
         in_place_ranks: kept.to_string(),
     });
     let message = format!("attempt {next} after {}: {detail}", reason.as_str());

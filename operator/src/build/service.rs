@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::crd::LABEL_JOB;
-use crate::pods::MASTER_PORT;
-use crate::validate::ValidJob;
+use crate::build::pods::MASTER_PORT;
+use crate::model::crd::LABEL_JOB;
+use crate::model::validate::ValidJob;
 
 /// The Service of a job.
 pub fn desired_service(job: &ValidJob) -> Service {
@@ -42,7 +42,7 @@ pub fn desired_service(job: &ValidJob) -> Service {
 mod tests {
     use super::*;
     use crate::fixtures::job_yaml;
-    use crate::validate::validate;
+    use crate::model::validate::validate;
 
     #[test]
     fn service_is_headless_selects_the_job_and_publishes_not_ready() {

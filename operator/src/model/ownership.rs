@@ -11,8 +11,8 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::crd::LABEL_JOB;
-use crate::validate::ValidJob;
+use crate::model::crd::LABEL_JOB;
+use crate::model::validate::ValidJob;
 
 /// The kinds of object a job's names are given to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,7 +132,7 @@ pub fn present(
 mod tests {
     use super::*;
     use crate::fixtures::job_yaml;
-    use crate::validate::validate;
+    use crate::model::validate::validate;
     use serde_json::json;
 
     fn meta(value: serde_json::Value) -> ObjectMeta {

@@ -9,10 +9,10 @@ use std::ops::ControlFlow;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 
-use crate::cached_pod::{CachedContainerStatus, CachedPod, CachedPodStatus};
+use crate::model::cached_pod::{CachedContainerStatus, CachedPod, CachedPodStatus};
 
-use crate::nodes::{self, Readiness};
-use crate::trainer::trainer_container;
+use crate::model::nodes::{self, Readiness};
+use crate::model::trainer::trainer_container;
 
 /// `status.reason` values with which the kubelet or control plane ends a pod it took away:
 /// 1.20-era (Evicted, NodeLost, Shutdown, Terminated) and newer (NodeShutdown, Preempting).
@@ -60,7 +60,7 @@ pub struct ClassifierConfig {
     pub node_not_ready_timeout: SignedDuration,
     /// A container waiting for longer than this has failed.
     pub container_waiting_timeout: SignedDuration,
-    /// How long a failure is held while a peer's node may be lost ([`crate::lost_peer`]).
+    /// How long a failure is held while a peer's node may be lost ([`crate::model::lost_peer`]).
     pub lost_peer_window: SignedDuration,
 }
 

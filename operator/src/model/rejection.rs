@@ -11,10 +11,10 @@
 
 use jiff::Timestamp;
 
-use crate::condition::{self, condition_is_true, set_condition};
-use crate::crd::TrainingJobStatus;
-use crate::events::JobEvent;
-use crate::reason;
+use crate::model::condition::{self, condition_is_true, set_condition};
+use crate::model::crd::TrainingJobStatus;
+use crate::model::events::JobEvent;
+use crate::model::reason;
 
 /// The longest server message kept in the condition (the Event note is cut at 1 kB anyway).
 const MAX_MESSAGE: usize = 1024;
@@ -147,8 +147,8 @@ pub fn after_writes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::EventKind;
     use crate::fixtures::ts;
+    use crate::model::events::EventKind;
     use serde_json::json;
 
     const T0: &str = "2026-01-01T00:00:00Z";
@@ -212,7 +212,7 @@ mod tests {
         assert!(r.message.ends_with(" ..."));
     }
 
-    fn write_rejected(st: &TrainingJobStatus) -> Option<&crate::crd::JobCondition> {
+    fn write_rejected(st: &TrainingJobStatus) -> Option<&crate::model::crd::JobCondition> {
         st.conditions
             .iter()
             .find(|c| c.type_ == condition::WRITE_REJECTED)

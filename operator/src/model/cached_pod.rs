@@ -299,9 +299,9 @@ impl From<&Pod> for CachedPod {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{DEFAULT_GPU_RESOURCE, LABEL_JOB};
-    use crate::preemption::{ClassifierConfig, NodeView, classify};
-    use crate::trainer::trainer_container;
+    use crate::model::crd::{DEFAULT_GPU_RESOURCE, LABEL_JOB};
+    use crate::model::preemption::{ClassifierConfig, NodeView, classify};
+    use crate::model::trainer::trainer_container;
     use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
     use trainyard_api::env::WORLD_SIZE;

@@ -13,11 +13,11 @@ use k8s_openapi::api::core::v1::{
     PreferredSchedulingTerm, Toleration,
 };
 
-use crate::cached_pod::NODE_NAME_FIELD;
 use crate::config::OperatorConfig;
-use crate::crd::{GpuSelection, SelectedGpu, SpotFallback, SpotPolicy};
-use crate::nodes;
-use crate::validate::ValidJob;
+use crate::model::cached_pod::NODE_NAME_FIELD;
+use crate::model::crd::{GpuSelection, SelectedGpu, SpotFallback, SpotPolicy};
+use crate::model::nodes;
+use crate::model::validate::ValidJob;
 use trainyard_api::Version;
 
 /// Where the job's pods go.
@@ -627,11 +627,11 @@ fn selected_gpu(
 mod tests {
     use super::*;
     use crate::fixtures::{job_yaml, node};
-    use crate::nodes::{
+    use crate::model::nodes::{
         LABEL_COMPUTE_MAJOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_MEMORY,
         LABEL_GPU_PRODUCT,
     };
-    use crate::validate::validate;
+    use crate::model::validate::validate;
     use trainyard_api::spot::{
         AKS_SCALESET_PRIORITY, EKS_CAPACITY_TYPE, GKE_SPOT, KARPENTER_CAPACITY_TYPE,
     };

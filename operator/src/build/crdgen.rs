@@ -3,7 +3,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::crd::TrainingJob;
+use crate::model::crd::TrainingJob;
 
 /// The command that regenerates the committed CRD.
 pub const REGENERATE: &str = "cargo run -p trainyard-operator -- crd > crds/trainingjob.yaml";

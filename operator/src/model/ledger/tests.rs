@@ -2,7 +2,7 @@
 //! $0.12 per GPU-hour on spot (120,000 µ$) and $0.36 on demand (× 3: 360,000 µ$).
 
 use super::*;
-use crate::crd::{GoodputLedger, LedgerStretch, MAX_LEDGER};
+use crate::model::crd::{GoodputLedger, LedgerStretch, MAX_LEDGER};
 
 const T4: &str = "Tesla-T4";
 

@@ -7,13 +7,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 
 use crate::config::TemplatePolicy;
-use crate::crd::{
+use crate::model::crd::{
     AccessMode, ElasticSpec, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER,
     MAX_GRACE_SECONDS, MAX_MIN_MEMORY_GIB, MAX_PROGRESS_TIMEOUT_SECONDS,
     MAX_REPLACEMENT_WAIT_SECONDS, MAX_RESTARTS, MAX_WORKERS, MIN_PROGRESS_TIMEOUT_SECONDS,
     TrainingJob, TrainingJobSpec,
 };
-use crate::trainer;
+use crate::model::trainer;
 use trainyard_api::Version;
 
 /// Why a TrainingJob cannot run as written (shown in its InvalidSpec condition).

@@ -12,9 +12,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::config::ProgressChannel;
-use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_JOB_UID, LABEL_RANK, RestartReason};
-use crate::placement::Placement;
-use crate::validate::ValidJob;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_JOB_UID, LABEL_RANK, RestartReason};
+use crate::model::placement::Placement;
+use crate::model::validate::ValidJob;
 use trainyard_api::env;
 
 /// Port of the torch.distributed rendezvous on worker 0.
@@ -446,11 +446,11 @@ pub(crate) fn label_u32(pod: &impl kube::Resource, key: &str) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::config::OperatorConfig;
-    use crate::crd::DEFAULT_GPU_RESOURCE;
     use crate::fixtures::{job_yaml, node};
-    use crate::nodes::LABEL_GPU_PRODUCT;
-    use crate::placement::place;
-    use crate::validate::validate;
+    use crate::model::crd::DEFAULT_GPU_RESOURCE;
+    use crate::model::nodes::LABEL_GPU_PRODUCT;
+    use crate::model::placement::place;
+    use crate::model::validate::validate;
 
     fn env_of(pod: &Pod) -> BTreeMap<String, String> {
         pod.spec.as_ref().expect("spec").containers[0]

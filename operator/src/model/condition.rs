@@ -3,7 +3,7 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::crd::{JobCondition, MAX_MESSAGE_CHARS};
+use crate::model::crd::{JobCondition, MAX_MESSAGE_CHARS};
 
 /// Every worker runs.
 pub const RUNNING: &str = "Running";
@@ -17,9 +17,9 @@ pub const FAILED: &str = "Failed";
 pub const UNSCHEDULABLE: &str = "Unschedulable";
 /// The spec cannot run as written.
 pub const INVALID_SPEC: &str = "InvalidSpec";
-/// The API server rejected a write the job needs (see [`crate::rejection`]).
+/// The API server rejected a write the job needs (see [`crate::model::rejection`]).
 pub const WRITE_REJECTED: &str = "WriteRejected";
-/// An object holding one of the job's names is not the job's (see [`crate::ownership`]).
+/// An object holding one of the job's names is not the job's (see [`crate::model::ownership`]).
 pub const NAME_CONFLICT: &str = "NameConflict";
 /// The trainers' progress reports arrive (False: they stopped while every worker runs).
 pub const PROGRESS_CHANNEL: &str = "ProgressChannel";

@@ -10,7 +10,7 @@
 //! peers*: ranks of the same attempt whose pods still appear to run on a node.
 //! 1. If a silent peer's node is lost (the Node is gone, NotReady, tainted
 //!    `node.kubernetes.io/unreachable` or with a termination taint of the config, or its
-//!    kubelet is silent by the [`crate::liveness`] rule), the round is a **preemption** caused
+//!    kubelet is silent by the [`crate::model::liveness`] rule), the round is a **preemption** caused
 //!    by that node.
 //! 2. If every silent peer's trainer reported progress after the failure (by more than the
 //!    liveness margin), or its node was seen renewing its Lease after the failure (by more
@@ -23,19 +23,19 @@
 //!    becomes true, for at most `lostPeerWindowSeconds` after the failure; then a failure.
 //!
 //! The failure's time is the failed trainer's `finishedAt`, stamped by its node's kubelet and
-//! put on the operator's clock through that node's Lease ([`crate::liveness`]), so the window
+//! put on the operator's clock through that node's Lease ([`crate::model::liveness`]), so the window
 //! does not move while it is held and no clock skew decides it. A Lease that is late but
 //! within the measured margin proves nothing either way: the verdict waits for the renewal
 //! (a failure) or for the silence (a preemption).
 
-use crate::cached_pod::CachedPod;
+use crate::model::cached_pod::CachedPod;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 
-use crate::liveness::SinceFailure;
-use crate::nodes::{self, Readiness};
-use crate::preemption::NodeView;
-use crate::trainer::trainer_container;
+use crate::model::liveness::SinceFailure;
+use crate::model::nodes::{self, Readiness};
+use crate::model::preemption::NodeView;
+use crate::model::trainer::trainer_container;
 
 /// The taint the node lifecycle controller puts on a node it cannot reach.
 pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
@@ -50,7 +50,7 @@ pub struct SilentPeer<'a> {
     pub rank: u32,
     /// Its node as the cache sees it.
     pub node: NodeView<'a>,
-    /// What its node's Lease says since the failure ([`crate::liveness::Liveness::since_failure`]).
+    /// What its node's Lease says since the failure ([`crate::model::liveness::Liveness::since_failure`]).
     pub lease: SinceFailure,
     /// A failed rank ran on the same node: its kubelet reported that failure, so the node
     /// was alive after it.
@@ -106,7 +106,7 @@ pub fn judge(peers: &[SilentPeer<'_>], judging: &Judging<'_>) -> Verdict {
             NodeState::Alive => {}
             NodeState::Unknown(at) => {
                 all_alive = false;
-                recheck = crate::preemption::min_time(recheck, at);
+                recheck = crate::model::preemption::min_time(recheck, at);
             }
         }
     }

@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::crd::{LABEL_JOB, LABEL_JOB_UID};
-use crate::validate::ValidJob;
+use crate::model::crd::{LABEL_JOB, LABEL_JOB_UID};
+use crate::model::validate::ValidJob;
 
 /// The PVC to create, or None when the job mounts an existing claim.
 pub fn desired_pvc(job: &ValidJob) -> Option<PersistentVolumeClaim> {
@@ -49,7 +49,7 @@ pub fn desired_pvc(job: &ValidJob) -> Option<PersistentVolumeClaim> {
 mod tests {
     use super::*;
     use crate::fixtures::job_yaml;
-    use crate::validate::validate;
+    use crate::model::validate::validate;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn pvc(yaml: &str) -> Option<PersistentVolumeClaim> {

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::Container;
 
-use crate::cached_pod::CachedPod;
+use crate::model::cached_pod::CachedPod;
 
 /// The position of the trainer among a pod's containers (`None` when there are none).
 pub fn trainer_index(containers: &[Container]) -> Option<usize> {

@@ -6,7 +6,7 @@
 //! `Running` until the attempt ends, `Restarting` from a gang restart's decision to the next
 //! attempt running. When a stretch ends, [`end`] or [`running`] adds its wall time × the
 //! attempt's GPUs to the buckets of [`GpuMillis`], split by capacity type, and its price to
-//! [`LedgerCost`](crate::crd::LedgerCost). The ledger is folded from the status (the open
+//! [`LedgerCost`](crate::model::crd::LedgerCost). The ledger is folded from the status (the open
 //! stretch, its start, its GPUs) and what the round that ends it observes, never from pods
 //! that are gone: the status is the record, so an operator restart or a leader change
 //! mid-attempt loses nothing.
@@ -19,7 +19,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::OperatorConfig;
-use crate::crd::{
+use crate::model::crd::{
     ElasticLedger, GoodputLedger, GpuMillis, LedgerStretch, MAX_LEDGER, RestartReason, SizeMillis,
     StretchUse,
 };
