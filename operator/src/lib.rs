@@ -22,17 +22,15 @@
 
 mod build;
 mod config;
-mod controller;
 mod error;
-mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
-mod job_memory;
-mod leader;
 mod metrics;
 mod model;
 mod plan;
 mod progress;
+mod runtime;
+mod state;
 pub mod surface;
 mod watchdog;
 mod writes;
@@ -40,8 +38,8 @@ mod writes;
 // What a process needs to run the operator: the binary, and the tests that run it in-process.
 pub use build::crdgen::crd_yaml;
 pub use config::{OperatorConfig, PriceEntry, ProgressChannel};
-pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, run};
 pub use error::Error;
-pub use leader::LeaderElection;
 pub use progress::AudienceCheck;
+pub use runtime::leader::LeaderElection;
+pub use runtime::{DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, run};
 pub use trainyard_listen::HttpLimits;

@@ -11,7 +11,6 @@ pub use crate::build::crdgen::crd;
 pub use crate::build::pods::{AttemptStart, Seat, desired_pod};
 pub use crate::build::service::desired_service;
 pub use crate::config::OperatorConfig;
-pub use crate::controller::CRD_NAME;
 pub use crate::metrics::Metrics;
 pub use crate::model::crd::{
     JobCondition, LABEL_ATTEMPT, LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobSpec,
@@ -20,6 +19,7 @@ pub use crate::model::crd::{
 pub use crate::model::events::attempt_event_name;
 pub use crate::model::placement::{Placement, place};
 pub use crate::model::validate::{InvalidSpec, ValidJob, pod_name, validate};
+pub use crate::runtime::CRD_NAME;
 pub use crate::writes::{FIELD_MANAGER, apply_status};
 
 /// The progress endpoint: its router on a listener ([`serve`](progress::serve)), what it

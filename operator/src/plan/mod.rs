@@ -28,12 +28,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use crate::model::cached_pod::CachedPod;
 
 use crate::config::OperatorConfig;
-pub use crate::expectations::Kind;
 use crate::model::crd::{JobCondition, LABEL_JOB_UID, Phase, RestartReason, TrainingJobStatus};
 use crate::model::liveness::Liveness;
 use crate::model::ownership::Foreign;
 use crate::model::preemption::NodeView;
 use crate::model::validate::{InvalidSpec, ValidJob};
+pub use crate::state::expectations::Kind;
 
 use crate::model::condition::{self, condition_is_true, set_condition};
 use crate::model::events::JobEvent;
@@ -98,7 +98,7 @@ pub struct Observed {
     /// a rejection. The round shows it (`WriteRejected`, [`crate::model::rejection::after_writes`]).
     pub last_writes: Option<crate::model::rejection::Writes>,
     /// Writes this operator sent to the job's objects that the caches do not show yet
-    /// ([`crate::expectations`]): the round holds back any action on those objects.
+    /// ([`crate::state::expectations`]): the round holds back any action on those objects.
     pub unseen_writes: Vec<UnseenWrite>,
     /// What the supervisors of the job's workers last said (`spec.restartPolicy.inPlace`).
     pub supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,

@@ -40,11 +40,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::FIELD_MANAGER;
-use super::memory::WriteMemory;
 use super::publisher::EventBatch;
 use crate::error::Error;
-use crate::expectations::Expectations;
-use crate::job_memory::Sweep;
 use crate::metrics::{Metrics, RestartLabels};
 use crate::model::condition::{self, condition_is_true};
 use crate::model::crd::{RestartReason, TrainingJob, TrainingJobStatus};
@@ -52,6 +49,9 @@ use crate::model::events::JobEvent;
 use crate::model::rejection::{self, Writes};
 use crate::plan::{self, Action as PlanAction};
 use crate::progress::ProgressStore;
+use crate::state::expectations::Expectations;
+use crate::state::job_memory::Sweep;
+use crate::state::write_memory::WriteMemory;
 use crate::watchdog;
 
 /// Writes what reconciles decide, in the order above, and queues their Events.
@@ -547,8 +547,8 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::expectations::Kind;
     use crate::fixtures::job_yaml;
+    use crate::state::expectations::Kind;
     use std::time::Duration;
 
     /// One request as the API server would see it.
@@ -647,7 +647,8 @@ mod tests {
                 events_tx,
                 metrics,
                 Arc::new(WriteMemory::default()),
-                Arc::new(crate::job_memory::JobMemory::new(Vec::new())).sweep(reflector::store().0),
+                Arc::new(crate::state::job_memory::JobMemory::new(Vec::new()))
+                    .sweep(reflector::store().0),
                 Arc::new(ProgressStore::default()),
             );
             Self {
@@ -977,7 +978,7 @@ mod tests {
         let other = job_ref(&job_yaml("workers: 1\n"));
         let taken = routine.take_or_park(&other).expect("the one routine slot");
         let decided = |plan: plan::Plan| Round {
-            known: crate::writes::status_cache::Known {
+            known: crate::state::status_cache::Known {
                 written: TrainingJobStatus::default(),
                 current: TrainingJobStatus::default(),
                 detail_waiting: None,

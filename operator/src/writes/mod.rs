@@ -4,7 +4,7 @@
 //! The controller observes and decides ([`crate::plan::decide`]) and hands the decision here as
 //! a [`Round`], which is carried out as decided, in the reconcile that decided it:
 //!
-//! - `status_cache` and `status_write`: whether the decided status is written now, later (the
+//! - `state::status_cache` and `state::status_write`: whether the decided status is written now, later (the
 //!   per-worker detail waits for its batch) or not at all;
 //! - `routine`: a round that writes status alone takes a routine slot first, or parks its job
 //!   and sends nothing (the job is decided afresh once it is woken); every other round is
@@ -18,41 +18,35 @@ use std::time::Duration;
 
 use futures::Stream;
 use jiff::Timestamp;
-use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource};
 use tokio::task::JoinHandle;
 
 use crate::error::Error;
-use crate::expectations::Expectations;
-use crate::job_memory::Sweep;
 use crate::metrics::Metrics;
 use crate::model::crd::{TrainingJob, TrainingJobStatus};
 use crate::model::events::JobEvent;
 use crate::plan::Plan;
-use memory::WriteMemory;
+use crate::state::JobRef;
+use crate::state::expectations::Expectations;
+use crate::state::job_memory::Sweep;
+use crate::state::write_memory::WriteMemory;
 
 mod executor;
-pub(crate) mod memory;
 mod publisher;
 mod routine;
-pub(crate) mod status_cache;
-pub mod status_write;
 
+use crate::state::status_cache::Known;
 use executor::Executor;
 pub use executor::apply_status;
 pub(crate) use publisher::EVENT_DRAIN;
 use routine::RoutineSlots;
 pub(crate) use routine::routine_share;
-use status_cache::Known;
 
 /// The one field manager for everything the operator writes.
 pub const FIELD_MANAGER: &str = "trainyard-operator";
-
-/// A job to reconcile.
-pub(crate) type JobRef = ObjectRef<DeserializeGuard<TrainingJob>>;
 
 /// One decided round of one job: what [`Writes::carry_out`] takes.
 pub(crate) struct Round {

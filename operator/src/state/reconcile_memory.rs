@@ -1,15 +1,15 @@
 //! What reconciles remember of each job between them: the error backoff, and the object last
 //! seen valid (a job edited into an invalid spec runs on as it). Forgotten with the job
-//! ([`crate::job_memory`]).
+//! ([`crate::state::job_memory`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kube::core::error_boundary::DeserializeGuard;
 
-use crate::job_memory::{LiveJobs, PerJob, lock};
 use crate::metrics::StateSizes;
 use crate::model::crd::TrainingJob;
+use crate::state::job_memory::{LiveJobs, PerJob, lock};
 
 /// The reconciles' per-job maps.
 #[derive(Debug, Default)]

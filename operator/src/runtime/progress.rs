@@ -16,7 +16,6 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::triggers::JobRef;
 use super::{Context, ProgressServing};
 use crate::error::Error;
 use crate::metrics::{JobLabels, Metrics};
@@ -27,6 +26,7 @@ use crate::plan::{ObservedProgress, RankProgress};
 use crate::progress::auth::KubeTokenReviewer;
 use crate::progress::server::{self, ProgressServer, WorkerPods};
 use crate::progress::store::{JobProgress, ProgressStore};
+use crate::state::JobRef;
 use crate::writes::FIELD_MANAGER;
 
 /// Wakes queued by the endpoint before the controller takes them: beyond it a wake is

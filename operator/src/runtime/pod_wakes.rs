@@ -2,7 +2,7 @@
 //!
 //! A pod changes many times on its way to running (bound to a node, containers created,
 //! started, ready), and most of those changes move only the job's routine status: the
-//! per-worker detail, which waits to be written anyway (`crate::writes::status_write`: until
+//! per-worker detail, which waits to be written anyway (`crate::state::status_write`: until
 //! the job runs, or for minutes before), and at last the phase Running. Waking the job on each
 //! of them costs a reconcile each and decides nothing new. So a change is judged by what of
 //! the pod it touches ([`wake_for`]):
@@ -32,9 +32,9 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
 
-use super::triggers::JobRef;
 use crate::model::cached_pod::{CachedContainerStatus, CachedPod};
 use crate::model::crd::TrainingJob;
+use crate::state::JobRef;
 
 /// How long a routine pod change waits before it wakes its job: long enough to gather the
 /// changes of a job's pods that come together (a gang is bound and started together), short

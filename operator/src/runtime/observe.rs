@@ -14,12 +14,12 @@ use kube::{Api, Client, ResourceExt};
 
 use super::wiring::{SharedHeartbeats, heartbeats};
 use crate::error::Error;
-use crate::expectations::{Expectations, Kind};
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{MAX_WORKERS, TrainingJobStatus};
 use crate::model::ownership::{self, ObjectKind};
 use crate::model::validate::{ValidJob, pod_name};
 use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement, UnseenWrite};
+use crate::state::expectations::{Expectations, Kind};
 
 /// The caches a reconcile reads, and the client for the one read they cannot serve.
 pub(super) struct Caches {

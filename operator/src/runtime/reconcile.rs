@@ -11,12 +11,12 @@ use kube::runtime::controller::Action;
 
 use super::Context;
 use crate::error::Error;
-use crate::job_memory::error_key;
 use crate::model::crd::TrainingJob;
 use crate::model::validate::{InvalidSpec, ValidJob, validate};
 use crate::plan;
+use crate::state::job_memory::error_key;
+use crate::state::status_cache::Known;
 use crate::watchdog::{self, Watched};
-use crate::writes::status_cache::Known;
 use crate::writes::{Carried, Round};
 
 /// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).

@@ -19,21 +19,21 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::memory::ReconcileMemory;
 use super::observe::Caches;
 use super::pod_wakes::{self, PodWake};
 use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
 use super::{Context, RunConfig};
 use crate::error::Error;
-use crate::expectations::{Expectations, Kind};
-use crate::job_memory::JobMemory;
 use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_JOB, TrainingJob};
 use crate::model::liveness::Heartbeats;
 use crate::progress::store::ProgressStore;
-use crate::writes::memory::WriteMemory;
+use crate::state::expectations::{Expectations, Kind};
+use crate::state::job_memory::JobMemory;
+use crate::state::reconcile_memory::ReconcileMemory;
+use crate::state::write_memory::WriteMemory;
 use crate::writes::{self, EVENT_DRAIN, Writes};
 
 /// How long a write is held back waiting for its watch event ([`Expectations`]).

@@ -1,6 +1,6 @@
 //! When what the operator remembers about each TrainingJob between reconciles is forgotten.
 //!
-//! Each part of the operator keeps its own per-job state ([`crate::writes::memory`]: the status
+//! Each part of the operator keeps its own per-job state ([`crate::state::write_memory`]: the status
 //! cache, restarts and Events told, malformed objects reported; `controller::memory`: the error
 //! backoff and the last valid object) and hands it here as a [`PerJob`]. Every entry belongs
 //! to one job (by uid, or by namespace/name for the error backoff), so it must go when the job
@@ -22,9 +22,9 @@ use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
-use crate::expectations::Expectations;
 use crate::metrics::StateSizes;
 use crate::model::crd::TrainingJob;
+use crate::state::expectations::Expectations;
 
 /// Per-job state of one part of the operator, forgotten with the job.
 pub(crate) trait PerJob: std::fmt::Debug + Send + Sync {
@@ -191,11 +191,11 @@ impl Sweep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::memory::ReconcileMemory;
-    use crate::expectations::Kind;
     use crate::fixtures::job_yaml;
     use crate::model::crd::TrainingJobStatus;
-    use crate::writes::memory::WriteMemory;
+    use crate::state::expectations::Kind;
+    use crate::state::reconcile_memory::ReconcileMemory;
+    use crate::state::write_memory::WriteMemory;
     use kube::core::error_boundary::InvalidObject;
     use kube::runtime::reflector;
     use std::time::Duration;

@@ -25,13 +25,14 @@ use kube::{Api, Client};
 
 use crate::config::OperatorConfig;
 use crate::error::Error;
-use crate::job_memory::JobMemory;
-use crate::leader::{LeaderElection, Leadership};
 use crate::metrics::Metrics;
+use crate::runtime::leader::{LeaderElection, Leadership};
+use crate::state::job_memory::JobMemory;
+use crate::state::reconcile_memory::ReconcileMemory;
 
 use crate::progress::store::ProgressStore;
 
-pub(crate) mod memory;
+pub(crate) mod leader;
 mod observe;
 mod pod_wakes;
 pub(crate) mod progress;
@@ -101,7 +102,7 @@ struct Context {
     /// Where a decided round is carried out ([`crate::writes`]).
     writes: crate::writes::Writes,
     /// What reconciles keep per job between them (the error backoff, the last valid object).
-    memory: Arc<memory::ReconcileMemory>,
+    memory: Arc<ReconcileMemory>,
     /// When every part's per-job state is forgotten, and its sizes.
     forgetting: Arc<JobMemory>,
     metrics: Arc<Metrics>,

@@ -18,6 +18,7 @@ use crate::model::cached_pod::CachedPod;
 use crate::model::condition::{self, condition_is_true};
 use crate::model::crd::{LABEL_JOB, Phase, TrainingJob};
 use crate::model::ownership::ObjectKind;
+use crate::state::JobRef;
 
 /// Tells that the watch of `what` failed: at warn, so that a watch the operator cannot keep
 /// (RBAC, the API server away) is seen at the default log level, except the routine expiry of
@@ -34,9 +35,6 @@ pub(super) fn watch_failed(what: &str, e: &watcher::Error) {
 fn is_routine(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchError(status) if status.code == 410)
 }
-
-/// A job to reconcile.
-pub(super) use crate::writes::JobRef;
 
 /// What about a node can change placement or classification.
 fn node_fingerprint(node: &Node) -> u64 {

@@ -6,7 +6,7 @@
 //! TrainingJob cache trails it, with the unwritten worker detail laid over it. So a stale
 //! status is never decided on twice, and a worker seen and then gone is a preemption even
 //! before its detail is written. Entries are per job and forgotten with it
-//! ([`super::memory::WriteMemory`], [`crate::job_memory`]).
+//! ([`crate::state::write_memory::WriteMemory`], [`crate::state::job_memory`]).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};

@@ -2,16 +2,16 @@
 //! and the worker detail it has not written yet), when a restart was decided (for the recovery
 //! histogram), which attempt's Event it has told, which malformed objects it has reported, and
 //! what the writes of a job whose writes are being rejected came to.
-//! Forgotten with the job ([`crate::job_memory`]).
+//! Forgotten with the job ([`crate::state::job_memory`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
 use super::status_cache::StatusCache;
-use crate::job_memory::{LiveJobs, PerJob, lock};
 use crate::metrics::StateSizes;
 use crate::model::rejection::Writes;
+use crate::state::job_memory::{LiveJobs, PerJob, lock};
 
 /// The write path's per-job maps.
 #[derive(Debug, Default)]
