@@ -27,6 +27,7 @@ mod error;
 pub(crate) mod fixtures;
 mod metrics;
 mod model;
+mod observe;
 mod plan;
 mod progress;
 mod runtime;

@@ -2420,7 +2420,7 @@ impl Channel {
     /// What the controller hands the decision (`controller/progress.rs`).
     fn observed(&self) -> Option<ObservedProgress> {
         let p = self.store.snapshot("ml", "train")?;
-        Some(crate::runtime::progress::as_observed(p, None))
+        Some(crate::observe::recall::as_observed(p, None))
     }
 }
 

@@ -33,9 +33,9 @@ use crate::state::reconcile_memory::ReconcileMemory;
 use crate::progress::store::ProgressStore;
 
 pub(crate) mod leader;
-mod observe;
+
 mod pod_wakes;
-pub(crate) mod progress;
+mod progress_endpoint;
 mod reconcile;
 mod triggers;
 mod wiring;
@@ -98,7 +98,7 @@ pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
 struct Context {
     config: OperatorConfig,
     /// What a reconcile reads.
-    caches: observe::Caches,
+    caches: crate::observe::Caches,
     /// Where a decided round is carried out ([`crate::writes`]).
     writes: crate::writes::Writes,
     /// What reconciles keep per job between them (the error backoff, the last valid object).

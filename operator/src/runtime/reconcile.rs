@@ -1,4 +1,4 @@
-//! One reconcile of one job: read ([`super::observe`]), decide ([`plan::decide`]), hand the
+//! One reconcile of one job: read ([`crate::observe`]), decide ([`plan::decide`]), hand the
 //! round to the write path ([`crate::writes`]) and say when to look again.
 
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use super::Context;
 use crate::error::Error;
 use crate::model::crd::TrainingJob;
 use crate::model::validate::{InvalidSpec, ValidJob, validate};
+use crate::observe::recall;
 use crate::plan;
 use crate::state::job_memory::error_key;
 use crate::state::status_cache::Known;
@@ -181,7 +182,7 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
     watchdog::stage("observe and decide");
     let now = Timestamp::now();
     let mut observed = ctx.caches.observe(valid, &known.current, now);
-    observed.progress = ctx.observe_progress(valid);
+    observed.progress = recall::observe_progress(&ctx.progress, &ctx.metrics, valid);
     observed.supervisors =
         ctx.progress
             .supervisors

@@ -13,11 +13,11 @@ use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::wiring::SharedHeartbeats;
 use crate::model::cached_pod::CachedPod;
 use crate::model::condition::{self, condition_is_true};
 use crate::model::crd::{LABEL_JOB, Phase, TrainingJob};
 use crate::model::ownership::ObjectKind;
+use crate::observe::SharedHeartbeats;
 use crate::state::JobRef;
 
 /// Tells that the watch of `what` failed: at warn, so that a watch the operator cannot keep
@@ -230,7 +230,7 @@ pub(super) fn silence_triggers(
     );
     ticks.flat_map(move |_| {
         let (silent, margin) = {
-            let beats = super::wiring::heartbeats(&heartbeats);
+            let beats = crate::observe::heartbeats(&heartbeats);
             (beats.silent(jiff::Timestamp::now()), beats.margin())
         };
         let (changed, still) = tracker.tick(silent.keys().cloned().collect());

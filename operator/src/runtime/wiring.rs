@@ -5,7 +5,7 @@
 //! decisions read.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
@@ -19,7 +19,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::observe::Caches;
 use super::pod_wakes::{self, PodWake};
 use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
@@ -29,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_JOB, TrainingJob};
 use crate::model::liveness::Heartbeats;
+use crate::observe::{Caches, SharedHeartbeats, heartbeats};
 use crate::progress::store::ProgressStore;
 use crate::state::expectations::{Expectations, Kind};
 use crate::state::job_memory::JobMemory;
@@ -186,14 +186,6 @@ fn watch_nodes(
     (store, events)
 }
 
-/// The liveness index the Lease watch feeds and every reader judges.
-pub(super) type SharedHeartbeats = Arc<Mutex<Heartbeats>>;
-
-/// Locks the index; a reader that panicked left it whole (every update is one call).
-pub(super) fn heartbeats(shared: &SharedHeartbeats) -> MutexGuard<'_, Heartbeats> {
-    shared.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// One event of the node Lease watch, seen at `now`, into the index: a renewal counts when it
 /// is seen; an error or a re-list breaks the stream until events flow again.
 pub(super) fn feed_heartbeats(
@@ -293,7 +285,7 @@ fn watch_jobs(
                 watcher::Event::Delete(job) => {
                     let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
                     let uid = job.uid().unwrap_or_default();
-                    super::progress::forget_job(&progress, &metrics, &ns, &name, &uid);
+                    crate::observe::recall::forget_job(&progress, &metrics, &ns, &name, &uid);
                     metrics.forget_ledger(&ns, &name);
                 }
                 watcher::Event::InitDone => {
@@ -450,11 +442,11 @@ pub(super) async fn run_controller(
     let silence_triggers = silence_triggers(heartbeats.clone(), pods.clone(), jobs.clone());
     let claim_triggers = claim_triggers(claim_events, jobs.clone());
     let service_triggers = service_triggers(svc_events, jobs.clone());
-    let (wake, progress_triggers) = super::progress::wake_channel();
+    let (wake, progress_triggers) = super::progress_endpoint::wake_channel();
     let stop = stop.shared();
     let mut progress_endpoints = None;
     if let Some(serving) = &config.progress {
-        progress_endpoints = super::progress::serve(
+        progress_endpoints = super::progress_endpoint::serve(
             client.clone(),
             serving,
             progress.clone(),

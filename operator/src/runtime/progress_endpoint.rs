@@ -1,7 +1,6 @@
-//! The controller's side of the progress channel (`crate::progress`): what a reconcile reads
-//! of the trainers' reports, the metrics it derives, and where the leader serves the endpoint.
-//! What a round tells the trainers back (a checkpoint request) is one of its effects, carried
-//! out by the write path's executor.
+//! Where the leader serves the progress channel (`crate::progress`), and the stream of jobs its
+//! reports wake. What a reconcile reads of the reports is `crate::observe::recall`; what a round
+//! tells the trainers back (a checkpoint request) is carried out by the write path's executor.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,87 +15,20 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{Context, ProgressServing};
+use super::ProgressServing;
 use crate::error::Error;
-use crate::metrics::{JobLabels, Metrics};
+use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::TrainingJob;
-use crate::model::validate::ValidJob;
-use crate::plan::{ObservedProgress, RankProgress};
 use crate::progress::auth::KubeTokenReviewer;
 use crate::progress::server::{self, ProgressServer, WorkerPods};
-use crate::progress::store::{JobProgress, ProgressStore};
+use crate::progress::store::ProgressStore;
 use crate::state::JobRef;
 use crate::writes::FIELD_MANAGER;
 
 /// Wakes queued by the endpoint before the controller takes them: beyond it a wake is
 /// dropped, and the job's next reconcile reads the store anyway.
 const WAKE_QUEUE: usize = 1024;
-
-/// The store's reports as the decision reads them.
-pub(crate) fn as_observed(
-    p: JobProgress,
-    channel_refused_at: Option<jiff::Timestamp>,
-) -> ObservedProgress {
-    ObservedProgress {
-        attempt: p.attempt,
-        ranks: p
-            .ranks
-            .iter()
-            .map(|(&rank, r)| RankProgress {
-                rank,
-                step: r.step,
-                advanced_at: r.advanced_at,
-                reported_at: r.reported_at,
-            })
-            .collect(),
-        checkpoint: p.checkpoint_step.zip(p.checkpoint_at),
-        checkpoint_file: p.checkpoint_file.clone(),
-        resumed_from: p.resumed_from,
-        previous_attempt_step: p.previous_attempt_step,
-        checkpoint_requested: p.checkpoint_requested,
-        checkpoint_saved_on_request: p.checkpoint_saved_on_request,
-        channel_refused_at,
-        report_cadence: p.report_cadence(),
-    }
-}
-
-impl Context {
-    /// What the job's trainers have reported, and its step rate on the gauge.
-    pub(super) fn observe_progress(&self, job: &ValidJob) -> Option<ObservedProgress> {
-        // Reports of an earlier job of the same name are not this job's.
-        let progress = self
-            .progress
-            .snapshot(&job.namespace, &job.name)
-            .filter(|p| p.job_uid == job.uid)?;
-        if let Some(rate) = progress.steps_per_second {
-            self.metrics
-                .steps_per_second
-                .get_or_create(&job_labels(&job.namespace, &job.name))
-                .set(rate);
-        }
-        Some(as_observed(progress, self.progress.last_refusal()))
-    }
-}
-
-fn job_labels(namespace: &str, job: &str) -> JobLabels {
-    JobLabels {
-        namespace: namespace.to_owned(),
-        job: job.to_owned(),
-    }
-}
-
-/// Forgets a deleted job's reports (and its workers' late ones) and its gauge.
-pub(super) fn forget_job(
-    progress: &ProgressStore,
-    metrics: &Metrics,
-    namespace: &str,
-    job: &str,
-    uid: &str,
-) {
-    progress.forget(namespace, job, uid);
-    metrics.steps_per_second.remove(&job_labels(namespace, job));
-}
 
 /// The wake channel of the endpoint, and the stream of jobs it wakes for the controller.
 pub(super) fn wake_channel() -> (

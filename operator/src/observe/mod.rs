@@ -2,8 +2,8 @@
 //! the one read they cannot serve (a sibling's placement).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
@@ -12,17 +12,27 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 
-use super::wiring::{SharedHeartbeats, heartbeats};
 use crate::error::Error;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{MAX_WORKERS, TrainingJobStatus};
+use crate::model::liveness::Heartbeats;
 use crate::model::ownership::{self, ObjectKind};
 use crate::model::validate::{ValidJob, pod_name};
 use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement, UnseenWrite};
 use crate::state::expectations::{Expectations, Kind};
 
+pub mod recall;
+
+/// The liveness index the Lease watch feeds and every reader judges.
+pub(crate) type SharedHeartbeats = Arc<Mutex<Heartbeats>>;
+
+/// Locks the index; a reader that panicked left it whole (every update is one call).
+pub(crate) fn heartbeats(shared: &SharedHeartbeats) -> MutexGuard<'_, Heartbeats> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The caches a reconcile reads, and the client for the one read they cannot serve.
-pub(super) struct Caches {
+pub(crate) struct Caches {
     client: Client,
     /// Which pods this operator has just created (a missing rank that is on its way).
     expectations: Arc<Expectations>,
@@ -48,11 +58,11 @@ pub(super) struct Caches {
 /// job's first reconcile hangs for good: the job is never reconciled again
 /// (`several_waiters_are_all_woken_when_the_caches_are_listed`).
 #[derive(Clone)]
-pub(super) struct Readiness(tokio::sync::watch::Receiver<Option<Result<(), &'static str>>>);
+pub(crate) struct Readiness(tokio::sync::watch::Receiver<Option<Result<(), &'static str>>>);
 
 impl Readiness {
     /// Starts the one task that waits for `first_lists` (each the name of its cache, on error).
-    pub(super) fn spawn(
+    pub(crate) fn spawn(
         first_lists: Vec<futures::future::BoxFuture<'static, Result<(), &'static str>>>,
     ) -> Self {
         let (tx, rx) = tokio::sync::watch::channel(None);
@@ -70,7 +80,7 @@ impl Readiness {
     }
 
     /// Waits until every cache has been listed once.
-    pub(super) async fn wait(&self) -> Result<(), Error> {
+    pub(crate) async fn wait(&self) -> Result<(), Error> {
         let mut rx = self.0.clone();
         let outcome = *rx
             .wait_for(Option::is_some)
@@ -112,7 +122,7 @@ impl Readiness {
 }
 
 impl Caches {
-    pub(super) fn new(
+    pub(crate) fn new(
         client: Client,
         expectations: Arc<Expectations>,
         pods: Store<CachedPod>,
@@ -136,11 +146,11 @@ impl Caches {
     }
 
     /// Waits until every cache a decision reads has been listed once.
-    pub(super) async fn ready(&self) -> Result<(), Error> {
+    pub(crate) async fn ready(&self) -> Result<(), Error> {
         self.ready.wait().await
     }
 
-    pub(super) fn observe(
+    pub(crate) fn observe(
         &self,
         job: &ValidJob,
         current: &TrainingJobStatus,
@@ -214,7 +224,7 @@ impl Caches {
     /// Reads the placement a missing rank of the current attempt copies from its sibling
     /// (the cache does not hold placement), when [`plan::sibling_to_read`] says one is needed, into
     /// [`Observed::sibling_placement`].
-    pub(super) async fn read_sibling_placement(
+    pub(crate) async fn read_sibling_placement(
         &self,
         job: &ValidJob,
         current: &TrainingJobStatus,
@@ -248,7 +258,7 @@ impl Caches {
     /// unfinished pods bound there, of every namespace when the operator may list them, else
     /// of the job's namespace (an operator that watches one namespace: pods of other
     /// namespaces are not seen, and a grow that finds no room waits for the next shrink).
-    pub(super) async fn read_gpus_in_use(
+    pub(crate) async fn read_gpus_in_use(
         &self,
         job: &ValidJob,
         current: &TrainingJobStatus,
