@@ -10,6 +10,11 @@ use k8s_openapi::api::core::v1::Toleration;
 use serde::{Deserialize, Serialize};
 use trainyard_api::spot;
 
+/// The path of the progress channel that reports are posted to.
+pub const PROGRESS_PATH: &str = "/v1/progress";
+/// The path supervisors poll ([`crate::progress::supervisors`]).
+pub const SUPERVISOR_PATH: &str = "/v1/supervisor";
+
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -96,9 +101,9 @@ impl ProgressChannel {
     pub fn supervisor_url(&self) -> String {
         let base = self
             .url
-            .strip_suffix(crate::progress::server::PATH)
+            .strip_suffix(PROGRESS_PATH)
             .unwrap_or(self.url.trim_end_matches('/'));
-        format!("{base}{}", crate::progress::server::SUPERVISOR_PATH)
+        format!("{base}{}", SUPERVISOR_PATH)
     }
 }
 

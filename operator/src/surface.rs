@@ -26,7 +26,8 @@ pub use crate::writes::{FIELD_MANAGER, apply_status};
 /// serves from ([`ProgressServer`](progress::ProgressServer)), and the two ports a test fakes
 /// (a [`TokenReviewer`](progress::TokenReviewer) and a [`PodLookup`](progress::PodLookup)).
 pub mod progress {
-    pub use crate::progress::server::{MAX_BODY_BYTES, PATH, serve_within};
+    pub use crate::config::PROGRESS_PATH as PATH;
+    pub use crate::progress::server::{MAX_BODY_BYTES, serve_within};
     pub use crate::progress::{
         AuthError, Identity, PodLookup, ProgressServer, ProgressStore, TokenReviewer,
         WorkerIdentity, serve,

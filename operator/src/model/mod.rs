@@ -13,5 +13,6 @@ pub mod placement;
 pub mod preemption;
 pub mod reason;
 pub mod rejection;
+pub mod supervision;
 pub mod trainer;
 pub mod validate;

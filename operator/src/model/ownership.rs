@@ -36,6 +36,17 @@ impl ObjectKind {
     }
 }
 
+/// The kinds of object the operator writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Worker pods.
+    Pod,
+    /// The rendezvous Service.
+    Service,
+    /// The checkpoint PVC.
+    Claim,
+}
+
 /// An object that holds one of a job's names and is not the job's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Foreign {

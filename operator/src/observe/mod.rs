@@ -16,10 +16,11 @@ use crate::error::Error;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{MAX_WORKERS, TrainingJobStatus};
 use crate::model::liveness::Heartbeats;
+use crate::model::ownership::Kind;
 use crate::model::ownership::{self, ObjectKind};
 use crate::model::validate::{ValidJob, pod_name};
 use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement, UnseenWrite};
-use crate::state::expectations::{Expectations, Kind};
+use crate::state::expectations::Expectations;
 
 pub mod recall;
 

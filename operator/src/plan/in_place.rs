@@ -40,7 +40,7 @@ use crate::model::crd::{LABEL_ATTEMPT, TrainingJobStatus};
 use crate::model::nodes;
 use crate::model::preemption::{NodeView, WorkerState};
 use crate::model::reason;
-use crate::progress::supervisors::{Directive, SupervisedState, SupervisorSeen};
+use crate::model::supervision::{Directive, SupervisedState, SupervisorSeen};
 use trainyard_api::ranks::RankSet;
 
 /// A supervisor that polled within this long is there (it polls every second while its

@@ -31,9 +31,9 @@ use crate::config::OperatorConfig;
 use crate::model::crd::{JobCondition, LABEL_JOB_UID, Phase, RestartReason, TrainingJobStatus};
 use crate::model::liveness::Liveness;
 use crate::model::ownership::Foreign;
+use crate::model::ownership::Kind;
 use crate::model::preemption::NodeView;
 use crate::model::validate::{InvalidSpec, ValidJob};
-pub use crate::state::expectations::Kind;
 
 use crate::model::condition::{self, condition_is_true, set_condition};
 use crate::model::events::JobEvent;
@@ -101,7 +101,7 @@ pub struct Observed {
     /// ([`crate::state::expectations`]): the round holds back any action on those objects.
     pub unseen_writes: Vec<UnseenWrite>,
     /// What the supervisors of the job's workers last said (`spec.restartPolicy.inPlace`).
-    pub supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,
+    pub supervisors: Vec<crate::model::supervision::SupervisorSeen>,
     /// When this operator began serving the supervisors' channel (it became the leader):
     /// what it knows of them starts then ([`SupervisorBoard::listening_since`]).
     ///

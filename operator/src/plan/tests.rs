@@ -31,7 +31,7 @@ struct World {
     /// for every round [`World::step`] carries out).
     told: Option<u32>,
     /// What the workers' in-place restart supervisors last said.
-    supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,
+    supervisors: Vec<crate::model::supervision::SupervisorSeen>,
     /// When the operator began listening to them (it became the leader).
     supervisors_since: Option<Timestamp>,
     /// The GPUs in use per node, as the controller reads them for an elastic job.

@@ -37,16 +37,14 @@ use trainyard_listen::HttpLimits;
 
 use super::auth::{AuthError, Identity, TokenReviewer};
 use super::store::{ProgressStore, Report};
-use super::supervisors::{self, Order, Poll, SupervisedState};
+use super::supervisors::{self, Order, Poll};
+use crate::config::{PROGRESS_PATH, SUPERVISOR_PATH};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
+use crate::model::supervision::SupervisedState;
 
-/// The path reports are posted to.
-pub const PATH: &str = "/v1/progress";
-/// The path supervisors poll ([`super::supervisors`]).
-pub const SUPERVISOR_PATH: &str = "/v1/supervisor";
 /// The largest body accepted; a report is about 150 bytes.
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
 /// The largest bearer token accepted (a projected token is about 1 KiB).
@@ -798,7 +796,7 @@ fn router_with_permits(server: Arc<ProgressServer>, permits: usize) -> Router {
         per_source: PerSource::default(),
     });
     Router::new()
-        .route(PATH, post(report))
+        .route(PROGRESS_PATH, post(report))
         .route(SUPERVISOR_PATH, post(supervise))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
@@ -846,9 +844,9 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::model::supervision::Directive;
     use crate::progress::auth::tests::{jwt, reviewing_client};
     use crate::progress::auth::{Identity, KubeTokenReviewer};
-    use crate::progress::supervisors::Directive;
 
     /// Tokens `tok-<pod>` of pods in `ml`, each a worker `<job>-worker-<rank>` (uid
     /// `uid-<pod>`) of attempt 1; `bad` is refused. While `gate` is closed, reviews wait.
@@ -948,7 +946,7 @@ mod tests {
     fn request(token: Option<&str>, body: impl Into<Body>) -> Request {
         let mut builder = Request::builder()
             .method("POST")
-            .uri(PATH)
+            .uri(PROGRESS_PATH)
             .header(header::CONTENT_TYPE, "application/json");
         if let Some(token) = token {
             builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
@@ -1998,7 +1996,7 @@ mod tests {
         let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
         s.write_all(
             format!(
-                "POST {PATH} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer tok-train-worker-0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST {PROGRESS_PATH} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer tok-train-worker-0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )
             .as_bytes(),

@@ -16,16 +16,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The kinds of object the operator writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// Worker pods.
-    Pod,
-    /// The rendezvous Service.
-    Service,
-    /// The checkpoint PVC.
-    Claim,
-}
+use crate::model::ownership::Kind;
 
 type Key = (Kind, String, String);
 

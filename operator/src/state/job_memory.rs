@@ -193,7 +193,7 @@ mod tests {
     use super::*;
     use crate::fixtures::job_yaml;
     use crate::model::crd::TrainingJobStatus;
-    use crate::state::expectations::Kind;
+    use crate::model::ownership::Kind;
     use crate::state::reconcile_memory::ReconcileMemory;
     use crate::state::write_memory::WriteMemory;
     use kube::core::error_boundary::InvalidObject;

@@ -548,7 +548,7 @@ mod tests {
 
     use super::*;
     use crate::fixtures::job_yaml;
-    use crate::state::expectations::Kind;
+    use crate::model::ownership::Kind;
     use std::time::Duration;
 
     /// One request as the API server would see it.
