@@ -1,10 +1,21 @@
 //! The restart state machine, driven round by round as the controller would.
 
+use std::sync::Arc;
+
+use jiff::SignedDuration;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use super::observed::is_finished;
+use super::outcome::{PhaseName, failure_backoff};
 use super::*;
 use crate::fixtures::{job_yaml, node, ts};
+use crate::model::cached_pod::CachedPod;
+use crate::model::condition::condition_is_true;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, StretchUse, WorkerStatus};
+use crate::model::crd::{Phase, RestartReason};
 use crate::model::events::EventKind;
 use crate::model::liveness::Heartbeats;
+use crate::model::ownership::{Foreign, Kind};
 use crate::model::validate::validate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde_json::json;

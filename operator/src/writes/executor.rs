@@ -180,7 +180,7 @@ impl Executor {
     fn tell_supervisors(
         &self,
         job: &TrainingJob,
-        supervise: Option<plan::in_place::Supervise>,
+        supervise: Option<plan::Supervise>,
         started: bool,
     ) {
         let Some(mut supervise) = supervise else {
@@ -693,7 +693,7 @@ mod tests {
             checkpoint_withdrawal: None,
             steps_lost: None,
             supervise: None,
-            decided_by: plan::PhaseName::Running,
+            decided_by: plan::outcome::PhaseName::Running,
         }
     }
 
