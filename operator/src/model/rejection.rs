@@ -78,7 +78,7 @@ pub fn rejection(action: &str, err: &kube::Error) -> Option<Rejection> {
 
 /// What one round's writes (creates of pods, the Service and the PVC; deletes of pods) came to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Writes {
+pub struct WriteOutcome {
     /// Writes the API server carried out (an AlreadyExists or NotFound is none).
     pub accepted: usize,
     /// Writes it rejected, in the order they were decided.
@@ -91,7 +91,7 @@ pub struct Writes {
 /// leaves the condition as it is: only a write can tell whether the rejection still stands.
 pub fn after_writes(
     status: &TrainingJobStatus,
-    writes: &Writes,
+    writes: &WriteOutcome,
     generation: Option<i64>,
     now: Timestamp,
 ) -> (TrainingJobStatus, Vec<JobEvent>) {
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn a_rejected_write_sets_the_condition_and_one_warning_until_a_write_is_accepted() {
         let now = ts(T0);
-        let writes = Writes {
+        let writes = WriteOutcome {
             accepted: 2,
             rejected: vec![rejected(422, "Invalid", POD_INVALID)],
         };
@@ -246,11 +246,11 @@ mod tests {
         assert!(events.is_empty(), "{events:?}");
 
         // A round that writes nothing proves nothing.
-        let (idle, events) = after_writes(&st, &Writes::default(), Some(3), later);
+        let (idle, events) = after_writes(&st, &WriteOutcome::default(), Some(3), later);
         assert_eq!((idle, events.len()), (st.clone(), 0));
 
         // Fixed: the write goes through and the condition clears.
-        let accepted = Writes {
+        let accepted = WriteOutcome {
             accepted: 1,
             rejected: Vec::new(),
         };
@@ -267,13 +267,13 @@ mod tests {
 
     #[test]
     fn a_different_rejection_is_a_new_warning_and_several_are_counted() {
-        let first = Writes {
+        let first = WriteOutcome {
             accepted: 0,
             rejected: vec![rejected(422, "Invalid", POD_INVALID)],
         };
         let (st, _) = after_writes(&TrainingJobStatus::default(), &first, None, ts(T0));
         let quota = rejected(403, "Forbidden", "exceeded quota");
-        let two = Writes {
+        let two = WriteOutcome {
             accepted: 0,
             rejected: vec![quota.clone(), quota],
         };
@@ -291,7 +291,7 @@ mod tests {
     #[test]
     fn accepted_writes_leave_a_job_that_was_never_rejected_alone() {
         let st = TrainingJobStatus::default();
-        let writes = Writes {
+        let writes = WriteOutcome {
             accepted: 3,
             rejected: Vec::new(),
         };

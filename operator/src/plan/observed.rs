@@ -49,7 +49,7 @@ pub struct Observed {
     /// What this replica's last round that wrote to the job's objects came to, while it is
     /// news: writes the API server rejected for good, or an accepted write while the job shows
     /// a rejection. The round shows it (`WriteRejected`, [`crate::model::rejection::after_writes`]).
-    pub last_writes: Option<crate::model::rejection::Writes>,
+    pub last_writes: Option<crate::model::rejection::WriteOutcome>,
     /// Writes this operator sent to the job's objects that the caches do not show yet
     /// ([`crate::state::expectations`]): the round holds back any action on those objects.
     pub unseen_writes: Vec<UnseenWrite>,

@@ -1726,7 +1726,7 @@ fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
 }
 
 /// Decides on `w` as the controller does after the last round's writes came to `writes`.
-fn decide_after_writes(w: &World, writes: crate::model::rejection::Writes) -> Plan {
+fn decide_after_writes(w: &World, writes: crate::model::rejection::WriteOutcome) -> Plan {
     let observed = Observed {
         last_writes: Some(writes),
         ..w.observed()
@@ -1736,10 +1736,10 @@ fn decide_after_writes(w: &World, writes: crate::model::rejection::Writes) -> Pl
 
 #[test]
 fn the_round_after_a_rejected_create_shows_it_once_and_one_accepted_write_clears_it() {
-    use crate::model::rejection::{Rejection, Writes};
+    use crate::model::rejection::{Rejection, WriteOutcome};
     let mut w = World::new("workers: 1\n");
     w.status = w.decide().status;
-    let rejected = Writes {
+    let rejected = WriteOutcome {
         accepted: 0,
         rejected: vec![Rejection {
             code: 422,
@@ -1777,7 +1777,7 @@ fn the_round_after_a_rejected_create_shows_it_once_and_one_accepted_write_clears
         again.events
     );
     // The spec was fixed and the create accepted: cleared, once.
-    let accepted = Writes {
+    let accepted = WriteOutcome {
         accepted: 1,
         rejected: Vec::new(),
     };

@@ -18,7 +18,7 @@ use crate::plan;
 use crate::state::job_memory::error_key;
 use crate::state::status_cache::Known;
 use crate::watchdog::{self, Watched};
-use crate::writes::{Carried, Round};
+use crate::writes::{Carried, DecidedRound};
 
 /// How often a quiet job is looked at again, to heal drift (a deleted Service, ...).
 const RESYNC: Duration = Duration::from_secs(300);
@@ -178,7 +178,7 @@ async fn reject_invalid(
 
 /// Observes the job in the caches (with the placement of a half-created attempt's first pod
 /// when a missing rank must copy it: see `sibling_to_read`) and decides the round.
-async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, Error> {
+async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<DecidedRound, Error> {
     watchdog::stage("observe and decide");
     let now = Timestamp::now();
     let mut observed = ctx.caches.observe(valid, &known.current, now);
@@ -197,7 +197,7 @@ async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<Round, 
         .read_gpus_in_use(valid, &known.current, &mut observed, &ctx.config)
         .await?;
     let plan = plan::decide(valid, &observed, &known.current, &ctx.config);
-    Ok(Round { plan, known, now })
+    Ok(DecidedRound { plan, known, now })
 }
 
 /// When to look at the job again: at the time the plan asked for (at least half a second from

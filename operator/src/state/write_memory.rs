@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::status_cache::StatusCache;
 use crate::metrics::StateSizes;
-use crate::model::rejection::Writes;
+use crate::model::rejection::WriteOutcome;
 use crate::state::job_memory::{LiveJobs, PerJob, lock};
 
 /// The write path's per-job maps.
@@ -27,7 +27,7 @@ pub(crate) struct WriteMemory {
     reported_malformed: Mutex<HashMap<String, String>>,
     /// What the last round that wrote to the job's objects came to, by uid: the next round
     /// shows it ([`crate::plan::Observed::last_writes`]).
-    last_writes: Mutex<HashMap<String, Writes>>,
+    last_writes: Mutex<HashMap<String, WriteOutcome>>,
 }
 
 impl WriteMemory {
@@ -61,7 +61,7 @@ impl WriteMemory {
     }
 
     /// A round's writes to the job's objects came to `writes`.
-    pub(crate) fn record_writes(&self, uid: &str, writes: Writes) {
+    pub(crate) fn record_writes(&self, uid: &str, writes: WriteOutcome) {
         lock(&self.last_writes).insert(uid.to_owned(), writes);
     }
 
@@ -74,7 +74,7 @@ impl WriteMemory {
     }
 
     /// What the last round that wrote to the job's objects came to.
-    pub(crate) fn last_writes(&self, uid: &str) -> Option<Writes> {
+    pub(crate) fn last_writes(&self, uid: &str) -> Option<WriteOutcome> {
         lock(&self.last_writes).get(uid).cloned()
     }
 

@@ -39,20 +39,22 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::FIELD_MANAGER;
 use super::publisher::EventBatch;
 use crate::error::Error;
 use crate::metrics::{Metrics, RestartLabels};
 use crate::model::condition::{self, condition_is_true};
 use crate::model::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::model::events::JobEvent;
-use crate::model::rejection::{self, Writes};
+use crate::model::rejection::{self, WriteOutcome};
 use crate::plan::{self, Action as PlanAction};
 use crate::progress::ProgressStore;
 use crate::state::expectations::Expectations;
 use crate::state::job_memory::Sweep;
 use crate::state::write_memory::WriteMemory;
 use crate::watchdog;
+
+/// The one field manager for everything the operator writes.
+pub const FIELD_MANAGER: &str = "trainyard-operator";
 
 /// Writes what reconciles decide, in the order above, and queues their Events.
 pub(super) struct Executor {
@@ -279,7 +281,11 @@ impl Executor {
     /// reads the list it deletes from etcd, every pod of the namespace decoded to filter by the
     /// selector, once per restart; and `resourceVersion=0`, which would let the watch cache
     /// serve it, is also read as a delete precondition and fails every delete with 409.
-    async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> (Writes, Result<(), Error>) {
+    async fn execute(
+        &self,
+        ns: &str,
+        actions: Vec<PlanAction>,
+    ) -> (WriteOutcome, Result<(), Error>) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let mut ops = Vec::new();
         let mut targets = Vec::new();
@@ -316,7 +322,7 @@ impl Executor {
             };
             ops.push(op);
         }
-        let mut writes = Writes::default();
+        let mut writes = WriteOutcome::default();
         let mut result = Ok(());
         for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
             // Nothing was written (already there, already gone, or failed): no event will come.
@@ -966,7 +972,7 @@ mod tests {
     #[tokio::test]
     async fn a_status_only_round_with_every_routine_slot_taken_parks_and_an_urgent_one_does_not() {
         use crate::writes::routine::RoutineSlots;
-        use crate::writes::{Carried, Round, Writes, job_ref};
+        use crate::writes::{Carried, DecidedRound, Writes, job_ref};
         let Harness { executor, log, .. } = Harness::new(accept);
         let (routine, _wakes) = RoutineSlots::new(1, Arc::new(Metrics::new()));
         let writes = Writes {
@@ -977,7 +983,7 @@ mod tests {
         let job = job();
         let other = job_ref(&job_yaml("workers: 1\n"));
         let taken = routine.take_or_park(&other).expect("the one routine slot");
-        let decided = |plan: plan::Plan| Round {
+        let decided = |plan: plan::Plan| DecidedRound {
             known: crate::state::status_cache::Known {
                 written: TrainingJobStatus::default(),
                 current: TrainingJobStatus::default(),

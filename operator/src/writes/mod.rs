@@ -2,7 +2,7 @@
 //! one entry, [`Writes::carry_out`].
 //!
 //! The controller observes and decides ([`crate::plan::decide`]) and hands the decision here as
-//! a [`Round`], which is carried out as decided, in the reconcile that decided it:
+//! a [`DecidedRound`], which is carried out as decided, in the reconcile that decided it:
 //!
 //! - `state::status_cache` and `state::status_write`: whether the decided status is written now, later (the
 //!   per-worker detail waits for its batch) or not at all;
@@ -40,16 +40,13 @@ mod routine;
 
 use crate::state::status_cache::Known;
 use executor::Executor;
-pub use executor::apply_status;
+pub use executor::{FIELD_MANAGER, apply_status};
 pub(crate) use publisher::EVENT_DRAIN;
 use routine::RoutineSlots;
 pub(crate) use routine::routine_share;
 
-/// The one field manager for everything the operator writes.
-pub const FIELD_MANAGER: &str = "trainyard-operator";
-
 /// One decided round of one job: what [`Writes::carry_out`] takes.
-pub(crate) struct Round {
+pub(crate) struct DecidedRound {
     /// The decision.
     pub(crate) plan: Plan,
     /// The status the round was decided on (written last, and current).
@@ -161,7 +158,7 @@ impl Writes {
     }
 
     /// What the last round that wrote to the job `uid`'s objects came to, while it is news.
-    pub(crate) fn last_writes(&self, uid: &str) -> Option<crate::model::rejection::Writes> {
+    pub(crate) fn last_writes(&self, uid: &str) -> Option<crate::model::rejection::WriteOutcome> {
         self.memory.last_writes(uid)
     }
 
@@ -176,9 +173,9 @@ impl Writes {
     pub(crate) async fn carry_out(
         &self,
         job: &TrainingJob,
-        round: Round,
+        round: DecidedRound,
     ) -> Result<Carried, Error> {
-        let Round { plan, known, now } = round;
+        let DecidedRound { plan, known, now } = round;
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
         let write = self.memory.status.schedule(uid, &known, &plan.status);
         drop(known);
