@@ -2428,7 +2428,7 @@ impl Channel {
         plan
     }
 
-    /// What the controller hands the decision (`controller/progress.rs`).
+    /// What the controller hands the decision (`observe/recall.rs`).
     fn observed(&self) -> Option<ObservedProgress> {
         let p = self.store.snapshot("ml", "train")?;
         Some(crate::observe::recall::as_observed(p, None))

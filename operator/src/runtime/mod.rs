@@ -3,9 +3,9 @@
 //! - `wiring`: the watches, their reflector caches, which jobs a change to a node, a PVC or
 //!   a Service wakes (`triggers`), how soon a pod's change wakes its job (`pod_wakes`), and
 //!   the kube-runtime Controller built from them;
-//! - `observe`: what one reconcile reads from the caches (`observe::Caches`);
-//! - `progress`: the progress channel's server and what a round tells the trainers;
-//! - `reconcile`: one round of one job: observe, decide ([`crate::plan::decide`]) and hand the
+//! - `progress_endpoint`: where the leader serves the progress channel;
+//! - `leader`: the Lease that picks the one replica that reconciles;
+//! - `reconcile`: one round of one job: observe ([`crate::observe`]), decide ([`crate::plan::decide`]) and hand the
 //!   decision to the write path ([`crate::writes`]), which carries it out (and has a round that
 //!   waited for its write slots decided again).
 //!

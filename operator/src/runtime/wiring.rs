@@ -409,6 +409,7 @@ fn memories() -> (Arc<WriteMemory>, Arc<ReconcileMemory>, Arc<JobMemory>) {
     (writes, reconciles, Arc::new(all))
 }
 
+/// Builds every watch, trigger and the write path, and runs the job Controller until `stop`.
 #[expect(
     clippy::too_many_lines,
     reason = "the composition root: every watch, trigger and part of the write path wired in one place"

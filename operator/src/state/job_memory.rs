@@ -1,7 +1,7 @@
 //! When what the operator remembers about each TrainingJob between reconciles is forgotten.
 //!
 //! Each part of the operator keeps its own per-job state ([`crate::state::write_memory`]: the status
-//! cache, restarts and Events told, malformed objects reported; `controller::memory`: the error
+//! cache, restarts and Events told, malformed objects reported; `reconcile_memory`: the error
 //! backoff and the last valid object) and hands it here as a [`PerJob`]. Every entry belongs
 //! to one job (by uid, or by namespace/name for the error backoff), so it must go when the job
 //! goes, or an operator that runs for months grows with every job it ever saw. Three paths
