@@ -43,8 +43,8 @@ pub(crate) struct Caches {
     heartbeats: SharedHeartbeats,
     services: Store<PartialObjectMeta<Service>>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
-    /// Whether every cache a decision reads has been listed once (see [`Readiness`]).
-    ready: Readiness,
+    /// Whether every cache a decision reads has been listed once (see [`CacheReadiness`]).
+    ready: CacheReadiness,
     /// Set once listing pods of every namespace was forbidden (an operator that watches one
     /// namespace): [`Caches::read_gpus_in_use`] lists the job's namespace from then on.
     cluster_pods_forbidden: std::sync::atomic::AtomicBool,
@@ -59,9 +59,9 @@ pub(crate) struct Caches {
 /// job's first reconcile hangs for good: the job is never reconciled again
 /// (`several_waiters_are_all_woken_when_the_caches_are_listed`).
 #[derive(Clone)]
-pub(crate) struct Readiness(tokio::sync::watch::Receiver<Option<Result<(), &'static str>>>);
+pub(crate) struct CacheReadiness(tokio::sync::watch::Receiver<Option<Result<(), &'static str>>>);
 
-impl Readiness {
+impl CacheReadiness {
     /// Starts the one task that waits for `first_lists` (each the name of its cache, on error).
     pub(crate) fn spawn(
         first_lists: Vec<futures::future::BoxFuture<'static, Result<(), &'static str>>>,
@@ -132,7 +132,7 @@ impl Caches {
         services: Store<PartialObjectMeta<Service>>,
         claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     ) -> Self {
-        let ready = Readiness::of(&pods, &nodes, &services, &claims);
+        let ready = CacheReadiness::of(&pods, &nodes, &services, &claims);
         Self {
             client,
             expectations,
@@ -371,13 +371,13 @@ mod tests {
         let woken = waiting.iter().filter(|t| t.is_finished()).count();
         assert_eq!(
             woken, 1,
-            "upstream now wakes every waiter: Readiness may go"
+            "upstream now wakes every waiter: CacheReadiness may go"
         );
         waiting.iter().for_each(tokio::task::JoinHandle::abort);
 
-        // Readiness: every waiter is woken.
+        // CacheReadiness: every waiter is woken.
         let (store, mut writer) = reflector::store::<Node>();
-        let ready = Readiness::spawn(vec![
+        let ready = CacheReadiness::spawn(vec![
             async move { store.wait_until_ready().await.map_err(|_| "nodes") }.boxed(),
         ]);
         let waiting: Vec<_> = (0..3)

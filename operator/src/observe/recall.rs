@@ -3,7 +3,7 @@
 
 use crate::metrics::{JobLabels, Metrics};
 use crate::model::validate::ValidJob;
-use crate::plan::{ObservedProgress, RankProgress};
+use crate::plan::{ObservedProgress, ObservedRank};
 use crate::progress::store::{JobProgress, ProgressStore};
 
 /// The store's reports as the decision reads them.
@@ -16,7 +16,7 @@ pub(crate) fn as_observed(
         ranks: p
             .ranks
             .iter()
-            .map(|(&rank, r)| RankProgress {
+            .map(|(&rank, r)| ObservedRank {
                 rank,
                 step: r.step,
                 advanced_at: r.advanced_at,

@@ -41,7 +41,7 @@ mod view;
 
 use finish::write_invalid_spec;
 pub use observed::{
-    Observed, ObservedClaim, ObservedProgress, RankProgress, SiblingPlacement, UnseenWrite,
+    Observed, ObservedClaim, ObservedProgress, ObservedRank, SiblingPlacement, UnseenWrite,
 };
 pub use outcome::{Action, Plan, Supervise};
 pub use phases::elastic::nodes_to_weigh;

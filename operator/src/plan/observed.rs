@@ -115,7 +115,7 @@ pub struct ObservedProgress {
     /// The attempt the reports belong to.
     pub attempt: u32,
     /// Each reporting rank: its step, when that step last advanced and when it last reported.
-    pub ranks: Vec<RankProgress>,
+    pub ranks: Vec<ObservedRank>,
     /// The latest checkpoint step reported, and when it first was.
     pub checkpoint: Option<(u64, Timestamp)>,
     /// The file holding that checkpoint, when its report named one.
@@ -139,7 +139,7 @@ pub struct ObservedProgress {
 
 /// One rank's reported progress.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RankProgress {
+pub struct ObservedRank {
     /// The rank.
     pub rank: u32,
     /// Its latest reported step.

@@ -1872,7 +1872,7 @@ fn reports(attempt: u32, ranks: &[(u32, u64)], at: Timestamp) -> ObservedProgres
         attempt,
         ranks: ranks
             .iter()
-            .map(|&(rank, step)| RankProgress {
+            .map(|&(rank, step)| ObservedRank {
                 rank,
                 step,
                 advanced_at: at,

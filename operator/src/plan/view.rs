@@ -56,9 +56,9 @@ impl<'a> View<'a> {
         };
         // A resume in this round starts the next attempt, with no worker recorded yet.
         let (attempt, recorded) = if resumes_as_new_attempt(job, current) {
-            (current.attempt.saturating_add(1), Recorded::default())
+            (current.attempt.saturating_add(1), RecordedRanks::default())
         } else {
-            (current.attempt, Recorded::of(current))
+            (current.attempt, RecordedRanks::of(current))
         };
         view.census = Census::take(&view, attempt, &recorded);
         view
@@ -201,12 +201,12 @@ impl Census<'_> {
 
 /// The ranks of an attempt the status records: seen, and of those, succeeded.
 #[derive(Default)]
-struct Recorded {
+struct RecordedRanks {
     seen: RankSet,
     succeeded: RankSet,
 }
 
-impl Recorded {
+impl RecordedRanks {
     fn of(status: &TrainingJobStatus) -> Self {
         Self {
             seen: status.recorded_ranks(),
@@ -218,7 +218,7 @@ impl Recorded {
 impl<'a> Census<'a> {
     /// Splits the pods by attempt `attempt` and classifies its workers; `recorded` is what
     /// the status recorded of them.
-    fn take(view: &View<'a>, attempt: u32, recorded: &Recorded) -> Self {
+    fn take(view: &View<'a>, attempt: u32, recorded: &RecordedRanks) -> Self {
         let observed = view.observed;
         let mut current: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
         let mut old: Vec<&Arc<CachedPod>> = Vec::new();

@@ -226,10 +226,10 @@ mod tests {
     use crate::progress::auth::AudienceCheck;
 
     /// A request as the fake API server saw it: method, path, content type, body.
-    type Seen = (String, String, String, Value);
+    type SeenRequest = (String, String, String, Value);
 
     /// A client whose every request is answered 200 with an empty Endpoints object, and recorded.
-    fn recording_client() -> (Client, Arc<Mutex<Vec<Seen>>>) {
+    fn recording_client() -> (Client, Arc<Mutex<Vec<SeenRequest>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorder = seen.clone();
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {

@@ -43,7 +43,7 @@ const EXPECTATION_TTL: Duration = Duration::from_secs(15);
 const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// A watch's events, as the Controller takes them.
-type Watched<K> = Result<K, watcher::Error>;
+type WatchResult<K> = Result<K, watcher::Error>;
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
@@ -115,7 +115,7 @@ fn watch_pods(
     expectations: &Arc<Expectations>,
 ) -> (
     Store<CachedPod>,
-    impl Stream<Item = Watched<CachedPod>> + Send + 'static,
+    impl Stream<Item = WatchResult<CachedPod>> + Send + 'static,
     pod_wakes::Settled,
 ) {
     let (store, mut writer) = reflector::store();
@@ -177,7 +177,7 @@ fn watch_nodes(
     client: &Client,
 ) -> (
     Store<Node>,
-    impl Stream<Item = Watched<watcher::Event<Node>>> + Send + 'static,
+    impl Stream<Item = WatchResult<watcher::Event<Node>>> + Send + 'static,
 ) {
     let (store, writer) = reflector::store();
     let events = watcher(Api::<Node>::all(client.clone()), watch_config())
@@ -241,7 +241,7 @@ fn watch_metadata<K>(
     kind: Kind,
 ) -> (
     Store<PartialObjectMeta<K>>,
-    impl Stream<Item = Watched<PartialObjectMeta<K>>> + Send + 'static,
+    impl Stream<Item = WatchResult<PartialObjectMeta<K>>> + Send + 'static,
 )
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -273,7 +273,7 @@ fn watch_jobs(
     progress: &Arc<ProgressStore>,
 ) -> (
     Store<DeserializeGuard<TrainingJob>>,
-    impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
+    impl Stream<Item = WatchResult<DeserializeGuard<TrainingJob>>> + Send + 'static,
 ) {
     let jobs_api: Api<DeserializeGuard<TrainingJob>> = api(client, ns);
     let (store, writer) = reflector::store();
@@ -319,11 +319,11 @@ fn watch_jobs(
 /// reconciles remember follows it while the spec is unchanged
 /// ([`ReconcileMemory::follow_cache`]).
 fn without_own_writes(
-    jobs: impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
+    jobs: impl Stream<Item = WatchResult<DeserializeGuard<TrainingJob>>> + Send + 'static,
     cache: Store<DeserializeGuard<TrainingJob>>,
     own_writes: Arc<WriteMemory>,
     reconciles: Arc<ReconcileMemory>,
-) -> impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static {
+) -> impl Stream<Item = WatchResult<DeserializeGuard<TrainingJob>>> + Send + 'static {
     jobs.try_filter(move |job| {
         if let Some(current) = cache.get(&reflector::ObjectRef::from_obj(job)) {
             reconciles.follow_cache(&job.uid().unwrap_or_default(), &current);
@@ -335,7 +335,7 @@ fn without_own_writes(
 
 /// The Controller over the TrainingJob watch, with `concurrency` reconciles in flight.
 fn job_controller(
-    job_stream: impl Stream<Item = Watched<DeserializeGuard<TrainingJob>>> + Send + 'static,
+    job_stream: impl Stream<Item = WatchResult<DeserializeGuard<TrainingJob>>> + Send + 'static,
     jobs: Store<DeserializeGuard<TrainingJob>>,
     concurrency: u16,
 ) -> Controller<DeserializeGuard<TrainingJob>> {
