@@ -10,6 +10,11 @@ use k8s_openapi::api::core::v1::Toleration;
 use serde::{Deserialize, Serialize};
 use trainyard_api::spot;
 
+/// The path of the progress channel that reports are posted to.
+pub const PROGRESS_PATH: &str = "/v1/progress";
+/// The path supervisors poll ([`crate::progress::supervisors`]).
+pub const SUPERVISOR_PATH: &str = "/v1/supervisor";
+
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -56,7 +61,7 @@ pub struct OperatorConfig {
     /// How long a container may wait (ImagePullBackOff, ...) before its worker counts as failed.
     pub container_waiting_timeout_seconds: u64,
     /// How long after a rank fails its verdict is held while a peer's node may have been lost
-    /// ([`crate::lost_peer`]): a lost peer is a preemption, not a failure.
+    /// ([`crate::model::lost_peer`]): a lost peer is a preemption, not a failure.
     pub lost_peer_window_seconds: u64,
     /// What the operator refuses in a TrainingJob's pod template, beyond what admission
     /// enforces (docs/security.md).
@@ -96,9 +101,9 @@ impl ProgressChannel {
     pub fn supervisor_url(&self) -> String {
         let base = self
             .url
-            .strip_suffix(crate::progress::server::PATH)
+            .strip_suffix(PROGRESS_PATH)
             .unwrap_or(self.url.trim_end_matches('/'));
-        format!("{base}{}", crate::progress::server::SUPERVISOR_PATH)
+        format!("{base}{}", SUPERVISOR_PATH)
     }
 }
 

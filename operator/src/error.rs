@@ -1,7 +1,7 @@
 //! The operator's error type, counted by kind in `trainyard_operator_reconcile_errors_total`.
 
 use crate::config::ConfigError;
-use crate::validate::InvalidSpec;
+use crate::model::validate::InvalidSpec;
 
 /// Everything that can go wrong in the operator.
 #[derive(Debug, thiserror::Error)]

@@ -6,9 +6,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 
-use crate::cached_pod::CachedPod;
-use crate::crd::{DEFAULT_GPU_RESOURCE, TrainingJob};
-use crate::nodes::{
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{DEFAULT_GPU_RESOURCE, TrainingJob};
+use crate::model::nodes::{
     LABEL_COMPUTE_MAJOR, LABEL_COMPUTE_MINOR, LABEL_CUDA_MAJOR, LABEL_CUDA_MINOR, LABEL_GPU_PRODUCT,
 };
 use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;

@@ -2,63 +2,58 @@
 //! that run on cheap spot nodes and survive preemption by restarting from their latest
 //! checkpoint.
 //!
-//! The reconcile is a pipeline of pure steps, each unit-tested without a cluster:
-//! [`validate::validate`] → [`plan::decide`] (an ordered table of named phases over a read-only
-//! view of the job; it uses [`placement`], [`preemption`] and the
-//! [`lost_peer`] rule (both judged on the one [`liveness`] index) and the [`pods`], [`service`] and [`pvc`] builders, and creates nothing
-//! where [`ownership`] finds an object of the job's names that is not its own) → the thin
-//! [`controller`]: wiring, a status cache and an executor that writes the status and carries
-//! out the actions in one stated order, and shows the writes the API server rejects on the job
-//! ([`rejection`]).
+//! Folders are layers; a module imports only from layers below it, and no two modules import
+//! each other:
 //!
-//! What it shares with the device plugin and the trainer (the `TrainingJob` types that [`crd`]
-//! re-exports, the GPU label keys, the env names, version parsing, the spot provider table)
-//! comes from the contract crate `trainyard_api`.
+//! ```text
+//! runtime/   run, watches, triggers, wiring, reconcile, leader election, the progress endpoint
+//!   │
+//!   ├─▶ observe/   what one reconcile reads: caches, the liveness index, the progress recall
+//!   └─▶ writes/    the write path: executor (the write order), routine slots, Event publisher
+//!         │
+//!         ├─▶ state/     per-job memory and its one forgetting, expectations, the status cache
+//!         ├─▶ progress/  the channel: server, TokenReview auth, report store, supervisors
+//!         └─▶ plan/      decide(&Observed) -> Plan: PHASES, decided_by, the World tests
+//!               └─▶ build/   desired objects: pods, Service, PVC, the CRD
+//!                     └─▶ model/   pure rules: validate, placement, preemption, liveness, ...
+//! ```
 //!
-//! The crate's face is small on purpose: the crate root exports what a process needs to run
-//! the operator ([`run`] and its [`RunConfig`]), and tests and benchmarks use the operator
-//! through [`surface`]. Every other module is private and may change without notice.
+//! The root holds what every layer shares: `config` (read by the rules, so below `model`),
+//! `error`, `metrics` and `watchdog` (used by every layer above `plan`). They stay at the root,
+//! not in `runtime/`, because `writes/`, `observe/`, `state/` and `progress/` use them and arrows
+//! only point down. `progress/` sits below `observe/` and `writes/`, not beside `runtime/`: a
+//! reconcile reads its store and a round's effects reach its supervisors.
+//!
+//! What it shares with the device plugin and the trainer (the `TrainingJob` types that
+//! `model::crd` re-exports, the GPU label keys, the env names, the spot table) comes from the
+//! contract crate `trainyard_api`.
+//!
+//! The crate's face is small on purpose: the root exports what a process needs to run the
+//! operator ([`run`] and its [`RunConfig`]); tests and benchmarks use [`surface`]. Every other
+//! module is private and may change without notice.
 #![forbid(unsafe_code)]
 
-mod cached_pod;
-mod condition;
+mod build;
 mod config;
-mod controller;
-mod crd;
-mod crdgen;
 mod error;
-mod events;
-mod expectations;
 #[cfg(test)]
 pub(crate) mod fixtures;
-mod job_memory;
-mod leader;
-mod ledger;
-mod liveness;
-mod lost_peer;
 mod metrics;
-mod nodes;
-mod ownership;
-mod placement;
+mod model;
+mod observe;
 mod plan;
-mod pods;
-mod preemption;
 mod progress;
-mod pvc;
-mod reason;
-mod rejection;
-mod service;
+mod runtime;
+mod state;
 pub mod surface;
-mod trainer;
-mod validate;
 mod watchdog;
 mod writes;
 
 // What a process needs to run the operator: the binary, and the tests that run it in-process.
+pub use build::crdgen::crd_yaml;
 pub use config::{OperatorConfig, PriceEntry, ProgressChannel};
-pub use controller::{DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, run};
-pub use crdgen::crd_yaml;
 pub use error::Error;
-pub use leader::LeaderElection;
 pub use progress::AudienceCheck;
+pub use runtime::leader::LeaderElection;
+pub use runtime::{DEFAULT_MAX_CONCURRENT_RECONCILES, ProgressServing, RunConfig, run};
 pub use trainyard_listen::HttpLimits;

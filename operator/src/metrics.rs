@@ -18,8 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::crd::{GoodputLedger, GpuMillis};
 use crate::error::Error;
+use crate::model::crd::{GoodputLedger, GpuMillis};
 
 /// How many entries each per-job map holds (`trainyard_operator_state_entries`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -7,26 +7,27 @@
 //! operator's [`FIELD_MANAGER`] and loads the real progress endpoint in-process
 //! ([`progress`]).
 
+pub use crate::build::crdgen::crd;
+pub use crate::build::pods::{AttemptStart, Seat, desired_pod};
+pub use crate::build::service::desired_service;
 pub use crate::config::OperatorConfig;
-pub use crate::controller::CRD_NAME;
-pub use crate::crd::{
+pub use crate::metrics::Metrics;
+pub use crate::model::crd::{
     JobCondition, LABEL_ATTEMPT, LABEL_JOB, Phase, RestartReason, TrainingJob, TrainingJobSpec,
     TrainingJobStatus,
 };
-pub use crate::crdgen::crd;
-pub use crate::events::attempt_event_name;
-pub use crate::metrics::Metrics;
-pub use crate::placement::{Placement, place};
-pub use crate::pods::{AttemptStart, Seat, desired_pod};
-pub use crate::service::desired_service;
-pub use crate::validate::{InvalidSpec, ValidJob, pod_name, validate};
+pub use crate::model::events::attempt_event_name;
+pub use crate::model::placement::{Placement, place};
+pub use crate::model::validate::{InvalidSpec, ValidJob, pod_name, validate};
+pub use crate::runtime::CRD_NAME;
 pub use crate::writes::{FIELD_MANAGER, apply_status};
 
 /// The progress endpoint: its router on a listener ([`serve`](progress::serve)), what it
 /// serves from ([`ProgressServer`](progress::ProgressServer)), and the two ports a test fakes
 /// (a [`TokenReviewer`](progress::TokenReviewer) and a [`PodLookup`](progress::PodLookup)).
 pub mod progress {
-    pub use crate::progress::server::{MAX_BODY_BYTES, PATH, serve_within};
+    pub use crate::config::PROGRESS_PATH as PATH;
+    pub use crate::progress::server::{MAX_BODY_BYTES, serve_within};
     pub use crate::progress::{
         AuthError, Identity, PodLookup, ProgressServer, ProgressStore, TokenReviewer,
         WorkerIdentity, serve,
@@ -36,5 +37,5 @@ pub mod progress {
 /// The reasons of the operator's Events and conditions (`Preempted`, `WorkerFailed`, `Hang`,
 /// `Resumed`, ...), as typed constants.
 pub mod reason {
-    pub use crate::reason::*;
+    pub use crate::model::reason::*;
 }

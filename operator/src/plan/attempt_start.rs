@@ -11,9 +11,9 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::crd::{RestartReason, TrainingJobStatus};
-use crate::events::JobEvent;
-use crate::reason;
+use crate::model::crd::{RestartReason, TrainingJobStatus};
+use crate::model::events::JobEvent;
+use crate::model::reason;
 
 /// How long the API server keeps an Event (its `--event-ttl`, one hour by default). An
 /// Event older than that is gone anyway: telling it again would date an old restart
@@ -84,7 +84,7 @@ pub(super) fn tell_attempt_start(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::LastRestart;
+    use crate::model::crd::LastRestart;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn restarted(attempt: u32, reason: RestartReason, at: Timestamp) -> TrainingJobStatus {

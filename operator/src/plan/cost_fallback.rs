@@ -24,17 +24,17 @@
 
 use super::round::Round;
 use super::view::View;
-use crate::condition::{self, condition_is_true};
 use crate::config::OperatorConfig;
-use crate::crd::{GoodputLedger, SpotFallback, SpotPolicy, TrainingJobStatus};
-use crate::events::JobEvent;
-use crate::ledger::micro_dollars_per_hour;
-use crate::placement::SpotHistory;
-use crate::reason;
+use crate::model::condition::{self, condition_is_true};
+use crate::model::crd::{GoodputLedger, SpotFallback, SpotPolicy, TrainingJobStatus};
+use crate::model::events::JobEvent;
+use crate::model::ledger::micro_dollars_per_hour;
+use crate::model::placement::SpotHistory;
+use crate::model::reason;
 
 /// What the cost rule finds when an attempt is placed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum SpotVerdict {
     /// Not judged: no preemption counted yet, or no spot time charged.
     TooEarly,
     /// The product (empty when not known) lacks a spot or an on-demand price: cost decides
@@ -65,18 +65,18 @@ pub fn judge(
     preemptions: u32,
     product: &str,
     config: &OperatorConfig,
-) -> Verdict {
+) -> SpotVerdict {
     let spot = &ledger.spot;
     let charged = spot.total().saturating_sub(spot.pending);
     if preemptions == 0 || charged == 0 {
-        return Verdict::TooEarly;
+        return SpotVerdict::TooEarly;
     }
     let prices = (
         micro_dollars_per_hour(config, product, true),
         micro_dollars_per_hour(config, product, false),
     );
     let (Some(spot_price), Some(on_demand)) = prices else {
-        return Verdict::Unpriced(product.to_owned());
+        return SpotVerdict::Unpriced(product.to_owned());
     };
     let useful = spot.useful.saturating_add(spot.recompute_unknown);
     let spent = u128::from(spot_price) * u128::from(charged);
@@ -93,9 +93,9 @@ pub fn judge(
     };
     // Cross-multiplied, exact: spot × charged / useful > on-demand.
     if spent > u128::from(on_demand) * u128::from(useful) {
-        Verdict::NoLongerPays(cost)
+        SpotVerdict::NoLongerPays(cost)
     } else {
-        Verdict::Pays(cost)
+        SpotVerdict::Pays(cost)
     }
 }
 
@@ -133,10 +133,10 @@ pub(super) fn judge_next_attempt(view: &View<'_>, round: &mut Round) {
     let verdict = judge(ledger, preemptions, &product, view.config);
     let message = verdict.message(preemptions);
     let (left, reason) = match verdict {
-        Verdict::TooEarly => return,
-        Verdict::Unpriced(_) => (false, reason::SPOT_UNPRICED),
-        Verdict::Pays(_) => (false, reason::SPOT_PAYS),
-        Verdict::NoLongerPays(_) => (true, reason::SPOT_NO_LONGER_PAYS),
+        SpotVerdict::TooEarly => return,
+        SpotVerdict::Unpriced(_) => (false, reason::SPOT_UNPRICED),
+        SpotVerdict::Pays(_) => (false, reason::SPOT_PAYS),
+        SpotVerdict::NoLongerPays(_) => (true, reason::SPOT_NO_LONGER_PAYS),
     };
     if left {
         round.events.push(JobEvent::normal(
@@ -156,17 +156,17 @@ fn unpriced(product: &str) -> String {
     format!("{which}: the Cost fallback cannot judge spot, which the job keeps using")
 }
 
-impl Verdict {
+impl SpotVerdict {
     /// What the condition `SpotFallback` and the Event `SpotNoLongerPays` say of it: `spot
     /// cost $X per useful GPU-hour > on-demand $Y` (or `<=`), with the figures behind it.
     pub fn message(&self, preemptions: u32) -> String {
         let (cost, sign, then) = match self {
-            Verdict::TooEarly => {
+            SpotVerdict::TooEarly => {
                 return "not judged before a preemption and charged spot time".to_owned();
             }
-            Verdict::Unpriced(product) => return unpriced(product),
-            Verdict::Pays(cost) => (cost, "<=", "spot still pays"),
-            Verdict::NoLongerPays(cost) => (cost, ">", "later attempts run on on-demand nodes"),
+            SpotVerdict::Unpriced(product) => return unpriced(product),
+            SpotVerdict::Pays(cost) => (cost, "<=", "spot still pays"),
+            SpotVerdict::NoLongerPays(cost) => (cost, ">", "later attempts run on on-demand nodes"),
         };
         let (x, y) = match cost.per_useful_hour {
             None => ("∞".to_owned(), dollars(cost.on_demand, 2)),
@@ -217,7 +217,7 @@ fn seconds(millis: u64) -> String {
 mod tests {
     use super::*;
     use crate::config::PriceEntry;
-    use crate::crd::GpuMillis;
+    use crate::model::crd::GpuMillis;
 
     /// A ledger whose spot side holds `useful`, `lost` (to recompute) and `unknown` seconds
     /// of one GPU, with 30 s pending.
@@ -239,9 +239,9 @@ mod tests {
         OperatorConfig::default()
     }
 
-    fn cost(v: &Verdict) -> SpotCost {
+    fn cost(v: &SpotVerdict) -> SpotCost {
         match v {
-            Verdict::Pays(c) | Verdict::NoLongerPays(c) => *c,
+            SpotVerdict::Pays(c) | SpotVerdict::NoLongerPays(c) => *c,
             other => panic!("not judged: {other:?}"),
         }
     }
@@ -250,7 +250,7 @@ mod tests {
     fn spot_that_lost_more_than_on_demand_costs_no_longer_pays() {
         // 100 s useful, 250 s lost: $0.12 × 350 / 100 = $0.42 > $0.36.
         let v = judge(&spot_ledger(100, 250, 0), 2, "Tesla-T4", &config());
-        assert!(matches!(v, Verdict::NoLongerPays(_)), "{v:?}");
+        assert!(matches!(v, SpotVerdict::NoLongerPays(_)), "{v:?}");
         let c = cost(&v);
         assert_eq!((c.per_useful_hour, c.on_demand), (Some(420_000), 360_000));
         assert_eq!(
@@ -270,14 +270,14 @@ mod tests {
     fn spot_that_lost_less_than_the_price_gap_keeps_paying() {
         // 100 s useful, 150 s lost: $0.12 × 250 / 100 = $0.30 <= $0.36.
         let v = judge(&spot_ledger(100, 150, 0), 5, "Tesla-T4", &config());
-        assert!(matches!(v, Verdict::Pays(_)), "{v:?}");
+        assert!(matches!(v, SpotVerdict::Pays(_)), "{v:?}");
         assert!(
             v.message(5)
                 .starts_with("spot cost $0.30 per useful GPU-hour <= on-demand $0.36")
         );
         // Exactly the on-demand price still pays: 100 useful, 200 lost = 3×.
         let even = judge(&spot_ledger(100, 200, 0), 1, "Tesla-T4", &config());
-        assert!(matches!(even, Verdict::Pays(_)), "{even:?}");
+        assert!(matches!(even, SpotVerdict::Pays(_)), "{even:?}");
         assert!(
             even.message(1)
                 .contains("$0.3600 per useful GPU-hour <= on-demand $0.3600")
@@ -289,11 +289,11 @@ mod tests {
         let lost = spot_ledger(0, 500, 0);
         assert_eq!(
             judge(&lost, 3, "Radeon-MI300X", &config()),
-            Verdict::Unpriced("Radeon-MI300X".to_owned())
+            SpotVerdict::Unpriced("Radeon-MI300X".to_owned())
         );
         assert_eq!(
             judge(&lost, 3, "", &config()),
-            Verdict::Unpriced(String::new())
+            SpotVerdict::Unpriced(String::new())
         );
         assert!(unpriced("").contains("not known"));
     }
@@ -301,19 +301,22 @@ mod tests {
     #[test]
     fn nothing_is_judged_before_a_preemption_or_charged_spot_time() {
         let lost = spot_ledger(0, 500, 0);
-        assert_eq!(judge(&lost, 0, "Tesla-T4", &config()), Verdict::TooEarly);
+        assert_eq!(
+            judge(&lost, 0, "Tesla-T4", &config()),
+            SpotVerdict::TooEarly
+        );
         let only_pending = spot_ledger(0, 0, 0);
         assert_eq!(only_pending.spot.pending, 30_000);
         assert_eq!(
             judge(&only_pending, 1, "Tesla-T4", &config()),
-            Verdict::TooEarly
+            SpotVerdict::TooEarly
         );
     }
 
     #[test]
     fn no_useful_spot_time_is_an_unbounded_cost() {
         let v = judge(&spot_ledger(0, 5, 0), 1, "Tesla-T4", &config());
-        assert!(matches!(v, Verdict::NoLongerPays(_)), "{v:?}");
+        assert!(matches!(v, SpotVerdict::NoLongerPays(_)), "{v:?}");
         assert_eq!(cost(&v).per_useful_hour, None);
         assert!(
             v.message(1)
@@ -327,7 +330,7 @@ mod tests {
     fn running_time_of_unknown_loss_counts_as_useful() {
         // 50 s known useful + 100 s unknown, 250 s lost: $0.12 × 400 / 150 = $0.32.
         let v = judge(&spot_ledger(50, 250, 100), 2, "Tesla-T4", &config());
-        assert!(matches!(v, Verdict::Pays(_)), "{v:?}");
+        assert!(matches!(v, SpotVerdict::Pays(_)), "{v:?}");
         assert_eq!(cost(&v).useful, 150_000);
     }
 
@@ -343,7 +346,7 @@ mod tests {
         };
         let v = judge(&spot_ledger(0, 100, 0), 4, "Tesla-T4", &free);
         assert_eq!(cost(&v).per_useful_hour, Some(0));
-        assert!(matches!(v, Verdict::Pays(_)), "{v:?}");
+        assert!(matches!(v, SpotVerdict::Pays(_)), "{v:?}");
         let near = OperatorConfig {
             prices: vec![PriceEntry {
                 match_: "T4".to_owned(),
@@ -354,7 +357,7 @@ mod tests {
         };
         // $0.30 × 1201 / 1000 = $0.3603 > $0.36.
         let v = judge(&spot_ledger(1000, 201, 0), 2, "Tesla-T4", &near);
-        assert!(matches!(v, Verdict::NoLongerPays(_)), "{v:?}");
+        assert!(matches!(v, SpotVerdict::NoLongerPays(_)), "{v:?}");
         assert!(
             v.message(2)
                 .starts_with("spot cost $0.3603 per useful GPU-hour > on-demand $0.3600"),

@@ -1,6 +1,6 @@
 //! The goodput ledger's part of a round: at each transition the round decides (the first
 //! pods created, every worker running, a gang restart, success, failure, a suspend), the
-//! stretch it ends is folded into `status.ledger` ([`crate::ledger`]) from the status and
+//! stretch it ends is folded into `status.ledger` ([`crate::model::ledger`]) from the status and
 //! this round's observation. Rounds without a transition leave the ledger as it is, so it
 //! costs no status write of its own.
 
@@ -9,10 +9,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::round::Round;
 use super::view::View;
-use crate::cached_pod::CachedPod;
-use crate::crd::{GangSize, GoodputLedger, LedgerStretch, Phase, RestartReason, StretchUse};
-use crate::ledger::{self, Ending, Loss, Progress};
-use crate::preemption::{NodeView, WorkerState, trainer_status};
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{GangSize, GoodputLedger, LedgerStretch, Phase, RestartReason, StretchUse};
+use crate::model::ledger::{self, Ending, Loss, Progress};
+use crate::model::preemption::{NodeView, WorkerState, trainer_status};
 use k8s_openapi::api::core::v1::ContainerState;
 use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 

@@ -29,92 +29,25 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::SignedDuration;
 
+use super::observed::{is_finished, pod_name};
+use super::outcome::{Action, Supervise};
 use super::round::Round;
+use super::supervised::{fresh, kept_for, stopped_before, supervisor};
 use super::view::View;
-use super::{Action, JobEvent, Observed, is_finished, pod_name};
-use crate::cached_pod::CachedPod;
-use crate::crd::{LABEL_ATTEMPT, TrainingJobStatus};
-use crate::nodes;
-use crate::pods::{self, label_u32};
-use crate::preemption::{NodeView, WorkerState};
-use crate::progress::supervisors::{Directive, SupervisedState, SupervisorSeen};
-use crate::reason;
+use crate::build::pods::{self, label_u32};
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{LABEL_ATTEMPT, TrainingJobStatus};
+use crate::model::events::JobEvent;
+use crate::model::nodes;
+use crate::model::preemption::{NodeView, WorkerState};
+use crate::model::reason;
+use crate::model::supervision::Directive;
 use trainyard_api::ranks::RankSet;
 
-/// A supervisor that polled within this long is there (it polls every second while its
-/// trainer runs, or again as each held poll is answered: at most
-/// [`crate::progress::supervisors::MAX_HOLD`] apart).
-pub const SUPERVISOR_FRESH: SignedDuration = SignedDuration::from_secs(5);
 /// How long kept pods have to stop the old attempt beyond the job's grace period.
 pub const STOP_MARGIN: SignedDuration = SignedDuration::from_secs(10);
-
-/// What the executor tells the job's supervisors after a round.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Supervise {
-    /// The job's directive.
-    pub directive: Directive,
-    /// The uids of the job's pods: supervisors of other pods are forgotten.
-    pub pods: Vec<String>,
-}
-
-/// The ranks kept for attempt `attempt` by the restart that started it.
-pub(crate) fn kept_for(current: &TrainingJobStatus, attempt: u32) -> RankSet {
-    match &current.last_restart {
-        Some(last) if current.attempt == attempt => RankSet::parse(&last.in_place_ranks),
-        _ => RankSet::default(),
-    }
-}
-
-fn supervisor<'a>(observed: &'a Observed, pod: &CachedPod) -> Option<&'a SupervisorSeen> {
-    let uid = pod.metadata.uid.as_deref()?;
-    observed.supervisors.iter().find(|s| s.pod_uid == uid)
-}
-
-fn fresh(seen: &SupervisorSeen, now: Timestamp) -> bool {
-    now.duration_since(seen.seen_at) <= SUPERVISOR_FRESH
-}
-
-/// The code the trainer of `pod` exited with in attempt `attempt`, as its supervisor reports,
-/// and when the operator first heard of it (its own clock): the container keeps running, so
-/// the pod shows no end of its own.
-fn exit_seen(observed: &Observed, pod: &CachedPod, attempt: u32) -> Option<(i32, Timestamp)> {
-    match supervisor(observed, pod)? {
-        SupervisorSeen {
-            attempt: a,
-            state: SupervisedState::Exited(code),
-            since,
-            ..
-        } if *a == attempt => Some((*code, *since)),
-        _ => None,
-    }
-}
-
-/// The code the trainer of `pod` exited with in attempt `attempt`, as its supervisor reports.
-pub(crate) fn exit_reported(observed: &Observed, pod: &CachedPod, attempt: u32) -> Option<i32> {
-    exit_seen(observed, pod, attempt).map(|(code, _)| code)
-}
-
-/// When the operator first heard that the trainer of `pod` exited in attempt `attempt`.
-pub(crate) fn exit_heard_at(
-    observed: &Observed,
-    pod: &CachedPod,
-    attempt: u32,
-) -> Option<Timestamp> {
-    exit_seen(observed, pod, attempt).map(|(_, since)| since)
-}
-
-/// Whether the supervisor of `pod` says nothing of an attempt before `attempt` runs.
-fn stopped_before(observed: &Observed, pod: &CachedPod, attempt: u32) -> bool {
-    supervisor(observed, pod).is_some_and(|s| s.attempt < attempt && s.state.is_done())
-}
-
-/// Whether the supervisor of `pod` runs attempt `attempt`.
-pub(crate) fn started(observed: &Observed, pod: &CachedPod, attempt: u32) -> bool {
-    supervisor(observed, pod)
-        .is_some_and(|s| s.attempt == attempt && s.state == SupervisedState::Running)
-}
 
 /// Whether in-place restarts apply to the job: asked for, and the operator serves the channel
 /// its supervisors poll.
@@ -401,6 +334,11 @@ pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
 
 /// The trainer's environment a new pod of `rank` would get in the status' attempt.
 fn start_env(view: &View<'_>, st: &TrainingJobStatus, rank: u32) -> Vec<(String, String)> {
-    let pod = super::worker_pod(view, st, rank, &crate::placement::Placement::default());
+    let pod = super::view::worker_pod(
+        view,
+        st,
+        rank,
+        &crate::model::placement::Placement::default(),
+    );
     pods::literal_trainer_env(&pod, view.job.trainer_index)
 }

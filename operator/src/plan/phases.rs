@@ -8,70 +8,24 @@ use std::sync::Arc;
 use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::outcome::{Action, CLUSTER_WAIT_RECHECK, Flow, PhaseName, failure_backoff};
 use super::round::Round;
 use super::view::{View, resumes_as_new_attempt};
-use super::{
-    Action, CLUSTER_WAIT_RECHECK, Flow, JobEvent, condition, condition_is_true, failure_backoff,
-};
 use super::{attempt_start, cost_fallback, in_place};
-use crate::cached_pod::CachedPod;
-use crate::crd::{LastRestart, Phase, RestartReason};
-use crate::placement::{self, Placement};
-use crate::preemption::WorkerState;
-use crate::reason;
-use crate::validate::InvalidSpec;
-use crate::{nodes, pvc, service};
+use crate::build::{pvc, service};
+use crate::model::cached_pod::CachedPod;
+use crate::model::condition::{self, condition_is_true};
+use crate::model::crd::{LastRestart, Phase, RestartReason};
+use crate::model::events::JobEvent;
+use crate::model::nodes;
+use crate::model::placement::{self, Placement};
+use crate::model::preemption::WorkerState;
+use crate::model::reason;
+use crate::model::validate::InvalidSpec;
 
 pub(super) mod elastic;
 mod progress;
 mod restart;
-
-/// The name of a phase: which one decided a round ([`super::Plan::decided_by`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PhaseName {
-    /// `checkpoint.retainOnDelete`, also when edited: the claim's owner reference.
-    ClaimOwner,
-    /// A Succeeded or Failed job: stop what still runs.
-    Terminal,
-    /// `spec.suspend`: no pods.
-    Suspend,
-    /// `spec.suspend` went back to false.
-    Resume,
-    /// `activeDeadlineSeconds`.
-    Deadline,
-    /// Classify the current attempt's workers.
-    Classify,
-    /// Record what the trainers reported through the progress channel.
-    Progress,
-    /// A preemption or failure: restart the whole gang, or fail past the budget.
-    GangRestart,
-    /// The trainers' progress stopped advancing for `progressTimeoutSeconds`.
-    Hang,
-    /// `spec.elastic`: a shrunk gang with room for more workers grows, after a checkpoint.
-    Grow,
-    /// A termination notice on a running worker's node: checkpoint, then restart from it.
-    TerminationNotice,
-    /// Every trainer exited 0.
-    Success,
-    /// Pods of an older attempt must be gone before new ones start.
-    DrainOldAttempt,
-    /// Objects of the job's names that are not its own.
-    ForeignObjects,
-    /// The claim the job mounts must exist.
-    ClusterPrerequisites,
-    /// The wait after a failure.
-    FailureBackoff,
-    /// Unscheduled pods that avoid a node whose termination notice was withdrawn.
-    WithdrawnNotice,
-    /// Create the missing workers (and the Service and PVC).
-    Create,
-    /// Whether the workers can be placed.
-    Unschedulable,
-    /// `spec.elastic`: workers that cannot be placed for a while: the gang shrinks.
-    Shrink,
-    /// Whether every worker runs.
-    Running,
-}
 
 /// One decision of a round.
 pub(crate) type PhaseFn = fn(&View<'_>, &mut Round) -> Flow;
@@ -470,7 +424,7 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
         round.actions.push(Action::CreatePvc(Box::new(claim)));
     }
     for &rank in &missing {
-        let pod = super::worker_pod(view, &round.st, rank, &placement);
+        let pod = super::view::worker_pod(view, &round.st, rank, &placement);
         round.actions.push(Action::CreatePod(Box::new(pod)));
     }
     if view.job.spec.elastic.is_some() && round.st.world_size.is_none() {

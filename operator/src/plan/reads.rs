@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::cached_pod::CachedPod;
-use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, TrainingJobStatus};
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, TrainingJobStatus};
 
 /// The pod whose placement a missing rank of the current attempt copies (the lowest rank
 /// present), when some missing rank is one this round would create: not one the operator has
@@ -24,8 +24,8 @@ pub fn sibling_to_read<'p>(
     let recorded = |rank| recorded.contains(rank);
     let mut present: Vec<(u32, &Arc<CachedPod>)> = pods
         .iter()
-        .filter(|p| crate::pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(attempt))
-        .filter_map(|p| Some((crate::pods::label_u32(p.as_ref(), LABEL_RANK)?, p)))
+        .filter(|p| crate::build::pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(attempt))
+        .filter_map(|p| Some((crate::build::pods::label_u32(p.as_ref(), LABEL_RANK)?, p)))
         .filter(|(rank, _)| *rank < workers)
         .collect();
     present.sort_by_key(|(rank, _)| *rank);
@@ -39,8 +39,8 @@ pub fn sibling_to_read<'p>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::WorkerStatus;
-    use crate::validate::pod_name;
+    use crate::model::crd::WorkerStatus;
+    use crate::model::validate::pod_name;
     use kube::ResourceExt;
     use serde_json::json;
 

@@ -3,24 +3,24 @@
 
 use std::sync::Arc;
 
-use crate::cached_pod::CachedPod;
-use jiff::{SignedDuration, Timestamp};
+use crate::model::cached_pod::CachedPod;
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::observed::{is_finished, pod_name};
+use super::outcome::Action;
 use super::view::View;
-use super::{
-    Action, JobEvent, PhaseName, Plan, condition, condition_is_true, is_finished, pod_name,
-    set_condition, write_invalid_spec,
-};
-use crate::crd::{
+use crate::model::condition::{self, condition_is_true, set_condition};
+use crate::model::crd::{
     MAX_REASON_CHARS, MAX_WORKER_ENTRIES, Phase, RestartReason, TrainingJobStatus, WorkerStatus,
     WorkerSummary,
 };
-use crate::nodes;
-use crate::placement::Placement;
-use crate::preemption::{WorkerPhase, WorkerState, min_time};
-use crate::reason;
-use crate::validate::InvalidSpec;
+use crate::model::events::JobEvent;
+use crate::model::nodes;
+use crate::model::placement::Placement;
+use crate::model::preemption::{WorkerPhase, WorkerState, min_time};
+use crate::model::reason;
+use crate::model::validate::InvalidSpec;
 use trainyard_api::ranks::RankSet;
 
 /// What the phases of one round have decided so far.
@@ -51,7 +51,7 @@ pub(crate) struct Round {
     pub placement: Option<Placement>,
     /// The kept pods start the attempt in place in this round ([`super::in_place::start`]).
     pub start_in_place: bool,
-    /// A failure's verdict is held in this round ([`crate::lost_peer`]): nothing is decided
+    /// A failure's verdict is held in this round ([`crate::model::lost_peer`]): nothing is decided
     /// about the attempt yet, so a running job stays `Running`.
     pub verdict_held: bool,
 }
@@ -78,78 +78,6 @@ impl Round {
             placement: None,
             start_in_place: false,
             verdict_held: false,
-        }
-    }
-
-    /// The plan, with the actions on objects whose last write the caches do not show yet held
-    /// back, the round's transitions in the goodput ledger and `InvalidSpec` set or cleared.
-    pub fn finish(mut self, view: &View<'_>, decided_by: PhaseName) -> Plan {
-        self.hold_back_unseen(view);
-        super::goodput::fold(view, &mut self);
-        self.events.extend(write_invalid_spec(
-            &mut self.st,
-            &view.current.conditions,
-            self.invalid.as_ref(),
-            view.generation,
-            view.now,
-        ));
-        if let Some(writes) = &view.observed.last_writes {
-            let (st, shown) =
-                crate::rejection::after_writes(&self.st, writes, view.generation, view.now);
-            self.st = st;
-            self.events.extend(shown);
-        }
-        let supervise = super::in_place::supervise(view, &self);
-        self.events.extend(self.announcement);
-        if view.observed.told_attempt != Some(self.st.attempt) {
-            super::tell_attempt_start(&mut self.events, &self.st, view.now);
-        }
-        Plan {
-            supervise,
-            status: self.st,
-            actions: self.actions,
-            events: self.events,
-            requeue_at: self.requeue_at,
-            restart: self.restart.or(self.resumed),
-            creates_attempt: self.creates_attempt,
-            checkpoint_request: self.checkpoint_request,
-            checkpoint_withdrawal: self.checkpoint_withdrawal,
-            steps_lost: self.steps_lost,
-            decided_by,
-        }
-    }
-
-    /// Drops the actions on objects a write of this operator is on its way to
-    /// ([`super::UnseenWrite`]), and looks again when the first of those waits lapses at the
-    /// latest (the watch event that shows the write wakes the job sooner). A round whose pod
-    /// creates are all held back repeats a round whose creates went out: that round announced
-    /// the attempt and started its clock.
-    fn hold_back_unseen(&mut self, view: &View<'_>) {
-        let unseen = &view.observed.unseen_writes;
-        if unseen.is_empty() || self.actions.is_empty() {
-            return;
-        }
-        let creates =
-            |actions: &[Action]| actions.iter().any(|a| matches!(a, Action::CreatePod(_)));
-        let created = creates(&self.actions);
-        let mut lapses = None;
-        self.actions.retain(|action| {
-            let (kind, name) = action.target();
-            match unseen.iter().find(|w| w.kind == kind && w.name == name) {
-                Some(w) => {
-                    lapses =
-                        Some(lapses.map_or(w.lapses_in, |l: SignedDuration| l.min(w.lapses_in)));
-                    false
-                }
-                None => true,
-            }
-        });
-        if let Some(lapses) = lapses {
-            self.requeue(view.now.checked_add(lapses).ok());
-        }
-        if created && !creates(&self.actions) {
-            self.creates_attempt = None;
-            self.announcement = None;
         }
     }
 
@@ -325,7 +253,7 @@ fn compact_workers(
         };
         *count = count.saturating_add(1);
         if let Some(reason) = &mut w.reason {
-            *reason = crate::condition::cut_to_chars(reason, MAX_REASON_CHARS);
+            *reason = crate::model::condition::cut_to_chars(reason, MAX_REASON_CHARS);
         }
     }
     summary.seen_ranks = seen.to_string();

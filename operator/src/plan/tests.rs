@@ -1,11 +1,22 @@
 //! The restart state machine, driven round by round as the controller would.
 
+use std::sync::Arc;
+
+use jiff::SignedDuration;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use super::observed::is_finished;
+use super::outcome::{PhaseName, failure_backoff};
 use super::*;
-use crate::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, StretchUse, WorkerStatus};
-use crate::events::EventKind;
 use crate::fixtures::{job_yaml, node, ts};
-use crate::liveness::Heartbeats;
-use crate::validate::validate;
+use crate::model::cached_pod::CachedPod;
+use crate::model::condition::condition_is_true;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB_UID, StretchUse, WorkerStatus};
+use crate::model::crd::{Phase, RestartReason};
+use crate::model::events::EventKind;
+use crate::model::liveness::Heartbeats;
+use crate::model::ownership::{Foreign, Kind};
+use crate::model::validate::validate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde_json::json;
 use trainyard_api::env::{RESUME_FROM, TRAINYARD_ATTEMPT, TRAINYARD_RESTART_REASON};
@@ -31,7 +42,7 @@ struct World {
     /// for every round [`World::step`] carries out).
     told: Option<u32>,
     /// What the workers' in-place restart supervisors last said.
-    supervisors: Vec<crate::progress::supervisors::SupervisorSeen>,
+    supervisors: Vec<crate::model::supervision::SupervisorSeen>,
     /// When the operator began listening to them (it became the leader).
     supervisors_since: Option<Timestamp>,
     /// The GPUs in use per node, as the controller reads them for an elastic job.
@@ -92,15 +103,15 @@ impl World {
     /// missing rank was not just created; here nothing is held back, so always).
     fn sibling_placement(&self) -> Option<SiblingPlacement> {
         let of_attempt = |p: &&Arc<Pod>| {
-            crate::pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(self.status.attempt)
+            crate::build::pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(self.status.attempt)
         };
         let present: Vec<&Arc<Pod>> = self.pods.iter().filter(of_attempt).collect();
         if present.is_empty() || present.len() >= self.job.spec.workers as usize {
             return None;
         }
-        let first = present
-            .iter()
-            .min_by_key(|p| crate::pods::label_u32(p.as_ref(), crate::crd::LABEL_RANK))?;
+        let first = present.iter().min_by_key(|p| {
+            crate::build::pods::label_u32(p.as_ref(), crate::model::crd::LABEL_RANK)
+        })?;
         Some(SiblingPlacement::of(first))
     }
 
@@ -1563,7 +1574,7 @@ fn old_pods_whose_containers_all_stopped_are_force_removed_so_the_next_attempt_s
     );
 }
 
-fn foreign(kind: crate::ownership::ObjectKind, name: &str) -> Foreign {
+fn foreign(kind: crate::model::ownership::ObjectKind, name: &str) -> Foreign {
     Foreign {
         kind,
         name: name.to_owned(),
@@ -1588,7 +1599,7 @@ fn name_conflict(plan: &Plan) -> Option<&JobCondition> {
 
 #[test]
 fn objects_of_the_jobs_names_that_are_not_its_own_block_new_workers_with_one_warning() {
-    use crate::ownership::ObjectKind;
+    use crate::model::ownership::ObjectKind;
     let mut w = World::new("workers: 2\n");
     let objects = vec![
         foreign(ObjectKind::Service, "train"),
@@ -1653,7 +1664,7 @@ fn objects_of_the_jobs_names_that_are_not_its_own_block_new_workers_with_one_war
 
 #[test]
 fn a_pod_of_a_workers_name_that_is_not_the_jobs_is_a_name_conflict() {
-    use crate::ownership::ObjectKind;
+    use crate::model::ownership::ObjectKind;
     let w = World::new("workers: 2\n");
     let plan = decide_with_foreign(&w, vec![foreign(ObjectKind::Pod, "train-worker-1")]);
     assert_eq!(plan.decided_by, PhaseName::ForeignObjects);
@@ -1673,7 +1684,7 @@ fn a_pod_of_a_workers_name_that_is_not_the_jobs_is_a_name_conflict() {
 
 #[test]
 fn running_workers_keep_running_beside_a_foreign_object_which_is_reported() {
-    use crate::ownership::ObjectKind;
+    use crate::model::ownership::ObjectKind;
     let mut w = World::new("workers: 2\n");
     w.step();
     w.run_all();
@@ -1715,7 +1726,7 @@ fn retrying_creates_the_api_server_rejected_does_not_announce_them_again() {
 }
 
 /// Decides on `w` as the controller does after the last round's writes came to `writes`.
-fn decide_after_writes(w: &World, writes: crate::rejection::Writes) -> Plan {
+fn decide_after_writes(w: &World, writes: crate::model::rejection::WriteOutcome) -> Plan {
     let observed = Observed {
         last_writes: Some(writes),
         ..w.observed()
@@ -1725,10 +1736,10 @@ fn decide_after_writes(w: &World, writes: crate::rejection::Writes) -> Plan {
 
 #[test]
 fn the_round_after_a_rejected_create_shows_it_once_and_one_accepted_write_clears_it() {
-    use crate::rejection::{Rejection, Writes};
+    use crate::model::rejection::{Rejection, WriteOutcome};
     let mut w = World::new("workers: 1\n");
     w.status = w.decide().status;
-    let rejected = Writes {
+    let rejected = WriteOutcome {
         accepted: 0,
         rejected: vec![Rejection {
             code: 422,
@@ -1766,7 +1777,7 @@ fn the_round_after_a_rejected_create_shows_it_once_and_one_accepted_write_clears
         again.events
     );
     // The spec was fixed and the create accepted: cleared, once.
-    let accepted = Writes {
+    let accepted = WriteOutcome {
         accepted: 1,
         rejected: Vec::new(),
     };
@@ -1861,7 +1872,7 @@ fn reports(attempt: u32, ranks: &[(u32, u64)], at: Timestamp) -> ObservedProgres
         attempt,
         ranks: ranks
             .iter()
-            .map(|&(rank, step)| RankProgress {
+            .map(|&(rank, step)| ObservedRank {
                 rank,
                 step,
                 advanced_at: at,
@@ -2105,7 +2116,7 @@ fn a_termination_notice_changes_nothing_for_trainers_that_do_not_report() {
 fn retained_claim(w: &World) -> ObservedClaim {
     let meta: ObjectMeta = serde_json::from_value(json!({
         "name": "train-checkpoints",
-        "labels": {crate::crd::LABEL_JOB: "train", LABEL_JOB_UID: "uid-0"},
+        "labels": {crate::model::crd::LABEL_JOB: "train", LABEL_JOB_UID: "uid-0"},
         "resourceVersion": "7",
     }))
     .expect("meta");
@@ -2417,10 +2428,10 @@ impl Channel {
         plan
     }
 
-    /// What the controller hands the decision (`controller/progress.rs`).
+    /// What the controller hands the decision (`observe/recall.rs`).
     fn observed(&self) -> Option<ObservedProgress> {
         let p = self.store.snapshot("ml", "train")?;
-        Some(crate::controller::progress::as_observed(p, None))
+        Some(crate::observe::recall::as_observed(p, None))
     }
 }
 
@@ -2607,7 +2618,7 @@ fn a_preempted_jobs_ledger_counts_every_stretch_through_its_restart() {
     let restart = w.step();
     assert_eq!(restart.restart, Some(RestartReason::Preemption));
     let ledger = restart.status.ledger.clone().expect("ledger");
-    let expected = crate::crd::GpuMillis {
+    let expected = crate::model::crd::GpuMillis {
         pending: 60_000 * 8,
         useful: 900_000 * 8,
         lost_to_recompute: 110_000 * 8,
@@ -2676,7 +2687,7 @@ fn a_failed_attempt_without_reports_is_unknown_and_the_success_after_it_useful()
     let done = w.step();
     assert_eq!(done.status.phase, Some(Phase::Succeeded));
     let ledger = done.status.ledger.expect("ledger");
-    let expected = crate::crd::GpuMillis {
+    let expected = crate::model::crd::GpuMillis {
         recompute_unknown: 100_000 * 2,
         lost_to_detection: 2_000 * 2,
         lost_to_restart: 10_000 * 2,
@@ -2705,7 +2716,7 @@ fn a_failed_attempt_without_reports_is_unknown_and_the_success_after_it_useful()
 #[test]
 fn suspend_and_resume_close_the_attempt_and_count_nothing_while_suspended() {
     let mut w = World::running_world("workers: 1\ngpusPerWorker: 1\n");
-    w.status.progress = Some(crate::crd::ProgressStatus {
+    w.status.progress = Some(crate::model::crd::ProgressStatus {
         attempt: 0,
         step: 50,
         checkpoint_step: Some(40),
@@ -2762,7 +2773,7 @@ fn a_new_leader_folds_the_attempt_from_the_status_alone() {
     let restart = w.step();
     assert_eq!(restart.restart, Some(RestartReason::Preemption));
     let ledger = restart.status.ledger.expect("ledger");
-    let expected = crate::crd::GpuMillis {
+    let expected = crate::model::crd::GpuMillis {
         pending: 60_000,
         useful: 900_000,
         lost_to_recompute: 115_000,
@@ -2814,7 +2825,7 @@ fn a_hang_restart_counts_the_work_past_the_checkpoint_and_the_time_stuck_as_hang
     let plan = w.step();
     assert_eq!(plan.restart, Some(RestartReason::Hang));
     let ledger = plan.status.ledger.expect("ledger");
-    let expected = crate::crd::GpuMillis {
+    let expected = crate::model::crd::GpuMillis {
         useful: 80_000,
         hangs: 20_000 + 60_000,
         ..Default::default()
@@ -2838,7 +2849,8 @@ fn the_ledger_draws_its_boundaries_at_whole_seconds_so_they_survive_the_status()
     assert_eq!(ledger.on_demand.recompute_unknown, 100_000);
     assert_eq!(ledger.open.as_ref().map(|o| o.since.0), Some(t(100)));
     let written = serde_json::to_value(&ledger).expect("serialize");
-    let read_back: crate::crd::GoodputLedger = serde_json::from_value(written).expect("parse");
+    let read_back: crate::model::crd::GoodputLedger =
+        serde_json::from_value(written).expect("parse");
     assert_eq!(read_back, ledger);
 }
 
@@ -2890,7 +2902,7 @@ fn unscheduled_pods_that_avoid_a_node_whose_notice_is_withdrawn_are_replaced() {
     assert_eq!(
         plan.events
             .iter()
-            .filter(|e| e.reason == crate::reason::NOTICE_WITHDRAWN)
+            .filter(|e| e.reason == crate::model::reason::NOTICE_WITHDRAWN)
             .count(),
         1
     );
@@ -2911,7 +2923,7 @@ fn unscheduled_pods_that_avoid_a_node_whose_notice_is_withdrawn_are_replaced() {
     assert_eq!(created.len(), 2, "{:?} {:?}", plan.decided_by, plan.events);
     for p in &created {
         assert!(CachedPod::from(p).avoided_nodes().is_empty());
-        assert_eq!(crate::pods::label_u32(p, LABEL_ATTEMPT), Some(0));
+        assert_eq!(crate::build::pods::label_u32(p, LABEL_ATTEMPT), Some(0));
     }
 }
 
@@ -2973,7 +2985,10 @@ fn a_waiting_worker_beside_running_ones_is_replaced_when_the_notice_it_avoids_is
     assert_eq!(created.len(), 1, "{:?} {:?}", plan.decided_by, plan.actions);
     assert_eq!(created[0].metadata.name.as_deref(), Some("train-worker-2"));
     assert!(CachedPod::from(&created[0]).avoided_nodes().is_empty());
-    assert_eq!(crate::pods::label_u32(&created[0], LABEL_ATTEMPT), Some(0));
+    assert_eq!(
+        crate::build::pods::label_u32(&created[0], LABEL_ATTEMPT),
+        Some(0)
+    );
     assert_eq!(World::deletes(&plan), 0);
     assert_eq!((plan.status.attempt, plan.status.preemptions), (0, 0));
 }
@@ -3768,14 +3783,17 @@ fn ten_thousand_unschedulable_workers_give_a_status_under_64_kib() {
     let plan = w.step();
     let bytes = serde_json::to_vec(&plan.status).expect("status").len();
     assert!(bytes < 64 * 1024, "{bytes} bytes");
-    assert_eq!(plan.status.workers.len(), crate::crd::MAX_WORKER_ENTRIES);
+    assert_eq!(
+        plan.status.workers.len(),
+        crate::model::crd::MAX_WORKER_ENTRIES
+    );
     let summary = plan.status.worker_summary.clone().expect("summary");
     assert_eq!((summary.pending, summary.running), (10_000, 0));
     assert_eq!(summary.seen_ranks, "0-9999");
     for w in &plan.status.workers {
         let reason = w.reason.as_deref().expect("reason");
         assert!(
-            reason.chars().count() <= crate::crd::MAX_REASON_CHARS,
+            reason.chars().count() <= crate::model::crd::MAX_REASON_CHARS,
             "{reason}"
         );
     }
@@ -3976,7 +3994,7 @@ fn a_replica_tells_an_attempt_it_has_not_told_once() {
     let mut w = World::new("workers: 1\n");
     w.status = TrainingJobStatus {
         attempt: 3,
-        last_restart: Some(crate::crd::LastRestart {
+        last_restart: Some(crate::model::crd::LastRestart {
             time: Time(w.now - SignedDuration::from_secs(5)),
             reason: RestartReason::Preemption,
             detail: "a termination notice on node-2".to_owned(),

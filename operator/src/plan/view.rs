@@ -4,17 +4,19 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::cached_pod::CachedPod;
+use crate::model::cached_pod::CachedPod;
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
 
-use super::Observed;
+use super::observed::{Observed, is_finished};
+use super::supervised;
+use crate::build::pods::label_u32;
 use crate::config::OperatorConfig;
-use crate::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus};
-use crate::liveness::{self, Reports, Silence};
-use crate::lost_peer;
-use crate::pods::label_u32;
-use crate::preemption::{self, ClassifierConfig, WorkerState, min_time};
-use crate::validate::ValidJob;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus};
+use crate::model::liveness::{self, Reports, Silence};
+use crate::model::lost_peer;
+use crate::model::preemption::{self, ClassifierConfig, WorkerState, min_time};
+use crate::model::validate::ValidJob;
 use trainyard_api::ranks::RankSet;
 
 /// The inputs of one decision.
@@ -54,9 +56,9 @@ impl<'a> View<'a> {
         };
         // A resume in this round starts the next attempt, with no worker recorded yet.
         let (attempt, recorded) = if resumes_as_new_attempt(job, current) {
-            (current.attempt.saturating_add(1), Recorded::default())
+            (current.attempt.saturating_add(1), RecordedRanks::default())
         } else {
-            (current.attempt, Recorded::of(current))
+            (current.attempt, RecordedRanks::of(current))
         };
         view.census = Census::take(&view, attempt, &recorded);
         view
@@ -79,6 +81,34 @@ pub(crate) fn resumes_as_new_attempt(job: &ValidJob, current: &TrainingJobStatus
     current.phase == Some(Phase::Suspended) && !job.spec.suspend && current.start_time.is_some()
 }
 
+/// The pod of `rank` in the attempt of `st`, placed by `placement`: what the create phase
+/// creates, and whose environment a kept pod's supervisor starts the attempt with.
+pub(super) fn worker_pod(
+    view: &View<'_>,
+    st: &TrainingJobStatus,
+    rank: u32,
+    placement: &crate::model::placement::Placement,
+) -> Pod {
+    let start = crate::build::pods::AttemptStart::of(
+        st.attempt,
+        st.last_restart.as_ref().map(|l| l.reason),
+        view.observed.claim.as_ref().is_some_and(|c| c.inherited),
+    );
+    let seat = crate::build::pods::Seat {
+        rank,
+        attempt: st.attempt,
+        workers: attempt_workers(view.job, st),
+    };
+    crate::build::pods::desired_pod(
+        view.job,
+        seat,
+        start,
+        st.resume_point.as_ref().map(|r| r.file.as_str()),
+        placement,
+        view.config.progress_channel.as_ref(),
+    )
+}
+
 /// The nodes lost to the attempt whose trainers report ([`liveness::lost_nodes`]): judged for
 /// the pods of that attempt still running, whichever attempt the round works on, so that a
 /// pod of an attempt just ended is removed without its kubelet only where the rule says so.
@@ -92,7 +122,7 @@ fn judge_heartbeats(view: &View<'_>) -> BTreeMap<String, String> {
         .pods
         .iter()
         .filter(|p| label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(progress.attempt))
-        .filter(|p| !super::is_finished(p))
+        .filter(|p| !is_finished(p))
         .filter_map(|p| Some((label_u32(p.as_ref(), LABEL_RANK)?, p.node_name()?)))
         .collect();
     let reported: Vec<(u32, Timestamp)> =
@@ -171,12 +201,12 @@ impl Census<'_> {
 
 /// The ranks of an attempt the status records: seen, and of those, succeeded.
 #[derive(Default)]
-struct Recorded {
+struct RecordedRanks {
     seen: RankSet,
     succeeded: RankSet,
 }
 
-impl Recorded {
+impl RecordedRanks {
     fn of(status: &TrainingJobStatus) -> Self {
         Self {
             seen: status.recorded_ranks(),
@@ -188,12 +218,12 @@ impl Recorded {
 impl<'a> Census<'a> {
     /// Splits the pods by attempt `attempt` and classifies its workers; `recorded` is what
     /// the status recorded of them.
-    fn take(view: &View<'a>, attempt: u32, recorded: &Recorded) -> Self {
+    fn take(view: &View<'a>, attempt: u32, recorded: &RecordedRanks) -> Self {
         let observed = view.observed;
         let mut current: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
         let mut old: Vec<&Arc<CachedPod>> = Vec::new();
         let mut kept: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
-        let kept_for = super::in_place::kept_for(view.current, attempt);
+        let kept_for = supervised::kept_for(view.current, attempt);
         for pod in &observed.pods {
             match (
                 label_u32(pod.as_ref(), LABEL_ATTEMPT),
@@ -215,10 +245,7 @@ impl<'a> Census<'a> {
             recheck_at = min_time(recheck_at, c.recheck_at);
             // A supervisor holds its container while it waits for the operator: its report of
             // the trainer's exit is the end a container without one would show.
-            let state = match (
-                c.state,
-                super::in_place::exit_reported(observed, pod, attempt),
-            ) {
+            let state = match (c.state, supervised::exit_reported(observed, pod, attempt)) {
                 (WorkerState::Running { .. } | WorkerState::Pending { .. }, Some(code)) => {
                     WorkerState::Failed(format!(
                         "the trainer exited with code {code} (reported by its supervisor)"
@@ -226,8 +253,7 @@ impl<'a> Census<'a> {
                 }
                 // A kept pod runs this attempt once its supervisor says it started it.
                 (WorkerState::Running { .. }, None)
-                    if kept_for.contains(rank)
-                        && !super::in_place::started(observed, pod, attempt) =>
+                    if kept_for.contains(rank) && !supervised::started(observed, pod, attempt) =>
                 {
                     WorkerState::Pending { reason: None }
                 }

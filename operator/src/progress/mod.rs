@@ -22,7 +22,7 @@
 //!
 //! `loss` (finite), `checkpointStep` (the latest checkpoint this rank knows is saved) and
 //! `resumedFrom` (the step this attempt loaded from `RESUME_FROM`) are optional; the steps are
-//! at most [`crate::crd::MAX_STEP`]; unknown fields are ignored. The answer is
+//! at most [`crate::model::crd::MAX_STEP`]; unknown fields are ignored. The answer is
 //! `200 {"checkpoint": bool}`: `true` asks the trainer to save a checkpoint at the next step
 //! boundary and report its `checkpointStep`. Errors answer `{"error": "..."}` with 400 (bad
 //! JSON or values), 401 (no, malformed or invalid token, or one for another audience), 403 (the

@@ -37,16 +37,14 @@ use trainyard_listen::HttpLimits;
 
 use super::auth::{AuthError, Identity, TokenReviewer};
 use super::store::{ProgressStore, Report};
-use super::supervisors::{self, Order, Poll, SupervisedState};
-use crate::cached_pod::CachedPod;
-use crate::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
+use super::supervisors::{self, Order, Poll};
+use crate::config::{PROGRESS_PATH, SUPERVISOR_PATH};
 use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
+use crate::model::supervision::SupervisedState;
 
-/// The path reports are posted to.
-pub const PATH: &str = "/v1/progress";
-/// The path supervisors poll ([`super::supervisors`]).
-pub const SUPERVISOR_PATH: &str = "/v1/supervisor";
 /// The largest body accepted; a report is about 150 bytes.
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
 /// The largest bearer token accepted (a projected token is about 1 KiB).
@@ -177,13 +175,13 @@ impl Outcome {
 
 /// A report not accepted.
 #[derive(Debug)]
-struct Rejection {
+struct Refusal {
     status: StatusCode,
     outcome: Outcome,
     message: String,
 }
 
-impl Rejection {
+impl Refusal {
     fn new(status: StatusCode, outcome: Outcome, message: impl Into<String>) -> Self {
         Self {
             status,
@@ -241,11 +239,11 @@ struct ReportBody {
 }
 
 impl ReportBody {
-    fn parse(bytes: &[u8]) -> Result<(String, Report), Rejection> {
+    fn parse(bytes: &[u8]) -> Result<(String, Report), Refusal> {
         let body: ReportBody = serde_json::from_slice(bytes)
-            .map_err(|e| Rejection::invalid(format!("invalid report: {e}")))?;
+            .map_err(|e| Refusal::invalid(format!("invalid report: {e}")))?;
         if body.job.is_empty() {
-            return Err(Rejection::invalid("job is empty"));
+            return Err(Refusal::invalid("job is empty"));
         }
         for (field, value) in [
             ("step", Some(body.step)),
@@ -253,24 +251,24 @@ impl ReportBody {
             ("resumedFrom", body.resumed_from),
         ] {
             if value.is_some_and(|v| v > MAX_STEP) {
-                return Err(Rejection::invalid(format!(
+                return Err(Refusal::invalid(format!(
                     "{field} is over the maximum {MAX_STEP}"
                 )));
             }
         }
         if body.loss.is_some_and(|l| !l.is_finite()) {
-            return Err(Rejection::invalid("loss is not finite"));
+            return Err(Refusal::invalid("loss is not finite"));
         }
         if let Some(file) = &body.checkpoint_file {
             if !trainyard_api::env::is_checkpoint_file_name(file) {
-                return Err(Rejection::invalid(format!(
+                return Err(Refusal::invalid(format!(
                     "checkpointFile must be a plain file name in the checkpoint directory (no \
                      '/', not hidden, at most {} bytes)",
                     trainyard_api::env::MAX_CHECKPOINT_FILE_BYTES
                 )));
             }
             if body.checkpoint_step.is_none() {
-                return Err(Rejection::invalid(
+                return Err(Refusal::invalid(
                     "checkpointFile names the checkpoint of checkpointStep, which is missing",
                 ));
             }
@@ -310,7 +308,7 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
 }
 
-struct Shared {
+struct ServerShared {
     server: Arc<ProgressServer>,
     permits: Semaphore,
     per_source: PerSource,
@@ -359,21 +357,21 @@ impl Drop for SourceSlot<'_> {
 }
 
 /// Reads the body within [`BODY_TIMEOUT`], refusing one that is late, too large or unreadable.
-async fn read_body(request: Request) -> Result<Bytes, Rejection> {
+async fn read_body(request: Request) -> Result<Bytes, Refusal> {
     match tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(request, &())).await {
-        Err(_) => Err(Rejection::new(
+        Err(_) => Err(Refusal::new(
             StatusCode::REQUEST_TIMEOUT,
             Outcome::Invalid,
             "the body did not arrive in time",
         )),
         Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            Err(Rejection::new(
+            Err(Refusal::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Outcome::TooLarge,
                 format!("the body is over {MAX_BODY_BYTES} bytes"),
             ))
         }
-        Ok(Err(rejection)) => Err(Rejection::invalid(rejection.body_text())),
+        Ok(Err(rejection)) => Err(Refusal::invalid(rejection.body_text())),
         Ok(Ok(bytes)) => Ok(bytes),
     }
 }
@@ -381,15 +379,15 @@ async fn read_body(request: Request) -> Result<Bytes, Rejection> {
 /// The pod `token` was issued to: from what the reviewer knows, or else from a review within
 /// [`REVIEW_TIMEOUT`] that holds one of the permits.
 async fn review(
-    shared: &Shared,
+    shared: &ServerShared,
     token: String,
     source: Option<IpAddr>,
-) -> Result<Identity, Rejection> {
+) -> Result<Identity, Refusal> {
     let reviewer = shared.server.reviewer.as_ref();
     if let Err(AuthError::Unauthenticated(why) | AuthError::Unavailable(why)) =
         reviewer.precheck(&token)
     {
-        return Err(Rejection::new(
+        return Err(Refusal::new(
             StatusCode::UNAUTHORIZED,
             Outcome::Unauthenticated,
             why,
@@ -402,7 +400,7 @@ async fn review(
             // reports still count.
             let _slot = match source {
                 Some(source) => Some(shared.per_source.take(source).ok_or_else(|| {
-                    Rejection::new(
+                    Refusal::new(
                         StatusCode::TOO_MANY_REQUESTS,
                         Outcome::Throttled,
                         format!(
@@ -413,10 +411,10 @@ async fn review(
                 None => None,
             };
             let Ok(_permit) = shared.permits.try_acquire() else {
-                return Err(Rejection::overloaded("overloaded"));
+                return Err(Refusal::overloaded("overloaded"));
             };
             match tokio::time::timeout(REVIEW_TIMEOUT, reviewer.review(token)).await {
-                Err(_) => return Err(Rejection::overloaded("the token review timed out")),
+                Err(_) => return Err(Refusal::overloaded("the token review timed out")),
                 Ok(answer) => answer,
             }
         }
@@ -424,9 +422,9 @@ async fn review(
     match answer {
         Err(AuthError::Unavailable(why)) => {
             tracing::warn!(%why, "progress report: token review failed");
-            Err(Rejection::overloaded("the token cannot be reviewed now"))
+            Err(Refusal::overloaded("the token cannot be reviewed now"))
         }
-        Err(AuthError::Unauthenticated(why)) => Err(Rejection::new(
+        Err(AuthError::Unauthenticated(why)) => Err(Refusal::new(
             StatusCode::UNAUTHORIZED,
             Outcome::Unauthenticated,
             why,
@@ -442,23 +440,23 @@ fn check_worker(
     identity: &Identity,
     job: &str,
     report: &Report,
-) -> Result<String, Rejection> {
+) -> Result<String, Refusal> {
     let pod = format!("{}/{}", identity.namespace, identity.pod_name);
     let worker = token_worker(pods, identity)?;
     if worker.job != job {
-        return Err(Rejection::forbidden(format!(
+        return Err(Refusal::forbidden(format!(
             "pod {pod} is a worker of job {}, not {job}",
             worker.job
         )));
     }
     if worker.rank != report.rank {
-        return Err(Rejection::forbidden(format!(
+        return Err(Refusal::forbidden(format!(
             "pod {pod} is rank {}, not rank {}",
             worker.rank, report.rank
         )));
     }
     if worker.attempt != report.attempt {
-        return Err(Rejection::forbidden(format!(
+        return Err(Refusal::forbidden(format!(
             "pod {pod} runs attempt {}, not attempt {}",
             worker.attempt, report.attempt
         )));
@@ -476,16 +474,16 @@ struct Posted {
 
 impl Posted {
     /// The bearer token, the peer and the body of a JSON POST (read within [`BODY_TIMEOUT`]).
-    async fn read(request: Request) -> Result<Self, Rejection> {
+    async fn read(request: Request) -> Result<Self, Refusal> {
         let Some(token) = bearer(request.headers()) else {
-            return Err(Rejection::new(
+            return Err(Refusal::new(
                 StatusCode::UNAUTHORIZED,
                 Outcome::Unauthenticated,
                 "Authorization: Bearer <token> is missing or malformed",
             ));
         };
         if !is_json(request.headers()) {
-            return Err(Rejection::new(
+            return Err(Refusal::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 Outcome::Invalid,
                 "Content-Type is not application/json",
@@ -506,9 +504,9 @@ impl Posted {
 
 /// The check of a request ended without an answer: a bug of ours, not load, counted apart so
 /// that an alert on "overloaded" means load.
-fn ended_early(log: &str, noun: &str, e: &tokio::task::JoinError) -> Rejection {
+fn ended_early(log: &str, noun: &str, e: &tokio::task::JoinError) -> Refusal {
     tracing::error!(error = %e, "{log}: the check ended early");
-    Rejection::new(
+    Refusal::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         Outcome::Internal,
         format!("the {noun}'s check ended early: {e}"),
@@ -516,17 +514,17 @@ fn ended_early(log: &str, noun: &str, e: &tokio::task::JoinError) -> Rejection {
 }
 
 /// The worker pod the token was issued to, as the caches know it.
-fn token_worker(pods: &dyn PodLookup, identity: &Identity) -> Result<WorkerIdentity, Rejection> {
+fn token_worker(pods: &dyn PodLookup, identity: &Identity) -> Result<WorkerIdentity, Refusal> {
     let pod = format!("{}/{}", identity.namespace, identity.pod_name);
     let Some(worker) = pods.worker(&identity.namespace, &identity.pod_name) else {
-        return Err(Rejection::new(
+        return Err(Refusal::new(
             StatusCode::FORBIDDEN,
             Outcome::UnknownJob,
             format!("pod {pod} is not a worker of any existing TrainingJob"),
         ));
     };
     if worker.uid != identity.pod_uid {
-        return Err(Rejection::forbidden(format!(
+        return Err(Refusal::forbidden(format!(
             "pod {pod} is not the pod the token was issued to"
         )));
     }
@@ -562,11 +560,11 @@ struct CheckedPoll {
 
 impl PollBody {
     /// The job and the poll (its pod uid still empty: the token names the pod).
-    fn parse(bytes: &[u8]) -> Result<CheckedPoll, Rejection> {
+    fn parse(bytes: &[u8]) -> Result<CheckedPoll, Refusal> {
         let body: PollBody = serde_json::from_slice(bytes)
-            .map_err(|e| Rejection::invalid(format!("invalid poll: {e}")))?;
+            .map_err(|e| Refusal::invalid(format!("invalid poll: {e}")))?;
         if body.job.is_empty() {
-            return Err(Rejection::invalid("job is empty"));
+            return Err(Refusal::invalid("job is empty"));
         }
         let hold = match body.wait_seconds {
             None => Duration::ZERO,
@@ -574,7 +572,7 @@ impl PollBody {
                 Duration::from_secs_f64(w.min(supervisors::MAX_HOLD.as_secs_f64()))
             }
             Some(w) => {
-                return Err(Rejection::invalid(format!(
+                return Err(Refusal::invalid(format!(
                     "waitSeconds must be a number of seconds, at least 0, not {w}"
                 )));
             }
@@ -585,7 +583,7 @@ impl PollBody {
                 Duration::from_secs_f64(a.min(supervisors::MAX_EXIT_AGE.as_secs_f64()))
             }
             Some(a) => {
-                return Err(Rejection::invalid(format!(
+                return Err(Refusal::invalid(format!(
                     "exitedSecondsAgo must be a number of seconds, at least 0, not {a}"
                 )));
             }
@@ -595,13 +593,13 @@ impl PollBody {
             ("stopped", _) => SupervisedState::Stopped,
             ("exited", Some(code)) if code != 0 => SupervisedState::Exited(code),
             ("exited", _) => {
-                return Err(Rejection::invalid(
+                return Err(Refusal::invalid(
                     "state exited needs a non-zero exitCode (a trainer that exits 0 ends its \
                      supervisor)",
                 ));
             }
             (other, _) => {
-                return Err(Rejection::invalid(format!(
+                return Err(Refusal::invalid(format!(
                     "state must be running, exited or stopped, not {other:?}"
                 )));
             }
@@ -628,11 +626,11 @@ fn check_supervisor(
     identity: &Identity,
     job: &str,
     rank: u32,
-) -> Result<String, Rejection> {
+) -> Result<String, Refusal> {
     let pod = format!("{}/{}", identity.namespace, identity.pod_name);
     let worker = token_worker(pods, identity)?;
     if worker.job != job || worker.rank != rank {
-        return Err(Rejection::forbidden(format!(
+        return Err(Refusal::forbidden(format!(
             "pod {pod} is rank {} of job {}, not rank {rank} of {job}",
             worker.rank, worker.job
         )));
@@ -641,7 +639,7 @@ fn check_supervisor(
 }
 
 /// Checks and records one supervisor's poll; the answer is its order.
-async fn handle_poll(shared: Arc<Shared>, request: Request) -> Result<Order, Rejection> {
+async fn handle_poll(shared: Arc<ServerShared>, request: Request) -> Result<Order, Refusal> {
     let Posted {
         token,
         source,
@@ -688,7 +686,7 @@ async fn handle_poll(shared: Arc<Shared>, request: Request) -> Result<Order, Rej
         .unwrap_or_else(|e| Err(ended_early("supervisor poll", "poll", &e)))
 }
 
-async fn supervise(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+async fn supervise(State(shared): State<Arc<ServerShared>>, request: Request) -> Response {
     let (outcome, response) = match handle_poll(shared.clone(), request).await {
         Ok(order) => (
             Outcome::Accepted,
@@ -736,7 +734,7 @@ fn record(
 /// out, was dropped with its review, and was never cached, so no rank of the job ever counted
 /// as reporting and a lost node waited for NotReady). Now the review lands in the cache and
 /// the report in the store, and the trainer's next report is answered from the cache.
-async fn handle(shared: Arc<Shared>, request: Request) -> Result<bool, Rejection> {
+async fn handle(shared: Arc<ServerShared>, request: Request) -> Result<bool, Refusal> {
     let Posted {
         token,
         source,
@@ -761,7 +759,7 @@ async fn handle(shared: Arc<Shared>, request: Request) -> Result<bool, Rejection
         .unwrap_or_else(|e| Err(ended_early("progress report", "report", &e)))
 }
 
-async fn report(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+async fn report(State(shared): State<Arc<ServerShared>>, request: Request) -> Response {
     let (outcome, response) = match handle(shared.clone(), request).await {
         Ok(checkpoint) => (
             Outcome::Accepted,
@@ -808,13 +806,13 @@ pub fn router(server: Arc<ProgressServer>) -> Router {
 }
 
 fn router_with_permits(server: Arc<ProgressServer>, permits: usize) -> Router {
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ServerShared {
         server,
         permits: Semaphore::new(permits),
         per_source: PerSource::default(),
     });
     Router::new()
-        .route(PATH, post(report))
+        .route(PROGRESS_PATH, post(report))
         .route(SUPERVISOR_PATH, post(supervise))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
@@ -862,9 +860,9 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::model::supervision::Directive;
     use crate::progress::auth::tests::{jwt, reviewing_client};
     use crate::progress::auth::{Identity, KubeTokenReviewer};
-    use crate::progress::supervisors::Directive;
 
     /// Tokens `tok-<pod>` of pods in `ml`, each a worker `<job>-worker-<rank>` (uid
     /// `uid-<pod>`) of attempt 1; `bad` is refused. While `gate` is closed, reviews wait.
@@ -927,7 +925,7 @@ mod tests {
         }
     }
 
-    struct Harness {
+    struct ServerHarness {
         router: Router,
         server: Arc<ProgressServer>,
         woken: mpsc::Receiver<(String, String)>,
@@ -937,7 +935,7 @@ mod tests {
         reviewer: Arc<dyn TokenReviewer>,
         pods: impl PodLookup + 'static,
         permits: usize,
-    ) -> Harness {
+    ) -> ServerHarness {
         let (wake, woken) = mpsc::channel(16);
         let server = Arc::new(ProgressServer {
             store: Arc::new(ProgressStore::default()),
@@ -946,14 +944,14 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             wake,
         });
-        Harness {
+        ServerHarness {
             router: router_with_permits(server.clone(), permits),
             server,
             woken,
         }
     }
 
-    fn harness() -> Harness {
+    fn harness() -> ServerHarness {
         harness_with(
             Arc::new(FakeReviewer::default()),
             FakePods::of(&[("train", 2), ("other", 1)]),
@@ -964,7 +962,7 @@ mod tests {
     fn request(token: Option<&str>, body: impl Into<Body>) -> Request {
         let mut builder = Request::builder()
             .method("POST")
-            .uri(PATH)
+            .uri(PROGRESS_PATH)
             .header(header::CONTENT_TYPE, "application/json");
         if let Some(token) = token {
             builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
@@ -2020,7 +2018,7 @@ mod tests {
         let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
         s.write_all(
             format!(
-                "POST {PATH} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer tok-train-worker-0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST {PROGRESS_PATH} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer tok-train-worker-0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )
             .as_bytes(),

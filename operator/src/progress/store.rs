@@ -41,7 +41,7 @@ pub struct RankProgress {
     /// When its step last increased (or its first report).
     pub advanced_at: Timestamp,
     /// The longest gap between two of its reports in this attempt (zero after one report):
-    /// how long it may go quiet ([`crate::liveness::quiet_after`]).
+    /// how long it may go quiet ([`crate::model::liveness::quiet_after`]).
     pub longest_gap: SignedDuration,
 }
 
@@ -397,7 +397,7 @@ impl ProgressStore {
     /// The endpoint could not take a report at `now` for a reason of its own: the API server
     /// could not review its token, or too many reports came at once. Until then, a rank whose
     /// reports stopped may have sent them all along (a node is lost only from ranks quiet
-    /// while the channel took reports: `crate::liveness::lost_nodes`).
+    /// while the channel took reports: `crate::model::liveness::lost_nodes`).
     pub fn refused(&self, now: Timestamp) {
         let mut at = lock(&self.refused_at);
         *at = Some(at.map_or(now, |t| t.max(now)));

@@ -29,28 +29,12 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::Notify;
 
+use crate::model::supervision::{Directive, SupervisedState, SupervisorSeen};
+
 /// The longest a poll is held for a change of its job's directive: below the plan's
 /// [`crate::plan::in_place::SUPERVISOR_FRESH`], so that a supervisor whose poll is held is
 /// never taken for one that went quiet (it polls again at once after each answer).
 pub const MAX_HOLD: Duration = Duration::from_secs(3);
-
-/// What a supervisor said of the attempt it runs or last ran.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SupervisedState {
-    /// The trainer runs.
-    Running,
-    /// The trainer exited on its own with this (non-zero) code; nothing of it runs.
-    Exited(i32),
-    /// The trainer was stopped on the operator's order; nothing of it runs.
-    Stopped,
-}
-
-impl SupervisedState {
-    /// Whether nothing of the attempt runs any more.
-    pub fn is_done(self) -> bool {
-        !matches!(self, Self::Running)
-    }
-}
 
 /// One poll, as the server checked it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,37 +54,6 @@ pub struct Poll {
 
 /// The oldest exit a poll may date: a supervisor holds an exit no longer than this.
 pub const MAX_EXIT_AGE: Duration = Duration::from_secs(600);
-
-/// A supervisor as the plan sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SupervisorSeen {
-    /// The pod's uid.
-    pub pod_uid: String,
-    /// Its rank.
-    pub rank: u32,
-    /// The attempt it runs or last ran.
-    pub attempt: u32,
-    /// How it stands.
-    pub state: SupervisedState,
-    /// When it last polled.
-    pub seen_at: Timestamp,
-    /// When it first polled with this attempt and state (on the operator's clock): for an
-    /// exit, when the trainer exited, as its supervisor dates it (`exitedSecondsAgo`), so that
-    /// a new leader that hears of it late still judges it at its time.
-    pub since: Timestamp,
-}
-
-/// What the plan tells a job's supervisors.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Directive {
-    /// The attempt the job runs: a supervisor of an earlier one stops.
-    pub attempt: u32,
-    /// The kept pods that may start `attempt` now, by uid, with the trainer's environment for
-    /// it (name, value).
-    pub start: BTreeMap<String, Vec<(String, String)>>,
-    /// The job ended: every supervisor exits.
-    pub exit: bool,
-}
 
 /// The answer to a poll.
 #[derive(Clone, Debug, PartialEq, Eq)]

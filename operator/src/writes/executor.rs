@@ -39,20 +39,22 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::FIELD_MANAGER;
-use super::memory::WriteMemory;
 use super::publisher::EventBatch;
-use crate::condition::{self, condition_is_true};
-use crate::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::error::Error;
-use crate::events::JobEvent;
-use crate::expectations::Expectations;
-use crate::job_memory::Sweep;
 use crate::metrics::{Metrics, RestartLabels};
+use crate::model::condition::{self, condition_is_true};
+use crate::model::crd::{RestartReason, TrainingJob, TrainingJobStatus};
+use crate::model::events::JobEvent;
+use crate::model::rejection::{self, WriteOutcome};
 use crate::plan::{self, Action as PlanAction};
 use crate::progress::ProgressStore;
-use crate::rejection::{self, Writes};
+use crate::state::expectations::Expectations;
+use crate::state::job_memory::Sweep;
+use crate::state::write_memory::WriteMemory;
 use crate::watchdog;
+
+/// The one field manager for everything the operator writes.
+pub const FIELD_MANAGER: &str = "trainyard-operator";
 
 /// Writes what reconciles decide, in the order above, and queues their Events.
 pub(super) struct Executor {
@@ -180,7 +182,7 @@ impl Executor {
     fn tell_supervisors(
         &self,
         job: &TrainingJob,
-        supervise: Option<plan::in_place::Supervise>,
+        supervise: Option<plan::Supervise>,
         started: bool,
     ) {
         let Some(mut supervise) = supervise else {
@@ -279,7 +281,11 @@ impl Executor {
     /// reads the list it deletes from etcd, every pod of the namespace decoded to filter by the
     /// selector, once per restart; and `resourceVersion=0`, which would let the watch cache
     /// serve it, is also read as a delete precondition and fails every delete with 409.
-    async fn execute(&self, ns: &str, actions: Vec<PlanAction>) -> (Writes, Result<(), Error>) {
+    async fn execute(
+        &self,
+        ns: &str,
+        actions: Vec<PlanAction>,
+    ) -> (WriteOutcome, Result<(), Error>) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let mut ops = Vec::new();
         let mut targets = Vec::new();
@@ -316,7 +322,7 @@ impl Executor {
             };
             ops.push(op);
         }
-        let mut writes = Writes::default();
+        let mut writes = WriteOutcome::default();
         let mut result = Ok(());
         for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
             // Nothing was written (already there, already gone, or failed): no event will come.
@@ -393,7 +399,7 @@ impl Executor {
 /// would take over a user's Service and give it an owner reference through which the garbage
 /// collector deletes it with the job; a pod must never be mutated into a new attempt. An
 /// AlreadyExists means an earlier round created it, or that it is someone else's, which the
-/// caches then show ([`crate::ownership`]).
+/// caches then show ([`crate::model::ownership`]).
 async fn create<K>(client: Client, ns: &str, object: K) -> Result<bool, Error>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -495,7 +501,7 @@ async fn relabel_pod(
 ) -> Result<bool, Error> {
     let patch = json!({"metadata": {
         "uid": uid,
-        "labels": {crate::crd::LABEL_ATTEMPT: attempt.to_string()},
+        "labels": {crate::model::crd::LABEL_ATTEMPT: attempt.to_string()},
     }});
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -547,8 +553,8 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::expectations::Kind;
     use crate::fixtures::job_yaml;
+    use crate::model::ownership::Kind;
     use std::time::Duration;
 
     /// One request as the API server would see it.
@@ -647,7 +653,8 @@ mod tests {
                 events_tx,
                 metrics,
                 Arc::new(WriteMemory::default()),
-                Arc::new(crate::job_memory::JobMemory::new(Vec::new())).sweep(reflector::store().0),
+                Arc::new(crate::state::job_memory::JobMemory::new(Vec::new()))
+                    .sweep(reflector::store().0),
                 Arc::new(ProgressStore::default()),
             );
             Self {
@@ -692,7 +699,7 @@ mod tests {
             checkpoint_withdrawal: None,
             steps_lost: None,
             supervise: None,
-            decided_by: plan::PhaseName::Running,
+            decided_by: plan::outcome::PhaseName::Running,
         }
     }
 
@@ -965,7 +972,7 @@ mod tests {
     #[tokio::test]
     async fn a_status_only_round_with_every_routine_slot_taken_parks_and_an_urgent_one_does_not() {
         use crate::writes::routine::RoutineSlots;
-        use crate::writes::{Carried, Round, Writes, job_ref};
+        use crate::writes::{Carried, DecidedRound, Writes, job_ref};
         let Harness { executor, log, .. } = Harness::new(accept);
         let (routine, _wakes) = RoutineSlots::new(1, Arc::new(Metrics::new()));
         let writes = Writes {
@@ -976,8 +983,8 @@ mod tests {
         let job = job();
         let other = job_ref(&job_yaml("workers: 1\n"));
         let taken = routine.take_or_park(&other).expect("the one routine slot");
-        let decided = |plan: plan::Plan| Round {
-            known: crate::writes::status_cache::Known {
+        let decided = |plan: plan::Plan| DecidedRound {
+            known: crate::state::status_cache::Known {
                 written: TrainingJobStatus::default(),
                 current: TrainingJobStatus::default(),
                 detail_waiting: None,
@@ -987,7 +994,7 @@ mod tests {
         };
         // A transition recorded, nothing else: routine.
         let mut status_only = round(Vec::new());
-        status_only.status.phase = Some(crate::crd::Phase::Running);
+        status_only.status.phase = Some(crate::model::crd::Phase::Running);
         let carried = writes.carry_out(&job, decided(status_only.clone())).await;
         assert_eq!(carried.expect("round"), Carried::Parked);
         assert_eq!(

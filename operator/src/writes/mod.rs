@@ -2,9 +2,9 @@
 //! one entry, [`Writes::carry_out`].
 //!
 //! The controller observes and decides ([`crate::plan::decide`]) and hands the decision here as
-//! a [`Round`], which is carried out as decided, in the reconcile that decided it:
+//! a [`DecidedRound`], which is carried out as decided, in the reconcile that decided it:
 //!
-//! - `status_cache` and `status_write`: whether the decided status is written now, later (the
+//! - `state::status_cache` and `state::status_write`: whether the decided status is written now, later (the
 //!   per-worker detail waits for its batch) or not at all;
 //! - `routine`: a round that writes status alone takes a routine slot first, or parks its job
 //!   and sends nothing (the job is decided afresh once it is woken); every other round is
@@ -18,44 +18,35 @@ use std::time::Duration;
 
 use futures::Stream;
 use jiff::Timestamp;
-use kube::core::error_boundary::{DeserializeGuard, InvalidObject};
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource};
 use tokio::task::JoinHandle;
 
-use crate::crd::{TrainingJob, TrainingJobStatus};
 use crate::error::Error;
-use crate::events::JobEvent;
-use crate::expectations::Expectations;
-use crate::job_memory::Sweep;
 use crate::metrics::Metrics;
+use crate::model::crd::{TrainingJob, TrainingJobStatus};
+use crate::model::events::JobEvent;
 use crate::plan::Plan;
-use memory::WriteMemory;
+use crate::state::JobRef;
+use crate::state::expectations::Expectations;
+use crate::state::job_memory::Sweep;
+use crate::state::write_memory::WriteMemory;
 
 mod executor;
-pub(crate) mod memory;
 mod publisher;
 mod routine;
-pub(crate) mod status_cache;
-pub mod status_write;
 
+use crate::state::status_cache::Known;
 use executor::Executor;
-pub use executor::apply_status;
+pub use executor::{FIELD_MANAGER, apply_status};
 pub(crate) use publisher::EVENT_DRAIN;
 use routine::RoutineSlots;
 pub(crate) use routine::routine_share;
-use status_cache::Known;
-
-/// The one field manager for everything the operator writes.
-pub const FIELD_MANAGER: &str = "trainyard-operator";
-
-/// A job to reconcile.
-pub(crate) type JobRef = ObjectRef<DeserializeGuard<TrainingJob>>;
 
 /// One decided round of one job: what [`Writes::carry_out`] takes.
-pub(crate) struct Round {
+pub(crate) struct DecidedRound {
     /// The decision.
     pub(crate) plan: Plan,
     /// The status the round was decided on (written last, and current).
@@ -167,7 +158,7 @@ impl Writes {
     }
 
     /// What the last round that wrote to the job `uid`'s objects came to, while it is news.
-    pub(crate) fn last_writes(&self, uid: &str) -> Option<crate::rejection::Writes> {
+    pub(crate) fn last_writes(&self, uid: &str) -> Option<crate::model::rejection::WriteOutcome> {
         self.memory.last_writes(uid)
     }
 
@@ -182,9 +173,9 @@ impl Writes {
     pub(crate) async fn carry_out(
         &self,
         job: &TrainingJob,
-        round: Round,
+        round: DecidedRound,
     ) -> Result<Carried, Error> {
-        let Round { plan, known, now } = round;
+        let DecidedRound { plan, known, now } = round;
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
         let write = self.memory.status.schedule(uid, &known, &plan.status);
         drop(known);

@@ -14,8 +14,8 @@ use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
-use super::memory::WriteMemory;
-use crate::events::{EventKind, JobEvent, StartsAttempt, attempt_event_name};
+use crate::model::events::{EventKind, JobEvent, StartsAttempt, attempt_event_name};
+use crate::state::write_memory::WriteMemory;
 
 /// The action of every Event the operator publishes.
 const ACTION: &str = "Reconcile";

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use futures::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::JobRef;
 use crate::metrics::Metrics;
+use crate::state::JobRef;
 
 /// The routine slots and the jobs parked until one is free.
 pub(super) struct RoutineSlots {

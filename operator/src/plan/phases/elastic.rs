@@ -22,15 +22,17 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::super::cost_fallback;
+use super::super::outcome::{Flow, MAX_BACKOFF};
 use super::super::round::Round;
 use super::super::view::View;
-use super::super::{Flow, JobEvent, condition, cost_fallback};
 use super::restart;
-use crate::crd::{Phase, RestartReason};
-use crate::nodes;
-use crate::placement;
-use crate::preemption::WorkerState;
-use crate::reason;
+use crate::model::crd::{Phase, RestartReason};
+use crate::model::events::JobEvent;
+use crate::model::nodes;
+use crate::model::placement;
+use crate::model::preemption::WorkerState;
+use crate::model::reason;
 use trainyard_api::ranks::RankSet;
 
 /// How often a shrunk gang looks for room again (and a grow's checkpoint is looked for).
@@ -141,8 +143,8 @@ fn grow_backoff(wait_seconds: u32, failed: u32) -> SignedDuration {
     let base = SignedDuration::from_secs(i64::from(wait_seconds)).max(GROW_RECHECK);
     let factor = 1i32.checked_shl(failed.min(16)).unwrap_or(i32::MAX);
     base.checked_mul(factor)
-        .unwrap_or(super::super::MAX_BACKOFF)
-        .min(super::super::MAX_BACKOFF)
+        .unwrap_or(MAX_BACKOFF)
+        .min(MAX_BACKOFF)
 }
 
 /// GPUs free on each node that fits the job, from what the controller read
@@ -262,39 +264,13 @@ pub(in crate::plan) fn grow(view: &View<'_>, round: &mut Round) -> Flow {
     }
 }
 
-/// The condition `Shrunk` after a restart to `size` workers of an elastic job.
-pub(super) fn shrunk_condition(view: &View<'_>, round: &mut Round, size: u32, detail: &str) {
-    let full = view.job.spec.workers;
-    if size < full {
-        let message = format!(
-            "attempt {} runs {size} of {full} workers: {detail}",
-            round.st.attempt
-        );
-        round.condition(
-            view,
-            condition::SHRUNK,
-            true,
-            reason::CAPACITY_GONE,
-            &message,
-        );
-    } else if round
-        .st
-        .conditions
-        .iter()
-        .any(|c| c.type_ == condition::SHRUNK)
-    {
-        let message = format!("attempt {} asks for all {full} workers", round.st.attempt);
-        round.condition(view, condition::SHRUNK, false, reason::FULL_SIZE, &message);
-    }
-}
-
 /// The nodes whose GPUs in use the controller reads before a round of `status` (into
 /// [`super::super::Observed::gpus_in_use`]): the nodes that fit an elastic job whose gang runs
 /// shrunk, as the placement of its next attempt would see them (its spot mode, no node with a
 /// termination notice, none whose kubelet went silent). Empty for every other job.
 pub fn nodes_to_weigh(
-    job: &crate::validate::ValidJob,
-    status: &crate::crd::TrainingJobStatus,
+    job: &crate::model::validate::ValidJob,
+    status: &crate::model::crd::TrainingJobStatus,
     all: &[&Node],
     silent: &[String],
     config: &crate::config::OperatorConfig,

@@ -8,14 +8,17 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::super::observed::ObservedProgress;
+use super::super::outcome::Flow;
 use super::super::round::Round;
 use super::super::view::View;
-use super::super::{Flow, JobEvent, ObservedProgress, condition};
 use super::restart::{self, Cause};
-use crate::crd::{ProgressStatus, RestartReason, ResumePoint};
-use crate::nodes;
-use crate::preemption::{NodeView, WorkerState};
-use crate::reason;
+use crate::model::condition;
+use crate::model::crd::{ProgressStatus, RestartReason, ResumePoint};
+use crate::model::events::JobEvent;
+use crate::model::nodes;
+use crate::model::preemption::{NodeView, WorkerState};
+use crate::model::reason;
 
 /// How stale `status.progress` may get while the trainers report and nothing else happens.
 const PROGRESS_REFRESH: SignedDuration = SignedDuration::from_secs(60);

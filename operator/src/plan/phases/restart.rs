@@ -3,19 +3,22 @@
 
 use std::sync::Arc;
 
-use crate::cached_pod::CachedPod;
+use crate::model::cached_pod::CachedPod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::super::outcome::{Flow, failure_backoff};
 use super::super::round::Round;
 use super::super::view::View;
-use super::super::{Flow, JobEvent, attempt_start, condition, failure_backoff, in_place};
-use crate::crd::{LastRestart, MAX_MESSAGE_CHARS, Phase, RestartReason};
-use crate::liveness::SinceFailure;
-use crate::lost_peer::{self, Judging, SilentPeer, Verdict};
-use crate::nodes;
-use crate::placement;
-use crate::preemption::{NodeView, WorkerState};
-use crate::reason;
+use super::super::{attempt_start, in_place, supervised};
+use crate::model::condition;
+use crate::model::crd::{LastRestart, MAX_MESSAGE_CHARS, Phase, RestartReason};
+use crate::model::events::JobEvent;
+use crate::model::liveness::SinceFailure;
+use crate::model::lost_peer::{self, Judging, SilentPeer, Verdict};
+use crate::model::nodes;
+use crate::model::placement;
+use crate::model::preemption::{NodeView, WorkerState};
+use crate::model::reason;
 
 pub(super) fn attempt_limit_message(detail: &str) -> String {
     format!(
@@ -229,14 +232,14 @@ fn restart(
     st.last_restart = Some(LastRestart {
         time: Time(now),
         reason,
-        detail: crate::condition::cut_to_chars(detail, MAX_MESSAGE_CHARS),
+        detail: crate::model::condition::cut_to_chars(detail, MAX_MESSAGE_CHARS),
         in_place_ranks: kept.to_string(),
     });
     let message = format!("attempt {next} after {}: {detail}", reason.as_str());
     round.condition(view, condition::RESTARTING, true, reason.as_str(), &message);
     round.condition(view, condition::RUNNING, false, reason.as_str(), &message);
     if view.job.spec.elastic.is_some() {
-        super::elastic::shrunk_condition(view, round, size, detail);
+        shrunk_condition(view, round, size, detail);
     }
     let policy = &view.job.spec.restart_policy;
     let wait = if reason == RestartReason::Failure {
@@ -278,6 +281,32 @@ fn restart(
     round.restart = Some(reason);
 }
 
+/// The condition `Shrunk` after a restart to `size` workers of an elastic job.
+pub(super) fn shrunk_condition(view: &View<'_>, round: &mut Round, size: u32, detail: &str) {
+    let full = view.job.spec.workers;
+    if size < full {
+        let message = format!(
+            "attempt {} runs {size} of {full} workers: {detail}",
+            round.st.attempt
+        );
+        round.condition(
+            view,
+            condition::SHRUNK,
+            true,
+            reason::CAPACITY_GONE,
+            &message,
+        );
+    } else if round
+        .st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::SHRUNK)
+    {
+        let message = format!("attempt {} asks for all {full} workers", round.st.attempt);
+        round.condition(view, condition::SHRUNK, false, reason::FULL_SIZE, &message);
+    }
+}
+
 /// The [`lost_peer`] rule for a round whose problems are failures only.
 fn judge_lost_peer(view: &View<'_>) -> Verdict {
     let (observed, now) = (view.observed, view.now);
@@ -295,7 +324,7 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
     let failed_at = failed
         .iter()
         .map(|p| {
-            in_place::exit_heard_at(observed, p, attempt).unwrap_or_else(|| {
+            supervised::exit_heard_at(observed, p, attempt).unwrap_or_else(|| {
                 liveness.on_operator_clock(p.node_name(), lost_peer::failed_at(p, now))
             })
         })

@@ -395,7 +395,7 @@ fn the_example_manifests_are_valid() {
         let mut job: serde_json::Value = serde_saphyr::from_str(&text).expect(file);
         job["metadata"]["namespace"] = json!("default");
         job["metadata"]["uid"] = json!("uid-1");
-        let job: crate::crd::TrainingJob = serde_json::from_value(job).expect(file);
+        let job: crate::model::crd::TrainingJob = serde_json::from_value(job).expect(file);
         validate(&job).unwrap_or_else(|e| panic!("{file}: {e}"));
     }
 }

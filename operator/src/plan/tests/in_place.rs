@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::config::ProgressChannel;
-use crate::progress::supervisors::{Directive, SupervisedState, SupervisorSeen};
+use crate::model::supervision::{Directive, SupervisedState, SupervisorSeen};
 use trainyard_api::env::{PET_RDZV_ID, TRAINYARD_FENCE_TOKEN};
 
 const IN_PLACE: &str = "workers: 2\nrestartPolicy: {inPlace: true}\n";

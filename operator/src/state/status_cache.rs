@@ -1,0 +1,293 @@
+//! The status cache: the status the operator wrote last, the per-worker detail it has decided
+//! but not written yet, and when a decided status is written ([`StatusCache::schedule`], the
+//! batching policy of [`status_write`]).
+//!
+//! Decisions read [`StatusCache::current`]: the job's status, or our own newer write while the
+//! TrainingJob cache trails it, with the unwritten worker detail laid over it. So a stale
+//! status is never decided on twice, and a worker seen and then gone is a preemption even
+//! before its detail is written. Entries are per job and forgotten with it
+//! ([`crate::state::write_memory::WriteMemory`], [`crate::state::job_memory`]).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::status_write::{DetailBatch, StatusWrite, status_write};
+use crate::model::crd::{TrainingJob, TrainingJobStatus};
+
+/// How long per-worker status detail may wait to be written with other changes
+/// ([`status_write`]).
+pub(crate) const WORKER_DETAIL_BATCH: DetailBatch = DetailBatch {
+    running: Duration::from_secs(3),
+    before_running: Duration::from_secs(300),
+};
+
+/// What one reconcile knows of a job's status.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Known {
+    /// What the API server holds (the cache, or our newer write).
+    pub(crate) written: TrainingJobStatus,
+    /// `written` with the worker detail not written yet: what decisions read.
+    pub(crate) current: TrainingJobStatus,
+    /// How long that detail has waited, if there is any.
+    pub(crate) detail_waiting: Option<Duration>,
+}
+
+/// Whether our write that produced resourceVersion `rv` is newer than the cached `job` (the
+/// cache trails it). A version that is not a number is never compared.
+fn newer_than_cache(rv: u64, job: &TrainingJob) -> bool {
+    job.metadata
+        .resource_version
+        .as_deref()
+        .and_then(|cached| cached.parse::<u64>().ok())
+        .is_some_and(|cached| rv > cached)
+}
+
+/// Written and deferred status, by job uid.
+#[derive(Debug, Default)]
+pub(crate) struct StatusCache {
+    /// Status we wrote, with the resourceVersion the write produced: used while the
+    /// TrainingJob cache has not caught up with our own write.
+    written: Mutex<HashMap<String, (u64, TrainingJobStatus)>>,
+    /// Status whose only change is per-worker detail, not written yet, with when it was first
+    /// deferred.
+    deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these maps inconsistent: every update is one insert/remove.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl StatusCache {
+    /// What a reconcile of `job` decides on.
+    pub(crate) fn current(&self, job: &TrainingJob) -> Known {
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let written = self.freshest_status(job);
+        let (current, detail_waiting) = self.with_deferred_detail(&uid, &written);
+        Known {
+            written,
+            current,
+            detail_waiting,
+        }
+    }
+
+    /// Whether `desired` is written now, deferred (kept here, to be written after the
+    /// returned wait), or unchanged ([`status_write`] with [`WORKER_DETAIL_BATCH`]).
+    pub(crate) fn schedule(
+        &self,
+        uid: &str,
+        known: &Known,
+        desired: &TrainingJobStatus,
+    ) -> StatusWrite {
+        let write = status_write(
+            &known.written,
+            desired,
+            known.detail_waiting,
+            WORKER_DETAIL_BATCH,
+        );
+        match write {
+            StatusWrite::Unchanged => self.drop_deferred(uid),
+            StatusWrite::Now => {}
+            StatusWrite::Later(_) => self.defer_detail(uid, desired),
+        }
+        write
+    }
+
+    /// The job's status, or the one we wrote last if the cache has not caught up with it.
+    pub(crate) fn freshest_status(&self, job: &TrainingJob) -> TrainingJobStatus {
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let mut written = lock(&self.written);
+        if let Some((_, status)) = written
+            .get(&uid)
+            .filter(|(rv, _)| newer_than_cache(*rv, job))
+        {
+            return status.clone();
+        }
+        written.remove(&uid);
+        job.status.clone().unwrap_or_default()
+    }
+
+    /// The resourceVersion the job's next status write is conditioned on: the one our last
+    /// write produced while the TrainingJob cache trails it, the cached one otherwise. A write
+    /// conditioned on it lands only if nobody wrote the job since this replica last saw it, so
+    /// a deposed leader's delayed write cannot land after its successor's ([`super::executor`]).
+    pub(crate) fn freshest_rv(&self, job: &TrainingJob) -> Option<String> {
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        match lock(&self.written).get(uid) {
+            Some((rv, _)) if newer_than_cache(*rv, job) => Some(rv.to_string()),
+            _ => job.metadata.resource_version.clone(),
+        }
+    }
+
+    /// The written status with the worker detail still waiting to be written, and how long
+    /// that has waited.
+    pub(crate) fn with_deferred_detail(
+        &self,
+        uid: &str,
+        written: &TrainingJobStatus,
+    ) -> (TrainingJobStatus, Option<Duration>) {
+        let mut current = written.clone();
+        let mut deferred = lock(&self.deferred);
+        match deferred.get(uid) {
+            Some((status, since)) if status.attempt == written.attempt => {
+                current.workers = status.workers.clone();
+                current.worker_summary = status.worker_summary.clone();
+                (current, Some(since.elapsed()))
+            }
+            Some(_) => {
+                deferred.remove(uid);
+                (current, None)
+            }
+            None => (current, None),
+        }
+    }
+
+    /// Keeps a status whose only change is worker detail, to be written later.
+    pub(crate) fn defer_detail(&self, uid: &str, status: &TrainingJobStatus) {
+        let mut deferred = lock(&self.deferred);
+        let since = deferred
+            .get(uid)
+            .map_or_else(Instant::now, |(_, since)| *since);
+        deferred.insert(uid.to_owned(), (status.clone(), since));
+    }
+
+    /// Nothing is left to write.
+    pub(crate) fn drop_deferred(&self, uid: &str) {
+        lock(&self.deferred).remove(uid);
+    }
+
+    /// The TrainingJob cache now holds `job`: our written status is dropped once the cache
+    /// holds that version or a newer one. True when `job` is exactly the version our last
+    /// status write produced: it holds nothing a round has not decided on already, so its watch
+    /// event need not wake a reconcile.
+    pub(crate) fn caught_up(&self, job: &TrainingJob) -> bool {
+        let Some(cached) = job
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok())
+        else {
+            return false;
+        };
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        let mut written = lock(&self.written);
+        match written.get(uid) {
+            Some((rv, _)) if *rv <= cached => {
+                let own = *rv == cached;
+                written.remove(uid);
+                own
+            }
+            _ => false,
+        }
+    }
+
+    /// A status write went through, producing resourceVersion `rv`.
+    pub(crate) fn remember_written(&self, uid: &str, rv: Option<&str>, status: &TrainingJobStatus) {
+        lock(&self.deferred).remove(uid);
+        if let Some(rv) = rv.and_then(|rv| rv.parse::<u64>().ok()) {
+            lock(&self.written).insert(uid.to_owned(), (rv, status.clone()));
+        }
+    }
+
+    /// Forgets one job.
+    pub(crate) fn forget(&self, uid: &str) {
+        lock(&self.written).remove(uid);
+        lock(&self.deferred).remove(uid);
+    }
+
+    /// Keeps only the jobs `live` says exist.
+    pub(crate) fn retain(&self, live: impl Fn(&str) -> bool) {
+        lock(&self.written).retain(|uid, _| live(uid));
+        lock(&self.deferred).retain(|uid, _| live(uid));
+    }
+
+    /// Entries of the written and the deferred map.
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        (lock(&self.written).len(), lock(&self.deferred).len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::job_yaml;
+    use crate::model::crd::WorkerStatus;
+
+    fn with_worker(status: &TrainingJobStatus, phase: &str) -> TrainingJobStatus {
+        TrainingJobStatus {
+            workers: vec![WorkerStatus {
+                rank: 0,
+                pod: "train-worker-0".to_owned(),
+                node: None,
+                phase: phase.to_owned(),
+                reason: None,
+            }],
+            ..status.clone()
+        }
+    }
+
+    #[test]
+    fn the_watch_event_of_our_own_status_write_is_ours_and_the_write_is_dropped_once_seen() {
+        let cache = StatusCache::default();
+        let mut job = job_yaml("workers: 1\n");
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let version = |job: &mut TrainingJob, rv: &str| {
+            job.metadata.resource_version = Some(rv.to_owned());
+            job.clone()
+        };
+        assert!(!cache.caught_up(&version(&mut job, "5")), "nothing written");
+        cache.remember_written(&uid, Some("7"), &TrainingJobStatus::default());
+        // A version before ours: someone else's; ours is still the newest.
+        assert!(!cache.caught_up(&version(&mut job, "6")));
+        assert_eq!(cache.freshest_rv(&job).as_deref(), Some("7"));
+        // Exactly ours: nothing new to decide on, and the cache holds it now.
+        assert!(cache.caught_up(&version(&mut job, "7")));
+        assert_eq!(cache.sizes().0, 0, "our written status is dropped");
+        // A version after ours (another writer, or a watch that skipped ours) is news.
+        cache.remember_written(&uid, Some("8"), &TrainingJobStatus::default());
+        assert!(!cache.caught_up(&version(&mut job, "9")));
+        assert_eq!(cache.sizes().0, 0);
+    }
+
+    #[test]
+    fn worker_detail_is_deferred_read_back_and_dropped_once_written() {
+        let cache = StatusCache::default();
+        let mut job = job_yaml("workers: 1\n");
+        job.metadata.resource_version = Some("5".to_owned());
+        let known = cache.current(&job);
+        assert_eq!(known.detail_waiting, None);
+        // Only per-worker detail changed: kept, and what the next reconcile decides on.
+        let detail = with_worker(&known.written, "Pending");
+        let write = cache.schedule("uid-1", &known, &detail);
+        assert_eq!(
+            write,
+            StatusWrite::Later(WORKER_DETAIL_BATCH.before_running)
+        );
+        let next = cache.current(&job);
+        assert_eq!(next.current, detail);
+        assert_eq!(next.written, known.written);
+        assert!(next.detail_waiting.is_some());
+        // Our write is newer than the cached job: it is what the API server holds.
+        cache.remember_written("uid-1", Some("6"), &detail);
+        let after = cache.current(&job);
+        assert_eq!(
+            (after.written.clone(), after.detail_waiting),
+            (detail.clone(), None)
+        );
+        assert_eq!(
+            cache.schedule("uid-1", &after, &detail),
+            StatusWrite::Unchanged
+        );
+        // A write is conditioned on our own newer write, not on the trailing cache.
+        assert_eq!(cache.freshest_rv(&job).as_deref(), Some("6"));
+        // The job cache caught up: our copy is dropped.
+        job.metadata.resource_version = Some("6".to_owned());
+        job.status = Some(detail.clone());
+        assert_eq!(cache.current(&job).written, detail);
+        assert_eq!(cache.sizes(), (0, 0));
+        // Someone else wrote after us: the cache's newer version is the condition.
+        job.metadata.resource_version = Some("9".to_owned());
+        assert_eq!(cache.freshest_rv(&job).as_deref(), Some("9"));
+    }
+}
