@@ -14,9 +14,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # (src folder, folders whose submodules are modules of their own).
 CRATES = [
-    ("device-plugin/src", ()),
+    ("device-plugin/src", ("plugin", "rm", "metrics")),
     ("api/src", ()),
-    ("operator/src", ("plan",)),
+    ("operator/src", ("plan", "runtime", "model", "state", "writes", "observe", "progress", "build")),
 ]
 
 CFG_TEST = re.compile(r"#\[cfg\(test\)\]")

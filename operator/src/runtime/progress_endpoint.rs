@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::ProgressServing;
+use super::context::ProgressServing;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::core::error_boundary::DeserializeGuard;
 use kube::runtime::controller::Action;
 
-use super::Context;
+use super::context::Context;
 use crate::error::Error;
 use crate::model::crd::TrainingJob;
 use crate::model::validate::{InvalidSpec, ValidJob, validate};

@@ -19,10 +19,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
+use super::context::{Context, RunConfig};
 use super::pod_wakes::{self, PodWake};
 use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
-use super::{Context, RunConfig};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
