@@ -14,7 +14,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -171,7 +171,15 @@ impl LedgerTotals {
     }
 }
 
-/// The ledgers of the jobs this replica reconciles, exposed as counters at scrape time.
+/// One job's series: its ledger totals and its step rate.
+#[derive(Clone, Debug, Default)]
+struct JobValues {
+    ledger: Option<LedgerTotals>,
+    steps_per_second: Option<f64>,
+}
+
+/// The per-job series of the jobs this replica reconciles, by namespace and name, encoded at
+/// scrape time: their ledgers as counters and their step rates as gauges.
 ///
 /// A job's status is the durable record of its ledger (`status.ledger`): the totals only grow
 /// while the job lives, and a new leader reads them back from status. prometheus_client's
@@ -185,15 +193,15 @@ impl LedgerTotals {
 /// × 8 uses of GPU time, and one series in each of the two money families (dollars carry no
 /// capacity: the ledger keeps money spent as one sum).
 #[derive(Clone, Debug, Default)]
-pub struct LedgerCollector {
-    jobs: Arc<Mutex<BTreeMap<(String, String), LedgerTotals>>>,
+pub struct JobSeries {
+    jobs: Arc<Mutex<BTreeMap<(String, String), JobValues>>>,
 }
 
-impl LedgerCollector {
-    fn with_jobs<T>(
-        &self,
-        f: impl FnOnce(&mut BTreeMap<(String, String), LedgerTotals>) -> T,
-    ) -> T {
+/// The ledgers to encode, by namespace and name.
+type Ledgers<'a> = [(&'a (String, String), &'a LedgerTotals)];
+
+impl JobSeries {
+    fn with_jobs<T>(&self, f: impl FnOnce(&mut BTreeMap<(String, String), JobValues>) -> T) -> T {
         // A panic while holding the lock leaves whole entries behind: the map stays usable.
         f(&mut self.jobs.lock().unwrap_or_else(PoisonError::into_inner))
     }
@@ -202,17 +210,18 @@ impl LedgerCollector {
     fn record(&self, namespace: &str, job: &str, uid: &str, ledger: &GoodputLedger) {
         let read = LedgerTotals::of(uid, ledger);
         self.with_jobs(|jobs| {
-            let key = (namespace.to_owned(), job.to_owned());
-            let totals = match jobs.get(&key) {
+            let values = jobs
+                .entry((namespace.to_owned(), job.to_owned()))
+                .or_default();
+            values.ledger = Some(match &values.ledger {
                 Some(known) if known.uid == uid => known.max(&read),
                 _ => read,
-            };
-            jobs.insert(key, totals);
+            });
         });
     }
 
     fn encode_gpu_seconds(
-        jobs: &BTreeMap<(String, String), LedgerTotals>,
+        jobs: &Ledgers<'_>,
         encoder: &mut DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         let mut family = encoder.encode_descriptor(
@@ -240,7 +249,7 @@ impl LedgerCollector {
     }
 
     fn encode_dollars(
-        jobs: &BTreeMap<(String, String), LedgerTotals>,
+        jobs: &Ledgers<'_>,
         encoder: &mut DescriptorEncoder,
         name: &str,
         help: &str,
@@ -262,21 +271,46 @@ impl LedgerCollector {
         }
         Ok(())
     }
+
+    fn encode_steps_per_second(
+        jobs: &BTreeMap<(String, String), JobValues>,
+        encoder: &mut DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "trainyard_operator_job_steps_per_second",
+            "Training steps per second of each job that reports progress",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for ((namespace, job), values) in jobs {
+            if let Some(rate) = values.steps_per_second {
+                let labels = [("namespace", namespace.as_str()), ("job", job.as_str())];
+                ConstGauge::new(rate).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
-impl Collector for LedgerCollector {
+impl Collector for JobSeries {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let jobs = self.with_jobs(|jobs| jobs.clone());
-        Self::encode_gpu_seconds(&jobs, &mut encoder)?;
+        Self::encode_steps_per_second(&jobs, &mut encoder)?;
+        let ledgers: Vec<_> = jobs
+            .iter()
+            .filter_map(|(key, values)| Some((key, values.ledger.as_ref()?)))
+            .collect();
+        let jobs = ledgers.as_slice();
+        Self::encode_gpu_seconds(jobs, &mut encoder)?;
         Self::encode_dollars(
-            &jobs,
+            jobs,
             &mut encoder,
             "trainyard_operator_cost_dollars",
             "Dollars each job has spent, from its status.ledger (microDollars.spent) and the operator's price table",
             |t| t.spent,
         )?;
         Self::encode_dollars(
-            &jobs,
+            jobs,
             &mut encoder,
             "trainyard_operator_on_demand_equivalent_dollars",
             "Dollars each job's useful GPU time would have cost on on-demand nodes (status.ledger microDollars.onDemandEquivalent); minus cost_dollars, what spot saved",
@@ -309,14 +343,13 @@ pub struct Metrics {
     /// Steps lost per gang restart after a preemption: the step the trainers had reported
     /// before it, minus the step the next attempt resumed from.
     pub steps_lost: Histogram,
-    /// Training steps per second of each job that reports progress.
-    pub steps_per_second: Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Status-only rounds that found every routine slot taken and parked their job.
     pub status_rounds_parked: Counter,
     /// Each job's goodput ledger, from its status (`trainyard_operator_gpu_seconds_total`,
     /// `trainyard_operator_cost_dollars_total`,
-    /// `trainyard_operator_on_demand_equivalent_dollars_total`).
-    ledgers: LedgerCollector,
+    /// `trainyard_operator_on_demand_equivalent_dollars_total`), and its step rate
+    /// (`trainyard_operator_job_steps_per_second`).
+    jobs: JobSeries,
     ready: AtomicBool,
 }
 
@@ -387,19 +420,14 @@ fn register_controller_metrics(r: &mut Registry) -> (Gauge, Family<StateLabels, 
     (leader, state_entries)
 }
 
-/// The per-job step rate gauges ([`Metrics::steps_per_second`]).
-type StepRateGauges = Family<JobLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
-
 /// The progress channel's metrics.
 struct ProgressMetrics {
     reports: Family<ReportLabels, Counter>,
     polls: Family<ReportLabels, Counter>,
     steps_lost: Histogram,
-    steps_per_second: StepRateGauges,
 }
 
-/// Registers the progress report and supervisor poll counters, the steps-lost histogram and
-/// the step rate gauges.
+/// Registers the progress report and supervisor poll counters and the steps-lost histogram.
 fn register_progress_metrics(r: &mut Registry) -> ProgressMetrics {
     let reports = registered(
         r,
@@ -421,17 +449,10 @@ fn register_progress_metrics(r: &mut Registry) -> ProgressMetrics {
             0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
         ]),
     );
-    let steps_per_second = registered(
-        r,
-        "trainyard_operator_job_steps_per_second",
-        "Training steps per second of each job that reports progress",
-        StepRateGauges::default(),
-    );
     ProgressMetrics {
         reports,
         polls,
         steps_lost,
-        steps_per_second,
     }
 }
 
@@ -454,8 +475,8 @@ impl Metrics {
         let (leader, state_entries) = register_controller_metrics(&mut r);
         let progress = register_progress_metrics(&mut r);
         let status_rounds_parked = register_parked_metric(&mut r);
-        let ledgers = LedgerCollector::default();
-        r.register_collector(Box::new(ledgers.clone()));
+        let jobs = JobSeries::default();
+        r.register_collector(Box::new(jobs.clone()));
         Self {
             registry: r,
             reconciles,
@@ -468,9 +489,8 @@ impl Metrics {
             progress_reports: progress.reports,
             supervisor_polls: progress.polls,
             steps_lost: progress.steps_lost,
-            steps_per_second: progress.steps_per_second,
             status_rounds_parked,
-            ledgers,
+            jobs,
             ready: AtomicBool::new(false),
         }
     }
@@ -523,28 +543,45 @@ impl Metrics {
         ledger: Option<&GoodputLedger>,
     ) {
         if let Some(ledger) = ledger {
-            self.ledgers.record(namespace, job, uid, ledger);
+            self.jobs.record(namespace, job, uid, ledger);
         }
     }
 
-    /// Removes the ledger series of a deleted job.
-    pub fn forget_ledger(&self, namespace: &str, job: &str) {
-        self.ledgers.with_jobs(|jobs| {
+    /// Sets the step rate of `namespace/job`.
+    pub fn set_steps_per_second(&self, namespace: &str, job: &str, rate: f64) {
+        self.jobs.with_jobs(|jobs| {
+            let key = (namespace.to_owned(), job.to_owned());
+            jobs.entry(key).or_default().steps_per_second = Some(rate);
+        });
+    }
+
+    /// Removes every series of a deleted job.
+    pub fn forget_job(&self, namespace: &str, job: &str) {
+        self.jobs.with_jobs(|jobs| {
             jobs.remove(&(namespace.to_owned(), job.to_owned()));
         });
     }
 
-    /// Keeps the ledger series only of the jobs `exists` says still exist (those deleted while
-    /// the watch was down have no delete event).
-    pub fn retain_ledgers(&self, exists: impl Fn(&str, &str) -> bool) {
-        self.ledgers
+    /// Keeps the series only of the jobs `exists` says still exist.
+    pub fn retain_jobs(&self, exists: impl Fn(&str, &str) -> bool) {
+        self.jobs
             .with_jobs(|jobs| jobs.retain(|(namespace, job), _| exists(namespace, job)));
+    }
+
+    /// How many jobs have a series.
+    pub fn jobs_with_series(&self) -> usize {
+        self.jobs.with_jobs(|jobs| jobs.len())
     }
 
     /// Removes every ledger series: a replica that no longer leads exposes none, so that the
     /// leader's are the only ones.
     pub fn forget_ledgers(&self) {
-        self.ledgers.with_jobs(BTreeMap::clear);
+        self.jobs.with_jobs(|jobs| {
+            jobs.retain(|_, values| {
+                values.ledger = None;
+                values.steps_per_second.is_some()
+            });
+        });
     }
 
     /// Marks the process ready (`/readyz` answers 200).
@@ -737,12 +774,12 @@ mod tests {
         m.record_ledger("ml", "b", "u2", Some(&ledger(2_000, 0, 20)));
         m.record_ledger("ml", "c", "u3", Some(&ledger(3_000, 0, 30)));
         m.record_ledger("ml", "no-gpus", "u4", None);
-        m.forget_ledger("ml", "a");
+        m.forget_job("ml", "a");
         let text = m.render();
         assert!(series_of(&text, "a").is_empty(), "{text}");
         assert!(series_of(&text, "no-gpus").is_empty(), "{text}");
         assert_eq!(series_of(&text, "b").len(), 18, "{text}");
-        m.retain_ledgers(|_, job| job == "c");
+        m.retain_jobs(|_, job| job == "c");
         let text = m.render();
         assert!(series_of(&text, "b").is_empty(), "{text}");
         assert_eq!(series_of(&text, "c").len(), 18, "{text}");

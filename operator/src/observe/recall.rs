@@ -1,7 +1,7 @@
 //! The progress channel as a reconcile recalls it: the store's reports as the decision reads
 //! them, and the step-rate gauge derived from them.
 
-use crate::metrics::{JobLabels, Metrics};
+use crate::metrics::Metrics;
 use crate::model::validate::ValidJob;
 use crate::plan::{ObservedProgress, ObservedRank};
 use crate::progress::store::{JobProgress, ProgressStore};
@@ -45,29 +45,7 @@ pub(crate) fn observe_progress(
         .snapshot(&job.namespace, &job.name)
         .filter(|p| p.job_uid == job.uid)?;
     if let Some(rate) = progress.steps_per_second {
-        metrics
-            .steps_per_second
-            .get_or_create(&job_labels(&job.namespace, &job.name))
-            .set(rate);
+        metrics.set_steps_per_second(&job.namespace, &job.name, rate);
     }
     Some(as_observed(progress, store.last_refusal()))
-}
-
-fn job_labels(namespace: &str, job: &str) -> JobLabels {
-    JobLabels {
-        namespace: namespace.to_owned(),
-        job: job.to_owned(),
-    }
-}
-
-/// Forgets a deleted job's reports (and its workers' late ones) and its gauge.
-pub(crate) fn forget_job(
-    progress: &ProgressStore,
-    metrics: &Metrics,
-    namespace: &str,
-    job: &str,
-    uid: &str,
-) {
-    progress.forget(namespace, job, uid);
-    metrics.steps_per_second.remove(&job_labels(namespace, job));
 }

@@ -10,6 +10,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use jiff::{SignedDuration, Timestamp};
 
+use crate::state::job_memory::{JobKey, LiveJobs, PerJob};
+
 /// One rank's report, as the server checked it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Report {
@@ -374,26 +376,6 @@ impl ProgressStore {
         entry.progress.checkpoint_saved_on_request = None;
     }
 
-    /// Drops what `namespace/job` reported, and every later report of the job `job_uid` (the
-    /// job was deleted; its workers may report while they terminate).
-    pub fn forget(&self, namespace: &str, job: &str, job_uid: &str) {
-        self.jobs().remove(&(namespace.to_owned(), job.to_owned()));
-        self.supervisors.forget(namespace, job);
-        let mut retired = lock(&self.retired);
-        if !retired.iter().any(|u| u == job_uid) {
-            if retired.len() == RETIRED_UIDS {
-                retired.pop_front();
-            }
-            retired.push_back(job_uid.to_owned());
-        }
-    }
-
-    /// Keeps only the jobs `keep(namespace, job)` accepts.
-    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
-        self.jobs().retain(|(ns, job), _| keep(ns, job));
-        self.supervisors.retain(&keep);
-    }
-
     /// The endpoint could not take a report at `now` for a reason of its own: the API server
     /// could not review its token, or too many reports came at once. Until then, a rank whose
     /// reports stopped may have sent them all along (a node is lost only from ranks quiet
@@ -419,9 +401,44 @@ impl ProgressStore {
     }
 }
 
+/// The reports and the supervisors of each job, by namespace and name.
+impl PerJob for ProgressStore {
+    /// Also drops every later report of the job's uid: its workers may report while they
+    /// terminate.
+    fn forget(&self, job: &JobKey<'_>) {
+        self.jobs()
+            .remove(&(job.namespace.to_owned(), job.name.to_owned()));
+        self.supervisors.forget(job);
+        let mut retired = lock(&self.retired);
+        if !retired.iter().any(|u| u == job.uid) {
+            if retired.len() == RETIRED_UIDS {
+                retired.pop_front();
+            }
+            retired.push_back(job.uid.to_owned());
+        }
+    }
+
+    fn retain(&self, live: &LiveJobs) {
+        self.jobs().retain(|(ns, job), _| live.has(ns, job));
+        self.supervisors.retain(live);
+    }
+
+    fn largest(&self) -> usize {
+        self.len().max(self.supervisors.len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key<'a>(namespace: &'a str, name: &'a str, uid: &'a str) -> JobKey<'a> {
+        JobKey {
+            uid,
+            namespace,
+            name,
+        }
+    }
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + seconds).expect("timestamp")
@@ -726,13 +743,13 @@ mod tests {
         }
         store.record("other", "a", "u", &report(0, 0, 1), at(0));
         assert_eq!(store.len(), 4);
-        store.forget("ns", "a", "u");
+        store.forget(&key("ns", "a", "u"));
         assert_eq!(store.snapshot("ns", "a"), None);
         assert!(store.snapshot("other", "a").is_some());
-        store.retain(|ns, job| ns == "ns" && job != "c");
+        store.retain(&[key("ns", "b", "u")].into_iter().collect());
         assert_eq!(store.len(), 1);
         assert!(store.snapshot("ns", "b").is_some());
-        store.retain(|_, _| false);
+        store.retain(&LiveJobs::default());
         assert!(store.is_empty());
     }
 
@@ -748,7 +765,7 @@ mod tests {
         let p = store.snapshot("ns", "j").expect("reported");
         assert_eq!((p.job_uid.as_str(), p.step()), ("new", Some(0)));
         // The delete of the old job seen: its terminating workers' reports are dropped.
-        store.forget("ns", "j", "old");
+        store.forget(&key("ns", "j", "old"));
         assert_eq!(
             store.record("ns", "j", "old", &report(0, 0, 51), at(2)),
             Recorded::default()

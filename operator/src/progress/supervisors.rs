@@ -30,6 +30,7 @@ use jiff::{SignedDuration, Timestamp};
 use tokio::sync::Notify;
 
 use crate::model::supervision::{Directive, SupervisedState, SupervisorSeen};
+use crate::state::job_memory::{JobKey, LiveJobs, PerJob};
 
 /// The longest a poll is held for a change of its job's directive: below the plan's
 /// [`crate::plan::in_place::SUPERVISOR_FRESH`], so that a supervisor whose poll is held is
@@ -300,24 +301,6 @@ impl SupervisorBoard {
             .unwrap_or_default()
     }
 
-    /// Forgets a job.
-    pub fn forget(&self, namespace: &str, job: &str) {
-        if let Some(board) = self.jobs().remove(&(namespace.to_owned(), job.to_owned())) {
-            board.changed.notify_waiters();
-        }
-    }
-
-    /// Keeps the jobs `keep` says exist.
-    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
-        self.jobs().retain(|(ns, job), board| {
-            let kept = keep(ns, job);
-            if !kept {
-                board.changed.notify_waiters();
-            }
-            kept
-        });
-    }
-
     /// How many jobs have an entry.
     pub fn len(&self) -> usize {
         self.jobs().len()
@@ -329,9 +312,42 @@ impl SupervisorBoard {
     }
 }
 
+/// Each job's board, by namespace and name; the polls held on a forgotten board answer now.
+impl PerJob for SupervisorBoard {
+    fn forget(&self, job: &JobKey<'_>) {
+        let key = (job.namespace.to_owned(), job.name.to_owned());
+        if let Some(board) = self.jobs().remove(&key) {
+            board.changed.notify_waiters();
+        }
+    }
+
+    fn retain(&self, live: &LiveJobs) {
+        self.jobs().retain(|(ns, job), board| {
+            let kept = live.has(ns, job);
+            if !kept {
+                board.changed.notify_waiters();
+            }
+            kept
+        });
+    }
+
+    fn largest(&self) -> usize {
+        self.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The job `namespace/name`.
+    fn job<'a>(namespace: &'a str, name: &'a str) -> JobKey<'a> {
+        JobKey {
+            uid: "uid",
+            namespace,
+            name,
+        }
+    }
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + s).expect("time")
@@ -402,7 +418,7 @@ mod tests {
         board.answer_held("ml", "j", "uid", &exited, at(4));
         assert_eq!(board.snapshot("ml", "j", "uid")[0].seen_at, at(4));
         // The job forgotten while a poll was held: answered, and no entry made again.
-        board.forget("ml", "j");
+        board.forget(&job("ml", "j"));
         assert_eq!(
             board.answer_held("ml", "j", "uid", &exited, at(5)),
             Order::Continue
@@ -545,7 +561,7 @@ mod tests {
             .map(|s| s.pod_uid)
             .collect();
         assert_eq!(uids, ["a"]);
-        board.forget("ns", "j");
+        board.forget(&job("ns", "j"));
         assert!(board.is_empty());
     }
 

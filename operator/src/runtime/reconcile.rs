@@ -15,7 +15,6 @@ use crate::model::crd::TrainingJob;
 use crate::model::validate::{InvalidSpec, ValidJob, validate};
 use crate::observe::recall;
 use crate::plan;
-use crate::state::job_memory::error_key;
 use crate::state::status_cache::Known;
 use crate::watchdog::{self, Watched};
 use crate::writes::{Carried, DecidedRound};
@@ -34,7 +33,7 @@ pub(super) async fn reconcile(
 ) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
     let started = Instant::now();
-    let what = error_key(&obj.namespace().unwrap_or_default(), &obj.name_any());
+    let what = job_path(&obj);
     let result = match watchdog::watch(
         &what,
         RECONCILE_WARN,
@@ -56,13 +55,15 @@ pub(super) async fn reconcile(
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
     if result.is_ok() {
-        ctx.memory.clear_errors(&error_key(
-            &obj.namespace().unwrap_or_default(),
-            &obj.name_any(),
-        ));
+        ctx.memory.clear_errors(&obj.uid().unwrap_or_default());
     }
     ctx.export_state_sizes();
     result
+}
+
+/// `namespace/name`, as logs name the job.
+fn job_path(obj: &DeserializeGuard<TrainingJob>) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
 /// How soon a round whose write met a newer version of the job is decided again: long
@@ -75,7 +76,7 @@ pub(super) fn error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     ctx.metrics.count_error(err);
-    let key = error_key(&obj.namespace().unwrap_or_default(), &obj.name_any());
+    let key = job_path(&obj);
     if err.waits_for_change() {
         tracing::info!(job = %key, error = %err, "waiting for the TrainingJob to change");
         return Action::await_change();
@@ -87,7 +88,7 @@ pub(super) fn error_policy(
         tracing::info!(job = %key, error = %err, "the TrainingJob changed: deciding again");
         return Action::requeue(CONFLICT_RETRY);
     }
-    let n = ctx.memory.count_error(&key);
+    let n = ctx.memory.count_error(&obj.uid().unwrap_or_default());
     ctx.export_state_sizes();
     let delay = Duration::from_secs((1u64 << n.min(9)).min(300));
     tracing::warn!(job = %key, error = %err, retry_in = ?delay, "reconcile failed");
@@ -97,8 +98,7 @@ pub(super) fn error_policy(
 impl Context {
     /// Sets the `trainyard_operator_state_entries` gauges.
     fn export_state_sizes(&self) {
-        self.metrics
-            .set_state_sizes(&self.forgetting.sizes(self.writes.expectations()));
+        self.metrics.set_state_sizes(&self.forgetting.sizes());
     }
 }
 

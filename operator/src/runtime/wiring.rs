@@ -268,9 +268,7 @@ fn watch_jobs(
     client: &Client,
     ns: Option<&str>,
     memory: &Arc<JobMemory>,
-    expectations: &Arc<Expectations>,
     metrics: &Arc<Metrics>,
-    progress: &Arc<ProgressStore>,
 ) -> (
     Store<DeserializeGuard<TrainingJob>>,
     impl Stream<Item = WatchResult<DeserializeGuard<TrainingJob>>> + Send + 'static,
@@ -278,29 +276,11 @@ fn watch_jobs(
     let jobs_api: Api<DeserializeGuard<TrainingJob>> = api(client, ns);
     let (store, writer) = reflector::store();
     let forget = {
-        let (memory, expectations, jobs) = (memory.clone(), expectations.clone(), store.clone());
-        let (metrics, progress) = (metrics.clone(), progress.clone());
+        let (memory, metrics, jobs) = (memory.clone(), metrics.clone(), store.clone());
         move |event: &watcher::Event<DeserializeGuard<TrainingJob>>| {
-            memory.on_job_event(&expectations, event, &jobs);
-            match event {
-                watcher::Event::Delete(job) => {
-                    let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
-                    let uid = job.uid().unwrap_or_default();
-                    crate::observe::recall::forget_job(&progress, &metrics, &ns, &name, &uid);
-                    metrics.forget_ledger(&ns, &name);
-                }
-                watcher::Event::InitDone => {
-                    let exists = |ns: &str, name: &str| {
-                        jobs.get(&reflector::ObjectRef::new(name).within(ns))
-                            .is_some()
-                    };
-                    progress.retain(exists);
-                    metrics.retain_ledgers(exists);
-                }
-                _ => {}
-            }
+            memory.on_job_event(event, &jobs);
             if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone) {
-                metrics.set_state_sizes(&memory.sizes(&expectations));
+                metrics.set_state_sizes(&memory.sizes());
             }
         }
     };
@@ -399,14 +379,34 @@ async fn run_until_stopped(
     tracing::info!("controller stopped");
 }
 
-/// Builds the watches and the Controller and runs it until `stop` completes, or at once
-/// (cancelling the reconciles in flight) when `lost` does.
-/// Each part's per-job state (the write path's, the reconciles'), and their forgetting.
-fn memories() -> (Arc<WriteMemory>, Arc<ReconcileMemory>, Arc<JobMemory>) {
+/// Every owner of per-job state, each registered with the one forgetting ([`JobMemory`]).
+struct Memories {
+    writes: Arc<WriteMemory>,
+    reconciles: Arc<ReconcileMemory>,
+    expectations: Arc<Expectations>,
+    progress: Arc<ProgressStore>,
+    all: Arc<JobMemory>,
+}
+
+fn memories(metrics: &Arc<Metrics>) -> Memories {
     let writes = Arc::new(WriteMemory::default());
     let reconciles = Arc::new(ReconcileMemory::default());
-    let all = JobMemory::new(vec![writes.clone(), reconciles.clone()]);
-    (writes, reconciles, Arc::new(all))
+    let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
+    let progress = Arc::new(ProgressStore::default());
+    let all = Arc::new(JobMemory::new(vec![
+        writes.clone(),
+        reconciles.clone(),
+        expectations.clone(),
+        progress.clone(),
+        metrics.clone(),
+    ]));
+    Memories {
+        writes,
+        reconciles,
+        expectations,
+        progress,
+        all,
+    }
 }
 
 /// Builds every watch, trigger and the write path, and runs the job Controller until `stop`.
@@ -422,7 +422,8 @@ pub(super) async fn run_controller(
     lost: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let ns = config.namespace.as_deref();
-    let expectations = Arc::new(Expectations::new(EXPECTATION_TTL));
+    let memory = memories(&metrics);
+    let (expectations, progress) = (memory.expectations.clone(), memory.progress.clone());
     let (pods, pod_stream, settled_pods) = watch_pods(&client, ns, &expectations);
     let (nodes, node_events) = watch_nodes(&client);
     let (heartbeats, lease_task) = watch_node_leases(&client);
@@ -430,14 +431,12 @@ pub(super) async fn run_controller(
         watch_metadata::<Service>(&client, ns, &expectations, Kind::Service);
     let (claims, claim_events) =
         watch_metadata::<PersistentVolumeClaim>(&client, ns, &expectations, Kind::Claim);
-    let (write_memory, reconcile_memory, all) = memories();
-    let progress = Arc::new(ProgressStore::default());
-    let (jobs, job_stream) = watch_jobs(&client, ns, &all, &expectations, &metrics, &progress);
+    let (jobs, job_stream) = watch_jobs(&client, ns, &memory.all, &metrics);
     let job_stream = without_own_writes(
         job_stream,
         jobs.clone(),
-        write_memory.clone(),
-        reconcile_memory.clone(),
+        memory.writes.clone(),
+        memory.reconciles.clone(),
     );
     let controller = job_controller(job_stream, jobs.clone(), config.max_concurrent_reconciles);
     let node_triggers = node_triggers(node_events, pods.clone(), jobs.clone());
@@ -467,8 +466,8 @@ pub(super) async fn run_controller(
         reconciles: config.max_concurrent_reconciles,
         metrics: metrics.clone(),
         expectations: expectations.clone(),
-        memory: write_memory,
-        sweep: all.sweep(jobs.clone()),
+        memory: memory.writes,
+        sweep: memory.all.sweep(jobs.clone()),
         trainers: progress.clone(),
     });
     let caches = Caches::new(
@@ -484,8 +483,8 @@ pub(super) async fn run_controller(
         config: config.operator.clone(),
         caches,
         writes,
-        memory: reconcile_memory,
-        forgetting: all,
+        memory: memory.reconciles,
+        forgetting: memory.all,
         metrics,
         progress,
     });

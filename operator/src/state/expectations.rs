@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::metrics::StateSizes;
 use crate::model::ownership::Kind;
+use crate::state::job_memory::{JobKey, LiveJobs, PerJob};
 
 type Key = (Kind, String, String);
 
@@ -104,7 +106,7 @@ impl Expectations {
     }
 
     /// Keeps only the expectations on objects of the jobs `keep(namespace, job)` says exist.
-    pub fn retain_jobs(&self, keep: impl Fn(&str, &str) -> bool) {
+    fn retain_jobs(&self, keep: impl Fn(&str, &str) -> bool) {
         let mut pending = self.lock();
         if pending.is_empty() {
             return;
@@ -121,6 +123,26 @@ impl Expectations {
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Forgotten by the job each object's name says it belongs to ([`job_of`]).
+impl PerJob for Expectations {
+    fn forget(&self, job: &JobKey<'_>) {
+        self.forget_job(job.namespace, job.name);
+    }
+
+    fn retain(&self, live: &LiveJobs) {
+        self.retain_jobs(|namespace, job| live.has(namespace, job));
+    }
+
+    /// Lapsed entries go as the map grows ([`Self::expect`]): the sweep need not bound it.
+    fn largest(&self) -> usize {
+        0
+    }
+
+    fn add_sizes(&self, sizes: &mut StateSizes) {
+        sizes.expectations = self.len();
     }
 }
 

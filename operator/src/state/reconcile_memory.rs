@@ -9,12 +9,12 @@ use kube::core::error_boundary::DeserializeGuard;
 
 use crate::metrics::StateSizes;
 use crate::model::crd::TrainingJob;
-use crate::state::job_memory::{LiveJobs, PerJob, lock};
+use crate::state::job_memory::{JobKey, LiveJobs, PerJob, lock};
 
 /// The reconciles' per-job maps.
 #[derive(Debug, Default)]
 pub(crate) struct ReconcileMemory {
-    /// Consecutive transient errors, by namespace/name.
+    /// Consecutive transient errors, by uid.
     error_counts: Mutex<HashMap<String, u32>>,
     /// The job object last seen valid, by uid: the job runs on as it while an edit does not
     /// validate. It follows the job cache's entry while the spec is unchanged
@@ -24,19 +24,19 @@ pub(crate) struct ReconcileMemory {
 }
 
 impl ReconcileMemory {
-    /// One more consecutive transient error of a job; returns how many in a row.
-    pub(crate) fn count_error(&self, key: &str) -> u32 {
+    /// One more consecutive transient error of the job `uid`; returns how many in a row.
+    pub(crate) fn count_error(&self, uid: &str) -> u32 {
         let mut counts = lock(&self.error_counts);
-        let n = counts.entry(key.to_owned()).or_insert(0);
+        let n = counts.entry(uid.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
         *n
     }
 
-    /// A reconcile of the job succeeded.
-    pub(crate) fn clear_errors(&self, key: &str) {
+    /// A reconcile of the job `uid` succeeded.
+    pub(crate) fn clear_errors(&self, uid: &str) {
         let mut counts = lock(&self.error_counts);
         if !counts.is_empty() {
-            counts.remove(key);
+            counts.remove(uid);
         }
     }
 
@@ -77,14 +77,14 @@ impl ReconcileMemory {
 }
 
 impl PerJob for ReconcileMemory {
-    fn forget(&self, uid: &str, path: &str) {
-        lock(&self.last_valid).remove(uid);
-        lock(&self.error_counts).remove(path);
+    fn forget(&self, job: &JobKey<'_>) {
+        lock(&self.last_valid).remove(job.uid);
+        lock(&self.error_counts).remove(job.uid);
     }
 
     fn retain(&self, live: &LiveJobs) {
         lock(&self.last_valid).retain(|uid, _| live.has_uid(uid));
-        lock(&self.error_counts).retain(|path, _| live.has_path(path));
+        lock(&self.error_counts).retain(|uid, _| live.has_uid(uid));
     }
 
     fn largest(&self) -> usize {

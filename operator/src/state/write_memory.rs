@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::status_cache::StatusCache;
 use crate::metrics::StateSizes;
 use crate::model::rejection::WriteOutcome;
-use crate::state::job_memory::{LiveJobs, PerJob, lock};
+use crate::state::job_memory::{JobKey, LiveJobs, PerJob, lock};
 
 /// The write path's per-job maps.
 #[derive(Debug, Default)]
@@ -100,7 +100,8 @@ impl WriteMemory {
 }
 
 impl PerJob for WriteMemory {
-    fn forget(&self, uid: &str, _path: &str) {
+    fn forget(&self, job: &JobKey<'_>) {
+        let uid = job.uid;
         self.status.forget(uid);
         lock(&self.detected).remove(uid);
         lock(&self.told).remove(uid);

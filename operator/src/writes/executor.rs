@@ -93,11 +93,6 @@ impl Executor {
         }
     }
 
-    /// The writes the caches do not show yet.
-    pub(super) fn expectations(&self) -> &Expectations {
-        &self.expectations
-    }
-
     /// Carries out one round of `job`: `decided`, with its status written when `write_status`
     /// (see the module's write order).
     pub(super) async fn carry_out(
@@ -825,7 +820,7 @@ mod tests {
         assert!(pods.iter().all(|p| p.body["kind"] == json!("Pod")));
         assert_eq!(sent.iter().filter(|s| s.is("POST", SERVICES)).count(), 1);
         // Created: held back until the watch shows them.
-        let expectations = h.executor.expectations();
+        let expectations = &h.executor.expectations;
         assert!(
             expectations
                 .holds(Kind::Pod, "ml", "train-worker-0")
@@ -858,7 +853,7 @@ mod tests {
         );
         assert!(sent[0].is("POST", PODS));
         // No watch event will come for a write that did not happen.
-        let expectations = h.executor.expectations();
+        let expectations = &h.executor.expectations;
         assert_eq!(expectations.holds(Kind::Pod, "ml", "train-worker-0"), None);
         assert!(expectations.is_empty());
     }
@@ -892,7 +887,7 @@ mod tests {
         assert!(remembered.rejected[0].message.contains("1BAD"));
         assert_eq!(
             h.executor
-                .expectations()
+                .expectations
                 .holds(Kind::Pod, "ml", "train-worker-0"),
             None,
             "no watch event will come for it"

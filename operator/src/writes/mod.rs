@@ -141,11 +141,6 @@ impl Writes {
         (writes, parked_wakes, publisher)
     }
 
-    /// The writes the caches do not show yet.
-    pub(crate) fn expectations(&self) -> &Expectations {
-        self.executor.expectations()
-    }
-
     /// What a round of `job` decides on: its status as written last (the cache, or our newer
     /// write), with the worker detail not written yet ([`status_cache`]).
     pub(crate) fn current(&self, job: &TrainingJob) -> Known {
