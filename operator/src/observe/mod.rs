@@ -1,5 +1,6 @@
-//! What one reconcile reads: the reflector caches, found by the job's deterministic names, and
-//! the one read they cannot serve (a sibling's placement).
+//! What one reconcile reads, complete when [`Sources::observe`] returns: the reflector caches,
+//! found by the job's deterministic names, the trainers' channel, what this replica's writes
+//! left in `state/`, and the reads the caches cannot serve (a sibling's placement, GPUs in use).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -12,15 +13,20 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 
+use crate::config::OperatorConfig;
 use crate::error::Error;
+use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
-use crate::model::crd::{MAX_WORKERS, TrainingJobStatus};
+use crate::model::crd::{MAX_WORKERS, TrainingJob, TrainingJobStatus};
 use crate::model::liveness::Heartbeats;
 use crate::model::ownership::Kind;
 use crate::model::ownership::{self, ObjectKind};
 use crate::model::validate::{ValidJob, pod_name};
 use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement, UnseenWrite};
+use crate::progress::store::ProgressStore;
 use crate::state::expectations::Expectations;
+use crate::state::status_cache::Known;
+use crate::state::write_memory::WriteMemory;
 
 pub mod recall;
 
@@ -32,21 +38,32 @@ pub(crate) fn heartbeats(shared: &SharedHeartbeats) -> MutexGuard<'_, Heartbeats
     shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The caches a reconcile reads, and the client for the one read they cannot serve.
+/// The watch caches a reconcile reads.
 pub(crate) struct Caches {
-    client: Client,
-    /// Which pods this operator has just created (a missing rank that is on its way).
-    expectations: Arc<Expectations>,
-    pods: Store<CachedPod>,
-    nodes: Store<Node>,
+    pub(crate) pods: Store<CachedPod>,
+    pub(crate) nodes: Store<Node>,
     /// What the kubelets' Lease renewals say (the liveness index the Lease watch feeds).
-    heartbeats: SharedHeartbeats,
-    services: Store<PartialObjectMeta<Service>>,
-    claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    pub(crate) heartbeats: SharedHeartbeats,
+    pub(crate) services: Store<PartialObjectMeta<Service>>,
+    pub(crate) claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+}
+
+/// Everything one reconcile reads, and the client for the reads the caches cannot serve.
+pub(crate) struct Sources {
+    client: Client,
+    caches: Caches,
+    /// Which objects this operator has just written (a missing rank that is on its way).
+    expectations: Arc<Expectations>,
+    /// What the trainers and supervisors report.
+    progress: Arc<ProgressStore>,
+    /// What this replica's writes left: the status cache, the attempt told, the last writes.
+    writes: Arc<WriteMemory>,
+    /// Where the step rate the reports imply is set.
+    metrics: Arc<Metrics>,
     /// Whether every cache a decision reads has been listed once (see [`CacheReadiness`]).
     ready: CacheReadiness,
     /// Set once listing pods of every namespace was forbidden (an operator that watches one
-    /// namespace): [`Caches::read_gpus_in_use`] lists the job's namespace from then on.
+    /// namespace): [`Sources::read_gpus_in_use`] lists the job's namespace from then on.
     cluster_pods_forbidden: std::sync::atomic::AtomicBool,
 }
 
@@ -93,19 +110,14 @@ impl CacheReadiness {
         }
     }
 
-    /// The first lists of these stores.
-    fn of(
-        pods: &Store<CachedPod>,
-        nodes: &Store<Node>,
-        services: &Store<PartialObjectMeta<Service>>,
-        claims: &Store<PartialObjectMeta<PersistentVolumeClaim>>,
-    ) -> Self {
+    /// The first lists of these caches.
+    fn of(caches: &Caches) -> Self {
         use futures::FutureExt;
         let (pods, nodes, services, claims) = (
-            pods.clone(),
-            nodes.clone(),
-            services.clone(),
-            claims.clone(),
+            caches.pods.clone(),
+            caches.nodes.clone(),
+            caches.services.clone(),
+            caches.claims.clone(),
         );
         Self::spawn(vec![
             async move { pods.wait_until_ready().await.map_err(|_| "pods") }.boxed(),
@@ -122,26 +134,23 @@ impl CacheReadiness {
     }
 }
 
-impl Caches {
+impl Sources {
     pub(crate) fn new(
         client: Client,
+        caches: Caches,
         expectations: Arc<Expectations>,
-        pods: Store<CachedPod>,
-        nodes: Store<Node>,
-        heartbeats: SharedHeartbeats,
-        services: Store<PartialObjectMeta<Service>>,
-        claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+        progress: Arc<ProgressStore>,
+        writes: Arc<WriteMemory>,
+        metrics: Arc<Metrics>,
     ) -> Self {
-        let ready = CacheReadiness::of(&pods, &nodes, &services, &claims);
         Self {
             client,
+            ready: CacheReadiness::of(&caches),
+            caches,
             expectations,
-            pods,
-            nodes,
-            heartbeats,
-            services,
-            claims,
-            ready,
+            progress,
+            writes,
+            metrics,
             cluster_pods_forbidden: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -151,51 +160,72 @@ impl Caches {
         self.ready.wait().await
     }
 
-    pub(crate) fn observe(
+    /// What a round of `job` decides on: its status as written last (the cache, or our newer
+    /// write), with the worker detail not written yet.
+    pub(crate) fn known(&self, job: &TrainingJob) -> Known {
+        self.writes.status.current(job)
+    }
+
+    /// Everything a round of `job` decides on, `current` its status as known.
+    pub(crate) async fn observe(
         &self,
         job: &ValidJob,
         current: &TrainingJobStatus,
+        config: &OperatorConfig,
         now: Timestamp,
-    ) -> Observed {
-        let ns = job.namespace.as_str();
+    ) -> Result<Observed, Error> {
+        let mut observed = self.read_local(job, current, now);
+        observed.sibling_placement = self.read_sibling_placement(job, current, &observed).await?;
+        observed.gpus_in_use = self
+            .read_gpus_in_use(job, current, &observed, config)
+            .await?;
+        Ok(observed)
+    }
+
+    /// What this replica holds of `job` (caches, reports, its memory), without a request.
+    fn read_local(&self, job: &ValidJob, current: &TrainingJobStatus, now: Timestamp) -> Observed {
+        let (ns, caches) = (job.namespace.as_str(), &self.caches);
         let mut pods = Vec::new();
         let mut foreign = Vec::new();
         for rank in ranks_to_observe(job.spec.workers, current) {
             let name = pod_name(&job.name, rank);
-            if let Some(pod) = self.pods.get(&ObjectRef::new(&name).within(ns))
+            if let Some(pod) = caches.pods.get(&ObjectRef::new(&name).within(ns))
                 && ownership::present(ObjectKind::Pod, Some(&pod.metadata), job, &mut foreign)
             {
                 pods.push(pod);
             }
         }
-        let service = self.services.get(&ObjectRef::new(&job.name).within(ns));
+        let service = caches.services.get(&ObjectRef::new(&job.name).within(ns));
         let service_exists = ownership::present(
             ObjectKind::Service,
             service.as_ref().map(|s| &s.metadata),
             job,
             &mut foreign,
         );
-        let claim = self.claims.get(&ObjectRef::new(&job.claim_name).within(ns));
+        let claim = caches
+            .claims
+            .get(&ObjectRef::new(&job.claim_name).within(ns));
         let claim = claim
             .filter(|c| ownership::present(ObjectKind::Claim, Some(&c.metadata), job, &mut foreign))
             .map(|c| ObservedClaim::of(&c.metadata, job));
         let liveness =
-            heartbeats(&self.heartbeats).view(pods.iter().filter_map(|p| p.node_name()), now);
+            heartbeats(&caches.heartbeats).view(pods.iter().filter_map(|p| p.node_name()), now);
+        let supervisors = &self.progress.supervisors;
         Observed {
             pods,
             sibling_placement: None,
             gpus_in_use: None,
-            progress: None,
+            progress: recall::observe_progress(&self.progress, &self.metrics, job),
             foreign,
-            nodes: self.nodes.state(),
+            nodes: caches.nodes.state(),
             liveness,
             claim,
             service_exists,
-            told_attempt: None,
-            last_writes: None,
+            told_attempt: self.writes.told_attempt(&job.uid),
+            last_writes: self.writes.last_writes(&job.uid),
             unseen_writes: self.unseen_writes(job, current),
-            supervisors: Vec::new(),
-            supervisors_since: None,
+            supervisors: supervisors.snapshot(ns, &job.name, &job.uid),
+            supervisors_since: supervisors.listening_since(),
             now,
         }
     }
@@ -223,19 +253,18 @@ impl Caches {
     }
 
     /// Reads the placement a missing rank of the current attempt copies from its sibling
-    /// (the cache does not hold placement), when [`plan::sibling_to_read`] says one is needed, into
-    /// [`Observed::sibling_placement`].
-    pub(crate) async fn read_sibling_placement(
+    /// (the cache does not hold placement), when [`plan::sibling_to_read`] says one is needed.
+    async fn read_sibling_placement(
         &self,
         job: &ValidJob,
         current: &TrainingJobStatus,
-        observed: &mut Observed,
-    ) -> Result<(), Error> {
+        observed: &Observed,
+    ) -> Result<Option<SiblingPlacement>, Error> {
         let ns = job.namespace.as_str();
         let held = |rank| observed.is_unseen(Kind::Pod, &pod_name(&job.name, rank));
         let workers = plan::attempt_workers(job, current);
         let Some(cached) = plan::sibling_to_read(&observed.pods, current, workers, held) else {
-            return Ok(());
+            return Ok(None);
         };
         let name = cached.name_any();
         crate::watchdog::stage("reading a sibling pod's placement");
@@ -248,29 +277,26 @@ impl Caches {
         if whole.uid() != cached.uid() {
             return Err(Error::StaleCache(format!("{ns}/{name}")));
         }
-        observed.sibling_placement = Some(SiblingPlacement::of(&whole));
-        Ok(())
+        Ok(Some(SiblingPlacement::of(&whole)))
     }
-}
 
-impl Caches {
     /// Reads the GPUs in use on each node an elastic job that runs shrunk could grow onto
-    /// ([`plan::nodes_to_weigh`]) into [`Observed::gpus_in_use`]: the requests of the
+    /// ([`plan::nodes_to_weigh`]): the requests of the
     /// unfinished pods bound there, of every namespace when the operator may list them, else
     /// of the job's namespace (an operator that watches one namespace: pods of other
     /// namespaces are not seen, and a grow that finds no room waits for the next shrink).
-    pub(crate) async fn read_gpus_in_use(
+    async fn read_gpus_in_use(
         &self,
         job: &ValidJob,
         current: &TrainingJobStatus,
-        observed: &mut Observed,
-        config: &crate::config::OperatorConfig,
-    ) -> Result<(), Error> {
+        observed: &Observed,
+        config: &OperatorConfig,
+    ) -> Result<Option<std::collections::BTreeMap<String, u64>>, Error> {
         let node_refs = observed.node_refs();
         let silent: Vec<String> = observed.liveness.silent.keys().cloned().collect();
         let names = plan::nodes_to_weigh(job, current, &node_refs, &silent, config);
         if names.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         crate::watchdog::stage("reading the GPUs in use on nodes an elastic job could grow onto");
         let resource = &job.spec.gpu.resource_name;
@@ -294,8 +320,7 @@ impl Caches {
             let used: u64 = pods.items.iter().map(|p| gpus_requested(p, resource)).sum();
             in_use.insert(name, used);
         }
-        observed.gpus_in_use = Some(in_use);
-        Ok(())
+        Ok(Some(in_use))
     }
 }
 

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::config::OperatorConfig;
 use crate::metrics::Metrics;
-use crate::progress::store::ProgressStore;
 use crate::runtime::leader::LeaderElection;
 use crate::state::job_memory::JobMemory;
 use crate::state::reconcile_memory::ReconcileMemory;
@@ -64,8 +63,8 @@ pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
 /// What every reconcile shares.
 pub(super) struct Context {
     pub(super) config: OperatorConfig,
-    /// What a reconcile reads.
-    pub(super) caches: crate::observe::Caches,
+    /// Everything a reconcile reads.
+    pub(super) sources: crate::observe::Sources,
     /// Where a decided round is carried out ([`crate::writes`]).
     pub(super) writes: crate::writes::Writes,
     /// What reconciles keep per job between them (the error backoff, the last valid object).
@@ -73,6 +72,4 @@ pub(super) struct Context {
     /// When every part's per-job state is forgotten, and its sizes.
     pub(super) forgetting: Arc<JobMemory>,
     pub(super) metrics: Arc<Metrics>,
-    /// What the trainers report through the progress channel (empty without it).
-    pub(super) progress: Arc<ProgressStore>,
 }

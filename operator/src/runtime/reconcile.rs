@@ -13,7 +13,6 @@ use super::context::Context;
 use crate::error::Error;
 use crate::model::crd::TrainingJob;
 use crate::model::validate::{InvalidSpec, ValidJob, validate};
-use crate::observe::recall;
 use crate::plan;
 use crate::state::status_cache::Known;
 use crate::watchdog::{self, Watched};
@@ -107,7 +106,7 @@ async fn reconcile_inner(
     ctx: &Context,
 ) -> Result<Action, Error> {
     watchdog::stage("caches");
-    ctx.caches.ready().await?;
+    ctx.sources.ready().await?;
     let job = match &obj.0 {
         Ok(job) => job,
         Err(invalid) => return ctx.writes.report_malformed(invalid).await,
@@ -119,7 +118,7 @@ async fn reconcile_inner(
     let uid = job.metadata.uid.clone().unwrap_or_default();
     // It may have been malformed before, and reported.
     ctx.writes.parses_again(&uid);
-    let known = ctx.writes.current(job);
+    let known = ctx.sources.known(job);
     let checked = validate(job).and_then(|v| {
         crate::model::validate::check_policy(&v.spec, &ctx.config.template_policy).map(|()| v)
     });
@@ -176,25 +175,13 @@ async fn reject_invalid(
     }
 }
 
-/// Observes the job in the caches (with the placement of a half-created attempt's first pod
-/// when a missing rank must copy it: see `sibling_to_read`) and decides the round.
+/// Observes the job ([`crate::observe::Sources::observe`]) and decides the round.
 async fn decide(ctx: &Context, valid: &ValidJob, known: Known) -> Result<DecidedRound, Error> {
     watchdog::stage("observe and decide");
     let now = Timestamp::now();
-    let mut observed = ctx.caches.observe(valid, &known.current, now);
-    observed.progress = recall::observe_progress(&ctx.progress, &ctx.metrics, valid);
-    observed.supervisors =
-        ctx.progress
-            .supervisors
-            .snapshot(&valid.namespace, &valid.name, &valid.uid);
-    observed.supervisors_since = ctx.progress.supervisors.listening_since();
-    observed.told_attempt = ctx.writes.told_attempt(&valid.uid);
-    observed.last_writes = ctx.writes.last_writes(&valid.uid);
-    ctx.caches
-        .read_sibling_placement(valid, &known.current, &mut observed)
-        .await?;
-    ctx.caches
-        .read_gpus_in_use(valid, &known.current, &mut observed, &ctx.config)
+    let observed = ctx
+        .sources
+        .observe(valid, &known.current, &ctx.config, now)
         .await?;
     let plan = plan::decide(valid, &observed, &known.current, &ctx.config);
     Ok(DecidedRound { plan, known, now })

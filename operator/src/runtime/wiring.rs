@@ -29,7 +29,7 @@ use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_JOB, TrainingJob};
 use crate::model::liveness::Heartbeats;
 use crate::model::ownership::Kind;
-use crate::observe::{Caches, SharedHeartbeats, heartbeats};
+use crate::observe::{Caches, SharedHeartbeats, Sources, heartbeats};
 use crate::progress::store::ProgressStore;
 use crate::state::expectations::Expectations;
 use crate::state::job_memory::JobMemory;
@@ -409,11 +409,34 @@ fn memories(metrics: &Arc<Metrics>) -> Memories {
     }
 }
 
+/// Every reconcile's context: what it reads, where it writes, what it remembers.
+fn context(
+    config: &RunConfig,
+    client: Client,
+    caches: Caches,
+    memory: Memories,
+    writes: Writes,
+    metrics: Arc<Metrics>,
+) -> Arc<Context> {
+    let sources = Sources::new(
+        client,
+        caches,
+        memory.expectations,
+        memory.progress,
+        memory.writes,
+        metrics.clone(),
+    );
+    Arc::new(Context {
+        config: config.operator.clone(),
+        sources,
+        writes,
+        memory: memory.reconciles,
+        forgetting: memory.all,
+        metrics,
+    })
+}
+
 /// Builds every watch, trigger and the write path, and runs the job Controller until `stop`.
-#[expect(
-    clippy::too_many_lines,
-    reason = "the composition root: every watch, trigger and part of the write path wired in one place"
-)]
 pub(super) async fn run_controller(
     client: Client,
     config: &RunConfig,
@@ -423,14 +446,14 @@ pub(super) async fn run_controller(
 ) -> Result<(), Error> {
     let ns = config.namespace.as_deref();
     let memory = memories(&metrics);
-    let (expectations, progress) = (memory.expectations.clone(), memory.progress.clone());
-    let (pods, pod_stream, settled_pods) = watch_pods(&client, ns, &expectations);
+    let (expectations, progress) = (&memory.expectations, &memory.progress);
+    let (pods, pod_stream, settled_pods) = watch_pods(&client, ns, expectations);
     let (nodes, node_events) = watch_nodes(&client);
     let (heartbeats, lease_task) = watch_node_leases(&client);
     let (services, svc_events) =
-        watch_metadata::<Service>(&client, ns, &expectations, Kind::Service);
+        watch_metadata::<Service>(&client, ns, expectations, Kind::Service);
     let (claims, claim_events) =
-        watch_metadata::<PersistentVolumeClaim>(&client, ns, &expectations, Kind::Claim);
+        watch_metadata::<PersistentVolumeClaim>(&client, ns, expectations, Kind::Claim);
     let (jobs, job_stream) = watch_jobs(&client, ns, &memory.all, &metrics);
     let job_stream = without_own_writes(
         job_stream,
@@ -466,28 +489,18 @@ pub(super) async fn run_controller(
         reconciles: config.max_concurrent_reconciles,
         metrics: metrics.clone(),
         expectations: expectations.clone(),
-        memory: memory.writes,
+        memory: memory.writes.clone(),
         sweep: memory.all.sweep(jobs.clone()),
         trainers: progress.clone(),
     });
-    let caches = Caches::new(
-        client,
-        expectations,
+    let caches = Caches {
         pods,
         nodes,
         heartbeats,
         services,
         claims,
-    );
-    let ctx = Arc::new(Context {
-        config: config.operator.clone(),
-        caches,
-        writes,
-        memory: memory.reconciles,
-        forgetting: memory.all,
-        metrics,
-        progress,
-    });
+    };
+    let ctx = context(config, client, caches, memory, writes, metrics);
 
     let controller = controller
         .owns_stream(pod_stream)

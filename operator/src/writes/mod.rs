@@ -141,22 +141,6 @@ impl Writes {
         (writes, parked_wakes, publisher)
     }
 
-    /// What a round of `job` decides on: its status as written last (the cache, or our newer
-    /// write), with the worker detail not written yet ([`status_cache`]).
-    pub(crate) fn current(&self, job: &TrainingJob) -> Known {
-        self.memory.status.current(job)
-    }
-
-    /// The attempt of the job `uid` whose starting Event this replica has told.
-    pub(crate) fn told_attempt(&self, uid: &str) -> Option<u32> {
-        self.memory.told_attempt(uid)
-    }
-
-    /// What the last round that wrote to the job `uid`'s objects came to, while it is news.
-    pub(crate) fn last_writes(&self, uid: &str) -> Option<crate::model::rejection::WriteOutcome> {
-        self.memory.last_writes(uid)
-    }
-
     /// The object of `uid` parses again: a later malformed generation is reported anew.
     pub(crate) fn parses_again(&self, uid: &str) {
         self.memory.forget_malformed(uid);
