@@ -386,11 +386,18 @@ def test_no_role_grants_wildcards(chart: Any, values: dict[str, Any]) -> None:
             assert "nonResourceURLs" not in rule
 
 
-def test_no_role_reads_secrets_or_config_maps(chart: Any) -> None:
+def test_no_role_reads_config_maps_or_any_secret_but_the_seal_key(chart: Any) -> None:
+    seal = f"{RELEASE}-worker-seal"
     for role in all_roles(render(chart)):
-        granted = rules_by_resource(role)
-        assert ("", "secrets") not in granted
-        assert ("", "configmaps") not in granted
+        assert ("", "configmaps") not in rules_by_resource(role)
+        for rule in role["rules"]:
+            if "secrets" not in rule["resources"]:
+                continue
+            # Read only the seal key, by name; create (which cannot be limited by name) it once.
+            assert set(rule["verbs"]) <= {"get", "create"}, rule
+            if "get" in rule["verbs"]:
+                assert rule.get("resourceNames") == [seal], rule
+            assert role["kind"] == "Role", role["metadata"]["name"]
 
 
 @pytest.mark.parametrize(
@@ -432,13 +439,16 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     # created by the chart) at its own pod IP, and hands them back when it
     # steps down; both are patches (test_progress_security.py).
     ("", "endpoints"): {"patch"},
+    # Progress channel: the key that seals the worker pods allowed to report, in the operator's
+    # namespace: read by name, made once by the first replica.
+    ("", "secrets"): {"get", "create"},
 }
 
-# With operator.progress.enabled=false: no TokenReviews, no Endpoints.
+# With operator.progress.enabled=false: no TokenReviews, no Endpoints, no seal key.
 OPERATOR_RBAC_WITHOUT_PROGRESS = {
     key: verbs
     for key, verbs in OPERATOR_RBAC.items()
-    if key not in {("authentication.k8s.io", "tokenreviews"), ("", "endpoints")}
+    if key not in {("authentication.k8s.io", "tokenreviews"), ("", "endpoints"), ("", "secrets")}
 }
 
 

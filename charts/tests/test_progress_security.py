@@ -29,11 +29,11 @@ from test_chart import (  # noqa: F401 (chart: the module fixture)
     rules_by_resource,
 )
 
-# The labels the progress port admits: every worker pod carries them (operator/src/pods.rs).
+# The labels the progress port admits: every worker pod carries them (operator/src/build/pods.rs).
 WORKER_LABEL_CONSTANTS = ("LABEL_JOB", "LABEL_RANK")
 API_CRD = REPO_ROOT / "api" / "src" / "crd.rs"
-PODS_RS = REPO_ROOT / "operator" / "src" / "pods.rs"
-CONTROLLER_PROGRESS_RS = REPO_ROOT / "operator" / "src" / "controller" / "progress.rs"
+PODS_RS = REPO_ROOT / "operator" / "src" / "build" / "pods.rs"
+CONTROLLER_PROGRESS_RS = REPO_ROOT / "operator" / "src" / "runtime" / "progress_endpoint.rs"
 METRICS_PEERS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
 
 
@@ -45,7 +45,7 @@ def label_value(constant: str) -> str:
 
 
 def worker_pod_labels_use(constant: str) -> bool:
-    """Whether operator/src/pods.rs's pod_labels sets the label `constant`."""
+    """Whether operator/src/build/pods.rs's pod_labels sets the label `constant`."""
     source = PODS_RS.read_text()
     body = source[source.index("pub fn pod_labels(") :]
     body = body[: body.index("\n}\n")]
@@ -92,7 +92,7 @@ def test_progress_network_policy_widens_nothing_on_the_metrics_port(chart: Any) 
 
 
 def endpoints_calls() -> set[str]:
-    """The API calls operator/src/controller/progress.rs makes on the progress Endpoints."""
+    """The API calls operator/src/runtime/progress_endpoint.rs makes on the progress Endpoints."""
     source = CONTROLLER_PROGRESS_RS.read_text()
     source = source[: source.index("#[cfg(test)]")]
     return set(re.findall(r"self\s*\.api\s*\.(\w+)\(", source))
@@ -111,8 +111,14 @@ def test_progress_endpoints_rbac_is_patch_alone_on_that_one_object(chart: Any) -
     assert role["metadata"]["namespace"] == NAMESPACE
     # No get or update: the code never reads or replaces it; its hand-back is a JSON patch
     # whose test op checks the address.
-    assert role["rules"] == [
+    endpoint_rules = [r for r in role["rules"] if "endpoints" in r["resources"]]
+    assert endpoint_rules == [
         {"apiGroups": [""], "resources": ["endpoints"], "resourceNames": [PROGRESS], "verbs": sorted(endpoints_calls())}
+    ]
+    # Beside it, only the seal key: read by name, made once (create cannot be limited by name).
+    assert [r for r in role["rules"] if r not in endpoint_rules] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [f"{RELEASE}-worker-seal"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     ]
     binding = one(objects, "RoleBinding", f"{RELEASE}-operator-progress")
     assert binding["metadata"]["namespace"] == NAMESPACE

@@ -23,7 +23,13 @@ IMAGES = {
     "operator": {"image": {"repository": "registry.example.com/trainyard/operator"}},
     "devicePlugin": {"image": {"repository": "registry.example.com/trainyard/device-plugin"}},
 }
-METRIC_SOURCES = [REPO_ROOT / "operator" / "src" / "metrics.rs", REPO_ROOT / "device-plugin" / "src" / "metrics.rs"]
+# Every metrics module of both crates, wherever it sits under src/.
+METRIC_SOURCES = sorted(
+    p
+    for crate in ("operator", "device-plugin")
+    for p in (REPO_ROOT / crate / "src").rglob("*.rs")
+    if p.name == "metrics.rs" or "metrics" in p.relative_to(REPO_ROOT / crate / "src").parts[:-1]
+)
 
 
 def rendered_rules(values: dict[str, Any]) -> list[dict[str, Any]]:

@@ -86,13 +86,16 @@ pub struct TemplatePolicy {
     pub service_accounts: Vec<String>,
 }
 
-/// Where trainers report their progress, and the audience of the token they report with.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where trainers report their progress, the audience of the token they report with, and the
+/// key that seals the worker pods allowed to ([`crate::model::seal`]).
+#[derive(Clone, Debug, PartialEq)]
 pub struct ProgressChannel {
     /// The URL trainers POST to (`TRAINYARD_PROGRESS_URL`).
     pub url: String,
     /// The audience of the projected service-account token mounted for it.
     pub audience: String,
+    /// The key of the operator's seal on its worker pods.
+    pub seal: crate::model::seal::SealKey,
 }
 
 impl ProgressChannel {

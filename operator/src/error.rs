@@ -70,6 +70,10 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
 
+    /// The key that seals worker pods cannot be had.
+    #[error("seal key: {0}")]
+    SealKey(String),
+
     /// An object could not be serialized.
     #[error("serializing {what}: {source}")]
     Serialize {
@@ -108,6 +112,7 @@ impl Error {
             Error::LeaderElection(_) => "leader_election",
             Error::Listen { .. } => "listen",
             Error::Config(_) => "config",
+            Error::SealKey(_) => "seal_key",
             Error::Serialize { .. } => "serialize",
             Error::ReconcileTimedOut { .. } => "reconcile_timed_out",
         }

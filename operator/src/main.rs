@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use trainyard_operator::{
     AudienceCheck, DEFAULT_MAX_CONCURRENT_RECONCILES, HttpLimits, LeaderElection, OperatorConfig,
-    ProgressChannel, ProgressServing, RunConfig, crd_yaml, run,
+    ProgressChannel, ProgressServing, RunConfig, SealKey, crd_yaml, run, seal_secret,
 };
 
 #[derive(Parser, Debug)]
@@ -98,6 +98,11 @@ struct RunArgs {
         default_value = "trainyard-progress"
     )]
     progress_audience: String,
+    /// Secret (in the pod's namespace) that holds the key sealing the worker pods allowed to
+    /// report; made by the first replica that finds none. Without it each replica seals with
+    /// a key of its own, so after a leader change no worker may report until it is replaced.
+    #[arg(long, env = "TRAINYARD_SEAL_SECRET")]
+    seal_secret: Option<String>,
     /// Endpoints object (in the pod's namespace) the leader points at its own pod IP, behind
     /// the progress Service.
     #[arg(long, env = "TRAINYARD_PROGRESS_ENDPOINTS")]
@@ -263,9 +268,18 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
     };
     let progress = match (args.progress_addr, args.progress_url) {
         (Some(addr), Some(url)) => {
+            let seal = match args.seal_secret.as_deref().filter(|n| !n.is_empty()) {
+                Some(name) => seal_secret::load_or_create(&client, &own_namespace, name).await?,
+                None => {
+                    tracing::warn!("no --seal-secret: this replica seals worker pods with a key of its own");
+                    SealKey::ephemeral()
+                }
+            };
+            tracing::info!(key = seal.id(), "sealing worker pods");
             operator.progress_channel = Some(ProgressChannel {
                 url,
                 audience: args.progress_audience.clone(),
+                seal: seal.clone(),
             });
             Some(ProgressServing {
                 addr,
@@ -277,6 +291,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
                 pod_ip: args.pod_ip.filter(|ip| !ip.is_empty()),
                 limits: progress_limits,
                 audiences,
+                seal,
             })
         }
         _ => None,

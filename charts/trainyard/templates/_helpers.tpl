@@ -116,6 +116,11 @@ the Lease: one per release.
 {{- printf "%s-progress" (include "trainyard.fullname" .) }}
 {{- end }}
 
+{{/* The Secret holding the key that seals the worker pods allowed to report (the operator makes it). */}}
+{{- define "trainyard.operator.sealName" -}}
+{{- printf "%s-worker-seal" (include "trainyard.fullname" .) }}
+{{- end }}
+
 {{/*
 The URL trainers POST progress reports to (--progress-url): the progress
 Service's fully qualified cluster DNS name, so it resolves from any namespace

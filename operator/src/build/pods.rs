@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::config::ProgressChannel;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_JOB_UID, LABEL_RANK, RestartReason};
 use crate::model::placement::Placement;
+use crate::model::seal;
 use crate::model::validate::ValidJob;
 use trainyard_api::env;
 
@@ -267,12 +268,25 @@ pub fn desired_pod(
         connect_progress_channel(&mut spec, job.trainer_index, channel, supervised);
     }
 
+    let mut annotations = tmeta.annotations;
+    if let Some(channel) = progress {
+        let worker = seal::Worker {
+            namespace: &job.namespace,
+            pod: &name,
+            job_uid: &job.uid,
+            rank,
+            attempt,
+        };
+        annotations
+            .get_or_insert_with(Default::default)
+            .insert(seal::SEAL_ANNOTATION.to_owned(), channel.seal.seal(&worker));
+    }
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
             namespace: Some(job.namespace.clone()),
             labels: Some(labels),
-            annotations: tmeta.annotations,
+            annotations,
             owner_references: Some(vec![job.owner.clone()]),
             ..ObjectMeta::default()
         },
@@ -772,6 +786,7 @@ mod tests {
         let channel = ProgressChannel {
             url: "http://trainyard-progress.ops.svc.cluster.local:8082/v1/progress".to_owned(),
             audience: "trainyard-progress".to_owned(),
+            seal: seal::SealKey::new(b"k", None),
         };
         let pod = desired_pod(
             &job,
@@ -780,6 +795,18 @@ mod tests {
             None,
             &placement,
             Some(&channel),
+        );
+        // Sealed for this worker: rank 1 of attempt 0 of this job, under this name.
+        let worker = seal::Worker {
+            namespace: &job.namespace,
+            pod: &job.pod_name(1),
+            job_uid: &job.uid,
+            rank: 1,
+            attempt: 0,
+        };
+        assert_eq!(
+            channel.seal.check(&pod.metadata, &worker),
+            seal::Sealed::Valid
         );
         let env = env_of(&pod);
         assert_eq!(env[env::TRAINYARD_PROGRESS_URL], channel.url);

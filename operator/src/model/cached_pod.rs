@@ -24,7 +24,7 @@ use serde::Deserialize;
 /// A worker pod as the operator caches it.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CachedPod {
-    /// Metadata, less managedFields and annotations (dropped by [`CachedPod::strip`]).
+    /// Metadata, less managedFields and every annotation but the seal ([`CachedPod::strip`]).
     #[serde(default)]
     pub metadata: ObjectMeta,
     /// The node and the container names.
@@ -207,10 +207,15 @@ impl Resource for CachedPod {
 }
 
 impl CachedPod {
-    /// Drops the metadata no decision reads.
+    /// Drops the metadata no decision reads: every annotation but the operator's seal.
     pub fn strip(&mut self) {
         self.metadata.managed_fields = None;
-        self.metadata.annotations = None;
+        let seal = self
+            .metadata
+            .annotations
+            .take()
+            .and_then(|mut a| a.remove_entry(crate::model::seal::SEAL_ANNOTATION));
+        self.metadata.annotations = seal.map(|(k, v)| [(k, v)].into());
     }
 
     /// The node the pod was bound to.
@@ -314,7 +319,7 @@ mod tests {
                          "labels": {LABEL_JOB: "j"},
                          "ownerReferences": [{"apiVersion": "trainyard.dev/v1alpha1", "kind": "TrainingJob",
                                               "name": "j", "uid": "ju", "controller": true}],
-                         "annotations": {"big": "x".repeat(4096)},
+                         "annotations": {"big": "x".repeat(4096), crate::model::seal::SEAL_ANNOTATION: "s"},
                          "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
             "spec": {
                 "nodeName": "n",
@@ -384,8 +389,10 @@ mod tests {
             cached.metadata.owner_references,
             full.metadata.owner_references
         );
-        // What no decision reads is not kept.
-        assert!(cached.metadata.annotations.is_none() && cached.metadata.managed_fields.is_none());
+        // What no decision reads is not kept; the seal is.
+        let kept = cached.metadata.annotations.as_ref().expect("the seal");
+        assert_eq!(kept.keys().collect::<Vec<_>>(), [crate::model::seal::SEAL_ANNOTATION]);
+        assert!(cached.metadata.managed_fields.is_none());
     }
 
     #[test]

@@ -266,11 +266,24 @@ fn unkeepable_while_stopping(view: &View<'_>, pod: &CachedPod) -> Option<String>
 /// gets the attempt's label, and its supervisor may start.
 pub(crate) fn start(view: &View<'_>, round: &mut Round) {
     let attempt = round.st.attempt;
-    for pod in view.census.kept.values() {
+    let channel = view.config.progress_channel.as_ref();
+    for (&rank, pod) in &view.census.kept {
+        let name = pod_name(pod);
+        // Sealed anew for the attempt it now runs: the old seal names the old one.
+        let seal = channel.map(|c| {
+            c.seal.seal(&crate::model::seal::Worker {
+                namespace: &view.job.namespace,
+                pod: &name,
+                job_uid: &view.job.uid,
+                rank,
+                attempt,
+            })
+        });
         round.actions.push(Action::RelabelPod {
-            name: pod_name(pod),
+            name,
             uid: pod.metadata.uid.clone(),
             attempt,
+            seal,
         });
     }
     round.start_in_place = !view.census.kept.is_empty();

@@ -122,6 +122,8 @@ pub enum Action {
         uid: Option<String>,
         /// The attempt.
         attempt: u32,
+        /// The pod's seal for that attempt ([`crate::model::seal`]).
+        seal: Option<String>,
     },
 }
 

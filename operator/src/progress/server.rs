@@ -44,6 +44,7 @@ use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
 use crate::model::supervision::SupervisedState;
+use crate::model::seal::{self, SealKey, Sealed};
 
 /// The largest body accepted; a report is about 150 bytes.
 pub const MAX_BODY_BYTES: usize = 4 * 1024;
@@ -106,25 +107,40 @@ pub fn worker_identity(meta: &ObjectMeta) -> Option<WorkerIdentity> {
 }
 
 /// The operator's pod and job caches as a [`PodLookup`]: a pod is a worker when its labels and
-/// controller owner reference say so ([`worker_identity`]) and that reference carries the uid
-/// of the `TrainingJob` of that name in the cache. A pod merely named and labelled like a
-/// worker, with a reference to the job's name under another uid (a forged one, or the uid of
-/// a deleted namesake), is not one.
+/// controller owner reference say so ([`worker_identity`]), that reference carries the uid of
+/// the `TrainingJob` of that name in the cache, and the operator's seal covers that name, job,
+/// rank and attempt ([`seal`]). Everything but the seal can be copied by anyone who may
+/// create pods: a copy of a worker under another name, or with another attempt, is not one.
 pub struct WorkerPods {
     /// The pods.
     pub pods: Store<CachedPod>,
     /// The jobs, malformed ones included.
     pub jobs: Store<DeserializeGuard<TrainingJob>>,
+    /// The key the operator seals its worker pods with.
+    pub seal: SealKey,
 }
 
 impl PodLookup for WorkerPods {
     fn worker(&self, namespace: &str, pod: &str) -> Option<WorkerIdentity> {
-        let pod = self.pods.get(&ObjectRef::new(pod).within(namespace))?;
-        let worker = worker_identity(&pod.metadata)?;
+        let cached = self.pods.get(&ObjectRef::new(pod).within(namespace))?;
+        let worker = worker_identity(&cached.metadata)?;
         let job = self
             .jobs
             .get(&ObjectRef::new(&worker.job).within(namespace))?;
-        (job.meta().uid.as_deref() == Some(worker.job_uid.as_str())).then_some(worker)
+        if job.meta().uid.as_deref() != Some(worker.job_uid.as_str()) {
+            return None;
+        }
+        let sealed = self.seal.check(
+            &cached.metadata,
+            &seal::Worker {
+                namespace,
+                pod,
+                job_uid: &worker.job_uid,
+                rank: worker.rank,
+                attempt: worker.attempt,
+            },
+        );
+        (sealed != Sealed::Forged).then_some(worker)
     }
 }
 
@@ -1879,6 +1895,8 @@ mod tests {
         assert_eq!(h.server.store.len(), 1);
     }
 
+    use crate::model::seal::SEAL_ANNOTATION;
+
     /// The operator's caches holding the job `ml/train` (uid `uid-1`) and `pods`.
     fn worker_pods(pods: Vec<CachedPod>) -> WorkerPods {
         use kube::runtime::{reflector, watcher};
@@ -1893,15 +1911,81 @@ mod tests {
         WorkerPods {
             pods: pod_store,
             jobs: job_store,
+            seal: test_seal(),
         }
     }
 
+    fn test_seal() -> SealKey {
+        SealKey::new(b"test key", None)
+    }
+
+    /// A pod of `ml` named `name`, sealed as the operator would for what its labels say.
     fn labelled_pod(name: &str, labels: Value, owner: Value) -> CachedPod {
+        let rank = labels[LABEL_RANK].as_str().and_then(|r| r.parse().ok());
+        let attempt = labels[LABEL_ATTEMPT].as_str().and_then(|a| a.parse().ok());
+        let seal = rank.zip(attempt).map(|(rank, attempt)| {
+            test_seal().seal(&seal::Worker {
+                namespace: "ml",
+                pod: name,
+                job_uid: "uid-1",
+                rank,
+                attempt,
+            })
+        });
+        forged_pod(name, labels, owner, seal)
+    }
+
+    fn forged_pod(name: &str, labels: Value, owner: Value, seal: Option<String>) -> CachedPod {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
-                         "labels": labels, "ownerReferences": owner},
+                         "labels": labels, "ownerReferences": owner,
+                         "annotations": seal.map(|s| json!({SEAL_ANNOTATION: s}))},
         }))
         .expect("pod")
+    }
+
+    /// A namespace user copies a worker, seal and all, under another name, or relabels a copy
+    /// to a later attempt: neither is a worker. The real pod is.
+    #[test]
+    fn a_copy_of_a_worker_under_another_name_or_attempt_is_no_worker() {
+        let labels = json!({LABEL_JOB: "train", LABEL_RANK: "0", LABEL_ATTEMPT: "1"});
+        let real = labelled_pod(
+            "train-worker-0",
+            labels.clone(),
+            owner("TrainingJob", "train", "uid-1"),
+        );
+        let seal = real
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SEAL_ANNOTATION))
+            .cloned();
+        let huge = json!({LABEL_JOB: "train", LABEL_RANK: "0", LABEL_ATTEMPT: "4294967295"});
+        let pods = worker_pods(vec![
+            real,
+            forged_pod(
+                "train-worker-0-copy",
+                labels.clone(),
+                owner("TrainingJob", "train", "uid-1"),
+                seal.clone(),
+            ),
+            forged_pod(
+                "copy-huge",
+                huge,
+                owner("TrainingJob", "train", "uid-1"),
+                seal,
+            ),
+            forged_pod(
+                "unsealed",
+                labels,
+                owner("TrainingJob", "train", "uid-1"),
+                None,
+            ),
+        ]);
+        assert!(pods.worker("ml", "train-worker-0").is_some());
+        for name in ["train-worker-0-copy", "copy-huge", "unsealed"] {
+            assert_eq!(pods.worker("ml", name), None, "{name}");
+        }
     }
 
     fn owner(kind: &str, name: &str, uid: &str) -> Value {

@@ -51,6 +51,8 @@ pub struct ProgressServing {
     /// Whether a TokenReview answer that lists no audiences is taken as checked
     /// ([`crate::progress::auth::AudienceCheck`]).
     pub audiences: crate::progress::auth::AudienceCheck,
+    /// The key of the seal a worker pod must carry to report ([`crate::model::seal`]).
+    pub seal: crate::model::seal::SealKey,
 }
 
 /// Default of [`RunConfig::max_concurrent_reconciles`]: twice the 16 jobs in flight of

@@ -33,6 +33,7 @@ mod context;
 mod pod_wakes;
 mod progress_endpoint;
 mod reconcile;
+pub mod seal_secret;
 mod triggers;
 mod wiring;
 

@@ -62,7 +62,11 @@ pub(super) async fn serve(
     let endpoint = Arc::new(ProgressServer {
         store: progress,
         reviewer: Arc::new(reviewer),
-        pods: Arc::new(WorkerPods { pods, jobs }),
+        pods: Arc::new(WorkerPods {
+            pods,
+            jobs,
+            seal: serving.seal.clone(),
+        }),
         metrics,
         wake,
     });
@@ -279,6 +283,7 @@ mod tests {
             pod_ip: Some("10.0.0.7".to_owned()),
             limits: HttpLimits::PROGRESS,
             audiences: AudienceCheck::Listed,
+            seal: crate::model::seal::SealKey::default(),
         };
         let (step_down, stepped_down) = tokio::sync::oneshot::channel::<()>();
         let stop = async move {

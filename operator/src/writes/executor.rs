@@ -306,8 +306,13 @@ impl Executor {
                 PlanAction::DeletePod { name, uid } => {
                     delete_pod(pods.clone(), ns, name, uid, None).boxed()
                 }
-                PlanAction::RelabelPod { name, uid, attempt } => {
-                    relabel_pod(pods.clone(), ns, name, uid, attempt).boxed()
+                PlanAction::RelabelPod {
+                    name,
+                    uid,
+                    attempt,
+                    seal,
+                } => {
+                    relabel_pod(pods.clone(), ns, name, uid, attempt, seal).boxed()
                 }
                 // The plan says why (a lost node has its own Warning Event; a pod whose
                 // containers have stopped needs no grace period).
@@ -493,11 +498,15 @@ async fn relabel_pod(
     name: String,
     uid: Option<String>,
     attempt: u32,
+    seal: Option<String>,
 ) -> Result<bool, Error> {
-    let patch = json!({"metadata": {
+    let mut patch = json!({"metadata": {
         "uid": uid,
         "labels": {crate::model::crd::LABEL_ATTEMPT: attempt.to_string()},
     }});
+    if let Some(seal) = seal {
+        patch["metadata"]["annotations"] = json!({ crate::model::seal::SEAL_ANNOTATION: seal });
+    }
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()

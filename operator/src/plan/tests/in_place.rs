@@ -11,6 +11,7 @@ fn channel() -> ProgressChannel {
     ProgressChannel {
         url: "http://trainyard-progress.trainyard:8082/v1/progress".into(),
         audience: "trainyard.dev/progress".into(),
+        seal: crate::model::seal::SealKey::default(),
     }
 }
 
