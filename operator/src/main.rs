@@ -271,7 +271,9 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
             let seal = match args.seal_secret.as_deref().filter(|n| !n.is_empty()) {
                 Some(name) => seal_secret::load_or_create(&client, &own_namespace, name).await?,
                 None => {
-                    tracing::warn!("no --seal-secret: this replica seals worker pods with a key of its own");
+                    tracing::warn!(
+                        "no --seal-secret: this replica seals worker pods with a key of its own"
+                    );
                     SealKey::ephemeral()
                 }
             };

@@ -391,7 +391,10 @@ mod tests {
         );
         // What no decision reads is not kept; the seal is.
         let kept = cached.metadata.annotations.as_ref().expect("the seal");
-        assert_eq!(kept.keys().collect::<Vec<_>>(), [crate::model::seal::SEAL_ANNOTATION]);
+        assert_eq!(
+            kept.keys().collect::<Vec<_>>(),
+            [crate::model::seal::SEAL_ANNOTATION]
+        );
         assert!(cached.metadata.managed_fields.is_none());
     }
 

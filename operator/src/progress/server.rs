@@ -43,8 +43,8 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, MAX_STEP, TrainingJob};
-use crate::model::supervision::SupervisedState;
 use crate::model::seal::{self, SealKey, Sealed};
+use crate::model::supervision::SupervisedState;
 
 /// The largest body accepted; a report is about 150 bytes.
 pub const MAX_BODY_BYTES: usize = 4 * 1024;

@@ -311,9 +311,7 @@ impl Executor {
                     uid,
                     attempt,
                     seal,
-                } => {
-                    relabel_pod(pods.clone(), ns, name, uid, attempt, seal).boxed()
-                }
+                } => relabel_pod(pods.clone(), ns, name, uid, attempt, seal).boxed(),
                 // The plan says why (a lost node has its own Warning Event; a pod whose
                 // containers have stopped needs no grace period).
                 PlanAction::ForceDeletePod { name, uid } => {
