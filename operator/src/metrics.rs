@@ -768,6 +768,29 @@ mod tests {
     }
 
     #[test]
+    fn step_rates_are_gauges_that_outlive_the_ledgers_but_not_their_job() {
+        let m = Metrics::new();
+        m.set_steps_per_second("ml", "a", 1.5);
+        m.record_ledger("ml", "a", "u1", Some(&ledger(1_000, 0, 10)));
+        let text = m.render();
+        for line in [
+            "# TYPE trainyard_operator_job_steps_per_second gauge",
+            "trainyard_operator_job_steps_per_second{namespace=\"ml\",job=\"a\"} 1.5",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
+        }
+        // A replica that stops leading drops the ledgers; the step rate stays as it was.
+        m.forget_ledgers();
+        assert_eq!(series_of(&m.render(), "a").len(), 1);
+        m.forget_job("ml", "a");
+        assert!(series_of(&m.render(), "a").is_empty());
+        assert_eq!(m.jobs_with_series(), 0);
+    }
+
+    #[test]
     fn ledger_series_vanish_with_their_job() {
         let m = Metrics::new();
         m.record_ledger("ml", "a", "u1", Some(&ledger(1_000, 0, 10)));

@@ -99,12 +99,6 @@ impl Expectations {
         Some(self.ttl - age)
     }
 
-    /// Forgets the expectations on the objects of a deleted job: whatever its writes were,
-    /// nothing will act on them again.
-    pub fn forget_job(&self, namespace: &str, job: &str) {
-        self.retain_jobs(|ns, j| ns != namespace || j != job);
-    }
-
     /// Keeps only the expectations on objects of the jobs `keep(namespace, job)` says exist.
     fn retain_jobs(&self, keep: impl Fn(&str, &str) -> bool) {
         let mut pending = self.lock();
@@ -128,8 +122,9 @@ impl Expectations {
 
 /// Forgotten by the job each object's name says it belongs to ([`job_of`]).
 impl PerJob for Expectations {
+    /// Whatever a deleted job's writes were, nothing will act on them again.
     fn forget(&self, job: &JobKey<'_>) {
-        self.forget_job(job.namespace, job.name);
+        self.retain_jobs(|ns, name| ns != job.namespace || name != job.name);
     }
 
     fn retain(&self, live: &LiveJobs) {
@@ -233,6 +228,17 @@ mod tests {
         assert_eq!(e.len(), 1);
     }
 
+    fn forget(e: &Expectations, namespace: &str, name: &str) {
+        PerJob::forget(
+            e,
+            &JobKey {
+                uid: "",
+                namespace,
+                name,
+            },
+        );
+    }
+
     #[test]
     fn forgetting_a_job_forgets_its_pods_service_and_claim_only() {
         let e = Expectations::new(TTL);
@@ -249,14 +255,14 @@ mod tests {
             e.expect(kind, "ns", name);
         }
         e.expect(Kind::Pod, "other", "a-worker-0");
-        e.forget_job("ns", "a");
+        forget(&e, "ns", "a");
         assert_eq!(e.len(), 4);
         assert!(e.holds(Kind::Service, "ns", "a-worker-1").is_some());
         assert!(e.holds(Kind::Pod, "ns", "a-worker-1-worker-0").is_some());
         assert!(e.holds(Kind::Pod, "other", "a-worker-0").is_some());
-        e.forget_job("ns", "a-worker-1");
-        e.forget_job("ns", "ab");
-        e.forget_job("other", "a");
+        forget(&e, "ns", "a-worker-1");
+        forget(&e, "ns", "ab");
+        forget(&e, "other", "a");
         assert!(e.is_empty());
     }
 }

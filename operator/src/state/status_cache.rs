@@ -9,11 +9,12 @@
 //! ([`crate::state::write_memory::WriteMemory`], [`crate::state::job_memory`]).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::status_write::{DetailBatch, StatusWrite, status_write};
 use crate::model::crd::{TrainingJob, TrainingJobStatus};
+use crate::state::job_memory::lock;
 
 /// How long per-worker status detail may wait to be written with other changes
 /// ([`status_write`]).
@@ -52,11 +53,6 @@ pub(crate) struct StatusCache {
     /// Status whose only change is per-worker detail, not written yet, with when it was first
     /// deferred.
     deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere cannot leave these maps inconsistent: every update is one insert/remove.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl StatusCache {
