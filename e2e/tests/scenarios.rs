@@ -2526,3 +2526,133 @@ async fn an_elastic_gang_trains_on_with_the_survivors_and_grows_back_when_capaci
     ns.cleanup().await?;
     res
 }
+
+/// What a namespace user who may create and read pods (and nothing else) posts from a copy of
+/// a worker: rank 0's report, the HTTP status printed as `status=<code>`, then it waits.
+const FORGED_REPORT: &str = r#"
+import json, os, time, urllib.error, urllib.request
+token = open(os.environ["TRAINYARD_PROGRESS_TOKEN_FILE"]).read().strip()
+body = {"job": os.environ["TRAINYARD_JOB"], "rank": 0, "attempt": 4294967295, "step": 999999,
+        "checkpointStep": 999999, "checkpointFile": "nonexistent.pt"}
+req = urllib.request.Request(os.environ["TRAINYARD_PROGRESS_URL"], json.dumps(body).encode(),
+                             {"Authorization": "Bearer " + token,
+                              "Content-Type": "application/json"}, method="POST")
+for _ in range(60):
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            print("status=%d" % r.status, flush=True)
+        break
+    except urllib.error.HTTPError as e:
+        print("status=%d %s" % (e.code, e.read(200).decode()), flush=True)
+        break
+    except Exception as e:
+        print("retry: %s" % e, flush=True)
+        time.sleep(1)
+time.sleep(3600)
+"#;
+
+/// A copy of `worker` as a namespace user would make it: every label (the attempt set to
+/// u32::MAX), the owner reference, the operator's seal and the progress token volume, under
+/// another name, on no particular node, asking for no GPU, running [`FORGED_REPORT`].
+fn forged_copy(worker: &Pod, name: &str) -> Result<Value> {
+    let mut pod = serde_json::to_value(worker)?;
+    let meta = pod["metadata"].as_object_mut().context("metadata")?;
+    meta.retain(|k, _| ["labels", "annotations", "ownerReferences"].contains(&k.as_str()));
+    pod["metadata"]["name"] = json!(name);
+    pod["metadata"]["labels"][LABEL_ATTEMPT] = json!(u32::MAX.to_string());
+    pod.as_object_mut().context("pod")?.remove("status");
+    let spec = pod["spec"].as_object_mut().context("spec")?;
+    for field in ["nodeName", "hostname", "subdomain"] {
+        spec.remove(field);
+    }
+    let container = &mut pod["spec"]["containers"][0];
+    container["command"] = json!(["python3", "-c", FORGED_REPORT]);
+    container["resources"] = json!({});
+    Ok(pod)
+}
+
+/// A namespace user with `create pods` and no right on TrainingJobs copies worker 0, seal and
+/// all, under another name with attempt u32::MAX, and posts rank 0's report with a bogus
+/// checkpoint from it, with its own valid token for the channel's audience: 403. Status keeps
+/// the job's own progress, and after a preemption the next attempt resumes from the real
+/// checkpoint.
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_worker_copied_by_a_namespace_user_cannot_report_for_its_rank() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let name = "sealed";
+    let user = format!("system:serviceaccount:{}:pod-maker", ns.name);
+    let res = async {
+        create_job(&client, &ns.name, torch_job(name, 1, 200, "0.3", json!({"policy": "Never"})))
+            .await?;
+        let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+        let worker = rank_pod(&pods, 0)?.clone();
+        wait_for("a checkpoint reported", Duration::from_secs(180), || async {
+            let st = job_status(&client, &ns.name, name).await?;
+            Ok(st["progress"]["checkpointStep"].as_u64().filter(|s| *s > 0))
+        })
+        .await?;
+        let rbac = format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: pod-maker, namespace: {ns}}}\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: pod-maker, namespace: {ns}}}\n\
+             rules: [{{apiGroups: [\"\"], resources: [pods, pods/log], verbs: [create, get, list]}}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: pod-maker, namespace: {ns}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: pod-maker}}\n\
+             subjects: [{{kind: ServiceAccount, name: pod-maker, namespace: {ns}}}]\n",
+            ns = ns.name
+        );
+        kubectl(&["apply", "-f", "-"], &rbac)?;
+        // `kubectl auth can-i` answers yes or no on stdout (and exits 1 on no).
+        let can = |verb: &str, what: &str| -> Result<bool> {
+            let out = Command::new("kubectl")
+                .args(["auth", "can-i", verb, what, "-n", &ns.name, "--as", &user])
+                .output()
+                .context("kubectl auth can-i")?;
+            Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
+        };
+        ensure!(can("create", "pods")?, "{user} may create pods");
+        ensure!(!can("patch", "trainingjobs.trainyard.dev")?, "{user} may not touch jobs");
+        let before = job_status(&client, &ns.name, name).await?;
+
+        let copy = serde_json::to_string(&forged_copy(&worker, "sealed-copy")?)?;
+        kubectl(&["create", "-n", &ns.name, "--as", &user, "-f", "-"], &copy)?;
+        let said = wait_for("the copy's answer", Duration::from_secs(120), || async {
+            let pod = Api::<Pod>::namespaced(client.clone(), &ns.name)
+                .get("sealed-copy")
+                .await?;
+            let log = pod_log(&ns.name, &pod, "trainer").unwrap_or_default();
+            Ok(log.lines().find(|l| l.starts_with("status=")).map(str::to_owned))
+        })
+        .await?;
+        ensure!(said.starts_with("status=403"), "the copy's report: {said}");
+
+        let st = job_status(&client, &ns.name, name).await?;
+        let step = st["progress"]["step"].as_u64().unwrap_or_default();
+        ensure!(step < 999_999, "status.progress moved: {st}");
+        ensure!(st["progress"]["attempt"] == 0, "status.progress: {st}");
+        let resume = st["resumePoint"].to_string();
+        ensure!(!resume.contains("nonexistent"), "status.resumePoint: {st} (before: {before})");
+        ensure!(st["resumePoint"]["attempt"].as_u64() != Some(u64::from(u32::MAX)), "{st}");
+
+        preempt_pod(&client, &ns.name, &worker.name_any(), "TerminationByKubelet").await?;
+        let next = running_pods(&client, &ns.name, name, 1, 2).await?;
+        for p in &next {
+            let resume = env_of(p, RESUME_FROM).unwrap_or_default();
+            ensure!(
+                !resume.is_empty() && !resume.contains("nonexistent"),
+                "{}: RESUME_FROM={resume}",
+                p.name_any()
+            );
+        }
+        let st = wait_phase(&client, &ns.name, name, "Succeeded", Duration::from_secs(300)).await?;
+        ensure!(st["progress"]["resumedFrom"].as_u64().is_some_and(|s| s > 0), "{st}");
+        Ok(())
+    }
+    .await;
+    let _ = Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .delete("sealed-copy", &Default::default())
+        .await;
+    ns.cleanup().await?;
+    res
+}
