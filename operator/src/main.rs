@@ -228,6 +228,25 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+/// The key that seals worker pods: the Secret `namespace/secret`'s, or this process's own.
+async fn seal_key(
+    client: &kube::Client,
+    namespace: &str,
+    secret: Option<&str>,
+) -> anyhow::Result<SealKey> {
+    let seal = match secret.filter(|n| !n.is_empty()) {
+        Some(name) => seal_secret::load_or_create(client, namespace, name).await?,
+        None => {
+            tracing::warn!(
+                "no --seal-secret: this replica seals worker pods with a key of its own"
+            );
+            SealKey::ephemeral()
+        }
+    };
+    tracing::info!(key = seal.id(), "sealing worker pods");
+    Ok(seal)
+}
+
 async fn run_command(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
     args.warn_of_ignored_flags();
@@ -268,16 +287,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<()> {
     };
     let progress = match (args.progress_addr, args.progress_url) {
         (Some(addr), Some(url)) => {
-            let seal = match args.seal_secret.as_deref().filter(|n| !n.is_empty()) {
-                Some(name) => seal_secret::load_or_create(&client, &own_namespace, name).await?,
-                None => {
-                    tracing::warn!(
-                        "no --seal-secret: this replica seals worker pods with a key of its own"
-                    );
-                    SealKey::ephemeral()
-                }
-            };
-            tracing::info!(key = seal.id(), "sealing worker pods");
+            let seal = seal_key(&client, &own_namespace, args.seal_secret.as_deref()).await?;
             operator.progress_channel = Some(ProgressChannel {
                 url,
                 audience: args.progress_audience.clone(),

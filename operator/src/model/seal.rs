@@ -80,7 +80,7 @@ impl SealKey {
         static KEY: std::sync::OnceLock<SealKey> = std::sync::OnceLock::new();
         KEY.get_or_init(|| {
             // No system randomness is no key worth having: the seal then holds for nothing.
-            let bytes = Self::generate().unwrap_or_else(|_| [0u8; KEY_BYTES]);
+            let bytes = Self::generate().unwrap_or([0u8; KEY_BYTES]);
             Self::new(&bytes, None)
         })
         .clone()
