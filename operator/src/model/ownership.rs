@@ -11,7 +11,8 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::model::crd::LABEL_JOB;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB};
+use crate::model::seal::{self, SealKey, Sealed};
 use crate::model::validate::ValidJob;
 
 /// The kinds of object a job's names are given to.
@@ -112,6 +113,39 @@ pub fn foreign(kind: ObjectKind, meta: &ObjectMeta, job: &ValidJob) -> Option<Fo
         kind,
         name: meta.name.clone().unwrap_or_default(),
         holder,
+    })
+}
+
+/// A pod under the job's worker name for `rank` that the operator did not make: its owner
+/// reference and labels say it is the job's (anyone who may create pods can copy them), but it
+/// has no seal of the operator's for that rank and its attempt label ([`crate::model::seal`]).
+pub fn unsealed_worker(
+    meta: &ObjectMeta,
+    job: &ValidJob,
+    rank: u32,
+    key: &SealKey,
+) -> Option<Foreign> {
+    let name = meta.name.clone().unwrap_or_default();
+    let attempt = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_ATTEMPT))
+        .and_then(|a| a.parse().ok());
+    let sealed = attempt.map(|attempt| {
+        let worker = seal::Worker {
+            namespace: &job.namespace,
+            pod: &name,
+            job_uid: &job.uid,
+            rank,
+            attempt,
+        };
+        key.check(meta, &worker)
+    });
+    (sealed.is_none() || sealed == Some(Sealed::Forged)).then(|| Foreign {
+        kind: ObjectKind::Pod,
+        name,
+        holder: "it has the job's owner reference but not trainyard's seal: someone else made it"
+            .to_owned(),
     })
 }
 
@@ -249,6 +283,37 @@ mod tests {
             {"apiVersion": "trainyard.dev/v1alpha1", "kind": "TrainingJob", "name": "train",
              "uid": job.uid}]}));
         assert_eq!(foreign(ObjectKind::Pod, &pod, &job), None);
+    }
+
+    #[test]
+    fn a_pod_under_a_workers_name_without_the_operators_seal_is_foreign() {
+        let job = validate(&job_yaml("workers: 2\n")).expect("valid");
+        let key = SealKey::new(b"k", None);
+        let pod = |attempt: &str, seal: Option<String>| {
+            meta(json!({"name": "train-worker-0", "namespace": job.namespace,
+                        "labels": {LABEL_ATTEMPT: attempt},
+                        "annotations": seal.map(|s| json!({seal::SEAL_ANNOTATION: s})),
+                        "ownerReferences": [owner("TrainingJob", "train", &job.uid)]}))
+        };
+        let sealed = key.seal(&seal::Worker {
+            namespace: &job.namespace,
+            pod: "train-worker-0",
+            job_uid: &job.uid,
+            rank: 0,
+            attempt: 2,
+        });
+        assert_eq!(
+            unsealed_worker(&pod("2", Some(sealed.clone())), &job, 0, &key),
+            None
+        );
+        for squatter in [
+            pod("2", None),
+            pod("3", Some(sealed.clone())),
+            pod("x", Some(sealed)),
+        ] {
+            let found = unsealed_worker(&squatter, &job, 0, &key).expect("foreign");
+            assert!(found.holder.contains("seal"), "{found:?}");
+        }
     }
 
     #[test]

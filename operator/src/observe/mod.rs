@@ -21,6 +21,7 @@ use crate::model::crd::{MAX_WORKERS, TrainingJob, TrainingJobStatus};
 use crate::model::liveness::Heartbeats;
 use crate::model::ownership::Kind;
 use crate::model::ownership::{self, ObjectKind};
+use crate::model::seal::SealKey;
 use crate::model::validate::{ValidJob, pod_name};
 use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement, UnseenWrite};
 use crate::progress::store::ProgressStore;
@@ -174,7 +175,8 @@ impl Sources {
         config: &OperatorConfig,
         now: Timestamp,
     ) -> Result<Observed, Error> {
-        let mut observed = self.read_local(job, current, now);
+        let seal = config.progress_channel.as_ref().map(|c| &c.seal);
+        let mut observed = self.read_local(job, current, seal, now);
         observed.sibling_placement = self.read_sibling_placement(job, current, &observed).await?;
         observed.gpus_in_use = self
             .read_gpus_in_use(job, current, &observed, config)
@@ -183,16 +185,29 @@ impl Sources {
     }
 
     /// What this replica holds of `job` (caches, reports, its memory), without a request.
-    fn read_local(&self, job: &ValidJob, current: &TrainingJobStatus, now: Timestamp) -> Observed {
+    fn read_local(
+        &self,
+        job: &ValidJob,
+        current: &TrainingJobStatus,
+        seal: Option<&SealKey>,
+        now: Timestamp,
+    ) -> Observed {
         let (ns, caches) = (job.namespace.as_str(), &self.caches);
         let mut pods = Vec::new();
         let mut foreign = Vec::new();
         for rank in ranks_to_observe(job.spec.workers, current) {
             let name = pod_name(&job.name, rank);
-            if let Some(pod) = caches.pods.get(&ObjectRef::new(&name).within(ns))
-                && ownership::present(ObjectKind::Pod, Some(&pod.metadata), job, &mut foreign)
-            {
-                pods.push(pod);
+            let Some(pod) = caches.pods.get(&ObjectRef::new(&name).within(ns)) else {
+                continue;
+            };
+            if !ownership::present(ObjectKind::Pod, Some(&pod.metadata), job, &mut foreign) {
+                continue;
+            }
+            // With the channel on, a pod the operator did not seal is not its worker.
+            let key = |k| ownership::unsealed_worker(&pod.metadata, job, rank, k);
+            match seal.and_then(key) {
+                Some(squatter) => foreign.push(squatter),
+                None => pods.push(pod),
             }
         }
         let service = caches.services.get(&ObjectRef::new(&job.name).within(ns));
