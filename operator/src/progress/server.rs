@@ -656,6 +656,8 @@ fn check_supervisor(
 
 /// Checks and records one supervisor's poll; the answer is its order.
 async fn handle_poll(shared: Arc<ServerShared>, request: Request) -> Result<Order, Refusal> {
+    // As for reports: what a poll says held when it arrived.
+    let arrived = jiff::Timestamp::now();
     let Posted {
         token,
         source,
@@ -682,7 +684,7 @@ async fn handle_poll(shared: Arc<ServerShared>, request: Request) -> Result<Orde
         if let Some(changed) = changed.as_mut().as_pin_mut() {
             changed.enable();
         }
-        let answered = board.poll(&ns, &job, &job_uid, poll.clone(), jiff::Timestamp::now());
+        let answered = board.poll(&ns, &job, &job_uid, poll.clone(), arrived);
         if answered.wake {
             let _ = server.wake.try_send((ns.clone(), job.clone()));
         }
@@ -724,17 +726,19 @@ async fn supervise(State(shared): State<Arc<ServerShared>>, request: Request) ->
     response
 }
 
-/// Records the report and wakes the job's reconcile when the store says so; whether to checkpoint.
+/// Records the report as of its arrival (`arrived`), and wakes the job's reconcile when the
+/// store says so; whether to checkpoint.
 fn record(
     server: &ProgressServer,
     namespace: String,
     job: String,
     job_uid: &str,
     report: &Report,
+    arrived: jiff::Timestamp,
 ) -> bool {
     let recorded = server
         .store
-        .record(&namespace, &job, job_uid, report, jiff::Timestamp::now());
+        .record(&namespace, &job, job_uid, report, arrived);
     if recorded.wake {
         // Full: dropped; the reconcile that is due reads the store anyway.
         let _ = server.wake.try_send((namespace, job));
@@ -751,6 +755,9 @@ fn record(
 /// as reporting and a lost node waited for NotReady). Now the review lands in the cache and
 /// the report in the store, and the trainer's next report is answered from the cache.
 async fn handle(shared: Arc<ServerShared>, request: Request) -> Result<bool, Refusal> {
+    // A report says the rank was alive when it arrived, not once its token was reviewed (up
+    // to 10 s later): the lost-peer rule compares it with a failure's time.
+    let arrived = jiff::Timestamp::now();
     let Posted {
         token,
         source,
@@ -768,7 +775,14 @@ async fn handle(shared: Arc<ServerShared>, request: Request) -> Result<bool, Ref
             })?;
         let server = &shared.server;
         let job_uid = check_worker(server.pods.as_ref(), &identity, &job, &report)?;
-        Ok(record(server, identity.namespace, job, &job_uid, &report))
+        Ok(record(
+            server,
+            identity.namespace,
+            job,
+            &job_uid,
+            &report,
+            arrived,
+        ))
     });
     checked
         .await
@@ -1129,6 +1143,37 @@ mod tests {
         assert!(
             h.server.store.last_refusal().is_none(),
             "nothing was refused"
+        );
+    }
+
+    /// A report whose review takes seconds (a pod's first report, a new token, a slow API
+    /// server) is dated when it arrived: the rank was alive then, not once reviewed, and the
+    /// lost-peer rule compares that time with a failure's.
+    #[tokio::test]
+    async fn a_report_is_dated_when_it_arrives_not_when_its_token_is_reviewed() {
+        let gate = Arc::new(Semaphore::new(0));
+        let reviewer = FakeReviewer {
+            gate: Some(gate.clone()),
+            waiting: Arc::default(),
+        };
+        let h = harness_with(
+            Arc::new(reviewer),
+            FakePods::of(&[("train", 2)]),
+            MAX_CONCURRENT_REVIEWS,
+        );
+        let before = jiff::Timestamp::now();
+        let router = h.router.clone();
+        let sent =
+            tokio::spawn(async move { post(&router, "tok-train-worker-1", good(1, 7)).await });
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let reviewed = jiff::Timestamp::now();
+        gate.add_permits(1);
+        let _ = sent.await;
+        let p = h.server.store.snapshot("ml", "train").expect("recorded");
+        let at = p.ranks[&1].reported_at;
+        assert!(
+            before <= at && at < reviewed,
+            "reported at {at}, arrived from {before}, reviewed at {reviewed}"
         );
     }
 
