@@ -10,8 +10,10 @@
 //! peers*: ranks of the same attempt whose pods still appear to run on a node.
 //! 1. If a silent peer's node is lost (the Node is gone, NotReady, tainted
 //!    `node.kubernetes.io/unreachable` or with a termination taint of the config, or its
-//!    kubelet is silent by the [`crate::model::liveness`] rule), the round is a **preemption** caused
-//!    by that node.
+//!    kubelet is silent by the [`crate::model::liveness`] rule and the peer's trainer reports
+//!    progress), the round is a **preemption** caused by that node. Without reports a late
+//!    Lease proves nothing (a kubelet paused for a while): the Node object decides, after
+//!    Kubernetes' own grace.
 //! 2. If every silent peer's trainer reported progress after the failure (by more than the
 //!    liveness margin), or its node was seen renewing its Lease after the failure (by more
 //!    than the margin) or reported a failed rank itself (its kubelet is alive, so its rank was
@@ -58,6 +60,9 @@ pub struct SilentPeer<'a> {
     /// The peer's trainer reported progress after the failure (by more than the liveness
     /// margin): it was alive after it, whatever its kubelet's Lease says.
     pub heard_after: bool,
+    /// The peer's trainer reports progress (it did in this attempt): only then does a late
+    /// Lease, before Kubernetes' own grace marks the node, say its node is lost.
+    pub reports: bool,
 }
 
 /// The judgement of one round with failed ranks and no preempted one.
@@ -144,10 +149,13 @@ fn node_state(peer: &SilentPeer<'_>, judging: &Judging<'_>) -> NodeState {
         return NodeState::Alive;
     }
     match peer.lease {
-        SinceFailure::Silent(since) => NodeState::Lost(format!(
+        SinceFailure::Silent(since) if peer.reports => NodeState::Lost(format!(
             "node {name}'s Lease not renewed for {}s while other nodes renewed theirs",
             since.as_secs()
         )),
+        // A trainer that never reports cannot back a late Lease up: a kubelet paused for a
+        // while is not a lost node. The Node object (NotReady, unreachable) decides.
+        SinceFailure::Silent(_) => NodeState::Unknown(None),
         SinceFailure::Renewed => NodeState::Alive,
         SinceFailure::Waiting(at) => NodeState::Unknown(Some(at)),
         // Back from an absence that spanned the failure: the peer's pod will say what became
@@ -222,7 +230,40 @@ mod tests {
             lease,
             beside_failure: false,
             heard_after: false,
+            reports: true,
         }
+    }
+
+    /// A peer whose trainer never reported: its node's late Lease is no loss; its Node object
+    /// is, once Kubernetes marks it; else the window ends in a failure.
+    #[test]
+    fn a_late_lease_under_a_trainer_that_never_reported_is_no_loss() {
+        let up = ready("n2");
+        let not_ready = node("n2").not_ready_since("2026-01-01T00:00:05Z").build();
+        let silent = SinceFailure::Silent(SignedDuration::from_secs(14));
+        let quiet = |node| SilentPeer {
+            reports: false,
+            ..peer(1, node, silent)
+        };
+        let at = |now: &str| Judging {
+            termination_taints: &[],
+            ..judging(now)
+        };
+        let held = judge(
+            &[quiet(NodeView::Present(&up))],
+            &at("2026-01-01T00:00:15Z"),
+        );
+        assert!(matches!(held, Verdict::Hold(_)), "{held:?}");
+        let over = judge(
+            &[quiet(NodeView::Present(&up))],
+            &at("2026-01-01T00:01:00Z"),
+        );
+        assert_eq!(over, Verdict::Failure);
+        let marked = judge(
+            &[quiet(NodeView::Present(&not_ready))],
+            &at("2026-01-01T00:00:45Z"),
+        );
+        assert!(matches!(marked, Verdict::Preemption(_)), "{marked:?}");
     }
 
     /// One silent peer, judged at `now`.

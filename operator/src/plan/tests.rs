@@ -584,6 +584,7 @@ fn failure_backs_off_then_restarts_against_the_failure_budget() {
     );
 }
 
+/// The fast path is for trainers that report: rank 1 reported until n-2 vanished.
 #[test]
 fn a_rank_that_fails_because_its_peers_node_vanished_counts_one_preemption() {
     let mut w =
@@ -591,6 +592,9 @@ fn a_rank_that_fails_because_its_peers_node_vanished_counts_one_preemption() {
     w.watched_a_quiet_minute(&["n-1", "n-2"]);
     w.heartbeat("n-1");
     w.heartbeat("n-2");
+    let channel = Channel::new();
+    channel.report(&mut w, 0, 10, None);
+    channel.report(&mut w, 1, 10, None);
     w.advance(1);
     // n-2 vanishes: rank 0's collective breaks at once, long before n-2 is marked NotReady.
     w.exit("train-worker-0", 1);
@@ -620,6 +624,62 @@ fn a_rank_that_fails_because_its_peers_node_vanished_counts_one_preemption() {
             && detail.contains("worker 0 failed with it"),
         "{detail}"
     );
+}
+
+/// A trainer that does not report, its node's kubelet paused for 18 s right after a renewal
+/// (a renewal 8 s late, well inside Kubernetes' grace), and a genuine crash on the other node:
+/// one failure, no preemption. Without reports a late Lease proves nothing.
+#[test]
+fn a_paused_kubelet_under_a_trainer_that_never_reported_turns_no_crash_into_a_preemption() {
+    let mut w =
+        World::running_world("workers: 2\nrestartPolicy: {maxFailures: 1}\n").with_worker_1_on_n2();
+    w.watched_a_quiet_minute(&["n-1", "n-2"]);
+    w.heartbeat("n-1");
+    w.heartbeat("n-2");
+    // n-2's kubelet pauses now; rank 0 crashes a second later.
+    w.advance(1);
+    w.exit("train-worker-0", 1);
+    // n-1 renews on time meanwhile (at 5 s and 15 s): n-2, due at 13 s, is silent by the
+    // liveness rule from 15 s.
+    for _ in 0..17 {
+        w.advance(1);
+        if w.now.duration_since(ts(T0)).as_secs() % 10 == 5 {
+            w.heartbeat("n-1");
+        }
+        let plan = w.step();
+        assert_eq!(
+            plan.restart, None,
+            "held at {}: {:?}",
+            w.now, plan.status.last_restart
+        );
+    }
+    assert!(
+        w.observed().liveness.silent.contains_key("n-2"),
+        "n-2 is silent by the Lease rule"
+    );
+    // The kubelet comes back 18 s after its last renewal and renews every 10 s again. Back
+    // from an absence that spans the failure, its Lease proves nothing either way: the verdict
+    // waits for the pods or the window, and ends a failure.
+    w.advance(1);
+    let mut decided = None;
+    for _ in 0..50 {
+        if w.now.duration_since(ts(T0)).as_secs() % 10 == 8 {
+            w.heartbeat("n-1");
+            w.heartbeat("n-2");
+        }
+        let plan = w.step();
+        if let Some(reason) = plan.restart {
+            decided = Some((reason, plan.status.failures, plan.status.preemptions, w.now));
+            break;
+        }
+        w.advance(1);
+    }
+    let (reason, failures, preemptions, at) = decided.expect("a verdict within the window");
+    assert_eq!(
+        (reason, failures, preemptions),
+        (RestartReason::Failure, 1, 0)
+    );
+    assert!(at <= ts("2026-01-01T00:01:01Z"), "decided at {at}");
 }
 
 #[test]

@@ -359,6 +359,7 @@ fn judge_lost_peer(view: &View<'_>) -> Verdict {
                 lease,
                 beside_failure: node_of(pod).is_some_and(|n| failed_nodes.contains(&n)),
                 heard_after: heard_after(rank),
+                reports: view.census.reported.contains_key(&rank),
             }
         })
         .collect();
