@@ -160,9 +160,10 @@ pub struct ListenError {
     pub source: io::Error,
 }
 
-/// Called for each connection closed at accept because the cap or its source's share is full:
-/// the progress port counts it as trouble of the channel (a rank whose reports stop then is
-/// not quiet).
+/// Called for each connection closed at accept because the whole cap is full: the progress
+/// port counts it as trouble of the channel (a rank whose reports stop then is not quiet). A
+/// connection closed because its own source is over its share is not told: that source alone
+/// is turned away, every other one is still served.
 pub type TurnedAway = Arc<dyn Fn() + Send + Sync>;
 
 /// Binds `addr` for the `what` server; the returned future serves `app` within `limits` until
@@ -178,7 +179,7 @@ pub async fn serve(
     serve_telling(what, addr, app, limits, None, shutdown).await
 }
 
-/// [`serve`], telling `turned_away` of every connection closed at accept.
+/// [`serve`], telling `turned_away` of every connection closed at accept for the whole cap.
 pub async fn serve_telling(
     what: &'static str,
     addr: SocketAddr,
@@ -223,7 +224,7 @@ async fn accept_loop(
             Err(cap) => {
                 // Closed before anything of it is read: a full cap costs no buffer.
                 drop(stream);
-                if let Some(tell) = &turned_away {
+                if let (Cap::Global, Some(tell)) = (cap, &turned_away) {
                     tell();
                 }
                 warnings.turned_away(what, cap, peer, &limits);
