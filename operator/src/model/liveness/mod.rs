@@ -89,9 +89,37 @@ struct NodeBeat {
     /// The latest span in which the kubelet renewed nothing for longer than its interval and
     /// the margin, as two `renewTime`s (the node's clock): the node was away and came back.
     away: Option<(Timestamp, Timestamp)>,
+    /// The Lease's resourceVersion at that renewal: a new one is a new renewal, whatever its
+    /// `renewTime` says (a node clock stepped back still renews).
+    version: Option<String>,
 }
 
 impl NodeBeat {
+    /// Whether a renewal stamped `renewed`, of Lease version `version`, is new.
+    fn is_new(&self, renewed: Timestamp, version: Option<&str>) -> bool {
+        match (version, self.version.as_deref()) {
+            (Some(v), Some(known)) => v != known,
+            _ => renewed > self.renewed,
+        }
+    }
+
+    /// Whether the node's clock moved against the operator's between its last renewal and one
+    /// stamped `renewed`, seen at `now`: the two clocks' steps differ by more than two
+    /// intervals (a step of the node's clock, not a late delivery or an absence, which move
+    /// both alike).
+    fn clock_stepped(&self, renewed: Timestamp, now: Timestamp) -> bool {
+        let node_step = renewed.duration_since(self.renewed);
+        let seen_step = now.duration_since(self.seen);
+        (node_step - seen_step).abs() > self.interval * 2
+    }
+
+    /// Forgets what the node's old clock taught: its offset and the lags measured on it.
+    fn restart_clock(&mut self, lag: SignedDuration) {
+        self.gaps.clear();
+        self.lags.clear();
+        self.lag_min = lag;
+    }
+
     /// When the kubelet made its last renewal, on the operator's clock, never after it was
     /// seen: a renewal that arrived late does not stretch the node's life by the delay.
     fn renewed_on_operator_clock(&self) -> Timestamp {
@@ -157,7 +185,8 @@ impl Heartbeats {
             .map_or(DEFAULT_DURATION, |s| {
                 SignedDuration::from_secs(i64::from(s))
             });
-        self.renewal(name, renewed, duration, now);
+        let version = lease.metadata.resource_version.as_deref();
+        self.versioned_renewal(name, renewed, version, duration, now);
     }
 
     /// `node`'s kubelet renewed its Lease (stamped `renewed`, lasting `duration`), seen at `now`.
@@ -166,6 +195,20 @@ impl Heartbeats {
         &mut self,
         node: &str,
         renewed: Timestamp,
+        duration: SignedDuration,
+        now: Timestamp,
+    ) {
+        self.versioned_renewal(node, renewed, None, duration, now);
+    }
+
+    /// [`Self::renewal`] of Lease version `version`: a new version is a new renewal, whatever
+    /// its `renewTime` (a kubelet whose clock stepped back renews all the same), and a step of
+    /// the node's clock restarts what its clock taught, so neither direction changes a verdict.
+    pub fn versioned_renewal(
+        &mut self,
+        node: &str,
+        renewed: Timestamp,
+        version: Option<&str>,
         duration: SignedDuration,
         now: Timestamp,
     ) {
@@ -187,14 +230,21 @@ impl Heartbeats {
         let counts = !self.interrupted;
         // Two `renewTime`s of one kubelet, both on its clock: no delivery and no clock offset
         // is in their distance. Seen across a break of the stream or an operator restart too.
-        let away = self.nodes.get(node).and_then(|beat| {
+        let stepped = self
+            .nodes
+            .get(node)
+            .is_some_and(|beat| beat.clock_stepped(renewed, now));
+        let away = self.nodes.get(node).filter(|_| !stepped).and_then(|beat| {
             let step = renewed.duration_since(beat.renewed);
             let long = step > interval + MARGIN_FLOOR && step > interval + self.margin();
             long.then_some((beat.renewed, renewed))
         });
         match self.nodes.get_mut(node) {
-            Some(beat) if renewed <= beat.renewed => return,
+            Some(beat) if !beat.is_new(renewed, version) => return,
             Some(beat) => {
+                if stepped {
+                    beat.restart_clock(lag);
+                }
                 let gap = now.duration_since(beat.seen);
                 // A gap of more than two intervals is the node away (lost, partitioned, its
                 // kubelet stopped), not the noise of one that renews: it teaches no margin.
@@ -213,6 +263,7 @@ impl Heartbeats {
                 beat.lag_min = beat.lag_min.min(lag);
                 beat.live = counts;
                 beat.away = away.or(beat.away);
+                beat.version = version.map(str::to_owned);
             }
             None => {
                 self.nodes.insert(
@@ -226,6 +277,7 @@ impl Heartbeats {
                         lag_min: lag,
                         live: counts,
                         away: None,
+                        version: version.map(str::to_owned),
                     },
                 );
             }

@@ -513,3 +513,49 @@ fn a_skewed_silent_nodes_last_renewal_is_put_on_the_operators_clock() {
     assert_eq!(names(&silent), ["a"]);
     assert_eq!(silent["a"].renewed, at(0.0), "{:?}", silent["a"]);
 }
+
+/// Node a's clock is stepped by `step` seconds at 0 s while its kubelet goes on renewing every
+/// 10 s (each renewal a new Lease version); b renews on time. Watched every second to 60 s.
+fn with_clock_step(step: f64) -> Heartbeats {
+    let mut beats = warmed(&["a", "b"]);
+    // As the watch delivers it: each renewal with its Lease's resourceVersion.
+    beats.versioned_renewal("a", at(0.5), Some("a-0"), DURATION, at(0.5));
+    for i in 1..=6 {
+        let t = 10.0 * f64::from(i);
+        let version = format!("a-{i}");
+        beats.versioned_renewal("a", at(t + step), Some(&version), DURATION, at(t));
+        beats.renewal("b", at(t), DURATION, at(t));
+        for s in 0..10 {
+            let now = at(t + f64::from(s));
+            assert!(
+                beats.silent(now).is_empty(),
+                "clock stepped {step} s: silent at {now}: {:?}",
+                beats.silent(now)
+            );
+        }
+    }
+    beats
+}
+
+/// A node clock set back by 40 s: every renewal carries a renewTime older than the last one
+/// seen, and it is a renewal all the same (a new Lease version). The node is never silent, and
+/// a failure after the step finds it renewed.
+#[test]
+fn a_node_clock_stepped_back_is_never_silent_and_renews_after_a_failure() {
+    let beats = with_clock_step(-40.0);
+    let view = beats.view(["a", "b"], at(60.0));
+    assert_eq!(view.since_failure("a", at(45.0)), SinceFailure::Renewed);
+    assert!(beats.margin() <= MARGIN_FLOOR * 2, "{:?}", beats.margin());
+}
+
+/// A node clock set forward by 40 s: its next renewTime jumps 50 s, which is no absence (the
+/// operator saw it 10 s after the last), and the lag it taught does not inflate the margin.
+#[test]
+fn a_node_clock_stepped_forward_is_no_absence_and_teaches_no_margin() {
+    let beats = with_clock_step(40.0);
+    let view = beats.view(["a", "b"], at(60.0));
+    assert_eq!(view.since_failure("a", at(5.0)), SinceFailure::Renewed);
+    assert!(beats.margin() <= MARGIN_FLOOR * 2, "{:?}", beats.margin());
+    // Its last renewal, on the operator's clock, is when it was seen, not 40 s ahead.
+    assert_eq!(view.last_renewal("a"), Some(at(60.0)));
+}
