@@ -191,6 +191,7 @@ impl Heartbeats {
 
     /// `node`'s kubelet renewed its Lease (stamped `renewed`, lasting `duration`), seen at `now`.
     /// A `renewed` not newer than the one known (a re-list repeats it) is no renewal.
+    #[cfg(test)]
     pub fn renewal(
         &mut self,
         node: &str,
