@@ -452,6 +452,26 @@ OPERATOR_RBAC_WITHOUT_PROGRESS = {
 }
 
 
+# Where the chart routes the progress Service with an EndpointSlice (discovery.k8s.io/v1 served
+# and Kubernetes 1.25+): the same two patches on the one slice it creates, and no Endpoints.
+SLICE_CLUSTER = {"api_versions": ["discovery.k8s.io/v1/EndpointSlice"], "kube_version": "v1.30.0"}
+OPERATOR_RBAC_WITH_SLICES = {
+    **{key: verbs for key, verbs in OPERATOR_RBAC.items() if key != ("", "endpoints")},
+    ("discovery.k8s.io", "endpointslices"): {"patch"},
+}
+
+
+@pytest.mark.parametrize(
+    "values", [{}, {"operator": {"watchNamespace": "ml"}}], ids=["cluster-wide", "single-namespace"]
+)
+def test_operator_rbac_with_endpoint_slices_grants_the_slice_instead_of_the_endpoints(
+    chart: Any, values: dict[str, Any]
+) -> None:
+    assert operator_grants(render_for_cluster(chart, values, **SLICE_CLUSTER)) == OPERATOR_RBAC_WITH_SLICES
+    off = render_for_cluster(chart, merged(values, PROGRESS_OFF), **SLICE_CLUSTER)
+    assert operator_grants(off) == OPERATOR_RBAC_WITHOUT_PROGRESS
+
+
 def operator_grants(objects: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
     granted: dict[tuple[str, str], set[str]] = {}
     for role in all_roles(objects):

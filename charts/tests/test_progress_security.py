@@ -1,10 +1,11 @@
-"""What the chart lets reach the progress channel, and what it lets the operator do with its Endpoints.
+"""What the chart lets reach the progress channel, and what it lets the operator do with its endpoints.
 
 The progress port admits, where NetworkPolicies are enforced, only pods that carry the labels
-the operator gives every worker pod, and the operator may only patch the one Endpoints object
-behind the progress Service: the code's only calls on it are patches (pointing it at the
-leader, and handing it back when the leader steps down). Both are held to the operator's
-source, so that a renamed label or a new call fails here.
+the operator gives every worker pod, and the operator may only patch the one object behind the
+progress Service, an EndpointSlice where the cluster has them and an Endpoints object before:
+the code's only calls on either are patches (pointing it at the leader, and handing it back
+when the leader steps down). Both are held to the operator's source, so that a renamed label
+or a new call fails here.
 
 Rendered by the real Helm engine, with test_chart.py's helpers.
 """
@@ -14,18 +15,22 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from test_chart import (  # noqa: F401 (chart: the module fixture)
     NAMESPACE,
     PROGRESS,
     PROGRESS_OFF,
     RELEASE,
     REPO_ROOT,
+    SLICE_CLUSTER,
     all_roles,
     chart,
     of_kind,
     one,
     operator_deployment,
     render,
+    render_for_cluster,
     rules_by_resource,
 )
 
@@ -92,28 +97,61 @@ def test_progress_network_policy_widens_nothing_on_the_metrics_port(chart: Any) 
 
 
 def endpoints_calls() -> set[str]:
-    """The API calls operator/src/runtime/progress_endpoint.rs makes on the progress Endpoints."""
+    """The API calls operator/src/runtime/progress_endpoint.rs makes on the progress Service's
+    EndpointSlice (its `slices` Api) or Endpoints (its `endpoints` Api)."""
     source = CONTROLLER_PROGRESS_RS.read_text()
     source = source[: source.index("#[cfg(test)]")]
-    return set(re.findall(r"self\s*\.api\s*\.(\w+)\(", source))
+    return set(re.findall(r"self\s*\.(?:slices|endpoints)\s*\.(\w+)\(", source))
+
+
+def api_handles() -> set[str]:
+    """The kinds of the Api handles the operator's progress endpoint holds."""
+    source = CONTROLLER_PROGRESS_RS.read_text()
+    return set(re.findall(r"\b\w+: Api<(\w+)>", source[: source.index("#[cfg(test)]")]))
 
 
 def test_the_operator_only_patches_the_progress_endpoints() -> None:
+    assert api_handles() == {"EndpointSlice", "Endpoints"}
     assert endpoints_calls() == {"patch"}
 
 
-def test_progress_endpoints_rbac_is_patch_alone_on_that_one_object(chart: Any) -> None:
-    objects = render(chart, {"operator": {"watchNamespace": "ml"}})
-    endpoint_roles = [r for r in all_roles(objects) if ("", "endpoints") in rules_by_resource(r)]
+# The object behind the progress Service: ("", "endpoints") on Kubernetes 1.20 and wherever
+# `helm template` is not told of discovery.k8s.io/v1, the EndpointSlice where it is served.
+ROUTES = {
+    "endpoints": ({}, ("", "endpoints"), "Endpoints"),
+    "endpoint-slice": (SLICE_CLUSTER, ("discovery.k8s.io", "endpointslices"), "EndpointSlice"),
+}
+
+
+def render_route(chart: Any, route: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = ROUTES[route][0]
+    return render_for_cluster(chart, values, **cluster) if cluster else render(chart, values)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_progress_endpoints_rbac_is_patch_alone_on_that_one_object(chart: Any, route: str) -> None:
+    _, resource, kind = ROUTES[route]
+    objects = render_route(chart, route, {"operator": {"watchNamespace": "ml"}})
+    # The chart creates the one object the operator patches, and no other of either kind.
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in {"Endpoints", "EndpointSlice"}] == [
+        (kind, PROGRESS)
+    ]
+    routing_resources = {("", "endpoints"), ("discovery.k8s.io", "endpointslices")}
+    endpoint_roles = [r for r in all_roles(objects) if routing_resources & set(rules_by_resource(r))]
     assert [(r["kind"], r["metadata"]["name"]) for r in endpoint_roles] == [("Role", f"{RELEASE}-operator-progress")]
     role = endpoint_roles[0]
     # The operator's own namespace, not the watched one.
     assert role["metadata"]["namespace"] == NAMESPACE
     # No get or update: the code never reads or replaces it; its hand-back is a JSON patch
-    # whose test op checks the address.
-    endpoint_rules = [r for r in role["rules"] if "endpoints" in r["resources"]]
+    # whose test op checks the address. No create: the chart made it.
+    endpoint_rules = [r for r in role["rules"] if {"endpoints", "endpointslices"} & set(r["resources"])]
     assert endpoint_rules == [
-        {"apiGroups": [""], "resources": ["endpoints"], "resourceNames": [PROGRESS], "verbs": sorted(endpoints_calls())}
+        {
+            "apiGroups": [resource[0]],
+            "resources": [resource[1]],
+            "resourceNames": [PROGRESS],
+            "verbs": sorted(endpoints_calls()),
+        }
     ]
     # Beside it, only the seal key: read by name, made once (create cannot be limited by name).
     assert [r for r in role["rules"] if r not in endpoint_rules] == [
@@ -125,3 +163,41 @@ def test_progress_endpoints_rbac_is_patch_alone_on_that_one_object(chart: Any) -
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-operator", "namespace": NAMESPACE}]
 
+
+
+@pytest.mark.parametrize(
+    ("api_versions", "kube_version"),
+    [([], "v1.20.2"), (["discovery.k8s.io/v1/EndpointSlice"], "v1.24.0"), ([], "v1.33.0")],
+    ids=["1.20", "1.24-client-side-validation", "1.33-not-told-of-the-api"],
+)
+def test_the_progress_service_is_routed_by_endpoints_without_endpoint_slice_v1_or_before_1_25(
+    chart: Any, api_versions: list[str], kube_version: str
+) -> None:
+    objects = render_for_cluster(chart, api_versions=api_versions, kube_version=kube_version)
+    assert not of_kind(objects, "EndpointSlice")
+    endpoints = one(objects, "Endpoints", PROGRESS)
+    # As before EndpointSlices, byte for byte: no subsets (the leader's).
+    assert set(endpoints) == {"apiVersion", "kind", "metadata"}
+
+
+def test_the_progress_endpoint_slice_is_labelled_for_its_service_and_leaves_its_endpoints_to_the_leader(
+    chart: Any,
+) -> None:
+    objects = render_for_cluster(chart, **SLICE_CLUSTER)
+    assert not of_kind(objects, "Endpoints")
+    service = one(objects, "Service", PROGRESS)
+    assert "selector" not in service["spec"]
+    slice_ = one(objects, "EndpointSlice", PROGRESS)
+    assert slice_["apiVersion"] == "discovery.k8s.io/v1"
+    assert slice_["metadata"]["namespace"] == service["metadata"]["namespace"] == NAMESPACE
+    labels = slice_["metadata"]["labels"]
+    # kube-proxy joins the slices of a Service by this label.
+    assert labels["kubernetes.io/service-name"] == service["metadata"]["name"]
+    # Not a controller-managed slice: the EndpointSlice (mirroring) controllers leave it alone.
+    assert labels["endpointslice.kubernetes.io/managed-by"] == "trainyard-operator.trainyard.dev"
+    # No endpoints or ports key, not even empty: Helm would reset the leader's on each upgrade.
+    assert set(slice_) == {"apiVersion", "kind", "metadata", "addressType"}
+    assert slice_["addressType"] == "IPv4"
+    # The ports the leader writes carry the Service port's name, as kube-proxy matches them.
+    assert '"name": "progress"' in CONTROLLER_PROGRESS_RS.read_text()
+    assert [p["name"] for p in service["spec"]["ports"]] == ["progress"]
