@@ -101,9 +101,21 @@ crds:
 	$(CARGO) run -q -p trainyard-operator -- crd > crds/trainingjob.yaml
 	cp crds/trainingjob.yaml charts/trainyard/crds/trainingjob.yaml
 
+## make images: the e2e images, built and imported into the local cluster's containerd.
+## make images REGISTRY=registry.example.com/trainyard [VERSION=0.1.0]: the operator and
+## device-plugin images for a real cluster instead, on the real base images, pushed as
+## $REGISTRY/trainyard-operator:$VERSION and $REGISTRY/trainyard-device-plugin:$VERSION with
+## docker, podman or buildah (ENGINE=, detected); prints their digests and the chart values
+## that pin them (target/images/image-values.yaml). DRY_RUN=1 prints the commands alone.
+REGISTRY ?=
 images:
+ifeq ($(strip $(REGISTRY)),)
 	$(CARGO) build --workspace --bins
 	bash e2e/cluster/images.sh all
+else
+	TRAINYARD_E2E_STATE=$(CURDIR)/target REGISTRY='$(REGISTRY)' VERSION='$(VERSION)' \
+	  bash e2e/cluster/images.sh push
+endif
 
 cluster-up:
 	bash e2e/cluster/up.sh

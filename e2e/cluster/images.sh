@@ -13,7 +13,7 @@
 #                  elastic sizes (examples/trainyard_elastic.py),
 #                  and the container's first process (examples/trainyard_launch.py)
 # Every image goes into node 1's containerd and, when it runs, node 2's.
-# usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all|inputs]...
+# usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all|inputs|push]...
 # (`inputs`: only the cached PyTorch layer and the stand-in base images, nothing imported)
 # The operator and device-plugin images come from the Dockerfile as users build it (a
 # release build in the build stage; its cargo caches are buildah cache mounts kept in
@@ -153,6 +153,142 @@ build_torch_trainer() {
   import "$WORK/torch-trainer.tar"
 }
 
+# ---------- push: the release images, for a real cluster ----------
+# `images.sh push` (make images REGISTRY=...) builds the Dockerfile's operator and device-plugin
+# targets on the real base images, pulled (never the stand-ins above), tags them
+# $REGISTRY/trainyard-operator:$VERSION and $REGISTRY/trainyard-device-plugin:$VERSION, pushes
+# them, and prints each digest and the chart values that pin them (also written to
+# target/images/image-values.yaml). It runs no cluster and imports nothing.
+#   REGISTRY   required, e.g. registry.example.com/trainyard (log in with your engine first)
+#   VERSION    the tag; default: the chart's appVersion where HEAD is its clean release tag
+#              (v<appVersion>), else `git describe --tags --always --dirty`
+#   ENGINE     docker, podman or buildah; default: docker when its daemon answers, else
+#              podman, else buildah
+#   PULL       the base images' pull policy: always (default), missing or never
+#   DRY_RUN=1  prints each engine command instead of running it
+#   PUSH_TO    a directory: writes each image there as an OCI archive instead of pushing it
+#              (podman and buildah; to try the step without a registry)
+release_version() { # the default VERSION
+  local app
+  app=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$ROOT/charts/trainyard/Chart.yaml")
+  if git -C "$ROOT" describe --tags --exact-match --match "v$app" >/dev/null 2>&1 \
+    && [[ -z $(git -C "$ROOT" status --porcelain --untracked-files=no) ]]; then
+    echo "$app"
+  else
+    git -C "$ROOT" describe --tags --always --dirty 2>/dev/null || echo "$app"
+  fi
+}
+
+release_engine() { # the engine to build and push with
+  if [[ -n ${ENGINE:-} ]]; then echo "$ENGINE"; return; fi
+  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then echo docker; return; fi
+  local e
+  for e in podman buildah; do
+    if command -v "$e" >/dev/null; then echo "$e"; return; fi
+  done
+  echo "images: push: no container engine (docker with a running daemon, podman or buildah)" >&2
+  return 1
+}
+
+engine() { # engine ARGS...: runs the engine, or prints the command under DRY_RUN
+  if [[ -n ${DRY_RUN:-} ]]; then printf '%q ' "$RELEASE_ENGINE" "$@" >&2; echo >&2; return; fi
+  if [[ $RELEASE_ENGINE == docker ]]; then DOCKER_BUILDKIT=1 docker "$@"; else "$RELEASE_ENGINE" "$@"; fi
+}
+
+release_build() { # release_build TARGET REF
+  local pull=()
+  case $RELEASE_ENGINE:$PULL in
+    docker:always) pull=(--pull) ;;
+    docker:*) ;;
+    *) pull=("--pull=$PULL") ;;
+  esac
+  echo "images: push: $1: $RELEASE_ENGINE build --target $1 (base images: pull $PULL)" >&2
+  local verb=build
+  [[ $RELEASE_ENGINE == buildah ]] && verb=bud
+  engine "$verb" "${pull[@]}" --target "$1" -t "$2" -f "$ROOT/Dockerfile" "$ROOT"
+  [[ -n ${DRY_RUN:-} ]] && return
+  local label
+  case $RELEASE_ENGINE in
+    docker) label=$(docker image inspect --format "{{index .Config.Labels \"$STANDIN_LABEL\"}}" "$2") ;;
+    podman) label=$(podman image inspect --format "{{index .Labels \"$STANDIN_LABEL\"}}" "$2") ;;
+    *) label=$(buildah inspect --type image --format "{{index .OCIv1.Config.Labels \"$STANDIN_LABEL\"}}" "$2") ;;
+  esac
+  if [[ -n $label && $label != "<no value>" ]]; then
+    echo "images: push: $2 is built on the e2e harness's stand-in base images ($STANDIN_LABEL=$label);" \
+      "refusing to push it (remove the stand-ins from this engine's store, or PULL=always)" >&2
+    exit 1
+  fi
+}
+
+release_push() { # release_push REF: pushes REF, prints its digest
+  local digest_file=$RELEASE_WORK/digest dest=docker://$1
+  rm -f "$digest_file"
+  if [[ -n ${PUSH_TO:-} ]]; then
+    [[ $RELEASE_ENGINE != docker ]] || { echo "images: push: PUSH_TO needs podman or buildah" >&2; exit 2; }
+    mkdir -p "$PUSH_TO"
+    local name=${1##*/}
+    dest=oci-archive:$PUSH_TO/${name%%:*}.tar:$1
+  fi
+  echo "images: push: $1 -> $dest" >&2
+  case $RELEASE_ENGINE in
+    docker) engine push "$1" >&2 ;;
+    *) engine push --digestfile "$digest_file" "$1" "$dest" ;;
+  esac
+  if [[ -n ${DRY_RUN:-} ]]; then echo "sha256:dry-run"; return; fi
+  if [[ $RELEASE_ENGINE == docker ]]; then
+    docker image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$1" \
+      | sed -n "s|^${1%:*}@||p" | head -1 >"$digest_file"
+  fi
+  local digest
+  digest=$(cat "$digest_file" 2>/dev/null || true)
+  [[ $digest =~ ^sha256:[0-9a-f]{64}$ ]] \
+    || { echo "images: push: no digest for $1 (got '$digest')" >&2; exit 1; }
+  echo "$digest"
+}
+
+push_release_images() {
+  [[ -n ${REGISTRY:-} ]] || { echo "images: push: set REGISTRY (e.g. registry.example.com/trainyard)" >&2; exit 2; }
+  local registry=${REGISTRY%/} version=${VERSION:-}
+  [[ $registry != *://* && $registry != *@* ]] \
+    || { echo "images: push: REGISTRY is a repository prefix without scheme or tag: $REGISTRY" >&2; exit 2; }
+  [[ -n $version ]] || version=$(release_version)
+  [[ $version =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] \
+    || { echo "images: push: VERSION is not a valid image tag: $version" >&2; exit 2; }
+  PULL=${PULL:-always}
+  [[ $PULL =~ ^(always|missing|never)$ ]] || { echo "images: push: PULL is always, missing or never" >&2; exit 2; }
+  RELEASE_ENGINE=$(release_engine)
+  [[ $RELEASE_ENGINE =~ ^(docker|podman|buildah)$ ]] \
+    || { echo "images: push: ENGINE is docker, podman or buildah, not $RELEASE_ENGINE" >&2; exit 2; }
+  RELEASE_WORK=$ROOT/target/images
+  mkdir -p "$RELEASE_WORK"
+  local t ref repo digest values=$RELEASE_WORK/image-values.yaml
+  declare -A repos digests
+  for t in operator device-plugin; do
+    repo=$registry/trainyard-$t ref=$registry/trainyard-$t:$version
+    release_build "$t" "$ref"
+    digest=$(release_push "$ref")
+    echo "images: push: $repo:$version@$digest" >&2
+    repos[$t]=$repo digests[$t]=$digest
+  done
+  {
+    echo "# make images REGISTRY=$registry VERSION=$version ($RELEASE_ENGINE)"
+    echo "operator:"
+    echo "  image:"
+    echo "    repository: ${repos[operator]}"
+    echo "    tag: \"$version\""
+    echo "    digest: ${digests[operator]}"
+    echo "devicePlugin:"
+    echo "  image:"
+    echo "    repository: ${repos[device-plugin]}"
+    echo "    tag: \"$version\""
+    echo "    digest: ${digests[device-plugin]}"
+  } >"$values"
+  echo "images: push: the chart values that pin these images (also in $values):" >&2
+  cat "$values"
+  echo "images: push: helm install trainyard charts/trainyard -n trainyard-system --create-namespace" \
+    "-f $values -f my-values.yaml" >&2
+}
+
 targets=("$@")
 ((${#targets[@]})) || targets=(all)
 for t in "${targets[@]}"; do
@@ -162,6 +298,7 @@ for t in "${targets[@]}"; do
     operator) build_dockerfile_image operator ;;
     device-plugin) build_dockerfile_image device-plugin ;;
     torch-trainer) build_torch_trainer ;;
+    push) push_release_images ;;
     # What a warm cache keeps and no cluster is needed for (make cluster-inputs).
     inputs) torch_base_layer >/dev/null; build_standins ;;
     all) build_pause; build_trainer; build_dockerfile_image operator; build_dockerfile_image device-plugin
