@@ -40,6 +40,9 @@ pub use crate::ranks::MAX_WORKERS;
 /// workers that are not running come first, and `status.workerSummary` counts them all, so a
 /// status stays a few KiB at 10,000 workers.
 pub const MAX_WORKER_ENTRIES: usize = 32;
+/// Most gang sizes `status.ledger.elastic.byWorkers` lists; a stretch of another size past
+/// them is counted under the listed size nearest to it.
+pub const MAX_LEDGER_SIZES: usize = 64;
 /// Longest `status.workers[].reason`: a kubelet's or scheduler's message is cut there.
 pub const MAX_REASON_CHARS: usize = 256;
 /// Longest condition message and `lastRestart.detail`: they quote kubelets, the scheduler
@@ -933,7 +936,7 @@ pub struct GoodputLedger {
 pub struct ElasticLedger {
     /// Running time by gang size, smallest first.
     #[serde(default)]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = MAX_LEDGER_SIZES))]
     pub by_workers: Vec<SizeMillis>,
     /// What the stretches that ran shrunk cost: waiting for the missing workers instead would
     /// have billed the same GPUs for the same time, idle.

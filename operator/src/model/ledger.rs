@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::config::OperatorConfig;
 use crate::model::crd::{
-    ElasticLedger, GoodputLedger, GpuMillis, LedgerStretch, MAX_LEDGER, RestartReason, SizeMillis,
-    StretchUse,
+    ElasticLedger, GoodputLedger, GpuMillis, LedgerStretch, MAX_LEDGER, MAX_LEDGER_SIZES,
+    RestartReason, SizeMillis, StretchUse,
 };
 
 /// Milliseconds in an hour: prices are per GPU-hour.
@@ -206,6 +206,10 @@ fn count_size(
         .binary_search_by_key(&(size.workers, size.of), |s| (s.workers, s.of))
     {
         Ok(at) => at,
+        // Full: the nearest listed size takes it, so the status stays within its schema.
+        Err(at) if elastic.by_workers.len() >= MAX_LEDGER_SIZES => {
+            nearest(&elastic.by_workers, at, size.workers)
+        }
         Err(at) => {
             elastic.by_workers.insert(
                 at,
@@ -240,6 +244,21 @@ fn count_size(
             .min(MAX_LEDGER);
     }
     elastic.shrunk_micro_dollars = elastic.shrunk_micro_dollars.min(MAX_LEDGER);
+}
+
+/// Of the listed sizes around insertion point `at`, the one whose worker count is nearest
+/// `workers` (the smaller on a tie).
+fn nearest(sizes: &[SizeMillis], at: usize, workers: u32) -> usize {
+    let below = at.checked_sub(1);
+    let above = (at < sizes.len()).then_some(at);
+    match (below, above) {
+        (Some(b), Some(a)) => {
+            let gap = |i: usize| sizes[i].workers.abs_diff(workers);
+            if gap(a) < gap(b) { a } else { b }
+        }
+        (Some(b), None) => b,
+        (None, a) => a.unwrap_or(0),
+    }
 }
 
 /// The bucket the lost work of an attempt ending so goes to.

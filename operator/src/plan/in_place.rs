@@ -233,6 +233,9 @@ pub(crate) fn settle(view: &View<'_>, round: &mut Round) -> bool {
             fallen.push((rank, pod, why));
         }
     }
+    // One Event for the round, however many ranks fall back (the first reasons named).
+    let mut whys = Vec::new();
+    let ranks: RankSet = fallen.iter().map(|(rank, _, _)| *rank).collect();
     for (rank, pod, why) in fallen {
         all_stopped = false;
         if let Some(last) = round.st.last_restart.as_mut() {
@@ -242,14 +245,31 @@ pub(crate) fn settle(view: &View<'_>, round: &mut Round) -> bool {
                 .collect();
             last.in_place_ranks = left.to_string();
         }
+        if whys.len() < MAX_REASONS_NAMED {
+            whys.push(format!("worker {rank}: {why}"));
+        }
+        round.remove_pods(view, std::iter::once(pod));
+    }
+    if !ranks.is_empty() {
+        let more = ranks.len().saturating_sub(whys.len());
+        let more = if more > 0 {
+            format!("; and {more} more")
+        } else {
+            String::new()
+        };
         round.events.push(JobEvent::warning(
             reason::IN_PLACE_FALLBACK,
-            format!("worker {rank} is replaced instead of restarting in place: {why}"),
+            format!(
+                "worker(s) {ranks} replaced instead of restarting in place: {}{more}",
+                whys.join("; ")
+            ),
         ));
-        round.remove_pods(view, std::iter::once(pod));
     }
     all_stopped
 }
+
+/// The most fallen ranks whose reasons one fallback Event names.
+const MAX_REASONS_NAMED: usize = 8;
 
 /// Why a kept pod stopping its old attempt can no longer restart in place: the pod or its
 /// node failed meanwhile (a node merely silent may still confirm the stop). Its supervisor's

@@ -433,3 +433,38 @@ fn the_first_wait_counts_on_the_nodes_the_pods_landed_on_and_a_restart_on_the_lo
         (20_000, 20_000)
     );
 }
+
+/// An elastic job that ran at more gang sizes than `byWorkers` may list (its schema's bound):
+/// the list stays at [`MAX_LEDGER_SIZES`] and a new size is counted under the nearest listed
+/// one, so the status is never refused for its length.
+#[test]
+fn by_workers_lists_at_most_its_bound_and_counts_a_new_size_under_the_nearest() {
+    let config = OperatorConfig::default();
+    let mut ledger = GoodputLedger::default();
+    let of = 1000;
+    let sized = |workers: u32| LedgerStretch {
+        size: Some(crate::model::crd::GangSize { workers, of }),
+        ..placed(1, 0, T4)
+    };
+    for workers in 1..=70 {
+        let stretch = sized(workers * 10);
+        count_size(&mut ledger, &stretch, 1_000, &config);
+    }
+    let sizes = &ledger.elastic.as_ref().expect("elastic").by_workers;
+    assert_eq!(sizes.len(), MAX_LEDGER_SIZES);
+    assert_eq!(sizes.iter().map(|s| s.wall_millis).sum::<u64>(), 70_000);
+    // Sizes 650 to 700 came after the list was full: each went to the largest listed (640).
+    let last = sizes.last().expect("entry");
+    assert_eq!((last.workers, last.wall_millis), (640, 7_000));
+    // A size between two listed ones goes to the nearer.
+    count_size(&mut ledger, &sized(104), 1_000, &config);
+    let sizes = &ledger.elastic.as_ref().expect("elastic").by_workers;
+    let at = |w: u32| {
+        sizes
+            .iter()
+            .find(|s| s.workers == w)
+            .expect("size")
+            .wall_millis
+    };
+    assert_eq!((at(100), at(110)), (2_000, 1_000));
+}

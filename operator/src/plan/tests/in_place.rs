@@ -715,3 +715,34 @@ fn a_failure_heard_late_by_a_new_leader_is_counted_once_though_a_peers_node_is_l
         RestartReason::Failure
     );
 }
+
+/// Nine kept supervisors go quiet mid-restart: the round replaces all nine and says so in one
+/// Event naming the ranks, not one Event each (a gang of thousands would flood the API server).
+#[test]
+fn ranks_that_fall_back_in_one_round_are_named_in_one_event() {
+    let mut w = World::new("workers: 10\nrestartPolicy: {inPlace: true}\n");
+    w.config.progress_channel = Some(channel());
+    w.step();
+    w.run_all();
+    w.step();
+    for rank in 0..10 {
+        w.supervisor(rank, 0, SupervisedState::Running);
+    }
+    w.supervisor(3, 0, SupervisedState::Exited(1));
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Failure), "{plan:?}");
+    // Every supervisor heard so far, then none polls again.
+    w.advance(6);
+    let plan = w.step();
+    let fallbacks: Vec<_> = plan
+        .events
+        .iter()
+        .filter(|e| e.reason == reason::IN_PLACE_FALLBACK)
+        .collect();
+    assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
+    let note = &fallbacks[0].note;
+    // Rank 3's supervisor had said its trainer exited: nothing of it runs, it waits.
+    assert!(note.starts_with("worker(s) 0-2,4-9 replaced"), "{note}");
+    assert!(note.contains("and 1 more"), "{note}");
+    assert_eq!(World::deleted(&plan, false).len(), 9);
+}
