@@ -13,6 +13,7 @@ pub mod placement;
 pub mod preemption;
 pub mod reason;
 pub mod rejection;
+pub mod scheduling;
 pub mod seal;
 pub mod supervision;
 pub mod trainer;

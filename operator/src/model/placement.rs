@@ -17,6 +17,7 @@ use crate::config::OperatorConfig;
 use crate::model::cached_pod::NODE_NAME_FIELD;
 use crate::model::crd::{GpuSelection, SelectedGpu, SpotFallback, SpotPolicy};
 use crate::model::nodes;
+use crate::model::scheduling;
 use crate::model::validate::ValidJob;
 use trainyard_api::Version;
 
@@ -215,7 +216,25 @@ pub fn fitting_nodes(
     silent: &[String],
 ) -> Vec<String> {
     let (mode, _) = spot_mode(job, history);
-    let fitting = fitting(job, config, mode, nodes_, silent);
+    // Room counts only where the scheduler would put a worker: the template's selector,
+    // affinity and tolerations, with the operator's own (spot, the GPU resource's taint).
+    let spec = job.spec.template.spec.clone().unwrap_or_default();
+    let mut ours = if mode == SpotMode::Never {
+        Vec::new()
+    } else {
+        config.spot.tolerations.clone()
+    };
+    ours.push(Toleration {
+        key: Some(job.spec.gpu.resource_name.clone()),
+        operator: Some("Exists".to_owned()),
+        ..Toleration::default()
+    });
+    let admitted: Vec<&Node> = nodes_
+        .iter()
+        .copied()
+        .filter(|n| scheduling::admits(&spec, &ours, n))
+        .collect();
+    let fitting = fitting(job, config, mode, &admitted, silent);
     let pinned = (job.spec.gpu.selection == GpuSelection::Cheapest)
         .then(|| cheapest_offer(config, mode, fitting.iter().map(|(_, f)| f)))
         .flatten();

@@ -251,21 +251,24 @@ pub(crate) fn settle(view: &View<'_>, round: &mut Round) -> bool {
         round.remove_pods(view, std::iter::once(pod));
     }
     if !ranks.is_empty() {
-        let more = ranks.len().saturating_sub(whys.len());
-        let more = if more > 0 {
-            format!("; and {more} more")
-        } else {
-            String::new()
-        };
-        round.events.push(JobEvent::warning(
-            reason::IN_PLACE_FALLBACK,
-            format!(
-                "worker(s) {ranks} replaced instead of restarting in place: {}{more}",
-                whys.join("; ")
-            ),
-        ));
+        round.events.push(fallback_event(&ranks, &whys));
     }
     all_stopped
+}
+
+/// The one Event of a round's fallen `ranks`, with the first reasons `whys`.
+fn fallback_event(ranks: &RankSet, whys: &[String]) -> JobEvent {
+    let more = match ranks.len().saturating_sub(whys.len()) {
+        0 => String::new(),
+        more => format!("; and {more} more"),
+    };
+    JobEvent::warning(
+        reason::IN_PLACE_FALLBACK,
+        format!(
+            "worker(s) {ranks} replaced instead of restarting in place: {}{more}",
+            whys.join("; ")
+        ),
+    )
 }
 
 /// The most fallen ranks whose reasons one fallback Event names.

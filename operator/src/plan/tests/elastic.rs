@@ -453,3 +453,37 @@ fn a_grow_that_does_not_fit_shrinks_again_and_the_next_grow_waits_longer() {
     );
     assert_eq!(plan.status.world_size, Some(4));
 }
+
+/// Free GPUs the job's pods could never use are no room to grow into: a node its template's
+/// selector excludes, or tainted against it, is not weighed (a grow there would be created
+/// unschedulable, shrink again, and cycle).
+#[test]
+fn nodes_the_template_cannot_use_are_no_room_to_grow() {
+    let selected = format!(
+        "{ELASTIC}template:\n  spec:\n    nodeSelector: {{pool: a}}\n    containers: [{{name: trainer, image: x}}]\n"
+    );
+    let a = node("n-a")
+        .gpus(8)
+        .product("Tesla-T4")
+        .label("pool", "a")
+        .build();
+    let b = node("n-b")
+        .gpus(8)
+        .product("Tesla-T4")
+        .label("pool", "b")
+        .build();
+    let tainted = node("n-t")
+        .gpus(8)
+        .product("Tesla-T4")
+        .label("pool", "a")
+        .taint("team")
+        .build();
+    let refs = [&a, &b, &tainted];
+    let mut w = World::new(&selected);
+    w.status.phase = Some(Phase::Running);
+    w.status.world_size = Some(2);
+    assert_eq!(
+        nodes_to_weigh(&w.job, &w.status, &refs, &[], &w.config),
+        ["n-a"]
+    );
+}
