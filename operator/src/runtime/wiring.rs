@@ -25,7 +25,7 @@ use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::model::cached_pod::CachedPod;
+use crate::model::cached_pod::{self, CachedPod};
 use crate::model::crd::{LABEL_JOB, TrainingJob};
 use crate::model::liveness::Heartbeats;
 use crate::model::ownership::Kind;
@@ -113,6 +113,7 @@ fn watch_pods(
     client: &Client,
     ns: Option<&str>,
     expectations: &Arc<Expectations>,
+    sealing: bool,
 ) -> (
     Store<CachedPod>,
     impl Stream<Item = WatchResult<CachedPod>> + Send + 'static,
@@ -120,6 +121,7 @@ fn watch_pods(
 ) {
     let (store, mut writer) = reflector::store();
     let cached = writer.as_reader();
+    let cached_before = writer.as_reader();
     let (settle, settled) = pod_wakes::settling();
     let seen = seen_by::<CachedPod>(expectations.clone(), Kind::Pod);
     let expectations = expectations.clone();
@@ -128,6 +130,20 @@ fn watch_pods(
         watch_config().labels(LABEL_JOB),
     )
     .modify(CachedPod::strip)
+    // A pod no worker could be (another name than its labels' worker) is never cached; one
+    // cached before it changed so leaves the cache as if deleted.
+    .try_filter_map(move |event| {
+        let event = match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)
+                if !cached_pod::cacheable(&pod, sealing) =>
+            {
+                let known = cached_before.get(&reflector::ObjectRef::from_obj(&pod));
+                known.map(|_| watcher::Event::Delete(pod))
+            }
+            event => Some(event),
+        };
+        std::future::ready(Ok(event))
+    })
     .map_ok(move |event| {
         // Judged against the cached version before the cache takes the new one.
         let wake = match &event {
@@ -447,7 +463,8 @@ pub(super) async fn run_controller(
     let ns = config.namespace.as_deref();
     let memory = memories(&metrics);
     let (expectations, progress) = (&memory.expectations, &memory.progress);
-    let (pods, pod_stream, settled_pods) = watch_pods(&client, ns, expectations);
+    let sealing = config.operator.progress_channel.is_some();
+    let (pods, pod_stream, settled_pods) = watch_pods(&client, ns, expectations, sealing);
     let (nodes, node_events) = watch_nodes(&client);
     let (heartbeats, lease_task) = watch_node_leases(&client);
     let (services, svc_events) =
