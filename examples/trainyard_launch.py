@@ -83,11 +83,13 @@ the command runs on (logged at most once a minute). When the command exits 0 the
 exits 0 at once: the rank finished. When it fails, what it left running is killed before
 the launcher reports exited, with how long ago the command exited (exitedSecondsAgo), so
 that a replica that hears it late, a new leader, still dates the failure right. Then, as
-once it was stopped, the launcher waits up to TRAINYARD_SUPERVISOR_HOLD_SECONDS (30) for the
+once it was stopped, the launcher waits up to TRAINYARD_SUPERVISOR_HOLD_SECONDS (30), or the
+longer hold the operator's answers tell (holdSeconds: its own longest wait), for the
 operator to start the next attempt, and exits with the command's code (143 when stopped).
 An exit the operator has not answered within one held poll (TRAINYARD_SUPERVISOR_WAIT_SECONDS
 plus 3 s) is not held at all: the launcher exits with the code, so that the pod shows the
-failure as it would without a supervisor, and an operator that cannot be reached hides none. SIGTERM or SIGINT to the launcher itself (the pod is
+failure as it would without a supervisor, and an operator that cannot be reached hides none.
+SIGTERM or SIGINT to the launcher itself (the pod is
 deleted) is passed on as above, and it exits with the command's code, waiting for no order.
 docs/env-contract.md describes the protocol, for a supervisor of your own.
 """
@@ -520,6 +522,7 @@ class Supervisor:
         self.master_wait = master_wait
         self.grace = seconds_setting("TRAINYARD_STOP_GRACE_SECONDS", "30")
         self.hold = seconds_setting("TRAINYARD_SUPERVISOR_HOLD_SECONDS", "30")
+        self.told_hold = 0.0  # what the operator said to hold, in any answer
         self.poll_seconds = seconds_setting("TRAINYARD_SUPERVISOR_POLL_SECONDS", "1")
         self.wait_seconds = seconds_setting("TRAINYARD_SUPERVISOR_WAIT_SECONDS", "3")
         # How long an exit may go unheard before the container ends with it: one held poll.
@@ -625,7 +628,9 @@ class Supervisor:
             with self.opener.open(request, timeout=timeout) as response:
                 if response.status != 200:
                     raise ValueError(f"HTTP {response.status}")
-                return True, parse_order(json.load(response))
+                answer = json.load(response)
+                self.note_hold(answer)
+                return True, parse_order(answer)
         except urllib.error.HTTPError as err:
             try:
                 detail = err.read(300).decode("utf-8", "replace").strip()
@@ -640,6 +645,13 @@ class Supervisor:
             say(f"supervisor poll to {self.url}: {why} (taken as continue; logged at most once "
                 "a minute)")
         return False, None
+
+    def note_hold(self, answer):
+        """Takes the hold the operator tells (holdSeconds: its own longest wait before it
+        starts the next attempt here), when it is longer than the setting."""
+        told = answer.get("holdSeconds") if isinstance(answer, dict) else None
+        if isinstance(told, (int, float)) and not isinstance(told, bool) and told >= 0:
+            self.told_hold = float(told)
 
     # The main thread.
 
@@ -789,8 +801,9 @@ class Supervisor:
             code = exit_code if state == "exited" else 143
             if self.signalled is not None:
                 return code
-            if now - self.held_since >= self.hold:
-                say(f"no start from the operator within {self.hold:g} s: exiting {code}")
+            hold = max(self.hold, self.told_hold)
+            if now - self.held_since >= hold:
+                say(f"no start from the operator within {hold:g} s: exiting {code}")
                 return code
             if state == "exited" and not self.exit_heard and now - self.held_since >= self.ack:
                 # Unheard, the exit would stay hidden in a running container: end it, as the

@@ -375,6 +375,17 @@ def test_an_exit_the_operator_heard_is_held_for_its_decision(tmp_path, operator)
     assert any("no start from the operator within 6 s: exiting 3" in line for line in err), err
 
 
+def test_the_operators_hold_outlasts_the_launchers_own_setting(tmp_path, operator):
+    # The operator will start the next attempt only after a backoff longer than the
+    # supervisor's own hold (0.5 s here): it says so, and the launcher waits that long.
+    op = operator(lambda body: {"action": "continue", "holdSeconds": 3})
+    started = time.monotonic()
+    code, err = Launcher(tmp_path, FAILS_WITH_3, op.url).finish()
+    assert code == 3
+    assert time.monotonic() - started >= 3
+    assert any("no start from the operator within 3 s: exiting 3" in line for line in err), err
+
+
 def test_a_failed_command_is_started_again_when_the_operator_says_so(tmp_path, operator):
     def answer(body):
         if body["state"] == "exited":

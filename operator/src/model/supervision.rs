@@ -52,4 +52,8 @@ pub struct Directive {
     pub start: BTreeMap<String, Vec<(String, String)>>,
     /// The job ended: every supervisor exits.
     pub exit: bool,
+    /// How long a supervisor whose trainer stopped or exited waits for the start before it
+    /// gives up: the longest the operator itself may wait first (its backoff, a replaced
+    /// pod's grace, the lost-peer hold), so a kept pod is never given up too soon. 0: unsaid.
+    pub hold_seconds: u32,
 }

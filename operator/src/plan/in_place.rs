@@ -363,9 +363,26 @@ pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
             attempt: st.attempt,
             start,
             exit,
+            hold_seconds: hold_seconds(view, st),
         },
         pods,
     })
+}
+
+/// What a kept supervisor waits after its trainer stopped or exited: the longest wait the
+/// operator may take before it starts the next attempt there (the backoff of a next failure,
+/// a replaced pod's grace period, the lost-peer hold), with a margin for its own rounds.
+fn hold_seconds(view: &View<'_>, st: &TrainingJobStatus) -> u32 {
+    const MARGIN: i64 = 30;
+    let policy = &view.job.spec.restart_policy;
+    let backoff = crate::plan::outcome::failure_backoff(policy.backoff_seconds, st.failures + 1);
+    let waits = [
+        backoff.as_secs(),
+        view.job.spec.termination_grace_period_seconds,
+        view.classifier.lost_peer_window.as_secs(),
+    ];
+    let longest = waits.into_iter().max().unwrap_or(0).saturating_add(MARGIN);
+    u32::try_from(longest).unwrap_or(u32::MAX)
 }
 
 /// The trainer's environment a new pod of `rank` would get in the status' attempt.

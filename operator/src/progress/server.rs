@@ -654,8 +654,9 @@ fn check_supervisor(
     Ok(worker.job_uid)
 }
 
-/// Checks and records one supervisor's poll; the answer is its order.
-async fn handle_poll(shared: Arc<ServerShared>, request: Request) -> Result<Order, Refusal> {
+/// Checks and records one supervisor's poll; the answer is its order, and how long the
+/// directive tells a stopped supervisor to hold (0: unsaid).
+async fn handle_poll(shared: Arc<ServerShared>, request: Request) -> Result<(Order, u32), Refusal> {
     // As for reports: what a poll says held when it arrived.
     let arrived = jiff::Timestamp::now();
     let Posted {
@@ -693,11 +694,12 @@ async fn handle_poll(shared: Arc<ServerShared>, request: Request) -> Result<Orde
             .as_pin_mut()
             .filter(|_| answered.order == Order::Continue)
         else {
-            return Ok(answered.order);
+            return Ok((answered.order, board.hold_seconds(&ns, &job, &job_uid)));
         };
         let _ = tokio::time::timeout(hold, changed).await;
         // Heard again at the answer: a held supervisor is never taken for a quiet one.
-        Ok(board.answer_held(&ns, &job, &job_uid, &poll, jiff::Timestamp::now()))
+        let order = board.answer_held(&ns, &job, &job_uid, &poll, jiff::Timestamp::now());
+        Ok((order, board.hold_seconds(&ns, &job, &job_uid)))
     });
     checked
         .await
@@ -706,10 +708,13 @@ async fn handle_poll(shared: Arc<ServerShared>, request: Request) -> Result<Orde
 
 async fn supervise(State(shared): State<Arc<ServerShared>>, request: Request) -> Response {
     let (outcome, response) = match handle_poll(shared.clone(), request).await {
-        Ok(order) => (
-            Outcome::Accepted,
-            json_response(StatusCode::OK, &order.to_json()),
-        ),
+        Ok((order, hold)) => {
+            let mut answer = order.to_json();
+            if hold > 0 {
+                answer["holdSeconds"] = serde_json::json!(hold);
+            }
+            (Outcome::Accepted, json_response(StatusCode::OK, &answer))
+        }
         Err(rejection) => {
             tracing::debug!(
                 outcome = rejection.outcome.label(),
@@ -1400,6 +1405,27 @@ mod tests {
         );
         let line = "trainyard_operator_supervisor_polls_total{outcome=\"accepted\"} 4";
         assert!(h.server.metrics.render().lines().any(|l| l == line));
+    }
+
+    /// A directive that says how long to hold puts `holdSeconds` in every answer of its job.
+    #[tokio::test]
+    async fn every_answer_carries_the_hold_the_directive_tells() {
+        let h = harness();
+        h.server.store.supervisors.publish(
+            "ml",
+            "train",
+            "uid-job-train",
+            Some(Directive {
+                attempt: 2,
+                hold_seconds: 110,
+                ..Directive::default()
+            }),
+            &["uid-train-worker-1"],
+        );
+        let exited =
+            json!({"job": "train", "rank": 1, "attempt": 1, "state": "exited", "exitCode": 1});
+        let (_, answer) = poll(&h.router, "tok-train-worker-1", exited).await;
+        assert_eq!(answer, json!({"action": "continue", "holdSeconds": 110}));
     }
 
     #[tokio::test(start_paused = true)]

@@ -258,6 +258,16 @@ impl SupervisorBoard {
         order(board.directive.as_ref(), poll)
     }
 
+    /// How long the job's directive tells a stopped supervisor to wait for its start (0: it
+    /// says nothing, the supervisor keeps its own setting).
+    pub fn hold_seconds(&self, namespace: &str, job: &str, job_uid: &str) -> u32 {
+        self.jobs()
+            .get(&(namespace.to_owned(), job.to_owned()))
+            .filter(|b| b.job_uid == job_uid)
+            .and_then(|b| b.directive.as_ref())
+            .map_or(0, |d| d.hold_seconds)
+    }
+
     /// Sets what the job's supervisors are told (`None`: nothing); pods of `job_uid` not in
     /// `pods` are forgotten.
     pub fn publish(
@@ -376,6 +386,7 @@ mod tests {
                 })
                 .collect(),
             exit: false,
+            hold_seconds: 0,
         }
     }
 

@@ -746,3 +746,19 @@ fn ranks_that_fall_back_in_one_round_are_named_in_one_event() {
     assert!(note.contains("and 1 more"), "{note}");
     assert_eq!(World::deleted(&plan, false).len(), 9);
 }
+
+/// The operator tells kept supervisors how long to wait for their start from its own waits:
+/// a third failure's 80-s backoff is longer than a supervisor's 30-s default, so without being
+/// told it would give up, exit, and turn a restart in place into a failure that did not happen.
+#[test]
+fn kept_supervisors_are_told_to_hold_as_long_as_the_operator_may_wait() {
+    let mut w = supervised_world(
+        "workers: 2\nrestartPolicy: {inPlace: true, maxFailures: 5, backoffSeconds: 20}\n",
+    );
+    let told = |w: &mut World| directive(&w.step()).hold_seconds;
+    // Before any failure: the lost-peer hold (60 s) is the longest wait, and a margin.
+    assert_eq!(told(&mut w), 90);
+    w.status.failures = 2;
+    // The next failure would be the third: 20 s × 4 of backoff.
+    assert_eq!(told(&mut w), 110);
+}
