@@ -1,5 +1,5 @@
-//! How a round finishes into its [`Plan`] once a phase stopped it: unseen writes held back, the
-//! ledger folded, `InvalidSpec` set or cleared, rejections shown, supervisors told.
+//! The decisions of a round after the phase that stopped it: the rows of [`super::phases::FINISH`],
+//! and the [`Plan`] the round comes to.
 
 use jiff::{SignedDuration, Timestamp};
 
@@ -12,32 +12,103 @@ use crate::model::events::JobEvent;
 use crate::model::reason;
 use crate::model::validate::InvalidSpec;
 
+/// The name of a decision taken after the phases ([`super::phases::FINISH`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FinishName {
+    /// Actions on objects whose last write the caches do not show yet are held back.
+    HoldBackUnseen,
+    /// The round's transitions go into the goodput ledger.
+    Ledger,
+    /// The condition `InvalidSpec` is set or cleared.
+    InvalidSpec,
+    /// Writes the API server rejected are shown.
+    Rejections,
+    /// What the in-place restart supervisors are told.
+    Supervise,
+    /// The attempt's `CreatingWorkers` Event.
+    Announce,
+    /// The Event that starts the attempt, on a replica that has not told it yet.
+    TellAttempt,
+}
+
+/// One decision after the phases.
+pub(crate) type FinishFn = fn(&View<'_>, &mut Round);
+
+/// Drops the actions on objects a write of this operator is on its way to
+/// ([`super::UnseenWrite`]), and looks again when the first of those waits lapses at the
+/// latest (the watch event that shows the write wakes the job sooner). A round whose pod
+/// creates are all held back repeats a round whose creates went out: that round announced
+/// the attempt and started its clock.
+pub(super) fn hold_back_unseen(view: &View<'_>, round: &mut Round) {
+    let unseen = &view.observed.unseen_writes;
+    if unseen.is_empty() || round.actions.is_empty() {
+        return;
+    }
+    let creates = |actions: &[Action]| actions.iter().any(|a| matches!(a, Action::CreatePod(_)));
+    let created = creates(&round.actions);
+    let mut lapses = None;
+    round.actions.retain(|action| {
+        let (kind, name) = action.target();
+        match unseen.iter().find(|w| w.kind == kind && w.name == name) {
+            Some(w) => {
+                lapses = Some(lapses.map_or(w.lapses_in, |l: SignedDuration| l.min(w.lapses_in)));
+                false
+            }
+            None => true,
+        }
+    });
+    if let Some(lapses) = lapses {
+        round.requeue(view.now.checked_add(lapses).ok());
+    }
+    if created && !creates(&round.actions) {
+        round.creates_attempt = None;
+        round.announcement = None;
+    }
+}
+
+/// `InvalidSpec` from the round's verdict on the spec ([`write_invalid_spec`]).
+pub(super) fn invalid_spec(view: &View<'_>, round: &mut Round) {
+    round.events.extend(write_invalid_spec(
+        &mut round.st,
+        &view.current.conditions,
+        round.invalid.as_ref(),
+        view.generation,
+        view.now,
+    ));
+}
+
+/// The condition `WriteRejected` and its Events, from the last round's writes.
+pub(super) fn rejections(view: &View<'_>, round: &mut Round) {
+    if let Some(writes) = &view.observed.last_writes {
+        let (st, shown) =
+            crate::model::rejection::after_writes(&round.st, writes, view.generation, view.now);
+        round.st = st;
+        round.events.extend(shown);
+    }
+}
+
+/// What the in-place restart supervisors are told ([`super::in_place::supervise`]).
+pub(super) fn supervise(view: &View<'_>, round: &mut Round) {
+    round.supervise = super::in_place::supervise(view, round);
+}
+
+/// The attempt's `CreatingWorkers` Event, unless its creates were held back.
+pub(super) fn announce(_: &View<'_>, round: &mut Round) {
+    round.events.extend(round.announcement.take());
+}
+
+/// The Event that starts the attempt, when this replica has not told it yet.
+pub(super) fn tell_attempt(view: &View<'_>, round: &mut Round) {
+    if view.observed.told_attempt != Some(round.st.attempt) {
+        super::attempt_start::tell_attempt_start(&mut round.events, &round.st, view.now);
+    }
+}
+
 impl Round {
-    /// The plan, with the actions on objects whose last write the caches do not show yet held
-    /// back, the round's transitions in the goodput ledger and `InvalidSpec` set or cleared.
-    pub fn finish(mut self, view: &View<'_>, decided_by: PhaseName) -> Plan {
-        self.hold_back_unseen(view);
-        super::goodput::fold(view, &mut self);
-        self.events.extend(write_invalid_spec(
-            &mut self.st,
-            &view.current.conditions,
-            self.invalid.as_ref(),
-            view.generation,
-            view.now,
-        ));
-        if let Some(writes) = &view.observed.last_writes {
-            let (st, shown) =
-                crate::model::rejection::after_writes(&self.st, writes, view.generation, view.now);
-            self.st = st;
-            self.events.extend(shown);
-        }
-        let supervise = super::in_place::supervise(view, &self);
-        self.events.extend(self.announcement);
-        if view.observed.told_attempt != Some(self.st.attempt) {
-            super::attempt_start::tell_attempt_start(&mut self.events, &self.st, view.now);
-        }
+    /// The plan the round comes to, once the phases and the finish rows have decided.
+    pub fn into_plan(self, decided_by: PhaseName) -> Plan {
         Plan {
-            supervise,
+            supervise: self.supervise,
             status: self.st,
             actions: self.actions,
             events: self.events,
@@ -48,40 +119,6 @@ impl Round {
             checkpoint_withdrawal: self.checkpoint_withdrawal,
             steps_lost: self.steps_lost,
             decided_by,
-        }
-    }
-
-    /// Drops the actions on objects a write of this operator is on its way to
-    /// ([`super::UnseenWrite`]), and looks again when the first of those waits lapses at the
-    /// latest (the watch event that shows the write wakes the job sooner). A round whose pod
-    /// creates are all held back repeats a round whose creates went out: that round announced
-    /// the attempt and started its clock.
-    fn hold_back_unseen(&mut self, view: &View<'_>) {
-        let unseen = &view.observed.unseen_writes;
-        if unseen.is_empty() || self.actions.is_empty() {
-            return;
-        }
-        let creates =
-            |actions: &[Action]| actions.iter().any(|a| matches!(a, Action::CreatePod(_)));
-        let created = creates(&self.actions);
-        let mut lapses = None;
-        self.actions.retain(|action| {
-            let (kind, name) = action.target();
-            match unseen.iter().find(|w| w.kind == kind && w.name == name) {
-                Some(w) => {
-                    lapses =
-                        Some(lapses.map_or(w.lapses_in, |l: SignedDuration| l.min(w.lapses_in)));
-                    false
-                }
-                None => true,
-            }
-        });
-        if let Some(lapses) = lapses {
-            self.requeue(view.now.checked_add(lapses).ok());
-        }
-        if created && !creates(&self.actions) {
-            self.creates_attempt = None;
-            self.announcement = None;
         }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! [`decide`] builds one read-only `View` of the job (`view.rs`), then runs the phases of
 //! `phases::PHASES` in order, each adding to a `Round` (`round.rs`) and saying whether the
-//! round goes on; the phase that stops it is recorded in [`Plan::decided_by`].
+//! round goes on; the phase that stops it is recorded in [`Plan::decided_by`]. Then every row
+//! of `phases::FINISH` decides (`finish.rs`), and the round becomes the [`Plan`].
 //!
 //! Everything that must not happen twice (counting a preemption, bumping the attempt) is a
 //! status transition, and every action is idempotent and derived again from status plus
@@ -85,8 +86,8 @@ pub fn malformed_report(
     (condition, JobEvent::warning(reason::INVALID_SPEC, message))
 }
 
-/// Decides the next status and actions: runs the phases (`phases::PHASES`) in order over one view of the
-/// job until one of them ends the round.
+/// Decides the next status and actions: runs the phases (`phases::PHASES`) in order over one
+/// view of the job until one of them ends the round, then every row of `phases::FINISH`.
 pub fn decide(
     job: &ValidJob,
     observed: &Observed,
@@ -97,7 +98,10 @@ pub fn decide(
     let mut round = Round::new(&view);
     for &(name, phase) in phases::PHASES {
         if phase(&view, &mut round) == outcome::Flow::Stop {
-            return round.finish(&view, name);
+            for &(_, row) in phases::FINISH {
+                row(&view, &mut round);
+            }
+            return round.into_plan(name);
         }
     }
     unreachable!("the last phase always ends the round")

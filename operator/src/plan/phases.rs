@@ -1,6 +1,6 @@
 //! The decisions of one round, in order. Each phase reads the [`View`] and adds to the
-//! [`Round`]; the first that returns [`Flow::Stop`] ends the round. [`PHASES`] is the only
-//! place that says in which order they decide.
+//! [`Round`]; the first that returns [`Flow::Stop`] ends the phases, then every row of
+//! [`FINISH`] decides. These two tables are the only place that says in which order.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -8,10 +8,11 @@ use std::sync::Arc;
 use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::finish::{self, FinishFn, FinishName};
 use super::outcome::{Action, CLUSTER_WAIT_RECHECK, Flow, PhaseName, failure_backoff};
 use super::round::Round;
 use super::view::{View, resumes_as_new_attempt};
-use super::{attempt_start, cost_fallback, in_place};
+use super::{attempt_start, cost_fallback, goodput, in_place};
 use crate::build::{pvc, service};
 use crate::model::cached_pod::CachedPod;
 use crate::model::condition::{self, condition_is_true};
@@ -53,6 +54,17 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
     (PhaseName::Unschedulable, unschedulable),
     (PhaseName::Shrink, elastic::shrink),
     (PhaseName::Running, running),
+];
+
+/// The decisions after the phase that ended the round, in order; every row runs.
+pub(crate) const FINISH: &[(FinishName, FinishFn)] = &[
+    (FinishName::HoldBackUnseen, finish::hold_back_unseen),
+    (FinishName::Ledger, goodput::fold),
+    (FinishName::InvalidSpec, finish::invalid_spec),
+    (FinishName::Rejections, finish::rejections),
+    (FinishName::Supervise, finish::supervise),
+    (FinishName::Announce, finish::announce),
+    (FinishName::TellAttempt, finish::tell_attempt),
 ];
 
 /// The phase the round started in.

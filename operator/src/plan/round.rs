@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::observed::{is_finished, pod_name};
-use super::outcome::Action;
+use super::outcome::{Action, Supervise};
 use super::view::View;
 use crate::model::condition::{self, condition_is_true, set_condition};
 use crate::model::crd::{
@@ -54,6 +54,8 @@ pub(crate) struct Round {
     /// A failure's verdict is held in this round ([`crate::model::lost_peer`]): nothing is decided
     /// about the attempt yet, so a running job stays `Running`.
     pub verdict_held: bool,
+    /// What the in-place restart supervisors are told ([`super::finish::supervise`]).
+    pub supervise: Option<Supervise>,
 }
 
 impl Round {
@@ -78,6 +80,7 @@ impl Round {
             placement: None,
             start_in_place: false,
             verdict_held: false,
+            supervise: None,
         }
     }
 
