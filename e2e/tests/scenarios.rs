@@ -2656,3 +2656,88 @@ async fn a_worker_copied_by_a_namespace_user_cannot_report_for_its_rank() -> Res
     ns.cleanup().await?;
     res
 }
+
+/// When node `node`'s kubelet last renewed its Lease (`renewTime`, as the API server holds it).
+async fn renew_time(client: &Client, node: &str) -> Result<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-node-lease");
+    let lease = leases.get(node).await?;
+    Ok(lease
+        .spec
+        .and_then(|s| s.renew_time)
+        .map(|t| t.0.to_string())
+        .unwrap_or_default())
+}
+
+/// Sends `signal` (`STOP`, `CONT`, `KILL`) to process `pid`.
+fn signal(pid: &str, signal: &str) -> Result<()> {
+    let out = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_owned()])
+        .output()
+        .context("kill")?;
+    ensure!(out.status.success(), "kill -{signal} {pid}: {:?}", out);
+    Ok(())
+}
+
+/// With production's default timers (Kubernetes' 40-s node grace) and trainers that do not
+/// report progress: node 2's kubelet is paused for 18 s right after a renewal (its next one
+/// 8 s late, well inside the grace) while rank 0's trainer on node 1 crashes. One failure,
+/// no preemption: without reports a late Lease proves nothing.
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_paused_kubelet_beside_a_genuine_crash_is_one_failure_when_trainers_do_not_report()
+-> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = with_spot_node(&client, || async {
+        let (spot, on_demand) = (node2_name(), node_name());
+        let extra = json!({"restartPolicy": {"maxFailures": 2, "backoffSeconds": 1},
+                           "spot": {"policy": "Prefer"}});
+        let name = place_rank_on(&client, &ns.name, ("1", &spot), &on_demand, || {
+            job_manifest("paused", 2, 1, &counting_trainer(600), extra.clone())
+        })
+        .await?;
+        running_pods(&client, &ns.name, &name, 0, 2).await?;
+        let kubelet =
+            std::fs::read_to_string(trainyard_e2e::state_dir().join("pids/node2/kubelet.pid"))
+                .context("node 2's kubelet PID file")?;
+        let kubelet = kubelet.trim().to_owned();
+        let last = renew_time(&client, &spot).await?;
+        wait_for("node 2's next renewal", Duration::from_secs(30), || async {
+            Ok((renew_time(&client, &spot).await? != last).then_some(()))
+        })
+        .await?;
+        signal(&kubelet, "STOP")?;
+        let paused = std::time::Instant::now();
+        let crashed = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            // Rank 0's trainer dies (as the kernel's OOM killer kills it): exit 137.
+            let job = trainyard_e2e::processes_with_env("TRAINYARD_JOB", |v| v == name)?;
+            let rank0 = trainyard_e2e::processes_with_env("NODE_RANK", |v| v == "0")?;
+            let trainers: Vec<u32> = job.into_iter().filter(|p| rank0.contains(p)).collect();
+            ensure!(!trainers.is_empty(), "no trainer process of rank 0 found");
+            for pid in &trainers {
+                signal(&pid.to_string(), "KILL")?;
+            }
+            tokio::time::sleep(Duration::from_secs(18).saturating_sub(paused.elapsed())).await;
+            anyhow::Ok(())
+        }
+        .await;
+        let resumed = signal(&kubelet, "CONT");
+        crashed.and(resumed)?;
+        let st = wait_for("the restart decided", Duration::from_secs(120), || async {
+            let st = job_status(&client, &ns.name, &name).await?;
+            Ok((st["attempt"].as_u64() >= Some(1)).then_some(st))
+        })
+        .await?;
+        ensure!(
+            (&st["failures"], &st["preemptions"]) == (&json!(1), &json!(0)),
+            "one failure, no preemption: {st}"
+        );
+        ensure!(st["lastRestart"]["reason"] == "Failure", "status: {st}");
+        Ok(())
+    })
+    .await;
+    ns.cleanup().await?;
+    res
+}
