@@ -1,0 +1,107 @@
+//! The first attempt: creating the workers, completing a half-created attempt, running.
+
+use super::*;
+
+#[test]
+fn new_job_creates_service_pvc_and_every_worker() {
+    let mut w = World::new("workers: 2\ngpusPerWorker: 4\n");
+    let plan = w.step();
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateService(_)))
+    );
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreatePvc(_)))
+    );
+    let created: Vec<_> = World::creates(&plan)
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(created, ["train-worker-0", "train-worker-1"]);
+    assert_eq!(plan.status.phase, Some(Phase::Pending));
+    assert_eq!(plan.status.start_time, Some(Time(ts(T0))));
+    assert_eq!(
+        plan.status
+            .selected_gpu
+            .as_ref()
+            .map(|s| s.product.as_str()),
+        Some("Tesla-T4")
+    );
+    assert_eq!(plan.creates_attempt, Some(0));
+    assert!(
+        plan.status.workers.is_empty(),
+        "pods the cache has not shown are not recorded"
+    );
+    assert_eq!(w.decided, [PhaseName::Running]);
+}
+
+#[test]
+fn pods_not_yet_in_the_cache_are_created_again_not_counted_as_preempted() {
+    let w = World::new("workers: 2\n");
+    let first = w.decide();
+    let mut lagging = World::new("workers: 2\n");
+    lagging.status = first.status.clone();
+    lagging.claim = Some(ObservedClaim::default());
+    lagging.service_exists = true;
+    let replay = lagging.decide();
+    assert_eq!(replay.status, first.status, "replay changes nothing");
+    assert_eq!(
+        World::creates(&replay).len(),
+        2,
+        "creates are repeated (AlreadyExists is harmless)"
+    );
+    assert_eq!(replay.restart, None);
+    assert_eq!(
+        (first.decided_by, replay.decided_by),
+        (PhaseName::Running, PhaseName::Running)
+    );
+}
+
+#[test]
+fn all_workers_running_makes_the_job_running_once() {
+    let mut w = World::new("workers: 2\n");
+    w.step();
+    w.run_all();
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert!(condition_is_true(
+        &plan.status.conditions,
+        condition::RUNNING
+    ));
+    assert_eq!(plan.status.workers.len(), 2);
+    assert_eq!(plan.status.workers[1].node.as_deref(), Some("n-1"));
+    assert!(plan.events.iter().any(|e| e.reason == "Running"));
+    let again = w.step();
+    assert_eq!(again.status, plan.status);
+    assert!(again.events.is_empty() && again.actions.is_empty());
+    assert_eq!(
+        w.decided,
+        [PhaseName::Running, PhaseName::Running, PhaseName::Running]
+    );
+}
+
+#[test]
+fn a_half_created_attempt_is_completed_with_the_first_pods_placement() {
+    let mut w = World::new("workers: 2\ngpusPerWorker: 1\n");
+    let plan = w.decide();
+    w.status = plan.status.clone();
+    // Only rank 0 made it before a crash.
+    let first = World::creates(&plan)[0].clone();
+    w.pods.push(Arc::new(first.clone()));
+    // Meanwhile a cheaper product appeared; the gang must still land on one product.
+    w.nodes
+        .push(Arc::new(node("n-2").gpus(8).product("NVIDIA-L4").build()));
+    w.nodes[0] = Arc::new(node("n-1").gpus(8).product("NVIDIA-H100-80GB-HBM3").build());
+    let plan = w.decide();
+    assert_eq!(plan.decided_by, PhaseName::Running);
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].metadata.name.as_deref(), Some("train-worker-1"));
+    assert_eq!(
+        created[0].spec.as_ref().and_then(|s| s.affinity.clone()),
+        first.spec.as_ref().and_then(|s| s.affinity.clone())
+    );
+}
