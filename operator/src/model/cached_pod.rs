@@ -246,26 +246,6 @@ impl CachedPod {
     }
 }
 
-/// Whether the pod cache keeps `pod` when the operator seals its workers (`sealing`): only
-/// under the name the operator gives the worker its labels claim to be (`<job>-worker-<rank>`).
-/// Any pod creator may label pods as a job's; one under another name is never a worker (the
-/// operator names every pod it makes so), and keeping it would let anyone who may create pods
-/// grow the operator's memory without bound.
-pub fn cacheable(pod: &CachedPod, sealing: bool) -> bool {
-    if !sealing {
-        return true;
-    }
-    let labels = pod.metadata.labels.as_ref();
-    let label = |key: &str| labels.and_then(|l| l.get(key));
-    let (Some(job), Some(rank)) = (
-        label(crate::model::crd::LABEL_JOB),
-        label(crate::model::crd::LABEL_RANK).and_then(|r| r.parse::<u32>().ok()),
-    ) else {
-        return false;
-    };
-    pod.metadata.name.as_deref() == Some(crate::model::validate::pod_name(job, rank).as_str())
-}
-
 /// The one field a node selector term may match on: the node's name.
 pub const NODE_NAME_FIELD: &str = "metadata.name";
 
@@ -416,28 +396,6 @@ mod tests {
             [crate::model::seal::SEAL_ANNOTATION]
         );
         assert!(cached.metadata.managed_fields.is_none());
-    }
-
-    /// With sealing on, the cache keeps a job-labelled pod only under the name of the worker
-    /// its labels claim to be: a copy under another name (a namespace user's) is never cached.
-    #[test]
-    fn only_a_pod_under_its_workers_name_is_cached_when_the_operator_seals() {
-        let pod = |name: &str, labels: serde_json::Value| -> CachedPod {
-            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
-                .expect("pod")
-        };
-        let worker = json!({LABEL_JOB: "j", crate::model::crd::LABEL_RANK: "3"});
-        assert!(cacheable(&pod("j-worker-3", worker.clone()), true));
-        assert!(!cacheable(&pod("j-worker-3-copy", worker.clone()), true));
-        assert!(!cacheable(&pod("j-worker-4", worker.clone()), true));
-        assert!(!cacheable(
-            &pod("j-worker-3", json!({LABEL_JOB: "j"})),
-            true
-        ));
-        assert!(
-            cacheable(&pod("j-worker-3-copy", worker), false),
-            "no sealing: as before"
-        );
     }
 
     #[test]

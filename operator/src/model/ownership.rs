@@ -11,6 +11,7 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB};
 use crate::model::seal::{self, SealKey, Sealed};
 use crate::model::validate::ValidJob;
@@ -149,6 +150,26 @@ pub fn unsealed_worker(
     })
 }
 
+/// Whether the pod cache keeps `pod` when the operator seals its workers (`sealing`): only
+/// under the name the operator gives the worker its labels claim to be (`<job>-worker-<rank>`).
+/// Any pod creator may label pods as a job's; one under another name is never a worker (the
+/// operator names every pod it makes so), and keeping it would let anyone who may create pods
+/// grow the operator's memory without bound.
+pub fn cacheable(pod: &CachedPod, sealing: bool) -> bool {
+    if !sealing {
+        return true;
+    }
+    let labels = pod.metadata.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key));
+    let (Some(job), Some(rank)) = (
+        label(crate::model::crd::LABEL_JOB),
+        label(crate::model::crd::LABEL_RANK).and_then(|r| r.parse::<u32>().ok()),
+    ) else {
+        return false;
+    };
+    pod.metadata.name.as_deref() == Some(crate::model::validate::pod_name(job, rank).as_str())
+}
+
 /// Whether the job's own object of `kind` exists, given the cached object of its name (if any);
 /// a foreign one is added to `conflicts` instead. The PVC of `spec.checkpoint.existingClaim`
 /// is the user's by design and only has to be there.
@@ -283,6 +304,28 @@ mod tests {
             {"apiVersion": "trainyard.dev/v1alpha1", "kind": "TrainingJob", "name": "train",
              "uid": job.uid}]}));
         assert_eq!(foreign(ObjectKind::Pod, &pod, &job), None);
+    }
+
+    /// With sealing on, the cache keeps a job-labelled pod only under the name of the worker
+    /// its labels claim to be: a copy under another name (a namespace user's) is never cached.
+    #[test]
+    fn only_a_pod_under_its_workers_name_is_cached_when_the_operator_seals() {
+        let pod = |name: &str, labels: serde_json::Value| -> CachedPod {
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .expect("pod")
+        };
+        let worker = json!({crate::model::crd::LABEL_JOB: "j", crate::model::crd::LABEL_RANK: "3"});
+        assert!(cacheable(&pod("j-worker-3", worker.clone()), true));
+        assert!(!cacheable(&pod("j-worker-3-copy", worker.clone()), true));
+        assert!(!cacheable(&pod("j-worker-4", worker.clone()), true));
+        assert!(!cacheable(
+            &pod("j-worker-3", json!({crate::model::crd::LABEL_JOB: "j"})),
+            true
+        ));
+        assert!(
+            cacheable(&pod("j-worker-3-copy", worker), false),
+            "no sealing: as before"
+        );
     }
 
     #[test]

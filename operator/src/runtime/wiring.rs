@@ -25,10 +25,10 @@ use super::reconcile::{error_policy, reconcile};
 use super::triggers::{claim_triggers, node_triggers, service_triggers, silence_triggers};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::model::cached_pod::{self, CachedPod};
+use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_JOB, TrainingJob};
 use crate::model::liveness::Heartbeats;
-use crate::model::ownership::Kind;
+use crate::model::ownership::{self, Kind};
 use crate::observe::{Caches, SharedHeartbeats, Sources, heartbeats};
 use crate::progress::store::ProgressStore;
 use crate::state::expectations::Expectations;
@@ -135,7 +135,7 @@ fn watch_pods(
     .try_filter_map(move |event| {
         let event = match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)
-                if !cached_pod::cacheable(&pod, sealing) =>
+                if !ownership::cacheable(&pod, sealing) =>
             {
                 let known = cached_before.get(&reflector::ObjectRef::from_obj(&pod));
                 known.map(|_| watcher::Event::Delete(pod))
