@@ -567,6 +567,20 @@ struct PollBody {
     wait_seconds: Option<f64>,
 }
 
+/// An optional number of seconds of a poll, at most `max` (absent: zero); anything but a
+/// finite number of at least 0 is refused, naming `field`.
+fn seconds_field(field: &str, value: Option<f64>, max: Duration) -> Result<Duration, Refusal> {
+    match value {
+        None => Ok(Duration::ZERO),
+        Some(v) if v.is_finite() && v >= 0.0 => {
+            Ok(Duration::from_secs_f64(v.min(max.as_secs_f64())))
+        }
+        Some(v) => Err(Refusal::invalid(format!(
+            "{field} must be a number of seconds, at least 0, not {v}"
+        ))),
+    }
+}
+
 /// A checked poll: its job, the poll, and how long a continue may be held.
 struct CheckedPoll {
     job: String,
@@ -582,28 +596,12 @@ impl PollBody {
         if body.job.is_empty() {
             return Err(Refusal::invalid("job is empty"));
         }
-        let hold = match body.wait_seconds {
-            None => Duration::ZERO,
-            Some(w) if w.is_finite() && w >= 0.0 => {
-                Duration::from_secs_f64(w.min(supervisors::MAX_HOLD.as_secs_f64()))
-            }
-            Some(w) => {
-                return Err(Refusal::invalid(format!(
-                    "waitSeconds must be a number of seconds, at least 0, not {w}"
-                )));
-            }
-        };
-        let exited_ago = match body.exited_seconds_ago {
-            None => Duration::ZERO,
-            Some(a) if a.is_finite() && a >= 0.0 => {
-                Duration::from_secs_f64(a.min(supervisors::MAX_EXIT_AGE.as_secs_f64()))
-            }
-            Some(a) => {
-                return Err(Refusal::invalid(format!(
-                    "exitedSecondsAgo must be a number of seconds, at least 0, not {a}"
-                )));
-            }
-        };
+        let hold = seconds_field("waitSeconds", body.wait_seconds, supervisors::MAX_HOLD)?;
+        let exited_ago = seconds_field(
+            "exitedSecondsAgo",
+            body.exited_seconds_ago,
+            supervisors::MAX_EXIT_AGE,
+        )?;
         let state = match (body.state.as_str(), body.exit_code) {
             ("running", _) => SupervisedState::Running,
             ("stopped", _) => SupervisedState::Stopped,
