@@ -92,10 +92,14 @@ chart-test:
 ## scenarios last, since the chart's operator watches every namespace. The spot
 ## node (node 2) is cordoned for all but the two-node scenarios, which uncordon it.
 ## The dashboard test runs after the scenarios: it queries what Prometheus scraped during them.
+## The host's own services are checked around it: stand-ins on containerd's default socket and
+## etcd's and Prometheus' default ports (e2e/cluster/host-guard.sh) must still answer afterwards.
 e2e:
 	@date +"make: e2e from %T"
 	$(CARGO) build --workspace --bins
-	bash e2e/with-cluster.sh bash -c 'kubectl cordon $(NODE2) >/dev/null && $(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --skip nvml_ --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored --skip dashboard_ && $(CARGO) test -p trainyard-e2e --test dashboard -- --ignored'
+	bash e2e/cluster/host-guard.sh start
+	bash e2e/with-cluster.sh bash -c 'kubectl cordon $(NODE2) >/dev/null && $(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --skip nvml_ --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored --skip dashboard_ && $(CARGO) test -p trainyard-e2e --test dashboard -- --ignored'; \
+	  rc=$$?; bash e2e/cluster/host-guard.sh check || rc=1; exit $$rc
 
 crds:
 	$(CARGO) run -q -p trainyard-operator -- crd > crds/trainingjob.yaml
