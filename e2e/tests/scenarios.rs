@@ -2716,8 +2716,9 @@ async fn a_paused_kubelet_beside_a_genuine_crash_is_one_failure_when_trainers_do
             let rank0 = trainyard_e2e::processes_with_env("NODE_RANK", |v| v == "0")?;
             let trainers: Vec<u32> = job.into_iter().filter(|p| rank0.contains(p)).collect();
             ensure!(!trainers.is_empty(), "no trainer process of rank 0 found");
+            // Its shell and the sleep it waits on: the second may be gone with the first.
             for pid in &trainers {
-                signal(&pid.to_string(), "KILL")?;
+                let _ = signal(&pid.to_string(), "KILL");
             }
             tokio::time::sleep(Duration::from_secs(18).saturating_sub(paused.elapsed())).await;
             anyhow::Ok(())
@@ -2725,6 +2726,12 @@ async fn a_paused_kubelet_beside_a_genuine_crash_is_one_failure_when_trainers_do
         .await;
         let resumed = signal(&kubelet, "CONT");
         crashed.and(resumed)?;
+        // Node 2 renews again before anything else is judged (and before the next scenario).
+        let paused_at = renew_time(&client, &spot).await?;
+        wait_for("node 2 renewing again", Duration::from_secs(30), || async {
+            Ok((renew_time(&client, &spot).await? != paused_at).then_some(()))
+        })
+        .await?;
         let st = wait_for("the restart decided", Duration::from_secs(120), || async {
             let st = job_status(&client, &ns.name, &name).await?;
             Ok((st["attempt"].as_u64() >= Some(1)).then_some(st))
