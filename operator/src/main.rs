@@ -100,7 +100,8 @@ struct RunArgs {
     progress_audience: String,
     /// Secret (in the pod's namespace) that holds the key sealing the worker pods allowed to
     /// report; made by the first replica that finds none. Without it each replica seals with
-    /// a key of its own, so after a leader change no worker may report until it is replaced.
+    /// a key of its own, made when it starts (pods made before are taken on their labels): run
+    /// more than one replica only with it.
     #[arg(long, env = "TRAINYARD_SEAL_SECRET")]
     seal_secret: Option<String>,
     /// Endpoints object (in the pod's namespace) the leader points at its own pod IP, behind
@@ -238,9 +239,13 @@ async fn seal_key(
         Some(name) => seal_secret::load_or_create(client, namespace, name).await?,
         None => {
             tracing::warn!(
-                "no --seal-secret: this replica seals worker pods with a key of its own"
+                "no --seal-secret: this replica seals worker pods with a key of its own; pods \
+                 made before it started are taken on their labels"
             );
-            SealKey::ephemeral()
+            // Made now: the workers a previous run made stay workers (as before sealing).
+            let bytes = SealKey::generate()
+                .map_err(|_| anyhow::anyhow!("no system randomness for the seal key"))?;
+            SealKey::new(&bytes, Some(jiff::Timestamp::now()))
         }
     };
     tracing::info!(key = seal.id(), "sealing worker pods");
