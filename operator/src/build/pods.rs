@@ -270,13 +270,7 @@ pub fn desired_pod(
 
     let mut annotations = tmeta.annotations;
     if let Some(channel) = progress {
-        let worker = seal::Worker {
-            namespace: &job.namespace,
-            pod: &name,
-            job_uid: &job.uid,
-            rank,
-            attempt,
-        };
+        let worker = job.sealed_worker(&name, rank, attempt);
         annotations
             .get_or_insert_with(Default::default)
             .insert(seal::SEAL_ANNOTATION.to_owned(), channel.seal.seal(&worker));

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB};
-use crate::model::seal::{self, SealKey, Sealed};
+use crate::model::seal::{SealKey, Sealed};
 use crate::model::validate::ValidJob;
 
 /// The kinds of object a job's names are given to.
@@ -132,16 +132,7 @@ pub fn unsealed_worker(
         .as_ref()
         .and_then(|l| l.get(LABEL_ATTEMPT))
         .and_then(|a| a.parse().ok());
-    let sealed = attempt.map(|attempt| {
-        let worker = seal::Worker {
-            namespace: &job.namespace,
-            pod: &name,
-            job_uid: &job.uid,
-            rank,
-            attempt,
-        };
-        key.check(meta, &worker)
-    });
+    let sealed = attempt.map(|attempt| key.check(meta, &job.sealed_worker(&name, rank, attempt)));
     (sealed.is_none() || sealed == Some(Sealed::Forged)).then(|| Foreign {
         kind: ObjectKind::Pod,
         name,
@@ -198,6 +189,7 @@ pub fn present(
 mod tests {
     use super::*;
     use crate::fixtures::job_yaml;
+    use crate::model::seal;
     use crate::model::validate::validate;
     use serde_json::json;
 

@@ -85,6 +85,22 @@ impl ValidJob {
     pub fn pod_name(&self, rank: u32) -> String {
         pod_name(&self.name, rank)
     }
+
+    /// What the operator's seal covers for its pod `pod` of `rank` in `attempt`.
+    pub fn sealed_worker<'a>(
+        &'a self,
+        pod: &'a str,
+        rank: u32,
+        attempt: u32,
+    ) -> crate::model::seal::Worker<'a> {
+        crate::model::seal::Worker {
+            namespace: &self.namespace,
+            pod,
+            job_uid: &self.uid,
+            rank,
+            attempt,
+        }
+    }
 }
 
 /// Name of the pod of one rank: `<job>-worker-<rank>`.

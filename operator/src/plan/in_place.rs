@@ -293,15 +293,7 @@ pub(crate) fn start(view: &View<'_>, round: &mut Round) {
     for (&rank, pod) in &view.census.kept {
         let name = pod_name(pod);
         // Sealed anew for the attempt it now runs: the old seal names the old one.
-        let seal = channel.map(|c| {
-            c.seal.seal(&crate::model::seal::Worker {
-                namespace: &view.job.namespace,
-                pod: &name,
-                job_uid: &view.job.uid,
-                rank,
-                attempt,
-            })
-        });
+        let seal = channel.map(|c| c.seal.seal(&view.job.sealed_worker(&name, rank, attempt)));
         round.actions.push(Action::RelabelPod {
             name,
             uid: pod.metadata.uid.clone(),
