@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -2231,7 +2231,7 @@ async fn release_pods(client: &Client) -> Result<Vec<(Pod, i32, bool)>> {
 /// Every port of both binaries flooded at once from an address that is not a node's (as a
 /// pod's would be): connections past each port's per-source share held open to each
 /// operator replica's progress and metrics ports and to each device plugin's metrics port,
-/// opened again as soon as they are closed, for 20 s. No pod of the release restarts or turns
+/// dialled again soon after they are closed, for 20 s. No pod of the release restarts or turns
 /// unready (the kubelet's probes, from the node's address, keep being answered), and each
 /// binary's resident set stays under its memory limit in the chart (operator 256 Mi, device
 /// plugin 128 Mi).
@@ -2283,8 +2283,17 @@ async fn a_flood_of_every_port_leaves_the_probes_green_and_memory_under_the_limi
         let name = pod.name_any();
         let now = after.iter().find(|(p, _, _)| p.name_any() == name);
         let (_, restarts_now, ready) = now.with_context(|| format!("{name} is gone"))?;
-        ensure!(restarts_now == restarts, "{name} restarted under the flood");
-        ensure!(*ready, "{name} turned unready under the flood");
+        if restarts_now != restarts || !*ready {
+            let why = why_unready(&client, pod).await;
+            bail!(
+                "{name} {} under the flood\n{why}",
+                if restarts_now == restarts {
+                    "turned unready"
+                } else {
+                    "restarted"
+                }
+            );
+        }
         let limit = if name.contains("device-plugin") {
             128.0
         } else {
@@ -2298,6 +2307,72 @@ async fn a_flood_of_every_port_leaves_the_probes_green_and_memory_under_the_limi
         );
     }
     Ok(())
+}
+
+/// What the cluster says about a pod that turned unready or restarted: its conditions, its
+/// node's Ready condition, the Events about it and the end of its log, so that a failure on a
+/// machine whose logs are gone explains itself.
+async fn why_unready(client: &Client, pod: &Pod) -> String {
+    use k8s_openapi::api::core::v1::{Event, Node};
+    let name = pod.name_any();
+    let mut out = Vec::new();
+    let now = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .get(&name)
+        .await
+        .ok();
+    let node = now.as_ref().map(node_of).unwrap_or_default();
+    for c in now
+        .iter()
+        .flat_map(|p| p.status.iter().flat_map(|s| s.conditions.iter().flatten()))
+    {
+        out.push(format!(
+            "pod condition {}={} reason={:?} message={:?} since {:?}",
+            c.type_,
+            c.status,
+            c.reason,
+            c.message,
+            c.last_transition_time.as_ref().map(|t| t.0)
+        ));
+    }
+    if let Ok(n) = Api::<Node>::all(client.clone()).get(&node).await {
+        for c in n
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .filter(|c| c.type_ == "Ready")
+        {
+            out.push(format!(
+                "node {node} Ready={} reason={:?} since {:?}",
+                c.status,
+                c.reason,
+                c.last_transition_time.as_ref().map(|t| t.0)
+            ));
+        }
+    }
+    let events = Api::<Event>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for e in events {
+        out.push(format!(
+            "event {} x{}: {}",
+            e.reason.unwrap_or_default(),
+            e.count.unwrap_or(1),
+            e.message.unwrap_or_default()
+        ));
+    }
+    let container = if name.contains("device-plugin") {
+        "device-plugin"
+    } else {
+        "operator"
+    };
+    if let Ok(log) = pod_log(RELEASE_NS, pod, container) {
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(20)..];
+        out.push(format!("last log lines:\n{}", tail.join("\n")));
+    }
+    out.join("\n")
 }
 
 /// Creates a pod that holds every GPU of `node` but `leave` (of those no pod holds), so that

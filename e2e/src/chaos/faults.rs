@@ -670,8 +670,14 @@ async fn progress_endpoint(client: &Client) -> Result<Option<std::net::SocketAdd
     )))
 }
 
-/// Holds `n` connections open to `addr`, each sending nothing and opened again as soon as
-/// the server closes it, until the task is aborted (which ends every connection).
+/// How long a flooding connection the server closed waits before it dials again. Those past
+/// a cap are closed at accept, so this sets the dial rate of the flood: 5 a second each, what
+/// a misbehaving client's retry loop does. Faster would measure how many dials this machine's
+/// CPUs can make, not whether the listener keeps its shares.
+const REDIAL: Duration = Duration::from_millis(200);
+
+/// Holds `n` connections open to `addr`, each sending nothing and opened again [`REDIAL`]
+/// after the server closes it, until the task is aborted (which ends every connection).
 pub async fn hold_connections(
     from: Option<std::net::Ipv4Addr>,
     addr: std::net::SocketAddr,
@@ -697,7 +703,7 @@ pub async fn hold_connections(
                         }
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(REDIAL).await;
             }
         });
     }
