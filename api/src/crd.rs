@@ -152,10 +152,49 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elastic: Option<ElasticSpec>,
 
+    /// How long a gang may wait half placed.
+    #[serde(default)]
+    pub scheduling: SchedulingSpec,
+
     /// Pod template of every worker. The container named `trainer` (else the first) is the trainer.
     #[serde(default)]
     #[schemars(schema_with = "pod_template_schema")]
     pub template: PodTemplateSpec,
+}
+
+/// How an attempt that cannot place every worker lets go of the ones it placed
+/// (`spec.scheduling`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingSpec {
+    /// How long some workers of an attempt may hold their nodes and GPUs while others cannot
+    /// be placed. Past it the attempt releases every pod it holds (none has trained yet) and
+    /// tries again after a backoff with jitter (restart reason `Requeue`, counted in
+    /// `status.requeues`, against no budget), so that two jobs that each hold part of what
+    /// the other needs do not wait for each other for ever. An elastic job that can shrink
+    /// shrinks instead, after `elastic.replacementWaitSeconds`.
+    #[serde(default = "default_placement_timeout_seconds")]
+    #[schemars(range(min = 1, max = MAX_PLACEMENT_TIMEOUT_SECONDS))]
+    pub placement_timeout_seconds: u32,
+}
+
+impl Default for SchedulingSpec {
+    fn default() -> Self {
+        Self {
+            placement_timeout_seconds: default_placement_timeout_seconds(),
+        }
+    }
+}
+
+/// The longest `scheduling.placementTimeoutSeconds`: a day.
+pub const MAX_PLACEMENT_TIMEOUT_SECONDS: u32 = 86_400;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn default_placement_timeout_seconds() -> u32 {
+    180
 }
 
 fn default_workers() -> u32 {
@@ -503,6 +542,13 @@ pub struct TrainingJobStatus {
     #[serde(default)]
     #[schemars(range(min = 0, max = u32::MAX))]
     pub hangs: u32,
+
+    /// Restarts because the gang could not be placed whole within
+    /// `scheduling.placementTimeoutSeconds` (restart reason `Requeue`): counted against no
+    /// budget; they set the backoff before the next try.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0, max = u32::MAX))]
+    pub requeues: u32,
 
     /// What the trainers report of their progress (only for trainers that report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -857,6 +903,10 @@ pub enum RestartReason {
     /// `spec.elastic`: capacity for missing workers returned, so the gang restarts larger
     /// from a checkpoint: counted against no budget, no backoff.
     Grow,
+    /// Some workers could not be placed for `scheduling.placementTimeoutSeconds` while others
+    /// held their nodes: every pod was released, and the gang tries again after a backoff
+    /// with jitter. Counted in `requeues`, against no budget.
+    Requeue,
 }
 
 impl RestartReason {
@@ -869,11 +919,12 @@ impl RestartReason {
             RestartReason::Hang => "Hang",
             RestartReason::Shrink => "Shrink",
             RestartReason::Grow => "Grow",
+            RestartReason::Requeue => "Requeue",
         }
     }
 
     /// Whether a gang restart for this reason counts against a budget (`maxPreemptions`,
-    /// `maxFailures`, `maxHangs`): a resume, a shrink and a grow count against none.
+    /// `maxFailures`, `maxHangs`): a resume, a shrink, a grow and a requeue count against none.
     pub fn counted(self) -> bool {
         matches!(
             self,

@@ -3,7 +3,7 @@
 //! Continuously (each pod list and each status the watches deliver):
 //! - never two running pods of one rank, never running pods of two attempts at once (a pod
 //!   kept for an in-place restart belongs to the attempt that kept it);
-//! - the counters (`attempt`, `preemptions`, `failures`, `hangs`) never decrease, and
+//! - the counters (`attempt`, `preemptions`, `failures`, `hangs`, `requeues`) never decrease, and
 //!   `attempt` is never below the restarts counted;
 //! - the reported checkpoint step never goes backwards;
 //! - `latest.pt`, read from the job's volume every second, is never torn, and the step stored
@@ -13,7 +13,7 @@
 //!   cut from the API server: nothing can kill its processes then, fencing guards the
 //!   checkpoint) and for a grace period after, while its kubelet kills them.
 //!
-//! At the end: `attempt` = preemptions + failures + hangs + resumes, one restart Event per
+//! At the end: `attempt` = preemptions + failures + hangs + requeues + resumes, one restart Event per
 //! restart, no failure the schedule did not cause and every genuine failure it caused away
 //! from a gang restart counted as one failure, the job Succeeded with the digest of the
 //! same job run without faults, nothing of the job left after its deletion, and
@@ -41,6 +41,8 @@ pub struct JobSeen {
     pub preemptions: u32,
     pub failures: u32,
     pub hangs: u32,
+    /// `status.requeues`: gang restarts for want of room, against no budget.
+    pub requeues: u32,
     /// `status.progress.checkpointStep`.
     pub checkpoint_step: Option<u64>,
     /// `status.progress.stepsLost`, with the attempt it belongs to (`status.progress.attempt`).
@@ -81,7 +83,10 @@ pub struct ProcessSeen {
 
 impl JobSeen {
     fn restarts(&self) -> u64 {
-        u64::from(self.preemptions) + u64::from(self.failures) + u64::from(self.hangs)
+        u64::from(self.preemptions)
+            + u64::from(self.failures)
+            + u64::from(self.hangs)
+            + u64::from(self.requeues)
     }
 }
 
@@ -339,8 +344,9 @@ impl Checker {
             self.violate(
                 at,
                 format!(
-                    "attempt {} is below the restarts counted ({} preemptions + {} failures + {} hangs)",
-                    job.attempt, job.preemptions, job.failures, job.hangs
+                    "attempt {} is below the restarts counted ({} preemptions + {} failures + {} \
+                     hangs + {} requeues)",
+                    job.attempt, job.preemptions, job.failures, job.hangs, job.requeues
                 ),
             );
         }
@@ -350,6 +356,7 @@ impl Checker {
                 ("preemptions", last.preemptions, job.preemptions),
                 ("failures", last.failures, job.failures),
                 ("hangs", last.hangs, job.hangs),
+                ("requeues", last.requeues, job.requeues),
             ];
             for (name, before, now) in counters {
                 if now < before {
@@ -389,8 +396,14 @@ impl Checker {
             self.violate(
                 at,
                 format!(
-                    "attempt {} != {} preemptions + {} failures + {} hangs + {} resumes",
-                    job.attempt, job.preemptions, job.failures, job.hangs, end.resumes
+                    "attempt {} != {} preemptions + {} failures + {} hangs + {} requeues + {} \
+                     resumes",
+                    job.attempt,
+                    job.preemptions,
+                    job.failures,
+                    job.hangs,
+                    job.requeues,
+                    end.resumes
                 ),
             );
         }

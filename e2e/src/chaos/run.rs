@@ -620,6 +620,7 @@ fn seen(st: &Value) -> JobSeen {
         preemptions: counter(st, "preemptions"),
         failures: counter(st, "failures"),
         hangs: counter(st, "hangs"),
+        requeues: counter(st, "requeues"),
         checkpoint_step: progress["checkpointStep"].as_u64(),
         steps_lost: progress["stepsLost"].as_u64().map(|lost| {
             let attempt = progress["attempt"].as_u64().unwrap_or(0);

@@ -177,6 +177,13 @@ pub fn end(
         close_waiting(ledger, decided, config);
     }
     ledger.open = match ending {
+        // Released for want of room: the wait for the next try is waiting for nodes, as
+        // before the release.
+        Ending::Restart(RestartReason::Requeue) => Some(LedgerStretch {
+            use_: StretchUse::Pending,
+            since: Time(decided),
+            ..open
+        }),
         Ending::Restart(_) => Some(LedgerStretch {
             use_: StretchUse::Restarting,
             since: Time(decided),
@@ -270,7 +277,8 @@ fn loss_bucket(per_gpu: &mut GpuMillis, ending: Ending) -> &mut u64 {
             RestartReason::Preemption
             | RestartReason::Resume
             | RestartReason::Shrink
-            | RestartReason::Grow,
+            | RestartReason::Grow
+            | RestartReason::Requeue,
         )
         | Ending::Suspended
         | Ending::Succeeded => &mut per_gpu.lost_to_recompute,

@@ -80,6 +80,11 @@ pub const RESTARTED: &str = "Restarted";
 pub const SHRINKING: &str = "Shrinking";
 /// `spec.elastic`: the gang restarts with more workers (Event, restart reason `Grow`).
 pub const GROWING: &str = "Growing";
+/// Event and condition reason: the gang could not be placed whole within
+/// `scheduling.placementTimeoutSeconds`; every pod was released for a later try.
+pub const REQUEUED: &str = "Requeued";
+/// Event reason: a requeued gang's backoff is over and its workers are created again.
+pub const RETRYING: &str = "Retrying";
 /// The condition `Shrunk`: the attempt runs fewer workers than `spec.workers`, or all of them.
 pub const CAPACITY_GONE: &str = "CapacityGone";
 pub const FULL_SIZE: &str = "FullSize";

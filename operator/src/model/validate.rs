@@ -9,9 +9,9 @@ use kube::Resource;
 use crate::config::TemplatePolicy;
 use crate::model::crd::{
     AccessMode, ElasticSpec, MAX_BACKOFF_SECONDS, MAX_DEADLINE_SECONDS, MAX_GPUS_PER_WORKER,
-    MAX_GRACE_SECONDS, MAX_MIN_MEMORY_GIB, MAX_PROGRESS_TIMEOUT_SECONDS,
-    MAX_REPLACEMENT_WAIT_SECONDS, MAX_RESTARTS, MAX_WORKERS, MIN_PROGRESS_TIMEOUT_SECONDS,
-    TrainingJob, TrainingJobSpec,
+    MAX_GRACE_SECONDS, MAX_MIN_MEMORY_GIB, MAX_PLACEMENT_TIMEOUT_SECONDS,
+    MAX_PROGRESS_TIMEOUT_SECONDS, MAX_REPLACEMENT_WAIT_SECONDS, MAX_RESTARTS, MAX_WORKERS,
+    MIN_PROGRESS_TIMEOUT_SECONDS, TrainingJob, TrainingJobSpec,
 };
 use crate::model::trainer;
 use trainyard_api::Version;
@@ -191,6 +191,12 @@ fn check_bounds(spec: &TrainingJobSpec) -> Result<(), InvalidSpec> {
     if let Some(d) = spec.active_deadline_seconds {
         within("spec.activeDeadlineSeconds", d, 1, MAX_DEADLINE_SECONDS)?;
     }
+    within(
+        "spec.scheduling.placementTimeoutSeconds",
+        spec.scheduling.placement_timeout_seconds,
+        1,
+        MAX_PLACEMENT_TIMEOUT_SECONDS,
+    )?;
     if let Some(elastic) = &spec.elastic {
         check_elastic(spec, elastic)?;
     }

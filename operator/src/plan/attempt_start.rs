@@ -35,6 +35,7 @@ pub(super) fn restart_event(
         RestartReason::Hang => JobEvent::warning(reason::HANG, note),
         RestartReason::Shrink => JobEvent::warning(reason::SHRINKING, note),
         RestartReason::Grow => JobEvent::normal(reason::GROWING, note),
+        RestartReason::Requeue => JobEvent::warning(reason::REQUEUED, note),
         RestartReason::Resume => return resume_event(attempt, at),
     };
     event.starting_attempt(attempt, at)

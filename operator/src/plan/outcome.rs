@@ -48,8 +48,8 @@ pub enum PhaseName {
     ForeignObjects,
     /// The claim the job mounts must exist.
     ClusterPrerequisites,
-    /// The wait after a failure.
-    FailureBackoff,
+    /// The wait after a failure or a requeue.
+    Backoff,
     /// Unscheduled pods that avoid a node whose termination notice was withdrawn.
     WithdrawnNotice,
     /// Create the missing workers (and the Service and PVC).
@@ -58,6 +58,9 @@ pub enum PhaseName {
     Unschedulable,
     /// `spec.elastic`: workers that cannot be placed for a while: the gang shrinks.
     Shrink,
+    /// Workers that cannot be placed for `placementTimeoutSeconds` beside placed ones: the
+    /// gang lets go of every pod and tries again later.
+    Requeue,
     /// Whether every worker runs.
     Running,
 }
@@ -224,6 +227,25 @@ impl Plan {
     pub fn is_urgent(&self) -> bool {
         self.restart.is_some() || !self.actions.is_empty() || self.checkpoint_request.is_some()
     }
+}
+
+/// The least base of the requeue backoff: two jobs released together retry at least this far
+/// apart on average, whatever `restartPolicy.backoffSeconds` says.
+pub const MIN_REQUEUE_BACKOFF_SECONDS: u32 = 10;
+
+/// Delay before the next try after the `requeues`-th requeue of the job whose uid is `uid`:
+/// the failure backoff of `base_seconds` (at least [`MIN_REQUEUE_BACKOFF_SECONDS`]) for that
+/// count, stretched by a jitter of 0 to 100 % that the uid and the count decide. Two jobs
+/// released at the same time so retry at different times, and the one that goes first can be
+/// placed whole before the other holds anything; each replica computes the same delay.
+pub fn requeue_backoff(base_seconds: u32, requeues: u32, uid: &str) -> SignedDuration {
+    use std::hash::{Hash, Hasher};
+    let backoff = failure_backoff(base_seconds.max(MIN_REQUEUE_BACKOFF_SECONDS), requeues);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (uid, requeues).hash(&mut hasher);
+    let permille = i32::try_from(hasher.finish() % 1000).unwrap_or(0);
+    let jitter = backoff.checked_mul(permille).unwrap_or(MAX_BACKOFF) / 1000;
+    backoff.saturating_add(jitter)
 }
 
 /// Delay before the restart after the `failures`-th failure: base × 2^(failures-1), capped at 10 minutes.

@@ -9,7 +9,7 @@ use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::finish::{self, FinishFn, FinishName};
-use super::outcome::{Action, CLUSTER_WAIT_RECHECK, Flow, PhaseName, failure_backoff};
+use super::outcome::{Action, CLUSTER_WAIT_RECHECK, Flow, PhaseName};
 use super::round::Round;
 use super::view::{View, resumes_as_new_attempt};
 use super::{attempt_start, cost_fallback, goodput, in_place};
@@ -26,6 +26,7 @@ use crate::model::validate::InvalidSpec;
 
 pub(super) mod elastic;
 mod progress;
+mod requeue;
 mod restart;
 
 /// One decision of a round.
@@ -48,11 +49,12 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
     (PhaseName::DrainOldAttempt, drain_old_attempt),
     (PhaseName::ForeignObjects, foreign_objects),
     (PhaseName::ClusterPrerequisites, cluster_prerequisites),
-    (PhaseName::FailureBackoff, failure_backoff_wait),
+    (PhaseName::Backoff, backoff_wait),
     (PhaseName::WithdrawnNotice, withdrawn_notice),
     (PhaseName::Create, create),
     (PhaseName::Unschedulable, unschedulable),
     (PhaseName::Shrink, elastic::shrink),
+    (PhaseName::Requeue, requeue::requeue),
     (PhaseName::Running, running),
 ];
 
@@ -332,19 +334,17 @@ fn cluster_prerequisites(view: &View<'_>, round: &mut Round) -> Flow {
     Flow::Stop
 }
 
-/// Failure backoff runs from the moment the restart was decided.
-fn failure_backoff_wait(view: &View<'_>, round: &mut Round) -> Flow {
+/// The backoff after a failure or a requeue runs from the moment the restart was decided.
+fn backoff_wait(view: &View<'_>, round: &mut Round) -> Flow {
     let st = &round.st;
-    let Some(last) = st.last_restart.as_ref() else {
-        return Flow::Continue;
-    };
     // Nothing of the attempt started yet: no pod created, none kept started in place.
     let starts = !view.census.missing(view.workers).is_empty() || !view.census.kept.is_empty();
-    if !starts || last.reason != RestartReason::Failure || !view.census.current.is_empty() {
+    if !starts || !view.census.current.is_empty() {
         return Flow::Continue;
     }
-    let backoff = failure_backoff(view.job.spec.restart_policy.backoff_seconds, st.failures);
-    let ready_at = last.time.0.saturating_add(backoff).unwrap_or(last.time.0);
+    let Some(ready_at) = restart::next_try(view.job, st) else {
+        return Flow::Continue;
+    };
     if view.now >= ready_at {
         return Flow::Continue;
     }
@@ -466,6 +466,21 @@ fn announce_attempt(view: &View<'_>, round: &mut Round, placement: &Placement, c
     // already said which attempt follows. Retrying creates the API server rejected is not news
     // either: WriteRejected says so.
     let follows_restart = st.attempt > 0 && st.last_restart.is_some();
+    let requeued = st
+        .last_restart
+        .as_ref()
+        .is_some_and(|l| l.reason == RestartReason::Requeue);
+    if follows_restart && requeued {
+        round.announcement = Some(JobEvent::normal(
+            reason::RETRYING,
+            format!(
+                "the requeue's backoff is over: creating {count} worker(s) for attempt {} \
+                 (requeue {})",
+                st.attempt, st.requeues
+            ),
+        ));
+        return;
+    }
     let retried = condition_is_true(&view.current.conditions, condition::WRITE_REJECTED)
         || view
             .observed

@@ -43,7 +43,7 @@ const CHECKPOINT_RECHECK: SignedDuration = SignedDuration::from_secs(2);
 
 /// The ranks of the attempt that wait for a node nobody can give them: unscheduled, and the
 /// scheduler says so, or no node fits at all.
-fn waiting(view: &View<'_>, round: &Round) -> RankSet {
+pub(super) fn waiting(view: &View<'_>, round: &Round) -> RankSet {
     let none_fits = round
         .placement
         .as_ref()
@@ -59,7 +59,7 @@ fn waiting(view: &View<'_>, round: &Round) -> RankSet {
 
 /// The ranks of the attempt that hold a node: scheduled pods of this attempt that are not
 /// going, and pods kept for it in place.
-fn placed(view: &View<'_>) -> RankSet {
+pub(super) fn placed(view: &View<'_>) -> RankSet {
     let census = &view.census;
     let scheduled = census
         .current
@@ -77,7 +77,7 @@ fn placed(view: &View<'_>) -> RankSet {
 
 /// When the attempt began waiting for its workers: its restart's decision, else the job's
 /// start, else now.
-fn attempt_began(view: &View<'_>, round: &Round) -> Timestamp {
+pub(super) fn attempt_began(view: &View<'_>, round: &Round) -> Timestamp {
     let st = &round.st;
     match st.last_restart.as_ref() {
         Some(last) if st.attempt > 0 => Some(last.time.0),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::model::cached_pod::CachedPod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::super::outcome::{Flow, failure_backoff};
+use super::super::outcome::{Flow, failure_backoff, requeue_backoff};
 use super::super::round::Round;
 use super::super::view::View;
 use super::super::{attempt_start, in_place, supervised};
@@ -76,6 +76,10 @@ fn count(round: &mut Round, view: &View<'_>, reason: RestartReason) -> Budget {
         RestartReason::Resume => (&mut st.preemptions, u32::MAX, "", "", "", reason::RESUMED),
         RestartReason::Shrink => (&mut st.preemptions, u32::MAX, "", "", "", reason::SHRINKING),
         RestartReason::Grow => (&mut st.preemptions, u32::MAX, "", "", "", reason::GROWING),
+        RestartReason::Requeue => {
+            st.requeues = st.requeues.saturating_add(1);
+            (&mut st.requeues, u32::MAX, "", "", "", reason::REQUEUED)
+        }
     };
     if reason.counted() {
         *counter = counter.saturating_add(1);
@@ -221,7 +225,11 @@ fn restart(
     size: u32,
 ) {
     let now = view.now;
-    let (kept, replaced) = in_place::keep(view, size);
+    // A requeue lets go of every pod: the point is to give their nodes back.
+    let (kept, replaced) = match reason {
+        RestartReason::Requeue => Default::default(),
+        _ => in_place::keep(view, size),
+    };
     let st = &mut round.st;
     st.attempt = next;
     if view.job.spec.elastic.is_some() {
@@ -241,12 +249,9 @@ fn restart(
     if view.job.spec.elastic.is_some() {
         shrunk_condition(view, round, size, detail);
     }
-    let policy = &view.job.spec.restart_policy;
-    let wait = if reason == RestartReason::Failure {
-        let b = failure_backoff(policy.backoff_seconds, round.st.failures);
-        format!(", after a {}s backoff", b.as_secs())
-    } else {
-        String::new()
+    let wait = match next_try(view.job, &round.st) {
+        Some(at) => format!(", after a {}s backoff", at.duration_since(now).as_secs()),
+        None => String::new(),
     };
     round.events.push(attempt_start::restart_event(
         reason, detail, next, &wait, now,
@@ -279,6 +284,23 @@ fn restart(
         round.events.push(event);
     }
     round.restart = Some(reason);
+}
+
+/// When the pods of the attempt that `status` restarted into may be created: the failure
+/// backoff after a failure, the requeue backoff (with its jitter) after a requeue, counted from
+/// the restart's decision; `None` for a restart that waits for nothing.
+pub(super) fn next_try(
+    job: &crate::model::validate::ValidJob,
+    status: &crate::model::crd::TrainingJobStatus,
+) -> Option<jiff::Timestamp> {
+    let last = status.last_restart.as_ref()?;
+    let base = job.spec.restart_policy.backoff_seconds;
+    let backoff = match last.reason {
+        RestartReason::Failure => failure_backoff(base, status.failures),
+        RestartReason::Requeue => requeue_backoff(base, status.requeues, &job.uid),
+        _ => return None,
+    };
+    Some(last.time.0.saturating_add(backoff).unwrap_or(last.time.0))
 }
 
 /// The condition `Shrunk` after a restart to `size` workers of an elastic job.

@@ -157,13 +157,15 @@ fn workers_that_cannot_be_placed_for_the_wait_shrink_the_gang_to_the_placed_ones
     );
 }
 
+/// Fewer placed than `minWorkers`: no shrink; the half-placed gang waits out
+/// `scheduling.placementTimeoutSeconds` (180 s by default), then lets go of its pods.
 #[test]
-fn fewer_placed_workers_than_min_workers_wait_instead_of_shrinking() {
+fn fewer_placed_workers_than_min_workers_wait_instead_of_shrinking_then_are_requeued() {
     let mut w = running_elastic_world(
         "workers: 4\ngpusPerWorker: 4\nelastic: {minWorkers: 3, replacementWaitSeconds: 60}\n",
     );
     w.lose_n2_without_room();
-    w.advance(600);
+    w.advance(170);
     let plan = w.step();
     assert_eq!(plan.restart, None);
     assert_eq!(plan.status.world_size, Some(4));
@@ -171,14 +173,18 @@ fn fewer_placed_workers_than_min_workers_wait_instead_of_shrinking() {
         &plan.status.conditions,
         condition::UNSCHEDULABLE
     ));
+    w.advance(11);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Requeue));
+    assert_eq!(plan.status.world_size, Some(4), "the next try asks for all");
 }
 
 #[test]
-fn a_job_without_elastic_waits_for_every_worker_as_before() {
+fn a_job_without_elastic_waits_for_every_worker_until_the_placement_timeout() {
     let mut w = running_elastic_world(ELASTIC);
     w.job.spec.elastic = None;
     w.lose_n2_without_room();
-    w.advance(3600);
+    w.advance(170);
     let plan = w.step();
     assert_eq!(plan.restart, None);
     assert_eq!(plan.status.attempt, 1);
@@ -190,6 +196,14 @@ fn a_job_without_elastic_waits_for_every_worker_as_before() {
         assert_eq!(env(pod, TRAINYARD_FULL_WORLD_SIZE), None);
         assert_eq!(env(pod, NNODES).as_deref(), Some("4"));
     }
+    w.advance(11);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Requeue));
+    assert_eq!(
+        (plan.status.attempt, plan.status.preemptions),
+        (2, 1),
+        "the preemption counted once, the requeue not at all"
+    );
 }
 
 /// A gang shrunk to two workers on `n-1`, running.

@@ -106,7 +106,7 @@ fn a_failed_attempt_without_reports_is_unknown_and_the_success_after_it_useful()
     let failed = w.step();
     assert_eq!(failed.restart, Some(RestartReason::Failure));
     let waiting = w.step();
-    assert_eq!(waiting.decided_by, PhaseName::FailureBackoff);
+    assert_eq!(waiting.decided_by, PhaseName::Backoff);
     w.advance(10);
     assert_eq!(World::creates(&w.step()).len(), 1);
     start_all_now(&mut w);

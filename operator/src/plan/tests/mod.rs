@@ -37,6 +37,7 @@ mod lost_peer;
 mod notice;
 mod progress;
 mod removal;
+mod requeue;
 mod restart;
 mod suspend;
 mod terminal;

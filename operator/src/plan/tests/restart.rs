@@ -164,7 +164,7 @@ fn failure_backs_off_then_restarts_against_the_failure_budget() {
     w.pods.clear();
     w.advance(5);
     let waiting = w.step();
-    assert_eq!(waiting.decided_by, PhaseName::FailureBackoff);
+    assert_eq!(waiting.decided_by, PhaseName::Backoff);
     assert!(World::creates(&waiting).is_empty(), "still in backoff");
     assert_eq!(waiting.requeue_at, Some(ts("2026-01-01T00:00:10Z")));
     w.advance(5);
