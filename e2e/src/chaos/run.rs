@@ -706,6 +706,7 @@ const RESTARTS: &[&str] = &[
     reason::PREEMPTED,
     reason::WORKER_FAILED,
     reason::HANG,
+    reason::REQUEUED,
     reason::RESUMED,
 ];
 
