@@ -429,6 +429,9 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     # Created; patched only for the owner reference retainOnDelete asks for.
     ("", "persistentvolumeclaims"): {"list", "watch", "create", "patch"},
     ("", "nodes"): {"list", "watch"},
+    # The gang schedulers' PodGroups: created with an attempt's first pods, owned by the job.
+    ("scheduling.volcano.sh", "podgroups"): {"create"},
+    ("scheduling.x-k8s.io", "podgroups"): {"create"},
     ("events.k8s.io", "events"): {"create", "patch"},
     # Node heartbeats (list, watch) and the leader Lease (create, get, patch).
     ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "patch"},
@@ -501,6 +504,8 @@ def test_owner_reference_permission_enforcement_adds_only_the_verbs_it_checks(ch
     expected = copy.deepcopy(OPERATOR_RBAC)
     expected[("", "services")].add("delete")
     expected[("", "persistentvolumeclaims")].add("delete")
+    expected[("scheduling.volcano.sh", "podgroups")].add("delete")
+    expected[("scheduling.x-k8s.io", "podgroups")].add("delete")
     expected[("trainyard.dev", "trainingjobs/finalizers")] = {"update"}
     assert granted == expected
 

@@ -2868,3 +2868,137 @@ async fn two_elastic_jobs_on_too_few_gpus_shrink_instead_of_being_requeued() -> 
     let cleaned = ns.cleanup().await;
     res.and(cleaned)
 }
+
+/// Installs the CRD `crd` unless it is there, and waits until it is served.
+async fn ensure_crd(
+    client: &Client,
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let name = crd.name_any();
+    if crds.get_opt(&name).await?.is_none() {
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    wait_for(
+        &format!("CRD {name} established"),
+        Duration::from_secs(60),
+        || async {
+            let crd = crds.get(&name).await?;
+            let established = crd
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(established.then_some(()))
+        },
+    )
+    .await
+}
+
+/// Issue 64: a job whose pod template names a gang scheduler gets that scheduler's PodGroup,
+/// owned by the job (minMember the workers, minResources their GPUs), every worker pod joins
+/// it, and it goes with the job. Neither Volcano nor the scheduler-plugins scheduler can be
+/// built here, so their PodGroup CRDs are installed from the types trainyard writes and the
+/// pods wait for a scheduler that never comes: what is checked is the operator's part.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_gang_schedulers_pod_group_is_created_joined_and_deleted_with_the_job() -> Result<()> {
+    use kube::CustomResourceExt;
+    use trainyard_operator::surface::podgroup::{
+        COSCHEDULING_GROUP_LABEL, CoschedulingPodGroup, VOLCANO_GROUP_ANNOTATION, VolcanoPodGroup,
+    };
+    let (_guard, client) = installed().await?;
+    ensure_crd(&client, VolcanoPodGroup::crd()).await?;
+    ensure_crd(&client, CoschedulingPodGroup::crd()).await?;
+    let ns = Jobs::new(&client);
+    let job = |name: &str, scheduler: &str| {
+        let mut job = job_manifest(name, 2, 1, &counting_trainer(5), json!({}));
+        job["spec"]["template"]["spec"]["schedulerName"] = json!(scheduler);
+        job
+    };
+    create_job(&client, &ns.name, job("gang-volcano", "volcano")).await?;
+    create_job(
+        &client,
+        &ns.name,
+        job("gang-cosched", "scheduler-plugins-scheduler"),
+    )
+    .await?;
+    let volcano = Api::<VolcanoPodGroup>::namespaced(client.clone(), &ns.name);
+    let cosched = Api::<CoschedulingPodGroup>::namespaced(client.clone(), &ns.name);
+    let res = async {
+        let limit = Duration::from_secs(60);
+        let v = wait_for("the Volcano PodGroup", limit, || async {
+            Ok(volcano.get_opt("gang-volcano").await?)
+        })
+        .await?;
+        let c = wait_for("the coscheduling PodGroup", limit, || async {
+            Ok(cosched.get_opt("gang-cosched").await?)
+        })
+        .await?;
+        for (job, meta) in [("gang-volcano", &v.metadata), ("gang-cosched", &c.metadata)] {
+            let uid = tj_api(&client, &ns.name).get(job).await?.metadata.uid;
+            let owner = meta.owner_references.iter().flatten().next().cloned();
+            let owner = owner.with_context(|| format!("{job}'s PodGroup has no owner"))?;
+            assert_eq!(
+                (Some(owner.uid), owner.controller),
+                (uid, Some(true)),
+                "{job}'s PodGroup is owned by the job"
+            );
+        }
+        assert_eq!(v.spec.min_member, 2);
+        let gpus = v.spec.min_resources.as_ref().and_then(|r| r.get(GPU));
+        assert_eq!(gpus.map(|q| q.0.as_str()), Some("2"));
+        assert_eq!(
+            (c.spec.min_member, c.spec.schedule_timeout_seconds),
+            (2, Some(180))
+        );
+        let joined = |job: &'static str| {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                let pods = job_pods(&client, &ns, job).await?;
+                Ok::<_, anyhow::Error>((pods.len() == 2).then_some(pods))
+            }
+        };
+        let pods = wait_for("gang-volcano's 2 pods", limit, || joined("gang-volcano")).await?;
+        for p in &pods {
+            let said = p.annotations().get(VOLCANO_GROUP_ANNOTATION);
+            assert_eq!(
+                said.map(String::as_str),
+                Some("gang-volcano"),
+                "{}",
+                p.name_any()
+            );
+        }
+        let pods = wait_for("gang-cosched's 2 pods", limit, || joined("gang-cosched")).await?;
+        for p in &pods {
+            let said = p.labels().get(COSCHEDULING_GROUP_LABEL);
+            assert_eq!(
+                said.map(String::as_str),
+                Some("gang-cosched"),
+                "{}",
+                p.name_any()
+            );
+        }
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    ns.cleanup().await?;
+    res?;
+    // The garbage collector deletes each PodGroup with its job.
+    wait_for(
+        "both PodGroups gone with their jobs",
+        Duration::from_secs(120),
+        || async {
+            let gone = volcano.get_opt("gang-volcano").await?.is_none()
+                && cosched.get_opt("gang-cosched").await?.is_none();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await
+}

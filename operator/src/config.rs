@@ -66,6 +66,9 @@ pub struct OperatorConfig {
     /// What the operator refuses in a TrainingJob's pod template, beyond what admission
     /// enforces (docs/security.md).
     pub template_policy: TemplatePolicy,
+    /// The gang schedulers whose PodGroups the operator creates for a job whose pod template
+    /// names them (`schedulerName`).
+    pub gang_schedulers: GangSchedulers,
     /// The progress channel trainers report to, when the operator serves it (set from the
     /// command line, `--progress-url`, never from the config file).
     #[serde(skip)]
@@ -84,6 +87,27 @@ pub struct TemplatePolicy {
     /// When not empty, the only `serviceAccountName`s a template may use (`default` when it
     /// names none).
     pub service_accounts: Vec<String>,
+}
+
+/// The `schedulerName`s of gang schedulers ([`crate::model::podgroup`]): a job whose pod
+/// template names one gets that scheduler's PodGroup, and its pods are placed all or nothing.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct GangSchedulers {
+    /// Names of Volcano schedulers (`scheduling.volcano.sh` PodGroups).
+    pub volcano: Vec<String>,
+    /// Names of scheduler-plugins schedulers with the coscheduling plugin
+    /// (`scheduling.x-k8s.io` PodGroups).
+    pub coscheduling: Vec<String>,
+}
+
+impl Default for GangSchedulers {
+    fn default() -> Self {
+        Self {
+            volcano: vec!["volcano".to_owned()],
+            coscheduling: vec!["scheduler-plugins-scheduler".to_owned()],
+        }
+    }
 }
 
 /// Where trainers report their progress, the audience of the token they report with, and the
@@ -173,6 +197,7 @@ impl Default for OperatorConfig {
             container_waiting_timeout_seconds: 300,
             lost_peer_window_seconds: 60,
             template_policy: TemplatePolicy::default(),
+            gang_schedulers: GangSchedulers::default(),
             progress_channel: None,
         }
     }

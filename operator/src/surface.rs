@@ -34,6 +34,11 @@ pub mod progress {
     };
 }
 
+/// The gang schedulers' PodGroups the operator creates ([`crate::model::podgroup`]).
+pub mod podgroup {
+    pub use crate::model::podgroup::*;
+}
+
 /// The reasons of the operator's Events and conditions (`Preempted`, `WorkerFailed`, `Hang`,
 /// `Resumed`, ...), as typed constants.
 pub mod reason {

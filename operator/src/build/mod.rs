@@ -2,6 +2,7 @@
 //! and the CRD itself.
 
 pub mod crdgen;
+pub mod podgroup;
 pub mod pods;
 pub mod pvc;
 pub mod service;

@@ -10,6 +10,7 @@ pub mod lost_peer;
 pub mod nodes;
 pub mod ownership;
 pub mod placement;
+pub mod podgroup;
 pub mod preemption;
 pub mod reason;
 pub mod rejection;

@@ -47,6 +47,8 @@ pub enum Kind {
     Service,
     /// The checkpoint PVC.
     Claim,
+    /// The gang scheduler's PodGroup ([`crate::model::podgroup`]).
+    PodGroup,
 }
 
 /// An object that holds one of a job's names and is not the job's.

@@ -90,6 +90,9 @@ pub enum Action {
     CreateService(Box<Service>),
     /// Create the checkpoint PVC (AlreadyExists means it is there: never adopted).
     CreatePvc(Box<PersistentVolumeClaim>),
+    /// Create the gang scheduler's PodGroup with an attempt's first pods (AlreadyExists means
+    /// it is there).
+    CreatePodGroup(Box<crate::model::podgroup::PodGroup>),
     /// Set the checkpoint claim's owner references (`retainOnDelete` edited), by a merge patch
     /// that fails when the claim changed since it was observed.
     SetClaimOwners {
@@ -139,12 +142,16 @@ impl std::fmt::Display for Action {
             Kind::Pod => "pod",
             Kind::Service => "service",
             Kind::Claim => "claim",
+            Kind::PodGroup => "podgroup",
         };
         fn uid(uid: &Option<String>) -> &str {
             uid.as_deref().unwrap_or("any")
         }
         match self {
-            Self::CreateService(_) | Self::CreatePvc(_) | Self::CreatePod(_) => {
+            Self::CreateService(_)
+            | Self::CreatePvc(_)
+            | Self::CreatePodGroup(_)
+            | Self::CreatePod(_) => {
                 write!(f, "create {kind} {name}")
             }
             Self::SetClaimOwners { owners, .. } => {
@@ -174,6 +181,7 @@ impl Action {
         match self {
             Self::CreateService(svc) => (Kind::Service, name(&svc.metadata)),
             Self::CreatePvc(claim) => (Kind::Claim, name(&claim.metadata)),
+            Self::CreatePodGroup(group) => (Kind::PodGroup, name(group.metadata())),
             Self::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
             Self::SetClaimOwners { name, .. } => (Kind::Claim, name),
             Self::DeletePod { name, .. }

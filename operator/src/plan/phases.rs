@@ -13,7 +13,7 @@ use super::outcome::{Action, CLUSTER_WAIT_RECHECK, Flow, PhaseName};
 use super::round::Round;
 use super::view::{View, resumes_as_new_attempt};
 use super::{attempt_start, cost_fallback, goodput, in_place};
-use crate::build::{pvc, service};
+use crate::build::{podgroup, pvc, service};
 use crate::model::cached_pod::CachedPod;
 use crate::model::condition::{self, condition_is_true};
 use crate::model::crd::{LastRestart, Phase, RestartReason};
@@ -435,8 +435,19 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
     {
         round.actions.push(Action::CreatePvc(Box::new(claim)));
     }
+    // The gang scheduler's PodGroup goes with an attempt's first pods (its pods wait for it,
+    // if they come first); every pod joins it.
+    let group = podgroup::desired_pod_group(view.job, view.config);
+    if let Some(group) = group.as_ref().filter(|_| !half_created) {
+        round
+            .actions
+            .push(Action::CreatePodGroup(Box::new(group.clone())));
+    }
     for &rank in &missing {
-        let pod = super::view::worker_pod(view, &round.st, rank, &placement);
+        let mut pod = super::view::worker_pod(view, &round.st, rank, &placement);
+        if let Some(group) = &group {
+            podgroup::join(&mut pod, group);
+        }
         round.actions.push(Action::CreatePod(Box::new(pod)));
     }
     if view.job.spec.elastic.is_some() && round.st.world_size.is_none() {

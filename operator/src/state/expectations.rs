@@ -142,14 +142,14 @@ impl PerJob for Expectations {
 }
 
 /// The job an object the operator writes belongs to, by the names the builders give:
-/// `<job>-worker-<rank>`, the Service `<job>`, the claim `<job>-checkpoints`.
+/// `<job>-worker-<rank>`, the Service and the PodGroup `<job>`, the claim `<job>-checkpoints`.
 fn job_of(kind: Kind, name: &str) -> Option<&str> {
     match kind {
         Kind::Pod => name
             .rsplit_once("-worker-")
             .filter(|(_, rank)| !rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit()))
             .map(|(job, _)| job),
-        Kind::Service => Some(name),
+        Kind::Service | Kind::PodGroup => Some(name),
         Kind::Claim => name.strip_suffix("-checkpoints"),
     }
 }

@@ -45,6 +45,8 @@ use crate::metrics::{Metrics, RestartLabels};
 use crate::model::condition::{self, condition_is_true};
 use crate::model::crd::{RestartReason, TrainingJob, TrainingJobStatus};
 use crate::model::events::JobEvent;
+use crate::model::ownership::Kind;
+use crate::model::podgroup::PodGroup;
 use crate::model::rejection::{self, WriteOutcome};
 use crate::plan::{self, Action as PlanAction};
 use crate::progress::ProgressStore;
@@ -291,12 +293,19 @@ impl Executor {
             // Expected before the write goes out, so that its watch event cannot arrive first
             // and leave the expectation waiting for an event that already came.
             let (kind, name) = action.target();
-            self.expectations.expect(kind, ns, name);
+            // The PodGroup is not watched: no event will come for it.
+            if kind != Kind::PodGroup {
+                self.expectations.expect(kind, ns, name);
+            }
             targets.push((kind, name.to_owned()));
             let client = self.client.clone();
             let op = match action {
                 PlanAction::CreateService(svc) => create(client, ns, *svc).boxed(),
                 PlanAction::CreatePvc(claim) => create(client, ns, *claim).boxed(),
+                PlanAction::CreatePodGroup(group) => match *group {
+                    PodGroup::Volcano(g) => create(client, ns, g).boxed(),
+                    PodGroup::Coscheduling(g) => create(client, ns, g).boxed(),
+                },
                 PlanAction::CreatePod(pod) => create(client, ns, *pod).boxed(),
                 PlanAction::SetClaimOwners {
                     name,
@@ -324,7 +333,7 @@ impl Executor {
         let mut result = Ok(());
         for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
             // Nothing was written (already there, already gone, or failed): no event will come.
-            if !matches!(r, Ok(true)) {
+            if !matches!(r, Ok(true)) && kind != Kind::PodGroup {
                 self.expectations.observed(kind, ns, &name);
             }
             match &r {

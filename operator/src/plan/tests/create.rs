@@ -105,3 +105,47 @@ fn a_half_created_attempt_is_completed_with_the_first_pods_placement() {
         first.spec.as_ref().and_then(|s| s.affinity.clone())
     );
 }
+
+/// A pod template that names a gang scheduler: the job's PodGroup goes with each attempt's
+/// first pods, and every pod joins it.
+#[test]
+fn a_gang_schedulers_pod_group_comes_with_each_attempts_first_pods() {
+    use crate::model::podgroup::{PodGroup, VOLCANO_GROUP_ANNOTATION};
+    let groups = |plan: &Plan| -> Vec<PodGroup> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::CreatePodGroup(g) => Some((**g).clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut w = World::new("workers: 2\ngpusPerWorker: 1\n");
+    if let Some(spec) = w.job.spec.template.spec.as_mut() {
+        spec.scheduler_name = Some("volcano".into());
+    }
+    let plan = w.step();
+    let created = groups(&plan);
+    assert!(
+        matches!(created.as_slice(), [PodGroup::Volcano(g)] if g.spec.min_member == 2),
+        "{created:?}"
+    );
+    for pod in World::creates(&plan) {
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get(VOLCANO_GROUP_ANNOTATION)
+                .map(String::as_str),
+            Some("train")
+        );
+    }
+    // A rank created again within the attempt: no new PodGroup.
+    w.pods
+        .retain(|p| p.metadata.name.as_deref() != Some("train-worker-1"));
+    let plan = w.step();
+    assert_eq!(World::creates(&plan).len(), 1);
+    assert!(groups(&plan).is_empty());
+    // The default scheduler: none.
+    let mut plain = World::new("workers: 2\ngpusPerWorker: 1\n");
+    assert!(groups(&plain.step()).is_empty());
+}

@@ -154,6 +154,7 @@ impl World {
         for a in &plan.actions {
             match a {
                 Action::CreateService(_) => self.service_exists = true,
+                Action::CreatePodGroup(_) => {}
                 Action::CreatePvc(c) => {
                     self.claim = Some(ObservedClaim::of(&c.metadata, &self.job));
                 }
