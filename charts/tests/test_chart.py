@@ -432,6 +432,11 @@ OPERATOR_RBAC: dict[tuple[str, str], set[str]] = {
     # The gang schedulers' PodGroups: created with an attempt's first pods, owned by the job.
     ("scheduling.volcano.sh", "podgroups"): {"create"},
     ("scheduling.x-k8s.io", "podgroups"): {"create"},
+    # Kueue: the Workload of a job that names a LocalQueue (created, owned by the job), its
+    # status (quota given back after an eviction, Finished), and the flavors it names.
+    ("kueue.x-k8s.io", "workloads"): {"list", "watch", "create"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+    ("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     # Node heartbeats (list, watch) and the leader Lease (create, get, patch).
     ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "patch"},
@@ -506,14 +511,15 @@ def test_owner_reference_permission_enforcement_adds_only_the_verbs_it_checks(ch
     expected[("", "persistentvolumeclaims")].add("delete")
     expected[("scheduling.volcano.sh", "podgroups")].add("delete")
     expected[("scheduling.x-k8s.io", "podgroups")].add("delete")
+    expected[("kueue.x-k8s.io", "workloads")].add("delete")
     expected[("trainyard.dev", "trainingjobs/finalizers")] = {"update"}
     assert granted == expected
 
 
-def test_operator_reads_only_its_own_crd(chart: Any) -> None:
+def test_operator_reads_only_its_own_crd_and_kueues_workload_crd(chart: Any) -> None:
     cluster_role = one(render(chart), "ClusterRole", f"{RELEASE}-operator-cluster")
     crd_rules = [r for r in cluster_role["rules"] if "customresourcedefinitions" in r["resources"]]
-    assert [r["resourceNames"] for r in crd_rules] == [["trainingjobs.trainyard.dev"]]
+    assert [r["resourceNames"] for r in crd_rules] == [["trainingjobs.trainyard.dev", "workloads.kueue.x-k8s.io"]]
 
 
 def test_leader_election_lease_access_is_a_namespaced_role_for_one_lease(chart: Any) -> None:

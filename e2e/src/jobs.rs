@@ -48,7 +48,46 @@ pub fn write_fake_gpus(content: &str) -> Result<()> {
     Ok(())
 }
 
+/// Installs the CRD `crd` unless it is there, and waits until it is served.
+pub async fn ensure_crd(
+    client: &Client,
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let name = crd.name_any();
+    if crds.get_opt(&name).await?.is_none() {
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    wait_for(
+        &format!("CRD {name} established"),
+        Duration::from_secs(60),
+        || async {
+            let crd = crds.get(&name).await?;
+            let established = crd
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(established.then_some(()))
+        },
+    )
+    .await
+}
+
+/// Kueue's Workload and ResourceFlavor CRDs, from the types the operator writes: no Kueue
+/// controller can run on the local cluster (Go, and a newer Kubernetes), so the scenarios play
+/// its part against the real API server. Installed before the operator starts, which looks
+/// for Kueue once.
+pub async fn install_kueue_crds(client: &Client) -> Result<()> {
+    use kube::CustomResourceExt;
+    use trainyard_operator::surface::kueue::{ResourceFlavor, Workload};
+    ensure_crd(client, Workload::crd()).await?;
+    ensure_crd(client, ResourceFlavor::crd()).await
+}
+
 pub async fn install_chart(client: &Client) -> Result<()> {
+    install_kueue_crds(client).await?;
     write_fake_gpus(&fake_gpus_8()?)?;
     let chart = repo_root().join("charts/trainyard");
     let values = repo_root().join("e2e/values-local.yaml");

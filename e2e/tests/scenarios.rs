@@ -2869,33 +2869,6 @@ async fn two_elastic_jobs_on_too_few_gpus_shrink_instead_of_being_requeued() -> 
     res.and(cleaned)
 }
 
-/// Installs the CRD `crd` unless it is there, and waits until it is served.
-async fn ensure_crd(
-    client: &Client,
-    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-) -> Result<()> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    let name = crd.name_any();
-    if crds.get_opt(&name).await?.is_none() {
-        crds.create(&PostParams::default(), &crd).await?;
-    }
-    wait_for(
-        &format!("CRD {name} established"),
-        Duration::from_secs(60),
-        || async {
-            let crd = crds.get(&name).await?;
-            let established = crd
-                .status
-                .iter()
-                .flat_map(|s| s.conditions.iter().flatten())
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            Ok(established.then_some(()))
-        },
-    )
-    .await
-}
-
 /// Issue 64: a job whose pod template names a gang scheduler gets that scheduler's PodGroup,
 /// owned by the job (minMember the workers, minResources their GPUs), every worker pod joins
 /// it, and it goes with the job. Neither Volcano nor the scheduler-plugins scheduler can be
@@ -3001,4 +2974,211 @@ async fn a_gang_schedulers_pod_group_is_created_joined_and_deleted_with_the_job(
         },
     )
     .await
+}
+
+/// Kueue's side of a Workload's life, played by the test through the status subresource as
+/// Kueue's scheduler writes it.
+mod play_kueue {
+    use super::*;
+    use trainyard_operator::surface::kueue::Workload;
+
+    fn condition(type_: &str, status: bool, reason: &str) -> Value {
+        json!({
+            "type": type_, "status": if status { "True" } else { "False" }, "reason": reason,
+            "message": format!("{type_} (the test plays Kueue)"),
+            "lastTransitionTime": jiff::Timestamp::now().to_string(),
+        })
+    }
+
+    async fn write(api: &Api<Workload>, name: &str, status: Value) -> Result<()> {
+        api.patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({ "status": status })),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Admits the Workload to ClusterQueue `cq` with `flavor` for its GPUs.
+    pub async fn admit(api: &Api<Workload>, name: &str, flavor: &str) -> Result<()> {
+        let status = json!({
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [
+                {"name": "workers", "flavors": {GPU: flavor}, "count": 2}]},
+            "conditions": [
+                condition("QuotaReserved", true, "QuotaReserved"),
+                condition("Admitted", true, "Admitted"),
+                condition("Evicted", false, "Readmitted"),
+            ],
+        });
+        write(api, name, status).await
+    }
+
+    /// Evicts it, as a preemption in its ClusterQueue would.
+    pub async fn evict(api: &Api<Workload>, name: &str) -> Result<()> {
+        let status = json!({"conditions": [
+            condition("QuotaReserved", true, "QuotaReserved"),
+            condition("Admitted", true, "Admitted"),
+            condition("Evicted", true, "Preempted"),
+        ]});
+        write(api, name, status).await
+    }
+
+    pub fn is_true(w: &Workload, type_: &str) -> Option<bool> {
+        let status = w.status.as_ref()?;
+        let c = status.conditions.iter().find(|c| c.type_ == type_)?;
+        Some(c.status == "True")
+    }
+}
+
+/// Issue 64: a TrainingJob labelled `kueue.x-k8s.io/queue-name`, with the test playing
+/// Kueue against the real API server: the operator creates the job's Workload (owned by the
+/// job, one pod set of 2 workers) and no pod while it waits; once admitted to a flavor, the
+/// workers run with the flavor's node labels and tolerations; an eviction stops them as a
+/// preemption and, once they are gone, the operator gives the quota back (admission cleared);
+/// admitted again, attempt 1 trains to the end, the Workload is marked `Finished`, and it goes
+/// with the job.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn kueue_admits_evicts_and_admits_again_a_queued_job_through_its_workload() -> Result<()> {
+    use trainyard_operator::surface::kueue::{QUEUE_LABEL, ResourceFlavor, Workload};
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let flavors = Api::<ResourceFlavor>::all(client.clone());
+    let flavor: ResourceFlavor = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+        "metadata": {"name": "e2e-node-one"},
+        "spec": {
+            "nodeLabels": {"kubernetes.io/hostname": node_name()},
+            "tolerations": [{"key": "trainyard.dev/e2e-flavor", "operator": "Exists",
+                             "effect": "NoSchedule"}],
+        },
+    }))?;
+    if flavors.get_opt("e2e-node-one").await?.is_none() {
+        flavors.create(&PostParams::default(), &flavor).await?;
+    }
+    let mut job = job_manifest("queued", 2, 1, &counting_trainer(20), json!({}));
+    job["metadata"]["labels"] = json!({ QUEUE_LABEL: "team-a" });
+    create_job(&client, &ns.name, job).await?;
+    let workloads = Api::<Workload>::namespaced(client.clone(), &ns.name);
+    let name = "trainingjob-queued";
+    let limit = Duration::from_secs(60);
+    let res = async {
+        let w = wait_for("the job's Workload", limit, || async {
+            Ok(workloads.get_opt(name).await?)
+        })
+        .await?;
+        let uid = tj_api(&client, &ns.name).get("queued").await?.metadata.uid;
+        let owner = w.metadata.owner_references.iter().flatten().next().cloned();
+        let owner = owner.context("the Workload has no owner")?;
+        assert_eq!((Some(owner.uid), owner.controller), (uid, Some(true)));
+        assert_eq!(w.spec.queue_name, "team-a");
+        assert_eq!(
+            (w.spec.pod_sets[0].name.as_str(), w.spec.pod_sets[0].count),
+            ("workers", 2)
+        );
+        // Not admitted: no pod, and the condition says why.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        ensure!(
+            job_pods(&client, &ns.name, "queued").await?.is_empty(),
+            "a pod before admission"
+        );
+        let st = job_status(&client, &ns.name, "queued").await?;
+        let admitted = st["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Admitted")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            (&admitted["status"], &admitted["reason"]),
+            (&json!("False"), &json!("WaitingForAdmission")),
+            "{st}"
+        );
+
+        // Admitted: the workers run with the flavor's node label and toleration.
+        play_kueue::admit(&workloads, name, "e2e-node-one").await?;
+        let pods = running_pods(&client, &ns.name, "queued", 0, 2).await?;
+        for p in &pods {
+            let spec = p.spec.clone().unwrap_or_default();
+            let selector = spec.node_selector.unwrap_or_default();
+            assert_eq!(
+                selector.get("kubernetes.io/hostname"),
+                Some(&node_name()),
+                "{}",
+                p.name_any()
+            );
+            let tolerated = spec
+                .tolerations
+                .iter()
+                .flatten()
+                .any(|t| t.key.as_deref() == Some("trainyard.dev/e2e-flavor"));
+            assert!(tolerated, "{} has the flavor's toleration", p.name_any());
+        }
+        tokio::time::sleep(Duration::from_secs(4)).await;
+
+        // Evicted: the workers stop as a preemption, then the quota goes back.
+        play_kueue::evict(&workloads, name).await?;
+        wait_for("the eviction counted as a preemption", limit, || async {
+            let st = job_status(&client, &ns.name, "queued").await?;
+            Ok((st["preemptions"] == 1 && st["attempt"] == 1).then_some(()))
+        })
+        .await?;
+        wait_for("the evicted workers gone", limit, || async {
+            Ok(job_pods(&client, &ns.name, "queued")
+                .await?
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+        wait_for("the quota given back", limit, || async {
+            let w = workloads.get(name).await?;
+            let released = w.status.as_ref().is_some_and(|s| s.admission.is_none())
+                && play_kueue::is_true(&w, "QuotaReserved") == Some(false);
+            Ok(released.then_some(()))
+        })
+        .await?;
+
+        // Admitted again: attempt 1 trains to the end; the Workload is marked Finished.
+        play_kueue::admit(&workloads, name, "e2e-node-one").await?;
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            "queued",
+            "Succeeded",
+            Duration::from_secs(180),
+        )
+        .await?;
+        assert_eq!(
+            (
+                st["attempt"].as_u64(),
+                st["preemptions"].as_u64(),
+                st["failures"].as_u64()
+            ),
+            (Some(1), Some(1), Some(0)),
+            "{st}"
+        );
+        wait_for("the Workload marked Finished", limit, || async {
+            let w = workloads.get(name).await?;
+            Ok((play_kueue::is_true(&w, "Finished") == Some(true)).then_some(()))
+        })
+        .await?;
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    ns.cleanup().await?;
+    res?;
+    wait_for(
+        "the Workload gone with its job",
+        Duration::from_secs(120),
+        || async { Ok(workloads.get_opt(name).await?.is_none().then_some(())) },
+    )
+    .await?;
+    flavors.delete("e2e-node-one", &Default::default()).await?;
+    Ok(())
 }

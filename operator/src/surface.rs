@@ -34,6 +34,13 @@ pub mod progress {
     };
 }
 
+/// Kueue's Workload and ResourceFlavor as the operator reads and writes them
+/// ([`crate::model::kueue`]), and the name of a job's Workload.
+pub mod kueue {
+    pub use crate::build::workload::workload_name;
+    pub use crate::model::kueue::*;
+}
+
 /// The gang schedulers' PodGroups the operator creates ([`crate::model::podgroup`]).
 pub mod podgroup {
     pub use crate::model::podgroup::*;

@@ -6,3 +6,4 @@ pub mod podgroup;
 pub mod pods;
 pub mod pvc;
 pub mod service;
+pub mod workload;

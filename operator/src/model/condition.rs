@@ -29,6 +29,8 @@ pub const SPOT_FALLBACK: &str = "SpotFallback";
 /// `spec.elastic`: True while the attempt runs fewer workers than `spec.workers` (reason
 /// `CapacityGone`), False once it runs all of them again (`FullSize`).
 pub const SHRUNK: &str = "Shrunk";
+/// A job that names a Kueue LocalQueue: whether Kueue admitted its Workload.
+pub const ADMITTED: &str = "Admitted";
 
 /// Sets a condition, moving lastTransitionTime only when the status flips.
 pub fn set_condition(

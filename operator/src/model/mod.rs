@@ -4,6 +4,7 @@ pub mod cached_pod;
 pub mod condition;
 pub mod crd;
 pub mod events;
+pub mod kueue;
 pub mod ledger;
 pub mod liveness;
 pub mod lost_peer;

@@ -49,6 +49,8 @@ pub enum Kind {
     Claim,
     /// The gang scheduler's PodGroup ([`crate::model::podgroup`]).
     PodGroup,
+    /// Kueue's Workload ([`crate::model::kueue`]).
+    Workload,
 }
 
 /// An object that holds one of a job's names and is not the job's.

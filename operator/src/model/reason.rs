@@ -83,6 +83,14 @@ pub const GROWING: &str = "Growing";
 /// Event and condition reason: the gang could not be placed whole within
 /// `scheduling.placementTimeoutSeconds`; every pod was released for a later try.
 pub const REQUEUED: &str = "Requeued";
+/// Condition `Admitted` (Kueue): the Workload waits for Kueue to admit it.
+pub const WAITING_FOR_ADMISSION: &str = "WaitingForAdmission";
+/// Condition `Admitted` and Event (Kueue): admitted by a ClusterQueue.
+pub const ADMITTED: &str = "Admitted";
+/// Condition `Admitted` (Kueue): Kueue evicted the Workload; the workers are stopped.
+pub const EVICTED: &str = "Evicted";
+/// Condition `Admitted` (Kueue): the job names a LocalQueue and no Kueue is installed.
+pub const KUEUE_NOT_INSTALLED: &str = "KueueNotInstalled";
 /// Event reason: a requeued gang's backoff is over and its workers are created again.
 pub const RETRYING: &str = "Retrying";
 /// The condition `Shrunk`: the attempt runs fewer workers than `spec.workers`, or all of them.

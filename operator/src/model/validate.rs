@@ -65,6 +65,9 @@ pub struct ValidJob {
     pub access_modes: Vec<String>,
     /// Controller owner reference to the TrainingJob.
     pub owner: OwnerReference,
+    /// The Kueue LocalQueue its label `kueue.x-k8s.io/queue-name` names: Kueue admits it
+    /// ([`crate::model::kueue`]).
+    pub queue: Option<String>,
     /// An edit of the spec that does not validate: the job runs on as this, its last valid
     /// spec, and the condition `InvalidSpec` says why the edit was not applied
     /// ([`ValidJob::with_rejected_edit`]).
@@ -283,6 +286,12 @@ pub fn validate(job: &TrainingJob) -> Result<ValidJob, InvalidSpec> {
         creates_claim,
         access_modes,
         owner,
+        queue: meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::model::kueue::QUEUE_LABEL))
+            .filter(|q| !q.is_empty())
+            .cloned(),
         rejected_edit: None,
     })
 }

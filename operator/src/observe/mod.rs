@@ -18,6 +18,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{MAX_WORKERS, TrainingJob, TrainingJobStatus};
+use crate::model::kueue::{self, Queued, ResourceFlavor, Workload};
 use crate::model::liveness::Heartbeats;
 use crate::model::ownership::Kind;
 use crate::model::ownership::{self, ObjectKind};
@@ -47,6 +48,14 @@ pub(crate) struct Caches {
     pub(crate) heartbeats: SharedHeartbeats,
     pub(crate) services: Store<PartialObjectMeta<Service>>,
     pub(crate) claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    /// Kueue's Workloads and ResourceFlavors, where Kueue is installed.
+    pub(crate) kueue: Option<KueueCaches>,
+}
+
+/// The caches of Kueue's objects ([`crate::model::kueue`]).
+pub(crate) struct KueueCaches {
+    pub(crate) workloads: Store<Workload>,
+    pub(crate) flavors: Store<ResourceFlavor>,
 }
 
 /// Everything one reconcile reads, and the client for the reads the caches cannot serve.
@@ -120,7 +129,7 @@ impl CacheReadiness {
             caches.services.clone(),
             caches.claims.clone(),
         );
-        Self::spawn(vec![
+        let mut lists = vec![
             async move { pods.wait_until_ready().await.map_err(|_| "pods") }.boxed(),
             async move { nodes.wait_until_ready().await.map_err(|_| "nodes") }.boxed(),
             async move { services.wait_until_ready().await.map_err(|_| "services") }.boxed(),
@@ -131,7 +140,23 @@ impl CacheReadiness {
                     .map_err(|_| "persistentvolumeclaims")
             }
             .boxed(),
-        ])
+        ];
+        if let Some(kueue) = &caches.kueue {
+            let (workloads, flavors) = (kueue.workloads.clone(), kueue.flavors.clone());
+            lists.push(
+                async move { workloads.wait_until_ready().await.map_err(|_| "workloads") }.boxed(),
+            );
+            lists.push(
+                async move {
+                    flavors
+                        .wait_until_ready()
+                        .await
+                        .map_err(|_| "resourceflavors")
+                }
+                .boxed(),
+            );
+        }
+        Self::spawn(lists)
     }
 }
 
@@ -239,10 +264,36 @@ impl Sources {
             told_attempt: self.writes.told_attempt(&job.uid),
             last_writes: self.writes.last_writes(&job.uid),
             unseen_writes: self.unseen_writes(job, current),
+            queue: self.queued(job),
             supervisors: supervisors.snapshot(ns, &job.name, &job.uid),
             supervisors_since: supervisors.listening_since(),
             now,
         }
+    }
+
+    /// Where the Workload of a job that names a LocalQueue stands; `None` for other jobs. A
+    /// Workload of the job's name that the job does not own is not its own: the job waits, and
+    /// its create finds the name taken.
+    fn queued(&self, job: &ValidJob) -> Option<Queued> {
+        job.queue.as_ref()?;
+        let Some(caches) = &self.caches.kueue else {
+            return Some(Queued::NoKueue);
+        };
+        let name = crate::build::workload::workload_name(&job.name);
+        let Some(workload) = caches
+            .workloads
+            .get(&ObjectRef::new(&name).within(&job.namespace))
+            .filter(|w| w.owner_references().iter().any(|o| o.uid == job.uid))
+        else {
+            return Some(Queued::NoWorkload);
+        };
+        let flavor = |f: &str| {
+            caches
+                .flavors
+                .get(&ObjectRef::new(f))
+                .map(|r| r.spec.clone())
+        };
+        Some(Queued::Workload(Box::new(kueue::seen(&workload, flavor))))
     }
 
     /// The writes to the job's objects (its pods, Service and claim) that the caches do not

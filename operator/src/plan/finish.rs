@@ -29,6 +29,8 @@ pub(crate) enum FinishName {
     Announce,
     /// The Event that starts the attempt, on a replica that has not told it yet.
     TellAttempt,
+    /// A job that ended marks its Kueue Workload `Finished`.
+    FinishWorkload,
 }
 
 /// One decision after the phases.

@@ -53,6 +53,9 @@ pub struct Observed {
     /// Writes this operator sent to the job's objects that the caches do not show yet
     /// ([`crate::state::expectations`]): the round holds back any action on those objects.
     pub unseen_writes: Vec<UnseenWrite>,
+    /// Where the job's Kueue Workload stands, for a job that names a LocalQueue
+    /// ([`crate::model::kueue`]); `None` for every other job.
+    pub queue: Option<crate::model::kueue::Queued>,
     /// What the supervisors of the job's workers last said (`spec.restartPolicy.inPlace`).
     pub supervisors: Vec<crate::model::supervision::SupervisorSeen>,
     /// When this operator began serving the supervisors' channel (it became the leader):

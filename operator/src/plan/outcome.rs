@@ -28,6 +28,8 @@ pub enum PhaseName {
     Resume,
     /// `activeDeadlineSeconds`.
     Deadline,
+    /// A job that names a Kueue LocalQueue: no pods until its Workload is admitted.
+    Admission,
     /// Classify the current attempt's workers.
     Classify,
     /// Record what the trainers reported through the progress channel.
@@ -93,6 +95,22 @@ pub enum Action {
     /// Create the gang scheduler's PodGroup with an attempt's first pods (AlreadyExists means
     /// it is there).
     CreatePodGroup(Box<crate::model::podgroup::PodGroup>),
+    /// Create the job's Kueue Workload (AlreadyExists means it is there).
+    CreateWorkload(Box<crate::model::kueue::Workload>),
+    /// Write the status of the job's Kueue Workload, by a merge patch under the
+    /// resourceVersion it was read at (a conflict writes nothing; the next round decides
+    /// again): its whole `conditions` list, and with `release`, no `admission` (the quota
+    /// given back after an eviction, so that Kueue queues it again).
+    WriteWorkloadStatus {
+        /// The Workload.
+        name: String,
+        /// Precondition: the Workload as observed.
+        resource_version: Option<String>,
+        /// Every condition it is to have.
+        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+        /// Clear `status.admission`.
+        release: bool,
+    },
     /// Set the checkpoint claim's owner references (`retainOnDelete` edited), by a merge patch
     /// that fails when the claim changed since it was observed.
     SetClaimOwners {
@@ -143,6 +161,7 @@ impl std::fmt::Display for Action {
             Kind::Service => "service",
             Kind::Claim => "claim",
             Kind::PodGroup => "podgroup",
+            Kind::Workload => "workload",
         };
         fn uid(uid: &Option<String>) -> &str {
             uid.as_deref().unwrap_or("any")
@@ -151,9 +170,15 @@ impl std::fmt::Display for Action {
             Self::CreateService(_)
             | Self::CreatePvc(_)
             | Self::CreatePodGroup(_)
+            | Self::CreateWorkload(_)
             | Self::CreatePod(_) => {
                 write!(f, "create {kind} {name}")
             }
+            Self::WriteWorkloadStatus { release, .. } => write!(
+                f,
+                "write the status of {kind} {name}{}",
+                if *release { " (quota given back)" } else { "" }
+            ),
             Self::SetClaimOwners { owners, .. } => {
                 write!(f, "set the {} owner(s) of {kind} {name}", owners.len())
             }
@@ -182,6 +207,8 @@ impl Action {
             Self::CreateService(svc) => (Kind::Service, name(&svc.metadata)),
             Self::CreatePvc(claim) => (Kind::Claim, name(&claim.metadata)),
             Self::CreatePodGroup(group) => (Kind::PodGroup, name(group.metadata())),
+            Self::CreateWorkload(w) => (Kind::Workload, name(&w.metadata)),
+            Self::WriteWorkloadStatus { name, .. } => (Kind::Workload, name),
             Self::CreatePod(pod) => (Kind::Pod, name(&pod.metadata)),
             Self::SetClaimOwners { name, .. } => (Kind::Claim, name),
             Self::DeletePod { name, .. }

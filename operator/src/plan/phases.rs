@@ -18,12 +18,14 @@ use crate::model::cached_pod::CachedPod;
 use crate::model::condition::{self, condition_is_true};
 use crate::model::crd::{LastRestart, Phase, RestartReason};
 use crate::model::events::JobEvent;
+use crate::model::kueue::{self, Queued};
 use crate::model::nodes;
 use crate::model::placement::{self, Placement};
 use crate::model::preemption::WorkerState;
 use crate::model::reason;
 use crate::model::validate::InvalidSpec;
 
+mod admission;
 pub(super) mod elastic;
 mod progress;
 mod requeue;
@@ -39,6 +41,7 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
     (PhaseName::Suspend, suspend),
     (PhaseName::Resume, resume),
     (PhaseName::Deadline, deadline),
+    (PhaseName::Admission, admission::admission),
     (PhaseName::Classify, classify),
     (PhaseName::Progress, progress::record_progress),
     (PhaseName::GangRestart, restart::gang_restart),
@@ -67,6 +70,7 @@ pub(crate) const FINISH: &[(FinishName, FinishFn)] = &[
     (FinishName::Supervise, finish::supervise),
     (FinishName::Announce, finish::announce),
     (FinishName::TellAttempt, finish::tell_attempt),
+    (FinishName::FinishWorkload, admission::finish_workload),
 ];
 
 /// The phase the round started in.
@@ -447,6 +451,9 @@ fn create(view: &View<'_>, round: &mut Round) -> Flow {
         let mut pod = super::view::worker_pod(view, &round.st, rank, &placement);
         if let Some(group) = &group {
             podgroup::join(&mut pod, group);
+        }
+        if let Some(Queued::Workload(w)) = view.observed.queue.as_ref() {
+            kueue::place(&mut pod, &w.placement);
         }
         round.actions.push(Action::CreatePod(Box::new(pod)));
     }

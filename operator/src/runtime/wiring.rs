@@ -27,9 +27,10 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_JOB, TrainingJob};
+use crate::model::kueue::{self, ResourceFlavor, Workload};
 use crate::model::liveness::Heartbeats;
 use crate::model::ownership::{self, Kind};
-use crate::observe::{Caches, SharedHeartbeats, Sources, heartbeats};
+use crate::observe::{Caches, KueueCaches, SharedHeartbeats, Sources, heartbeats};
 use crate::progress::store::ProgressStore;
 use crate::state::expectations::Expectations;
 use crate::state::job_memory::JobMemory;
@@ -278,6 +279,71 @@ where
     (store, stream)
 }
 
+/// Whether Kueue is installed: its Workload CRD exists (a GET that RBAC limits to that name).
+/// Looked at once, when the operator starts: Kueue installed later needs an operator restart
+/// (docs/install.md).
+async fn kueue_installed(client: &Client) -> bool {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    match crds.get_opt(kueue::WORKLOAD_CRD).await {
+        Ok(found) => found.is_some(),
+        Err(e) => {
+            tracing::warn!(crd = kueue::WORKLOAD_CRD, error = %e, "cannot tell whether Kueue is installed; jobs that name a queue wait");
+            false
+        }
+    }
+}
+
+/// Kueue's Workloads (of the watched namespaces) and ResourceFlavors, where Kueue is
+/// installed: the caches, and the Workload events, which wake the job that owns each.
+async fn watch_kueue(
+    client: &Client,
+    ns: Option<&str>,
+) -> Option<(
+    KueueCaches,
+    impl Stream<Item = WatchResult<Workload>> + Send + 'static,
+    impl Stream<Item = WatchResult<ResourceFlavor>> + Send + 'static,
+)> {
+    if !kueue_installed(client).await {
+        return None;
+    }
+    tracing::info!("Kueue is installed: jobs that name a LocalQueue are admitted by it");
+    let (workloads, writer) = reflector::store();
+    let workload_events = watcher(api::<Workload>(client, ns), watch_config())
+        .modify(|w: &mut Workload| w.managed_fields_mut().clear())
+        .reflect(writer)
+        .default_backoff()
+        .applied_objects();
+    let (flavors, writer) = reflector::store();
+    let flavor_events = watcher(Api::<ResourceFlavor>::all(client.clone()), watch_config())
+        .reflect(writer)
+        .default_backoff()
+        .applied_objects();
+    Some((
+        KueueCaches { workloads, flavors },
+        workload_events,
+        flavor_events,
+    ))
+}
+
+/// The Kueue caches and the Workload events (which wake the job that owns each), where Kueue
+/// is installed. The flavor cache is kept current by a task of its own (aborted when the
+/// controller stops): a flavor's change wakes no job, the next admission reads it.
+async fn start_kueue(
+    client: &Client,
+    ns: Option<&str>,
+) -> (
+    Option<KueueCaches>,
+    futures::stream::BoxStream<'static, WatchResult<Workload>>,
+    Option<JoinHandle<()>>,
+) {
+    let Some((caches, workloads, flavors)) = watch_kueue(client, ns).await else {
+        return (None, futures::stream::empty().boxed(), None);
+    };
+    let task = tokio::spawn(flavors.for_each(|_| std::future::ready(())));
+    (Some(caches), workloads.boxed(), Some(task))
+}
+
 /// The TrainingJobs, malformed ones included ([`DeserializeGuard`]); each event also tells the
 /// per-job memory which jobs are gone ([`JobMemory::on_job_event`]).
 fn watch_jobs(
@@ -510,17 +576,20 @@ pub(super) async fn run_controller(
         sweep: memory.all.sweep(jobs.clone()),
         trainers: progress.clone(),
     });
+    let (kueue, workload_events, flavor_task) = start_kueue(&client, ns).await;
     let caches = Caches {
         pods,
         nodes,
         heartbeats,
         services,
         claims,
+        kueue,
     };
     let ctx = context(config, client, caches, memory, writes, metrics);
 
     let controller = controller
         .owns_stream(pod_stream)
+        .owns_stream(workload_events)
         .reconcile_on(settled_pods)
         .reconcile_on(node_triggers)
         .reconcile_on(silence_triggers)
@@ -530,6 +599,7 @@ pub(super) async fn run_controller(
         .reconcile_on(parked_wakes)
         .graceful_shutdown_on(stop);
     run_until_stopped(controller, ctx, ns, lease_task, publisher, lost).await;
+    flavor_task.iter().for_each(JoinHandle::abort);
     // The progress Endpoints are handed back before the Lease is.
     if let Some(stepping_down) = progress_endpoints {
         let _ = stepping_down.await;

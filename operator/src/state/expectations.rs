@@ -150,6 +150,7 @@ fn job_of(kind: Kind, name: &str) -> Option<&str> {
             .filter(|(_, rank)| !rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit()))
             .map(|(job, _)| job),
         Kind::Service | Kind::PodGroup => Some(name),
+        Kind::Workload => name.strip_prefix("trainingjob-"),
         Kind::Claim => name.strip_suffix("-checkpoints"),
     }
 }

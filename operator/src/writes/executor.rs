@@ -293,8 +293,10 @@ impl Executor {
             // Expected before the write goes out, so that its watch event cannot arrive first
             // and leave the expectation waiting for an event that already came.
             let (kind, name) = action.target();
-            // The PodGroup is not watched: no event will come for it.
-            if kind != Kind::PodGroup {
+            // Neither the PodGroup nor the Workload is held back for its watch event: a create
+            // sent again finds it there, and a status write carries its precondition.
+            let unexpected = matches!(kind, Kind::PodGroup | Kind::Workload);
+            if !unexpected {
                 self.expectations.expect(kind, ns, name);
             }
             targets.push((kind, name.to_owned()));
@@ -302,6 +304,14 @@ impl Executor {
             let op = match action {
                 PlanAction::CreateService(svc) => create(client, ns, *svc).boxed(),
                 PlanAction::CreatePvc(claim) => create(client, ns, *claim).boxed(),
+                PlanAction::CreateWorkload(w) => create(client, ns, *w).boxed(),
+                PlanAction::WriteWorkloadStatus {
+                    name,
+                    resource_version,
+                    conditions,
+                    release,
+                } => write_workload_status(client, ns, name, resource_version, conditions, release)
+                    .boxed(),
                 PlanAction::CreatePodGroup(group) => match *group {
                     PodGroup::Volcano(g) => create(client, ns, g).boxed(),
                     PodGroup::Coscheduling(g) => create(client, ns, g).boxed(),
@@ -333,7 +343,7 @@ impl Executor {
         let mut result = Ok(());
         for (r, (kind, name)) in future::join_all(ops).await.into_iter().zip(targets) {
             // Nothing was written (already there, already gone, or failed): no event will come.
-            if !matches!(r, Ok(true)) && kind != Kind::PodGroup {
+            if !matches!(r, Ok(true)) && !matches!(kind, Kind::PodGroup | Kind::Workload) {
                 self.expectations.observed(kind, ns, &name);
             }
             match &r {
@@ -426,6 +436,42 @@ where
         Err(e) => Err(Error::kube(format!(
             "creating {} {ns}/{name}",
             K::kind(&())
+        ))(e)),
+    }
+}
+
+/// Writes a Workload's status by a merge patch under `resource_version`: `conditions` whole,
+/// and `admission: null` when `release`. A conflict (the Workload changed since it was read)
+/// writes nothing: its watch event wakes the job, whose next round decides again.
+async fn write_workload_status(
+    client: Client,
+    ns: &str,
+    name: String,
+    resource_version: Option<String>,
+    conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    release: bool,
+) -> Result<bool, Error> {
+    let mut status = json!({ "conditions": conditions });
+    if release {
+        status["admission"] = serde_json::Value::Null;
+    }
+    let patch = json!({
+        "metadata": { "resourceVersion": resource_version },
+        "status": status,
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let api = Api::<crate::model::kueue::Workload>::namespaced(client, ns);
+    match api
+        .patch_status(&name, &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(false),
+        Err(e) => Err(Error::kube(format!(
+            "writing the status of workload {ns}/{name}"
         ))(e)),
     }
 }

@@ -31,6 +31,7 @@ mod foreign;
 mod hang;
 mod in_place;
 mod invalid_spec;
+mod kueue;
 mod ledger;
 mod liveness;
 mod lost_peer;
@@ -70,6 +71,11 @@ struct World {
     supervisors_since: Option<Timestamp>,
     /// The GPUs in use per node, as the controller reads them for an elastic job.
     gpus_in_use: Option<std::collections::BTreeMap<String, u64>>,
+    /// Kueue, where installed: the job's Workload (once created) and the ResourceFlavors.
+    kueue: Option<(
+        Option<crate::model::kueue::Workload>,
+        std::collections::BTreeMap<String, crate::model::kueue::ResourceFlavorSpec>,
+    )>,
 }
 
 impl World {
@@ -90,7 +96,21 @@ impl World {
             supervisors: Vec::new(),
             supervisors_since: Some(ts(T0)),
             gpus_in_use: None,
+            kueue: None,
         }
+    }
+
+    /// Where the job's Workload stands, as the controller would observe it.
+    fn queued(&self) -> Option<crate::model::kueue::Queued> {
+        use crate::model::kueue::{Queued, seen};
+        self.job.queue.as_ref()?;
+        let Some((workload, flavors)) = &self.kueue else {
+            return Some(Queued::NoKueue);
+        };
+        Some(match workload {
+            None => Queued::NoWorkload,
+            Some(w) => Queued::Workload(Box::new(seen(w, |f| flavors.get(f).cloned()))),
+        })
     }
 
     fn observed(&self) -> Observed {
@@ -116,6 +136,7 @@ impl World {
             told_attempt: self.told,
             last_writes: None,
             unseen_writes: Vec::new(),
+            queue: self.queued(),
             supervisors: self.supervisors.clone(),
             supervisors_since: self.supervisors_since,
             now: self.now,
@@ -155,6 +176,24 @@ impl World {
             match a {
                 Action::CreateService(_) => self.service_exists = true,
                 Action::CreatePodGroup(_) => {}
+                Action::CreateWorkload(w) => {
+                    if let Some((workload @ None, _)) = self.kueue.as_mut() {
+                        *workload = Some((**w).clone());
+                    }
+                }
+                Action::WriteWorkloadStatus {
+                    conditions,
+                    release,
+                    ..
+                } => {
+                    if let Some((Some(w), _)) = self.kueue.as_mut() {
+                        let status = w.status.get_or_insert_with(Default::default);
+                        status.conditions = conditions.clone();
+                        if *release {
+                            status.admission = None;
+                        }
+                    }
+                }
                 Action::CreatePvc(c) => {
                     self.claim = Some(ObservedClaim::of(&c.metadata, &self.job));
                 }
