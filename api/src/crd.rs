@@ -94,6 +94,7 @@ const MAX_LEDGER_SIGNED: i64 = MAX_LEDGER as i64;
     status = "TrainingJobStatus",
     doc = "A gang of GPU worker pods that survives spot preemption by restarting from its latest checkpoint.",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Waiting","type":"string","jsonPath":".status.waitingFor"}"#,
     printcolumn = r#"{"name":"Workers","type":"integer","jsonPath":".spec.workers"}"#,
     printcolumn = r#"{"name":"World","type":"integer","jsonPath":".status.worldSize"}"#,
     printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".spec.gpusPerWorker"}"#,
@@ -616,6 +617,13 @@ pub struct TrainingJobStatus {
     /// Where the job's GPU time went and what it cost (jobs that request GPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger: Option<GoodputLedger>,
+
+    /// What a job that does not run waits for, in a word (the `WAITING` column):
+    /// `Admission` (Kueue has not admitted its Workload), `Capacity` (workers cannot be
+    /// placed), `Requeue` (released for want of room, waiting out its backoff), `Backoff`
+    /// (after a failure); absent while it runs or has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
 }
 
 /// The trainers' progress, from their reports (`TRAINYARD_PROGRESS_URL`).

@@ -200,6 +200,7 @@ mod tests {
             columns,
             [
                 "Phase",
+                "Waiting",
                 "Workers",
                 "World",
                 "GPUs",

@@ -31,6 +31,8 @@ pub(crate) enum FinishName {
     TellAttempt,
     /// A job that ended marks its Kueue Workload `Finished`.
     FinishWorkload,
+    /// `status.waitingFor`, the `WAITING` column.
+    WaitingFor,
 }
 
 /// One decision after the phases.
@@ -97,6 +99,31 @@ pub(super) fn supervise(view: &View<'_>, round: &mut Round) {
 /// The attempt's `CreatingWorkers` Event, unless its creates were held back.
 pub(super) fn announce(_: &View<'_>, round: &mut Round) {
     round.events.extend(round.announcement.take());
+}
+
+/// `status.waitingFor`: what a job that does not run waits for, in a word, from what the
+/// round decided.
+pub(super) fn waiting_for(view: &View<'_>, round: &mut Round) {
+    use crate::model::condition::{self, condition_is_true};
+    use crate::model::crd::{Phase, RestartReason};
+    let st = &round.st;
+    let admitted = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::ADMITTED);
+    let backing_off = view.census.current.is_empty()
+        && super::outcome::next_try(view.job, st).is_some_and(|at| view.now < at);
+    let word = match st.phase {
+        Some(Phase::Running | Phase::Succeeded | Phase::Failed | Phase::Suspended) => None,
+        _ if admitted.is_some_and(|c| c.status == "False") => Some("Admission"),
+        _ if backing_off => st.last_restart.as_ref().map(|l| match l.reason {
+            RestartReason::Requeue => "Requeue",
+            _ => "Backoff",
+        }),
+        _ if condition_is_true(&st.conditions, condition::UNSCHEDULABLE) => Some("Capacity"),
+        _ => None,
+    };
+    round.st.waiting_for = word.map(str::to_owned);
 }
 
 /// The Event that starts the attempt, when this replica has not told it yet.

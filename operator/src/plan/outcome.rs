@@ -283,6 +283,23 @@ pub fn requeue_backoff(base_seconds: u32, requeues: u32, uid: &str) -> SignedDur
     backoff.saturating_add(jitter)
 }
 
+/// When the pods of the attempt that `status` restarted into may be created: the failure
+/// backoff after a failure, the requeue backoff (with its jitter) after a requeue, counted from
+/// the restart's decision; `None` for a restart that waits for nothing.
+pub fn next_try(
+    job: &crate::model::validate::ValidJob,
+    status: &crate::model::crd::TrainingJobStatus,
+) -> Option<jiff::Timestamp> {
+    let last = status.last_restart.as_ref()?;
+    let base = job.spec.restart_policy.backoff_seconds;
+    let backoff = match last.reason {
+        RestartReason::Failure => failure_backoff(base, status.failures),
+        RestartReason::Requeue => requeue_backoff(base, status.requeues, &job.uid),
+        _ => return None,
+    };
+    Some(last.time.0.saturating_add(backoff).unwrap_or(last.time.0))
+}
+
 /// Delay before the restart after the `failures`-th failure: base × 2^(failures-1), capped at 10 minutes.
 pub fn failure_backoff(base_seconds: u32, failures: u32) -> SignedDuration {
     if base_seconds == 0 || failures == 0 {

@@ -71,6 +71,7 @@ pub(crate) const FINISH: &[(FinishName, FinishFn)] = &[
     (FinishName::Announce, finish::announce),
     (FinishName::TellAttempt, finish::tell_attempt),
     (FinishName::FinishWorkload, admission::finish_workload),
+    (FinishName::WaitingFor, finish::waiting_for),
 ];
 
 /// The phase the round started in.
@@ -346,7 +347,7 @@ fn backoff_wait(view: &View<'_>, round: &mut Round) -> Flow {
     if !starts || !view.census.current.is_empty() {
         return Flow::Continue;
     }
-    let Some(ready_at) = restart::next_try(view.job, st) else {
+    let Some(ready_at) = super::outcome::next_try(view.job, st) else {
         return Flow::Continue;
     };
     if view.now >= ready_at {

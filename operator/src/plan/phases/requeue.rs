@@ -16,7 +16,7 @@
 
 use jiff::SignedDuration;
 
-use super::super::outcome::Flow;
+use super::super::outcome::{Flow, next_try};
 use super::super::round::Round;
 use super::super::view::View;
 use super::elastic::{attempt_began, placed, waiting};
@@ -42,7 +42,7 @@ pub(in crate::plan) fn requeue(view: &View<'_>, round: &mut Round) -> Flow {
     }
     let timeout = view.job.spec.scheduling.placement_timeout_seconds;
     let began = attempt_began(view, round);
-    let began = restart::next_try(view.job, view.current).map_or(began, |t| t.max(began));
+    let began = next_try(view.job, view.current).map_or(began, |t| t.max(began));
     let due = began
         .saturating_add(SignedDuration::from_secs(i64::from(timeout)))
         .unwrap_or(began);

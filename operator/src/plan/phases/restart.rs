@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::model::cached_pod::CachedPod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::super::outcome::{Flow, failure_backoff, requeue_backoff};
+use super::super::outcome::{Flow, next_try};
 use super::super::round::Round;
 use super::super::view::View;
 use super::super::{attempt_start, in_place, supervised};
@@ -284,23 +284,6 @@ fn restart(
         round.events.push(event);
     }
     round.restart = Some(reason);
-}
-
-/// When the pods of the attempt that `status` restarted into may be created: the failure
-/// backoff after a failure, the requeue backoff (with its jitter) after a requeue, counted from
-/// the restart's decision; `None` for a restart that waits for nothing.
-pub(super) fn next_try(
-    job: &crate::model::validate::ValidJob,
-    status: &crate::model::crd::TrainingJobStatus,
-) -> Option<jiff::Timestamp> {
-    let last = status.last_restart.as_ref()?;
-    let base = job.spec.restart_policy.backoff_seconds;
-    let backoff = match last.reason {
-        RestartReason::Failure => failure_backoff(base, status.failures),
-        RestartReason::Requeue => requeue_backoff(base, status.requeues, &job.uid),
-        _ => return None,
-    };
-    Some(last.time.0.saturating_add(backoff).unwrap_or(last.time.0))
 }
 
 /// The condition `Shrunk` after a restart to `size` workers of an elastic job.

@@ -103,6 +103,7 @@ fn a_queued_job_creates_its_workload_and_no_pod_until_kueue_admits_it() {
         admitted_condition(&plan),
         ("False".into(), reason::WAITING_FOR_ADMISSION.into())
     );
+    assert_eq!(plan.status.waiting_for.as_deref(), Some("Admission"));
     // It waits, creating nothing more.
     w.advance(600);
     let plan = w.step();

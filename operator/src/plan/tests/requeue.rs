@@ -27,6 +27,7 @@ fn a_half_placed_gang_releases_every_pod_after_the_placement_timeout() {
     let plan = w.step();
     assert_eq!(plan.restart, None);
     assert_eq!(World::deletes(&plan), 0);
+    assert_eq!(plan.status.waiting_for.as_deref(), Some("Capacity"));
     let due = created + SignedDuration::from_secs(60);
     assert!(
         plan.requeue_at.is_some_and(|at| at <= due),
@@ -98,6 +99,7 @@ fn a_released_gang_waits_out_its_backoff_then_is_created_again_and_runs() {
     let plan = w.step();
     assert_eq!(plan.decided_by, PhaseName::Backoff);
     assert!(World::creates(&plan).is_empty());
+    assert_eq!(plan.status.waiting_for.as_deref(), Some("Requeue"));
     let ready = w.now + backoff;
     assert_eq!(plan.requeue_at, Some(ready));
 
@@ -117,6 +119,7 @@ fn a_released_gang_waits_out_its_backoff_then_is_created_again_and_runs() {
     w.run_all();
     let plan = w.step();
     assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!(plan.status.waiting_for, None);
     assert_eq!((plan.status.preemptions, plan.status.failures), (0, 0));
     let ledger = plan.status.ledger.as_ref().expect("ledger");
     assert!(ledger.on_demand.pending > 0 || ledger.spot.pending > 0);
