@@ -97,7 +97,9 @@ fn not_admitted(view: &View<'_>, round: &mut Round, w: &WorkloadSeen) -> Flow {
         );
     }
     if !view.observed.pods.is_empty() {
-        round.remove_running_pods(view);
+        // Every pod goes, those already ended too: the quota is given back only once none is
+        // left.
+        round.remove_pods(view, view.observed.pods.iter());
         round.record_workers(view);
         round.requeue(view.now.saturating_add(DRAIN_RECHECK).ok());
         return wait(view, round, reason::EVICTED, &evicted_message(w));
