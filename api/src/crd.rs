@@ -190,6 +190,10 @@ impl Default for SchedulingSpec {
 /// The longest `scheduling.placementTimeoutSeconds`: a day.
 pub const MAX_PLACEMENT_TIMEOUT_SECONDS: u32 = 86_400;
 
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -982,6 +986,11 @@ pub struct GoodputLedger {
     /// The stretch under way, not counted yet: folded in when it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open: Option<LedgerStretch>,
+    /// Wall milliseconds the job waited for Kueue to admit it, no pod created and no GPU held
+    /// (in no GPU bucket and no cost).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub queued_millis: u64,
     /// With `spec.elastic`: the running time by the gang's size, and what running shrunk
     /// cost against its alternatives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1157,6 +1166,9 @@ pub enum StretchUse {
     Running,
     /// A gang restart decided, the next attempt not running yet (counts to `lostToRestart`).
     Restarting,
+    /// Waiting for Kueue to admit the job's Workload, no pod created: no GPU is held (counts
+    /// to `queuedMillis`, wall time).
+    Queued,
 }
 
 #[cfg(test)]

@@ -95,6 +95,7 @@ pub fn recompute_loss(since: Timestamp, interrupted: Timestamp, p: &Progress) ->
 /// ignored), unless a stretch is open (the `Restarting` one a gang restart opened counts the
 /// wait for the next attempt).
 pub fn pending(ledger: &mut GoodputLedger, now: Timestamp, stretch: LedgerStretch) {
+    close_queued(ledger, now);
     if ledger.open.is_some() {
         return;
     }
@@ -103,6 +104,36 @@ pub fn pending(ledger: &mut GoodputLedger, now: Timestamp, stretch: LedgerStretc
         since: Time(now),
         ..stretch
     });
+}
+
+/// The job waits for Kueue's admission from `now`, no pod created: a `Queued` stretch opens,
+/// unless one is open already (a restart's or a pending attempt's stays what it is).
+pub fn queued(ledger: &mut GoodputLedger, now: Timestamp, attempt: u32) {
+    if ledger.open.is_some() {
+        return;
+    }
+    ledger.open = Some(LedgerStretch {
+        use_: StretchUse::Queued,
+        since: Time(now),
+        attempt,
+        spot_gpus: 0,
+        on_demand_gpus: 0,
+        product: String::new(),
+        size: None,
+    });
+}
+
+/// Closes an open `Queued` stretch at `now` into `queuedMillis`.
+fn close_queued(ledger: &mut GoodputLedger, now: Timestamp) {
+    if ledger
+        .open
+        .as_ref()
+        .is_some_and(|o| o.use_ == StretchUse::Queued)
+        && let Some(open) = ledger.open.take()
+    {
+        let wall = millis_between(open.since.0, now);
+        ledger.queued_millis = ledger.queued_millis.saturating_add(wall).min(MAX_LEDGER);
+    }
 }
 
 /// Every worker of the attempt runs from `now`: the open `Pending` or `Restarting` stretch is
@@ -123,6 +154,7 @@ pub fn running(
     {
         return;
     }
+    close_queued(ledger, now);
     if let Some(open) = ledger
         .open
         .as_mut()
@@ -287,11 +319,20 @@ fn loss_bucket(per_gpu: &mut GpuMillis, ending: Ending) -> &mut u64 {
 
 /// Counts an open `Pending` or `Restarting` stretch whole, up to `now`, and closes it.
 fn close_waiting(ledger: &mut GoodputLedger, now: Timestamp, config: &OperatorConfig) {
+    if ledger
+        .open
+        .as_ref()
+        .is_some_and(|o| o.use_ == StretchUse::Queued)
+    {
+        close_queued(ledger, now);
+        return;
+    }
     let Some(open) = ledger.open.take() else {
         return;
     };
     let wall = millis_between(open.since.0, now);
     let per_gpu = match open.use_ {
+        StretchUse::Queued => GpuMillis::default(),
         StretchUse::Pending => GpuMillis {
             pending: wall,
             ..GpuMillis::default()

@@ -31,6 +31,15 @@ pub(super) fn fold(view: &View<'_>, round: &mut Round) {
         };
         ledger::end(&mut l, ending, interrupted, decided, loss, view.config);
     }
+    // Kueue has not admitted the job and no pod exists: the wait is queued time.
+    let awaits_admission = round
+        .st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == crate::model::condition::ADMITTED && c.status == "False");
+    if awaits_admission && view.observed.pods.is_empty() && round.creates_attempt.is_none() {
+        ledger::queued(&mut l, now(view), round.st.attempt);
+    }
     if let Some(attempt) = round.creates_attempt {
         ledger::pending(&mut l, now(view), planned(view, round, attempt));
     }

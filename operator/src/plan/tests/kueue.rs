@@ -109,9 +109,16 @@ fn a_queued_job_creates_its_workload_and_no_pod_until_kueue_admits_it() {
     let plan = w.step();
     assert!(plan.actions.is_empty(), "{:?}", plan.actions);
 
-    // Admitted: the workers are created with the flavor's node labels and tolerations.
+    // Admitted: the workers are created with the flavor's node labels and tolerations, and
+    // the ledger counts the 600 s of waiting as queued, apart from any GPU time.
     w.admit();
     let plan = w.step();
+    let ledger = plan.status.ledger.clone().expect("ledger");
+    assert_eq!(ledger.queued_millis, 600_000, "{ledger:?}");
+    assert_eq!(
+        ledger.open.as_ref().map(|o| o.use_),
+        Some(crate::model::crd::StretchUse::Pending)
+    );
     let pods = World::creates(&plan);
     assert_eq!(pods.len(), 2);
     for pod in pods {
