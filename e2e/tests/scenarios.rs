@@ -3120,6 +3120,10 @@ async fn kueue_admits_evicts_and_admits_again_a_queued_job_through_its_workload(
                 .any(|t| t.key.as_deref() == Some("trainyard.dev/e2e-flavor"));
             assert!(tolerated, "{} has the flavor's toleration", p.name_any());
         }
+        // The 5 s and more it waited for admission are queued time in the ledger.
+        let st = job_status(&client, &ns.name, "queued").await?;
+        let queued = st["ledger"]["queuedMillis"].as_u64().unwrap_or(0);
+        assert!(queued >= 4_000, "queuedMillis {queued}: {st}");
         tokio::time::sleep(Duration::from_secs(4)).await;
 
         // Evicted: the workers stop as a preemption, then the quota goes back.
