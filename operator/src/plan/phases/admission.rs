@@ -20,6 +20,9 @@ use crate::model::reason;
 /// How often a job whose evicted workers are still stopping is looked at again (their going
 /// wakes it first).
 const DRAIN_RECHECK: SignedDuration = SignedDuration::from_secs(10);
+/// How long trainers that report progress get to save the checkpoint asked for on an eviction
+/// before their workers are stopped all the same: Kueue waits for the quota meanwhile.
+pub(crate) const EVICTION_CHECKPOINT_WAIT: SignedDuration = SignedDuration::from_secs(60);
 
 /// The admission phase: a job that names no queue goes on; one whose Workload is admitted
 /// goes on with the condition `Admitted`; any other waits, its workers stopped.
@@ -82,6 +85,24 @@ fn not_admitted(view: &View<'_>, round: &mut Round, w: &WorkloadSeen) -> Flow {
         .values()
         .any(|p| p.metadata.deletion_timestamp.is_none());
     if live && round.st.phase.is_some_and(|p| !p.is_terminal()) {
+        // Trainers that report progress checkpoint first, as on a termination notice
+        // (`progress::termination_notice`), for at most EVICTION_CHECKPOINT_WAIT.
+        if w.evicted.is_some() && super::progress::current(view, round).is_some() {
+            let due = super::progress::requested_time(round)
+                .and_then(|at| at.checked_add(EVICTION_CHECKPOINT_WAIT).ok());
+            match due {
+                Some(due) if view.now >= due => {}
+                _ => {
+                    round.requeue(due);
+                    let message = format!(
+                        "{}: the trainers are asked for a checkpoint before the workers stop",
+                        evicted_message(w)
+                    );
+                    round.condition(view, condition::ADMITTED, false, reason::EVICTED, &message);
+                    return Flow::Continue;
+                }
+            }
+        }
         let why = w
             .evicted
             .as_deref()

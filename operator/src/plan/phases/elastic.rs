@@ -200,7 +200,7 @@ pub(in crate::plan) fn grow(view: &View<'_>, round: &mut Round) -> Flow {
         || view.workers >= full
         || view.current.phase != Some(Phase::Running)
         || !super::progress::all_running(view)
-        || super::progress::noticed(view).is_some()
+        || super::progress::notice(view).is_some()
     {
         return Flow::Continue;
     }

@@ -266,6 +266,36 @@ pub(in crate::plan) fn hang(view: &View<'_>, round: &mut Round) -> Flow {
 }
 
 /// The first running worker whose node carries a termination taint, with the taint.
+/// Why the gang checkpoints and stops before it is made to: as an Event tells it, and as
+/// `lastRestart.detail` starts.
+pub(super) struct Notice {
+    pub told: String,
+    pub detail: String,
+}
+
+/// A running gang told to stop soon: Kueue evicted its Workload ([`crate::model::kueue`]), or a
+/// running worker's node carries a termination notice.
+pub(super) fn notice(view: &View<'_>) -> Option<Notice> {
+    if let Some(crate::model::kueue::Queued::Workload(w)) = view.observed.queue.as_ref()
+        && let Some(why) = w.evicted.as_deref()
+        && view
+            .census
+            .states
+            .values()
+            .any(|s| matches!(s, WorkerState::Running { .. }))
+    {
+        let what = format!("Kueue evicted Workload {} ({why})", w.name);
+        return Some(Notice {
+            told: what.clone(),
+            detail: what,
+        });
+    }
+    noticed(view).map(|(rank, node, taint)| Notice {
+        told: format!("termination notice {taint} on node {node} (worker {rank})"),
+        detail: format!("worker {rank}: termination notice {taint} on node {node}"),
+    })
+}
+
 pub(super) fn noticed<'v>(view: &'v View<'_>) -> Option<(u32, &'v str, &'v str)> {
     view.census.current.iter().find_map(|(&rank, pod)| {
         if !matches!(
@@ -292,7 +322,7 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
     let Some(p) = current(view, round) else {
         return Flow::Continue;
     };
-    let Some((rank, node, taint)) = noticed(view) else {
+    let Some(Notice { told, detail }) = notice(view) else {
         notice_gone(round, p);
         return Flow::Continue;
     };
@@ -305,10 +335,7 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
         round.checkpoint_request = Some(attempt);
         round.events.push(JobEvent::normal(
             reason::CHECKPOINT_REQUESTED,
-            format!(
-                "termination notice {taint} on node {node} (worker {rank}): asked the trainers \
-                 for a checkpoint at step {step}"
-            ),
+            format!("{told}: asked the trainers for a checkpoint at step {step}"),
         ));
         round.requeue(view.now.saturating_add(NOTICE_RECHECK).ok());
         return Flow::Continue;
@@ -320,10 +347,7 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
         round.requeue(view.now.saturating_add(NOTICE_RECHECK).ok());
         return Flow::Continue;
     };
-    let detail = format!(
-        "worker {rank}: termination notice {taint} on node {node}; the trainers saved a \
-         checkpoint at step {step} on request"
-    );
+    let detail = format!("{detail}; the trainers saved a checkpoint at step {step} on request");
     restart::restart_for(
         view,
         round,

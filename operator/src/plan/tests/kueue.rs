@@ -247,3 +247,78 @@ fn a_job_without_the_label_never_waits_for_kueue() {
             .any(|c| c.type_ == condition::ADMITTED)
     );
 }
+
+/// Trainers that report progress checkpoint first, as on a termination notice: the eviction
+/// asks for a checkpoint, and the gang restarts from it once it is saved.
+#[test]
+fn an_eviction_of_reporting_trainers_asks_for_a_checkpoint_and_restarts_from_it() {
+    let mut w = queued_world();
+    w.step();
+    w.admit();
+    w.step();
+    w.run_all();
+    w.step();
+    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+    w.step();
+
+    w.evict();
+    let plan = w.step();
+    assert_eq!(plan.restart, None, "the trainers save first");
+    assert_eq!(plan.checkpoint_request, Some(0));
+    assert_eq!(World::deletes(&plan), 0);
+    let asked = plan
+        .events
+        .iter()
+        .find(|e| e.reason == "CheckpointRequested")
+        .expect("CheckpointRequested");
+    assert!(
+        asked
+            .note
+            .contains("Kueue evicted Workload trainingjob-train")
+            && asked.note.contains("step 42"),
+        "{}",
+        asked.note
+    );
+    assert_eq!(admitted_condition(&plan).1, reason::EVICTED);
+    let requested = plan
+        .status
+        .progress
+        .as_ref()
+        .and_then(|p| p.checkpoint_requested_time.clone())
+        .expect("requested time");
+
+    let p = w.progress.as_mut().expect("progress");
+    p.checkpoint = Some((43, requested.0));
+    p.checkpoint_saved_on_request = Some(43);
+    w.advance(2);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(plan.status.preemptions, 1);
+    let detail = &plan.status.last_restart.as_ref().expect("restart").detail;
+    assert!(
+        detail.contains("Kueue evicted") && detail.contains("checkpoint at step 43"),
+        "{detail}"
+    );
+}
+
+/// Trainers that do not answer within the bound are stopped all the same: Kueue waits for
+/// the quota.
+#[test]
+fn an_eviction_stops_reporting_trainers_that_do_not_checkpoint_within_the_bound() {
+    let mut w = queued_world();
+    w.step();
+    w.admit();
+    w.step();
+    w.run_all();
+    w.step();
+    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+    w.step();
+    w.evict();
+    assert_eq!(w.step().restart, None);
+    w.advance(59);
+    assert_eq!(w.step().restart, None);
+    w.advance(2);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(World::deletes(&plan), 2);
+}
