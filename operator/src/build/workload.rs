@@ -51,6 +51,11 @@ pub fn desired_workload(job: &ValidJob, placement: &Placement) -> Option<Workloa
                 name: POD_SET.to_owned(),
                 template,
                 count: i32::try_from(job.spec.workers).unwrap_or(i32::MAX),
+                min_count: job
+                    .spec
+                    .elastic
+                    .as_ref()
+                    .map(|e| i32::try_from(e.min_workers).unwrap_or(i32::MAX)),
             }],
             queue_name: queue,
             priority_class_name: spec.priority_class_name,

@@ -69,6 +69,10 @@ pub struct PodSet {
     pub template: PodTemplateSpec,
     /// How many pods.
     pub count: i32,
+    /// The fewest pods the set can run with, where Kueue's partial admission may admit fewer
+    /// than `count`: an elastic job's `minWorkers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_count: Option<i32>,
 }
 
 /// A Workload's status, as Kueue writes it.
@@ -172,6 +176,9 @@ pub struct WorkloadSeen {
     pub waiting: Option<String>,
     /// The admitting ClusterQueue.
     pub cluster_queue: String,
+    /// The workers admitted, where the admission says (a partial admission admits fewer than
+    /// the Workload asks for).
+    pub admitted_count: Option<u32>,
     /// The node labels and tolerations of the admitted flavors; flavors not found are named.
     pub placement: FlavorPlacement,
 }
@@ -258,6 +265,12 @@ pub fn seen(
         cluster_queue: admission
             .map(|a| a.cluster_queue.clone())
             .unwrap_or_default(),
+        admitted_count: admission
+            .iter()
+            .flat_map(|a| &a.pod_set_assignments)
+            .find(|p| p.name == POD_SET)
+            .and_then(|p| p.count)
+            .and_then(|c| u32::try_from(c).ok()),
         placement,
         conditions,
     }

@@ -59,6 +59,9 @@ pub(in crate::plan) fn admission(view: &View<'_>, round: &mut Round) -> Flow {
             wait(view, round, reason::WAITING_FOR_ADMISSION, &message)
         }
         Queued::Workload(w) if w.admitted => {
+            if let Some(flow) = partial(view, round, w) {
+                return flow;
+            }
             let message = format!(
                 "Workload {name} admitted by ClusterQueue {}",
                 w.cluster_queue
@@ -73,6 +76,51 @@ pub(in crate::plan) fn admission(view: &View<'_>, round: &mut Round) -> Flow {
         }
         Queued::Workload(w) => not_admitted(view, round, w),
     }
+}
+
+/// The workers Kueue admitted an elastic job with, where that is fewer than its spec asks
+/// for (partial admission, down to the Workload's `minCount`): no grow goes past it.
+pub(crate) fn admitted_workers(view: &View<'_>) -> Option<u32> {
+    view.job.spec.elastic.as_ref()?;
+    match view.observed.queue.as_ref() {
+        Some(Queued::Workload(w)) if w.admitted => w.admitted_count,
+        _ => None,
+    }
+}
+
+/// A partial admission of an elastic job whose attempt has more workers than were admitted:
+/// before any pod of the attempt exists, the attempt takes the admitted size (the next round
+/// creates that many); once pods exist, the gang shrinks to it.
+fn partial(view: &View<'_>, round: &mut Round, w: &WorkloadSeen) -> Option<Flow> {
+    let admitted = admitted_workers(view)?;
+    if admitted >= view.workers || admitted == 0 {
+        return None;
+    }
+    let detail = format!(
+        "Kueue admitted Workload {} with {admitted} of {} worker(s) (partial admission, \
+         minWorkers {}): the gang trains with {admitted}",
+        w.name,
+        view.job.spec.workers,
+        view.job.spec.elastic.as_ref().map_or(0, |e| e.min_workers)
+    );
+    let started = view.census.current.values().next().is_some() || !view.census.kept.is_empty();
+    if started {
+        return Some(restart::resize(
+            view,
+            round,
+            RestartReason::Shrink,
+            admitted,
+            &detail,
+        ));
+    }
+    round.st.world_size = Some(admitted);
+    round
+        .events
+        .push(JobEvent::normal(reason::ADMITTED, detail.clone()));
+    round.condition(view, condition::ADMITTED, true, reason::ADMITTED, &detail);
+    round.requeue(Some(view.now));
+    round.record_workers(view);
+    Some(Flow::Stop)
 }
 
 /// A Workload that is not admitted (it waits, or Kueue evicted it): the current attempt's

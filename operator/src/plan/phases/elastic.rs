@@ -195,7 +195,9 @@ fn held_back(view: &View<'_>, round: &mut Round) -> bool {
 /// Grows a shrunk gang that runs, once the nodes that fit have room for missing workers:
 /// after a checkpoint when its trainers report progress (see the module's doc).
 pub(in crate::plan) fn grow(view: &View<'_>, round: &mut Round) -> Flow {
-    let full = view.job.spec.workers;
+    // Kueue reserved quota for the admitted workers only.
+    let full = super::admission::admitted_workers(view)
+        .map_or(view.job.spec.workers, |n| n.min(view.job.spec.workers));
     if view.job.spec.elastic.is_none()
         || view.workers >= full
         || view.current.phase != Some(Phase::Running)

@@ -322,3 +322,65 @@ fn an_eviction_stops_reporting_trainers_that_do_not_checkpoint_within_the_bound(
     assert_eq!(plan.restart, Some(RestartReason::Preemption));
     assert_eq!(World::deletes(&plan), 2);
 }
+
+#[test]
+fn a_partial_admission_starts_an_elastic_job_with_the_admitted_workers_and_no_grow_past_them() {
+    let yaml =
+        "workers: 4\ngpusPerWorker: 4\nelastic: {minWorkers: 2, replacementWaitSeconds: 60}\n";
+    let mut tj = crate::fixtures::job_yaml(yaml);
+    tj.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(kueue::QUEUE_LABEL.into(), "team-a".into());
+    let mut w = World::new(yaml);
+    w.job = validate(&tj).expect("valid");
+    w.kueue = Some((
+        None,
+        [("a100".to_owned(), ResourceFlavorSpec::default())].into(),
+    ));
+    w.step();
+    let set = &w.workload().spec.pod_sets[0];
+    assert_eq!((set.count, set.min_count), (4, Some(2)), "{set:?}");
+
+    // Kueue admits two of the four.
+    w.admit();
+    if let Some(a) = w
+        .workload()
+        .status
+        .as_mut()
+        .and_then(|s| s.admission.as_mut())
+    {
+        a.pod_set_assignments[0].count = Some(2);
+    }
+    let plan = w.step();
+    assert!(World::creates(&plan).is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.status.world_size, Some(2));
+    assert_eq!(plan.restart, None, "no restart is counted");
+    let event = plan
+        .events
+        .iter()
+        .find(|e| e.reason == reason::ADMITTED)
+        .expect("Admitted");
+    assert!(event.note.contains("2 of 4 worker(s)"), "{}", event.note);
+    let plan = w.step();
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 2, "{:?}", plan.actions);
+    assert!(
+        created
+            .iter()
+            .all(|p| env(p, trainyard_api::env::NNODES).as_deref() == Some("2"))
+    );
+
+    // Running with room for the other two on a second node: Kueue reserved quota for two,
+    // so the gang does not grow.
+    w.run_all();
+    w.step();
+    w.nodes
+        .push(Arc::new(node("n-2").gpus(8).product("Tesla-T4").build()));
+    w.gpus_in_use = Some([("n-1".to_owned(), 8), ("n-2".to_owned(), 0)].into());
+    w.advance(100);
+    let plan = w.step();
+    assert_eq!(plan.restart, None, "{:?}", plan.events);
+    assert_eq!(plan.status.world_size, Some(2));
+    assert_eq!((plan.status.preemptions, plan.status.failures), (0, 0));
+}
