@@ -482,10 +482,17 @@ pub struct RestartPolicySpec {
     /// healthy keeps its pod (and its GPUs), and the supervisor in its container
     /// (`examples/trainyard_launch.py`) stops the old attempt's processes and starts the next
     /// attempt's; only lost, noticed or failed pods are created again. Needs the progress
-    /// channel; a pod whose supervisor does not answer is replaced as without it. Default:
-    /// false.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub in_place: bool,
+    /// channel; a pod whose supervisor does not answer is replaced as without it. Unset:
+    /// true. `false`: every restart creates every pod again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<bool>,
+}
+
+impl RestartPolicySpec {
+    /// Whether restarts keep the pods they can (`inPlace`, true unless set to false).
+    pub fn in_place(&self) -> bool {
+        self.in_place.unwrap_or(true)
+    }
 }
 
 impl Default for RestartPolicySpec {
@@ -496,7 +503,7 @@ impl Default for RestartPolicySpec {
             backoff_seconds: default_backoff_seconds(),
             progress_timeout_seconds: None,
             max_hangs: default_max_hangs(),
-            in_place: false,
+            in_place: None,
         }
     }
 }

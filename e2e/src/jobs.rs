@@ -322,6 +322,13 @@ pub fn set_env(job: &mut Value, vars: &[(&str, &str)]) {
     }
 }
 
+/// `job` restarts by creating every pod again (`restartPolicy.inPlace: false`): the path the
+/// recreate figures of docs/benchmarks.md measure.
+pub fn recreating(mut job: Value) -> Value {
+    job["spec"]["restartPolicy"]["inPlace"] = json!(false);
+    job
+}
+
 /// A TrainingJob running `torchrun /app/train.py` under `trainyard_launch.py`, with no flags
 /// (the PET_* contract).
 pub fn torch_job(name: &str, gpus: u32, steps: u32, step_seconds: &str, spot: Value) -> Value {

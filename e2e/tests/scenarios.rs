@@ -865,7 +865,13 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
         // waits keeps its first creation) and past the gang restart that deletes attempt 0's.
         let pod_times = PodTimesRecorder::start(&client, &ns.name).await?;
         let name = place_rank_on(&client, &ns.name, ("0", &spot), &on_demand, || {
-            let mut job = torch_job("ddp", 2, steps, "0.5", json!({"policy": "Prefer"}));
+            let mut job = recreating(torch_job(
+                "ddp",
+                2,
+                steps,
+                "0.5",
+                json!({"policy": "Prefer"}),
+            ));
             set_env(&mut job, &LOSS_ENV);
             job
         })
@@ -984,7 +990,7 @@ async fn torch_ddp_survives_losing_the_spot_node_beside_rank_0() -> Result<()> {
         let steps = 60;
         let name = place_rank_on(&client, &ns.name, ("1", &spot), &on_demand, || {
             let spot = json!({"policy": "Prefer", "fallbackToOnDemandAfter": 1});
-            let mut job = torch_job("beside", 2, steps, "0.5", spot);
+            let mut job = recreating(torch_job("beside", 2, steps, "0.5", spot));
             set_env(&mut job, &LOSS_ENV);
             job
         })
@@ -1081,13 +1087,13 @@ async fn a_partitioned_spot_node_is_lost_from_its_heartbeat_and_its_trainer_is_f
     let res = with_spot_node(&client, || async {
         let (spot, on_demand) = (node2_name(), node_name());
         let name = place_rank_on(&client, &ns.name, ("0", &spot), &on_demand, || {
-            let mut job = torch_job(
+            let mut job = recreating(torch_job(
                 "cut",
                 2,
                 PARTITION_STEPS,
                 "0.5",
                 json!({"policy": "Prefer"}),
-            );
+            ));
             // The surviving rank's pod goes within seconds of the restart (it waits on its
             // collective and cannot save: it is not rank 0).
             job["spec"]["terminationGracePeriodSeconds"] = json!(5);
@@ -1420,7 +1426,13 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
     let res = with_spot_node(&client, || async {
         let on_demand = node_name();
         let name = place_rank_on(&client, &ns.name, ("0", &spot), &on_demand, || {
-            torch_job("notice", 2, 80, "0.5", json!({"policy": "Prefer"}))
+            recreating(torch_job(
+                "notice",
+                2,
+                80,
+                "0.5",
+                json!({"policy": "Prefer"}),
+            ))
         })
         .await?;
         let name = name.as_str();
@@ -1676,7 +1688,7 @@ async fn a_gang_stuck_in_a_collective_is_restarted_as_a_hang_and_succeeds() -> R
             set_env(&mut job, &[("HANG_AT_STEP", "12"), ("HANG_RANK", "1")]);
             job
         };
-        create_job(&client, &ns.name, hung(name, 2)).await?;
+        create_job(&client, &ns.name, recreating(hung(name, 2))).await?;
         // Beside it, the same hang in a job that restarts in place, and its uninterrupted twin.
         let mut in_place = hung("hung-in-place", 1);
         in_place["spec"]["restartPolicy"]["inPlace"] = json!(true);

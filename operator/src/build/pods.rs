@@ -263,7 +263,7 @@ pub fn desired_pod(
         let supervised = job
             .spec
             .restart_policy
-            .in_place
+            .in_place()
             .then_some(job.spec.termination_grace_period_seconds);
         connect_progress_channel(&mut spec, job.trainer_index, channel, supervised);
     }

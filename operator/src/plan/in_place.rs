@@ -52,7 +52,7 @@ pub const STOP_MARGIN: SignedDuration = SignedDuration::from_secs(10);
 /// Whether in-place restarts apply to the job: asked for, and the operator serves the channel
 /// its supervisors poll.
 fn enabled(view: &View<'_>) -> bool {
-    view.job.spec.restart_policy.in_place && view.config.progress_channel.is_some()
+    view.job.spec.restart_policy.in_place() && view.config.progress_channel.is_some()
 }
 
 /// Why a kept or keepable pod fails, whatever its supervisor says: it is being deleted, its
@@ -140,10 +140,11 @@ pub(crate) fn keep(view: &View<'_>, size: u32) -> (RankSet, Vec<String>) {
     (kept, replaced)
 }
 
-/// The Event of a restart of a job that asked for in-place restarts: `RestartingInPlace`
-/// when it keeps pods; `InPlaceFallback` (a warning) when it keeps none although some pod
-/// was still there (an image without the supervisor, a supervisor gone quiet): the restart
-/// recreates every pod, as without `inPlace`, and says why.
+/// The Event of a restart of a job that restarts in place: `RestartingInPlace` when it keeps
+/// pods; `InPlaceFallback` (a warning) when it keeps none although some pod was still there
+/// (an image without the supervisor in a job that set `inPlace: true`, a supervisor gone
+/// quiet): the restart recreates every pod, as without `inPlace`, and says why. A job that
+/// left `inPlace` unset and never had a supervisor gets no such warning.
 pub(crate) fn restart_event(
     view: &View<'_>,
     next: u32,
@@ -154,6 +155,17 @@ pub(crate) fn restart_event(
         return None;
     }
     if kept.is_empty() {
+        // A job that left `inPlace` unset and whose image runs no supervisor restarts as it
+        // always did: nothing to warn of.
+        let asked = view.job.spec.restart_policy.in_place == Some(true);
+        let supervised = view
+            .census
+            .current
+            .values()
+            .any(|p| supervisor(view.observed, p).is_some());
+        if !asked && !supervised {
+            return None;
+        }
         return (!view.census.current.is_empty()).then(|| {
             JobEvent::warning(
                 reason::IN_PLACE_FALLBACK,

@@ -271,8 +271,8 @@ fn a_pod_whose_supervisor_went_quiet_or_never_polled_is_not_kept() {
 }
 
 #[test]
-fn without_in_place_supervisors_change_nothing_and_are_told_nothing() {
-    let mut w = supervised_world("workers: 2\n");
+fn with_in_place_off_supervisors_change_nothing_and_are_told_nothing() {
+    let mut w = supervised_world("workers: 2\nrestartPolicy: {inPlace: false}\n");
     w.preempt("train-worker-1");
     let plan = w.step();
     assert!(plan.supervise.is_none());
@@ -310,16 +310,65 @@ fn pods_of_in_place_jobs_point_their_supervisor_at_the_channel() {
         Some("60"),
         "the pod's grace period"
     );
-    let mut w = World::new("workers: 2\n");
-    w.config.progress_channel = Some(channel());
+    // Unset, inPlace is on; set to false, the supervisor is not pointed anywhere.
+    for (yaml, url) in [
+        ("workers: 2\n", true),
+        ("workers: 2\nrestartPolicy: {inPlace: false}\n", false),
+    ] {
+        let mut w = World::new(yaml);
+        w.config.progress_channel = Some(channel());
+        let plan = w.step();
+        let set = env(
+            World::creates(&plan)[0],
+            trainyard_api::env::TRAINYARD_SUPERVISOR_URL,
+        );
+        assert_eq!(set.is_some(), url, "{yaml}");
+    }
+}
+
+#[test]
+fn a_job_that_leaves_in_place_unset_restarts_in_place_where_supervisors_poll() {
+    let mut w = supervised_world("workers: 2\n");
+    w.preempt("train-worker-1");
     let plan = w.step();
     assert_eq!(
-        env(
-            World::creates(&plan)[0],
-            trainyard_api::env::TRAINYARD_SUPERVISOR_URL
-        ),
-        None
+        plan.status
+            .last_restart
+            .clone()
+            .expect("restart")
+            .in_place_ranks,
+        "0"
     );
+    assert!(event(&plan, reason::RESTARTING_IN_PLACE).is_some());
+}
+
+#[test]
+fn a_job_that_leaves_in_place_unset_without_a_supervisor_recreates_its_pods_without_a_warning() {
+    let mut w = World::new("workers: 2\n");
+    w.config.progress_channel = Some(channel());
+    w.step();
+    w.run_all();
+    w.step();
+    w.preempt("train-worker-1");
+    let plan = w.step();
+    assert_eq!(
+        World::deleted(&plan, false),
+        ["train-worker-0", "train-worker-1"]
+    );
+    assert!(
+        event(&plan, reason::IN_PLACE_FALLBACK).is_none(),
+        "{:?}",
+        plan.events
+    );
+    // Asked for explicitly, the same restart warns that it could not keep a pod.
+    let mut w = World::new(IN_PLACE);
+    w.config.progress_channel = Some(channel());
+    w.step();
+    w.run_all();
+    w.step();
+    w.preempt("train-worker-1");
+    let plan = w.step();
+    assert!(event(&plan, reason::IN_PLACE_FALLBACK).is_some());
 }
 
 #[test]
