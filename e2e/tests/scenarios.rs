@@ -2673,8 +2673,9 @@ async fn a_worker_copied_by_a_namespace_user_cannot_report_for_its_rank() -> Res
     let name = "sealed";
     let user = format!("system:serviceaccount:{}:pod-maker", ns.name);
     let res = async {
-        create_job(&client, &ns.name, torch_job(name, 1, 200, "0.3", json!({"policy": "Never"})))
-            .await?;
+        // Recreated pods, so that each one's RESUME_FROM shows in its spec.
+        let job = recreating(torch_job(name, 1, 200, "0.3", json!({"policy": "Never"})));
+        create_job(&client, &ns.name, job).await?;
         let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
         let worker = rank_pod(&pods, 0)?.clone();
         wait_for("a checkpoint reported", Duration::from_secs(180), || async {
