@@ -78,6 +78,12 @@ it started with. A module imported ahead sees the container's environment, not t
 attempt's: name only modules that read no per-attempt variable (TRAINYARD_*, RESUME_FROM,
 MASTER_*, RANK...) when imported.
 
+A standby (TRAINYARD_STANDBY=1: a replacement the operator created ahead of a termination
+notice, beside the pod it replaces, for the attempt TRAINYARD_ATTEMPT) runs nothing at first:
+it reports the attempt before its own as stopped, starts its spare interpreter at once, and
+waits, without the hold's limit, for the operator's start order (then it starts that attempt
+as above), its exit order, or its pod's deletion.
+
 An operator that cannot be reached, or an answer the launcher does not know, means continue:
 the command runs on (logged at most once a minute). When the command exits 0 the launcher
 exits 0 at once: the rank finished. When it fails, what it left running is killed before
@@ -539,6 +545,11 @@ class Supervisor:
         self.lock = threading.Lock()
         self.attempt = integer_setting("TRAINYARD_ATTEMPT")
         self.state = "running"
+        # A standby waits for the start of its attempt as if the one before had stopped here.
+        self.standby = os.environ.get("TRAINYARD_STANDBY") == "1" and self.attempt > 0
+        if self.standby:
+            self.attempt -= 1
+            self.state = "stopped"
         self.exit_code = None
         self.exited_at = None  # when the command exited on its own (monotonic)
         self.exit_heard = False  # the operator answered a poll that reported the exit
@@ -716,7 +727,12 @@ class Supervisor:
         signal.signal(signal.SIGINT, self.on_signal)
         threading.Thread(target=self.poll_forever, name="supervisor", daemon=True).start()
         try:
-            self.start_child()
+            if self.standby:
+                self.held_since = time.monotonic()
+                say(f"standby for attempt {self.attempt + 1}: waiting for the operator's start")
+                self.warm()
+            else:
+                self.start_child()
             while True:
                 try:
                     order = self.orders.get(timeout=POLL_SECONDS)
@@ -765,6 +781,7 @@ class Supervisor:
                     f"{state}")
             return None
         self.overlay.update(env)
+        self.standby = False
         say(f"starting attempt {decided} in place")
         self.report("running", attempt=decided)
         self.start_child()
@@ -801,6 +818,8 @@ class Supervisor:
             code = exit_code if state == "exited" else 143
             if self.signalled is not None:
                 return code
+            if self.standby:
+                return None  # the operator starts it, ends the job, or deletes the pod
             hold = max(self.hold, self.told_hold)
             if now - self.held_since >= hold:
                 say(f"no start from the operator within {hold:g} s: exiting {code}")

@@ -23,6 +23,9 @@ pub const LABEL_JOB: &str = "trainyard.dev/job";
 pub const LABEL_RANK: &str = "trainyard.dev/rank";
 /// Label carrying the 0-based attempt on pods.
 pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
+/// Label `"true"` on a replacement created ahead of a termination notice, labelled with the
+/// attempt it waits for: it joins that attempt when the notice's restart starts it.
+pub const LABEL_STANDBY: &str = "trainyard.dev/standby";
 /// Label carrying the owning job's uid on pods: with [`LABEL_ATTEMPT`], it selects one
 /// attempt of one incarnation of a job (a job deleted and created again under the same name
 /// has another uid), e.g. `kubectl get pods -l trainyard.dev/job-uid=<uid>,trainyard.dev/attempt=2`.

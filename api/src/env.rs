@@ -79,6 +79,10 @@ pub const TRAINYARD_PROGRESS_TOKEN_FILE: &str = "TRAINYARD_PROGRESS_TOKEN_FILE";
 pub const TRAINYARD_SUPERVISOR_URL: &str = "TRAINYARD_SUPERVISOR_URL";
 /// How long the supervisor gives the old attempt after SIGTERM: the pod's grace period.
 pub const TRAINYARD_STOP_GRACE_SECONDS: &str = "TRAINYARD_STOP_GRACE_SECONDS";
+/// `1` on a replacement created ahead of a termination notice (a standby): its supervisor
+/// runs nothing until the operator's start order, as if the attempt before its own had
+/// stopped there.
+pub const TRAINYARD_STANDBY: &str = "TRAINYARD_STANDBY";
 /// PyTorch's CUDA allocator settings (a default the template may override).
 pub const PYTORCH_CUDA_ALLOC_CONF: &str = "PYTORCH_CUDA_ALLOC_CONF";
 /// NCCL's async error handling (a default the template may override).

@@ -820,3 +820,29 @@ def test_a_link_beside_the_launchers_interpreter_is_that_interpreter(tmp_path, m
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python3.11"))
     beside = str(tmp_path / "bin" / "python3")
     assert launch.spare_run([beside, "-c", "x"]) == (("code", "x"), ["-c"])
+
+
+def test_a_standby_runs_nothing_and_waits_past_the_hold_until_the_operator_starts_its_attempt(
+        tmp_path, operator):
+    # TRAINYARD_ATTEMPT 4: the attempt the standby waits for; it reports 3 as stopped.
+    started = time.monotonic()
+
+    def answer(body):
+        if time.monotonic() - started < 2:
+            return CONTINUE
+        return {"action": "start", "attempt": 4, "env": RESTART_ENV}
+
+    op = operator(answer)
+    code, err = Launcher(tmp_path, PRELUDE, op.url, TRAINYARD_ATTEMPT="4",
+                         TRAINYARD_STANDBY="1").finish()
+    assert code == 0, err
+    # Run once, by the start order (its X): a run before it would have ended the launcher
+    # with X unset.
+    assert (tmp_path / "attempt4").read_text() == "4 y"
+    reports = op.reports()
+    assert reports[0] == (3, "stopped"), reports
+    assert (4, "running") in reports
+    # Held past its 0.5-s hold: a standby waits for the operator, not for the setting.
+    assert time.monotonic() - started >= 2
+    assert any("standby for attempt 4" in line for line in err), err
+    assert any("runs in the spare interpreter" in line for line in err), err

@@ -12,7 +12,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::config::ProgressChannel;
-use crate::model::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_JOB_UID, LABEL_RANK, RestartReason};
+use crate::model::crd::{
+    LABEL_ATTEMPT, LABEL_JOB, LABEL_JOB_UID, LABEL_RANK, LABEL_STANDBY, RestartReason,
+};
 use crate::model::placement::Placement;
 use crate::model::seal;
 use crate::model::validate::ValidJob;
@@ -287,6 +289,57 @@ pub fn desired_pod(
         spec: Some(spec),
         status: None,
     }
+}
+
+/// A replacement created ahead of a termination notice: the pod of `seat` (the attempt the
+/// notice's restart will start) under `name` (the rank's name its noticed pod does not use),
+/// labelled standby, its supervisor told to run nothing before the start order, sealed under
+/// its own name. Its hostname is the rank's, whichever name it has.
+pub fn standby_pod(
+    job: &ValidJob,
+    seat: Seat,
+    start: AttemptStart,
+    placement: &Placement,
+    progress: &ProgressChannel,
+    name: &str,
+) -> Pod {
+    let mut pod = desired_pod(job, seat, start, None, placement, Some(progress));
+    pod.metadata.name = Some(name.to_owned());
+    pod.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(LABEL_STANDBY.to_owned(), "true".to_owned());
+    let worker = job.sealed_worker(name, seat.rank, seat.attempt);
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            seal::SEAL_ANNOTATION.to_owned(),
+            progress.seal.seal(&worker),
+        );
+    let trainer = pod
+        .spec
+        .as_mut()
+        .and_then(|s| s.containers.get_mut(job.trainer_index));
+    if let Some(trainer) = trainer {
+        let env = trainer.env.get_or_insert_with(Vec::new);
+        env.retain(|e| e.name != env::TRAINYARD_STANDBY);
+        env.push(EnvVar {
+            name: env::TRAINYARD_STANDBY.to_owned(),
+            value: Some("1".to_owned()),
+            value_from: None,
+        });
+    }
+    pod
+}
+
+/// Whether `pod` was created as a standby ([`standby_pod`]).
+pub fn is_standby(pod: &impl kube::Resource) -> bool {
+    pod.meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_STANDBY))
+        .is_some_and(|v| v == "true")
 }
 
 /// The placement's node affinity merged into the template's, and its tolerations added.

@@ -146,7 +146,8 @@ pub fn unsealed_worker(
 }
 
 /// Whether the pod cache keeps `pod` when the operator seals its workers (`sealing`): only
-/// under the name the operator gives the worker its labels claim to be (`<job>-worker-<rank>`).
+/// under a name the operator gives the worker its labels claim to be (`<job>-worker-<rank>`,
+/// or its twin `<job>-worker-<rank>-b`).
 /// Any pod creator may label pods as a job's; one under another name is never a worker (the
 /// operator names every pod it makes so), and keeping it would let anyone who may create pods
 /// grow the operator's memory without bound.
@@ -162,7 +163,11 @@ pub fn cacheable(pod: &CachedPod, sealing: bool) -> bool {
     ) else {
         return false;
     };
-    pod.metadata.name.as_deref() == Some(crate::model::validate::pod_name(job, rank).as_str())
+    let names = crate::model::validate::worker_pod_names(job, rank);
+    pod.metadata
+        .name
+        .as_deref()
+        .is_some_and(|n| names.iter().any(|w| w == n))
 }
 
 /// Whether the job's own object of `kind` exists, given the cached object of its name (if any);

@@ -63,6 +63,14 @@ pub const NAME_CONFLICT: &str = "NameConflict";
 pub const WRITE_REJECTED: &str = "WriteRejected";
 /// The API server accepts the job's writes again.
 pub const WRITE_ACCEPTED: &str = "WriteAccepted";
+/// Replacements created ahead of a termination notice, beside the pods they replace (Event).
+pub const STANDBY_CREATED: &str = "StandbyCreated";
+/// Every replacement created ahead waits: the notice's checkpoint and switch follow (Event).
+pub const STANDBY_READY: &str = "StandbyReady";
+/// A replacement created ahead did not wait in time (no room): deleted (Warning Event).
+pub const STANDBY_GIVEN_UP: &str = "StandbyGivenUp";
+/// The notice went before the switch: the replacements created ahead are deleted (Event).
+pub const STANDBY_WITHDRAWN: &str = "StandbyWithdrawn";
 /// Unscheduled workers avoided a node whose termination notice is withdrawn: replaced (Event).
 pub const NOTICE_WITHDRAWN: &str = "NoticeWithdrawn";
 /// The workers of an attempt are being created (Event).

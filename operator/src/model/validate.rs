@@ -89,6 +89,11 @@ impl ValidJob {
         pod_name(&self.name, rank)
     }
 
+    /// The two names a pod of one rank may have ([`worker_pod_names`]).
+    pub fn worker_pod_names(&self, rank: u32) -> [String; 2] {
+        worker_pod_names(&self.name, rank)
+    }
+
     /// What the operator's seal covers for its pod `pod` of `rank` in `attempt`.
     pub fn sealed_worker<'a>(
         &'a self,
@@ -109,6 +114,16 @@ impl ValidJob {
 /// Name of the pod of one rank: `<job>-worker-<rank>`.
 pub fn pod_name(job: &str, rank: u32) -> String {
     format!("{job}-worker-{rank}")
+}
+
+/// The two names a pod of one rank may have: `<job>-worker-<rank>`, and `<job>-worker-<rank>-b`
+/// for a replacement created beside the pod it replaces, ahead of a termination notice
+/// ([`crate::plan`]'s standby), which takes whichever of the two that pod does not use. Its
+/// hostname is `<job>-worker-<rank>` whichever it has.
+pub fn worker_pod_names(job: &str, rank: u32) -> [String; 2] {
+    let name = pod_name(job, rank);
+    let twin = format!("{name}-b");
+    [name, twin]
 }
 
 /// `value` must lie in `min..=max`, the range the CRD schema gives `field`.

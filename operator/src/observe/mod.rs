@@ -23,7 +23,7 @@ use crate::model::liveness::Heartbeats;
 use crate::model::ownership::Kind;
 use crate::model::ownership::{self, ObjectKind};
 use crate::model::seal::SealKey;
-use crate::model::validate::{ValidJob, pod_name};
+use crate::model::validate::{ValidJob, worker_pod_names};
 use crate::plan::{self, Observed, ObservedClaim, SiblingPlacement, UnseenWrite};
 use crate::progress::store::ProgressStore;
 use crate::state::expectations::Expectations;
@@ -220,8 +220,9 @@ impl Sources {
         let (ns, caches) = (job.namespace.as_str(), &self.caches);
         let mut pods = Vec::new();
         let mut foreign = Vec::new();
-        for rank in ranks_to_observe(job.spec.workers, current) {
-            let name = pod_name(&job.name, rank);
+        let names = ranks_to_observe(job.spec.workers, current)
+            .flat_map(|rank| worker_pod_names(&job.name, rank).map(|name| (rank, name)));
+        for (rank, name) in names {
             let Some(pod) = caches.pods.get(&ObjectRef::new(&name).within(ns)) else {
                 continue;
             };
@@ -301,7 +302,8 @@ impl Sources {
     fn unseen_writes(&self, job: &ValidJob, current: &TrainingJobStatus) -> Vec<UnseenWrite> {
         let ns = job.namespace.as_str();
         let pods = ranks_to_observe(job.spec.workers, current)
-            .map(|rank| (Kind::Pod, pod_name(&job.name, rank)));
+            .flat_map(|rank| worker_pod_names(&job.name, rank))
+            .map(|name| (Kind::Pod, name));
         let others = [
             (Kind::Service, job.name.clone()),
             (Kind::Claim, job.claim_name.clone()),
@@ -327,7 +329,11 @@ impl Sources {
         observed: &Observed,
     ) -> Result<Option<SiblingPlacement>, Error> {
         let ns = job.namespace.as_str();
-        let held = |rank| observed.is_unseen(Kind::Pod, &pod_name(&job.name, rank));
+        let held = |rank| {
+            worker_pod_names(&job.name, rank)
+                .iter()
+                .any(|name| observed.is_unseen(Kind::Pod, name))
+        };
         let workers = plan::attempt_workers(job, current);
         let Some(cached) = plan::sibling_to_read(&observed.pods, current, workers, held) else {
             return Ok(None);
@@ -495,7 +501,7 @@ mod tests {
                 .iter()
                 .map(|&rank| WorkerStatus {
                     rank,
-                    pod: pod_name("j", rank),
+                    pod: crate::model::validate::pod_name("j", rank),
                     node: None,
                     phase: "Running".to_owned(),
                     reason: None,

@@ -51,7 +51,7 @@ pub const STOP_MARGIN: SignedDuration = SignedDuration::from_secs(10);
 
 /// Whether in-place restarts apply to the job: asked for, and the operator serves the channel
 /// its supervisors poll.
-fn enabled(view: &View<'_>) -> bool {
+pub(crate) fn enabled(view: &View<'_>) -> bool {
     view.job.spec.restart_policy.in_place() && view.config.progress_channel.is_some()
 }
 
@@ -340,16 +340,15 @@ pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
             .values()
             .all(|p| stopped_before(view.observed, p, st.attempt));
     let mut start = BTreeMap::new();
-    for rank in kept_for(st, st.attempt).iter() {
-        let name = view.job.pod_name(rank);
-        let Some(pod) = view
-            .observed
-            .pods
-            .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(&name))
-        else {
+    let kept = kept_for(st, st.attempt);
+    // The census is of the round's attempt: in the round that decides a restart, none of its
+    // pods is the next attempt's yet.
+    let census_is_of_attempt = view.current.attempt == st.attempt;
+    for (&rank, pod) in view.census.kept.iter().chain(&view.census.current) {
+        let standby = pods::is_standby(pod.as_ref()) && census_is_of_attempt;
+        if !kept.contains(rank) && !standby {
             continue;
-        };
+        }
         let (Some(uid), Some(labelled)) = (
             pod.metadata.uid.clone(),
             label_u32(pod.as_ref(), LABEL_ATTEMPT),

@@ -30,6 +30,7 @@ pub(super) mod elastic;
 mod progress;
 mod requeue;
 mod restart;
+mod standby;
 
 /// One decision of a round.
 pub(crate) type PhaseFn = fn(&View<'_>, &mut Round) -> Flow;
@@ -248,6 +249,9 @@ fn success(view: &View<'_>, round: &mut Round) -> Flow {
 fn drain_old_attempt(view: &View<'_>, round: &mut Round) -> Flow {
     // Kept pods stop their old attempt in place, or are replaced.
     let kept_stopped = in_place::settle(view, round);
+    if standby::stalled(view, round) {
+        return Flow::Stop;
+    }
     if view.census.old.is_empty() && kept_stopped {
         return Flow::Continue;
     }

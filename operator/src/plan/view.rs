@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::observed::{Observed, is_finished};
 use super::supervised;
-use crate::build::pods::label_u32;
+use crate::build::pods::{is_standby, label_u32};
 use crate::config::OperatorConfig;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, Phase, TrainingJobStatus};
 use crate::model::liveness::{self, Reports, Silence};
@@ -158,6 +158,9 @@ pub(crate) struct Census<'a> {
     /// until they carry this attempt's label: their supervisors stop the old attempt and start
     /// this one ([`super::in_place`]).
     pub kept: BTreeMap<u32, &'a Arc<CachedPod>>,
+    /// Standbys: replacements created ahead of a termination notice for the next attempt
+    /// (labelled with it), by rank, while this attempt runs ([`super::standby`]).
+    pub ahead: BTreeMap<u32, &'a Arc<CachedPod>>,
     /// Each current rank's state, including recorded workers whose pods are gone.
     pub states: BTreeMap<u32, WorkerState>,
     /// When a state may change without a watch event.
@@ -199,6 +202,43 @@ impl Census<'_> {
     }
 }
 
+/// The observed pods by their place in attempt `attempt` ([`Census`]).
+#[derive(Default)]
+struct Split<'a> {
+    current: BTreeMap<u32, &'a Arc<CachedPod>>,
+    old: Vec<&'a Arc<CachedPod>>,
+    kept: BTreeMap<u32, &'a Arc<CachedPod>>,
+    ahead: BTreeMap<u32, &'a Arc<CachedPod>>,
+}
+
+impl<'a> Split<'a> {
+    fn of(view: &View<'a>, attempt: u32, kept_for: &RankSet) -> Self {
+        let mut split = Self::default();
+        for pod in &view.observed.pods {
+            match (
+                label_u32(pod.as_ref(), LABEL_ATTEMPT),
+                label_u32(pod.as_ref(), LABEL_RANK),
+            ) {
+                (Some(a), Some(r)) if a == attempt && r < view.workers => {
+                    split.current.insert(r, pod);
+                }
+                (Some(a), Some(r)) if a < attempt && r < view.workers && kept_for.contains(r) => {
+                    split.kept.insert(r, pod);
+                }
+                (Some(a), Some(r))
+                    if a == attempt.saturating_add(1)
+                        && r < view.workers
+                        && is_standby(pod.as_ref()) =>
+                {
+                    split.ahead.insert(r, pod);
+                }
+                _ => split.old.push(pod),
+            }
+        }
+        split
+    }
+}
+
 /// The ranks of an attempt the status records: seen, and of those, succeeded.
 #[derive(Default)]
 struct RecordedRanks {
@@ -220,24 +260,13 @@ impl<'a> Census<'a> {
     /// the status recorded of them.
     fn take(view: &View<'a>, attempt: u32, recorded: &RecordedRanks) -> Self {
         let observed = view.observed;
-        let mut current: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
-        let mut old: Vec<&Arc<CachedPod>> = Vec::new();
-        let mut kept: BTreeMap<u32, &Arc<CachedPod>> = BTreeMap::new();
         let kept_for = supervised::kept_for(view.current, attempt);
-        for pod in &observed.pods {
-            match (
-                label_u32(pod.as_ref(), LABEL_ATTEMPT),
-                label_u32(pod.as_ref(), LABEL_RANK),
-            ) {
-                (Some(a), Some(r)) if a == attempt && r < view.workers => {
-                    current.insert(r, pod);
-                }
-                (Some(a), Some(r)) if a < attempt && r < view.workers && kept_for.contains(r) => {
-                    kept.insert(r, pod);
-                }
-                _ => old.push(pod),
-            }
-        }
+        let Split {
+            current,
+            old,
+            kept,
+            ahead,
+        } = Split::of(view, attempt, &kept_for);
         let mut states: BTreeMap<u32, WorkerState> = BTreeMap::new();
         let mut recheck_at = None;
         for (&rank, pod) in &current {
@@ -251,9 +280,11 @@ impl<'a> Census<'a> {
                         "the trainer exited with code {code} (reported by its supervisor)"
                     ))
                 }
-                // A kept pod runs this attempt once its supervisor says it started it.
+                // A kept pod, or a standby, runs this attempt once its supervisor says it
+                // started it.
                 (WorkerState::Running { .. }, None)
-                    if kept_for.contains(rank) && !supervised::started(observed, pod, attempt) =>
+                    if (kept_for.contains(rank) || is_standby(pod.as_ref()))
+                        && !supervised::started(observed, pod, attempt) =>
                 {
                     WorkerState::Pending { reason: None }
                 }
@@ -294,6 +325,7 @@ impl<'a> Census<'a> {
             current,
             old,
             kept,
+            ahead,
             states,
             recheck_at,
             silent,

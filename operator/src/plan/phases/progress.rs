@@ -322,10 +322,14 @@ pub(in crate::plan) fn termination_notice(view: &View<'_>, round: &mut Round) ->
     let Some(p) = current(view, round) else {
         return Flow::Continue;
     };
+    super::standby::withdrawn(view, round);
     let Some(Notice { told, detail }) = notice(view) else {
         notice_gone(round, p);
         return Flow::Continue;
     };
+    if let Some(flow) = super::standby::before_checkpoint(view, round) {
+        return flow;
+    }
     let attempt = round.st.attempt;
     if requested_time(round).is_none() {
         let step = p.step();

@@ -230,6 +230,12 @@ fn restart(
         RestartReason::Requeue => Default::default(),
         _ => in_place::keep(view, size),
     };
+    // Replacements created ahead of a notice are the next attempt's pods of their ranks.
+    let joining = match reason {
+        RestartReason::Requeue => Vec::new(),
+        _ => super::standby::joining(view, next, size, &kept),
+    };
+    let detail = &super::standby::switch_detail(detail, &joining, now);
     let st = &mut round.st;
     st.attempt = next;
     if view.job.spec.elastic.is_some() {
@@ -278,6 +284,7 @@ fn restart(
             .uid
             .as_deref()
             .is_some_and(|u| kept_uids.contains(&u))
+            || joining.iter().any(|j| Arc::ptr_eq(j, p))
     };
     round.remove_pods(view, view.observed.pods.iter().filter(|p| !is_kept(p)));
     if let Some(event) = in_place::restart_event(view, next, &kept, &replaced) {

@@ -7,7 +7,7 @@ use trainyard_api::env::{PET_RDZV_ID, TRAINYARD_FENCE_TOKEN};
 
 const IN_PLACE: &str = "workers: 2\nrestartPolicy: {inPlace: true}\n";
 
-fn channel() -> ProgressChannel {
+pub(super) fn channel() -> ProgressChannel {
     ProgressChannel {
         url: "http://trainyard-progress.trainyard:8082/v1/progress".into(),
         audience: "trainyard.dev/progress".into(),
@@ -16,7 +16,7 @@ fn channel() -> ProgressChannel {
 }
 
 /// A running two-worker job with in-place restarts, whose supervisors poll.
-fn supervised_world(yaml: &str) -> World {
+pub(super) fn supervised_world(yaml: &str) -> World {
     let mut w = World::new(yaml);
     w.config.progress_channel = Some(channel());
     w.step();

@@ -40,6 +40,7 @@ mod progress;
 mod removal;
 mod requeue;
 mod restart;
+mod standby;
 mod suspend;
 mod terminal;
 mod unschedulable;
@@ -213,6 +214,7 @@ impl World {
                         continue;
                     }
                     pod.metadata.uid = Some(format!("{name}-{}", self.status.attempt));
+                    pod.metadata.creation_timestamp = Some(Time(self.now));
                     if let Some(spec) = pod.spec.as_mut() {
                         spec.node_name = Some("n-1".into());
                     }

@@ -1,0 +1,343 @@
+//! Make before break on a termination notice: the noticed workers' replacements are created
+//! at once, beside the pods they replace, as the next attempt's pods **in waiting**
+//! (standbys: scheduled, image pulled, the supervisor started with its spare interpreter
+//! warm, running nothing). Once every standby waits, or [`STANDBY_WAIT`] after they were
+//! created, the notice goes on as without them: a checkpoint at the next step boundary, then
+//! the gang restart, in which the noticed pods are deleted, the healthy ones are kept in place
+//! and the standbys, already labelled with the new attempt, are its pods for their ranks:
+//! their supervisors start it as soon as nothing of the old attempt runs.
+//!
+//! - **No room**: a standby not waiting by the deadline (unschedulable, slow to start) is
+//!   deleted with a Warning Event, and its rank restarts as without one.
+//! - **Notice withdrawn** before the switch: the standbys are deleted (Normal Event) and the
+//!   job trains on undisturbed.
+//! - Only for jobs that restart in place (the standby's supervisor is the one that starts
+//!   it), with trainers that report progress (the checkpoint on the notice).
+//!
+//! A standby's name is the one of its rank's two names ([`worker_pod_names`]) its noticed
+//! pod does not use; its hostname is its rank's, so the rendezvous address does not change.
+
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::super::in_place;
+use super::super::outcome::{Action, Flow};
+use super::super::round::Round;
+use super::super::supervised::{fresh, stopped_before, supervisor};
+use super::super::view::{View, attempt_workers};
+use super::progress::requested_time;
+use crate::build::pods::{self, AttemptStart, Seat};
+use crate::model::cached_pod::CachedPod;
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, RestartReason};
+use crate::model::events::JobEvent;
+use crate::model::nodes;
+use crate::model::preemption::{NodeView, WorkerState};
+use crate::model::reason;
+use crate::model::validate::worker_pod_names;
+use trainyard_api::ranks::RankSet;
+
+/// How long standbys are waited for before the notice's checkpoint is asked for all the
+/// same: the notice must leave time for the checkpoint and a clean stop (30 s on GCP and
+/// Azure, 2 minutes on AWS).
+pub const STANDBY_WAIT: SignedDuration = SignedDuration::from_secs(15);
+/// How often standbys that do not wait yet are looked at (their pods' changes and their
+/// supervisors' first polls wake the job first).
+const STANDBY_RECHECK: SignedDuration = SignedDuration::from_secs(2);
+
+/// The running ranks of the attempt on nodes under a termination notice, with the node and
+/// the notice.
+fn noticed_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v str)> {
+    view.census
+        .current
+        .iter()
+        .filter_map(|(&rank, pod)| {
+            if !matches!(
+                view.census.states.get(&rank),
+                Some(WorkerState::Running { .. })
+            ) {
+                return None;
+            }
+            let NodeView::Present(node) = view.observed.node_view(pod) else {
+                return None;
+            };
+            let taint = nodes::termination_taint(node, &view.classifier.termination_taints)?;
+            Some((rank, nodes::name(node), taint))
+        })
+        .collect()
+}
+
+/// Whether the standby `pod` waits: it runs, and its supervisor polls, with nothing running.
+fn waits(view: &View<'_>, pod: &CachedPod, next: u32) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod.node_name().is_some()
+        && supervisor(view.observed, pod).is_some_and(|s| fresh(s, view.now))
+        && stopped_before(view.observed, pod, next)
+}
+
+/// Before the checkpoint of a termination notice is asked for: creates the noticed ranks'
+/// standbys and waits for them (see the module's doc). `Some(flow)` while they are waited
+/// for; `None` when the notice goes on (every standby waits, the deadline passed, or make
+/// before break does not apply).
+pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Flow> {
+    let channel = view.config.progress_channel.as_ref()?;
+    if !in_place::enabled(view) || requested_time(round).is_some() {
+        return None;
+    }
+    let noticed = noticed_ranks(view);
+    if noticed.is_empty() {
+        return None;
+    }
+    let next = round.st.attempt.saturating_add(1);
+    let ahead = &view.census.ahead;
+    let missing: Vec<(u32, &str, &str)> = noticed
+        .iter()
+        .copied()
+        .filter(|(rank, ..)| !ahead.contains_key(rank))
+        .collect();
+    if !missing.is_empty() {
+        create(view, round, channel, &missing, next);
+        round.requeue(view.now.saturating_add(STANDBY_RECHECK).ok());
+        return Some(Flow::Continue);
+    }
+    let since = ahead
+        .values()
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .min()
+        .unwrap_or(view.now);
+    let deadline = since.saturating_add(STANDBY_WAIT).unwrap_or(since);
+    let late: Vec<u32> = ahead
+        .iter()
+        .filter(|(_, p)| !waits(view, p, next))
+        .map(|(&r, _)| r)
+        .collect();
+    if late.is_empty() {
+        let waited = view.now.duration_since(since).as_secs_f64();
+        let ranks: RankSet = ahead.keys().copied().collect();
+        round.events.push(JobEvent::normal(
+            reason::STANDBY_READY,
+            format!(
+                "the replacement(s) of worker(s) {ranks} wait on their nodes after {waited:.1}s: \
+                 asking for the checkpoint before the switch"
+            ),
+        ));
+        return None;
+    }
+    if view.now < deadline {
+        round.requeue(Some(
+            deadline.min(view.now.saturating_add(STANDBY_RECHECK).unwrap_or(deadline)),
+        ));
+        return Some(Flow::Continue);
+    }
+    give_up(view, round, &late, since);
+    None
+}
+
+/// Creates the standbys of `missing` (rank, node, notice) for attempt `next`.
+fn create(
+    view: &View<'_>,
+    round: &mut Round,
+    channel: &crate::config::ProgressChannel,
+    missing: &[(u32, &str, &str)],
+    next: u32,
+) {
+    let node_refs = view.observed.node_refs();
+    let history = super::super::cost_fallback::history(&round.st);
+    let placement = super::place(view, &node_refs, history);
+    let start = AttemptStart::of(
+        next,
+        Some(RestartReason::Preemption),
+        view.observed.claim.as_ref().is_some_and(|c| c.inherited),
+    );
+    let workers = attempt_workers(view.job, &round.st);
+    let mut told = Vec::new();
+    for &(rank, node, taint) in missing {
+        let used: Vec<&str> = view
+            .observed
+            .pods
+            .iter()
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect();
+        let Some(name) = worker_pod_names(&view.job.name, rank)
+            .into_iter()
+            .find(|n| !used.contains(&n.as_str()))
+        else {
+            continue;
+        };
+        let seat = Seat {
+            rank,
+            attempt: next,
+            workers,
+        };
+        let pod = pods::standby_pod(view.job, seat, start, &placement, channel, &name);
+        round.actions.push(Action::CreatePod(Box::new(pod)));
+        told.push(format!(
+            "worker {rank} ({name}, for notice {taint} on node {node})"
+        ));
+    }
+    if !told.is_empty() {
+        round.events.push(JobEvent::normal(
+            reason::STANDBY_CREATED,
+            format!(
+                "termination notice: created the replacement(s) of attempt {next} ahead, \
+                 beside the pods they replace, to wait up to {}s before the switch: {}",
+                STANDBY_WAIT.as_secs(),
+                told.join("; ")
+            ),
+        ));
+    }
+}
+
+/// The standbys of `late` ranks did not wait by the deadline: deleted, and their ranks
+/// restart as without one.
+fn give_up(view: &View<'_>, round: &mut Round, late: &[u32], since: Timestamp) {
+    let why = |rank: u32| -> String {
+        let Some(pod) = view.census.ahead.get(&rank) else {
+            return String::new();
+        };
+        if pod.node_name().is_none() {
+            return "not scheduled (no room)".to_owned();
+        }
+        match supervisor(view.observed, pod) {
+            None => "its supervisor never polled".to_owned(),
+            Some(_) => "its supervisor does not wait".to_owned(),
+        }
+    };
+    let whys: Vec<String> = late
+        .iter()
+        .map(|&r| format!("worker {r}: {}", why(r)))
+        .collect();
+    round.events.push(JobEvent::warning(
+        reason::STANDBY_GIVEN_UP,
+        format!(
+            "the replacement(s) did not wait within {}s of {since}: deleted, and the notice's \
+             restart creates them after the old pods are gone: {}",
+            STANDBY_WAIT.as_secs(),
+            whys.join("; ")
+        ),
+    ));
+    let pods = late
+        .iter()
+        .filter_map(|r| view.census.ahead.get(r).copied());
+    round.remove_pods(view, pods);
+}
+
+/// Standbys whose notice is gone before the switch (the provider withdrew it, or the noticed
+/// worker's pod went another way): deleted, and nothing else changes.
+pub(super) fn withdrawn(view: &View<'_>, round: &mut Round) {
+    let ahead = &view.census.ahead;
+    if ahead.is_empty() || requested_time(round).is_some() {
+        return;
+    }
+    // A rank whose pod still runs on its node, that node without a notice now. A pod that
+    // went another way (its node lost, its trainer failed) is the restart's to judge: the
+    // standby joins that restart's attempt.
+    let unnoticed = |rank: &u32| {
+        let Some(pod) = view.census.current.get(rank) else {
+            return false;
+        };
+        let NodeView::Present(node) = view.observed.node_view(pod) else {
+            return false;
+        };
+        nodes::termination_taint(node, &view.classifier.termination_taints).is_none()
+    };
+    let gone: Vec<u32> = ahead.keys().copied().filter(unnoticed).collect();
+    if gone.is_empty() {
+        return;
+    }
+    let ranks: RankSet = gone.iter().copied().collect();
+    round.events.push(JobEvent::normal(
+        reason::STANDBY_WITHDRAWN,
+        format!(
+            "the termination notice on worker(s) {ranks} is withdrawn: their replacement(s) \
+             created ahead are deleted, and training goes on"
+        ),
+    ));
+    round.remove_pods(view, gone.iter().filter_map(|r| ahead.get(r).copied()));
+}
+
+/// Standbys of the current attempt whose supervisor does not start it: quiet past the pod's
+/// grace period and [`in_place::STOP_MARGIN`] after the restart was decided, while nothing of
+/// the old attempt runs. They are deleted (Warning Event) and their ranks created again as
+/// any missing rank; true when some were.
+pub(super) fn stalled(view: &View<'_>, round: &mut Round) -> bool {
+    if view.current.attempt != round.st.attempt || !view.census.old.is_empty() {
+        return false;
+    }
+    let Some(decided) = round.st.last_restart.as_ref().map(|l| l.time.0) else {
+        return false;
+    };
+    let grace = SignedDuration::from_secs(view.job.spec.termination_grace_period_seconds);
+    let due = decided
+        .saturating_add(grace)
+        .and_then(|t| t.saturating_add(in_place::STOP_MARGIN))
+        .unwrap_or(decided);
+    let attempt = round.st.attempt;
+    let quiet: Vec<(u32, &Arc<CachedPod>)> = view
+        .census
+        .current
+        .iter()
+        .filter(|(_, p)| pods::is_standby(p.as_ref()) && p.metadata.deletion_timestamp.is_none())
+        .filter(|(_, p)| !super::super::supervised::started(view.observed, p, attempt))
+        .filter(|(_, p)| !supervisor(view.observed, p).is_some_and(|s| fresh(s, view.now)))
+        .map(|(&r, &p)| (r, p))
+        .collect();
+    if quiet.is_empty() {
+        return false;
+    }
+    if view.now < due {
+        round.requeue(Some(due));
+        return false;
+    }
+    let ranks: RankSet = quiet.iter().map(|(r, _)| *r).collect();
+    round.events.push(JobEvent::warning(
+        reason::IN_PLACE_FALLBACK,
+        format!(
+            "worker(s) {ranks}: the replacement created ahead of the notice did not start \
+             attempt {attempt} (its supervisor is quiet): created again"
+        ),
+    ));
+    round.remove_pods(view, quiet.iter().map(|(_, p)| *p));
+    let ranks: Vec<u32> = quiet.iter().map(|(r, _)| *r).collect();
+    round.record_workers_except(view, &ranks);
+    true
+}
+
+/// The standbys that join the restart decided now to attempt `next` of `size` workers, in
+/// which `kept` restart in place: the next attempt's pods of their ranks.
+pub(super) fn joining<'v>(
+    view: &'v View<'_>,
+    next: u32,
+    size: u32,
+    kept: &RankSet,
+) -> Vec<&'v Arc<CachedPod>> {
+    view.census
+        .ahead
+        .iter()
+        .filter(|(rank, p)| {
+            **rank < size
+                && !kept.contains(**rank)
+                && pods::label_u32(p.as_ref(), LABEL_ATTEMPT) == Some(next)
+                && p.metadata.deletion_timestamp.is_none()
+        })
+        .map(|(_, p)| *p)
+        .collect()
+}
+
+/// The restart's `detail`, with the ranks that switch to `joining` standbys and how long
+/// ahead they were created.
+pub(super) fn switch_detail(detail: &str, joining: &[&Arc<CachedPod>], now: Timestamp) -> String {
+    if joining.is_empty() {
+        return detail.to_owned();
+    }
+    let ranks: RankSet = joining
+        .iter()
+        .filter_map(|p| pods::label_u32(p.as_ref(), LABEL_RANK))
+        .collect();
+    let ahead = joining
+        .iter()
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .min()
+        .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
+    format!("{detail}; worker(s) {ranks} switch to their replacement(s) created {ahead:.1}s ahead")
+}

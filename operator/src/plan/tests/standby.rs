@@ -1,0 +1,190 @@
+//! Make before break on a termination notice (standbys), round by round.
+
+use super::in_place::supervised_world;
+use super::*;
+use crate::model::crd::{LABEL_RANK, LABEL_STANDBY};
+use crate::model::supervision::{SupervisedState, SupervisorSeen};
+use trainyard_api::env::TRAINYARD_STANDBY;
+
+impl World {
+    /// The supervisor of pod `name` says it runs (or ran) `attempt` as `state`, now.
+    fn supervisor_of(&mut self, name: &str, attempt: u32, state: SupervisedState) {
+        let pod = self
+            .pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .expect("pod");
+        let uid = pod.metadata.uid.clone().expect("uid");
+        let rank = crate::build::pods::label_u32(pod.as_ref(), LABEL_RANK).expect("rank");
+        self.supervisors.retain(|s| s.pod_uid != uid);
+        self.supervisors.push(SupervisorSeen {
+            pod_uid: uid,
+            rank,
+            attempt,
+            state,
+            seen_at: self.now,
+            since: self.now,
+        });
+    }
+
+    fn uid_of(&self, name: &str) -> String {
+        self.pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .and_then(|p| p.metadata.uid.clone())
+            .expect("pod")
+    }
+}
+
+fn event<'a>(plan: &'a Plan, reason: &str) -> Option<&'a crate::model::events::JobEvent> {
+    plan.events.iter().find(|e| e.reason == reason)
+}
+
+/// A two-worker job restarting in place, rank 1 on n-2, both supervisors polling and both
+/// ranks reporting; then a termination notice on n-2: returns the round that saw it.
+fn noticed_world() -> (World, Plan) {
+    let mut w = supervised_world("workers: 2\n").with_worker_1_on_n2();
+    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+    w.step();
+    notice_on_n2(&mut w, true);
+    let plan = w.step();
+    (w, plan)
+}
+
+#[test]
+fn a_notice_creates_the_noticed_workers_replacement_beside_it_before_asking_for_the_checkpoint() {
+    let (mut w, plan) = noticed_world();
+    let created = World::creates(&plan);
+    assert_eq!(created.len(), 1, "{:?}", plan.actions);
+    let standby = created[0];
+    assert_eq!(standby.metadata.name.as_deref(), Some("train-worker-1-b"));
+    let labels = standby.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        (
+            labels[LABEL_RANK].as_str(),
+            labels[LABEL_ATTEMPT].as_str(),
+            labels[LABEL_STANDBY].as_str()
+        ),
+        ("1", "1", "true")
+    );
+    let spec = standby.spec.as_ref().expect("spec");
+    assert_eq!(spec.hostname.as_deref(), Some("train-worker-1"));
+    assert_eq!(env(standby, TRAINYARD_STANDBY).as_deref(), Some("1"));
+    assert!(event(&plan, reason::STANDBY_CREATED).is_some());
+    assert_eq!(plan.checkpoint_request, None, "the replacement first");
+    assert_eq!(plan.restart, None);
+    assert!(World::deleted(&plan, false).is_empty());
+
+    // It waits on n-1 (scheduled, its supervisor polls with nothing running): the
+    // checkpoint is asked for.
+    w.run_all();
+    w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
+    w.advance(3);
+    let plan = w.step();
+    assert!(
+        event(&plan, reason::STANDBY_READY).is_some(),
+        "{:?}",
+        plan.events
+    );
+    assert_eq!(plan.checkpoint_request, Some(0));
+    assert!(World::creates(&plan).is_empty());
+
+    // Saved: the restart deletes the noticed pod alone; rank 0 keeps its pod, the
+    // replacement is attempt 1's rank 1.
+    let p = w.progress.as_mut().expect("progress");
+    p.checkpoint = Some((43, w.now));
+    p.checkpoint_saved_on_request = Some(43);
+    w.supervisor_of("train-worker-0", 0, SupervisedState::Running);
+    w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(World::deleted(&plan, false), ["train-worker-1"]);
+    let last = plan.status.last_restart.clone().expect("restart");
+    assert_eq!(last.in_place_ranks, "0");
+    let standby_uid = w.uid_of("train-worker-1-b");
+    let started = plan.supervise.as_ref().expect("supervised");
+    assert!(
+        started.directive.start.is_empty(),
+        "nothing starts while the old attempt runs"
+    );
+
+    // Rank 0 stops attempt 0; the noticed pod is gone: rank 0 is relabelled, nothing is
+    // created, and both supervisors are told to start attempt 1.
+    w.supervisor_of("train-worker-0", 0, SupervisedState::Stopped);
+    w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    assert!(World::creates(&plan).is_empty(), "{:?}", plan.actions);
+    let start = &plan.supervise.as_ref().expect("supervised").directive.start;
+    assert!(start.contains_key(&standby_uid), "{start:?}");
+    assert!(start.contains_key(&w.uid_of("train-worker-0")), "{start:?}");
+    assert_eq!(plan.status.phase, Some(Phase::Restarting));
+
+    // Both run attempt 1: the job runs, with 1 preemption and nothing else counted.
+    w.supervisor_of("train-worker-0", 1, SupervisedState::Running);
+    w.supervisor_of("train-worker-1-b", 1, SupervisedState::Running);
+    let plan = w.step();
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!((plan.status.preemptions, plan.status.failures), (1, 0));
+    let workers: Vec<&str> = plan.status.workers.iter().map(|x| x.pod.as_str()).collect();
+    assert_eq!(workers, ["train-worker-0", "train-worker-1-b"]);
+}
+
+#[test]
+fn a_replacement_with_no_room_is_given_up_and_the_notice_goes_on_as_without_it() {
+    let (mut w, _) = noticed_world();
+    w.unplaceable("train-worker-1-b");
+    w.advance(5);
+    let plan = w.step();
+    assert_eq!(
+        plan.checkpoint_request, None,
+        "waited for until the deadline"
+    );
+    w.advance(11);
+    let plan = w.step();
+    let given_up = event(&plan, reason::STANDBY_GIVEN_UP).expect("StandbyGivenUp");
+    assert!(
+        given_up.note.contains("worker 1: not scheduled (no room)"),
+        "{}",
+        given_up.note
+    );
+    assert_eq!(World::deleted(&plan, false), ["train-worker-1-b"]);
+    assert_eq!(plan.checkpoint_request, Some(0));
+    // Not created again while the notice goes on.
+    w.kubelet_removes_deleted();
+    w.advance(1);
+    let plan = w.step();
+    assert!(World::creates(&plan).is_empty(), "{:?}", plan.actions);
+}
+
+#[test]
+fn a_withdrawn_notice_deletes_the_waiting_replacement_and_changes_nothing_else() {
+    let (mut w, _) = noticed_world();
+    w.run_all();
+    w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
+    notice_on_n2(&mut w, false);
+    w.advance(2);
+    let plan = w.step();
+    assert!(
+        event(&plan, reason::STANDBY_WITHDRAWN).is_some(),
+        "{:?}",
+        plan.events
+    );
+    assert_eq!(World::deleted(&plan, false), ["train-worker-1-b"]);
+    assert_eq!(plan.checkpoint_request, None);
+    assert_eq!(plan.restart, None);
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+    assert_eq!(plan.status.attempt, 0);
+}
+
+#[test]
+fn without_in_place_restarts_a_notice_creates_no_replacement_ahead() {
+    let mut w =
+        supervised_world("workers: 2\nrestartPolicy: {inPlace: false}\n").with_worker_1_on_n2();
+    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+    w.step();
+    notice_on_n2(&mut w, true);
+    let plan = w.step();
+    assert!(World::creates(&plan).is_empty());
+    assert_eq!(plan.checkpoint_request, Some(0));
+}
