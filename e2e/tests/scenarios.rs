@@ -1491,12 +1491,14 @@ async fn a_termination_notice_checkpoints_and_restarts_the_gang_losing_no_steps(
     res.and(untainted)
 }
 
-/// In-place restarts under a graceful preemption: the spot node under worker 1 gets its
-/// termination notice. Rank 0, on the on-demand node, keeps its pod and its container, so its
-/// GPUs; only worker 1 is created again (on node 1: the spot node is noticed). Meanwhile a pod
-/// that needs rank 0's GPUs (every GPU of node 1 that no other job holds) stays pending: the
-/// survivors' GPUs never go back to the scheduler. The run ends bit-exact with its
-/// uninterrupted twin.
+/// Make before break under a graceful preemption: the spot node under worker 1 gets its
+/// termination notice. Worker 1's replacement is created at once on node 1 (the spot node is
+/// noticed) and waits there, its launcher started, while worker 1 trains on; then the
+/// checkpoint and the switch. Rank 0, on the on-demand node, keeps its pod and its container,
+/// so its GPUs. Meanwhile a pod that needs rank 0's GPUs (every GPU of node 1 that no other
+/// job holds) stays pending: the survivors' GPUs never go back to the scheduler. No step is
+/// lost, no process of attempt 0 at rank 1 is left once attempt 1 trains, and the run ends
+/// bit-exact with its uninterrupted twin.
 #[expect(
     clippy::too_many_lines,
     reason = "a cluster scenario reads as one story, in the order it happens"
@@ -1542,8 +1544,62 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
         );
         assert_eq!(node_of(replaced), on_demand, "away from the noticed node");
         let stages = recovery_stages(&client, &ns.name, (name, 1, &new_pods), noticed_at).await?;
-        println!("in place, notice on worker 1's node: {stages}");
+        println!("make before break, notice on worker 1's node: {stages}");
+        // Make before break: worker 1's replacement was created beside it (its twin name)
+        // before the switch was decided, and waited there while worker 1 trained.
+        let decided = restart_decided_at(&client, &ns.name, name).await?;
+        let created = replaced
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .context("the replacement's creation")?
+            .0;
+        assert_eq!(replaced.name_any(), format!("{name}-worker-1-b"));
+        assert!(
+            created < decided,
+            "created {created}, switch decided {decided}"
+        );
+        for said in ["StandbyCreated", "StandbyReady"] {
+            let events = job_events(&client, &ns.name, name, said).await?;
+            assert!(!events.is_empty(), "no {said} Event");
+        }
+        assert!(
+            job_events(&client, &ns.name, name, "StandbyGivenUp")
+                .await?
+                .is_empty()
+        );
+        // The old rank-1 pod and every process of its attempt are gone once attempt 1 trains
+        // (the supervisors start it only then).
+        let old = Api::<Pod>::namespaced(client.clone(), &ns.name)
+            .get_opt(&rank_pod(&pods, 1)?.name_any())
+            .await?;
+        assert!(
+            old.is_none_or(|p| p.uid() != rank_pod(&pods, 1).ok().and_then(ResourceExt::uid)),
+            "the noticed pod is gone"
+        );
+        let job_env = format!("{}={name}", trainyard_api::env::TRAINYARD_JOB);
+        let left: Vec<u32> =
+            processes_with_env(trainyard_api::env::TRAINYARD_ATTEMPT, |a| a == "0")?
+                .into_iter()
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| {
+                        let vars: Vec<&[u8]> = e.split(|b| *b == 0).collect();
+                        vars.contains(&job_env.as_bytes())
+                            && vars.contains(&b"NODE_RANK=1".as_slice())
+                            && vars.iter().any(|v| v.starts_with(b"LOCAL_RANK="))
+                    })
+                })
+                .collect();
+        assert!(
+            left.is_empty(),
+            "attempt 0's rank-1 workers still run: {left:?}"
+        );
         let st = job_status(&client, &ns.name, name).await?;
+        let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("worker(s) 1 switch to their replacement(s) created"),
+            "status: {st}"
+        );
         assert_eq!(
             (&st["preemptions"], &st["failures"]),
             (&json!(1), &json!(0)),

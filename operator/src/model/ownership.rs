@@ -317,6 +317,9 @@ mod tests {
         };
         let worker = json!({crate::model::crd::LABEL_JOB: "j", crate::model::crd::LABEL_RANK: "3"});
         assert!(cacheable(&pod("j-worker-3", worker.clone()), true));
+        // A standby's twin name, and no other.
+        assert!(cacheable(&pod("j-worker-3-b", worker.clone()), true));
+        assert!(!cacheable(&pod("j-worker-3-c", worker.clone()), true));
         assert!(!cacheable(&pod("j-worker-3-copy", worker.clone()), true));
         assert!(!cacheable(&pod("j-worker-4", worker.clone()), true));
         assert!(!cacheable(

@@ -12,7 +12,9 @@
 //! - **Notice withdrawn** before the switch: the standbys are deleted (Normal Event) and the
 //!   job trains on undisturbed.
 //! - Only for jobs that restart in place (the standby's supervisor is the one that starts
-//!   it), with trainers that report progress (the checkpoint on the notice).
+//!   it), with trainers that report progress (the checkpoint on the notice), that place
+//!   their own pods (not queued in Kueue, whose quota they would exceed, nor under a gang
+//!   scheduler).
 //!
 //! A standby's name is the one of its rank's two names ([`worker_pod_names`]) its noticed
 //! pod does not use; its hostname is its rank's, so the rendezvous address does not change.
@@ -67,6 +69,13 @@ fn noticed_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v str)> {
         .collect()
 }
 
+/// Whether the job places its own pods: a job admitted by Kueue holds only the quota it was
+/// admitted with, and a gang scheduler places whole groups, so neither gets standbys.
+fn own_capacity(view: &View<'_>) -> bool {
+    view.job.queue.is_none()
+        && crate::build::podgroup::desired_pod_group(view.job, view.config).is_none()
+}
+
 /// Whether the standby `pod` waits: it runs, and its supervisor polls, with nothing running.
 fn waits(view: &View<'_>, pod: &CachedPod, next: u32) -> bool {
     pod.metadata.deletion_timestamp.is_none()
@@ -81,7 +90,7 @@ fn waits(view: &View<'_>, pod: &CachedPod, next: u32) -> bool {
 /// before break does not apply).
 pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Flow> {
     let channel = view.config.progress_channel.as_ref()?;
-    if !in_place::enabled(view) || requested_time(round).is_some() {
+    if !in_place::enabled(view) || requested_time(round).is_some() || !own_capacity(view) {
         return None;
     }
     let noticed = noticed_ranks(view);
