@@ -2482,9 +2482,17 @@ async fn filler_pod(client: &Client, ns: &str, node: &str, leave: u64) -> Result
 const ELASTIC_STEPS: u32 = 200;
 
 /// An elastic job of four one-GPU workers: two on node 2 (spot, two GPUs), two on node 1,
-/// whose other GPUs a filler pod holds. `minWorkers: 2`, replacements waited for 10 s.
+/// whose other GPUs a filler pod holds. `minWorkers: 2`, replacements waited for 10 s. Its
+/// pods are recreated at each restart: the ledger check bounds each attempt by its own pods'
+/// timestamps (an elastic gang shrinking in place is a World test and the chaos run's job).
 fn elastic_job(name: &str) -> Value {
-    let mut job = torch_job(name, 1, ELASTIC_STEPS, "0.5", json!({"policy": "Prefer"}));
+    let mut job = recreating(torch_job(
+        name,
+        1,
+        ELASTIC_STEPS,
+        "0.5",
+        json!({"policy": "Prefer"}),
+    ));
     job["spec"]["workers"] = json!(4);
     job["spec"]["elastic"] = json!({"minWorkers": 2, "replacementWaitSeconds": 10});
     set_env(&mut job, &LOSS_ENV);
