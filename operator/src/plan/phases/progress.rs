@@ -297,19 +297,29 @@ pub(super) fn notice(view: &View<'_>) -> Option<Notice> {
 }
 
 pub(super) fn noticed<'v>(view: &'v View<'_>) -> Option<(u32, &'v str, &'v str)> {
-    view.census.current.iter().find_map(|(&rank, pod)| {
-        if !matches!(
-            view.census.states.get(&rank),
-            Some(WorkerState::Running { .. })
-        ) {
-            return None;
-        }
-        let NodeView::Present(node) = view.observed.node_view(pod) else {
-            return None;
-        };
-        let taint = nodes::termination_taint(node, &view.classifier.termination_taints)?;
-        Some((rank, nodes::name(node), taint))
-    })
+    noticed_ranks(view).into_iter().next()
+}
+
+/// The running ranks of the attempt on nodes under a termination notice, with the node and
+/// the notice.
+pub(super) fn noticed_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v str)> {
+    view.census
+        .current
+        .iter()
+        .filter_map(|(&rank, pod)| {
+            if !matches!(
+                view.census.states.get(&rank),
+                Some(WorkerState::Running { .. })
+            ) {
+                return None;
+            }
+            let NodeView::Present(node) = view.observed.node_view(pod) else {
+                return None;
+            };
+            let taint = nodes::termination_taint(node, &view.classifier.termination_taints)?;
+            Some((rank, nodes::name(node), taint))
+        })
+        .collect()
 }
 
 /// A termination notice (a taint of the provider table) on a running worker's node, for

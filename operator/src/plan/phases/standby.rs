@@ -28,13 +28,13 @@ use super::super::outcome::{Action, Flow};
 use super::super::round::Round;
 use super::super::supervised::{fresh, stopped_before, supervisor};
 use super::super::view::{View, attempt_workers};
-use super::progress::requested_time;
+use super::progress::{noticed_ranks, requested_time};
 use crate::build::pods::{self, AttemptStart, Seat};
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, RestartReason};
 use crate::model::events::JobEvent;
 use crate::model::nodes;
-use crate::model::preemption::{NodeView, WorkerState};
+use crate::model::preemption::NodeView;
 use crate::model::reason;
 use crate::model::validate::worker_pod_names;
 use trainyard_api::ranks::RankSet;
@@ -46,28 +46,6 @@ pub const STANDBY_WAIT: SignedDuration = SignedDuration::from_secs(15);
 /// How often standbys that do not wait yet are looked at (their pods' changes and their
 /// supervisors' first polls wake the job first).
 const STANDBY_RECHECK: SignedDuration = SignedDuration::from_secs(2);
-
-/// The running ranks of the attempt on nodes under a termination notice, with the node and
-/// the notice.
-fn noticed_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v str)> {
-    view.census
-        .current
-        .iter()
-        .filter_map(|(&rank, pod)| {
-            if !matches!(
-                view.census.states.get(&rank),
-                Some(WorkerState::Running { .. })
-            ) {
-                return None;
-            }
-            let NodeView::Present(node) = view.observed.node_view(pod) else {
-                return None;
-            };
-            let taint = nodes::termination_taint(node, &view.classifier.termination_taints)?;
-            Some((rank, nodes::name(node), taint))
-        })
-        .collect()
-}
 
 /// Whether the job places its own pods: a job admitted by Kueue holds only the quota it was
 /// admitted with, and a gang scheduler places whole groups, so neither gets standbys.

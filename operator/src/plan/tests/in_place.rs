@@ -48,7 +48,20 @@ impl World {
     /// The supervisor of rank `rank`'s pod says it runs (or ran) `attempt` as `state`, now;
     /// as the board does, `since` stays when neither changed.
     fn supervisor(&mut self, rank: u32, attempt: u32, state: SupervisedState) {
-        let uid = self.uid(rank);
+        self.supervisor_of(&self.job.pod_name(rank), attempt, state);
+    }
+
+    /// The supervisor of pod `name` says it runs (or ran) `attempt` as `state`, now; as the
+    /// board does, `since` stays when neither changed.
+    pub(super) fn supervisor_of(&mut self, name: &str, attempt: u32, state: SupervisedState) {
+        let pod = self
+            .pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .expect("pod");
+        let uid = pod.metadata.uid.clone().expect("uid");
+        let rank = crate::build::pods::label_u32(pod.as_ref(), crate::model::crd::LABEL_RANK)
+            .expect("rank");
         let since = self
             .supervisors
             .iter()
@@ -228,14 +241,7 @@ fn a_pod_whose_supervisor_went_quiet_or_never_polled_is_not_kept() {
     w.supervisor(0, 0, SupervisedState::Running);
     w.preempt("train-worker-1");
     let plan = w.step();
-    assert_eq!(
-        plan.status
-            .last_restart
-            .clone()
-            .expect("restart")
-            .in_place_ranks,
-        "0"
-    );
+    assert_eq!(kept_ranks(&plan), "0");
 
     // A job whose pods run no supervisor restarts as without inPlace.
     let mut w = supervised_world(IN_PLACE);
@@ -326,31 +332,38 @@ fn pods_of_in_place_jobs_point_their_supervisor_at_the_channel() {
     }
 }
 
+fn kept_ranks(plan: &Plan) -> String {
+    plan.status
+        .last_restart
+        .clone()
+        .expect("restart")
+        .in_place_ranks
+}
+
 #[test]
 fn a_job_that_leaves_in_place_unset_restarts_in_place_where_supervisors_poll() {
     let mut w = supervised_world("workers: 2\n");
     w.preempt("train-worker-1");
     let plan = w.step();
-    assert_eq!(
-        plan.status
-            .last_restart
-            .clone()
-            .expect("restart")
-            .in_place_ranks,
-        "0"
-    );
+    assert_eq!(kept_ranks(&plan), "0");
     assert!(event(&plan, reason::RESTARTING_IN_PLACE).is_some());
 }
 
-#[test]
-fn a_job_that_leaves_in_place_unset_without_a_supervisor_recreates_its_pods_without_a_warning() {
-    let mut w = World::new("workers: 2\n");
+/// The round in which worker 1 of a running two-worker job of `yaml` whose pods run no
+/// supervisor is preempted.
+fn preempted_without_a_supervisor(yaml: &str) -> Plan {
+    let mut w = World::new(yaml);
     w.config.progress_channel = Some(channel());
     w.step();
     w.run_all();
     w.step();
     w.preempt("train-worker-1");
-    let plan = w.step();
+    w.step()
+}
+
+#[test]
+fn a_job_that_leaves_in_place_unset_without_a_supervisor_recreates_its_pods_without_a_warning() {
+    let plan = preempted_without_a_supervisor("workers: 2\n");
     assert_eq!(
         World::deleted(&plan, false),
         ["train-worker-0", "train-worker-1"]
@@ -361,13 +374,7 @@ fn a_job_that_leaves_in_place_unset_without_a_supervisor_recreates_its_pods_with
         plan.events
     );
     // Asked for explicitly, the same restart warns that it could not keep a pod.
-    let mut w = World::new(IN_PLACE);
-    w.config.progress_channel = Some(channel());
-    w.step();
-    w.run_all();
-    w.step();
-    w.preempt("train-worker-1");
-    let plan = w.step();
+    let plan = preempted_without_a_supervisor(IN_PLACE);
     assert!(event(&plan, reason::IN_PLACE_FALLBACK).is_some());
 }
 

@@ -3,30 +3,10 @@
 use super::in_place::supervised_world;
 use super::*;
 use crate::model::crd::{LABEL_RANK, LABEL_STANDBY};
-use crate::model::supervision::{SupervisedState, SupervisorSeen};
+use crate::model::supervision::SupervisedState;
 use trainyard_api::env::TRAINYARD_STANDBY;
 
 impl World {
-    /// The supervisor of pod `name` says it runs (or ran) `attempt` as `state`, now.
-    fn supervisor_of(&mut self, name: &str, attempt: u32, state: SupervisedState) {
-        let pod = self
-            .pods
-            .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(name))
-            .expect("pod");
-        let uid = pod.metadata.uid.clone().expect("uid");
-        let rank = crate::build::pods::label_u32(pod.as_ref(), LABEL_RANK).expect("rank");
-        self.supervisors.retain(|s| s.pod_uid != uid);
-        self.supervisors.push(SupervisorSeen {
-            pod_uid: uid,
-            rank,
-            attempt,
-            state,
-            seen_at: self.now,
-            since: self.now,
-        });
-    }
-
     fn uid_of(&self, name: &str) -> String {
         self.pods
             .iter()
