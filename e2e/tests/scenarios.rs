@@ -1653,6 +1653,120 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
     res.and(untainted)
 }
 
+/// Make before break without room, and a notice withdrawn before the switch: worker 1 on spot
+/// node 2, node 1 full but for rank 0 (a filler pod holds its other GPUs). A notice withdrawn
+/// while worker 1's replacement waits for room deletes the replacement, and the job trains on
+/// in attempt 0, nothing asked of it. A notice that stands gives the replacement up after 15 s
+/// (Warning `StandbyGivenUp`) and restarts as without one: the checkpoint, then worker 1
+/// created after the switch, which runs once the filler goes. No step is lost.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a cluster scenario reads as one story, in the order it happens"
+)]
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_notice_with_no_room_for_the_replacement_restarts_as_before_and_a_withdrawn_one_changes_nothing()
+-> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let spot = node2_name();
+    let pod_api = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    let res = with_spot_node(&client, || async {
+        let on_demand = node_name();
+        let name = place_rank_on(&client, &ns.name, ("1", &spot), &on_demand, || {
+            torch_job("roomless", 2, 200, "0.5", json!({"policy": "Prefer"}))
+        })
+        .await?;
+        let name = name.as_str();
+        running_pods(&client, &ns.name, name, 0, 2).await?;
+        reported_progress(&client, &ns.name, name, 0).await?;
+        let filler = filler_pod(&client, &ns.name, &on_demand, 0).await?;
+        let standby = format!("{name}-worker-1-b");
+        let standby_is = |there: bool| {
+            let (pod_api, standby) = (pod_api.clone(), standby.clone());
+            async move {
+                let found = pod_api.get_opt(&standby).await?;
+                let live = found.is_some_and(|p| p.metadata.deletion_timestamp.is_none());
+                Ok((live == there).then_some(()))
+            }
+        };
+
+        // Withdrawn while the replacement waits for room: it goes, and nothing else moves.
+        notice(&spot)?;
+        wait_for(
+            "the replacement created ahead",
+            Duration::from_secs(30),
+            || standby_is(true),
+        )
+        .await?;
+        withdraw_notice(&spot)?;
+        wait_for("the replacement deleted", Duration::from_secs(30), || {
+            standby_is(false)
+        })
+        .await?;
+        let withdrawn = job_events(&client, &ns.name, name, "StandbyWithdrawn").await?;
+        ensure!(!withdrawn.is_empty(), "no StandbyWithdrawn Event");
+        let asked = job_events(&client, &ns.name, name, "CheckpointRequested").await?;
+        ensure!(asked.is_empty(), "a checkpoint was asked for: {asked:?}");
+        let st = job_status(&client, &ns.name, name).await?;
+        ensure!(
+            st["attempt"] == 0 && st["preemptions"] == 0 && st["phase"] == "Running",
+            "status: {st}"
+        );
+
+        // A notice that stands: the replacement is given up, and the notice goes on as
+        // without one.
+        notice(&spot)?;
+        let given_up = wait_for("StandbyGivenUp", Duration::from_secs(60), || async {
+            let said = job_events(&client, &ns.name, name, "StandbyGivenUp").await?;
+            Ok((!said.is_empty()).then_some(said))
+        })
+        .await?;
+        ensure!(
+            given_up
+                .iter()
+                .any(|m| m.contains("worker 1: not scheduled (no room)")),
+            "{given_up:?}"
+        );
+        wait_for(
+            "the restart after the checkpoint",
+            Duration::from_secs(60),
+            || async {
+                let st = job_status(&client, &ns.name, name).await?;
+                Ok((st["attempt"] == 1).then_some(()))
+            },
+        )
+        .await?;
+        pod_api.delete(&filler, &Default::default()).await?;
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        ensure!(
+            st["preemptions"] == 1 && st["failures"] == 0,
+            "status: {st}"
+        );
+        ensure!(st["progress"]["stepsLost"] == 0, "status: {st}");
+        let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
+        ensure!(
+            detail.contains("termination notice") && !detail.contains("switch to their"),
+            "status: {st}"
+        );
+        Ok(())
+    })
+    .await;
+    let untainted = withdraw_notice(&spot);
+    let _ = pod_api
+        .delete(&format!("filler-{}", node_name()), &Default::default())
+        .await;
+    ns.cleanup().await?;
+    res.and(untainted)
+}
+
 fn trainer_restarts(pod: &Pod) -> Option<i32> {
     Some(trainer_status(pod)?.restart_count)
 }

@@ -19,6 +19,7 @@
 //! A standby's name is the one of its rank's two names ([`worker_pod_names`]) its noticed
 //! pod does not use; its hostname is its rank's, so the rendezvous address does not change.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
@@ -76,16 +77,27 @@ pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Fl
         return None;
     }
     let next = round.st.attempt.saturating_add(1);
-    let ahead = &view.census.ahead;
+    // Standbys being deleted (given up, or a withdrawn notice's) are none.
+    let ahead: BTreeMap<u32, &Arc<CachedPod>> = view
+        .census
+        .ahead
+        .iter()
+        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
+        .map(|(&r, &p)| (r, p))
+        .collect();
     let missing: Vec<(u32, &str, &str)> = noticed
         .iter()
         .copied()
         .filter(|(rank, ..)| !ahead.contains_key(rank))
         .collect();
-    if !missing.is_empty() {
-        create(view, round, channel, &missing, next);
+    // A rank whose two names are both taken (its last standby still going) has none: it
+    // restarts as without one.
+    if create(view, round, channel, &missing, next) > 0 {
         round.requeue(view.now.saturating_add(STANDBY_RECHECK).ok());
         return Some(Flow::Continue);
+    }
+    if ahead.is_empty() {
+        return None;
     }
     let since = ahead
         .values()
@@ -116,18 +128,21 @@ pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Fl
         ));
         return Some(Flow::Continue);
     }
-    give_up(view, round, &late, since);
+    give_up(view, round, &ahead, &late, since);
     None
 }
 
-/// Creates the standbys of `missing` (rank, node, notice) for attempt `next`.
+/// Creates the standbys of `missing` (rank, node, notice) for attempt `next`; how many.
 fn create(
     view: &View<'_>,
     round: &mut Round,
     channel: &crate::config::ProgressChannel,
     missing: &[(u32, &str, &str)],
     next: u32,
-) {
+) -> usize {
+    if missing.is_empty() {
+        return 0;
+    }
     let node_refs = view.observed.node_refs();
     let history = super::super::cost_fallback::history(&round.st);
     let placement = super::place(view, &node_refs, history);
@@ -162,7 +177,8 @@ fn create(
             "worker {rank} ({name}, for notice {taint} on node {node})"
         ));
     }
-    if !told.is_empty() {
+    let created = told.len();
+    if created > 0 {
         round.events.push(JobEvent::normal(
             reason::STANDBY_CREATED,
             format!(
@@ -173,13 +189,20 @@ fn create(
             ),
         ));
     }
+    created
 }
 
 /// The standbys of `late` ranks did not wait by the deadline: deleted, and their ranks
 /// restart as without one.
-fn give_up(view: &View<'_>, round: &mut Round, late: &[u32], since: Timestamp) {
+fn give_up(
+    view: &View<'_>,
+    round: &mut Round,
+    ahead: &BTreeMap<u32, &Arc<CachedPod>>,
+    late: &[u32],
+    since: Timestamp,
+) {
     let why = |rank: u32| -> String {
-        let Some(pod) = view.census.ahead.get(&rank) else {
+        let Some(pod) = ahead.get(&rank) else {
             return String::new();
         };
         if pod.node_name().is_none() {
@@ -203,9 +226,7 @@ fn give_up(view: &View<'_>, round: &mut Round, late: &[u32], since: Timestamp) {
             whys.join("; ")
         ),
     ));
-    let pods = late
-        .iter()
-        .filter_map(|r| view.census.ahead.get(r).copied());
+    let pods = late.iter().filter_map(|r| ahead.get(r).copied());
     round.remove_pods(view, pods);
 }
 

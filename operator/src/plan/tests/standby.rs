@@ -155,6 +155,14 @@ fn a_withdrawn_notice_deletes_the_waiting_replacement_and_changes_nothing_else()
     assert_eq!(plan.restart, None);
     assert_eq!(plan.status.phase, Some(Phase::Running));
     assert_eq!(plan.status.attempt, 0);
+
+    // Noticed again while that standby is still going: both of rank 1's names are taken, so
+    // it restarts as without one, the checkpoint asked for at once.
+    notice_on_n2(&mut w, true);
+    w.advance(1);
+    let plan = w.step();
+    assert!(World::creates(&plan).is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.checkpoint_request, Some(0));
 }
 
 #[test]
