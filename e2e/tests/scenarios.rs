@@ -1738,18 +1738,7 @@ async fn a_notice_with_no_room_for_the_replacement_restarts_as_before_and_a_with
         )
         .await?;
         pod_api.delete(&filler, &Default::default()).await?;
-        let st = wait_phase(
-            &client,
-            &ns.name,
-            name,
-            "Succeeded",
-            Duration::from_secs(300),
-        )
-        .await?;
-        ensure!(
-            st["preemptions"] == 1 && st["failures"] == 0,
-            "status: {st}"
-        );
+        let st = succeeded_after_one_preemption(&client, &ns.name, name).await?;
         ensure!(st["progress"]["stepsLost"] == 0, "status: {st}");
         let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
         ensure!(
