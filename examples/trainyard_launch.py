@@ -97,6 +97,9 @@ plus 3 s) is not held at all: the launcher exits with the code, so that the pod 
 failure as it would without a supervisor, and an operator that cannot be reached hides none.
 SIGTERM or SIGINT to the launcher itself (the pod is
 deleted) is passed on as above, and it exits with the command's code, waiting for no order.
+Once every process of the attempt is gone it first says so in one last poll (state stopped,
+at most FAREWELL_SECONDS): the operator may then start the next attempt on the replacements
+it created ahead of a termination notice without waiting for this pod's teardown.
 docs/env-contract.md describes the protocol, for a supervisor of your own.
 """
 
@@ -223,6 +226,7 @@ def run(command, stuck):
 WAITING_POLL_SECONDS = 0.25  # between polls while exited or stopped: a restart is imminent
 HTTP_TIMEOUT_SECONDS = 2
 QUIET_SECONDS = 60  # between two logged poll errors
+FAREWELL_SECONDS = 0.5  # the last poll of a launcher whose pod is being deleted
 GONE_SECONDS = 2  # for the leftovers of a command on the way out: the container ends anyway
 
 
@@ -622,7 +626,7 @@ class Supervisor:
             if same:
                 self.wake.wait(max(0.0, interval - (time.monotonic() - sent)))
 
-    def ask(self, body):
+    def ask(self, body, timeout=None):
         """POSTs one poll: (whether the operator answered, its order or None for continue).
         An error is (False, None), logged at most once a minute."""
         try:
@@ -635,7 +639,8 @@ class Supervisor:
                 {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
                 method="POST",
             )
-            timeout = HTTP_TIMEOUT_SECONDS + body.get("waitSeconds", 0)
+            if timeout is None:
+                timeout = HTTP_TIMEOUT_SECONDS + body.get("waitSeconds", 0)
             with self.opener.open(request, timeout=timeout) as response:
                 if response.status != 200:
                     raise ValueError(f"HTTP {response.status}")
@@ -832,6 +837,7 @@ class Supervisor:
                 return code
             return None
         if self.child is None:  # SIGTERM while it waited for the master
+            self.farewell()
             return 128 + self.signalled
         if self.child.poll() is None:
             if now >= self.workers_look:
@@ -848,12 +854,14 @@ class Supervisor:
         if self.stopping is None and self.exited_at is None:
             self.exited_at = time.monotonic()
         if self.signalled is not None or (code == 0 and self.stopping is None):
-            self.kill_attempt(GONE_SECONDS)
+            if self.kill_attempt(GONE_SECONDS) and self.signalled is not None:
+                self.farewell()
             return code
         # Never report stopped or exited while a process of the attempt runs.
         if self.stopping is None:
             self.kill_attempt()
         elif not self.finish_stop():
+            self.farewell()
             return code  # SIGTERM to the launcher: the pod is being deleted
         self.held_since = time.monotonic()
         if self.stopping is not None:
@@ -863,6 +871,18 @@ class Supervisor:
         self.report("exited", code)
         say(f"child exited {code}; holding for the operator's decision up to {self.hold:g} s")
         return None
+
+    def farewell(self):
+        """The pod is being deleted (SIGTERM or SIGINT to the launcher): once no process of
+        the attempt is left, one last poll says the attempt stopped here (at most
+        FAREWELL_SECONDS), so that the next attempt need not wait for the pod's teardown."""
+        if self.child is not None and self.leftovers():
+            return
+        with self.lock:
+            self.state = "stopped"
+            body = {"job": self.job, "rank": self.rank, "attempt": self.attempt,
+                    "state": "stopped"}
+        self.ask(body, timeout=FAREWELL_SECONDS)
 
     def enforce_stop(self, now):
         """The operator's grace and the barrier rule for a command that got SIGTERM."""

@@ -420,6 +420,41 @@ def test_sigterm_to_the_launcher_is_passed_on_and_ends_it_without_a_hold(tmp_pat
     assert "exited" not in {b["state"] for b in op.bodies()}
 
 
+@pytest.mark.parametrize("ordered", [False, True], ids=["sigterm", "sigterm-during-a-stop"])
+def test_sigterm_to_the_launcher_says_stopped_once_nothing_of_the_attempt_is_left(
+    tmp_path, operator, ordered
+):
+    """The pod is being deleted (a noticed worker whose replacement waits): its last poll says
+    the attempt stopped, sent only once no process of it is left, so that the operator can
+    start the next attempt without waiting for the pod's teardown."""
+    at_stopped = []
+
+    def answer(body):
+        if body["state"] == "stopped":
+            at_stopped.append(alive_in_session(int((tmp_path / "child").read_text())))
+        if ordered and body["state"] == "running" and (tmp_path / "child").exists():
+            return {"action": "stop", "attempt": 4}
+        return CONTINUE
+
+    op = operator(answer)
+    # A stop's grace long enough that the SIGTERM comes while the launcher waits for the
+    # process the command left.
+    launcher = Launcher(tmp_path, LEAVES_A_PROCESS, op.url, TRAINYARD_STOP_GRACE_SECONDS="20",
+                        TRAINYARD_SUPERVISOR_HOLD_SECONDS="30")
+    if ordered:
+        wait_for(lambda: (tmp_path / "saved").exists())
+    else:
+        wait_for(lambda: (tmp_path / "child").exists() and op.bodies())
+    assert at_stopped == []
+    started = time.monotonic()
+    launcher.process.send_signal(signal.SIGTERM)
+    code, err = launcher.finish()
+    assert time.monotonic() - started < 5, err
+    assert code == 143, err
+    assert op.reports() == [(3, "running"), (3, "stopped")], err
+    assert at_stopped == [[]], "nothing of attempt 3 ran when it said stopped"
+
+
 def test_sigterm_while_holding_ends_the_launcher_with_the_commands_code(tmp_path, operator):
     op = operator()
     launcher = Launcher(tmp_path, FAILS_WITH_3, op.url, TRAINYARD_SUPERVISOR_HOLD_SECONDS="30")

@@ -333,7 +333,7 @@ pub(crate) fn supervise(view: &View<'_>, round: &Round) -> Option<Supervise> {
     // and its supervisor said the old attempt stopped: the leader relabels the kept pods one
     // write each, so a pod may carry the attempt's label while another kept one has not
     // stopped yet (or falls back and is deleted).
-    let old_attempt_gone = view.census.old.is_empty()
+    let old_attempt_gone = view.census.old_attempt_over(view, st.attempt)
         && view
             .census
             .kept

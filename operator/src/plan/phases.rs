@@ -252,7 +252,7 @@ fn drain_old_attempt(view: &View<'_>, round: &mut Round) -> Flow {
     if standby::stalled(view, round) {
         return Flow::Stop;
     }
-    if view.census.old.is_empty() && kept_stopped {
+    if view.census.old_attempt_over(view, round.st.attempt) && kept_stopped {
         return Flow::Continue;
     }
     round.remove_pods(view, view.census.old.iter().copied());

@@ -341,6 +341,23 @@ impl<'a> Census<'a> {
             .collect()
     }
 
+    /// Whether nothing of an older attempt runs any more, so that this one may start: no pod of
+    /// one is left, or every pod left is being deleted and its supervisor said, after the
+    /// attempt's processes were gone, that nothing of it runs there (its teardown then costs
+    /// the next attempt nothing: make before break). Only while every rank has its pod (none
+    /// waits to be created under a name a pod being deleted may still hold), and never for
+    /// rank 0's, whose hostname the next attempt's master takes: the old pod's address stays
+    /// behind the name until the pod is gone.
+    pub fn old_attempt_over(&self, view: &View<'_>, attempt: u32) -> bool {
+        self.old.is_empty()
+            || (self.missing(view.workers).is_empty()
+                && self.old.iter().all(|pod| {
+                    pod.metadata.deletion_timestamp.is_some()
+                        && label_u32(pod.as_ref(), LABEL_RANK).is_some_and(|rank| rank != 0)
+                        && supervised::stopped_before(view.observed, pod, attempt)
+                }))
+    }
+
     /// Whether a pod of this attempt waits for a node.
     pub fn any_unscheduled(&self) -> bool {
         self.current.values().any(|p| p.node_name().is_none())

@@ -269,7 +269,9 @@ pub(super) fn withdrawn(view: &View<'_>, round: &mut Round) {
 /// the old attempt runs. They are deleted (Warning Event) and their ranks created again as
 /// any missing rank; true when some were.
 pub(super) fn stalled(view: &View<'_>, round: &mut Round) -> bool {
-    if view.current.attempt != round.st.attempt || !view.census.old.is_empty() {
+    if view.current.attempt != round.st.attempt
+        || !view.census.old_attempt_over(view, round.st.attempt)
+    {
         return false;
     }
     let Some(decided) = round.st.last_restart.as_ref().map(|l| l.time.0) else {

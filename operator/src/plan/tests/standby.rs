@@ -33,7 +33,7 @@ fn noticed_world() -> (World, Plan) {
 
 #[test]
 fn a_notice_creates_the_noticed_workers_replacement_beside_it_before_asking_for_the_checkpoint() {
-    let (mut w, plan) = noticed_world();
+    let (w, plan) = noticed_world();
     let created = World::creates(&plan);
     assert_eq!(created.len(), 1, "{:?}", plan.actions);
     let standby = created[0];
@@ -57,10 +57,7 @@ fn a_notice_creates_the_noticed_workers_replacement_beside_it_before_asking_for_
 
     // It waits on n-1 (scheduled, its supervisor polls with nothing running): the
     // checkpoint is asked for.
-    w.run_all();
-    w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
-    w.advance(3);
-    let plan = w.step();
+    let (w, plan) = ready(w);
     assert!(
         event(&plan, reason::STANDBY_READY).is_some(),
         "{:?}",
@@ -69,24 +66,7 @@ fn a_notice_creates_the_noticed_workers_replacement_beside_it_before_asking_for_
     assert_eq!(plan.checkpoint_request, Some(0));
     assert!(World::creates(&plan).is_empty());
 
-    // Saved: the restart deletes the noticed pod alone; rank 0 keeps its pod, the
-    // replacement is attempt 1's rank 1.
-    let p = w.progress.as_mut().expect("progress");
-    p.checkpoint = Some((43, w.now));
-    p.checkpoint_saved_on_request = Some(43);
-    w.supervisor_of("train-worker-0", 0, SupervisedState::Running);
-    w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
-    let plan = w.step();
-    assert_eq!(plan.restart, Some(RestartReason::Preemption));
-    assert_eq!(World::deleted(&plan, false), ["train-worker-1"]);
-    let last = plan.status.last_restart.clone().expect("restart");
-    assert_eq!(last.in_place_ranks, "0");
-    let standby_uid = w.uid_of("train-worker-1-b");
-    let started = plan.supervise.as_ref().expect("supervised");
-    assert!(
-        started.directive.start.is_empty(),
-        "nothing starts while the old attempt runs"
-    );
+    let (mut w, standby_uid) = switch(w);
 
     // Rank 0 stops attempt 0; the noticed pod is gone: rank 0 is relabelled, nothing is
     // created, and both supervisors are told to start attempt 1.
@@ -108,6 +88,112 @@ fn a_notice_creates_the_noticed_workers_replacement_beside_it_before_asking_for_
     assert_eq!((plan.status.preemptions, plan.status.failures), (1, 0));
     let workers: Vec<&str> = plan.status.workers.iter().map(|x| x.pod.as_str()).collect();
     assert_eq!(workers, ["train-worker-0", "train-worker-1-b"]);
+}
+
+/// The standby runs on n-1, its supervisor waiting: returns the round that sees it.
+fn ready(mut w: World) -> (World, Plan) {
+    w.run_all();
+    w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
+    w.advance(3);
+    let plan = w.step();
+    (w, plan)
+}
+
+/// The round after the noticed pod's checkpoint (its standby waiting): the restart deletes
+/// the noticed pod alone; rank 0 keeps its pod, the replacement is attempt 1's rank 1, and
+/// nothing starts yet. Returns the world and the standby's uid.
+fn switch(mut w: World) -> (World, String) {
+    let p = w.progress.as_mut().expect("progress");
+    p.checkpoint = Some((43, w.now));
+    p.checkpoint_saved_on_request = Some(43);
+    w.supervisor_of("train-worker-0", 0, SupervisedState::Running);
+    w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
+    let plan = w.step();
+    assert_eq!(plan.restart, Some(RestartReason::Preemption));
+    assert_eq!(World::deleted(&plan, false), ["train-worker-1"]);
+    let last = plan.status.last_restart.clone().expect("restart");
+    assert_eq!(last.in_place_ranks, "0");
+    let standby_uid = w.uid_of("train-worker-1-b");
+    let started = plan.supervise.as_ref().expect("supervised");
+    assert!(
+        started.directive.start.is_empty(),
+        "nothing starts while the old attempt runs"
+    );
+
+    (w, standby_uid)
+}
+
+#[test]
+fn the_next_attempt_starts_once_the_noticed_workers_supervisor_says_it_stopped_not_once_its_pod_is_gone()
+ {
+    let (w, _) = noticed_world();
+    let (mut w, standby_uid) = switch(ready(w).0);
+    w.supervisor_of("train-worker-0", 0, SupervisedState::Stopped);
+
+    // The noticed pod is being deleted and its trainer still runs: nothing starts.
+    let plan = w.step();
+    let start = &plan.supervise.as_ref().expect("supervised").directive.start;
+    assert!(start.is_empty(), "{start:?}");
+
+    // Its supervisor says nothing of attempt 0 runs there: attempt 1 starts in the kept pod
+    // and the replacement while the noticed pod's teardown goes on.
+    w.supervisor_of("train-worker-1", 0, SupervisedState::Stopped);
+    let plan = w.step();
+    assert!(
+        w.pods
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some("train-worker-1")),
+        "the noticed pod is still there"
+    );
+    assert!(World::creates(&plan).is_empty(), "{:?}", plan.actions);
+    let start = &plan.supervise.as_ref().expect("supervised").directive.start;
+    assert!(start.contains_key(&standby_uid), "{start:?}");
+    assert!(start.contains_key(&w.uid_of("train-worker-0")), "{start:?}");
+}
+
+#[test]
+fn a_noticed_rank_0_is_gone_before_the_next_attempt_starts_whatever_its_supervisor_says() {
+    // Rank 0 on n-2 this time: the master's hostname must lead to the new pod alone.
+    let mut w = supervised_world("workers: 2\n");
+    w.modify("train-worker-0", |p| {
+        p.spec.as_mut().expect("spec").node_name = Some("n-2".into());
+    });
+    w.nodes
+        .push(Arc::new(node("n-2").gpus(8).product("Tesla-T4").build()));
+    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+    w.step();
+    notice_on_n2(&mut w, true);
+    let plan = w.step();
+    let created = World::creates(&plan);
+    assert_eq!(
+        created
+            .iter()
+            .map(|p| p.metadata.name.as_deref())
+            .collect::<Vec<_>>(),
+        [Some("train-worker-0-b")]
+    );
+    w.run_all();
+    w.supervisor_of("train-worker-0-b", 0, SupervisedState::Stopped);
+    w.advance(3);
+    assert_eq!(w.step().checkpoint_request, Some(0));
+    let p = w.progress.as_mut().expect("progress");
+    p.checkpoint = Some((43, w.now));
+    p.checkpoint_saved_on_request = Some(43);
+    w.supervisor_of("train-worker-1", 0, SupervisedState::Running);
+    let plan = w.step();
+    assert_eq!(World::deleted(&plan, false), ["train-worker-0"]);
+    w.supervisor_of("train-worker-1", 0, SupervisedState::Stopped);
+    w.supervisor_of("train-worker-0", 0, SupervisedState::Stopped);
+    let plan = w.step();
+    let start = &plan.supervise.as_ref().expect("supervised").directive.start;
+    assert!(start.is_empty(), "{start:?}");
+    w.kubelet_removes_deleted();
+    let plan = w.step();
+    let start = &plan.supervise.as_ref().expect("supervised").directive.start;
+    assert!(
+        start.contains_key(&w.uid_of("train-worker-0-b")),
+        "{start:?}"
+    );
 }
 
 #[test]
