@@ -1568,14 +1568,18 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
                 .await?
                 .is_empty()
         );
-        // The old rank-1 pod and every process of its attempt are gone once attempt 1 trains
-        // (the supervisors start it only then).
+        // Every process of the old rank-1 pod's attempt is gone once attempt 1 trains (the
+        // supervisors start it only once its supervisor said so); the pod itself is gone or
+        // on its way out: its teardown goes on beside attempt 1.
         let old = Api::<Pod>::namespaced(client.clone(), &ns.name)
             .get_opt(&rank_pod(&pods, 1)?.name_any())
             .await?;
         assert!(
-            old.is_none_or(|p| p.uid() != rank_pod(&pods, 1).ok().and_then(ResourceExt::uid)),
-            "the noticed pod is gone"
+            old.is_none_or(
+                |p| p.uid() != rank_pod(&pods, 1).ok().and_then(ResourceExt::uid)
+                    || p.metadata.deletion_timestamp.is_some()
+            ),
+            "the noticed pod is gone or being deleted"
         );
         let job_env = format!("{}={name}", trainyard_api::env::TRAINYARD_JOB);
         let left: Vec<u32> =
