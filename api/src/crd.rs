@@ -489,12 +489,26 @@ pub struct RestartPolicySpec {
     /// true. `false`: every restart creates every pod again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place: Option<bool>,
+
+    /// Make before break on a termination notice, for a job that restarts in place: the
+    /// noticed workers' replacements are created at once, beside them, and wait there (holding
+    /// their GPUs) until the checkpoint the notice asks for; the restart then starts on them.
+    /// A replacement with no room within 15 s is given up. Unset: true. `false`: a notice's
+    /// replacements are created once the noticed pods are gone, as in any restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_ahead_on_notice: Option<bool>,
 }
 
 impl RestartPolicySpec {
     /// Whether restarts keep the pods they can (`inPlace`, true unless set to false).
     pub fn in_place(&self) -> bool {
         self.in_place.unwrap_or(true)
+    }
+
+    /// Whether a notice's replacements are created ahead (`replaceAheadOnNotice`, true unless
+    /// set to false; only with [`Self::in_place`]).
+    pub fn replace_ahead_on_notice(&self) -> bool {
+        self.replace_ahead_on_notice.unwrap_or(true)
     }
 }
 
@@ -507,6 +521,7 @@ impl Default for RestartPolicySpec {
             progress_timeout_seconds: None,
             max_hangs: default_max_hangs(),
             in_place: None,
+            replace_ahead_on_notice: None,
         }
     }
 }

@@ -69,7 +69,11 @@ fn waits(view: &View<'_>, pod: &CachedPod, next: u32) -> bool {
 /// before break does not apply).
 pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Flow> {
     let channel = view.config.progress_channel.as_ref()?;
-    if !in_place::enabled(view) || requested_time(round).is_some() || !own_capacity(view) {
+    if !in_place::enabled(view)
+        || !view.job.spec.restart_policy.replace_ahead_on_notice()
+        || requested_time(round).is_some()
+        || !own_capacity(view)
+    {
         return None;
     }
     let noticed = noticed_ranks(view);

@@ -252,13 +252,15 @@ fn a_withdrawn_notice_deletes_the_waiting_replacement_and_changes_nothing_else()
 }
 
 #[test]
-fn without_in_place_restarts_a_notice_creates_no_replacement_ahead() {
-    let mut w =
-        supervised_world("workers: 2\nrestartPolicy: {inPlace: false}\n").with_worker_1_on_n2();
-    w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
-    w.step();
-    notice_on_n2(&mut w, true);
-    let plan = w.step();
-    assert!(World::creates(&plan).is_empty());
-    assert_eq!(plan.checkpoint_request, Some(0));
+fn without_in_place_restarts_or_with_replace_ahead_off_a_notice_creates_no_replacement_ahead() {
+    for policy in ["{inPlace: false}", "{replaceAheadOnNotice: false}"] {
+        let spec = format!("workers: 2\nrestartPolicy: {policy}\n");
+        let mut w = supervised_world(&spec).with_worker_1_on_n2();
+        w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
+        w.step();
+        notice_on_n2(&mut w, true);
+        let plan = w.step();
+        assert!(World::creates(&plan).is_empty(), "{policy}");
+        assert_eq!(plan.checkpoint_request, Some(0), "{policy}");
+    }
 }
