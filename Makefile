@@ -98,7 +98,7 @@ e2e:
 	@date +"make: e2e from %T"
 	$(CARGO) build --workspace --bins
 	bash e2e/cluster/host-guard.sh start
-	bash e2e/with-cluster.sh bash -c 'kubectl cordon $(NODE2) >/dev/null && $(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --skip nvml_ --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored --skip dashboard_ && $(CARGO) test -p trainyard-e2e --test dashboard -- --ignored'; \
+	bash e2e/with-cluster.sh bash -c 'kubectl cordon $(NODE2) >/dev/null && $(CARGO) test --workspace --exclude trainyard-e2e --tests -- --ignored --skip nvml_ --test-threads 3 && $(CARGO) test -p trainyard-e2e --tests -- --ignored --skip dashboard_ --skip figures_ && $(CARGO) test -p trainyard-e2e --test dashboard -- --ignored'; \
 	  rc=$$?; bash e2e/cluster/host-guard.sh check || rc=1; exit $$rc
 
 crds:

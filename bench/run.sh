@@ -173,6 +173,21 @@ else
 fi
 control_plane down || true
 grep -h 'ratio' "$OUT"/guard-*.log || true
+
+# Make before break on a termination notice against in place and recreate: the three restarts
+# of the same torchrun job in each of BENCH_NOTICE_ROUNDS rounds (default 3; 0 skips it), on
+# the local e2e cluster (built and started as make test does), all in this one run. The table
+# lands in target/bench/make-before-break.md and is copied by hand into the page's section.
+NOTICE_ROUNDS=${BENCH_NOTICE_ROUNDS:-3}
+if [[ $NOTICE_ROUNDS != 0 ]]; then
+  echo "bench: make before break, $NOTICE_ROUNDS round(s) on the local cluster"
+  cargo build --workspace --bins
+  FIGURE_ROUNDS=$NOTICE_ROUNDS bash e2e/with-cluster.sh bash -c \
+    'kubectl cordon trainyard-node-2 >/dev/null &&
+     cargo test -p trainyard-e2e --test scenarios -- --ignored --exact --nocapture figures_make_before_break_against_in_place_and_recreate' \
+    >"$OUT/make-before-break.log" 2>&1 || guards_ok=0
+  cat "$OUT/make-before-break.md" 2>/dev/null || echo "bench: no make-before-break table; see target/bench/make-before-break.log" >&2
+fi
 if [[ $guards_ok == 0 ]]; then
   echo "bench: a timing guard failed; see target/bench/guard-*.log" >&2
   exit 1

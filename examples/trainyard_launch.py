@@ -80,8 +80,9 @@ MASTER_*, RANK...) when imported.
 
 A standby (TRAINYARD_STANDBY=1: a replacement the operator created ahead of a termination
 notice, beside the pod it replaces, for the attempt TRAINYARD_ATTEMPT) runs nothing at first:
-it reports the attempt before its own as stopped, starts its spare interpreter at once, and
-waits, without the hold's limit, for the operator's start order (then it starts that attempt
+it reports the attempt before its own as stopped, starts its spare interpreter at once (each
+poll says "warming": true until the spare has imported: the operator asks for the switch once
+its standbys are warm), and waits, without the hold's limit, for the operator's start order (then it starts that attempt
 as above), its exit order, or its pod's deletion.
 
 An operator that cannot be reached, or an answer the launcher does not know, means continue:
@@ -470,6 +471,7 @@ class Spare:
     def __init__(self, imports, run, argv):
         self.run, self.argv = run, argv
         self.ready, ready = os.pipe()  # a byte once it has imported; EOF: it died
+        self.answer = None  # whether it imported (True) or died (False), once known
         try:
             # Of no attempt until it is handed one: no TRAINYARD_ATTEMPT, a mark instead.
             env = {k: v for k, v in os.environ.items() if k != "TRAINYARD_ATTEMPT"}
@@ -480,13 +482,20 @@ class Spare:
         finally:
             os.close(ready)
 
+    def poll_ready(self, timeout=0.0):
+        """Whether it has imported (True) or died (False); None while it still imports."""
+        if self.answer is None and select.select([self.ready], [], [], timeout)[0]:
+            self.answer = os.read(self.ready, 1) == b"r"
+        return self.answer
+
     def wait_ready(self, interrupted):
         """Whether it has imported and waits (for at most READY_SECONDS, until `interrupted()`);
         a spare that died before (a crash, the OOM killer) is never handed an attempt."""
         deadline = time.monotonic() + self.READY_SECONDS
         while not interrupted() and time.monotonic() < deadline:
-            if select.select([self.ready], [], [], 0.1)[0]:
-                return os.read(self.ready, 1) == b"r"
+            answer = self.poll_ready(0.1)
+            if answer is not None:
+                return answer
         return False
 
     def go(self, env, interrupted):
@@ -579,6 +588,8 @@ class Supervisor:
         self.spare_for = spare_run(command) if self.warm_imports else None
         self.spare = None
         self.spare_due = None  # when to start the next attempt's spare
+        # A standby whose spare still imports, said in each poll from the first.
+        self.warming = self.standby and self.spare_for is not None
 
     # The poll thread.
 
@@ -590,6 +601,8 @@ class Supervisor:
                     return
                 body = {"job": self.job, "rank": self.rank, "attempt": self.attempt,
                         "state": self.state}
+                if self.warming:
+                    body["warming"] = True
                 if self.state == "exited":
                     body["exitCode"] = self.exit_code
                     # Dates the exit for whichever replica leads, also one that hears it late.
@@ -622,7 +635,8 @@ class Supervisor:
             # state, before or during that wait, is reported at once.
             self.wake.clear()
             with self.lock:
-                same = (self.state, self.attempt) == (body["state"], body["attempt"])
+                same = ((self.state, self.attempt, self.warming)
+                        == (body["state"], body["attempt"], "warming" in body))
             if same:
                 self.wake.wait(max(0.0, interval - (time.monotonic() - sent)))
 
@@ -736,6 +750,9 @@ class Supervisor:
                 self.held_since = time.monotonic()
                 say(f"standby for attempt {self.attempt + 1}: waiting for the operator's start")
                 self.warm()
+                if self.spare is None:
+                    with self.lock:
+                        self.warming = False
             else:
                 self.start_child()
             while True:
@@ -747,6 +764,11 @@ class Supervisor:
                     code = self.obey(*order)
                     if code is not None:
                         return code
+                if self.warming and (self.spare is None or self.spare.poll_ready() is not None):
+                    with self.lock:
+                        self.warming = False
+                    say(f"standby for attempt {self.attempt + 1}: warm")
+                    self.wake.set()  # said at once: the operator waits for it
                 code = self.step()
                 if code is not None:
                     return code
@@ -787,6 +809,8 @@ class Supervisor:
             return None
         self.overlay.update(env)
         self.standby = False
+        with self.lock:
+            self.warming = False
         say(f"starting attempt {decided} in place")
         self.report("running", attempt=decided)
         self.start_child()

@@ -918,6 +918,36 @@ pub struct LastRestart {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = MAX_RANK_SET_CHARS))]
     pub in_place_ranks: String,
+    /// The ranks that switch to replacements created ahead of a termination notice (make
+    /// before break, `spec.restartPolicy.replaceAheadOnNotice`), e.g. "1".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_RANK_SET_CHARS))]
+    pub replaced_ahead_ranks: String,
+    /// With `replacedAheadRanks`: how long before the decision the first of those replacements
+    /// was created, in milliseconds (the time they waited beside the old attempt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub ahead_millis: Option<u64>,
+    /// How long after the decision every worker of the new attempt ran, in milliseconds (the
+    /// restart's own duration: for make before break, the switch's); absent until they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub running_after_millis: Option<u64>,
+}
+
+impl LastRestart {
+    /// A restart decided at `time`, with nothing of its course known yet.
+    pub fn new(time: Time, reason: RestartReason, detail: String) -> Self {
+        Self {
+            time,
+            reason,
+            detail,
+            in_place_ranks: String::new(),
+            replaced_ahead_ranks: String::new(),
+            ahead_millis: None,
+            running_after_millis: None,
+        }
+    }
 }
 
 /// Why a gang restart happened.

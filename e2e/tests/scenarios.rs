@@ -1604,6 +1604,18 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
             detail.contains("worker(s) 1 switch to their replacement(s) created"),
             "status: {st}"
         );
+        let last = &st["lastRestart"];
+        assert_eq!(last["replacedAheadRanks"], "1", "status: {st}");
+        assert!(
+            last["aheadMillis"].as_u64().is_some_and(|ms| ms > 0)
+                && last["runningAfterMillis"].as_u64().is_some(),
+            "status: {st}"
+        );
+        println!(
+            "make before break: replacement created {} ms before the switch, every worker \
+             running {} ms after it",
+            last["aheadMillis"], last["runningAfterMillis"]
+        );
         assert_eq!(
             (&st["preemptions"], &st["failures"]),
             (&json!(1), &json!(0)),
@@ -1655,6 +1667,151 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
     let untainted = withdraw_notice(&spot);
     ns.cleanup().await?;
     res.and(untainted)
+}
+
+/// How a notice's restart is made, for [`figures_make_before_break_against_in_place_and_recreate`].
+#[derive(Clone, Copy)]
+enum NoticeRestart {
+    /// The default: the noticed worker's replacement created ahead, rank 0 kept.
+    MakeBeforeBreak,
+    /// `replaceAheadOnNotice: false`: rank 0 kept, worker 1 created after the switch.
+    InPlace,
+    /// `inPlace: false`: every pod created again.
+    Recreate,
+}
+
+impl NoticeRestart {
+    fn label(self) -> &'static str {
+        match self {
+            Self::MakeBeforeBreak => "make before break",
+            Self::InPlace => "in place",
+            Self::Recreate => "recreate",
+        }
+    }
+
+    fn job(self, round: u32) -> Value {
+        let short = match self {
+            Self::MakeBeforeBreak => "mbb",
+            Self::InPlace => "inplace",
+            Self::Recreate => "recreate",
+        };
+        let mut job = torch_job(
+            &format!("fig-{short}-{round}"),
+            2,
+            1000,
+            "0.5",
+            json!({"policy": "Prefer"}),
+        );
+        match self {
+            Self::MakeBeforeBreak => {}
+            Self::InPlace => job["spec"]["restartPolicy"]["replaceAheadOnNotice"] = json!(false),
+            Self::Recreate => job["spec"]["restartPolicy"]["inPlace"] = json!(false),
+        }
+        job
+    }
+}
+
+/// The figures of docs/benchmarks.md "Make before break on a termination notice", all three
+/// ways in one run: the same 2-worker torchrun job (rank 0 on node 1, worker 1 on spot node 2,
+/// room on node 1), a termination notice on node 2, restarted with make before break, in place
+/// without it, and by recreating every pod; `FIGURE_ROUNDS` rounds (default 3), the three ways
+/// one after the other in each. The notice comes once rank 0's launcher has warmed the next
+/// attempt's interpreter, as it has long before a notice hours into a run (the recreated
+/// job's pods start cold whatever the time). Prints one table row a run and writes the table to
+/// `target/bench/make-before-break.md`; asserts only that each run restarted once for the
+/// notice and lost no step (no time: `make bench` runs it, never `make test`).
+#[tokio::test]
+#[ignore = "a benchmark on the local cluster (make bench)"]
+async fn figures_make_before_break_against_in_place_and_recreate() -> Result<()> {
+    let rounds: u32 = std::env::var("FIGURE_ROUNDS")
+        .ok()
+        .map_or(Ok(3), |r| r.parse())
+        .context("FIGURE_ROUNDS")?;
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let spot = node2_name();
+    let mut rows = vec![
+        "| round | restart | notice → decided | notice → first step | decided → first step | steps lost |".to_owned(),
+        "|---:|---|---:|---:|---:|---:|".to_owned(),
+    ];
+    let res = with_spot_node(&client, || async {
+        let on_demand = node_name();
+        for round in 1..=rounds {
+            for how in [
+                NoticeRestart::MakeBeforeBreak,
+                NoticeRestart::InPlace,
+                NoticeRestart::Recreate,
+            ] {
+                let row = notice_figure(&client, &ns.name, (&spot, &on_demand), how, round).await?;
+                println!("{row}");
+                rows.push(row);
+            }
+        }
+        Ok(())
+    })
+    .await;
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("make-before-break.md"), rows.join("\n") + "\n")?;
+    if res.is_err() {
+        // A run that failed may have left its notice (each run withdraws its own).
+        withdraw_notice(&spot).ok();
+    }
+    ns.cleanup().await?;
+    res
+}
+
+/// One run of [`figures_make_before_break_against_in_place_and_recreate`]: its table row. The
+/// job is deleted and the notice withdrawn after it.
+async fn notice_figure(
+    client: &Client,
+    ns: &str,
+    (spot, on_demand): (&str, &str),
+    how: NoticeRestart,
+    round: u32,
+) -> Result<String> {
+    let name = place_rank_on(client, ns, ("1", spot), on_demand, || how.job(round)).await?;
+    let name = name.as_str();
+    let pods = running_pods(client, ns, name, 0, 2).await?;
+    reported_progress(client, ns, name, 0).await?;
+    if !matches!(how, NoticeRestart::Recreate) {
+        // As hours into a run: rank 0's launcher has warmed the next attempt's
+        // interpreter (10 s after the attempt's start), which it does not on a
+        // notice a few seconds in.
+        let rank0 = rank_pod(&pods, 0)?;
+        wait_for(
+            "rank 0's spare interpreter",
+            Duration::from_secs(120),
+            || async { trainyard_e2e::first_log_time(ns, rank0, TRAINER, "ready: imported") },
+        )
+        .await?;
+    }
+    let noticed_at = notice(spot)?;
+    let new_pods = running_pods(client, ns, name, 1, 2).await?;
+    let stages = recovery_stages(client, ns, (name, 1, &new_pods), noticed_at).await?;
+    let p = reported_progress(client, ns, name, 1).await?;
+    let st = job_status(client, ns, name).await?;
+    ensure!(
+        (&st["preemptions"], &st["failures"]) == (&json!(1), &json!(0)),
+        "{name}: one restart, for the notice: {st}"
+    );
+    ensure!(p["stepsLost"] == 0, "{name} lost steps: {p}");
+    let row = format!(
+        "| {round} | {} | {:.1} s | {:.1} s | {:.1} s | 0 |",
+        how.label(),
+        stages.decided,
+        stages.first_step,
+        stages.first_step - stages.decided
+    );
+    tj_api(client, ns).delete(name, &Default::default()).await?;
+    withdraw_notice(spot)?;
+    wait_for(
+        &format!("{name}'s pods gone"),
+        Duration::from_secs(120),
+        || async { Ok(job_pods(client, ns, name).await?.is_empty().then_some(())) },
+    )
+    .await?;
+    Ok(row)
 }
 
 /// Make before break without room, and a notice withdrawn before the switch: worker 1 on spot

@@ -881,3 +881,10 @@ def test_a_standby_runs_nothing_and_waits_past_the_hold_until_the_operator_start
     assert time.monotonic() - started >= 2
     assert any("standby for attempt 4" in line for line in err), err
     assert any("runs in the spare interpreter" in line for line in err), err
+    # Warming until its spare imported, said at once when it had.
+    bodies = op.bodies()
+    assert bodies[0].get("warming") is True, bodies[0]
+    warm = [i for i, b in enumerate(bodies) if b["state"] == "stopped" and "warming" not in b]
+    assert warm, bodies
+    assert all(b.get("warming") is True for b in bodies[:warm[0]]), bodies
+    assert any("standby for attempt 4: warm" in line for line in err), err

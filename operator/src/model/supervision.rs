@@ -40,6 +40,9 @@ pub struct SupervisorSeen {
     /// exit, when the trainer exited, as its supervisor dates it (`exitedSecondsAgo`), so that
     /// a new leader that hears of it late still judges it at its time.
     pub since: Timestamp,
+    /// A standby still warming what its start needs (its spare interpreter importing): it
+    /// polls, but is not ready for the switch yet.
+    pub warming: bool,
 }
 
 /// What the plan tells a job's supervisors.

@@ -91,12 +91,11 @@ mod tests {
     fn restarted(attempt: u32, reason: RestartReason, at: Timestamp) -> TrainingJobStatus {
         TrainingJobStatus {
             attempt,
-            last_restart: Some(LastRestart {
-                time: Time(at),
+            last_restart: Some(LastRestart::new(
+                Time(at),
                 reason,
-                detail: "worker 1 preempted".to_owned(),
-                in_place_ranks: String::new(),
-            }),
+                "worker 1 preempted".to_owned(),
+            )),
             ..Default::default()
         }
     }

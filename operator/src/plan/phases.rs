@@ -16,7 +16,7 @@ use super::{attempt_start, cost_fallback, goodput, in_place};
 use crate::build::{podgroup, pvc, service};
 use crate::model::cached_pod::CachedPod;
 use crate::model::condition::{self, condition_is_true};
-use crate::model::crd::{LastRestart, Phase, RestartReason};
+use crate::model::crd::{LastRestart, MAX_LEDGER, Phase, RestartReason};
 use crate::model::events::JobEvent;
 use crate::model::kueue::{self, Queued};
 use crate::model::nodes;
@@ -174,12 +174,11 @@ fn resume(view: &View<'_>, round: &mut Round) -> Flow {
     st.attempt = next;
     st.clear_workers();
     st.start_time = Some(Time(view.now));
-    st.last_restart = Some(LastRestart {
-        time: Time(view.now),
-        reason: RestartReason::Resume,
-        detail: "spec.suspend set to false".to_owned(),
-        in_place_ranks: String::new(),
-    });
+    st.last_restart = Some(LastRestart::new(
+        Time(view.now),
+        RestartReason::Resume,
+        "spec.suspend set to false".to_owned(),
+    ));
     round
         .events
         .push(attempt_start::resume_event(next, view.now));
@@ -650,6 +649,13 @@ fn running(view: &View<'_>, round: &mut Round) -> Flow {
             reason::RUNNING,
             format!("all {workers} worker(s) of attempt {attempt} are running"),
         ));
+        if let Some(last) = round.st.last_restart.as_mut()
+            && last.running_after_millis.is_none()
+        {
+            let took = view.now.duration_since(last.time.0).as_millis();
+            let took = u64::try_from(took.max(0)).map_or(MAX_LEDGER, |t| t.min(MAX_LEDGER));
+            last.running_after_millis = Some(took);
+        }
     }
     round.st.phase = Some(Phase::Running);
     let message = format!("attempt {attempt}: {workers}/{workers} workers running");

@@ -565,6 +565,9 @@ struct PollBody {
     /// [`supervisors::MAX_HOLD`]): absent or 0, it is answered at once.
     #[serde(default)]
     wait_seconds: Option<f64>,
+    /// A standby still warming what its start needs (its spare interpreter importing).
+    #[serde(default)]
+    warming: bool,
 }
 
 /// An optional number of seconds of a poll, at most `max` (absent: zero); anything but a
@@ -626,6 +629,7 @@ impl PollBody {
                 attempt: body.attempt,
                 state,
                 exited_ago,
+                warming: body.warming,
             },
             hold,
         })
@@ -1403,6 +1407,19 @@ mod tests {
         );
         let line = "trainyard_operator_supervisor_polls_total{outcome=\"accepted\"} 4";
         assert!(h.server.metrics.render().lines().any(|l| l == line));
+        // A standby says it still warms; without the field, it does not.
+        let warming = |on: Option<bool>| {
+            let mut body = json!({"job": "train", "rank": 1, "attempt": 1, "state": "stopped"});
+            if let Some(on) = on {
+                body["warming"] = json!(on);
+            }
+            body
+        };
+        for (said, seen) in [(Some(true), true), (None, false), (Some(false), false)] {
+            poll(&h.router, "tok-train-worker-1", warming(said)).await;
+            let board = store.snapshot("ml", "train", "uid-job-train");
+            assert_eq!(board[0].warming, seen, "{said:?}");
+        }
     }
 
     /// A directive that says how long to hold puts `holdSeconds` in every answer of its job.

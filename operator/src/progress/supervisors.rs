@@ -51,6 +51,8 @@ pub struct Poll {
     /// For an exit: how long before this poll the trainer exited, by the supervisor's own
     /// clock (at most [`MAX_EXIT_AGE`]), so that every replica dates it alike.
     pub exited_ago: Duration,
+    /// A standby still warming what its start needs (`"warming": true`).
+    pub warming: bool,
 }
 
 /// The oldest exit a poll may date: a supervisor holds an exit no longer than this.
@@ -205,7 +207,7 @@ impl SupervisorBoard {
             .seen
             .get(&poll.pod_uid)
             .filter(|s| s.attempt == poll.attempt && s.state == poll.state);
-        let wake = unchanged.is_none();
+        let wake = unchanged.is_none_or(|s| s.warming != poll.warming);
         let heard = match poll.state {
             SupervisedState::Exited(_) => SignedDuration::try_from(poll.exited_ago)
                 .ok()
@@ -223,6 +225,7 @@ impl SupervisorBoard {
                 state: poll.state,
                 seen_at: now,
                 since,
+                warming: poll.warming,
             },
         );
         Answered { order, wake }
@@ -370,6 +373,7 @@ mod tests {
             attempt,
             state,
             exited_ago: Duration::ZERO,
+            warming: false,
         }
     }
 
@@ -538,6 +542,17 @@ mod tests {
         assert_eq!((seen[0].seen_at, seen[0].since), (at(3), at(2)));
         // Another job of the same name sees none of it.
         assert!(board.snapshot("ns", "j", "u2").is_empty());
+        // A standby that is warm at last wakes the job (the switch waits for it).
+        let warming = Poll {
+            warming: true,
+            ..poll("b", 0, SupervisedState::Stopped)
+        };
+        assert!(board.poll("ns", "j", "u1", warming.clone(), at(4)).wake);
+        assert!(!board.poll("ns", "j", "u1", warming, at(5)).wake);
+        let warm = poll("b", 0, SupervisedState::Stopped);
+        assert!(board.poll("ns", "j", "u1", warm, at(6)).wake);
+        let seen = board.snapshot("ns", "j", "u1");
+        assert!(seen.iter().all(|s| !s.warming), "{seen:?}");
     }
 
     #[test]

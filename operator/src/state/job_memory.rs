@@ -300,6 +300,7 @@ mod tests {
             attempt: 1,
             state: SupervisedState::Running,
             exited_ago: Duration::ZERO,
+            warming: false,
         };
         memory.progress.supervisors.poll(ns, name, uid, poll, now);
         let ledger = GoodputLedger::default();

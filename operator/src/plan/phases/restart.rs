@@ -235,7 +235,8 @@ fn restart(
         RestartReason::Requeue => Vec::new(),
         _ => super::standby::joining(view, next, size, &kept),
     };
-    let detail = &super::standby::switch_detail(detail, &joining, now);
+    let switch = super::standby::Switch::of(&joining, now);
+    let detail = &switch.detail(detail);
     let st = &mut round.st;
     st.attempt = next;
     if view.job.spec.elastic.is_some() {
@@ -244,10 +245,14 @@ fn restart(
     st.phase = Some(Phase::Restarting);
     st.clear_workers();
     st.last_restart = Some(LastRestart {
-        time: Time(now),
-        reason,
-        detail: crate::model::condition::cut_to_chars(detail, MAX_MESSAGE_CHARS),
         in_place_ranks: kept.to_string(),
+        replaced_ahead_ranks: switch.ranks.to_string(),
+        ahead_millis: switch.ahead_millis(),
+        ..LastRestart::new(
+            Time(now),
+            reason,
+            crate::model::condition::cut_to_chars(detail, MAX_MESSAGE_CHARS),
+        )
     });
     let message = format!("attempt {next} after {}: {detail}", reason.as_str());
     round.condition(view, condition::RESTARTING, true, reason.as_str(), &message);

@@ -1,8 +1,9 @@
 //! Make before break on a termination notice: the noticed workers' replacements are created
 //! at once, beside the pods they replace, as the next attempt's pods **in waiting**
 //! (standbys: scheduled, image pulled, the supervisor started with its spare interpreter
-//! warm, running nothing). Once every standby waits, or [`STANDBY_WAIT`] after they were
-//! created, the notice goes on as without them: a checkpoint at the next step boundary, then
+//! warm, running nothing). Once every standby waits, warm (its supervisor no longer says it
+//! is `warming`), or [`STANDBY_WAIT`] after they were created (a standby that waits but still
+//! warms then joins as it is), the notice goes on as without them: a checkpoint at the next step boundary, then
 //! the gang restart, in which the noticed pods are deleted, the healthy ones are kept in place
 //! and the standbys, already labelled with the new attempt, are its pods for their ranks:
 //! their supervisors start it as soon as nothing of the old attempt runs.
@@ -32,7 +33,7 @@ use super::super::view::{View, attempt_workers};
 use super::progress::{noticed_ranks, requested_time};
 use crate::build::pods::{self, AttemptStart, Seat};
 use crate::model::cached_pod::CachedPod;
-use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, RestartReason};
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_LEDGER, RestartReason};
 use crate::model::events::JobEvent;
 use crate::model::nodes;
 use crate::model::preemption::NodeView;
@@ -61,6 +62,12 @@ fn waits(view: &View<'_>, pod: &CachedPod, next: u32) -> bool {
         && pod.node_name().is_some()
         && supervisor(view.observed, pod).is_some_and(|s| fresh(s, view.now))
         && stopped_before(view.observed, pod, next)
+}
+
+/// Whether the waiting standby `pod` is still warming what its start needs (its supervisor
+/// says so: the spare interpreter importing torch).
+fn warming(view: &View<'_>, pod: &CachedPod) -> bool {
+    supervisor(view.observed, pod).is_some_and(|s| s.warming)
 }
 
 /// Before the checkpoint of a termination notice is asked for: creates the noticed ranks'
@@ -114,14 +121,25 @@ pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Fl
         .filter(|(_, p)| !waits(view, p, next))
         .map(|(&r, _)| r)
         .collect();
-    if late.is_empty() {
+    let cold: RankSet = ahead
+        .iter()
+        .filter(|(_, p)| warming(view, p))
+        .map(|(&r, _)| r)
+        .collect();
+    // Every standby waits, warm; or at the deadline, those that wait join cold.
+    if late.is_empty() && (cold.is_empty() || view.now >= deadline) {
         let waited = view.now.duration_since(since).as_secs_f64();
         let ranks: RankSet = ahead.keys().copied().collect();
+        let warm = if cold.is_empty() {
+            String::new()
+        } else {
+            format!(" (worker(s) {cold} still warming)")
+        };
         round.events.push(JobEvent::normal(
             reason::STANDBY_READY,
             format!(
-                "the replacement(s) of worker(s) {ranks} wait on their nodes after {waited:.1}s: \
-                 asking for the checkpoint before the switch"
+                "the replacement(s) of worker(s) {ranks} wait on their nodes after \
+                 {waited:.1}s{warm}: asking for the checkpoint before the switch"
             ),
         ));
         return None;
@@ -338,20 +356,43 @@ pub(super) fn joining<'v>(
         .collect()
 }
 
-/// The restart's `detail`, with the ranks that switch to `joining` standbys and how long
-/// ahead they were created.
-pub(super) fn switch_detail(detail: &str, joining: &[&Arc<CachedPod>], now: Timestamp) -> String {
-    if joining.is_empty() {
-        return detail.to_owned();
+/// The ranks a restart decided now switches to standbys ([`joining`]), and how long ahead the
+/// first of them was created.
+pub(super) struct Switch {
+    pub ranks: RankSet,
+    ahead: Option<SignedDuration>,
+}
+
+impl Switch {
+    pub fn of(joining: &[&Arc<CachedPod>], now: Timestamp) -> Self {
+        let ranks = joining
+            .iter()
+            .filter_map(|p| pods::label_u32(p.as_ref(), LABEL_RANK))
+            .collect();
+        let ahead = joining
+            .iter()
+            .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .min()
+            .map(|t| now.duration_since(t));
+        Self { ranks, ahead }
     }
-    let ranks: RankSet = joining
-        .iter()
-        .filter_map(|p| pods::label_u32(p.as_ref(), LABEL_RANK))
-        .collect();
-    let ahead = joining
-        .iter()
-        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .min()
-        .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
-    format!("{detail}; worker(s) {ranks} switch to their replacement(s) created {ahead:.1}s ahead")
+
+    /// `status.lastRestart.aheadMillis`.
+    pub fn ahead_millis(&self) -> Option<u64> {
+        let ahead = self.ahead?.as_millis().max(0);
+        Some(u64::try_from(ahead).map_or(MAX_LEDGER, |a| a.min(MAX_LEDGER)))
+    }
+
+    /// The restart's `detail`, with the ranks that switch and how long ahead their standbys
+    /// were created.
+    pub fn detail(&self, detail: &str) -> String {
+        if self.ranks.is_empty() {
+            return detail.to_owned();
+        }
+        let ahead = self.ahead.map_or(0.0, |a| a.as_secs_f64());
+        let ranks = &self.ranks;
+        format!(
+            "{detail}; worker(s) {ranks} switch to their replacement(s) created {ahead:.1}s ahead"
+        )
+    }
 }

@@ -167,12 +167,11 @@ fn a_replica_tells_an_attempt_it_has_not_told_once() {
     let mut w = World::new("workers: 1\n");
     w.status = TrainingJobStatus {
         attempt: 3,
-        last_restart: Some(crate::model::crd::LastRestart {
-            time: Time(w.now - SignedDuration::from_secs(5)),
-            reason: RestartReason::Preemption,
-            detail: "a termination notice on node-2".to_owned(),
-            in_place_ranks: String::new(),
-        }),
+        last_restart: Some(crate::model::crd::LastRestart::new(
+            Time(w.now - SignedDuration::from_secs(5)),
+            RestartReason::Preemption,
+            "a termination notice on node-2".to_owned(),
+        )),
         ..w.step().status
     };
     w.told = None;

@@ -75,6 +75,7 @@ impl World {
             state,
             seen_at: self.now,
             since,
+            warming: false,
         });
     }
 }
@@ -717,6 +718,7 @@ fn a_failure_heard_late_by_a_new_leader_is_counted_once_though_a_peers_node_is_l
             attempt: 0,
             state,
             exited_ago: std::time::Duration::from_secs(ago.unsigned_abs()),
+            warming: false,
         };
         board.poll("ns", "train", "uid", poll, w.now);
     };

@@ -83,8 +83,11 @@ fn a_notice_creates_the_noticed_workers_replacement_beside_it_before_asking_for_
     // Both run attempt 1: the job runs, with 1 preemption and nothing else counted.
     w.supervisor_of("train-worker-0", 1, SupervisedState::Running);
     w.supervisor_of("train-worker-1-b", 1, SupervisedState::Running);
+    w.advance(2);
     let plan = w.step();
     assert_eq!(plan.status.phase, Some(Phase::Running));
+    let last = plan.status.last_restart.as_ref().expect("restart");
+    assert_eq!(last.running_after_millis, Some(2000));
     assert_eq!((plan.status.preemptions, plan.status.failures), (1, 0));
     let workers: Vec<&str> = plan.status.workers.iter().map(|x| x.pod.as_str()).collect();
     assert_eq!(workers, ["train-worker-0", "train-worker-1-b"]);
@@ -113,6 +116,10 @@ fn switch(mut w: World) -> (World, String) {
     assert_eq!(World::deleted(&plan, false), ["train-worker-1"]);
     let last = plan.status.last_restart.clone().expect("restart");
     assert_eq!(last.in_place_ranks, "0");
+    assert_eq!(last.replaced_ahead_ranks, "1");
+    // Created in the notice's round, 3 s before the standby waited and the checkpoint.
+    assert_eq!(last.ahead_millis, Some(3000));
+    assert_eq!(last.running_after_millis, None);
     let standby_uid = w.uid_of("train-worker-1-b");
     let started = plan.supervise.as_ref().expect("supervised");
     assert!(
@@ -194,6 +201,43 @@ fn a_noticed_rank_0_is_gone_before_the_next_attempt_starts_whatever_its_supervis
         start.contains_key(&w.uid_of("train-worker-0-b")),
         "{start:?}"
     );
+}
+
+#[test]
+fn the_checkpoint_waits_for_a_warming_replacement_until_it_is_warm_or_the_deadline() {
+    for warm_in_time in [true, false] {
+        let (mut w, _) = noticed_world();
+        w.run_all();
+        w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
+        let standby = w.uid_of("train-worker-1-b");
+        w.supervisors
+            .iter_mut()
+            .for_each(|s| s.warming = s.pod_uid == standby);
+        w.advance(3);
+        let plan = w.step();
+        assert_eq!(plan.checkpoint_request, None, "it still warms");
+        assert!(event(&plan, reason::STANDBY_READY).is_none());
+        if warm_in_time {
+            w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
+            w.advance(1);
+        } else {
+            w.advance(13);
+            w.supervisors.iter_mut().for_each(|s| s.seen_at = w.now);
+        }
+        let plan = w.step();
+        let ready = event(&plan, reason::STANDBY_READY).expect("StandbyReady");
+        assert_eq!(
+            ready.note.contains("still warming"),
+            !warm_in_time,
+            "{}",
+            ready.note
+        );
+        assert_eq!(plan.checkpoint_request, Some(0));
+        assert!(
+            World::deleted(&plan, false).is_empty(),
+            "a warming one joins"
+        );
+    }
 }
 
 #[test]
