@@ -2,7 +2,9 @@
 //!
 //! Continuously (each pod list and each status the watches deliver):
 //! - never two running pods of one rank, never running pods of two attempts at once (a pod
-//!   kept for an in-place restart belongs to the attempt that kept it);
+//!   kept for an in-place restart belongs to the attempt that kept it; a replacement created
+//!   ahead of a termination notice, which runs nothing until started, to no attempt until the
+//!   switch, and the pod it replaces to none from then until it is deleted);
 //! - the counters (`attempt`, `preemptions`, `failures`, `hangs`, `requeues`) never decrease, and
 //!   `attempt` is never below the restarts counted;
 //! - the reported checkpoint step never goes backwards;
@@ -32,6 +34,9 @@ pub struct PodSeen {
     pub attempt: u32,
     /// Phase Running and not being deleted.
     pub running: bool,
+    /// A replacement created ahead of a termination notice (label `trainyard.dev/standby`):
+    /// labelled with the next attempt, it runs nothing until its supervisor starts it.
+    pub standby: bool,
 }
 
 /// The job's status counters, as the API server shows them.
@@ -52,6 +57,9 @@ pub struct JobSeen {
     /// `status.lastRestart.inPlaceRanks`: the ranks the restart that started `attempt` kept
     /// in their pods, to restart in place.
     pub kept: BTreeSet<u32>,
+    /// `status.lastRestart.replacedAheadRanks`: the ranks whose pods of `attempt` are
+    /// replacements created ahead of a termination notice (make before break).
+    pub replaced_ahead: BTreeSet<u32>,
 }
 
 /// `status.progress`'s attempt, `step` and `resumedFrom`.
@@ -193,16 +201,40 @@ impl Checker {
     /// newer than the last status seen means the status watch lags (the operator writes a
     /// restart's status before it relabels or creates a pod of the new attempt), so the list
     /// is held and judged once the status shows that attempt (a later list replaces it).
+    ///
+    /// Make before break: a standby of an attempt newer than the status runs nothing (its
+    /// supervisor waits for the start order), so it counts with neither attempt; once the
+    /// status shows its attempt, the pod it replaces belongs to neither until it is deleted,
+    /// as a kept pod until it is relabelled. The `/proc` scan checks what actually runs.
     pub fn pods(&mut self, at: Duration, pods: &[PodSeen]) {
+        let status_attempt = self.last.as_ref().map_or(0, |j| j.attempt);
+        let waiting = |p: &PodSeen| p.standby && p.attempt > status_attempt;
+        let replaced = |p: &PodSeen| {
+            self.last.as_ref().is_some_and(|j| {
+                p.attempt < j.attempt
+                    && j.replaced_ahead.contains(&p.rank)
+                    && !j.kept.contains(&p.rank)
+            })
+        };
         let mut by_rank: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
-        for pod in pods.iter().filter(|p| p.running) {
+        for pod in pods
+            .iter()
+            .filter(|p| p.running && !waiting(p) && !replaced(p))
+        {
             by_rank.entry(pod.rank).or_default().push(&pod.name);
         }
-        for (rank, names) in by_rank.iter().filter(|(_, n)| n.len() > 1) {
-            self.violate(at, format!("two running pods of rank {rank}: {names:?}"));
+        let twice: Vec<String> = by_rank
+            .iter()
+            .filter(|(_, n)| n.len() > 1)
+            .map(|(rank, names)| format!("two running pods of rank {rank}: {names:?}"))
+            .collect();
+        for what in twice {
+            self.violate(at, what);
         }
-        let status_attempt = self.last.as_ref().map_or(0, |j| j.attempt);
-        if pods.iter().any(|p| p.running && p.attempt > status_attempt) {
+        if pods
+            .iter()
+            .any(|p| p.running && !waiting(p) && p.attempt > status_attempt)
+        {
             self.held = Some((at, pods.to_vec()));
             return;
         }
@@ -213,10 +245,15 @@ impl Checker {
     /// Never running pods of two attempts at once (kept pods aside, see [`Self::pods`]).
     fn one_attempt(&mut self, at: Duration, pods: &[PodSeen]) {
         let mut by_attempt: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
-        let current = self.last.as_ref().map(|j| (j.attempt, &j.kept));
+        let current = self
+            .last
+            .as_ref()
+            .map(|j| (j.attempt, &j.kept, &j.replaced_ahead));
         for pod in pods.iter().filter(|p| p.running) {
-            let in_between = current
-                .is_some_and(|(attempt, kept)| pod.attempt < attempt && kept.contains(&pod.rank));
+            let in_between = current.is_some_and(|(attempt, kept, ahead)| {
+                (pod.attempt < attempt && (kept.contains(&pod.rank) || ahead.contains(&pod.rank)))
+                    || (pod.standby && pod.attempt > attempt)
+            });
             if !in_between {
                 by_attempt.entry(pod.attempt).or_default().push(&pod.name);
             }
@@ -483,6 +520,7 @@ mod tests {
             rank,
             attempt,
             running,
+            standby: false,
         }
     }
 
@@ -555,6 +593,52 @@ mod tests {
         c.pods(t(3), &[pod("w-0", 0, 1, true), pod("w-2", 2, 0, true)]);
         assert_eq!(c.violations().len(), 1);
         assert!(c.violations()[0].what.contains("several attempts"));
+    }
+
+    #[test]
+    fn a_standby_counts_with_no_attempt_until_the_switch_and_its_noticed_pod_until_deleted() {
+        let mut c = Checker::new();
+        c.job(t(0), &seen(0, 0, None));
+        let standby = PodSeen {
+            standby: true,
+            ..pod("w-1-b", 1, 1, true)
+        };
+        // Waiting beside worker 1, labelled attempt 1 while the status shows 0.
+        let waiting = [
+            pod("w-0", 0, 0, true),
+            pod("w-1", 1, 0, true),
+            standby.clone(),
+        ];
+        c.pods(t(1), &waiting);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        // The switch: rank 0 kept, rank 1 replaced ahead; worker 1 not deleted yet.
+        let switched = JobSeen {
+            kept: BTreeSet::from([0]),
+            replaced_ahead: BTreeSet::from([1]),
+            ..seen(1, 1, None)
+        };
+        c.job(t(2), &switched);
+        c.pods(t(3), &waiting);
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        // A pod that is no standby labelled with a newer attempt is judged as before, and so
+        // is a rank that was neither kept nor replaced ahead.
+        c.pods(
+            t(4),
+            &[
+                pod("w-1", 1, 1, true),
+                pod("w-1x", 1, 1, true),
+                standby.clone(),
+            ],
+        );
+        assert_eq!(c.violations().len(), 1, "{:?}", c.violations());
+        assert!(
+            c.violations()[0]
+                .what
+                .contains("two running pods of rank 1")
+        );
+        c.pods(t(5), &[pod("w-2", 2, 0, true), standby]);
+        assert_eq!(c.violations().len(), 2, "{:?}", c.violations());
+        assert!(c.violations()[1].what.contains("several attempts"));
     }
 
     /// Seed 1: the status watch, back from an etcd restart, showed the restart (attempt 1,

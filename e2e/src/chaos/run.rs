@@ -14,7 +14,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector, watcher::Config};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, TrainingJobSpec};
+use trainyard_api::crd::{LABEL_ATTEMPT, LABEL_JOB, LABEL_RANK, LABEL_STANDBY, TrainingJobSpec};
 use trainyard_api::ranks::RankSet;
 use trainyard_operator::surface::reason;
 
@@ -603,6 +603,7 @@ fn pod_seen(p: &Pod) -> PodSeen {
         attempt: label(LABEL_ATTEMPT),
         running: p.metadata.deletion_timestamp.is_none()
             && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
+        standby: p.labels().get(LABEL_STANDBY).map(String::as_str) == Some("true"),
     }
 }
 
@@ -635,6 +636,10 @@ fn seen(st: &Value) -> JobSeen {
                 resumed_from: progress["resumedFrom"].as_u64(),
             }),
         kept: st["lastRestart"]["inPlaceRanks"]
+            .as_str()
+            .map(|ranks| RankSet::parse(ranks).iter().collect())
+            .unwrap_or_default(),
+        replaced_ahead: st["lastRestart"]["replacedAheadRanks"]
             .as_str()
             .map(|ranks| RankSet::parse(ranks).iter().collect())
             .unwrap_or_default(),
