@@ -26,14 +26,23 @@ def cell(text):
 def row(r):
     if "error" in r:
         # The harness could not finish the run: its faults are the ones scheduled.
-        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | | | FAIL (unfinished): {cell(r['error'])} |"
+        return f"| {r['seed']} | {len(r['faults'])} | | | | | | | | | | | FAIL (unfinished): {cell(r['error'])} |"
     result = "pass" if passed(r) else "FAIL: " + cell("; ".join(r["violations"]))
     return (
         f"| {r['seed']} | {len(r['faults'])} | {r['attempt']} | {r['preemptions']} | "
-        f"{r['failures']} | {r['hangs']} | {r.get('in_place', '')} | {r['steps_lost']} | "
+        f"{r['failures']} | {r['hangs']} | {r.get('in_place', '')} | {standbys(r)} | "
+        f"{r['steps_lost']} | "
         f"{r.get('checkpoints_read', '')} | "
         f"{r.get('proc_scans', '')} | {r['wall_seconds']} | {result} |"
     )
+
+
+def standbys(r):
+    """Termination notices met with make before break: replacements that waited for the switch,
+    and those given up for want of room (results written before the count leave it empty)."""
+    if "standbys_ready" not in r:
+        return ""
+    return f"{r['standbys_ready']} ready, {r['standbys_given_up']} given up"
 
 
 def skips(finished):
@@ -55,8 +64,8 @@ def render(runs):
         f"{skips(finished)}).",
         "",
         "| seed | faults | attempt | preemptions | failures | hangs | restarts in place "
-        "| steps lost | latest.pt reads | /proc scans | wall (s) | result |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| standbys | steps lost | latest.pt reads | /proc scans | wall (s) | result |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     lines += [row(r) for r in runs]
     lines += ["", "Faults injected, by kind:", "", "| kind | injected |", "|---|---:|"]

@@ -33,8 +33,8 @@ def write(tmp_path, runs):
 def test_the_summary_counts_violations_and_unfinished_runs_as_failed(tmp_path):
     doc = write(tmp_path, [PASSED, VIOLATED, UNFINISHED])
     assert "3 runs, 1 passed, 2 failed; 4 faults injected in the finished runs" in doc
-    assert "| 2 | 2 | 2 | 1 | 0 | 0 | 1 | 3 | 180 | 400 | 200 | FAIL: t=12s: two running pods of rank 1 |" in doc
-    assert "| 3 | 1 | | | | | | | | | | FAIL (unfinished): install_chart: timed out |" in doc
+    assert "| 2 | 2 | 2 | 1 | 0 | 0 | 1 |  | 3 | 180 | 400 | 200 | FAIL: t=12s: two running pods of rank 1 |" in doc
+    assert "| 3 | 1 | | | | | | | | | | | FAIL (unfinished): install_chart: timed out |" in doc
     assert "| LoseNode2 | 2 |" in doc and "KillOperatorLeader" not in doc.split("by kind")[1]
 
 
@@ -45,13 +45,19 @@ def test_faults_not_injected_and_skipped_are_told_apart_from_those_injected(tmp_
         "2 runs, 2 passed, 0 failed; 3 faults injected in the finished runs "
         "(2 not injected: the job had ended; 1 skipped: nothing to act on)." in doc
     )
-    assert "| 4 | 1 | 2 | 1 | 0 | 0 | 1 | 3 | 180 | 400 | 200 | pass |" in doc
+    assert "| 4 | 1 | 2 | 1 | 0 | 0 | 1 |  | 3 | 180 | 400 | 200 | pass |" in doc
 
 
 def test_results_that_predate_the_in_place_count_leave_its_cell_empty(tmp_path):
     old = {k: v for k, v in PASSED.items() if k != "in_place"}
     doc = write(tmp_path, [old])
-    assert "| 1 | 2 | 2 | 1 | 0 | 0 |  | 3 | 180 | 400 | 200 | pass |" in doc
+    assert "| 1 | 2 | 2 | 1 | 0 | 0 |  |  | 3 | 180 | 400 | 200 | pass |" in doc
+
+
+def test_notices_met_with_make_before_break_show_both_paths(tmp_path):
+    noticed = dict(PASSED, seed=5, standbys_ready=1, standbys_given_up=1)
+    doc = write(tmp_path, [noticed])
+    assert "| 5 | 2 | 2 | 1 | 0 | 0 | 1 | 1 ready, 1 given up | 3 | 180 | 400 | 200 | pass |" in doc
 
 
 def test_results_that_predate_the_skip_count_do_not_claim_none_was_skipped(tmp_path):
@@ -77,4 +83,4 @@ def test_a_doc_without_markers_is_named(tmp_path):
 def test_an_error_of_several_lines_stays_in_its_row(tmp_path):
     unfinished = dict(UNFINISHED, error="undoing LoseNode2: start failed: a\nb | c\n")
     doc = write(tmp_path, [unfinished])
-    assert "| 3 | 1 | | | | | | | | | | FAIL (unfinished): undoing LoseNode2: start failed: a; b \\| c |" in doc
+    assert "| 3 | 1 | | | | | | | | | | | FAIL (unfinished): undoing LoseNode2: start failed: a; b \\| c |" in doc

@@ -64,6 +64,8 @@ async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
             "steps_lost": report.steps_lost, "checkpoints_read": report.checkpoints_read,
             "steps_read": report.steps_read, "proc_scans": report.proc_scans,
             "in_place": report.in_place,
+            "standbys_ready": report.standbys.ready,
+            "standbys_given_up": report.standbys.given_up,
             "wall_seconds": report.wall.as_secs(),
             "violations": report.violations.iter().map(ToString::to_string).collect::<Vec<_>>(),
         })

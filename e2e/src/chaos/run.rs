@@ -28,6 +28,13 @@ use crate::jobs::{
 };
 use crate::wait_for;
 
+/// How a run's termination notices went with make before break ([`RunReport::standbys`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Standbys {
+    pub ready: u32,
+    pub given_up: u32,
+}
+
 /// What one run did and found.
 #[derive(Debug)]
 pub struct RunReport {
@@ -52,6 +59,10 @@ pub struct RunReport {
     /// Gang restarts that kept pods and restarted their workers in place
     /// (`RestartingInPlace` Events).
     pub in_place: u32,
+    /// Termination notices met with make before break: replacements created ahead that
+    /// waited for the switch (`StandbyReady` Events) and that were given up, with no room
+    /// for them in time (`StandbyGivenUp`).
+    pub standbys: Standbys,
     pub wall: Duration,
     pub violations: Vec<Violation>,
 }
@@ -136,6 +147,7 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
         not_injected,
         ending,
         in_place,
+        standbys,
     } = match played {
         Ok(played) => played,
         Err(e) => {
@@ -173,6 +185,7 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
         steps_read,
         proc_scans,
         in_place,
+        standbys,
         wall: started.elapsed(),
         violations,
     })
@@ -202,6 +215,7 @@ struct Played {
     not_injected: usize,
     ending: Ending,
     in_place: u32,
+    standbys: Standbys,
 }
 
 /// Plays the schedule once the job runs, waits for both jobs to end, then deletes them and
@@ -237,6 +251,10 @@ async fn play_and_end(
     let events = job_event_counts(client, ns, name).await?;
     let count = |reasons: &[&str]| reasons.iter().filter_map(|r| events.get(*r)).sum::<u32>();
     let (restart_events, in_place) = (count(RESTARTS), count(&[reason::RESTARTING_IN_PLACE]));
+    let standbys = Standbys {
+        ready: count(&[reason::STANDBY_READY]),
+        given_up: count(&[reason::STANDBY_GIVEN_UP]),
+    };
     // Read before the job is deleted: its Events are found by its uid.
     let forced_on_live_node = force_deletes_on(client, ns, name, &crate::node_name()).await?;
     let leftovers = delete_and_find_leftovers(client, ns, &[name, baseline]).await?;
@@ -260,6 +278,7 @@ async fn play_and_end(
         not_injected,
         ending,
         in_place,
+        standbys,
     })
 }
 
@@ -922,6 +941,7 @@ mod tests {
             steps_read: 0,
             proc_scans: 0,
             in_place: 0,
+            standbys: Standbys::default(),
             wall: secs(270),
             violations: Vec::new(),
         };
