@@ -1132,6 +1132,13 @@ pub struct GpuMillis {
     #[serde(default)]
     #[schemars(range(min = 0, max = MAX_LEDGER))]
     pub recompute_unknown: u64,
+    /// GPUs held for a termination notice: replacements created ahead of it (make before
+    /// break), from when each was scheduled to the switch, or to its deletion when it was
+    /// given up or the notice withdrawn. Charged; the time they train after the switch counts
+    /// as any attempt's.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[schemars(range(min = 0, max = MAX_LEDGER))]
+    pub held_for_notice: u64,
 }
 
 impl GpuMillis {
@@ -1146,6 +1153,7 @@ impl GpuMillis {
             self.failed_attempts,
             self.hangs,
             self.recompute_unknown,
+            self.held_for_notice,
         ]
         .iter()
         .fold(0u64, |sum, b| sum.saturating_add(*b))

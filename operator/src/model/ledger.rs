@@ -350,6 +350,22 @@ fn close_waiting(ledger: &mut GoodputLedger, now: Timestamp, config: &OperatorCo
     charge(ledger, &open, &per_gpu, config);
 }
 
+/// Charges the GPUs a replacement created ahead of a termination notice held, from `since` to
+/// `until`, as `heldForNotice` (`held`: its GPUs by capacity type and product, as a stretch).
+pub fn held_for_notice(
+    ledger: &mut GoodputLedger,
+    held: &LedgerStretch,
+    until: Timestamp,
+    config: &OperatorConfig,
+) {
+    let per_gpu = GpuMillis {
+        held_for_notice: millis_between(held.since.0, until),
+        ..GpuMillis::default()
+    };
+    charge(ledger, held, &per_gpu, config);
+    settle(ledger);
+}
+
 /// Adds `per_gpu` × the stretch's GPUs of each capacity type to the buckets, and its price to
 /// the cost (every bucket but `pending`).
 fn charge(
@@ -446,6 +462,7 @@ fn times(per_gpu: &GpuMillis, gpus: u64) -> GpuMillis {
         failed_attempts: m(per_gpu.failed_attempts),
         hangs: m(per_gpu.hangs),
         recompute_unknown: m(per_gpu.recompute_unknown),
+        held_for_notice: m(per_gpu.held_for_notice),
     }
 }
 
@@ -459,6 +476,7 @@ fn add(into: &mut GpuMillis, more: &GpuMillis) {
         (&mut into.failed_attempts, more.failed_attempts),
         (&mut into.hangs, more.hangs),
         (&mut into.recompute_unknown, more.recompute_unknown),
+        (&mut into.held_for_notice, more.held_for_notice),
     ];
     for (bucket, added) in pairs {
         *bucket = bucket.saturating_add(added).min(MAX_LEDGER);

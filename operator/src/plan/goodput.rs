@@ -54,6 +54,13 @@ pub(super) fn fold(view: &View<'_>, round: &mut Round) {
         });
         ledger::running(&mut l, started, placed(view, round), view.config);
     }
+    // Standbys let go of in this round: what they held for the notice, to the second the
+    // ledger draws its boundaries at.
+    for held in &round.held_for_notice {
+        let mut held = held.clone();
+        held.since = Time(whole_second(held.since.0));
+        ledger::held_for_notice(&mut l, &held, now(view), view.config);
+    }
     if round.st.ledger.is_some() || l != GoodputLedger::default() {
         round.st.ledger = Some(l);
     }

@@ -33,7 +33,10 @@ use super::super::view::{View, attempt_workers};
 use super::progress::{noticed_ranks, requested_time};
 use crate::build::pods::{self, AttemptStart, Seat};
 use crate::model::cached_pod::CachedPod;
-use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_LEDGER, RestartReason};
+use crate::model::crd::{
+    LABEL_ATTEMPT, LABEL_RANK, LedgerStretch, MAX_LEDGER, RestartReason, StretchUse,
+};
+use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 use crate::model::events::JobEvent;
 use crate::model::nodes;
 use crate::model::preemption::NodeView;
@@ -248,8 +251,57 @@ fn give_up(
             whys.join("; ")
         ),
     ));
+    release(view, round, late.iter().filter_map(|r| ahead.get(r).copied()));
     let pods = late.iter().filter_map(|r| ahead.get(r).copied());
     round.remove_pods(view, pods);
+}
+
+/// What the standby `pod` held until now, as a stretch from when it was scheduled (its
+/// `PodScheduled` condition, else its creation) with its GPUs by its node's capacity type and
+/// product; None while it has no node, which holds nothing.
+pub(super) fn held(view: &View<'_>, pod: &CachedPod) -> Option<LedgerStretch> {
+    pod.node_name()?;
+    let scheduled = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled" && c.status == "True"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .or(pod.metadata.creation_timestamp.as_ref())?;
+    let labels = match view.observed.node_view(pod) {
+        NodeView::Present(node) => node.metadata.labels.as_ref(),
+        _ => None,
+    };
+    let spot = labels.is_some_and(|l| view.config.is_spot(l));
+    let gpus = view.job.spec.gpus_per_worker;
+    Some(LedgerStretch {
+        use_: StretchUse::Pending,
+        since: scheduled.clone(),
+        attempt: pods::label_u32(pod, LABEL_ATTEMPT).unwrap_or_default(),
+        spot_gpus: if spot { gpus } else { 0 },
+        on_demand_gpus: if spot { 0 } else { gpus },
+        product: labels
+            .and_then(|l| l.get(LABEL_GPU_PRODUCT))
+            .cloned()
+            .unwrap_or_default(),
+        size: None,
+    })
+}
+
+/// Records what `pods`, let go of as standbys in this round, held ([`held`]); a pod already
+/// being deleted was counted in the round that deleted it.
+pub(super) fn release<'p>(
+    view: &View<'_>,
+    round: &mut Round,
+    pods: impl IntoIterator<Item = &'p Arc<CachedPod>>,
+) {
+    for pod in pods {
+        if pod.metadata.deletion_timestamp.is_none()
+            && let Some(stretch) = held(view, pod)
+        {
+            round.held_for_notice.push(stretch);
+        }
+    }
 }
 
 /// Standbys whose notice is gone before the switch (the provider withdrew it, or the noticed
@@ -283,6 +335,7 @@ pub(super) fn withdrawn(view: &View<'_>, round: &mut Round) {
              created ahead are deleted, and training goes on"
         ),
     ));
+    release(view, round, gone.iter().filter_map(|r| ahead.get(r).copied()));
     round.remove_pods(view, gone.iter().filter_map(|r| ahead.get(r).copied()));
 }
 

@@ -16,6 +16,13 @@ impl World {
     }
 }
 
+/// The ledger's `heldForNotice` after `plan`, per GPU of a worker.
+fn held_for_notice(w: &World, plan: &Plan) -> u64 {
+    let ledger = plan.status.ledger.as_ref().expect("ledger");
+    let held = ledger.spot.held_for_notice + ledger.on_demand.held_for_notice;
+    held / u64::from(w.job.spec.gpus_per_worker)
+}
+
 fn event<'a>(plan: &'a Plan, reason: &str) -> Option<&'a crate::model::events::JobEvent> {
     plan.events.iter().find(|e| e.reason == reason)
 }
@@ -23,7 +30,7 @@ fn event<'a>(plan: &'a Plan, reason: &str) -> Option<&'a crate::model::events::J
 /// A two-worker job restarting in place, rank 1 on n-2, both supervisors polling and both
 /// ranks reporting; then a termination notice on n-2: returns the round that saw it.
 fn noticed_world() -> (World, Plan) {
-    let mut w = supervised_world("workers: 2\n").with_worker_1_on_n2();
+    let mut w = supervised_world("workers: 2\ngpusPerWorker: 2\n").with_worker_1_on_n2();
     w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
     w.step();
     notice_on_n2(&mut w, true);
@@ -120,6 +127,8 @@ fn switch(mut w: World) -> (World, String) {
     // Created in the notice's round, 3 s before the standby waited and the checkpoint.
     assert_eq!(last.ahead_millis, Some(3000));
     assert_eq!(last.running_after_millis, None);
+    // Its GPUs were held for the notice from its scheduling to the switch (3 s).
+    assert_eq!(held_for_notice(&w, &plan), 3000);
     let standby_uid = w.uid_of("train-worker-1-b");
     let started = plan.supervise.as_ref().expect("supervised");
     assert!(
@@ -259,6 +268,14 @@ fn a_replacement_with_no_room_is_given_up_and_the_notice_goes_on_as_without_it()
         given_up.note
     );
     assert_eq!(World::deleted(&plan, false), ["train-worker-1-b"]);
+    assert_eq!(
+        plan.status
+            .ledger
+            .as_ref()
+            .map_or(0, |l| l.spot.held_for_notice + l.on_demand.held_for_notice),
+        0,
+        "never scheduled, it held nothing"
+    );
     assert_eq!(plan.checkpoint_request, Some(0));
     // Not created again while the notice goes on.
     w.kubelet_removes_deleted();
@@ -281,6 +298,7 @@ fn a_withdrawn_notice_deletes_the_waiting_replacement_and_changes_nothing_else()
         plan.events
     );
     assert_eq!(World::deleted(&plan, false), ["train-worker-1-b"]);
+    assert_eq!(held_for_notice(&w, &plan), 2000, "held from its creation to now");
     assert_eq!(plan.checkpoint_request, None);
     assert_eq!(plan.restart, None);
     assert_eq!(plan.status.phase, Some(Phase::Running));
