@@ -846,6 +846,8 @@ class Supervisor:
         if state in ("exited", "stopped"):
             code = exit_code if state == "exited" else 143
             if self.signalled is not None:
+                if state == "stopped":
+                    self.farewell()  # its report may not have gone out before the signal
                 return code
             if self.standby:
                 return None  # the operator starts it, ends the job, or deletes the pod
