@@ -36,12 +36,12 @@ use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{
     LABEL_ATTEMPT, LABEL_RANK, LedgerStretch, MAX_LEDGER, RestartReason, StretchUse,
 };
-use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 use crate::model::events::JobEvent;
 use crate::model::nodes;
 use crate::model::preemption::NodeView;
 use crate::model::reason;
 use crate::model::validate::worker_pod_names;
+use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 use trainyard_api::ranks::RankSet;
 
 /// How long standbys are waited for before the notice's checkpoint is asked for all the
@@ -251,7 +251,11 @@ fn give_up(
             whys.join("; ")
         ),
     ));
-    release(view, round, late.iter().filter_map(|r| ahead.get(r).copied()));
+    release(
+        view,
+        round,
+        late.iter().filter_map(|r| ahead.get(r).copied()),
+    );
     let pods = late.iter().filter_map(|r| ahead.get(r).copied());
     round.remove_pods(view, pods);
 }
@@ -265,7 +269,10 @@ pub(super) fn held(view: &View<'_>, pod: &CachedPod) -> Option<LedgerStretch> {
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled" && c.status == "True"))
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        })
         .and_then(|c| c.last_transition_time.as_ref())
         .or(pod.metadata.creation_timestamp.as_ref())?;
     let labels = match view.observed.node_view(pod) {
@@ -335,7 +342,11 @@ pub(super) fn withdrawn(view: &View<'_>, round: &mut Round) {
              created ahead are deleted, and training goes on"
         ),
     ));
-    release(view, round, gone.iter().filter_map(|r| ahead.get(r).copied()));
+    release(
+        view,
+        round,
+        gone.iter().filter_map(|r| ahead.get(r).copied()),
+    );
     round.remove_pods(view, gone.iter().filter_map(|r| ahead.get(r).copied()));
 }
 

@@ -298,7 +298,11 @@ fn a_withdrawn_notice_deletes_the_waiting_replacement_and_changes_nothing_else()
         plan.events
     );
     assert_eq!(World::deleted(&plan, false), ["train-worker-1-b"]);
-    assert_eq!(held_for_notice(&w, &plan), 2000, "held from its creation to now");
+    assert_eq!(
+        held_for_notice(&w, &plan),
+        2000,
+        "held from its creation to now"
+    );
     assert_eq!(plan.checkpoint_request, None);
     assert_eq!(plan.restart, None);
     assert_eq!(plan.status.phase, Some(Phase::Running));
