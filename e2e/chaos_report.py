@@ -39,10 +39,12 @@ def row(r):
 
 def standbys(r):
     """Termination notices met with make before break: replacements that waited for the switch,
-    and those given up for want of room (results written before the count leave it empty)."""
+    those given up for want of room, and those deleted as their notice was withdrawn first
+    (results written before the count leave it empty)."""
     if "standbys_ready" not in r:
         return ""
-    return f"{r['standbys_ready']} ready, {r['standbys_given_up']} given up"
+    return (f"{r['standbys_ready']} ready, {r['standbys_given_up']} given up, "
+            f"{r.get('standbys_withdrawn', 0)} withdrawn")
 
 
 def skips(finished):

@@ -55,9 +55,10 @@ def test_results_that_predate_the_in_place_count_leave_its_cell_empty(tmp_path):
 
 
 def test_notices_met_with_make_before_break_show_both_paths(tmp_path):
-    noticed = dict(PASSED, seed=5, standbys_ready=1, standbys_given_up=1)
+    noticed = dict(PASSED, seed=5, standbys_ready=1, standbys_given_up=1, standbys_withdrawn=2)
     doc = write(tmp_path, [noticed])
-    assert "| 5 | 2 | 2 | 1 | 0 | 0 | 1 | 1 ready, 1 given up | 3 | 180 | 400 | 200 | pass |" in doc
+    assert ("| 5 | 2 | 2 | 1 | 0 | 0 | 1 | 1 ready, 1 given up, 2 withdrawn | 3 | 180 | 400 | "
+            "200 | pass |") in doc
 
 
 def test_results_that_predate_the_skip_count_do_not_claim_none_was_skipped(tmp_path):

@@ -66,6 +66,7 @@ async fn a_seeded_chaos_run_keeps_every_invariant() -> Result<()> {
             "in_place": report.in_place,
             "standbys_ready": report.standbys.ready,
             "standbys_given_up": report.standbys.given_up,
+            "standbys_withdrawn": report.standbys.withdrawn,
             "wall_seconds": report.wall.as_secs(),
             "violations": report.violations.iter().map(ToString::to_string).collect::<Vec<_>>(),
         })

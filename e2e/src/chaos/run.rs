@@ -33,6 +33,7 @@ use crate::wait_for;
 pub struct Standbys {
     pub ready: u32,
     pub given_up: u32,
+    pub withdrawn: u32,
 }
 
 /// What one run did and found.
@@ -60,8 +61,9 @@ pub struct RunReport {
     /// (`RestartingInPlace` Events).
     pub in_place: u32,
     /// Termination notices met with make before break: replacements created ahead that
-    /// waited for the switch (`StandbyReady` Events) and that were given up, with no room
-    /// for them in time (`StandbyGivenUp`).
+    /// waited for the switch (`StandbyReady` Events), that were given up, with no room for
+    /// them in time (`StandbyGivenUp`), and that were deleted as their notice was withdrawn
+    /// first (`StandbyWithdrawn`).
     pub standbys: Standbys,
     pub wall: Duration,
     pub violations: Vec<Violation>,
@@ -254,6 +256,7 @@ async fn play_and_end(
     let standbys = Standbys {
         ready: count(&[reason::STANDBY_READY]),
         given_up: count(&[reason::STANDBY_GIVEN_UP]),
+        withdrawn: count(&[reason::STANDBY_WITHDRAWN]),
     };
     // Read before the job is deleted: its Events are found by its uid.
     let forced_on_live_node = force_deletes_on(client, ns, name, &crate::node_name()).await?;
