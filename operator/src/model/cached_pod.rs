@@ -207,6 +207,18 @@ impl Resource for CachedPod {
 }
 
 impl CachedPod {
+    /// Since when the pod's condition `type_` is True, as the control plane dates it.
+    pub fn true_since(&self, type_: &str) -> Option<&Time> {
+        self.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == "True")?
+            .last_transition_time
+            .as_ref()
+    }
+
     /// Drops the metadata no decision reads: every annotation but the operator's seal.
     pub fn strip(&mut self) {
         self.metadata.managed_fields = None;

@@ -157,16 +157,7 @@ fn pod_interrupted_at(pod: &CachedPod) -> Option<Timestamp> {
     let ended = trainer_state(pod)
         .and_then(|s| s.terminated.as_ref()?.finished_at.as_ref())
         .map(|t| t.0);
-    let disrupted = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| {
-            cs.iter()
-                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-        })
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0);
+    let disrupted = pod.true_since("DisruptionTarget").map(|t| t.0);
     ended.into_iter().chain(disrupted).min()
 }
 

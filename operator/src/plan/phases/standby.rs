@@ -266,14 +266,7 @@ fn give_up(
 pub(super) fn held(view: &View<'_>, pod: &CachedPod) -> Option<LedgerStretch> {
     pod.node_name()?;
     let scheduled = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| {
-            c.iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
-        })
-        .and_then(|c| c.last_transition_time.as_ref())
+        .true_since("PodScheduled")
         .or(pod.metadata.creation_timestamp.as_ref())?;
     let labels = match view.observed.node_view(pod) {
         NodeView::Present(node) => node.metadata.labels.as_ref(),
