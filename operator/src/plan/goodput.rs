@@ -4,6 +4,8 @@
 //! this round's observation. Rounds without a transition leave the ledger as it is, so it
 //! costs no status write of its own.
 
+use std::collections::BTreeMap;
+
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -54,12 +56,11 @@ pub(super) fn fold(view: &View<'_>, round: &mut Round) {
         });
         ledger::running(&mut l, started, placed(view, round), view.config);
     }
-    // Standbys let go of in this round: what they held for the notice, to the second the
-    // ledger draws its boundaries at.
-    for held in &round.held_for_notice {
-        let mut held = held.clone();
-        held.since = Time(whole_second(held.since.0));
-        ledger::held_for_notice(&mut l, &held, now(view), view.config);
+    // Standbys let go of in this round: what they held for the notice.
+    for pod in &round.released_standbys {
+        if let Some(held) = held_for_notice(view, round, pod) {
+            ledger::held_for_notice(&mut l, &held, now(view), view.config);
+        }
     }
     if round.st.ledger.is_some() || l != GoodputLedger::default() {
         round.st.ledger = Some(l);
@@ -238,16 +239,11 @@ fn placed(view: &View<'_>, round: &Round) -> LedgerStretch {
     let planned_spot = stretch.spot_gpus > 0;
     let (mut spot, mut on_demand, mut product) = (0u32, 0u32, None);
     for rank in 0..view.workers {
-        let node = match view
+        let labels = view
             .census
             .current
             .get(&rank)
-            .map(|p| view.observed.node_view(p))
-        {
-            Some(NodeView::Present(node)) => Some(node),
-            _ => None,
-        };
-        let labels = node.and_then(|n| n.metadata.labels.as_ref());
+            .and_then(|p| node_labels(view, p));
         let on_spot = labels.map_or(planned_spot, |l| view.config.is_spot(l));
         let count = if on_spot { &mut spot } else { &mut on_demand };
         *count = count.saturating_add(per_worker);
@@ -258,4 +254,37 @@ fn placed(view: &View<'_>, round: &Round) -> LedgerStretch {
         stretch.product = product;
     }
     stretch
+}
+
+/// The labels of the node `pod` runs on, when the operator sees it.
+fn node_labels<'v>(view: &'v View<'_>, pod: &'v CachedPod) -> Option<&'v BTreeMap<String, String>> {
+    match view.observed.node_view(pod) {
+        NodeView::Present(node) => node.metadata.labels.as_ref(),
+        _ => None,
+    }
+}
+
+/// What the standby `pod`, let go of in this round, held for its notice: one worker's GPUs by
+/// its node's capacity type and product, from its scheduling (its `PodScheduled` condition,
+/// else its creation) to the second. None while it had no node, which holds nothing.
+fn held_for_notice(view: &View<'_>, round: &Round, pod: &CachedPod) -> Option<LedgerStretch> {
+    pod.node_name()?;
+    let scheduled = pod
+        .true_since("PodScheduled")
+        .or(pod.metadata.creation_timestamp.as_ref())?;
+    let labels = node_labels(view, pod);
+    let gpus = view.job.spec.gpus_per_worker;
+    let spot = labels.is_some_and(|l| view.config.is_spot(l));
+    let planned = planned(view, round, round.st.attempt);
+    Some(LedgerStretch {
+        since: Time(whole_second(scheduled.0)),
+        spot_gpus: if spot { gpus } else { 0 },
+        on_demand_gpus: if spot { 0 } else { gpus },
+        product: labels
+            .and_then(|l| l.get(LABEL_GPU_PRODUCT))
+            .cloned()
+            .unwrap_or(planned.product),
+        size: None,
+        ..planned
+    })
 }

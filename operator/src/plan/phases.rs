@@ -652,9 +652,8 @@ fn running(view: &View<'_>, round: &mut Round) -> Flow {
         if let Some(last) = round.st.last_restart.as_mut()
             && last.running_after_millis.is_none()
         {
-            let took = view.now.duration_since(last.time.0).as_millis();
-            let took = u64::try_from(took.max(0)).map_or(MAX_LEDGER, |t| t.min(MAX_LEDGER));
-            last.running_after_millis = Some(took);
+            let took = crate::model::ledger::millis_between(last.time.0, view.now);
+            last.running_after_millis = Some(took.min(MAX_LEDGER));
         }
     }
     round.st.phase = Some(Phase::Running);

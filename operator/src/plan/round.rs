@@ -12,8 +12,8 @@ use super::outcome::{Action, Supervise};
 use super::view::View;
 use crate::model::condition::{self, condition_is_true, set_condition};
 use crate::model::crd::{
-    LedgerStretch, MAX_REASON_CHARS, MAX_WORKER_ENTRIES, Phase, RestartReason, TrainingJobStatus,
-    WorkerStatus, WorkerSummary,
+    MAX_REASON_CHARS, MAX_WORKER_ENTRIES, Phase, RestartReason, TrainingJobStatus, WorkerStatus,
+    WorkerSummary,
 };
 use crate::model::events::JobEvent;
 use crate::model::nodes;
@@ -56,10 +56,10 @@ pub(crate) struct Round {
     pub verdict_held: bool,
     /// What the in-place restart supervisors are told ([`super::finish::supervise`]).
     pub supervise: Option<Supervise>,
-    /// The GPUs of standbys this round lets go of as standbys (the switch, a give-up, a
-    /// withdrawn notice), each as a stretch from when it was scheduled: the ledger charges them
-    /// as held for the notice ([`super::goodput::fold`]).
-    pub held_for_notice: Vec<LedgerStretch>,
+    /// Standbys this round lets go of as standbys (the switch, a give-up, a withdrawn
+    /// notice): the ledger charges the GPUs they held for the notice
+    /// ([`super::goodput::fold`]).
+    pub released_standbys: Vec<Arc<CachedPod>>,
 }
 
 impl Round {
@@ -85,7 +85,7 @@ impl Round {
             start_in_place: false,
             verdict_held: false,
             supervise: None,
-            held_for_notice: Vec::new(),
+            released_standbys: Vec::new(),
         }
     }
 

@@ -236,7 +236,7 @@ fn restart(
         _ => super::standby::joining(view, next, size, &kept),
     };
     let switch = super::standby::Switch::of(&joining, now);
-    super::standby::release(view, round, joining.iter().copied());
+    super::standby::release(round, joining.iter().copied());
     let detail = &switch.detail(detail);
     let st = &mut round.st;
     st.attempt = next;

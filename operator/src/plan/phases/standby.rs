@@ -33,15 +33,13 @@ use super::super::view::{View, attempt_workers};
 use super::progress::{noticed_ranks, requested_time};
 use crate::build::pods::{self, AttemptStart, Seat};
 use crate::model::cached_pod::CachedPod;
-use crate::model::crd::{
-    LABEL_ATTEMPT, LABEL_RANK, LedgerStretch, MAX_LEDGER, RestartReason, StretchUse,
-};
+use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_LEDGER, RestartReason};
 use crate::model::events::JobEvent;
+use crate::model::ledger::millis_between;
 use crate::model::nodes;
 use crate::model::preemption::NodeView;
 use crate::model::reason;
 use crate::model::validate::worker_pod_names;
-use trainyard_api::gpu_labels::LABEL_GPU_PRODUCT;
 use trainyard_api::ranks::RankSet;
 
 /// How long standbys are waited for before the notice's checkpoint is asked for all the
@@ -251,57 +249,19 @@ fn give_up(
             whys.join("; ")
         ),
     ));
-    release(
-        view,
-        round,
-        late.iter().filter_map(|r| ahead.get(r).copied()),
-    );
+    release(round, late.iter().filter_map(|r| ahead.get(r).copied()));
     let pods = late.iter().filter_map(|r| ahead.get(r).copied());
     round.remove_pods(view, pods);
 }
 
-/// What the standby `pod` held until now, as a stretch from when it was scheduled (its
-/// `PodScheduled` condition, else its creation) with its GPUs by its node's capacity type and
-/// product; None while it has no node, which holds nothing.
-pub(super) fn held(view: &View<'_>, pod: &CachedPod) -> Option<LedgerStretch> {
-    pod.node_name()?;
-    let scheduled = pod
-        .true_since("PodScheduled")
-        .or(pod.metadata.creation_timestamp.as_ref())?;
-    let labels = match view.observed.node_view(pod) {
-        NodeView::Present(node) => node.metadata.labels.as_ref(),
-        _ => None,
-    };
-    let spot = labels.is_some_and(|l| view.config.is_spot(l));
-    let gpus = view.job.spec.gpus_per_worker;
-    Some(LedgerStretch {
-        use_: StretchUse::Pending,
-        since: scheduled.clone(),
-        attempt: pods::label_u32(pod, LABEL_ATTEMPT).unwrap_or_default(),
-        spot_gpus: if spot { gpus } else { 0 },
-        on_demand_gpus: if spot { 0 } else { gpus },
-        product: labels
-            .and_then(|l| l.get(LABEL_GPU_PRODUCT))
-            .cloned()
-            .unwrap_or_default(),
-        size: None,
-    })
-}
-
-/// Records what `pods`, let go of as standbys in this round, held ([`held`]); a pod already
-/// being deleted was counted in the round that deleted it.
-pub(super) fn release<'p>(
-    view: &View<'_>,
-    round: &mut Round,
-    pods: impl IntoIterator<Item = &'p Arc<CachedPod>>,
-) {
-    for pod in pods {
-        if pod.metadata.deletion_timestamp.is_none()
-            && let Some(stretch) = held(view, pod)
-        {
-            round.held_for_notice.push(stretch);
-        }
-    }
+/// Records `pods` as let go of as standbys in this round, for the ledger to charge what they
+/// held; a pod already being deleted was counted in the round that deleted it.
+pub(super) fn release<'p>(round: &mut Round, pods: impl IntoIterator<Item = &'p Arc<CachedPod>>) {
+    round.released_standbys.extend(
+        pods.into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .cloned(),
+    );
 }
 
 /// Standbys whose notice is gone before the switch (the provider withdrew it, or the noticed
@@ -335,11 +295,7 @@ pub(super) fn withdrawn(view: &View<'_>, round: &mut Round) {
              created ahead are deleted, and training goes on"
         ),
     ));
-    release(
-        view,
-        round,
-        gone.iter().filter_map(|r| ahead.get(r).copied()),
-    );
+    release(round, gone.iter().filter_map(|r| ahead.get(r).copied()));
     round.remove_pods(view, gone.iter().filter_map(|r| ahead.get(r).copied()));
 }
 
@@ -417,7 +373,9 @@ pub(super) fn joining<'v>(
 /// first of them was created.
 pub(super) struct Switch {
     pub ranks: RankSet,
-    ahead: Option<SignedDuration>,
+    /// When the first of the standbys was created, and the decision's time.
+    created: Option<Timestamp>,
+    now: Timestamp,
 }
 
 impl Switch {
@@ -426,18 +384,20 @@ impl Switch {
             .iter()
             .filter_map(|p| pods::label_u32(p.as_ref(), LABEL_RANK))
             .collect();
-        let ahead = joining
+        let created = joining
             .iter()
             .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
-            .min()
-            .map(|t| now.duration_since(t));
-        Self { ranks, ahead }
+            .min();
+        Self {
+            ranks,
+            created,
+            now,
+        }
     }
 
     /// `status.lastRestart.aheadMillis`.
     pub fn ahead_millis(&self) -> Option<u64> {
-        let ahead = self.ahead?.as_millis().max(0);
-        Some(u64::try_from(ahead).map_or(MAX_LEDGER, |a| a.min(MAX_LEDGER)))
+        Some(millis_between(self.created?, self.now).min(MAX_LEDGER))
     }
 
     /// The restart's `detail`, with the ranks that switch and how long ahead their standbys
@@ -446,7 +406,9 @@ impl Switch {
         if self.ranks.is_empty() {
             return detail.to_owned();
         }
-        let ahead = self.ahead.map_or(0.0, |a| a.as_secs_f64());
+        let ahead = self
+            .created
+            .map_or(0.0, |t| self.now.duration_since(t).as_secs_f64());
         let ranks = &self.ranks;
         format!(
             "{detail}; worker(s) {ranks} switch to their replacement(s) created {ahead:.1}s ahead"
