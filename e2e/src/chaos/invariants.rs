@@ -208,32 +208,19 @@ impl Checker {
     /// as a kept pod until it is relabelled. The `/proc` scan checks what actually runs.
     pub fn pods(&mut self, at: Duration, pods: &[PodSeen]) {
         let status_attempt = self.last.as_ref().map_or(0, |j| j.attempt);
-        let waiting = |p: &PodSeen| p.standby && p.attempt > status_attempt;
-        let replaced = |p: &PodSeen| {
-            self.last.as_ref().is_some_and(|j| {
-                p.attempt < j.attempt
-                    && j.replaced_ahead.contains(&p.rank)
-                    && !j.kept.contains(&p.rank)
-            })
-        };
         let mut by_rank: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
         for pod in pods
             .iter()
-            .filter(|p| p.running && !waiting(p) && !replaced(p))
+            .filter(|p| p.running && !self.waiting(p) && (self.kept(p) || !self.replaced_ahead(p)))
         {
             by_rank.entry(pod.rank).or_default().push(&pod.name);
         }
-        let twice: Vec<String> = by_rank
-            .iter()
-            .filter(|(_, n)| n.len() > 1)
-            .map(|(rank, names)| format!("two running pods of rank {rank}: {names:?}"))
-            .collect();
-        for what in twice {
-            self.violate(at, what);
+        for (rank, names) in by_rank.iter().filter(|(_, n)| n.len() > 1) {
+            self.violate(at, format!("two running pods of rank {rank}: {names:?}"));
         }
         if pods
             .iter()
-            .any(|p| p.running && !waiting(p) && p.attempt > status_attempt)
+            .any(|p| p.running && !self.waiting(p) && p.attempt > status_attempt)
         {
             self.held = Some((at, pods.to_vec()));
             return;
@@ -242,18 +229,33 @@ impl Checker {
         self.one_attempt(at, pods);
     }
 
+    /// A standby of an attempt newer than the status's: it runs nothing until started.
+    fn waiting(&self, pod: &PodSeen) -> bool {
+        pod.standby && pod.attempt > self.last.as_ref().map_or(0, |j| j.attempt)
+    }
+
+    /// A pod of an older attempt whose rank the status's attempt keeps in place (until it is
+    /// relabelled).
+    fn kept(&self, pod: &PodSeen) -> bool {
+        self.last
+            .as_ref()
+            .is_some_and(|j| pod.attempt < j.attempt && j.kept.contains(&pod.rank))
+    }
+
+    /// A pod of an older attempt whose rank the status's attempt runs in a replacement created
+    /// ahead of a termination notice (until it is deleted).
+    fn replaced_ahead(&self, pod: &PodSeen) -> bool {
+        self.last
+            .as_ref()
+            .is_some_and(|j| pod.attempt < j.attempt && j.replaced_ahead.contains(&pod.rank))
+    }
+
     /// Never running pods of two attempts at once (kept pods aside, see [`Self::pods`]).
     fn one_attempt(&mut self, at: Duration, pods: &[PodSeen]) {
         let mut by_attempt: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
-        let current = self
-            .last
-            .as_ref()
-            .map(|j| (j.attempt, &j.kept, &j.replaced_ahead));
         for pod in pods.iter().filter(|p| p.running) {
-            let in_between = current.is_some_and(|(attempt, kept, ahead)| {
-                (pod.attempt < attempt && (kept.contains(&pod.rank) || ahead.contains(&pod.rank)))
-                    || (pod.standby && pod.attempt > attempt)
-            });
+            let in_between = self.last.is_some()
+                && (self.kept(pod) || self.replaced_ahead(pod) || self.waiting(pod));
             if !in_between {
                 by_attempt.entry(pod.attempt).or_default().push(&pod.name);
             }
