@@ -1616,6 +1616,9 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
              running {} ms after it",
             last["aheadMillis"], last["runningAfterMillis"]
         );
+        // Its GPUs (on node 1, on-demand) were held for the notice until the switch: charged.
+        let held = &st["ledger"]["onDemand"]["heldForNotice"];
+        assert!(held.as_u64().is_some_and(|ms| ms > 0), "status: {st}");
         assert_eq!(
             (&st["preemptions"], &st["failures"]),
             (&json!(1), &json!(0)),
