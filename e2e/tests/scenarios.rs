@@ -23,6 +23,7 @@ use trainyard_api::gpu_labels::{
     LABEL_CUDA_MINOR, LABEL_GPU_COUNT, LABEL_GPU_MEMORY, LABEL_GPU_PRODUCT,
 };
 use trainyard_api::spot::KARPENTER_CAPACITY_TYPE;
+use trainyard_e2e::forged::{self, forged_copy};
 use trainyard_e2e::jobs::*;
 use trainyard_e2e::ledger_check::{self, Ended, PodTimesRecorder, SizedAttempt};
 use trainyard_e2e::{
@@ -2947,50 +2948,6 @@ async fn an_elastic_gang_trains_on_with_the_survivors_and_grows_back_when_capaci
     res
 }
 
-/// What a namespace user who may create and read pods (and nothing else) posts from a copy of
-/// a worker: rank 0's report, the HTTP status printed as `status=<code>`, then it waits.
-const FORGED_REPORT: &str = r#"
-import json, os, time, urllib.error, urllib.request
-token = open(os.environ["TRAINYARD_PROGRESS_TOKEN_FILE"]).read().strip()
-body = {"job": os.environ["TRAINYARD_JOB"], "rank": 0, "attempt": 4294967295, "step": 999999,
-        "checkpointStep": 999999, "checkpointFile": "nonexistent.pt"}
-req = urllib.request.Request(os.environ["TRAINYARD_PROGRESS_URL"], json.dumps(body).encode(),
-                             {"Authorization": "Bearer " + token,
-                              "Content-Type": "application/json"}, method="POST")
-for _ in range(60):
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            print("status=%d" % r.status, flush=True)
-        break
-    except urllib.error.HTTPError as e:
-        print("status=%d %s" % (e.code, e.read(200).decode()), flush=True)
-        break
-    except Exception as e:
-        print("retry: %s" % e, flush=True)
-        time.sleep(1)
-time.sleep(3600)
-"#;
-
-/// A copy of `worker` as a namespace user would make it: every label (the attempt set to
-/// u32::MAX), the owner reference, the operator's seal and the progress token volume, under
-/// another name, on no particular node, asking for no GPU, running [`FORGED_REPORT`].
-fn forged_copy(worker: &Pod, name: &str) -> Result<Value> {
-    let mut pod = serde_json::to_value(worker)?;
-    let meta = pod["metadata"].as_object_mut().context("metadata")?;
-    meta.retain(|k, _| ["labels", "annotations", "ownerReferences"].contains(&k.as_str()));
-    pod["metadata"]["name"] = json!(name);
-    pod["metadata"]["labels"][LABEL_ATTEMPT] = json!(u32::MAX.to_string());
-    pod.as_object_mut().context("pod")?.remove("status");
-    let spec = pod["spec"].as_object_mut().context("spec")?;
-    for field in ["nodeName", "hostname", "subdomain"] {
-        spec.remove(field);
-    }
-    let container = &mut pod["spec"]["containers"][0];
-    container["command"] = json!(["python3", "-c", FORGED_REPORT]);
-    container["resources"] = json!({});
-    Ok(pod)
-}
-
 /// A namespace user with `create pods` and no right on TrainingJobs copies worker 0, seal and
 /// all, under another name with attempt u32::MAX, and posts rank 0's report with a bogus
 /// checkpoint from it, with its own valid token for the channel's audience: 403. Status keeps
@@ -3036,24 +2993,26 @@ async fn a_worker_copied_by_a_namespace_user_cannot_report_for_its_rank() -> Res
         ensure!(!can("patch", "trainingjobs.trainyard.dev")?, "{user} may not touch jobs");
         let before = job_status(&client, &ns.name, name).await?;
 
-        let copy = serde_json::to_string(&forged_copy(&worker, "sealed-copy")?)?;
+        let copy = serde_json::to_string(&forged_copy(&worker, "sealed-copy", u32::MAX)?)?;
         kubectl(&["create", "-n", &ns.name, "--as", &user, "-f", "-"], &copy)?;
-        let said = wait_for("the copy's answer", Duration::from_secs(120), || async {
+        // Three rounds of reports (its rank's at its attempt and at u32::MAX), all refused.
+        let log = wait_for("the copy's answers", Duration::from_secs(120), || async {
             let pod = Api::<Pod>::namespaced(client.clone(), &ns.name)
                 .get("sealed-copy")
                 .await?;
             let log = pod_log(&ns.name, &pod, "trainer").unwrap_or_default();
-            Ok(log.lines().find(|l| l.starts_with("status=")).map(str::to_owned))
+            Ok((log.lines().count() >= 3).then_some(log))
         })
         .await?;
-        ensure!(said.starts_with("status=403"), "the copy's report: {said}");
+        let (accepted, refused, other) = forged::answers(&log);
+        ensure!(accepted == 0 && other == 0 && refused >= 6, "the copy's answers: {log}");
 
         let st = job_status(&client, &ns.name, name).await?;
         let step = st["progress"]["step"].as_u64().unwrap_or_default();
-        ensure!(step < 999_999, "status.progress moved: {st}");
+        ensure!(step < forged::FORGED_STEP, "status.progress moved: {st}");
         ensure!(st["progress"]["attempt"] == 0, "status.progress: {st}");
         let resume = st["resumePoint"].to_string();
-        ensure!(!resume.contains("nonexistent"), "status.resumePoint: {st} (before: {before})");
+        ensure!(!resume.contains(forged::FORGED_FILE), "status.resumePoint: {st} (before: {before})");
         ensure!(st["resumePoint"]["attempt"].as_u64() != Some(u64::from(u32::MAX)), "{st}");
 
         preempt_pod(&client, &ns.name, &worker.name_any(), "TerminationByKubelet").await?;
@@ -3061,7 +3020,7 @@ async fn a_worker_copied_by_a_namespace_user_cannot_report_for_its_rank() -> Res
         for p in &next {
             let resume = env_of(p, RESUME_FROM).unwrap_or_default();
             ensure!(
-                !resume.is_empty() && !resume.contains("nonexistent"),
+                !resume.is_empty() && !resume.contains(forged::FORGED_FILE),
                 "{}: RESUME_FROM={resume}",
                 p.name_any()
             );
@@ -3074,6 +3033,201 @@ async fn a_worker_copied_by_a_namespace_user_cannot_report_for_its_rank() -> Res
     let _ = Api::<Pod>::namespaced(client.clone(), &ns.name)
         .delete("sealed-copy", &Default::default())
         .await;
+    ns.cleanup().await?;
+    res
+}
+
+/// Node 2's kubelet, stopped with SIGSTOP (its process and containers stay; it renews
+/// nothing and reports nothing until [`PausedKubelet::resume`] or drop sends SIGCONT).
+struct PausedKubelet {
+    pid: String,
+    at: std::time::Instant,
+}
+
+impl PausedKubelet {
+    /// Waits (up to 30 s) for node 2's Lease to be renewed, then pauses its kubelet at once:
+    /// its next renewal is due one renew interval (10 s) later.
+    async fn right_after_a_renewal(client: &Client) -> Result<Self> {
+        let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            client.clone(),
+            "kube-node-lease",
+        );
+        let node = node2_name();
+        let renewed = |l: &k8s_openapi::api::coordination::v1::Lease| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.renew_time.clone())
+                .map(|t| t.0)
+        };
+        let first = renewed(&leases.get(&node).await?);
+        let pid_file = trainyard_e2e::state_dir().join("pids/node2/kubelet.pid");
+        let pid = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("reading {}", pid_file.display()))?
+            .trim()
+            .to_owned();
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if renewed(&leases.get(&node).await?) != first {
+                let stop = Command::new("kill").args(["-STOP", &pid]).status()?;
+                ensure!(stop.success(), "kill -STOP {pid} (node 2's kubelet) failed");
+                return Ok(Self {
+                    pid,
+                    at: std::time::Instant::now(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("node 2's Lease was not renewed within 30 s")
+    }
+
+    fn resume(&self) -> Result<()> {
+        let cont = Command::new("kill").args(["-CONT", &self.pid]).status()?;
+        ensure!(
+            cont.success(),
+            "kill -CONT {} (node 2's kubelet) failed",
+            self.pid
+        );
+        Ok(())
+    }
+}
+
+impl Drop for PausedKubelet {
+    fn drop(&mut self) {
+        let _ = self.resume();
+    }
+}
+
+/// Runs `body` with the controller-manager at Kubernetes' default node grace period (40 s:
+/// a kubelet silent that long makes its node NotReady) instead of the harness's 15 s, and
+/// puts the harness's back afterwards, also on failure.
+async fn with_default_node_grace<F, Fut>(body: F) -> Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    use trainyard_e2e::chaos::faults::{start_process, stop_process};
+    const FLAG: &str = "--node-monitor-grace-period";
+    let harness = tokio::task::spawn_blocking(|| stop_process("kube-controller-manager")).await??;
+    start_process(&harness.clone().without_flag(FLAG))
+        .context("starting the controller-manager at the default grace period")?;
+    let res = body().await;
+    let back = tokio::task::spawn_blocking(move || {
+        stop_process("kube-controller-manager")?;
+        start_process(&harness)
+    })
+    .await?
+    .context("starting the controller-manager with the harness's grace period again");
+    res.and(back.map(drop))
+}
+
+/// Fails unless `node` is Ready and has been since before `t`.
+async fn ready_since_before(client: &Client, node: &str, t: jiff::Timestamp) -> Result<()> {
+    let got = Api::<Node>::all(client.clone()).get(node).await?;
+    let ready = got
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .with_context(|| format!("{node} has no Ready condition"))?;
+    let since = ready.last_transition_time.as_ref().map(|t| t.0);
+    ensure!(
+        ready.status == "True" && since.is_some_and(|since| since < t),
+        "{node} Ready since before {t}: {ready:?}"
+    );
+    Ok(())
+}
+
+/// Ranks that never reported are no evidence of a lost node, tried as a new user would under
+/// production's timers: a plain torchrun DDP trainer that never uses the progress channel
+/// (rank 0 on node 1, rank 1 on node 2), node 2's kubelet paused for 18 s right after a
+/// renewal (its next renewal about 8 s late, well inside Kubernetes' default 40-s grace, so
+/// node 2 is never NotReady), and meanwhile rank 0's training process on node 1 killed
+/// (SIGKILL, as the OOM killer would): its torchrun exits 1. One failure, no preemption.
+/// (Of the operator's timers the harness changes only `nodeNotReadyTimeoutSeconds`, which
+/// starts once a node is NotReady: never here.)
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn a_paused_kubelet_beside_a_genuine_crash_is_one_failure_under_production_timers()
+-> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let res = with_default_node_grace(|| {
+        with_spot_node(&client, || async {
+            let (spot, on_demand) = (node2_name(), node_name());
+            let name = place_rank_on(&client, &ns.name, ("1", &spot), &on_demand, || {
+                let mut job = recreating(torch_job(
+                    "quiet",
+                    1,
+                    400,
+                    "0.3",
+                    json!({"policy": "Prefer"}),
+                ));
+                job["spec"]["template"]["spec"]["containers"][0]["command"] = json!([
+                    "env",
+                    "-u",
+                    "TRAINYARD_PROGRESS_URL",
+                    "torchrun",
+                    "/app/train.py"
+                ]);
+                job["spec"]["restartPolicy"]["maxFailures"] = json!(1);
+                job
+            })
+            .await?;
+            let name = name.as_str();
+            let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+            let rank0 = rank_pod(&pods, 0)?.clone();
+            wait_for("rank 0 training", Duration::from_secs(180), || {
+                let (ns, rank0) = (ns.name.clone(), rank0.clone());
+                async move {
+                    let log = pod_log(&ns, &rank0, "trainer").unwrap_or_default();
+                    Ok(log.contains("checkpoint saved at step").then_some(()))
+                }
+            })
+            .await?;
+            let st = job_status(&client, &ns.name, name).await?;
+            ensure!(
+                st["progress"].is_null(),
+                "the trainer reports nothing: {st}"
+            );
+
+            let paused = PausedKubelet::right_after_a_renewal(&client).await?;
+            let paused_at = jiff::Timestamp::now();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let job = name.to_owned();
+            let killed = tokio::task::spawn_blocking(move || {
+                trainyard_e2e::chaos::faults::kill_training_process(&job, "0", "0")
+            })
+            .await??
+            .context("no training process of rank 0")?;
+            println!("node 2's kubelet paused; rank 0's training process {killed} killed");
+            tokio::time::sleep(Duration::from_secs(18).saturating_sub(paused.at.elapsed())).await;
+            paused.resume()?;
+            println!("node 2's kubelet resumed after {:?}", paused.at.elapsed());
+            drop(paused);
+
+            let st = wait_for("the restart decided", Duration::from_secs(180), || async {
+                let st = job_status(&client, &ns.name, name).await?;
+                Ok((st["attempt"].as_u64() >= Some(1)).then_some(st))
+            })
+            .await?;
+            ensure!(
+                st["failures"] == 1 && st["preemptions"] == 0,
+                "one failure, no preemption: {st}"
+            );
+            ensure!(st["lastRestart"]["reason"] == "Failure", "status: {st}");
+            // Kubernetes never took node 2 for gone.
+            ready_since_before(&client, &spot, paused_at).await?;
+            running_pods(&client, &ns.name, name, 1, 2).await?;
+            let st = job_status(&client, &ns.name, name).await?;
+            ensure!(
+                st["failures"] == 1 && st["preemptions"] == 0,
+                "status: {st}"
+            );
+            Ok(())
+        })
+    })
+    .await;
     ns.cleanup().await?;
     res
 }

@@ -75,6 +75,8 @@ pub struct Injected {
     flood: Option<tokio::task::JoinHandle<()>>,
     /// What a fault on a node's plumbing changed (`SlowEtcdDisk`, `ImagePullFailure`).
     restore: Option<Restore>,
+    /// The pod a `ForgedWorker` created.
+    forged: Option<String>,
 }
 
 /// Injects `kind`; `pick` chooses among candidates (seeded by the run).
@@ -135,6 +137,15 @@ pub async fn inject(
             Ok(what) => what,
             Err(why) => return Ok(skipped(kind, &why)),
         },
+        FaultKind::ForgedWorker => {
+            let Some((pod, what)) = forge_a_worker(target, pick).await? else {
+                return Ok(skipped(kind, "no running worker to copy"));
+            };
+            return Ok(Injected {
+                forged: Some(pod),
+                ..injected(kind, what)
+            });
+        }
         FaultKind::ProgressFlood
         | FaultKind::Node2CutFromApi
         | FaultKind::ApiLatency
@@ -144,13 +155,9 @@ pub async fn inject(
         | FaultKind::OperatorClockSkew => return inject_noise(target, kind, pick).await,
     };
     Ok(Injected {
-        kind,
-        effect: Effect::Injected,
-        what,
         node,
         stopped,
-        flood: None,
-        restore: None,
+        ..injected(kind, what)
     })
 }
 
@@ -231,13 +238,9 @@ async fn inject_noise(
         other => bail!("{other} is not a fault of a noisy cluster"),
     };
     Ok(Injected {
-        kind,
-        effect: Effect::Injected,
-        what,
-        node: None,
-        stopped: None,
         flood,
         restore,
+        ..injected(kind, what)
     })
 }
 
@@ -259,7 +262,63 @@ pub async fn undo(target: &Target, fault: &Injected) -> Result<Option<(Effect, S
             )
         }));
     }
+    if let (FaultKind::ForgedWorker, Some(pod)) = (fault.kind, &fault.forged) {
+        return unforge(target, pod)
+            .await
+            .map(|said| Some((Effect::Injected, said)));
+    }
     undo_effect(target, fault).await.map(|()| None)
+}
+
+/// Copies a running worker as a namespace user could ([`crate::forged::forged_copy`]), under
+/// `<job>-forged-<n>`, its attempt label kept: the pod's name and what it posts, or none when
+/// no worker runs.
+async fn forge_a_worker(
+    target: &Target,
+    pick: &mut fastrand::Rng,
+) -> Result<Option<(String, String)>> {
+    let pods = running_workers(target).await?;
+    let Some(worker) = pick.choice(&pods) else {
+        return Ok(None);
+    };
+    let attempt: u32 = worker
+        .labels()
+        .get(LABEL_ATTEMPT)
+        .and_then(|a| a.parse().ok())
+        .context("a running worker without an attempt label")?;
+    let name = format!("{}-forged-{}", target.job, pick.u32(..));
+    let pod: Pod = serde_json::from_value(crate::forged::forged_copy(worker, &name, attempt)?)?;
+    Api::<Pod>::namespaced(target.client.clone(), &target.namespace)
+        .create(&Default::default(), &pod)
+        .await
+        .with_context(|| format!("creating the forged pod {name}"))?;
+    let what = format!(
+        "{name}, a copy of {} (seal, ownerReference, token), posting its rank's reports and \
+         supervisor polls",
+        worker.name_any()
+    );
+    Ok(Some((name, what)))
+}
+
+/// Deletes a forged pod and says what it was answered; fails when any of its posts was
+/// accepted.
+async fn unforge(target: &Target, pod: &str) -> Result<String> {
+    let pods = Api::<Pod>::namespaced(target.client.clone(), &target.namespace);
+    let log = match pods.get_opt(pod).await? {
+        Some(p) => crate::pod_log(&target.namespace, &p, "trainer").unwrap_or_default(),
+        None => String::new(),
+    };
+    pods.delete(pod, &DeleteParams::default().grace_period(0))
+        .await
+        .with_context(|| format!("deleting the forged pod {pod}"))?;
+    let (accepted, refused, other) = crate::forged::answers(&log);
+    ensure!(
+        accepted == 0,
+        "{accepted} posts of the forged pod {pod} were accepted (200); its log:\n{log}"
+    );
+    Ok(format!(
+        "{refused} posts refused (403), {other} unanswered, none accepted"
+    ))
 }
 
 async fn undo_effect(target: &Target, fault: &Injected) -> Result<()> {
@@ -324,16 +383,25 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .context("a fault's action panicked")?
 }
 
-/// A fault that found nothing to act on, and why.
-fn skipped(kind: FaultKind, why: &str) -> Injected {
+/// A fault that went in, with nothing its undoing needs.
+fn injected(kind: FaultKind, what: String) -> Injected {
     Injected {
         kind,
-        effect: Effect::Skipped,
-        what: format!("skipped: {why}"),
+        effect: Effect::Injected,
+        what,
         node: None,
         stopped: None,
         flood: None,
         restore: None,
+        forged: None,
+    }
+}
+
+/// A fault that found nothing to act on, and why.
+fn skipped(kind: FaultKind, why: &str) -> Injected {
+    Injected {
+        effect: Effect::Skipped,
+        ..injected(kind, format!("skipped: {why}"))
     }
 }
 
@@ -490,6 +558,19 @@ pub fn stop_process(name: &str) -> Result<Stopped> {
         environ,
         cwd,
     })
+}
+
+impl Stopped {
+    /// The same process without the command-line flag `flag` and the value after it, to
+    /// start it again with that setting at its default.
+    #[must_use]
+    pub fn without_flag(mut self, flag: &str) -> Self {
+        if let Some(at) = self.argv.iter().position(|a| a == flag) {
+            let end = (at + 2).min(self.argv.len());
+            self.argv.drain(at..end);
+        }
+        self
+    }
 }
 
 /// Starts a process [`stop_process`] stopped, as it ran; returns its new PID.
@@ -795,7 +876,7 @@ async fn node_ip(client: &Client, name: &str) -> Result<String> {
 /// containers run on this machine) and killed with SIGKILL, as the kernel's OOM killer kills
 /// a worker; torchrun then exits 1. Looks for up to 60 s (the worker may still be starting);
 /// None when there was none.
-fn kill_training_process(job: &str, rank: &str, attempt: &str) -> Result<Option<String>> {
+pub fn kill_training_process(job: &str, rank: &str, attempt: &str) -> Result<Option<String>> {
     let wanted = [
         format!("{}={job}", trainyard_api::env::TRAINYARD_JOB),
         format!("{}={rank}", trainyard_api::env::NODE_RANK),
