@@ -11,7 +11,8 @@
 #                  with the modules it imports beside it: the checkpoint fence
 #                  (examples/trainyard_fence.py), SIGTERM (examples/trainyard_sigterm.py) and
 #                  elastic sizes (examples/trainyard_elastic.py),
-#                  and the container's first process (examples/trainyard_launch.py)
+#                  and the container's first process (examples/trainyard_launch.py);
+#                  and torchrun starting workers in new sessions (e2e/torchrun_new_sessions.py)
 # Every image goes into node 1's containerd and, when it runs, node 2's.
 # usage: images.sh [pause|trainer|operator|device-plugin|torch-trainer|all|inputs|push]...
 # (`inputs`: only the cached PyTorch layer and the stand-in base images, nothing imported)
@@ -144,6 +145,9 @@ build_torch_trainer() {
   install -m 0644 "$ROOT/examples/trainyard_sigterm.py" "$fs/app/trainyard_sigterm.py"
   install -m 0644 "$ROOT/examples/trainyard_elastic.py" "$fs/app/trainyard_elastic.py"
   install -m 0644 "$ROOT/examples/trainyard_launch.py" "$fs/app/trainyard_launch.py"
+  # torchrun with every worker in a session of its own, as torch >= 2.1 starts them (the
+  # chaos run's job: e2e/torchrun_new_sessions.py).
+  install -m 0644 "$ROOT/e2e/torchrun_new_sessions.py" "$fs/app/torchrun_new_sessions.py"
   # PET_REDIRECTS/PET_TEE: torch 1.13's torchrun on Python 3.11 crashes in to_map unless
   # both are set (its Std lookup misses the zero value); 1 = stdout only, so logs still flow.
   python3 "$HERE/mkimage.py" "$fs" trainyard/torch-trainer:dev "$WORK/torch-trainer.tar" \

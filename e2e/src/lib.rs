@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chaos;
+pub mod forged;
 pub mod jobs;
 pub mod ledger_check;
 

@@ -60,6 +60,8 @@ pub struct JobSeen {
     /// `status.lastRestart.replacedAheadRanks`: the ranks whose pods of `attempt` are
     /// replacements created ahead of a termination notice (make before break).
     pub replaced_ahead: BTreeSet<u32>,
+    /// `status.resumePoint.file`: the checkpoint the next attempt resumes from.
+    pub resume_file: Option<String>,
 }
 
 /// `status.progress`'s attempt, `step` and `resumedFrom`.
@@ -76,6 +78,24 @@ impl ProgressSeen {
     /// after the status came was alive after the attempt's true first step.
     fn trained(&self) -> bool {
         self.step > self.resumed_from.unwrap_or(0)
+    }
+}
+
+/// What of `job` only a forged worker's report could have set ([`crate::forged`]): its step,
+/// its checkpoint step or its checkpoint file.
+fn forged_in(job: &JobSeen) -> Option<String> {
+    use crate::forged::{FORGED_FILE, FORGED_STEP};
+    let step = job.progress.map(|p| p.step).filter(|s| *s >= FORGED_STEP);
+    let saved = job.checkpoint_step.filter(|s| *s >= FORGED_STEP);
+    let file = job
+        .resume_file
+        .as_deref()
+        .filter(|f| f.contains(FORGED_FILE));
+    match (step, saved, file) {
+        (None, None, None) => None,
+        _ => Some(format!(
+            "progress.step {step:?}, checkpointStep {saved:?}, resumePoint.file {file:?}"
+        )),
     }
 }
 
@@ -379,6 +399,12 @@ impl Checker {
         if let Some(p) = job.progress.filter(ProgressSeen::trained) {
             self.trained.entry(p.attempt).or_insert(at);
         }
+        if let Some(forged) = forged_in(job) {
+            self.violate(
+                at,
+                format!("a forged worker's report moved status: {forged}"),
+            );
+        }
         if u64::from(job.attempt) < job.restarts() {
             self.violate(
                 at,
@@ -537,6 +563,46 @@ mod tests {
 
     fn t(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn what_only_a_forged_report_could_set_in_status_is_a_violation() {
+        let progress = |step| ProgressSeen {
+            attempt: 1,
+            step,
+            resumed_from: None,
+        };
+        let mut c = Checker::new();
+        c.job(
+            t(1),
+            &JobSeen {
+                progress: Some(progress(120)),
+                resume_file: Some("latest.pt".to_owned()),
+                ..seen(1, 1, Some(115))
+            },
+        );
+        assert!(c.violations().is_empty(), "{:?}", c.violations());
+        let forged = [
+            JobSeen {
+                progress: Some(progress(999_999)),
+                ..seen(1, 1, Some(115))
+            },
+            seen(1, 1, Some(999_999)),
+            JobSeen {
+                resume_file: Some("forged-nonexistent.pt".to_owned()),
+                ..seen(1, 1, Some(115))
+            },
+        ];
+        for (i, job) in forged.iter().enumerate() {
+            let mut c = Checker::new();
+            c.job(t(2), job);
+            assert_eq!(c.violations().len(), 1, "case {i}: {:?}", c.violations());
+            assert!(
+                c.violations()[0]
+                    .what
+                    .contains("a forged worker's report moved status")
+            );
+        }
     }
 
     #[test]

@@ -123,7 +123,7 @@ pub async fn run(client: &Client, schedule: &Schedule) -> Result<RunReport> {
     let baseline = format!("{name}-baseline");
     let ns = JOBS_NS;
     let steps = steps_to_outlast(schedule);
-    let job = chaos_job(&name, steps, json!({"policy": "Prefer"}));
+    let job = in_new_sessions(chaos_job(&name, steps, json!({"policy": "Prefer"})));
     let kill_grace = node2_kill_grace(&job)?;
     create_job(client, ns, job).await?;
     create_job(
@@ -335,6 +335,20 @@ fn chaos_job(name: &str, steps: u32, spot: Value) -> Value {
         env.push(json!({"name": "PROGRESS_EVERY_SECONDS", "value": "1"}));
         env.push(json!({"name": "COLLECTIVE_TIMEOUT_SECONDS", "value": "30"}));
     }
+    job
+}
+
+/// `job` with its workers started as torch >= 2.1's torchrun starts them, each in a session of
+/// its own (`e2e/torchrun_new_sessions.py` in the trainer image): its launcher must stop
+/// processes outside the agent's session. The baseline keeps torch 1.13's torchrun.
+fn in_new_sessions(mut job: Value) -> Value {
+    job["spec"]["template"]["spec"]["containers"][0]["command"] = json!([
+        "python3",
+        "/app/trainyard_launch.py",
+        "python3",
+        "/app/torchrun_new_sessions.py",
+        "/app/train.py"
+    ]);
     job
 }
 
@@ -555,7 +569,13 @@ fn watch(client: &Client, ns: &str, job: &str, feed: Feed) -> tokio::task::JoinH
                     if matches!(event, Event::Init | Event::InitApply(_)) {
                         continue;
                     }
-                    let list: Vec<PodSeen> = known.state().iter().map(|p| pod_seen(p)).collect();
+                    // The pods the harness forged itself are no pods of the job's.
+                    let list: Vec<PodSeen> = known
+                        .state()
+                        .iter()
+                        .filter(|p| !p.labels().contains_key(crate::forged::FORGED_LABEL))
+                        .map(|p| pod_seen(p))
+                        .collect();
                     feed.tell(|c, at| c.pods(at, &list));
                 }
                 Some(Ok(obj)) = job_events.next() => {
@@ -665,6 +685,7 @@ fn seen(st: &Value) -> JobSeen {
             .as_str()
             .map(|ranks| RankSet::parse(ranks).iter().collect())
             .unwrap_or_default(),
+        resume_file: st["resumePoint"]["file"].as_str().map(str::to_owned),
     }
 }
 

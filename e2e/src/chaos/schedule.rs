@@ -67,11 +67,16 @@ pub enum FaultKind {
     /// Both operator replicas rolled onto a clock 2 to 5 s ahead of or behind the cluster's
     /// (libfaketime), and back after `hold`.
     OperatorClockSkew,
+    /// A copy of a running worker (its labels, the job's ownerReference, the seal, the token
+    /// volume) under another name, as a namespace user could make it, posting that rank's
+    /// reports (step 999999, a checkpoint that does not exist) and its supervisor's "exited 1"
+    /// every second for `hold`: every one must be refused and move nothing.
+    ForgedWorker,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order (the schedule's shuffles start from it).
-    pub const ALL: [FaultKind; 21] = [
+    pub const ALL: [FaultKind; 22] = [
         FaultKind::KillOperatorLeader,
         FaultKind::RestartApiServer,
         FaultKind::RestartEtcd,
@@ -93,6 +98,8 @@ impl FaultKind {
         FaultKind::SlowEtcdDisk,
         FaultKind::ImagePullFailure,
         FaultKind::OperatorClockSkew,
+        // Last: runs that exclude it draw the same schedules as before it existed.
+        FaultKind::ForgedWorker,
     ];
 
     /// The things the fault acts on: two faults on one resource never overlap.
@@ -128,6 +135,7 @@ impl FaultKind {
             FaultKind::ApiLatency => &Resource::ApiPath,
             FaultKind::DnsOutage => &Resource::Dns,
             FaultKind::ProgressFlood => &Resource::Progress,
+            FaultKind::ForgedWorker => &Resource::Forger,
             FaultKind::DeleteWorkerPod
             | FaultKind::SuspendResume
             | FaultKind::TrainerFailure
@@ -142,7 +150,10 @@ impl FaultKind {
     pub fn waits_for(self, held: FaultKind) -> bool {
         let aims_at_a_worker = matches!(
             self,
-            FaultKind::DeleteWorkerPod | FaultKind::TerminationTaint | FaultKind::ImagePullFailure
+            FaultKind::DeleteWorkerPod
+                | FaultKind::TerminationTaint
+                | FaultKind::ImagePullFailure
+                | FaultKind::ForgedWorker
         );
         self.shares_a_resource(held) || (aims_at_a_worker && held == FaultKind::SuspendResume)
     }
@@ -164,6 +175,7 @@ impl FaultKind {
                 | FaultKind::SlowEtcdDisk
                 | FaultKind::ImagePullFailure
                 | FaultKind::OperatorClockSkew
+                | FaultKind::ForgedWorker
         )
     }
 
@@ -213,6 +225,7 @@ pub enum Resource {
     ApiPath,
     Dns,
     Progress,
+    Forger,
 }
 
 /// One fault of a schedule.
@@ -268,10 +281,12 @@ impl Default for ScheduleConfig {
 }
 
 impl ScheduleConfig {
-    /// `make test`'s run: 6 faults (of 6 kinds).
+    /// `make test`'s run: 6 faults (of 6 kinds), drawn as before `ForgedWorker` existed (the
+    /// copied-worker scenario tries a forged worker in `make test`).
     pub fn make_test() -> Self {
         ScheduleConfig {
             faults: 6,
+            excluded: vec![FaultKind::ForgedWorker],
             ..ScheduleConfig::default()
         }
     }
