@@ -86,11 +86,42 @@ pub async fn install_kueue_crds(client: &Client) -> Result<()> {
     ensure_crd(client, ResourceFlavor::crd()).await
 }
 
+/// `helm install` or `helm upgrade` of the scenarios' release: `e2e/values-local.yaml`, the
+/// operator watching the jobs' namespace, and `extra` merged over both.
+pub fn chart_release(action: &str, extra: Value) -> Result<String> {
+    let chart = repo_root().join("charts/trainyard");
+    let values = repo_root().join("e2e/values-local.yaml");
+    // TRAINYARD_DEFAULT_TIMERS=1 (with e2e/cluster/up.sh's): the operator at its default
+    // NotReady timeout, to measure a loss as production sees it.
+    let mut operator = json!({"watchNamespace": JOBS_NS});
+    if std::env::var_os("TRAINYARD_DEFAULT_TIMERS").is_some() {
+        operator["config"] = json!({"nodeNotReadyTimeoutSeconds": 60});
+    }
+    // TRAINYARD_E2E_OPERATOR_LOG: the operator's tracing filter (RUST_LOG), to look closer.
+    if let Ok(filter) = std::env::var("TRAINYARD_E2E_OPERATOR_LOG") {
+        operator["logLevel"] = json!(filter);
+    }
+    let mut set = json!({ "operator": operator });
+    if let (Some(set), Some(extra)) = (set.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            set.insert(k.clone(), v.clone());
+        }
+    }
+    crate::helm(&[
+        action,
+        RELEASE,
+        chart.to_str().context("chart path is not UTF-8")?,
+        RELEASE_NS,
+        "--values",
+        values.to_str().context("values path is not UTF-8")?,
+        "--set-json",
+        &set.to_string(),
+    ])
+}
+
 pub async fn install_chart(client: &Client) -> Result<()> {
     install_kueue_crds(client).await?;
     write_fake_gpus(&fake_gpus_8()?)?;
-    let chart = repo_root().join("charts/trainyard");
-    let values = repo_root().join("e2e/values-local.yaml");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NS);
     let already = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
         .get_opt(RELEASE_NS)
@@ -109,27 +140,8 @@ pub async fn install_chart(client: &Client) -> Result<()> {
     if namespaces.get_opt(JOBS_NS).await?.is_none() {
         namespaces.create(&PostParams::default(), &ns).await?;
     }
-    // TRAINYARD_DEFAULT_TIMERS=1 (with e2e/cluster/up.sh's): the operator at its default
-    // NotReady timeout, to measure a loss as production sees it.
-    let mut operator = json!({"watchNamespace": JOBS_NS});
-    if std::env::var_os("TRAINYARD_DEFAULT_TIMERS").is_some() {
-        operator["config"] = json!({"nodeNotReadyTimeoutSeconds": 60});
-    }
-    // TRAINYARD_E2E_OPERATOR_LOG: the operator's tracing filter (RUST_LOG), to look closer.
-    if let Ok(filter) = std::env::var("TRAINYARD_E2E_OPERATOR_LOG") {
-        operator["logLevel"] = json!(filter);
-    }
     if !already {
-        crate::helm(&[
-            "install",
-            RELEASE,
-            chart.to_str().context("chart path is not UTF-8")?,
-            RELEASE_NS,
-            "--values",
-            values.to_str().context("values path is not UTF-8")?,
-            "--set-json",
-            &json!({ "operator": operator }).to_string(),
-        ])?;
+        chart_release("install", json!({}))?;
     }
     wait_for(
         "the operator Deployment to be Available with 2 ready replicas",

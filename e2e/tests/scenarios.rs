@@ -641,6 +641,189 @@ async fn node_label(client: &Client, key: &str) -> Result<Option<String>> {
     Ok(n.labels().get(key).cloned())
 }
 
+/// The labels NVIDIA's GPU Feature Discovery gives a node of eight A100-SXM4-80GB under
+/// driver 550.54.15 (CUDA 12.4): what the operator places by in operator-only mode.
+const GFD_LABELS: [(&str, &str); 11] = [
+    ("nvidia.com/gpu.present", "true"),
+    (LABEL_GPU_PRODUCT, "NVIDIA-A100-SXM4-80GB"),
+    (LABEL_GPU_MEMORY, "81920"),
+    (LABEL_GPU_COUNT, "8"),
+    ("nvidia.com/gpu.compute.major", "8"),
+    ("nvidia.com/gpu.compute.minor", "0"),
+    ("nvidia.com/cuda.driver-version.major", "550"),
+    ("nvidia.com/cuda.driver-version.minor", "54"),
+    ("nvidia.com/cuda.driver-version.revision", "15"),
+    ("nvidia.com/cuda.runtime-version.major", "12"),
+    (LABEL_CUDA_MINOR, "4"),
+];
+
+/// Node 1's labels under `nvidia.com/`, as a map.
+async fn nvidia_labels(client: &Client) -> Result<std::collections::BTreeMap<String, String>> {
+    let n = Api::<Node>::all(client.clone()).get(&node_name()).await?;
+    Ok(n.labels()
+        .iter()
+        .filter(|(k, _)| k.starts_with("nvidia.com/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect())
+}
+
+/// Replaces node 1's `nvidia.com/` labels with `labels`.
+async fn set_nvidia_labels(client: &Client, labels: &[(&str, &str)]) -> Result<()> {
+    let mut patch = serde_json::Map::new();
+    for key in nvidia_labels(client).await?.into_keys() {
+        patch.insert(key, Value::Null);
+    }
+    for (k, v) in labels {
+        patch.insert((*k).to_owned(), json!(v));
+    }
+    Api::<Node>::all(client.clone())
+        .patch(
+            &node_name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": patch}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Another vendor's device plugin for `nvidia.com/gpu` on node 1, run outside the chart (as
+/// NVIDIA's DaemonSet would be): trainyard's binary on the harness's fake GPU file, with no
+/// node name, so it labels nothing. Stopped by its PID when dropped.
+struct OtherDevicePlugin(std::process::Child);
+
+impl OtherDevicePlugin {
+    fn start() -> Result<Self> {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| trainyard_e2e::repo_root().join("target"), Into::into);
+        let kubelet = std::env::var("TRAINYARD_KUBELET_ROOT")
+            .unwrap_or_else(|_| "/var/lib/kubelet".to_owned());
+        let log =
+            std::fs::File::create(trainyard_e2e::state_dir().join("logs/other-device-plugin.log"))?;
+        let child = Command::new(target.join("debug/trainyard-device-plugin"))
+            .arg("run")
+            .arg("--fake-gpus")
+            .arg(fake_gpu_file())
+            .arg("--device-plugin-dir")
+            .arg(format!("{kubelet}/device-plugins"))
+            .env_remove("NODE_NAME")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the stand-in device plugin")?;
+        Ok(Self(child))
+    }
+}
+
+impl Drop for OtherDevicePlugin {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until node 1 advertises `gpus` allocatable GPUs.
+async fn node1_gpus(client: &Client, gpus: i64) -> Result<()> {
+    wait_for(
+        &format!("node 1 allocatable {GPU} = {gpus}"),
+        Duration::from_secs(120),
+        || async move {
+            Ok((allocatable(client, &node_name(), GPU).await? == Some(gpus)).then_some(()))
+        },
+    )
+    .await
+}
+
+/// Operator-only mode (`devicePlugin.enabled=false`) on a node whose `nvidia.com/gpu` another
+/// device plugin advertises and whose GPU facts NVIDIA's GPU Feature Discovery labels: the
+/// chart's DaemonSet is gone, a stand-in plugin registers with node 1's kubelet, the node
+/// carries GFD's labels only; a job that asks for the product, its memory, CUDA 12.4 and
+/// compute 8.0 is placed there, gets its GPUs from that plugin and succeeds. The chart's
+/// plugin comes back afterwards.
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn operator_only_mode_runs_a_job_on_gpus_another_device_plugin_advertises() -> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let mut other = None;
+    let res = async {
+        chart_release("upgrade", json!({"devicePlugin": {"enabled": false}}))?;
+        let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS);
+        wait_for(
+            "the chart's device plugin pods gone",
+            Duration::from_secs(120),
+            || {
+                let pods = pods.clone();
+                async move {
+                    let left = pods.list(&ListParams::default()).await?.items;
+                    Ok(
+                        (!left.iter().any(|p| p.name_any().contains("device-plugin")))
+                            .then_some(()),
+                    )
+                }
+            },
+        )
+        .await?;
+        set_nvidia_labels(&client, &GFD_LABELS).await?;
+        other = Some(OtherDevicePlugin::start()?);
+        node1_gpus(&client, 8).await?;
+        let name = "operator-only";
+        let gpu = json!({"gpu": {
+            "products": ["NVIDIA-A100-SXM4-80GB"], "minMemoryGiB": 80,
+            "minCudaVersion": "12.4", "minComputeCapability": "8.0",
+        }});
+        let job = job_manifest(name, 1, 2, &counting_trainer(3), gpu);
+        create_job(&client, &ns.name, job).await?;
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(180),
+        )
+        .await?;
+        ensure!(
+            st["selectedGpu"]["product"] == "NVIDIA-A100-SXM4-80GB",
+            "pinned to GFD's product: {st}"
+        );
+        let pod = job_pods(&client, &ns.name, name).await?;
+        let pod = pod.first().context("the worker pod")?;
+        let log = pod_log(&ns.name, pod, "trainer")?;
+        ensure!(
+            log.contains("gpus=GPU-"),
+            "the other plugin's devices in the pod: {log}"
+        );
+        // Nothing of trainyard's labelled the node meanwhile.
+        let labels = nvidia_labels(&client).await?;
+        let gfd: std::collections::BTreeMap<String, String> = GFD_LABELS
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        ensure!(labels == gfd, "node 1's nvidia.com/ labels: {labels:?}");
+        Ok(())
+    }
+    .await;
+    drop(other);
+    let cleaned = ns.cleanup().await;
+    let back = async {
+        set_nvidia_labels(&client, &[]).await?;
+        chart_release("upgrade", json!({}))?;
+        node1_gpus(&client, 8).await?;
+        wait_for(
+            "the chart's plugin to label node 1 again",
+            Duration::from_secs(120),
+            || async {
+                Ok(nvidia_labels(&client)
+                    .await?
+                    .contains_key(LABEL_GPU_PRODUCT)
+                    .then_some(()))
+            },
+        )
+        .await
+    }
+    .await;
+    res.and(cleaned).and(back)
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster (make test)"]
 async fn cuda_requirement_waits_for_a_driver_that_supports_it() -> Result<()> {
