@@ -399,6 +399,16 @@ mod tests {
     fn the_seed_of_make_test_has_a_genuine_failure_beside_node_and_control_plane_faults() {
         let s = Schedule::generate(MAKE_TEST_SEED, &ScheduleConfig::make_test());
         let kinds: HashSet<_> = s.faults.iter().map(|f| f.kind).collect();
+        // The kinds docs/reliability.md names, drawn as before `ForgedWorker` existed.
+        let named = HashSet::from([
+            FaultKind::TrainerFailure,
+            FaultKind::ApiLatency,
+            FaultKind::RestartEtcd,
+            FaultKind::GpuUnhealthy,
+            FaultKind::OperatorClockSkew,
+            FaultKind::LoseNode2,
+        ]);
+        assert_eq!(kinds, named, "{s}");
         // The failure comes while the API is slow, away from every fault that restarts the
         // gang (run.rs, `failures_alone`): it must be counted as exactly one failure.
         let failure = s
