@@ -9,8 +9,9 @@
 #      pass through Restarting; it falls back to on-demand after fallbackToOnDemandAfter: 1,
 #      and the next attempt resumes from latest.pt. Where each worker of both attempts ran
 #      is printed and checked: attempt 0 had one on the spot node, attempt 1 has none there;
-#      the worker on the on-demand node kept its pod (restartPolicy.inPlace) and the lost
-#      one's was created again: when each started attempt 1 is printed and drawn;
+#      with rank 0 on the on-demand node, its worker kept its pod (restartPolicy.inPlace)
+#      and the lost one's was created again; with rank 0 (torchrun's store) lost, both were
+#      (said, not failed: the scheduler chose): when each started attempt 1 is printed and drawn;
 #   5. both jobs finish; the final weights' SHA-256 of both are printed and compared;
 #   6. both jobs' goodput ledgers (status.ledger) side by side: dollars spent, what spot
 #      saved, goodput, and the GPU-seconds of each use (e2e/ledger_table.py) (last).
@@ -122,37 +123,57 @@ if [[ $(wc -l <<<"$placement1") != 2 ]] || grep -qv " $NODE_NAME " <<<"$placemen
 fi
 echo "  checked: attempt 0 had a worker on the spot node; attempt 1 runs on the on-demand node only"
 in_place=$(kubectl get tj "$job" -o jsonpath='{.status.lastRestart.inPlaceRanks}')
-kept_pod=$job-worker-${in_place:-none}
-if [[ ! $in_place =~ ^[0-9]+$ ]] || ! grep -q "^$kept_pod $NODE_NAME " <<<"$placement0" ||
-   [[ $(grep "^$kept_pod " <<<"$placement0" | cut -d' ' -f3) != $(grep "^$kept_pod " <<<"$placement1" | cut -d' ' -f3) ]]; then
-  echo "demo: the worker on $NODE_NAME did not restart in place (status.lastRestart.inPlaceRanks '$in_place')" >&2
-  kubectl describe tj "$job" | sed -n '/^Events:/,$p' >&2; exit 1
+# Which rank the scheduler put on the spot node decides whether a worker can keep its pod:
+# rank 0 hosts torchrun's rendezvous store, and when it goes the survivor's torchrun exits
+# (its containers stop), so both pods are created again. Rank 0 on node 1 keeps its pod.
+if grep -q "^$job-worker-0 $NODE2_NAME " <<<"$placement0"; then
+  if [[ -n $in_place ]]; then
+    echo "demo: rank 0 was lost with the spot node, yet status.lastRestart.inPlaceRanks is '$in_place'" >&2; exit 1
+  fi
+  kept_pod=""
+  echo "  rank 0 (torchrun's rendezvous store) ran on the spot node this time: the survivor's"
+  echo "  torchrun exited when the store went, so no worker could keep its pod and both were"
+  echo "  created again (with rank 0 on $NODE_NAME the survivor restarts in place: docs/e2e.md)"
+else
+  kept_pod=$job-worker-${in_place:-none}
+  if [[ ! $in_place =~ ^[0-9]+$ ]] || ! grep -q "^$kept_pod $NODE_NAME " <<<"$placement0" ||
+     [[ $(grep "^$kept_pod " <<<"$placement0" | cut -d' ' -f3) != $(grep "^$kept_pod " <<<"$placement1" | cut -d' ' -f3) ]]; then
+    echo "demo: the worker on $NODE_NAME did not restart in place (status.lastRestart.inPlaceRanks '$in_place')" >&2
+    kubectl describe tj "$job" | sed -n '/^Events:/,$p' >&2; exit 1
+  fi
+  echo "  checked: worker $in_place kept its pod, so its GPUs, and restarted in place"
 fi
-echo "  checked: worker $in_place kept its pod, so its GPUs, and restarted in place"
 wait_log "$job-worker-0" "resuming from step" 180
 log_of "$job-worker-0" | grep -E 'resuming from step' | tail -1
 wait_log "$job-worker-0" "first step of attempt 1" 180
 say "From the loss to training again, in seconds after the loss"
 stage() { awk -v t="$2" -v l="$lost_epoch" -v what="$1" 'BEGIN {printf "  %-52s %5.1f s\n", what, t - l}'; }
 stage "restart decided (status.lastRestart.time)" "$(date -d "$decided" +%s)"
-# The two ways into attempt 1: the kept worker's supervisor stops and starts its trainer;
-# the lost worker's pod is created again and its container starts.
-# Its trainer either exited by itself (a collective broken by the loss; the supervisor holds
-# the container for the operator's word) or was stopped on the operator's order.
-stopped_in_place=$(log_time "$kept_pod" "attempt 0 stopped on the operator's order" ||
-  log_time "$kept_pod" "holding for the operator's decision")
-started_in_place=$(log_time "$kept_pod" "starting attempt 1 in place")
-new_pod=$(grep -v "^$kept_pod " <<<"$placement1" | cut -d' ' -f1)
-new_started=$(kubectl get pod "$new_pod" -o jsonpath='{.status.containerStatuses[?(@.name=="trainer")].state.running.startedAt}')
-new_started=$(date -d "$new_started" +%s)
-started=$(printf '%s\n' "$started_in_place" "$new_started" | sort -n | tail -1)
-stage "$kept_pod attempt 0 ended in place" "$stopped_in_place"
-stage "$kept_pod started attempt 1 in place" "$started_in_place"
-stage "$new_pod (a new pod) trainer container started" "$new_started"
+container_started() { # container_started POD: its trainer container's start, in epoch seconds
+  date -d "$(kubectl get pod "$1" -o jsonpath='{.status.containerStatuses[?(@.name=="trainer")].state.running.startedAt}')" +%s
+}
+started=0
+if [[ -n $kept_pod ]]; then
+  # The two ways into attempt 1: the kept worker's supervisor stops and starts its trainer;
+  # the lost worker's pod is created again and its container starts.
+  # Its trainer either exited by itself (a collective broken by the loss; the supervisor holds
+  # the container for the operator's word) or was stopped on the operator's order.
+  stopped_in_place=$(log_time "$kept_pod" "attempt 0 stopped on the operator's order" ||
+    log_time "$kept_pod" "holding for the operator's decision")
+  started_in_place=$(log_time "$kept_pod" "starting attempt 1 in place")
+  stage "$kept_pod attempt 0 ended in place" "$stopped_in_place"
+  stage "$kept_pod started attempt 1 in place" "$started_in_place"
+  echo "$started_in_place worker $in_place restarted in place" >>"$marks"
+  started=$started_in_place
+fi
+while read -r new_pod; do
+  new_started=$(container_started "$new_pod")
+  stage "$new_pod (a new pod) trainer container started" "$new_started"
+  echo "$new_started new pod $new_pod started" >>"$marks"
+  started=$(printf '%s\n' "$started" "$new_started" | sort -n | tail -1)
+done < <(grep -v "^${kept_pod:-none} " <<<"$placement1" | cut -d' ' -f1)
 stage "attempt 1 running (both workers started)" "$started"
 stage "first step of attempt 1 (rank 0's log)" "$(log_time "$job-worker-0" "first step of attempt 1")"
-echo "$started_in_place worker $in_place restarted in place" >>"$marks"
-echo "$new_started new pod $new_pod started" >>"$marks"
 echo "  with the controller-manager's --node-monitor-grace-period $(cat "$STATE/node-monitor-grace-period") and the operator's nodeNotReadyTimeoutSeconds ${not_ready_timeout:-30 (e2e/values-local.yaml)}"
 say "What the operator recorded (kubectl describe tj $job):"
 kubectl describe tj "$job" | sed -n '/^Events:/,$p'
