@@ -80,6 +80,13 @@ pub const SPOT_TAINTS: &[SpotTaint] = &[
     },
 ];
 
+/// Taints that warn of a termination to come, earlier than a notice: AWS's rebalance
+/// recommendation (typically 10 to 20 minutes before the 2-minute interruption notice), as the
+/// AWS Node Termination Handler taints a node with it. A worker there is moved ahead of time,
+/// at its trainers' next checkpoint, when a replacement can wait elsewhere.
+pub const EARLY_WARNING_TAINTS: &[&str] =
+    &["aws-node-termination-handler/rebalance-recommendation"];
+
 /// Taints that announce a node's termination: a worker that ends on such a node was preempted.
 pub const TERMINATION_TAINTS: &[&str] = &[
     KARPENTER_DISRUPTED,

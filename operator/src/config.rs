@@ -56,6 +56,9 @@ pub struct OperatorConfig {
     pub spot: SpotConfig,
     /// Taints that announce a node's termination.
     pub termination_taints: Vec<String>,
+    /// Taints that warn of a termination to come (a rebalance recommendation): a worker there
+    /// moves to a replacement created ahead, at its trainers' next checkpoint.
+    pub early_warning_taints: Vec<String>,
     /// How long a node may be NotReady before its workers count as preempted.
     pub node_not_ready_timeout_seconds: u64,
     /// How long a container may wait (ImagePullBackOff, ...) before its worker counts as failed.
@@ -190,6 +193,10 @@ impl Default for OperatorConfig {
             ],
             spot: SpotConfig::default(),
             termination_taints: spot::TERMINATION_TAINTS
+                .iter()
+                .map(|t| (*t).to_owned())
+                .collect(),
+            early_warning_taints: spot::EARLY_WARNING_TAINTS
                 .iter()
                 .map(|t| (*t).to_owned())
                 .collect(),

@@ -251,10 +251,12 @@ pub fn fitting_nodes(
     names
 }
 
-/// Whether the node carries a termination notice (a taint of the provider table): it is
-/// going away, so no new pod may go there, even one whose template tolerates every taint.
+/// Whether the node carries a termination notice (a taint of the provider table) or an early
+/// warning of one: it is going away, so no new pod may go there, even one whose template
+/// tolerates every taint.
 fn noticed(config: &OperatorConfig, node: &Node) -> bool {
     nodes::termination_taint(node, &config.termination_taints).is_some()
+        || nodes::termination_taint(node, &config.early_warning_taints).is_some()
 }
 
 /// The names of the nodes that carry a termination notice, sorted.

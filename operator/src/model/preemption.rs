@@ -56,6 +56,8 @@ const PROGRESS_WAITING_REASONS: &[&str] = &["ContainerCreating", "PodInitializin
 pub struct ClassifierConfig {
     /// Taint keys announcing a node's termination.
     pub termination_taints: Vec<String>,
+    /// Taint keys warning of a termination to come (a rebalance recommendation).
+    pub early_warning_taints: Vec<String>,
     /// A node NotReady for longer than this has lost its workers.
     pub node_not_ready_timeout: SignedDuration,
     /// A container waiting for longer than this has failed.
@@ -69,6 +71,7 @@ impl ClassifierConfig {
     pub fn from_config(config: &crate::config::OperatorConfig) -> Self {
         Self {
             termination_taints: config.termination_taints.clone(),
+            early_warning_taints: config.early_warning_taints.clone(),
             node_not_ready_timeout: seconds(config.node_not_ready_timeout_seconds),
             container_waiting_timeout: seconds(config.container_waiting_timeout_seconds),
             lost_peer_window: seconds(config.lost_peer_window_seconds),

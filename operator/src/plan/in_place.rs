@@ -110,6 +110,24 @@ fn unkeepable(view: &View<'_>, pod: &CachedPod, attempt: u32) -> Option<String> 
     }
 }
 
+/// Why `pod` (rank `rank`) moves to its standby rather than keeping its pod: its node carries
+/// an early warning of a termination and a standby of the rank waits (not being deleted).
+/// Without a standby, a warned worker keeps its pod: the node is not going yet.
+fn warned_with_a_standby(view: &View<'_>, rank: u32, pod: &CachedPod) -> Option<String> {
+    let standby = view.census.ahead.get(&rank)?;
+    if standby.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let NodeView::Present(node) = view.observed.node_view(pod) else {
+        return None;
+    };
+    let warning = nodes::termination_taint(node, &view.classifier.early_warning_taints)?;
+    Some(format!(
+        "its node {} has the early warning {warning}; its replacement waits",
+        nodes::name(node)
+    ))
+}
+
 /// The current attempt's workers that keep their pods through the restart decided now to an
 /// attempt of `size` workers, and the detail of the others: why each is replaced (a rank at
 /// or past `size` has no place in the next attempt).
@@ -126,6 +144,7 @@ pub(crate) fn keep(view: &View<'_>, size: u32) -> (RankSet, Vec<String>) {
             Some(_) if rank >= size => format!("the gang shrinks to {size} worker(s)"),
             Some(pod) => match view.census.states.get(&rank) {
                 Some(WorkerState::Preempted(_)) => "it was preempted".to_owned(),
+                _ if let Some(why) = warned_with_a_standby(view, rank, pod) => why,
                 _ => match unkeepable(view, pod, attempt) {
                     None => {
                         kept.insert(rank);

@@ -42,6 +42,9 @@ pub enum PhaseName {
     Grow,
     /// A termination notice on a running worker's node: checkpoint, then restart from it.
     TerminationNotice,
+    /// An early warning (a rebalance recommendation) on a running worker's node: a
+    /// replacement waits elsewhere, and the gang switches to it at the next checkpoint.
+    EarlyWarning,
     /// Every trainer exited 0.
     Success,
     /// Pods of an older attempt must be gone before new ones start.

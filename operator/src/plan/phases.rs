@@ -49,6 +49,7 @@ pub(crate) const PHASES: &[(PhaseName, PhaseFn)] = &[
     (PhaseName::Hang, progress::hang),
     (PhaseName::Grow, elastic::grow),
     (PhaseName::TerminationNotice, progress::termination_notice),
+    (PhaseName::EarlyWarning, standby::early_warning),
     (PhaseName::Success, success),
     (PhaseName::DrainOldAttempt, drain_old_attempt),
     (PhaseName::ForeignObjects, foreign_objects),

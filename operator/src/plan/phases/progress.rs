@@ -303,6 +303,22 @@ pub(super) fn noticed<'v>(view: &'v View<'_>) -> Option<(u32, &'v str, &'v str)>
 /// The running ranks of the attempt on nodes under a termination notice, with the node and
 /// the notice.
 pub(super) fn noticed_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v str)> {
+    ranks_under(view, &view.classifier.termination_taints)
+}
+
+/// The running ranks of the attempt on nodes under an early warning (a rebalance
+/// recommendation) and no termination notice, with the node and the warning.
+pub(super) fn warned_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v str)> {
+    let noticed = noticed_ranks(view);
+    ranks_under(view, &view.classifier.early_warning_taints)
+        .into_iter()
+        .filter(|(rank, ..)| !noticed.iter().any(|(r, ..)| r == rank))
+        .collect()
+}
+
+/// The running ranks of the attempt on nodes carrying one of `taints`, with the node and the
+/// taint.
+fn ranks_under<'v>(view: &'v View<'_>, taints: &'v [String]) -> Vec<(u32, &'v str, &'v str)> {
     view.census
         .current
         .iter()
@@ -316,7 +332,7 @@ pub(super) fn noticed_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v st
             let NodeView::Present(node) = view.observed.node_view(pod) else {
                 return None;
             };
-            let taint = nodes::termination_taint(node, &view.classifier.termination_taints)?;
+            let taint = nodes::termination_taint(node, taints)?;
             Some((rank, nodes::name(node), taint))
         })
         .collect()

@@ -30,7 +30,7 @@ use super::super::outcome::{Action, Flow};
 use super::super::round::Round;
 use super::super::supervised::{fresh, stopped_before, supervisor};
 use super::super::view::{View, attempt_workers};
-use super::progress::{noticed_ranks, requested_time};
+use super::progress::{noticed_ranks, requested_time, warned_ranks};
 use crate::build::pods::{self, AttemptStart, Seat};
 use crate::model::cached_pod::CachedPod;
 use crate::model::crd::{LABEL_ATTEMPT, LABEL_RANK, MAX_LEDGER, RestartReason};
@@ -71,23 +71,101 @@ fn warming(view: &View<'_>, pod: &CachedPod) -> bool {
     supervisor(view.observed, pod).is_some_and(|s| s.warming)
 }
 
+/// What the standbys are created for: a termination notice (the checkpoint is asked for once
+/// they wait) or an early warning (the switch waits for the trainers' next checkpoint).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    Notice,
+    Warning,
+}
+
 /// Before the checkpoint of a termination notice is asked for: creates the noticed ranks'
 /// standbys and waits for them (see the module's doc). `Some(flow)` while they are waited
 /// for; `None` when the notice goes on (every standby waits, the deadline passed, or make
 /// before break does not apply).
 pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Flow> {
+    standbys_for(view, round, &noticed_ranks(view), Ahead::Notice)
+}
+
+/// Whether make before break applies to the job now: it restarts in place (the standby's
+/// supervisor starts it), reports progress, places its own pods, and no checkpoint is asked
+/// for yet.
+fn applies(view: &View<'_>, round: &Round) -> bool {
+    view.config.progress_channel.is_some()
+        && in_place::enabled(view)
+        && view.job.spec.restart_policy.replace_ahead_on_notice()
+        && requested_time(round).is_none()
+        && own_capacity(view)
+}
+
+/// An early warning on running workers' nodes (a rebalance recommendation, the operator
+/// config's `earlyWarningTaints`) and no termination notice: their standbys are created and
+/// waited for as for a notice, and once they wait the gang switches to them at the trainers'
+/// next checkpoint (the first reported after the standbys were created) instead of asking for
+/// one: the node is not going yet. No room for a standby: it stays pending (holding nothing)
+/// and the worker trains on where it is until there is. A warning that goes away deletes the
+/// standbys; one that becomes a notice is the notice's
+/// ([`super::progress::termination_notice`]), with the standbys it has (those not waiting by
+/// then are given up at once, the notice's deadline being past).
+pub(in crate::plan) fn early_warning(view: &View<'_>, round: &mut Round) -> Flow {
+    let Some(p) = super::progress::current(view, round) else {
+        return Flow::Continue;
+    };
+    if super::progress::notice(view).is_some() || !applies(view, round) {
+        return Flow::Continue;
+    }
+    let warned = warned_ranks(view);
+    if warned.is_empty() {
+        return Flow::Continue;
+    }
+    if let Some(flow) = standbys_for(view, round, &warned, Ahead::Warning) {
+        return flow;
+    }
+    // Every standby waits, warm.
+    let Some(created) = warned
+        .iter()
+        .filter_map(|(rank, ..)| view.census.ahead.get(rank))
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .max()
+    else {
+        // None could be created (both of a rank's names taken): train on.
+        return Flow::Continue;
+    };
+    let Some((step, _)) = p.checkpoint.filter(|(_, at)| *at >= created) else {
+        // The trainers' next checkpoint report wakes the job.
+        return Flow::Continue;
+    };
+    let moved: Vec<String> = warned
+        .iter()
+        .map(|(rank, node, taint)| format!("worker {rank}: early warning {taint} on node {node}"))
+        .collect();
+    super::restart::restart_for(
+        view,
+        round,
+        super::restart::Cause {
+            reason: RestartReason::Preemption,
+            detail: format!(
+                "{}; moved at the trainers' checkpoint at step {step}",
+                moved.join(", ")
+            ),
+        },
+    )
+}
+
+/// Creates the standbys of the ranks `under` a notice or warning and waits for them (see the
+/// module's doc): `Some(flow)` while they are waited for, `None` once they all wait, the
+/// deadline passed, or make before break does not apply.
+fn standbys_for(
+    view: &View<'_>,
+    round: &mut Round,
+    under: &[(u32, &str, &str)],
+    why: Ahead,
+) -> Option<Flow> {
     let channel = view.config.progress_channel.as_ref()?;
-    if !in_place::enabled(view)
-        || !view.job.spec.restart_policy.replace_ahead_on_notice()
-        || requested_time(round).is_some()
-        || !own_capacity(view)
-    {
+    if !applies(view, round) || under.is_empty() {
         return None;
     }
-    let noticed = noticed_ranks(view);
-    if noticed.is_empty() {
-        return None;
-    }
+    let noticed = under;
     let next = round.st.attempt.saturating_add(1);
     // Standbys being deleted (given up, or a withdrawn notice's) are none.
     let ahead: BTreeMap<u32, &Arc<CachedPod>> = view
@@ -104,7 +182,7 @@ pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Fl
         .collect();
     // A rank whose two names are both taken (its last standby still going) has none: it
     // restarts as without one.
-    if create(view, round, channel, &missing, next) > 0 {
+    if create(view, round, channel, &missing, next, why) > 0 {
         round.requeue(view.now.saturating_add(STANDBY_RECHECK).ok());
         return Some(Flow::Continue);
     }
@@ -127,6 +205,12 @@ pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Fl
         .filter(|(_, p)| warming(view, p))
         .map(|(&r, _)| r)
         .collect();
+    // A warning's node is not going yet: no deadline. A standby that cannot be placed stays
+    // pending, holding nothing, until there is room; one that waits warms first. Their pods'
+    // changes and their supervisors' polls wake the job.
+    if why == Ahead::Warning {
+        return (!late.is_empty() || !cold.is_empty()).then_some(Flow::Continue);
+    }
     // Every standby waits, warm; or at the deadline, those that wait join cold.
     if late.is_empty() && (cold.is_empty() || view.now >= deadline) {
         let waited = view.now.duration_since(since).as_secs_f64();
@@ -136,13 +220,17 @@ pub(super) fn before_checkpoint(view: &View<'_>, round: &mut Round) -> Option<Fl
         } else {
             format!(" (worker(s) {cold} still warming)")
         };
-        round.events.push(JobEvent::normal(
-            reason::STANDBY_READY,
-            format!(
-                "the replacement(s) of worker(s) {ranks} wait on their nodes after \
-                 {waited:.1}s{warm}: asking for the checkpoint before the switch"
-            ),
-        ));
+        // A warning's standbys then wait for the trainers' checkpoint over many rounds: its
+        // StandbyCreated Event and the switch's restart Event tell it.
+        if why == Ahead::Notice {
+            round.events.push(JobEvent::normal(
+                reason::STANDBY_READY,
+                format!(
+                    "the replacement(s) of worker(s) {ranks} wait on their nodes after \
+                     {waited:.1}s{warm}: asking for the checkpoint before the switch"
+                ),
+            ));
+        }
         return None;
     }
     if view.now < deadline {
@@ -162,6 +250,7 @@ fn create(
     channel: &crate::config::ProgressChannel,
     missing: &[(u32, &str, &str)],
     next: u32,
+    why: Ahead,
 ) -> usize {
     if missing.is_empty() {
         return 0;
@@ -196,20 +285,33 @@ fn create(
         };
         let pod = pods::standby_pod(view.job, seat, start, &placement, channel, &name);
         round.actions.push(Action::CreatePod(Box::new(pod)));
+        let what = match why {
+            Ahead::Notice => "notice",
+            Ahead::Warning => "early warning",
+        };
         told.push(format!(
-            "worker {rank} ({name}, for notice {taint} on node {node})"
+            "worker {rank} ({name}, for {what} {taint} on node {node})"
         ));
     }
     let created = told.len();
     if created > 0 {
         round.events.push(JobEvent::normal(
             reason::STANDBY_CREATED,
-            format!(
-                "termination notice: created the replacement(s) of attempt {next} ahead, \
-                 beside the pods they replace, to wait up to {}s before the switch: {}",
-                STANDBY_WAIT.as_secs(),
-                told.join("; ")
-            ),
+            match why {
+                Ahead::Notice => format!(
+                    "termination notice: created the replacement(s) of attempt {next} ahead, \
+                     beside the pods they replace, to wait up to {}s before the switch: {}",
+                    STANDBY_WAIT.as_secs(),
+                    told.join("; ")
+                ),
+                Ahead::Warning => format!(
+                    "early warning: created the replacement(s) of attempt {next} ahead, beside \
+                     the pods they replace; once they wait (within {}s), the gang switches to \
+                     them at the trainers' next checkpoint: {}",
+                    STANDBY_WAIT.as_secs(),
+                    told.join("; ")
+                ),
+            },
         ));
     }
     created
@@ -271,9 +373,9 @@ pub(super) fn withdrawn(view: &View<'_>, round: &mut Round) {
     if ahead.is_empty() || requested_time(round).is_some() {
         return;
     }
-    // A rank whose pod still runs on its node, that node without a notice now. A pod that
-    // went another way (its node lost, its trainer failed) is the restart's to judge: the
-    // standby joins that restart's attempt.
+    // A rank whose pod still runs on its node, that node without a notice or an early
+    // warning now. A pod that went another way (its node lost, its trainer failed) is the
+    // restart's to judge: the standby joins that restart's attempt.
     let unnoticed = |rank: &u32| {
         let Some(pod) = view.census.current.get(rank) else {
             return false;
@@ -281,7 +383,9 @@ pub(super) fn withdrawn(view: &View<'_>, round: &mut Round) {
         let NodeView::Present(node) = view.observed.node_view(pod) else {
             return false;
         };
-        nodes::termination_taint(node, &view.classifier.termination_taints).is_none()
+        let c = &view.classifier;
+        nodes::termination_taint(node, &c.termination_taints).is_none()
+            && nodes::termination_taint(node, &c.early_warning_taints).is_none()
     };
     let gone: Vec<u32> = ahead.keys().copied().filter(unnoticed).collect();
     if gone.is_empty() {
@@ -291,8 +395,8 @@ pub(super) fn withdrawn(view: &View<'_>, round: &mut Round) {
     round.events.push(JobEvent::normal(
         reason::STANDBY_WITHDRAWN,
         format!(
-            "the termination notice on worker(s) {ranks} is withdrawn: their replacement(s) \
-             created ahead are deleted, and training goes on"
+            "the termination notice or early warning on worker(s) {ranks} is withdrawn: their \
+             replacement(s) created ahead are deleted, and training goes on"
         ),
     ));
     release(round, gone.iter().filter_map(|r| ahead.get(r).copied()));

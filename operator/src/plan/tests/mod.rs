@@ -24,6 +24,7 @@ use trainyard_api::env::{RESUME_FROM, TRAINYARD_ATTEMPT, TRAINYARD_RESTART_REASO
 
 mod claim;
 mod create;
+mod early_warning;
 mod elastic;
 mod fallback;
 mod finish;
