@@ -43,8 +43,15 @@ cluster-inputs:
 ## make demo: the local cluster with 8 simulated GPUs, the chart, the example
 ## job, a preemption, and the resume. make demo ELASTIC=1: the elastic job
 ## shrinks to the workers left when its spot node is lost, and grows back.
+## On a cold machine the cluster's inputs (Kubernetes from source, the PyTorch layer, the
+## stand-in base images: mostly downloads and Go) are built beside the cargo build.
 demo: prereqs
-	$(CARGO) build --workspace --bins
+	@mkdir -p target; date +"make: cluster-inputs beside the cargo build from %T (log: target/cluster-inputs.log)"
+	@setsid $(MAKE) --no-print-directory cluster-inputs > target/cluster-inputs.log 2>&1 & inputs=$$!; \
+	  $(CARGO) build --workspace --bins; rc=$$?; \
+	  if [ $$rc != 0 ]; then kill -TERM -- -$$inputs 2>/dev/null; wait $$inputs; exit $$rc; fi; \
+	  wait $$inputs; irc=$$?; \
+	  if [ $$irc != 0 ]; then cat target/cluster-inputs.log; echo "make: cluster-inputs failed (exit $$irc)" >&2; exit $$irc; fi
 	bash e2e/$(if $(ELASTIC),demo-elastic.sh,demo.sh)
 
 ## make bench: every figure in docs/benchmarks.md.

@@ -1856,6 +1856,97 @@ async fn a_noticed_spot_worker_is_replaced_while_rank_0_restarts_in_place_on_its
     res.and(untainted)
 }
 
+/// AWS's rebalance recommendation on `node`, as the AWS Node Termination Handler taints it.
+const REBALANCE: &str = "aws-node-termination-handler/rebalance-recommendation";
+
+/// An early warning (a rebalance recommendation) on spot node 2 under worker 1, rank 0 on
+/// node 1 with room beside it: worker 1's replacement is created on node 1 while it trains;
+/// no checkpoint is asked for; at the trainers' next periodic checkpoint the gang moves onto
+/// it, rank 0 in place; no step lost, the run bit-exact with its twin.
+#[tokio::test]
+#[ignore = "needs the local cluster (make test)"]
+async fn an_early_warning_moves_the_spot_worker_at_its_next_checkpoint_with_nothing_lost()
+-> Result<()> {
+    let (_guard, client) = installed().await?;
+    let ns = Jobs::new(&client);
+    let spot = node2_name();
+    let steps = 80;
+    let res = with_spot_node(&client, || async {
+        let on_demand = node_name();
+        let name = place_rank_on(&client, &ns.name, ("1", &spot), &on_demand, || {
+            torch_job("warned", 2, steps, "0.5", json!({"policy": "Prefer"}))
+        })
+        .await?;
+        let name = name.as_str();
+        let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
+        let rank0 = rank_pod(&pods, 0)?.clone();
+        reported_progress(&client, &ns.name, name, 0).await?;
+        kubectl(
+            &[
+                "taint",
+                "node",
+                &spot,
+                &format!("{REBALANCE}=:NoSchedule"),
+                "--overwrite",
+            ],
+            "",
+        )?;
+        let new_pods = running_pods(&client, &ns.name, name, 1, 2).await?;
+        assert_eq!(
+            rank_pod(&new_pods, 0)?.uid(),
+            rank0.uid(),
+            "rank 0 kept its pod"
+        );
+        let replaced = rank_pod(&new_pods, 1)?;
+        assert_eq!(replaced.name_any(), format!("{name}-worker-1-b"));
+        assert_eq!(node_of(replaced), on_demand, "away from the warned node");
+        let created = replaced
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .context("created")?
+            .0;
+        let decided = restart_decided_at(&client, &ns.name, name).await?;
+        assert!(created < decided, "created {created}, moved {decided}");
+        let st = job_status(&client, &ns.name, name).await?;
+        let detail = st["lastRestart"]["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(&format!("early warning {REBALANCE}"))
+                && detail.contains("moved at the trainers' checkpoint at step"),
+            "status: {st}"
+        );
+        assert_eq!(st["lastRestart"]["replacedAheadRanks"], "1", "status: {st}");
+        assert_eq!(st["lastRestart"]["inPlaceRanks"], "0", "status: {st}");
+        let asked = job_events(&client, &ns.name, name, "CheckpointRequested").await?;
+        assert!(asked.is_empty(), "no checkpoint asked for: {asked:?}");
+        let st = wait_phase(
+            &client,
+            &ns.name,
+            name,
+            "Succeeded",
+            Duration::from_secs(300),
+        )
+        .await?;
+        assert_eq!(
+            (&st["preemptions"], &st["failures"]),
+            (&json!(1), &json!(0)),
+            "{st}"
+        );
+        assert_eq!(st["progress"]["stepsLost"], 0, "status: {st}");
+        create_job(
+            &client,
+            &ns.name,
+            torch_job("warned-twin", 2, steps, "0", json!({"policy": "Never"})),
+        )
+        .await?;
+        ends_as_its_baseline(&client, &ns.name, name, 1, "warned-twin").await
+    })
+    .await;
+    let untainted = kubectl(&["taint", "node", &spot, &format!("{REBALANCE}-")], "").map(drop);
+    ns.cleanup().await?;
+    res.and(untainted)
+}
+
 /// How a notice's restart is made, for [`figures_make_before_break_against_in_place_and_recreate`].
 #[derive(Clone, Copy)]
 enum NoticeRestart {
