@@ -22,8 +22,8 @@ pub const FORGED_FILE: &str = "forged-nonexistent.pt";
 pub const FORGED_LABEL: &str = "e2e.trainyard.dev/forged";
 
 /// What the forged pod runs: every second, rank `FORGED_RANK`'s progress report at attempt
-/// `FORGED_ATTEMPT` and again at attempt u32::MAX (step [`FORGED_STEP`], checkpoint
-/// [`FORGED_FILE`]), and, when the copied worker had a supervisor, its poll saying the attempt
+/// `FORGED_ATTEMPT` and again at attempt u32::MAX (step `FORGED_STEP`, [`FORGED_STEP`];
+/// checkpoint `FORGED_FILE`, [`FORGED_FILE`]), and, when the copied worker had a supervisor, its poll saying the attempt
 /// exited with code 1. Each round prints one line of HTTP statuses:
 /// `report=403 huge=403 poll=403` (`error` for no answer).
 const SCRIPT: &str = r#"
@@ -42,8 +42,9 @@ def post(url, body):
         return str(e.code)
     except Exception:
         return "error"
-report = {"job": job, "rank": rank, "attempt": attempt, "step": STEP,
-          "checkpointStep": STEP, "checkpointFile": FILE}
+step = int(os.environ["FORGED_STEP"])
+report = {"job": job, "rank": rank, "attempt": attempt, "step": step,
+          "checkpointStep": step, "checkpointFile": os.environ["FORGED_FILE"]}
 supervisor = os.environ.get("TRAINYARD_SUPERVISOR_URL", "")
 while True:
     said = ["report=" + post(os.environ["TRAINYARD_PROGRESS_URL"], report),
@@ -99,11 +100,10 @@ pub fn forged_copy(worker: &Pod, name: &str, attempt_label: u32) -> Result<Value
         .collect();
     env.push(json!({"name": "FORGED_RANK", "value": rank}));
     env.push(json!({"name": "FORGED_ATTEMPT", "value": attempt}));
+    env.push(json!({"name": "FORGED_STEP", "value": FORGED_STEP.to_string()}));
+    env.push(json!({"name": "FORGED_FILE", "value": FORGED_FILE}));
     container["env"] = json!(env);
-    let script = SCRIPT
-        .replace("STEP", &FORGED_STEP.to_string())
-        .replace("FILE", &format!("{FORGED_FILE:?}"));
-    container["command"] = json!(["python3", "-c", script]);
+    container["command"] = json!(["python3", "-c", SCRIPT]);
     container["resources"] = json!({});
     Ok(pod)
 }
@@ -174,15 +174,21 @@ mod tests {
                 TRAINYARD_JOB,
                 TRAINYARD_PROGRESS_URL,
                 "FORGED_RANK",
-                "FORGED_ATTEMPT"
+                "FORGED_ATTEMPT",
+                "FORGED_STEP",
+                "FORGED_FILE"
             ]
         );
-        assert_eq!(c["env"][2]["value"], "1");
-        assert_eq!(c["env"][3]["value"], "3");
-        let script = c["command"][2].as_str().unwrap();
-        assert!(
-            script.contains("\"step\": 999999") && script.contains("\"forged-nonexistent.pt\"")
-        );
+        let values: Vec<&str> = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .skip(2)
+            .filter_map(|v| v["value"].as_str())
+            .collect();
+        assert_eq!(values, ["1", "3", "999999", "forged-nonexistent.pt"]);
+        // Read from its environment: the script itself is not templated.
+        assert_eq!(c["command"][2].as_str(), Some(SCRIPT));
     }
 
     #[test]
