@@ -1066,14 +1066,7 @@ async fn torch_ddp_survives_spot_node_loss() -> Result<()> {
 
         // Lose the spot node once rank 0 has written a periodic checkpoint.
         let rank0 = rank_pod(&pods, 0)?.clone();
-        wait_for("a periodic checkpoint", Duration::from_secs(180), || {
-            let (ns, rank0) = (ns.name.clone(), rank0.clone());
-            async move {
-                let log = pod_log(&ns, &rank0, "trainer").unwrap_or_default();
-                Ok(log.contains("checkpoint saved at step").then_some(()))
-            }
-        })
-        .await?;
+        log_says(&ns.name, &rank0, "checkpoint saved at step").await?;
         let (lost_count, lost_sum) = steps_lost_metric(&client).await?;
         // Ten more steps, reported, that no checkpoint holds.
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -1292,14 +1285,7 @@ async fn a_partitioned_spot_node_is_lost_from_its_heartbeat_and_its_trainer_is_f
         let name = name.as_str();
         let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
         let old_rank0 = rank_pod(&pods, 0)?.clone();
-        wait_for("a periodic checkpoint", Duration::from_secs(180), || {
-            let (ns, p) = (ns.name.clone(), old_rank0.clone());
-            async move {
-                let log = pod_log(&ns, &p, "trainer").unwrap_or_default();
-                Ok(log.contains("checkpoint saved at step").then_some(()))
-            }
-        })
-        .await?;
+        log_says(&ns.name, &old_rank0, "checkpoint saved at step").await?;
         // Steps past the checkpoint that the cut-off rank 0 will try to save.
         tokio::time::sleep(Duration::from_secs(4)).await;
         let cut_at = jiff::Timestamp::now();
@@ -3311,6 +3297,16 @@ async fn a_worker_copied_by_a_namespace_user_cannot_report_for_its_rank() -> Res
     res
 }
 
+/// Waits (up to 180 s) until `pod`'s trainer log holds `needle`.
+async fn log_says(ns: &str, pod: &Pod, needle: &str) -> Result<()> {
+    let what = format!("{} to log {needle:?}", pod.name_any());
+    wait_for(&what, Duration::from_secs(180), || async move {
+        let log = pod_log(ns, pod, "trainer").unwrap_or_default();
+        Ok(log.contains(needle).then_some(()))
+    })
+    .await
+}
+
 /// Node 2's kubelet, stopped with SIGSTOP (its process and containers stay; it renews
 /// nothing and reports nothing until [`PausedKubelet::resume`] or drop sends SIGCONT).
 struct PausedKubelet {
@@ -3450,15 +3446,7 @@ async fn a_paused_kubelet_beside_a_genuine_crash_is_one_failure_under_production
             .await?;
             let name = name.as_str();
             let pods = running_pods(&client, &ns.name, name, 0, 2).await?;
-            let rank0 = rank_pod(&pods, 0)?.clone();
-            wait_for("rank 0 training", Duration::from_secs(180), || {
-                let (ns, rank0) = (ns.name.clone(), rank0.clone());
-                async move {
-                    let log = pod_log(&ns, &rank0, "trainer").unwrap_or_default();
-                    Ok(log.contains("checkpoint saved at step").then_some(()))
-                }
-            })
-            .await?;
+            log_says(&ns.name, rank_pod(&pods, 0)?, "checkpoint saved at step").await?;
             let st = job_status(&client, &ns.name, name).await?;
             ensure!(
                 st["progress"].is_null(),
