@@ -18,10 +18,6 @@ fn warning_on_n2(w: &mut World, warned: bool, noticed: bool) {
     w.replace_node(n2.build());
 }
 
-fn event<'a>(plan: &'a Plan, reason: &str) -> Option<&'a crate::model::events::JobEvent> {
-    plan.events.iter().find(|e| e.reason == reason)
-}
-
 /// A two-worker job restarting in place, rank 1 on n-2, both ranks reporting and a checkpoint
 /// at step 40 saved before; then an early warning on n-2: returns the round that saw it.
 fn warned_world() -> (World, Plan) {

@@ -94,10 +94,6 @@ fn relabels(plan: &Plan) -> Vec<(&str, u32)> {
         .collect()
 }
 
-fn event<'a>(plan: &'a Plan, reason: &str) -> Option<&'a JobEvent> {
-    plan.events.iter().find(|e| e.reason == reason)
-}
-
 fn env_of(vars: &[(String, String)], key: &str) -> Option<String> {
     vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
 }

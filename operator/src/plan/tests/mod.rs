@@ -422,6 +422,11 @@ fn condition_of<'s>(status: &'s TrainingJobStatus, type_: &str) -> Option<&'s Jo
 }
 
 /// `n-2` with a termination notice (a Karpenter disruption), or without.
+/// The first Event of `plan` with `reason`.
+fn event<'a>(plan: &'a Plan, reason: &str) -> Option<&'a crate::model::events::JobEvent> {
+    plan.events.iter().find(|e| e.reason == reason)
+}
+
 fn notice_on_n2(w: &mut World, noticed: bool) {
     let n2 = node("n-2").gpus(8).product("Tesla-T4");
     let n2 = match noticed {

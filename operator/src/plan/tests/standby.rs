@@ -23,10 +23,6 @@ fn held_for_notice(w: &World, plan: &Plan) -> u64 {
     held / u64::from(w.job.spec.gpus_per_worker)
 }
 
-fn event<'a>(plan: &'a Plan, reason: &str) -> Option<&'a crate::model::events::JobEvent> {
-    plan.events.iter().find(|e| e.reason == reason)
-}
-
 /// A two-worker job restarting in place, rank 1 on n-2, both supervisors polling and both
 /// ranks reporting; then a termination notice on n-2: returns the round that saw it.
 fn noticed_world() -> (World, Plan) {
