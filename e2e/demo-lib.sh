@@ -9,7 +9,7 @@ say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 # The local two-node cluster, the images and the chart, the operator watching every
 # namespace; waits until both nodes advertise their GPUs.
 demo_cluster_and_chart() {
-  say "Bringing up the local two-node cluster (the first run builds Kubernetes 1.20 and the trainer image: ~15 minutes)"
+  say "Bringing up the local two-node cluster (the first run also builds the trainer, operator and device-plugin images: minutes)"
   bash "$HERE/cluster/up.sh"
   bash "$HERE/cluster/images.sh" torch-trainer operator device-plugin
   kubectl get nodes -L "$SPOT_LABEL" -o wide
