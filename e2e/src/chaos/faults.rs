@@ -2,6 +2,7 @@
 //! undoing. Nothing here writes a status or fakes what a component would see: processes are
 //! killed and restarted, nodes lost and brought back, taints and files changed.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -115,12 +116,17 @@ pub async fn inject(
             "node 2 partitioned".to_owned()
         }
         FaultKind::TerminationTaint => {
+            // A node of a running worker, each node as likely as the other: a notice on node 2
+            // leaves room on node 1 for the replacements made ahead, one on node 1 none on the
+            // full spot node, so the seeds take both paths.
             let pods = running_workers(target).await?;
-            let Some(pod) = pick.choice(&pods) else {
+            let nodes: BTreeSet<String> = pods
+                .iter()
+                .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+                .collect();
+            let Some(on) = pick.choice(&nodes).cloned() else {
                 return Ok(skipped(kind, "no running worker to taint the node of"));
             };
-            let on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-            let on = on.context("a running worker without a node")?;
             set_termination_taint(&target.client, &on, true).await?;
             node = Some(on.clone());
             format!("{KARPENTER_DISRUPTED} taint on {on}")
