@@ -87,7 +87,8 @@ pub async fn install_kueue_crds(client: &Client) -> Result<()> {
 }
 
 /// `helm install` or `helm upgrade` of the scenarios' release: `e2e/values-local.yaml`, the
-/// operator watching the jobs' namespace, and `extra` merged over both.
+/// operator watching the jobs' namespace, and the top-level values of `extra` (other than
+/// `operator`, which this sets) beside it; Helm merges the lot over the values file.
 pub fn chart_release(action: &str, extra: Value) -> Result<String> {
     let chart = repo_root().join("charts/trainyard");
     let values = repo_root().join("e2e/values-local.yaml");

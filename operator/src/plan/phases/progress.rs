@@ -307,13 +307,10 @@ pub(super) fn noticed_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v st
 }
 
 /// The running ranks of the attempt on nodes under an early warning (a rebalance
-/// recommendation) and no termination notice, with the node and the warning.
+/// recommendation), with the node and the warning. Its caller acts only while no notice
+/// stands ([`notice`]).
 pub(super) fn warned_ranks<'v>(view: &'v View<'_>) -> Vec<(u32, &'v str, &'v str)> {
-    let noticed = noticed_ranks(view);
     ranks_under(view, &view.classifier.early_warning_taints)
-        .into_iter()
-        .filter(|(rank, ..)| !noticed.iter().any(|(r, ..)| r == rank))
-        .collect()
 }
 
 /// The running ranks of the attempt on nodes carrying one of `taints`, with the node and the

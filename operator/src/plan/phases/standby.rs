@@ -165,7 +165,6 @@ fn standbys_for(
     if !applies(view, round) || under.is_empty() {
         return None;
     }
-    let noticed = under;
     let next = round.st.attempt.saturating_add(1);
     // Standbys being deleted (given up, or a withdrawn notice's) are none.
     let ahead: BTreeMap<u32, &Arc<CachedPod>> = view
@@ -175,7 +174,7 @@ fn standbys_for(
         .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
         .map(|(&r, &p)| (r, p))
         .collect();
-    let missing: Vec<(u32, &str, &str)> = noticed
+    let missing: Vec<(u32, &str, &str)> = under
         .iter()
         .copied()
         .filter(|(rank, ..)| !ahead.contains_key(rank))
@@ -304,11 +303,11 @@ fn create(
                     STANDBY_WAIT.as_secs(),
                     told.join("; ")
                 ),
+                // No deadline: one with no room waits pending until there is.
                 Ahead::Warning => format!(
                     "early warning: created the replacement(s) of attempt {next} ahead, beside \
-                     the pods they replace; once they wait (within {}s), the gang switches to \
-                     them at the trainers' next checkpoint: {}",
-                    STANDBY_WAIT.as_secs(),
+                     the pods they replace; once they wait, the gang switches to them at the \
+                     trainers' next checkpoint: {}",
                     told.join("; ")
                 ),
             },
