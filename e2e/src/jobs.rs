@@ -193,6 +193,9 @@ impl Jobs {
         }
     }
 
+    /// Deletes every job of the namespace and their checkpoint PVCs, and waits until their
+    /// pods are gone: a pod still stopping holds its GPUs, and the next scenario's pods, bound
+    /// to a node by hand, would be refused by its kubelet (`UnexpectedAdmissionError`).
     pub async fn cleanup(self) -> Result<()> {
         let dp = kube::api::DeleteParams::default();
         let lp = ListParams::default();
@@ -202,7 +205,17 @@ impl Jobs {
         Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &self.name)
             .delete_collection(&dp, &lp)
             .await?;
-        Ok(())
+        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.name);
+        let of_jobs = ListParams::default().labels(LABEL_JOB);
+        wait_for(
+            &format!("the pods of the jobs in {} gone", self.name),
+            Duration::from_secs(180),
+            || async {
+                let left = pods.list(&of_jobs).await?;
+                Ok(left.items.is_empty().then_some(()))
+            },
+        )
+        .await
     }
 }
 
