@@ -26,6 +26,11 @@ pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
 /// Label `"true"` on a replacement created ahead of a termination notice, labelled with the
 /// attempt it waits for: it joins that attempt when the notice's restart starts it.
 pub const LABEL_STANDBY: &str = "trainyard.dev/standby";
+/// Annotation on a standby ([`LABEL_STANDBY`]): when the operator created it, on the
+/// operator's own clock, the one every judgment of the standby's waits is made on (its
+/// `creationTimestamp` is the API server's, which may differ from the operator's by any
+/// amount).
+pub const ANNOTATION_STANDBY_CREATED_AT: &str = "trainyard.dev/standby-created-at";
 /// Label carrying the owning job's uid on pods: with [`LABEL_ATTEMPT`], it selects one
 /// attempt of one incarnation of a job (a job deleted and created again under the same name
 /// has another uid), e.g. `kubectl get pods -l trainyard.dev/job-uid=<uid>,trainyard.dev/attempt=2`.

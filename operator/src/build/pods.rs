@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::config::ProgressChannel;
 use crate::model::crd::{
-    LABEL_ATTEMPT, LABEL_JOB, LABEL_JOB_UID, LABEL_RANK, LABEL_STANDBY, RestartReason,
+    ANNOTATION_STANDBY_CREATED_AT, LABEL_ATTEMPT, LABEL_JOB, LABEL_JOB_UID, LABEL_RANK,
+    LABEL_STANDBY, RestartReason,
 };
 use crate::model::placement::Placement;
 use crate::model::seal;
@@ -302,6 +303,7 @@ pub fn standby_pod(
     placement: &Placement,
     progress: &ProgressChannel,
     name: &str,
+    now: jiff::Timestamp,
 ) -> Pod {
     let mut pod = desired_pod(job, seat, start, None, placement, Some(progress));
     pod.metadata.name = Some(name.to_owned());
@@ -317,6 +319,10 @@ pub fn standby_pod(
             seal::SEAL_ANNOTATION.to_owned(),
             progress.seal.seal(&worker),
         );
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(ANNOTATION_STANDBY_CREATED_AT.to_owned(), now.to_string());
     let trainer = pod
         .spec
         .as_mut()

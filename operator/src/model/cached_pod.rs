@@ -24,7 +24,8 @@ use serde::Deserialize;
 /// A worker pod as the operator caches it.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CachedPod {
-    /// Metadata, less managedFields and every annotation but the seal ([`CachedPod::strip`]).
+    /// Metadata, less managedFields and every annotation but the operator's own
+    /// ([`CachedPod::strip`]).
     #[serde(default)]
     pub metadata: ObjectMeta,
     /// The node and the container names.
@@ -219,15 +220,36 @@ impl CachedPod {
             .as_ref()
     }
 
-    /// Drops the metadata no decision reads: every annotation but the operator's seal.
+    /// When the operator created this standby ([`trainyard_api::crd::ANNOTATION_STANDBY_CREATED_AT`]),
+    /// on its own clock; for a standby without the annotation, its `creationTimestamp`.
+    pub fn standby_created_at(&self) -> Option<jiff::Timestamp> {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(trainyard_api::crd::ANNOTATION_STANDBY_CREATED_AT))
+            .and_then(|t| t.parse().ok())
+            .or_else(|| self.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    }
+
+    /// Drops the metadata no decision reads: every annotation but the operator's own (the
+    /// seal, a standby's creation time).
     pub fn strip(&mut self) {
+        const KEPT: [&str; 2] = [
+            crate::model::seal::SEAL_ANNOTATION,
+            trainyard_api::crd::ANNOTATION_STANDBY_CREATED_AT,
+        ];
         self.metadata.managed_fields = None;
-        let seal = self
+        if let Some(a) = self.metadata.annotations.as_mut() {
+            a.retain(|k, _| KEPT.contains(&k.as_str()));
+        }
+        if self
             .metadata
             .annotations
-            .take()
-            .and_then(|mut a| a.remove_entry(crate::model::seal::SEAL_ANNOTATION));
-        self.metadata.annotations = seal.map(|(k, v)| [(k, v)].into());
+            .as_ref()
+            .is_some_and(|a| a.is_empty())
+        {
+            self.metadata.annotations = None;
+        }
     }
 
     /// The node the pod was bound to.

@@ -125,7 +125,7 @@ pub(in crate::plan) fn early_warning(view: &View<'_>, round: &mut Round) -> Flow
     let Some(created) = warned
         .iter()
         .filter_map(|(rank, ..)| view.census.ahead.get(rank))
-        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .filter_map(|p| p.standby_created_at())
         .max()
     else {
         // None could be created (both of a rank's names taken): train on.
@@ -190,7 +190,7 @@ fn standbys_for(
     }
     let since = ahead
         .values()
-        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .filter_map(|p| p.standby_created_at())
         .min()
         .unwrap_or(view.now);
     let deadline = since.saturating_add(STANDBY_WAIT).unwrap_or(since);
@@ -282,7 +282,7 @@ fn create(
             attempt: next,
             workers,
         };
-        let pod = pods::standby_pod(view.job, seat, start, &placement, channel, &name);
+        let pod = pods::standby_pod(view.job, seat, start, &placement, channel, &name, view.now);
         round.actions.push(Action::CreatePod(Box::new(pod)));
         let what = match why {
             Ahead::Notice => "notice",
@@ -487,10 +487,7 @@ impl Switch {
             .iter()
             .filter_map(|p| pods::label_u32(p.as_ref(), LABEL_RANK))
             .collect();
-        let created = joining
-            .iter()
-            .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
-            .min();
+        let created = joining.iter().filter_map(|p| p.standby_created_at()).min();
         Self {
             ranks,
             created,

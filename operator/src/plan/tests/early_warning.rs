@@ -21,7 +21,13 @@ fn warning_on_n2(w: &mut World, warned: bool, noticed: bool) {
 /// A two-worker job restarting in place, rank 1 on n-2, both ranks reporting and a checkpoint
 /// at step 40 saved before; then an early warning on n-2: returns the round that saw it.
 fn warned_world() -> (World, Plan) {
+    warned_world_with_api_clock(0)
+}
+
+/// [`warned_world`] with the API server's clock `ahead` seconds ahead of the operator's.
+fn warned_world_with_api_clock(ahead: i64) -> (World, Plan) {
     let mut w = supervised_world("workers: 2\ngpusPerWorker: 2\n").with_worker_1_on_n2();
+    w.api_clock_ahead = jiff::SignedDuration::from_secs(ahead);
     let mut p = reports(0, &[(0, 42), (1, 42)], w.now);
     p.checkpoint = Some((40, w.now));
     w.progress = Some(p);
@@ -89,6 +95,33 @@ fn an_early_warning_moves_the_worker_to_its_replacement_at_the_next_checkpoint_n
         last.detail
     );
     assert_eq!(plan.checkpoint_request, None, "no checkpoint asked for");
+}
+
+/// The checkpoint that moves the gang is the first after the replacement was created on the
+/// operator's clock, whatever the API server's says (the replacement's `creationTimestamp`):
+/// a minute behind, the checkpoint saved before the warning would look later and move the
+/// gang at once, losing the steps since; a minute ahead, the next checkpoint would look
+/// earlier and the move would wait for one a minute on.
+#[test]
+fn an_early_warning_moves_at_the_next_checkpoint_whatever_the_api_servers_clock() {
+    for ahead in [-60, 60] {
+        let (mut w, _) = warned_world_with_api_clock(ahead);
+        let plan = standby_waits(&mut w);
+        assert_eq!(plan.restart, None, "API server {ahead}s ahead: {plan:?}");
+        w.advance(5);
+        w.supervisors.iter_mut().for_each(|s| s.seen_at = w.now);
+        let plan = w.step();
+        assert_eq!(plan.restart, None, "API server {ahead}s ahead");
+
+        w.progress.as_mut().expect("progress").checkpoint = Some((45, w.now));
+        let plan = w.step();
+        assert_eq!(
+            plan.restart,
+            Some(RestartReason::Preemption),
+            "API server {ahead}s ahead"
+        );
+        assert_eq!(World::deleted(&plan, false), ["train-worker-1"]);
+    }
 }
 
 #[test]

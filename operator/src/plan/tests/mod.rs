@@ -78,6 +78,8 @@ struct World {
         Option<crate::model::kueue::Workload>,
         std::collections::BTreeMap<String, crate::model::kueue::ResourceFlavorSpec>,
     )>,
+    /// How far the API server's clock (pods' `creationTimestamp`) is ahead of the operator's.
+    api_clock_ahead: jiff::SignedDuration,
 }
 
 impl World {
@@ -99,6 +101,7 @@ impl World {
             supervisors_since: Some(ts(T0)),
             gpus_in_use: None,
             kueue: None,
+            api_clock_ahead: jiff::SignedDuration::ZERO,
         }
     }
 
@@ -215,7 +218,11 @@ impl World {
                         continue;
                     }
                     pod.metadata.uid = Some(format!("{name}-{}", self.status.attempt));
-                    pod.metadata.creation_timestamp = Some(Time(self.now));
+                    pod.metadata.creation_timestamp = Some(Time(
+                        self.now
+                            .saturating_add(self.api_clock_ahead)
+                            .expect("in range"),
+                    ));
                     if let Some(spec) = pod.spec.as_mut() {
                         spec.node_name = Some("n-1".into());
                     }

@@ -26,7 +26,13 @@ fn held_for_notice(w: &World, plan: &Plan) -> u64 {
 /// A two-worker job restarting in place, rank 1 on n-2, both supervisors polling and both
 /// ranks reporting; then a termination notice on n-2: returns the round that saw it.
 fn noticed_world() -> (World, Plan) {
+    noticed_world_with_api_clock(0)
+}
+
+/// [`noticed_world`] with the API server's clock `ahead` seconds ahead of the operator's.
+fn noticed_world_with_api_clock(ahead: i64) -> (World, Plan) {
     let mut w = supervised_world("workers: 2\ngpusPerWorker: 2\n").with_worker_1_on_n2();
+    w.api_clock_ahead = jiff::SignedDuration::from_secs(ahead);
     w.progress = Some(reports(0, &[(0, 42), (1, 42)], w.now));
     w.step();
     notice_on_n2(&mut w, true);
@@ -208,10 +214,16 @@ fn a_noticed_rank_0_is_gone_before_the_next_attempt_starts_whatever_its_supervis
     );
 }
 
+/// The wait is timed on the operator's clock, whatever the API server's says (the standby's
+/// `creationTimestamp`): a minute behind, the deadline would pass at once; a minute ahead, a
+/// minute late, while the notice runs out.
 #[test]
 fn the_checkpoint_waits_for_a_warming_replacement_until_it_is_warm_or_the_deadline() {
-    for warm_in_time in [true, false] {
-        let (mut w, _) = noticed_world();
+    let cases = [true, false]
+        .into_iter()
+        .flat_map(|warm| [0, -60, 60].map(|ahead| (warm, ahead)));
+    for (warm_in_time, ahead) in cases {
+        let (mut w, _) = noticed_world_with_api_clock(ahead);
         w.run_all();
         w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
         let standby = w.uid_of("train-worker-1-b");
@@ -220,7 +232,10 @@ fn the_checkpoint_waits_for_a_warming_replacement_until_it_is_warm_or_the_deadli
             .for_each(|s| s.warming = s.pod_uid == standby);
         w.advance(3);
         let plan = w.step();
-        assert_eq!(plan.checkpoint_request, None, "it still warms");
+        assert_eq!(
+            plan.checkpoint_request, None,
+            "it still warms (API server {ahead}s ahead)"
+        );
         assert!(event(&plan, reason::STANDBY_READY).is_none());
         if warm_in_time {
             w.supervisor_of("train-worker-1-b", 0, SupervisedState::Stopped);
@@ -230,7 +245,8 @@ fn the_checkpoint_waits_for_a_warming_replacement_until_it_is_warm_or_the_deadli
             w.supervisors.iter_mut().for_each(|s| s.seen_at = w.now);
         }
         let plan = w.step();
-        let ready = event(&plan, reason::STANDBY_READY).expect("StandbyReady");
+        let ready = event(&plan, reason::STANDBY_READY)
+            .unwrap_or_else(|| panic!("StandbyReady (API server {ahead}s ahead)"));
         assert_eq!(
             ready.note.contains("still warming"),
             !warm_in_time,
