@@ -41,9 +41,14 @@ impl Size<'_> {
         self.runs.iter().map(|r| Figures::of(r)).collect()
     }
 
-    /// The worst of the runs, figure by figure: what the page judges.
+    /// The worst of the runs, figure by figure: what the page judges memory and counts on.
     pub fn worst(&self) -> Figures {
         Figures::worst(&self.figures())
+    }
+
+    /// The median of the runs, figure by figure: what the page judges the time ratios on.
+    pub fn median(&self) -> Figures {
+        Figures::median(&self.figures())
     }
 
     /// The run that missed the most (a run that stopped early missed running to completion);
@@ -151,13 +156,12 @@ pub fn least_squares(points: &[(f64, f64)]) -> Option<Line> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
     use crate::operator_process::ProcessUsage;
-    use crate::scenario::{OperatorUsage, Throughput};
+    use crate::scenario::{OperatorUsage, ReconcileCounts, Throughput};
 
-    /// A run whose operator took `ratio` × the fair floor and peaked at `peak` MiB.
+    /// A run whose operator took `ratio` × the fair floor, peaked at `peak` MiB and reconciled
+    /// `reconciles` times per job to Running.
     fn run(jobs: u32, ratio: f64, peak: f64, reconciles: f64) -> OperatorBenchReport {
         let timed = |created_seconds| Throughput {
             created_seconds,
@@ -180,10 +184,11 @@ mod tests {
                 last: usage(peak),
                 ..OperatorUsage::default()
             }),
-            operator_metrics: BTreeMap::from([(
-                "trainyard_operator_reconciles_total".to_owned(),
-                reconciles * f64::from(jobs),
-            )]),
+            reconciles: Some(ReconcileCounts {
+                before_create: 0.0,
+                running: Some(reconciles * f64::from(jobs)),
+                first_restart: None,
+            }),
             ..OperatorBenchReport::default()
         }
     }
@@ -191,9 +196,9 @@ mod tests {
     #[test]
     fn runs_are_grouped_by_size_in_the_order_of_their_first_run() {
         let runs = [
-            run(100, 1.0, 30.0, 5.0),
-            run(1000, 1.0, 60.0, 5.0),
-            run(100, 1.1, 31.0, 5.0),
+            run(100, 1.0, 30.0, 1.5),
+            run(1000, 1.0, 60.0, 1.5),
+            run(100, 1.1, 31.0, 1.5),
         ];
         let sizes = group(&runs);
         assert_eq!(sizes.len(), 2);
@@ -206,14 +211,14 @@ mod tests {
     fn the_worst_run_is_the_one_that_missed_the_most_then_the_one_farthest_over() {
         let runs = [
             // Over on the ratio only, by far.
-            run(1000, 2.0, 60.0, 5.0),
+            run(1000, 2.0, 60.0, 1.5),
             // Over on RSS and reconciles, each by a little.
-            run(1000, 1.0, 65.0, 8.5),
-            run(1000, 1.2, 62.0, 7.0),
+            run(1000, 1.0, 65.0, 2.1),
+            run(1000, 1.2, 62.0, 1.8),
         ];
         let sizes = group(&runs);
         assert_eq!(sizes[0].worst_run().0, 1);
-        let met_all = [run(100, 1.1, 30.0, 5.0), run(100, 1.25, 30.0, 5.0)];
+        let met_all = [run(100, 1.1, 30.0, 1.5), run(100, 1.25, 30.0, 1.5)];
         assert_eq!(
             group(&met_all)[0].worst_run().0,
             1,
@@ -221,30 +226,30 @@ mod tests {
         );
         // Each misses reconciles by as much; the second is nearer its other limits.
         let tied = [
-            run(100, 1.0, 30.0, 12.0),
-            run(100, 1.2, 30.0, 12.0),
-            run(100, 1.1, 30.0, 12.0),
+            run(100, 1.0, 30.0, 3.0),
+            run(100, 1.2, 30.0, 3.0),
+            run(100, 1.1, 30.0, 3.0),
         ];
         assert_eq!(
             group(&tied)[0].worst_run().0,
             1,
             "equal misses: the next figure decides"
         );
-        let mut stopped = run(100, 1.0, 30.0, 5.0);
+        let mut stopped = run(100, 1.0, 30.0, 1.5);
         stopped.error = Some("interrupted".to_owned());
-        let runs = [run(100, 1.25, 30.0, 5.0), stopped];
+        let runs = [run(100, 1.25, 30.0, 1.5), stopped];
         assert_eq!(group(&runs)[0].worst_run().0, 1, "stopping early is a miss");
     }
 
     #[test]
     fn the_memory_of_a_size_is_its_largest_and_sizes_are_sorted_by_jobs() {
         let runs = [
-            run(1000, 1.0, 60.0, 5.0),
-            run(250, 1.0, 40.0, 5.0),
-            run(1000, 1.0, 66.0, 5.0),
+            run(1000, 1.0, 60.0, 1.5),
+            run(250, 1.0, 40.0, 1.5),
+            run(1000, 1.0, 66.0, 1.5),
             OperatorBenchReport {
                 usage: None,
-                ..run(1000, 1.0, 0.0, 5.0)
+                ..run(1000, 1.0, 0.0, 1.5)
             },
         ];
         let memory = memory(&group(&runs));

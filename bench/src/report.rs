@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::{Figures, RECONCILES_PER_JOB_TARGET};
+use crate::limits::{Figures, LIMITS, Verdict};
 use crate::proxy::RequestCounts;
 use crate::recovery_stages::{RecoveryStages, StageSeconds};
 use crate::scenario::{OperatorBenchReport, Recovery, Throughput};
@@ -131,15 +131,25 @@ pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
             Unjudged::OtherSize
         },
     });
-    let reconciles = Figures::of(r).reconciles_per_job;
-    out.push(TargetCheck {
-        target: format!("reconciles per job ≤ {RECONCILES_PER_JOB_TARGET}"),
-        measured: reconciles
-            .map(|x| format!("{x:.2}"))
-            .unwrap_or_else(|| NOT_MEASURED.to_owned()),
-        met: reconciles.map(|x| x <= RECONCILES_PER_JOB_TARGET),
-        unjudged: Unjudged::NotMeasured,
-    });
+    // The counts' limits, as the page judges them.
+    let figures = Figures::of(r);
+    for limit in &LIMITS[3..] {
+        let verdict = limit.verdict(&figures, r.jobs);
+        out.push(TargetCheck {
+            target: limit.target(),
+            measured: (limit.show)(&figures).unwrap_or_else(|| NOT_MEASURED.to_owned()),
+            met: match verdict {
+                Verdict::Met => Some(true),
+                Verdict::Missed => Some(false),
+                Verdict::OtherSize | Verdict::NotMeasured => None,
+            },
+            unjudged: if verdict == Verdict::OtherSize {
+                Unjudged::OtherSize
+            } else {
+                Unjudged::NotMeasured
+            },
+        });
+    }
     out
 }
 

@@ -134,7 +134,9 @@ pub(super) async fn fair_floors(
                 pods: &own_pods,
             });
             let cpu = (ctx.sampler, "graceful restart floor", &mut report.cpu);
+            let before = fair.proxy.counts();
             let rounds = floor.rounds(jobs, ctx.nodes, params, cpu).await?;
+            report.graceful_floor_requests = Some(fair.proxy.counts().since(&before));
             report.graceful_floor_recovery = median_by(&rounds, |r| r.p99_seconds).cloned();
             report.graceful_floor_recovery_rounds = rounds;
         }
@@ -262,7 +264,7 @@ async fn fair_floor(
         jobs: apis.jobs,
         pods: apis.pods,
         tracker,
-        _proxy: proxy,
+        proxy,
     })
 }
 
@@ -275,8 +277,8 @@ struct FairRun {
     pods: Api<Pod>,
     /// The watch of its namespace's pods.
     tracker: PodTracker,
-    /// Serves `pods`.
-    _proxy: CountingProxy,
+    /// Serves `jobs` and `pods`, and counts their requests.
+    proxy: CountingProxy,
 }
 
 /// Force-deletes every pod of a floor's namespace and waits until the watch saw them gone.

@@ -37,7 +37,9 @@ mod timing;
 pub use cluster::upstream_client;
 pub use objects::{CHECKPOINT_CLAIM, training_job};
 pub use params::OperatorBenchParams;
-pub use results::{OperatorBenchReport, OperatorRequests, OperatorUsage, Recovery, Throughput};
+pub use results::{
+    OperatorBenchReport, OperatorRequests, OperatorUsage, ReconcileCounts, Recovery, Throughput,
+};
 
 use std::future::Future;
 

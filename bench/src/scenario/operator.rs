@@ -15,6 +15,7 @@ use super::params::OperatorBenchParams;
 use super::results::OperatorBenchReport;
 use super::results::OperatorRequests;
 use super::results::OperatorUsage;
+use super::results::ReconcileCounts;
 use super::results::Throughput;
 use super::timing::timed_writes;
 use crate::cpu_profile::CpuSampler;
@@ -115,6 +116,7 @@ async fn create_phase(
         rss_mib = idle.rss_mib,
         "operator: applying the TrainingJobs"
     );
+    let reconciles = reconciles_total(operator).await;
     let cpu0 = sampler.sample();
     let outcome = apply_and_wait_created(client, ns, jobs, params, watch.tracker).await;
     report.cpu.insert(
@@ -132,6 +134,10 @@ async fn create_phase(
         "operator done"
     );
     report.operator = Some(op);
+    report.reconciles = reconciles.map(|before_create| ReconcileCounts {
+        before_create,
+        ..ReconcileCounts::default()
+    });
     let usage = OperatorUsage {
         idle,
         created: created_usage,
@@ -168,6 +174,12 @@ async fn start_operator(
         params.max_concurrent_reconciles,
     )
     .await
+}
+
+/// The operator's `trainyard_operator_reconciles_total` now.
+pub(super) async fn reconciles_total(operator: &OperatorProcess) -> Option<f64> {
+    let metrics = operator.metrics().await.ok()?;
+    metric_value(&metrics, "trainyard_operator_reconciles_total")
 }
 
 /// The operator's own metrics at the end of the run, those the report shows.

@@ -56,13 +56,12 @@ impl Burst<'_> {
         usage.running = Some(self.operator.usage()?);
         let after_running = proxy.counts();
         requests.running = Some(after_running.since(&before));
+        let reconciles_running = super::operator::reconciles_total(self.operator).await;
+        if let Some(r) = report.reconciles.as_mut() {
+            r.running = reconciles_running;
+        }
 
         for round in 0..params.rounds {
-            if round > 0 {
-                // The previous round's new pods Running, and every job Running again.
-                let previous = FIRST_RESTART + round - 1;
-                self.running_again(|p| p.attempt == Some(previous)).await?;
-            }
             let recovery = self
                 .round(round, &mut report.cpu, &mut report.warnings)
                 .await?;
@@ -70,6 +69,15 @@ impl Burst<'_> {
                 requests.preemption = Some(proxy.counts().since(&after_running));
             }
             report.recovery_rounds.push(recovery);
+            // This round's new pods Running, and every job Running again.
+            let restarted = FIRST_RESTART + round;
+            self.running_again(|p| p.attempt == Some(restarted)).await?;
+            if round == 0 {
+                let first = super::operator::reconciles_total(self.operator).await;
+                if let Some(r) = report.reconciles.as_mut() {
+                    r.first_restart = first;
+                }
+            }
         }
         report.recovery = median_by(&report.recovery_rounds, |r| r.p99_seconds).cloned();
         usage.recovered = Some(self.operator.usage()?);

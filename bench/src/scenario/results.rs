@@ -99,6 +99,19 @@ pub struct OperatorRequests {
     pub total: RequestCounts,
 }
 
+/// The operator's `trainyard_operator_reconciles_total` read at the boundaries of its
+/// phases: what each phase cost in reconciles is the difference.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReconcileCounts {
+    /// Ready and idle, before the first TrainingJob is applied.
+    pub before_create: f64,
+    /// Every job Running (its pods' status written as kubelets would).
+    pub running: Option<f64>,
+    /// The first round of the preemption burst over: every preempted job's next attempt
+    /// created and Running again.
+    pub first_restart: Option<f64>,
+}
+
 /// Everything one run measured. Fields stay None when the run stopped before reaching them.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct OperatorBenchReport {
@@ -170,6 +183,14 @@ pub struct OperatorBenchReport {
     pub usage: Option<OperatorUsage>,
     /// Operator API requests outside the create phase (that one is in `operator.requests`).
     pub requests: Option<OperatorRequests>,
+    /// The operator's reconciles counter at the boundaries of its phases (None in reports
+    /// from before it was read there).
+    #[serde(default)]
+    pub reconciles: Option<ReconcileCounts>,
+    /// The graceful restart floor's API requests over all its rounds (None in reports from
+    /// before they were counted).
+    #[serde(default)]
+    pub graceful_floor_requests: Option<RequestCounts>,
     /// CPU seconds per process while each phase's clock ran ("floor", "fair floor",
     /// "operator", "preemption"; repeated phases numbered: "fair floor, run 2").
     #[serde(default)]
@@ -202,6 +223,49 @@ impl OperatorBenchReport {
     pub fn scheduled_ratio(&self) -> Option<f64> {
         let (f, o) = (self.floor.as_ref()?, self.operator.as_ref()?);
         (f.scheduled_seconds > 0.0).then(|| o.scheduled_seconds / f.scheduled_seconds)
+    }
+
+    /// The operator's reconciles per job from the first TrainingJob applied to every job
+    /// Running.
+    pub fn reconciles_to_running_per_job(&self) -> Option<f64> {
+        let r = self.reconciles?;
+        let running = r.running?;
+        (self.jobs > 0).then(|| (running - r.before_create) / f64::from(self.jobs))
+    }
+
+    /// The operator's reconciles per restart in the burst's first round, from the preemption
+    /// to the restarted jobs Running again.
+    pub fn reconciles_per_restart(&self) -> Option<f64> {
+        let r = self.reconciles?;
+        let (running, first) = (r.running?, r.first_restart?);
+        (self.preempt > 0).then(|| (first - running) / f64::from(self.preempt))
+    }
+
+    /// The operator's API requests per job from the first TrainingJob applied to every job
+    /// Running, and the fair floor's (its median run's) per job.
+    pub fn requests_to_running_per_job(&self) -> Option<(f64, f64)> {
+        let creating = self.operator.as_ref()?.requests.total();
+        let running = self.requests.as_ref()?.running.as_ref()?.total();
+        let floor = self.fair_floor.as_ref()?.requests.total();
+        let jobs = f64::from(self.jobs);
+        (self.jobs > 0 && floor > 0)
+            .then(|| ((creating + running) as f64 / jobs, floor as f64 / jobs))
+    }
+
+    /// The operator's API requests per restart in the burst's first round (preemption →
+    /// every pod of the next attempt created, with its Event), and the graceful restart
+    /// floor's per restart over its rounds.
+    pub fn requests_per_restart(&self) -> Option<(f64, f64)> {
+        let op = self.requests.as_ref()?.preemption.as_ref()?.total();
+        let floor = self.graceful_floor_requests.as_ref()?.total();
+        let rounds = self.graceful_floor_recovery_rounds.len();
+        let restarts = f64::from(self.preempt);
+        (self.preempt > 0 && rounds > 0).then(|| {
+            (
+                op as f64 / restarts,
+                floor as f64 / (restarts * rounds as f64),
+            )
+        })
     }
 
     /// The operator's API requests per job while creating.

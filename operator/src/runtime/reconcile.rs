@@ -33,6 +33,7 @@ pub(super) async fn reconcile(
     ctx.metrics.reconciles.inc();
     let started = Instant::now();
     let what = job_path(&obj);
+    tracing::debug!(job = %what, "reconcile");
     let result = match watchdog::watch(
         &what,
         RECONCILE_WARN,
