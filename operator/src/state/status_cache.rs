@@ -53,6 +53,10 @@ pub(crate) struct StatusCache {
     /// Status whose only change is per-worker detail, not written yet, with when it was first
     /// deferred.
     deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
+    /// Status writes on their way, with the resourceVersions of the job's watch events that
+    /// came meanwhile: the event of our own write may come before the write's answer, so
+    /// those events are judged once it answers ([`StatusCache::end_write`]).
+    in_flight: Mutex<HashMap<String, Vec<u64>>>,
 }
 
 impl StatusCache {
@@ -157,6 +161,8 @@ impl StatusCache {
     /// holds that version or a newer one. True when `job` is exactly the version our last
     /// status write produced: it holds nothing a round has not decided on already, so its watch
     /// event need not wake a reconcile.
+    /// While a status write of the job is on its way, every event is set aside as ours for
+    /// now and judged when the write answers ([`StatusCache::end_write`]).
     pub(crate) fn caught_up(&self, job: &TrainingJob) -> bool {
         let Some(cached) = job
             .metadata
@@ -167,6 +173,10 @@ impl StatusCache {
             return false;
         };
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        if let Some(seen) = lock(&self.in_flight).get_mut(uid) {
+            seen.push(cached);
+            return true;
+        }
         let mut written = lock(&self.written);
         match written.get(uid) {
             Some((rv, _)) if *rv <= cached => {
@@ -176,6 +186,28 @@ impl StatusCache {
             }
             _ => false,
         }
+    }
+
+    /// A status write of `uid` is about to be sent ([`StatusCache::caught_up`]).
+    pub(crate) fn begin_write(&self, uid: &str) {
+        lock(&self.in_flight).insert(uid.to_owned(), Vec::new());
+    }
+
+    /// The status write of `uid` answered: with the resourceVersion it produced and the status
+    /// when it went through, None when it failed. True when a watch event that came meanwhile
+    /// was of another version than our write's: news the job must be woken for, as its event
+    /// was not.
+    pub(crate) fn end_write(&self, uid: &str, written: Option<(&str, &TrainingJobStatus)>) -> bool {
+        let seen = lock(&self.in_flight).remove(uid).unwrap_or_default();
+        let ours = written.and_then(|(rv, _)| rv.parse::<u64>().ok());
+        if let Some((rv, status)) = written {
+            self.remember_written(uid, Some(rv), status);
+            if ours.is_some_and(|ours| seen.contains(&ours)) {
+                // The cache holds our write already.
+                lock(&self.written).remove(uid);
+            }
+        }
+        seen.iter().any(|rv| Some(*rv) != ours)
     }
 
     /// A status write went through, producing resourceVersion `rv`.
@@ -190,12 +222,14 @@ impl StatusCache {
     pub(crate) fn forget(&self, uid: &str) {
         lock(&self.written).remove(uid);
         lock(&self.deferred).remove(uid);
+        lock(&self.in_flight).remove(uid);
     }
 
     /// Keeps only the jobs `live` says exist.
     pub(crate) fn retain(&self, live: impl Fn(&str) -> bool) {
         lock(&self.written).retain(|uid, _| live(uid));
         lock(&self.deferred).retain(|uid, _| live(uid));
+        lock(&self.in_flight).retain(|uid, _| live(uid));
     }
 
     /// Entries of the written and the deferred map.
@@ -244,6 +278,49 @@ mod tests {
         cache.remember_written(&uid, Some("8"), &TrainingJobStatus::default());
         assert!(!cache.caught_up(&version(&mut job, "9")));
         assert_eq!(cache.sizes().0, 0);
+    }
+
+    /// The event of our own write can come before the write's answer: it wakes nothing then
+    /// either; another version that came meanwhile (a spec edit) is news once the write
+    /// answers, and so is any version that came while a write failed.
+    #[test]
+    fn events_during_our_status_write_are_judged_when_it_answers() {
+        let cache = StatusCache::default();
+        let mut job = job_yaml("workers: 1\n");
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let version = |job: &mut TrainingJob, rv: &str| {
+            job.metadata.resource_version = Some(rv.to_owned());
+            job.clone()
+        };
+        let status = TrainingJobStatus::default();
+        // Our write's event first, then its answer.
+        cache.begin_write(&uid);
+        assert!(cache.caught_up(&version(&mut job, "7")), "set aside");
+        assert!(
+            !cache.end_write(&uid, Some(("7", &status))),
+            "ours: no news"
+        );
+        assert_eq!(cache.sizes().0, 0, "the cache holds our write already");
+        // The answer first, then the event: as before.
+        cache.begin_write(&uid);
+        assert!(!cache.end_write(&uid, Some(("8", &status))));
+        assert!(cache.caught_up(&version(&mut job, "8")));
+        // A spec edit and our write's event, both before the answer: news.
+        cache.begin_write(&uid);
+        assert!(cache.caught_up(&version(&mut job, "9")));
+        assert!(cache.caught_up(&version(&mut job, "10")));
+        assert!(
+            cache.end_write(&uid, Some(("10", &status))),
+            "the edit wakes the job"
+        );
+        // A version that came while the write failed is news too; nothing came: none.
+        cache.begin_write(&uid);
+        assert!(cache.caught_up(&version(&mut job, "11")));
+        assert!(cache.end_write(&uid, None));
+        cache.begin_write(&uid);
+        assert!(!cache.end_write(&uid, None));
+        // With no write on its way, events are judged at once again.
+        assert!(!cache.caught_up(&version(&mut job, "12")));
     }
 
     #[test]

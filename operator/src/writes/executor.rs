@@ -96,14 +96,15 @@ impl Executor {
     }
 
     /// Carries out one round of `job`: `decided`, with its status written when `write_status`
-    /// (see the module's write order).
+    /// (see the module's write order). True when the job changed while its status was written
+    /// ([`Executor::write_status`]).
     pub(super) async fn carry_out(
         &self,
         job: &TrainingJob,
         decided: plan::Plan,
         write_status: bool,
         now: Timestamp,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let ns = job.namespace().unwrap_or_default();
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let reference = job.object_ref(&());
@@ -117,19 +118,18 @@ impl Executor {
             if write_status {
                 self.write_status(job, &decided.status).await
             } else {
-                Ok(())
+                Ok(false)
             }
         };
-        let (writes, acted) = if ordered(decided.restart.is_some(), &actions) {
+        let (changed, (writes, acted)) = if ordered(decided.restart.is_some(), &actions) {
             watchdog::stage("carry out: status write");
-            write.await?;
+            let changed = write.await?;
             watchdog::stage("carry out: actions");
-            self.execute(&ns, actions).await
+            (changed, self.execute(&ns, actions).await)
         } else {
             watchdog::stage("carry out: status write and actions");
             let (wrote, done) = future::join(write, self.execute(&ns, actions)).await;
-            wrote?;
-            done
+            (wrote?, done)
         };
         // The kept pods start only once their new label is written: a failed relabel leaves
         // them stopped, and the next round decides again.
@@ -159,7 +159,7 @@ impl Executor {
         // The status is the ledger's record: the metrics show what the round carried out.
         self.metrics
             .record_ledger(&ns, &job.name_any(), &uid, decided.status.ledger.as_ref());
-        Ok(())
+        Ok(changed)
     }
 
     /// Asks the job's trainers for a checkpoint, or withdraws the request, as decided.
@@ -237,26 +237,33 @@ impl Executor {
         }
     }
 
+    /// Writes `status`; true when the job changed meanwhile (a watch event of another version
+    /// than ours came while the write was on its way: set aside then, so the job is to be
+    /// decided again; see `StatusCache::end_write`).
     pub(super) async fn write_status(
         &self,
         job: &TrainingJob,
         status: &TrainingJobStatus,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let ns = job.namespace().unwrap_or_default();
         let name = job.name_any();
+        let uid = job.metadata.uid.clone().unwrap_or_default();
         let seen = self.memory.status.freshest_rv(job);
-        let written = apply_status(&self.client, job, seen, status)
-            .await
-            .map_err(Error::kube(format!(
-                "writing status of TrainingJob {ns}/{name}"
-            )))?;
-        self.memory.status.remember_written(
-            &job.metadata.uid.clone().unwrap_or_default(),
-            written.metadata.resource_version.as_deref(),
-            status,
-        );
+        self.memory.status.begin_write(&uid);
+        let written = apply_status(&self.client, job, seen, status).await;
+        let rv = written
+            .as_ref()
+            .ok()
+            .and_then(|w| w.metadata.resource_version.as_deref());
+        let changed = self
+            .memory
+            .status
+            .end_write(&uid, rv.map(|rv| (rv, status)));
+        written.map_err(Error::kube(format!(
+            "writing status of TrainingJob {ns}/{name}"
+        )))?;
         self.sweep.if_outgrown();
-        Ok(())
+        Ok(changed)
     }
 
     /// Queues Events for the publisher task (waiting only when its queue is full).
@@ -738,6 +745,7 @@ mod tests {
             self.executor
                 .carry_out(&job(), plan, write_status, Timestamp::now())
                 .await
+                .map(drop)
         }
     }
 

@@ -177,9 +177,15 @@ impl Writes {
             false => None,
         };
         // Boxed: a round in the executor holds a pointer, not its state.
-        Box::pin(self.executor.carry_out(job, plan, write.now(), now)).await?;
+        let changed = Box::pin(self.executor.carry_out(job, plan, write.now(), now)).await?;
         drop(slot);
-        Ok(Carried::Done(write.later()))
+        // A change whose watch event came while the status was written woke nothing: decide
+        // again at once.
+        Ok(Carried::Done(if changed {
+            Some(Duration::ZERO)
+        } else {
+            write.later()
+        }))
     }
 
     /// Shows an invalid spec on `job`: writes `status` unless it is the one written last, then
@@ -191,10 +197,17 @@ impl Writes {
         status: &TrainingJobStatus,
         events: Vec<JobEvent>,
     ) -> Result<(), Error> {
-        if *status != known.written {
-            self.executor.write_status(job, status).await?;
-        }
+        let changed = if *status == known.written {
+            false
+        } else {
+            self.executor.write_status(job, status).await?
+        };
         self.executor.publish(&job.object_ref(&()), events).await;
+        if changed {
+            // Its watch event woke nothing (it came while the status was written): the
+            // change may be the fix.
+            self.routine.wake(job_ref(job));
+        }
         Ok(())
     }
 

@@ -93,6 +93,13 @@ impl RoutineSlots {
         None
     }
 
+    /// Wakes `job` now, on the same stream as parked jobs: a change whose watch event woke
+    /// nothing (it came while the job's status was written).
+    pub(super) fn wake(&self, job: JobRef) {
+        // The receiver is gone only once the controller has stopped.
+        let _ = self.wake.send(job);
+    }
+
     /// Wakes the job parked longest, if any: called as a slot is given back.
     fn wake_one(&self) {
         let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
