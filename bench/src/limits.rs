@@ -396,13 +396,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_worst_of_runs_is_each_figures_largest_whichever_run_it_came_from() {
-        let runs = [
+    /// Three runs whose largest and middle figures each come from different runs.
+    fn three_runs() -> [Figures; 3] {
+        [
             figures(1.1, 1.6, 60.0, 7.0),
             figures(1.4, 1.2, 66.0, 6.0),
             figures(1.2, 1.3, 62.0, 9.0),
-        ];
+        ]
+    }
+
+    #[test]
+    fn the_worst_of_runs_is_each_figures_largest_whichever_run_it_came_from() {
+        let runs = three_runs();
         let worst = Figures::worst(&runs);
         assert_eq!(worst.created, pair(1.4, 1.0));
         assert_eq!(worst.recovery, pair(1.6, 1.0));
@@ -416,18 +421,14 @@ mod tests {
 
     #[test]
     fn the_median_of_runs_is_each_figures_middle_whichever_run_it_came_from() {
-        let runs = [
-            figures(1.1, 1.6, 60.0, 7.0),
-            figures(1.4, 1.2, 66.0, 6.0),
-            figures(1.2, 1.3, 62.0, 9.0),
-        ];
+        let runs = three_runs();
         let median = Figures::median(&runs);
         assert_eq!(median.created, pair(1.2, 1.0));
         assert_eq!(median.recovery, pair(1.3, 1.0));
         assert_eq!(median.peak_rss_mib, Some(62.0));
         assert_eq!(median.reconciles_to_running, Some(7.0));
         // Of two, the larger; a run that did not measure a figure is left out.
-        let two = [figures(1.1, 1.6, 60.0, 7.0), figures(1.4, 1.2, 66.0, 6.0)];
+        let two = [runs[0], runs[1]];
         assert_eq!(Figures::median(&two).created, pair(1.4, 1.0));
         let with_unmeasured = [Figures::default(), runs[0], runs[1], runs[2]];
         assert_eq!(Figures::median(&with_unmeasured).recovery, pair(1.3, 1.0));

@@ -257,15 +257,17 @@ mod tests {
         }
     }
 
+    /// `job` at resourceVersion `rv`, as its watch event brings it.
+    fn version(job: &mut TrainingJob, rv: &str) -> TrainingJob {
+        job.metadata.resource_version = Some(rv.to_owned());
+        job.clone()
+    }
+
     #[test]
     fn the_watch_event_of_our_own_status_write_is_ours_and_the_write_is_dropped_once_seen() {
         let cache = StatusCache::default();
         let mut job = job_yaml("workers: 1\n");
         let uid = job.metadata.uid.clone().unwrap_or_default();
-        let version = |job: &mut TrainingJob, rv: &str| {
-            job.metadata.resource_version = Some(rv.to_owned());
-            job.clone()
-        };
         assert!(!cache.caught_up(&version(&mut job, "5")), "nothing written");
         cache.remember_written(&uid, Some("7"), &TrainingJobStatus::default());
         // A version before ours: someone else's; ours is still the newest.
@@ -288,10 +290,6 @@ mod tests {
         let cache = StatusCache::default();
         let mut job = job_yaml("workers: 1\n");
         let uid = job.metadata.uid.clone().unwrap_or_default();
-        let version = |job: &mut TrainingJob, rv: &str| {
-            job.metadata.resource_version = Some(rv.to_owned());
-            job.clone()
-        };
         let status = TrainingJobStatus::default();
         // Our write's event first, then its answer.
         cache.begin_write(&uid);
