@@ -44,6 +44,35 @@ fn newer_than_cache(rv: u64, job: &TrainingJob) -> bool {
         .is_some_and(|cached| rv > cached)
 }
 
+/// A status write on its way ([`StatusCache::begin_write`]). Dropped without an answer (its
+/// reconcile abandoned), it sets nothing more aside; the failed reconcile's retry decides the
+/// job again.
+#[must_use = "a write in flight sets the job's events aside until it ends"]
+pub(crate) struct WriteInFlight<'a> {
+    cache: &'a StatusCache,
+    uid: String,
+    ended: bool,
+}
+
+impl WriteInFlight<'_> {
+    /// The write answered: with the resourceVersion it produced and the status when it went
+    /// through, None when it failed. True when a watch event that came meanwhile was of
+    /// another version than our write's: news the job must be woken for, as its event was
+    /// not.
+    pub(crate) fn end(mut self, written: Option<(&str, &TrainingJobStatus)>) -> bool {
+        self.ended = true;
+        self.cache.end_write(&self.uid, written)
+    }
+}
+
+impl Drop for WriteInFlight<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            lock(&self.cache.in_flight).remove(&self.uid);
+        }
+    }
+}
+
 /// Written and deferred status, by job uid.
 #[derive(Debug, Default)]
 pub(crate) struct StatusCache {
@@ -188,16 +217,19 @@ impl StatusCache {
         }
     }
 
-    /// A status write of `uid` is about to be sent ([`StatusCache::caught_up`]).
-    pub(crate) fn begin_write(&self, uid: &str) {
+    /// A status write of `uid` is about to be sent: its events are set aside until it ends
+    /// ([`StatusCache::caught_up`], [`WriteInFlight::end`]).
+    pub(crate) fn begin_write(&self, uid: &str) -> WriteInFlight<'_> {
         lock(&self.in_flight).insert(uid.to_owned(), Vec::new());
+        WriteInFlight {
+            cache: self,
+            uid: uid.to_owned(),
+            ended: false,
+        }
     }
 
-    /// The status write of `uid` answered: with the resourceVersion it produced and the status
-    /// when it went through, None when it failed. True when a watch event that came meanwhile
-    /// was of another version than our write's: news the job must be woken for, as its event
-    /// was not.
-    pub(crate) fn end_write(&self, uid: &str, written: Option<(&str, &TrainingJobStatus)>) -> bool {
+    /// See [`WriteInFlight::end`].
+    fn end_write(&self, uid: &str, written: Option<(&str, &TrainingJobStatus)>) -> bool {
         let seen = lock(&self.in_flight).remove(uid).unwrap_or_default();
         let ours = written.and_then(|(rv, _)| rv.parse::<u64>().ok());
         if let Some((rv, status)) = written {
@@ -292,33 +324,31 @@ mod tests {
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let status = TrainingJobStatus::default();
         // Our write's event first, then its answer.
-        cache.begin_write(&uid);
+        let write = cache.begin_write(&uid);
         assert!(cache.caught_up(&version(&mut job, "7")), "set aside");
-        assert!(
-            !cache.end_write(&uid, Some(("7", &status))),
-            "ours: no news"
-        );
+        assert!(!write.end(Some(("7", &status))), "ours: no news");
         assert_eq!(cache.sizes().0, 0, "the cache holds our write already");
         // The answer first, then the event: as before.
-        cache.begin_write(&uid);
-        assert!(!cache.end_write(&uid, Some(("8", &status))));
+        let write = cache.begin_write(&uid);
+        assert!(!write.end(Some(("8", &status))));
         assert!(cache.caught_up(&version(&mut job, "8")));
         // A spec edit and our write's event, both before the answer: news.
-        cache.begin_write(&uid);
+        let write = cache.begin_write(&uid);
         assert!(cache.caught_up(&version(&mut job, "9")));
         assert!(cache.caught_up(&version(&mut job, "10")));
-        assert!(
-            cache.end_write(&uid, Some(("10", &status))),
-            "the edit wakes the job"
-        );
+        assert!(write.end(Some(("10", &status))), "the edit wakes the job");
         // A version that came while the write failed is news too; nothing came: none.
-        cache.begin_write(&uid);
+        let write = cache.begin_write(&uid);
         assert!(cache.caught_up(&version(&mut job, "11")));
-        assert!(cache.end_write(&uid, None));
-        cache.begin_write(&uid);
-        assert!(!cache.end_write(&uid, None));
-        // With no write on its way, events are judged at once again.
+        assert!(write.end(None));
+        assert!(!cache.begin_write(&uid).end(None));
+        // With no write on its way, events are judged at once again; so they are after a
+        // write dropped unanswered (its reconcile abandoned, to be retried).
         assert!(!cache.caught_up(&version(&mut job, "12")));
+        let abandoned = cache.begin_write(&uid);
+        assert!(cache.caught_up(&version(&mut job, "13")));
+        drop(abandoned);
+        assert!(!cache.caught_up(&version(&mut job, "14")));
     }
 
     #[test]

@@ -249,16 +249,13 @@ impl Executor {
         let name = job.name_any();
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let seen = self.memory.status.freshest_rv(job);
-        self.memory.status.begin_write(&uid);
+        let in_flight = self.memory.status.begin_write(&uid);
         let written = apply_status(&self.client, job, seen, status).await;
         let rv = written
             .as_ref()
             .ok()
             .and_then(|w| w.metadata.resource_version.as_deref());
-        let changed = self
-            .memory
-            .status
-            .end_write(&uid, rv.map(|rv| (rv, status)));
+        let changed = in_flight.end(rv.map(|rv| (rv, status)));
         written.map_err(Error::kube(format!(
             "writing status of TrainingJob {ns}/{name}"
         )))?;
