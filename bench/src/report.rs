@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::{Figures, LIMITS, Verdict};
+use crate::limits::{COUNT_LIMITS, Figures, Verdict};
 use crate::proxy::RequestCounts;
 use crate::recovery_stages::{RecoveryStages, StageSeconds};
 use crate::scenario::{OperatorBenchReport, Recovery, Throughput};
@@ -133,7 +133,7 @@ pub fn targets(r: &OperatorBenchReport) -> Vec<TargetCheck> {
     });
     // The counts' limits, as the page judges them.
     let figures = Figures::of(r);
-    for limit in &LIMITS[3..] {
+    for limit in &COUNT_LIMITS {
         let verdict = limit.verdict(&figures, r.jobs);
         out.push(TargetCheck {
             target: limit.target(),

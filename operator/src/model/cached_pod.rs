@@ -239,17 +239,10 @@ impl CachedPod {
             trainyard_api::crd::ANNOTATION_STANDBY_CREATED_AT,
         ];
         self.metadata.managed_fields = None;
-        if let Some(a) = self.metadata.annotations.as_mut() {
+        self.metadata.annotations = self.metadata.annotations.take().and_then(|mut a| {
             a.retain(|k, _| KEPT.contains(&k.as_str()));
-        }
-        if self
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.is_empty())
-        {
-            self.metadata.annotations = None;
-        }
+            (!a.is_empty()).then_some(a)
+        });
     }
 
     /// The node the pod was bound to.

@@ -1,6 +1,8 @@
 //! The status cache: the status the operator wrote last, the per-worker detail it has decided
 //! but not written yet, and when a decided status is written ([`StatusCache::schedule`], the
-//! batching policy of [`status_write`]).
+//! batching policy of [`status_write`]); and which of the job's watch events are only the
+//! echo of our own write ([`StatusCache::caught_up`]), also while the write is on its way
+//! ([`StatusCache::begin_write`]).
 //!
 //! Decisions read [`StatusCache::current`]: the job's status, or our own newer write while the
 //! TrainingJob cache trails it, with the unwritten worker detail laid over it. So a stale
@@ -84,7 +86,7 @@ pub(crate) struct StatusCache {
     deferred: Mutex<HashMap<String, (TrainingJobStatus, Instant)>>,
     /// Status writes on their way, with the resourceVersions of the job's watch events that
     /// came meanwhile: the event of our own write may come before the write's answer, so
-    /// those events are judged once it answers ([`StatusCache::end_write`]).
+    /// those events are judged once it answers ([`WriteInFlight::end`]).
     in_flight: Mutex<HashMap<String, Vec<u64>>>,
 }
 
@@ -190,8 +192,9 @@ impl StatusCache {
     /// holds that version or a newer one. True when `job` is exactly the version our last
     /// status write produced: it holds nothing a round has not decided on already, so its watch
     /// event need not wake a reconcile.
+    ///
     /// While a status write of the job is on its way, every event is set aside as ours for
-    /// now and judged when the write answers ([`StatusCache::end_write`]).
+    /// now and judged when the write answers ([`WriteInFlight::end`]).
     pub(crate) fn caught_up(&self, job: &TrainingJob) -> bool {
         let Some(cached) = job
             .metadata

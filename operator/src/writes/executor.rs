@@ -239,7 +239,7 @@ impl Executor {
 
     /// Writes `status`; true when the job changed meanwhile (a watch event of another version
     /// than ours came while the write was on its way: set aside then, so the job is to be
-    /// decided again; see `StatusCache::end_write`).
+    /// decided again; see `WriteInFlight::end`).
     pub(super) async fn write_status(
         &self,
         job: &TrainingJob,

@@ -179,13 +179,8 @@ impl Writes {
         // Boxed: a round in the executor holds a pointer, not its state.
         let changed = Box::pin(self.executor.carry_out(job, plan, write.now(), now)).await?;
         drop(slot);
-        // A change whose watch event came while the status was written woke nothing: decide
-        // again at once.
-        Ok(Carried::Done(if changed {
-            Some(Duration::ZERO)
-        } else {
-            write.later()
-        }))
+        self.wake_if_changed(job, changed);
+        Ok(Carried::Done(write.later()))
     }
 
     /// Shows an invalid spec on `job`: writes `status` unless it is the one written last, then
@@ -203,12 +198,17 @@ impl Writes {
             self.executor.write_status(job, status).await?
         };
         self.executor.publish(&job.object_ref(&()), events).await;
+        // The change may be the fix.
+        self.wake_if_changed(job, changed);
+        Ok(())
+    }
+
+    /// Wakes `job` when it `changed` while its status was written: that change's watch event
+    /// woke nothing ([`crate::state::status_cache::WriteInFlight::end`]).
+    fn wake_if_changed(&self, job: &TrainingJob, changed: bool) {
         if changed {
-            // Its watch event woke nothing (it came while the status was written): the
-            // change may be the fix.
             self.routine.wake(job_ref(job));
         }
-        Ok(())
     }
 
     /// Shows on an object that does not parse as a TrainingJob why, once per generation.
